@@ -1,0 +1,43 @@
+# posttrain: two commands do all the set-up.
+#   make run   create .venv if missing, install, migrate the database, start worker + console
+#   make test  create .venv if missing, run the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test venv system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip setuptools wheel
+
+# torch first, from the CPU wheel, so that pip never resolves a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install "torch==2.13.0"
+	$(BIN)/pip install -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the platform and its tests use (sandboxes, OCR, PDFs, the browser test).
+system-deps:
+	@missing=""; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	fi
+
+run: venv system-deps
+	$(BIN)/posttrain db upgrade
+	$(BIN)/posttrain up
+
+test: venv system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,385 @@
+"""The ``posttrain`` command line.
+
+    posttrain db upgrade            apply migrations to the configured database
+    posttrain worker                claim and run jobs
+    posttrain console               serve the Streamlit console
+    posttrain up                    worker + console together (what ``make run`` starts)
+    posttrain jobs submit|list|show|cancel|logs|kinds
+
+Errors a user can cause (bad settings, an unreachable database, an unknown job
+kind, a malformed config) print one line naming the input and the fix, and exit
+with status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import posttrain
+from posttrain.platform.db.engine import DatabaseUnavailable, redact
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs.queue import JobNotFound
+from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.settings import SettingsError, get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Submit, follow and cancel jobs.")
+app.add_typer(db_app, name="db")
+app.add_typer(jobs_app, name="jobs")
+
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+USER_ERRORS = (SettingsError, DatabaseUnavailable, JobConfigError, JobNotFound, FileNotFoundError)
+
+
+class SchemaOutOfDate(RuntimeError):
+    pass
+
+
+def user_errors(fn: F) -> F:
+    """Turn the errors a user can cause into one clear line and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (*USER_ERRORS, SchemaOutOfDate) as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(
+        level=get_settings().log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def require_schema() -> None:
+    from posttrain.platform.db import migrate
+
+    current, head = migrate.current_revision(), migrate.head_revision()
+    if current != head:
+        url = redact(get_settings().resolved_database_url)
+        state = "has no posttrain schema" if current is None else f"is at schema revision {current}, not {head}"
+        raise SchemaOutOfDate(f"the database at {url} {state}: run `posttrain db upgrade`")
+
+
+# --- db -------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+@user_errors
+def db_upgrade() -> None:
+    """Create or migrate the schema to the latest revision."""
+    from posttrain.platform.db import migrate
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    migrate.upgrade()
+    out.print(f"database {redact(settings.resolved_database_url)} is at revision {migrate.current_revision()}")
+
+
+@db_app.command("current")
+@user_errors
+def db_current() -> None:
+    """Show the schema revision of the configured database."""
+    from posttrain.platform.db import migrate
+
+    out.print(f"current: {migrate.current_revision()}  head: {migrate.head_revision()}")
+
+
+# --- worker, console, up ----------------------------------------------------------------------
+
+
+@app.command()
+@user_errors
+def worker(
+    cpu_slots: Annotated[int | None, typer.Option(help="CPU jobs at once (default: settings)")] = None,
+    gpu_slots: Annotated[int | None, typer.Option(help="GPU jobs at once (default: settings)")] = None,
+    exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queue is empty")] = False,
+) -> None:
+    """Claim queued jobs and run each in its own process group."""
+    from posttrain.platform.jobs.worker import Worker
+
+    _setup_logging()
+    require_schema()
+    Worker(cpu_slots=cpu_slots, gpu_slots=gpu_slots, exit_when_idle=exit_when_idle).run()
+
+
+def console_command(host: str, port: int) -> list[str]:
+    app_path = Path(posttrain.__file__).resolve().parent / "ui" / "app.py"
+    return [
+        sys.executable, "-m", "streamlit", "run", str(app_path),
+        "--server.address", host,
+        "--server.port", str(port),
+        "--server.headless", "true",
+        "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+    ]  # fmt: skip
+
+
+@app.command()
+@user_errors
+def console(
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default: settings)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: settings)")] = None,
+) -> None:
+    """Serve the operator console (Streamlit)."""
+    settings = get_settings()
+    require_schema()
+    cmd = console_command(host or settings.console_host, port or settings.console_port)
+    os.execv(sys.executable, cmd)
+
+
+@app.command()
+@user_errors
+def up(
+    host: Annotated[str | None, typer.Option(help="Console address (default: settings)")] = None,
+    port: Annotated[int | None, typer.Option(help="Console port (default: settings)")] = None,
+) -> None:
+    """Run a worker and the console together until Ctrl-C, then stop both cleanly."""
+    settings = get_settings()
+    require_schema()
+    host, port = host or settings.console_host, port or settings.console_port
+    procs = {
+        "worker": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker"]),
+        "console": subprocess.Popen(console_command(host, port)),
+    }
+    out.print(f"posttrain is up: console on http://{'localhost' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}  (Ctrl-C stops)")
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    code = 0
+    while not stopping:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                err.print(f"[bold red]{name} exited with code {proc.returncode}; stopping the rest[/]")
+                code = proc.returncode or 1
+                stopping = True
+        time.sleep(0.2)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + settings.cancel_grace_s + 5
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    out.print("posttrain stopped")
+    raise typer.Exit(code)
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+
+def _load_config(config: str | None, config_file: Path | None) -> dict[str, Any]:
+    if config and config_file:
+        raise JobConfigError("give either --config or --config-file, not both")
+    if config_file is not None:
+        if not config_file.is_file():
+            raise FileNotFoundError(f"config file {config_file} does not exist")
+        text = config_file.read_text()
+        try:
+            data = yaml.safe_load(text) if text.strip() else {}
+        except yaml.YAMLError as exc:
+            raise JobConfigError(f"config file {config_file} is not valid YAML/JSON: {exc}") from None
+    elif config:
+        try:
+            data = json.loads(config)
+        except json.JSONDecodeError as exc:
+            raise JobConfigError(f"--config is not valid JSON ({exc.msg} at column {exc.colno}); e.g. --config '{{\"steps\": 5}}'") from None
+    else:
+        data = {}
+    if not isinstance(data, dict):
+        raise JobConfigError(f"a job config must be a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+@jobs_app.command("kinds")
+@user_errors
+def jobs_kinds() -> None:
+    """List the job kinds this installation knows."""
+    from posttrain.platform.jobs.registry import kinds
+
+    table = Table("kind", "resumable", "retryable", "slots", "description")
+    for k in kinds().values():
+        table.add_row(k.name, str(k.resumable), str(k.retryable), f"cpu {k.cpu_slots} gpu {k.gpu_slots}", k.description)
+    out.print(table)
+
+
+@jobs_app.command("submit")
+@user_errors
+def jobs_submit(
+    kind: Annotated[str, typer.Argument(help="Job kind, e.g. selftest (see `posttrain jobs kinds`)")],
+    config: Annotated[str | None, typer.Option(help="Config as a JSON object")] = None,
+    config_file: Annotated[Path | None, typer.Option(help="Config as a YAML or JSON file")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first")] = 0,
+    timeout: Annotated[float | None, typer.Option(help="Wall-clock limit of one attempt, seconds")] = None,
+    follow: Annotated[bool, typer.Option(help="Follow the job with a progress bar until it ends")] = False,
+) -> None:
+    """Validate a job config and queue the job."""
+    from posttrain.platform.jobs import queue
+
+    data = _load_config(config, config_file)
+    require_schema()
+    job_id = queue.submit(kind, data, priority=priority, timeout_s=timeout, submitted_by=os.environ.get("USER", "cli"))
+    out.print(f"queued job {job_id} ({kind}, priority {priority})")
+    if follow:
+        _follow(job_id)
+
+
+def _status_style(status: JobStatus) -> str:
+    return {
+        JobStatus.succeeded: "green",
+        JobStatus.failed: "red",
+        JobStatus.running: "cyan",
+        JobStatus.cancelled: "yellow",
+        JobStatus.interrupted: "magenta",
+    }.get(status, "white")
+
+
+@jobs_app.command("list")
+@user_errors
+def jobs_list(
+    status: Annotated[JobStatus | None, typer.Option(help="Only jobs with this status")] = None,
+    kind: Annotated[str | None, typer.Option(help="Only jobs of this kind")] = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first")] = 30,
+) -> None:
+    """List jobs, newest first."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    table = Table("id", "kind", "status", "prio", "try", "progress", "created (UTC)", "error")
+    for job in queue.list_jobs(status=status, kind=kind, limit=limit):
+        progress = "" if job.progress is None else f"{job.progress:.0%}"
+        table.add_row(
+            str(job.id), job.kind, f"[{_status_style(job.status)}]{job.status.value}[/]", str(job.priority),
+            f"{job.attempts}/{job.max_attempts}", progress, job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (job.error or "")[:60],
+        )  # fmt: skip
+    out.print(table)
+
+
+@jobs_app.command("show")
+@user_errors
+def jobs_show(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
+    """Show everything recorded about one job."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    job = queue.get_job(job_id)
+    table = Table(show_header=False)
+    for name, value in job.model_dump().items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+        table.add_row(name, "" if value is None else str(value))
+    out.print(table)
+
+
+@jobs_app.command("cancel")
+@user_errors
+def jobs_cancel(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
+    """Cancel a queued job, or stop a running one (SIGTERM, then SIGKILL after the grace period)."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    status = queue.cancel(job_id, username=os.environ.get("USER", "cli"))
+    if status == JobStatus.running:
+        out.print(f"job {job_id}: stop requested; its worker stops it within the grace period")
+    else:
+        out.print(f"job {job_id}: {status.value}")
+
+
+@jobs_app.command("logs")
+@user_errors
+def jobs_logs(
+    job_id: Annotated[int, typer.Argument(help="Job id")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
+    tail: Annotated[int | None, typer.Option(help="Only the last N lines")] = None,
+) -> None:
+    """Print a job's log."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    job = queue.get_job(job_id)
+    if not follow:
+        sys.stdout.write(queue.read_log(job, tail) + "\n")
+        return
+    _follow(job_id, stream_log=True)
+
+
+def _follow(job_id: int, stream_log: bool = True) -> None:
+    """Print the log as it grows, with a progress line, until the job finishes."""
+    from posttrain.platform.jobs import queue
+
+    offset = 0
+    with Progress(
+        TextColumn("job {task.fields[job]} {task.fields[status]}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% {task.fields[message]}"),
+        TimeElapsedColumn(),
+        console=out,
+    ) as bar:
+        task = bar.add_task("job", total=1.0, job=job_id, status="queued", message="")
+        while True:
+            job = queue.get_job(job_id)
+            if stream_log and job.log_path and os.path.exists(job.log_path):
+                with open(job.log_path, "rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+                    offset += len(chunk)
+                for line in chunk.decode("utf-8", errors="replace").splitlines():
+                    bar.console.print(line, markup=False, highlight=False)
+            bar.update(task, completed=job.progress or 0.0, status=job.status.value, message=job.progress_message)
+            if job.status.finished:
+                break
+            time.sleep(0.5)
+    style = _status_style(job.status)
+    out.print(f"job {job_id} [{style}]{job.status.value}[/]" + (f": {job.error}" if job.error else ""))
+    if job.status != JobStatus.succeeded:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    try:
+        get_settings()
+    except SettingsError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""The job queue: submit, claim, cancel, finish and recover, each one transaction.
+
+Claiming takes the highest-priority, oldest queued job that fits the free
+resource slots. On PostgreSQL the candidate row is locked with
+``FOR UPDATE SKIP LOCKED`` so concurrent workers never claim the same job; on
+SQLite the whole claim is one ``BEGIN IMMEDIATE`` transaction, which holds the
+single write lock.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psutil
+from sqlalchemy import func, update
+from sqlmodel import col, select
+
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import AuditLog, Job, JobStatus, utcnow
+from posttrain.platform.jobs.registry import get_kind, validate_config
+
+HOSTNAME = socket.gethostname()
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+def _job(s, job_id: int) -> Job:  # type: ignore[no-untyped-def]
+    job = s.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}; `posttrain jobs list` shows the jobs there are")
+    return job
+
+
+def submit(
+    kind: str,
+    config: dict[str, Any] | None = None,
+    *,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timeout_s: float | None = None,
+    submitted_by: str = "system",
+    url: str | None = None,
+) -> int:
+    """Validate and enqueue a job; returns its id. Nothing is written when validation fails."""
+    job_kind = get_kind(kind)
+    validated = validate_config(kind, config)
+    with session(url) as s:
+        job = Job(
+            kind=kind,
+            config=validated.model_dump(mode="json"),
+            priority=priority,
+            cpu_slots=job_kind.cpu_slots,
+            gpu_slots=job_kind.gpu_slots,
+            max_attempts=max_attempts or job_kind.max_attempts,
+            timeout_s=timeout_s,
+            submitted_by=submitted_by,
+        )
+        s.add(job)
+        s.flush()
+        s.add(AuditLog(username=submitted_by, action="job.submit", target=f"job:{job.id}", details={"kind": kind}))
+        assert job.id is not None
+        return job.id
+
+
+def submit_many(kind: str, configs: list[dict[str, Any]], priorities: list[int], *, url: str | None = None) -> list[int]:
+    """Enqueue many jobs of one kind in one transaction (bulk loads, benchmarks, tests)."""
+    job_kind = get_kind(kind)
+    rows = [
+        Job(
+            kind=kind,
+            config=validate_config(kind, cfg).model_dump(mode="json"),
+            priority=prio,
+            cpu_slots=job_kind.cpu_slots,
+            gpu_slots=job_kind.gpu_slots,
+            max_attempts=job_kind.max_attempts,
+        )
+        for cfg, prio in zip(configs, priorities, strict=True)
+    ]
+    with session(url) as s:
+        s.add_all(rows)
+        s.flush()
+        return [r.id for r in rows if r.id is not None]
+
+
+def claim(worker_id: str, free_cpu: int, free_gpu: int, *, url: str | None = None) -> Job | None:
+    """Atomically take the best queued job that fits; it comes back marked running."""
+    now = utcnow()
+    with session(url) as s:
+        stmt = (
+            select(Job)
+            .where(
+                Job.status == JobStatus.queued,
+                col(Job.not_before) <= now,
+                col(Job.cpu_slots) <= free_cpu,
+                col(Job.gpu_slots) <= free_gpu,
+            )
+            .order_by(col(Job.priority).desc(), col(Job.id).asc())
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        job = s.exec(stmt).first()
+        if job is None:
+            return None
+        job.status = JobStatus.running
+        job.attempts += 1
+        job.claimed_at = now
+        job.started_at = now
+        job.heartbeat_at = now
+        job.finished_at = None
+        job.worker_id = worker_id
+        job.host = HOSTNAME
+        job.pid = None
+        job.proc_started = None
+        job.exit_code = None
+        job.error = None
+        job.error_cause = None
+        s.add(job)
+        s.flush()
+        s.refresh(job)
+        return job
+
+
+def record_process(job_id: int, pid: int, proc_started: float, log_path: str, *, url: str | None = None) -> None:
+    with session(url) as s:
+        s.exec(
+            update(Job)
+            .where(col(Job.id) == job_id)
+            .values(pid=pid, proc_started=proc_started, log_path=log_path)
+        )
+
+
+def heartbeat(job_ids: list[int], *, url: str | None = None) -> None:
+    if not job_ids:
+        return
+    with session(url) as s:
+        s.exec(
+            update(Job)
+            .where(col(Job.id).in_(job_ids), Job.status == JobStatus.running)
+            .values(heartbeat_at=utcnow())
+        )
+
+
+def cancel_requested(job_ids: list[int], *, url: str | None = None) -> set[int]:
+    if not job_ids:
+        return set()
+    with session(url, read_only=True) as s:
+        rows = s.exec(select(Job.id).where(col(Job.id).in_(job_ids), col(Job.cancel_requested).is_(True)))
+        return {int(r) for r in rows}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as the worker saw it."""
+
+    exit_code: int | None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    cause: str | None = None  # oom, timeout, bad_input, infrastructure, error
+    interrupted: bool = False  # stopped by the platform (shutdown, lost worker), not by the job
+
+
+def finish(
+    job_id: int,
+    outcome: Outcome,
+    *,
+    expected_worker: str | None = None,
+    backoff_s: float = 2.0,
+    url: str | None = None,
+) -> JobStatus | None:
+    """Record the end of an attempt and decide what comes next; returns the new status.
+
+    With ``expected_worker``, nothing happens (None is returned) unless the job
+    is still running under that worker: a recovered job is never finished twice.
+    """
+    now = utcnow()
+    with session(url) as s:
+        job = _job(s, job_id)
+        if expected_worker is not None and (job.status != JobStatus.running or job.worker_id != expected_worker):
+            return None
+        kind = get_kind(job.kind)
+        job.exit_code = outcome.exit_code
+        job.heartbeat_at = now
+        job.pid = None
+        job.proc_started = None
+        if job.cancel_requested:
+            status = JobStatus.cancelled
+            job.error = "cancelled by request"
+            job.error_cause = "cancelled"
+        elif outcome.interrupted:
+            status = JobStatus.queued if kind.resumable and job.attempts < job.max_attempts else JobStatus.interrupted
+            job.error = outcome.error or "interrupted: the worker running it stopped"
+            job.error_cause = "infrastructure"
+        elif outcome.exit_code == 0:
+            status = JobStatus.succeeded
+            job.result = outcome.result
+            job.error = None
+            job.error_cause = None
+            job.progress = 1.0
+        else:
+            retry = kind.retryable and outcome.cause not in ("bad_input", "timeout") and job.attempts < job.max_attempts
+            status = JobStatus.queued if retry else JobStatus.failed
+            job.error = outcome.error or f"exited with code {outcome.exit_code}"
+            job.error_cause = outcome.cause or "error"
+        job.status = status
+        if status == JobStatus.queued:
+            delay = 0.0 if outcome.interrupted else backoff_s * (2 ** max(0, job.attempts - 1))
+            job.not_before = now + timedelta(seconds=delay)
+            job.finished_at = None
+        else:
+            job.finished_at = now
+        s.add(job)
+        if outcome.interrupted:
+            s.add(AuditLog(action="job.interrupted", target=f"job:{job_id}", details={"requeued": status == JobStatus.queued}))
+        return status
+
+
+def cancel(job_id: int, *, username: str = "system", url: str | None = None) -> JobStatus:
+    """Cancel a job: a queued one at once; a running one is stopped by its worker."""
+    with session(url) as s:
+        job = _job(s, job_id)
+        if job.status == JobStatus.queued:
+            job.status = JobStatus.cancelled
+            job.finished_at = utcnow()
+            job.error = "cancelled before it started"
+            job.error_cause = "cancelled"
+        elif job.status == JobStatus.running:
+            job.cancel_requested = True
+        s.add(job)
+        s.add(AuditLog(username=username, action="job.cancel", target=f"job:{job_id}"))
+        return job.status
+
+
+def process_alive(pid: int | None, proc_started: float | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``proc_started`` (zombies count as alive:
+    their parent has yet to reap them)."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc_started is None or abs(proc.create_time() - proc_started) < 0.5
+    except psutil.Error:
+        return False
+
+
+def make_worker_id() -> str:
+    """``host:pid:start`` names a worker process unambiguously, even after pid reuse."""
+    me = psutil.Process()
+    return f"{HOSTNAME}:{me.pid}:{me.create_time():.2f}"
+
+
+def worker_alive(worker_id: str | None) -> bool | None:
+    """True/False for a worker on this host; None when it ran elsewhere (only heartbeats tell)."""
+    if not worker_id:
+        return None
+    host, _, rest = worker_id.partition(":")
+    if host != HOSTNAME:
+        return None
+    pid_text, _, started = rest.partition(":")
+    try:
+        return process_alive(int(pid_text), float(started) if started else None)
+    except ValueError:
+        return None
+
+
+def recover_orphans(stale_after_s: float, *, exclude_worker: str | None = None, url: str | None = None) -> list[int]:
+    """Find running jobs whose worker is gone and re-queue (resumable kinds) or mark them interrupted.
+
+    A running job is orphaned when the worker that claimed it ran on this host
+    and is dead, or when its heartbeat is older than ``stale_after_s``. A job
+    process never outlives its worker (it gets SIGTERM when the worker dies),
+    so a live worker is the one to reap its own jobs.
+    """
+    now = utcnow()
+    with session(url, read_only=True) as s:
+        running = s.exec(select(Job).where(Job.status == JobStatus.running)).all()
+    orphans: list[Job] = []
+    for job in running:
+        if exclude_worker is not None and job.worker_id == exclude_worker:
+            continue
+        heartbeat = job.heartbeat_at or job.claimed_at or now
+        stale = (now - heartbeat).total_seconds() > stale_after_s
+        if stale or worker_alive(job.worker_id) is False:
+            orphans.append(job)
+    recovered: list[int] = []
+    for job in orphans:
+        assert job.id is not None
+        status = finish(
+            job.id,
+            Outcome(exit_code=None, interrupted=True, error=f"interrupted: worker {job.worker_id} was lost"),
+            expected_worker=job.worker_id,
+            url=url,
+        )
+        if status is not None:
+            recovered.append(job.id)
+    return recovered
+
+
+def get_job(job_id: int, *, url: str | None = None) -> Job:
+    with session(url, read_only=True) as s:
+        return _job(s, job_id)
+
+
+def list_jobs(
+    *, status: JobStatus | None = None, kind: str | None = None, limit: int = 50, offset: int = 0, url: str | None = None
+) -> list[Job]:
+    with session(url, read_only=True) as s:
+        stmt = select(Job)
+        if status is not None:
+            stmt = stmt.where(Job.status == status)
+        if kind is not None:
+            stmt = stmt.where(Job.kind == kind)
+        return list(s.exec(stmt.order_by(col(Job.id).desc()).offset(offset).limit(limit)).all())
+
+
+def count_by_status(*, url: str | None = None) -> dict[str, int]:
+    with session(url, read_only=True) as s:
+        rows = s.exec(select(Job.status, func.count()).group_by(Job.status)).all()
+    counts = {st.value: 0 for st in JobStatus}
+    for st, n in rows:
+        counts[JobStatus(st).value] = int(n)
+    return counts
+
+
+def read_log(job: Job, tail_lines: int | None = 200) -> str:
+    if not job.log_path:
+        return ""
+    try:
+        with open(job.log_path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if tail_lines is None:
+        return text
+    return "\n".join(text.splitlines()[-tail_lines:])

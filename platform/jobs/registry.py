@@ -1,0 +1,102 @@
+"""Job kinds register here by name.
+
+A kind is a name, a pydantic model that validates its JSON config, the function
+that runs it inside a job process, and how the worker treats it: the resource
+slots it takes, whether an interrupted attempt can resume from its checkpoint,
+and whether a failure is worth retrying.
+
+Heavy kinds (training, preprocessing) live in their own modules and import
+torch or PyMuPDF inside ``run``, so the worker itself stays light; the modules
+that define kinds are listed in :data:`KIND_MODULES` and imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from posttrain.platform.jobs.context import JobContext
+
+KIND_MODULES: tuple[str, ...] = ("posttrain.platform.jobs.selftest",)
+
+
+class BadInput(ValueError):
+    """A job failed because of its input (a kind raises it; never retried)."""
+
+
+class JobConfigError(BadInput):
+    """A job was submitted with an unknown kind or a config its kind rejects."""
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    config_model: type[BaseModel]
+    run: Callable[["JobContext", Any], dict[str, Any] | None]
+    description: str = ""
+    resumable: bool = False
+    retryable: bool = False
+    cpu_slots: int = 1
+    gpu_slots: int = 0
+    max_attempts: int = 3
+
+
+_kinds: dict[str, JobKind] = {}
+_loaded = False
+_lock = threading.Lock()
+
+
+def register(kind: JobKind) -> JobKind:
+    if kind.name in _kinds and _kinds[kind.name] is not kind:
+        raise ValueError(f"job kind {kind.name!r} is registered twice")
+    _kinds[kind.name] = kind
+    return kind
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    with _lock:
+        if not _loaded:
+            for module in KIND_MODULES:
+                importlib.import_module(module)
+            _loaded = True
+
+
+def kinds() -> dict[str, JobKind]:
+    _load()
+    return dict(sorted(_kinds.items()))
+
+
+def get_kind(name: str) -> JobKind:
+    _load()
+    try:
+        return _kinds[name]
+    except KeyError:
+        known = ", ".join(sorted(_kinds)) or "none"
+        raise JobConfigError(f"unknown job kind {name!r}; known kinds: {known}") from None
+
+
+def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
+    """Validate ``config`` for ``kind_name``; :class:`JobConfigError` names each bad field."""
+    kind = get_kind(kind_name)
+    if config is not None and not isinstance(config, dict):
+        raise JobConfigError(
+            f"invalid config for job kind {kind_name!r}: expected a JSON object, got {type(config).__name__}"
+        )
+    try:
+        return kind.config_model.model_validate(config or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg']}"
+            + ("" if e["type"] == "missing" else f" (got {e.get('input')!r})")
+            for e in exc.errors()
+        )
+        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problems}") from None

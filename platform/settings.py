@@ -1,0 +1,137 @@
+"""One typed settings object for the whole platform.
+
+Values come, highest precedence first, from keyword arguments, environment
+variables ``POSTTRAIN_*`` (nested fields with ``__``, e.g.
+``POSTTRAIN_SANDBOX__POOL_SIZE``), and an optional TOML file named by
+``POSTTRAIN_CONFIG`` (default ``./posttrain.toml`` when it exists). The defaults
+give the embedded set-up: SQLite under ``./var/``, a local worker, the console
+on http://localhost:8501.
+
+An invalid value fails at start-up with :class:`SettingsError`, whose message
+names the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "POSTTRAIN_"
+
+
+class SettingsError(ValueError):
+    """A configuration value is invalid; the message names it and the fix."""
+
+
+def _config_file() -> Path:
+    return Path(os.environ.get(f"{ENV_PREFIX}CONFIG", "posttrain.toml"))
+
+
+class Settings(BaseSettings):
+    """Everything configurable about a posttrain installation."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(
+        default=Path("var"),
+        description="Where documents, job logs, checkpoints and models are stored.",
+    )
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL: sqlite:///path.db or postgresql+psycopg://user:pw@host/db. "
+        "Empty means a SQLite file inside data_dir.",
+    )
+
+    worker_cpu_slots: int = Field(default=2, ge=1, le=1024, description="CPU jobs a worker runs at once.")
+    worker_gpu_slots: int = Field(default=0, ge=0, le=64, description="GPU jobs a worker runs at once.")
+    worker_poll_interval_s: float = Field(default=0.2, gt=0, le=60)
+    heartbeat_interval_s: float = Field(default=2.0, gt=0, le=600)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned.")
+    cancel_grace_s: float = Field(default=5.0, ge=0, le=3600, description="Seconds between SIGTERM and SIGKILL on cancel.")
+    retry_backoff_s: float = Field(default=2.0, ge=0, le=3600, description="First retry delay; doubles per attempt.")
+
+    console_host: str = Field(default="127.0.0.1")
+    console_port: int = Field(default=8501, ge=1, le=65535)
+
+    ray_address: str | None = Field(default=None, description="Ray cluster address; unset runs everything locally.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if value and not value.startswith(("sqlite://", "postgresql+psycopg://", "postgresql://")):
+            raise ValueError(
+                "must start with sqlite:/// or postgresql+psycopg:// (e.g. postgresql+psycopg://user:pw@host:5432/db)"
+            )
+        if value.startswith("postgresql://"):
+            value = "postgresql+psycopg://" + value[len("postgresql://") :]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _config_file()
+        if path.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    # Derived locations -------------------------------------------------
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'posttrain.db').resolve()}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    def ensure_dirs(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    variable = ENV_PREFIX + "__".join(loc).upper() if loc else ENV_PREFIX + "*"
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) else f"={given!r}"
+    field = Settings.model_fields.get(loc[0]) if loc else None
+    hint = f" ({field.description})" if field is not None and field.description else ""
+    return f"invalid setting {variable}{shown}: {error['msg']}{hint}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment, raising :class:`SettingsError` on bad values."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError("; ".join(_describe(e) for e in exc.errors())) from None
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (cached; call ``get_settings.cache_clear()`` after changing the environment)."""
+    return load_settings()
