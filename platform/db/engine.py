@@ -21,7 +21,6 @@ from pathlib import Path
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
-from sqlalchemy.pool import NullPool
 from sqlmodel import Session, create_engine
 
 from posttrain.platform.settings import get_settings
@@ -83,7 +82,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
-            poolclass=NullPool,
+            pool_size=5,
+            max_overflow=10,
         )
         _configure_sqlite(engine)
         return engine
@@ -119,13 +119,21 @@ def get_engine(url: str | None = None) -> Engine:
 def reset_engines() -> None:
     """Forget cached engines: after the settings changed, or first thing in a forked child.
 
-    Engines inherited from a parent process are dropped without closing their
-    connections, which still belong to the parent.
+    Engines inherited from a parent process are neither closed nor freed: their
+    connections belong to the parent, and finalising them here would close the
+    parent's SQLite handles or end its PostgreSQL sessions. They stay referenced
+    until the child exits (job processes end with ``os._exit``).
     """
     with _engines_lock:
         for (_, pid), engine in _engines.items():
-            engine.dispose(close=pid == os.getpid())
+            if pid == os.getpid():
+                engine.dispose()
+            else:
+                _inherited.append(engine)
         _engines.clear()
+
+
+_inherited: list[Engine] = []
 
 
 @contextlib.contextmanager

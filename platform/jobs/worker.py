@@ -12,6 +12,7 @@ limits, and re-queues jobs that lost their worker.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import logging
 import os
@@ -100,6 +101,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self._register()
+        gc.freeze()  # forked job processes then share, rather than copy, the worker's objects
         recovered = queue.recover_orphans(self.settings.heartbeat_timeout_s, exclude_worker=self.id, url=self.url)
         if recovered:
             log.warning("recovered orphaned jobs %s", recovered)

@@ -1,0 +1,126 @@
+"""Shared fixtures: real SQLite files and a real PostgreSQL database, never mocks.
+
+PostgreSQL: the server on 127.0.0.1:5432 (override with POSTTRAIN_TEST_PG_URL).
+One fresh database is created per test session, migrated once, emptied between
+tests, and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlmodel import SQLModel
+
+from posttrain.platform.db import migrate
+from posttrain.platform.db.engine import get_engine, reset_engines
+from posttrain.platform.settings import get_settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN_URL = os.environ.get("POSTTRAIN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_conninfo(dbname: str | None = None) -> str:
+    base = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
+    if dbname is None:
+        return base
+    return base.rsplit("/", 1)[0] + "/" + dbname
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session."""
+    name = f"posttrain_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        admin = psycopg.connect(_pg_conninfo(), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _pg_conninfo(name).replace("postgresql://", "postgresql+psycopg://")
+    migrate.upgrade(url)
+    yield url
+    reset_engines()
+    with psycopg.connect(_pg_conninfo(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _truncate_pg(url: str) -> None:
+    tables = ", ".join(f'"{t.name}"' for t in SQLModel.metadata.sorted_tables)
+    with get_engine(url).begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'posttrain.db'}"
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test using it runs twice: on a fresh SQLite file and on the session's PostgreSQL database."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    url = request.getfixturevalue("pg_url")
+    _truncate_pg(url)
+    return url
+
+
+@pytest.fixture
+def platform_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point this process (and the processes a test starts) at a test database and data dir."""
+    env = {
+        "POSTTRAIN_DATABASE_URL": db_url,
+        "POSTTRAIN_DATA_DIR": str(tmp_path / "data"),
+        "POSTTRAIN_HEARTBEAT_INTERVAL_S": "0.5",
+        "POSTTRAIN_CANCEL_GRACE_S": "2",
+        "POSTTRAIN_RETRY_BACKOFF_S": "0.1",
+        "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    reset_engines()
+    yield env
+    get_settings.cache_clear()
+    reset_engines()
+
+
+def start_worker(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    """A real ``posttrain worker`` process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "posttrain.platform.cli", "worker", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")

@@ -1,0 +1,57 @@
+"""The console's pages, run by Streamlit's AppTest against a real database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO_ROOT
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs import queue
+
+JOBS_PAGE = str(REPO_ROOT / "ui" / "views" / "jobs.py")
+
+
+def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> None:
+    done = queue.submit("selftest", {"steps": 1})
+    queue.claim("w", 1, 0)
+    queue.finish(done, queue.Outcome(exit_code=1, error="boom: it broke", cause="error"))
+
+    at = AppTest.from_file(JOBS_PAGE, default_timeout=30).run()
+    assert not at.exception
+    assert at.title[0].value == "Jobs"
+    counts = {m.label: m.value for m in at.metric}
+    assert counts["❌ failed"] == "1"
+    frame = at.dataframe[0].value
+    assert list(frame["id"]) == [done] and "boom: it broke" in frame["error"].iloc[0]
+
+    at.number_input(key="selftest_steps").set_value(3)
+    at.button[0].click().run()  # the form submit button
+    assert not at.exception
+    assert any("Queued job" in s.value for s in at.success)
+    new = queue.list_jobs(limit=1)[0]
+    assert new.kind == "selftest" and new.config["steps"] == 3 and new.status is JobStatus.queued
+
+    at.number_input(key="inspect_job_id").set_value(new.id).run()
+    assert any(f"Job {new.id}" in md.value for md in at.markdown)
+    at.button(key=f"cancel_{new.id}").click().run()
+    assert queue.get_job(new.id).status is JobStatus.cancelled
+
+
+def test_app_shell_navigates_to_jobs(platform_env: dict[str, str]) -> None:
+    at = AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30).run()
+    assert not at.exception
+    assert at.title[0].value == "Jobs"
+
+
+def test_page_explains_missing_schema(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from posttrain.platform.db.engine import reset_engines
+    from posttrain.platform.settings import get_settings
+
+    monkeypatch.setenv("POSTTRAIN_DATABASE_URL", f"sqlite:///{tmp_path / 'blank.db'}")
+    get_settings.cache_clear()
+    reset_engines()
+    at = AppTest.from_file(JOBS_PAGE, default_timeout=30).run()
+    assert "posttrain db upgrade" in at.error[0].value
+    get_settings.cache_clear()

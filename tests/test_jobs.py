@@ -1,0 +1,164 @@
+"""The job queue and the worker, on SQLite and PostgreSQL, with real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from sqlmodel import func, select
+
+from conftest import start_worker, stop_worker, wait_for
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Job, JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
+
+
+def job_count(url: str) -> int:
+    with session(url, read_only=True) as s:
+        return int(s.exec(select(func.count()).select_from(Job)).one())
+
+
+def status_of(job_id: int) -> JobStatus:
+    return queue.get_job(job_id).status
+
+
+def test_bad_submissions_change_nothing(platform_env: dict[str, str], db_url: str) -> None:
+    before = job_count(db_url)
+    with pytest.raises(JobConfigError, match="unknown job kind 'nope'; known kinds: .*selftest"):
+        queue.submit("nope", {})
+    with pytest.raises(JobConfigError, match=r"selftest.*steps: .*integer.*'many'"):
+        queue.submit("selftest", {"steps": "many"})
+    with pytest.raises(JobConfigError, match="bogus: Extra inputs are not permitted"):
+        queue.submit("selftest", {"bogus": 1})
+    with pytest.raises(JobConfigError, match="expected a JSON object"):
+        queue.submit("selftest", [1, 2])  # type: ignore[arg-type]
+    assert job_count(db_url) == before
+
+
+def test_claim_order_is_priority_then_age(platform_env: dict[str, str]) -> None:
+    low = queue.submit("selftest", {"steps": 0}, priority=0)
+    high_old = queue.submit("selftest", {"steps": 0}, priority=5)
+    high_new = queue.submit("selftest", {"steps": 0}, priority=5)
+    order = [queue.claim("w", 4, 0).id for _ in range(3)]  # type: ignore[union-attr]
+    assert order == [high_old, high_new, low]
+    assert queue.claim("w", 4, 0) is None
+    job = queue.get_job(high_old)
+    assert job.status is JobStatus.running and job.attempts == 1 and job.worker_id == "w"
+
+
+def test_claim_respects_resource_slots(platform_env: dict[str, str], db_url: str) -> None:
+    job_id = queue.submit("selftest", {"steps": 0})
+    with session(db_url) as s:
+        job = s.get(Job, job_id)
+        job.gpu_slots = 1
+        s.add(job)
+    assert queue.claim("w", 4, 0) is None
+    assert queue.claim("w", 4, 1).id == job_id  # type: ignore[union-attr]
+
+
+def test_cancel_queued_job(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 1})
+    assert queue.cancel(job_id) is JobStatus.cancelled
+    assert queue.claim("w", 4, 0) is None
+
+
+def test_worker_runs_job_with_progress_log_and_result(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 3, "sleep_s": 0.05})
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()  # type: ignore[union-attr]
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.result is not None and job.result["counter"] == 3
+    assert job.progress == 1.0 and job.exit_code == 0
+    assert job.checkpoint == {"counter": 3}
+    log = queue.read_log(job)
+    assert f"job {job_id} (selftest) attempt 1" in log and "succeeded" in log
+
+
+def test_failure_is_recorded_with_cause_and_log(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 5, "sleep_s": 0, "fail_at_step": 2})
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=60) == 0
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.failed and job.exit_code == 1
+    assert job.error_cause == "error" and "failing on purpose at step 2" in (job.error or "")
+    assert "Traceback" in queue.read_log(job)
+    assert job.attempts == 1  # selftest failures are not retryable
+
+
+def test_wall_clock_timeout(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 100, "sleep_s": 1}, timeout_s=1.0)
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=60) == 0
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.failed and job.error_cause == "timeout"
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                members.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return members
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["cooperative", "ignores-sigterm"])
+def test_cancel_running_job_kills_whole_group(platform_env: dict[str, str], ignore_sigterm: bool) -> None:
+    grace = float(platform_env["POSTTRAIN_CANCEL_GRACE_S"])
+    job_id = queue.submit("selftest", {"steps": 1000, "sleep_s": 0.2, "spawn_children": 2, "ignore_sigterm": ignore_sigterm})
+    proc = start_worker(platform_env)
+    try:
+        job = wait_for(lambda: (j := queue.get_job(job_id)).pid and j.progress and j, message="job running")
+        pgid = job.pid
+        wait_for(lambda: len(_group_members(pgid)) >= 3, message="children started")
+        queue.cancel(job_id)
+        requested = time.monotonic()
+        wait_for(lambda: status_of(job_id) is JobStatus.cancelled, timeout=grace + 10, message="cancelled")
+        # Within the grace period plus one second (plus one for polling on a busy 2-core box):
+        assert time.monotonic() - requested <= grace + 1.0 + 1.0
+        assert _group_members(pgid) == [], "processes of the cancelled job's group still alive"
+    finally:
+        stop_worker(proc)
+
+
+def test_killed_worker_job_resumes_from_checkpoint(platform_env: dict[str, str], tmp_path: Path) -> None:
+    marks = tmp_path / "marks.txt"
+    job_id = queue.submit("selftest", {"steps": 30, "sleep_s": 0.1, "mark_file": str(marks)})
+    first = start_worker(platform_env)
+    wait_for(lambda: (queue.get_job(job_id).checkpoint or {}).get("counter", 0) >= 5, message="5 steps done")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    at_kill = queue.get_job(job_id)
+    assert at_kill.status is JobStatus.running  # nobody has noticed yet
+    job_pid = at_kill.pid
+    wait_for(lambda: not queue.process_alive(job_pid, at_kill.proc_started), timeout=15, message="job process gone")
+    counter_at_kill = (queue.get_job(job_id).checkpoint or {})["counter"]
+    second = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert second.wait(timeout=90) == 0
+    finally:
+        stop_worker(second)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.attempts == 2
+    assert job.result["resumed_from"] == counter_at_kill >= 5  # type: ignore[index]
+    assert job.result["counter"] == 30  # type: ignore[index]
+    assert len(marks.read_text().splitlines()) == 2  # one execution per attempt, no more
+
+
+def test_stopping_worker_requeues_resumable_job(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 200, "sleep_s": 0.05})
+    proc = start_worker(platform_env)
+    wait_for(lambda: (queue.get_job(job_id).checkpoint or {}).get("counter", 0) >= 3, message="3 steps")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.queued and job.error_cause == "infrastructure"
