@@ -26,6 +26,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from posttrain.platform.sandbox.config import SandboxConfig
+
 ENV_PREFIX = "POSTTRAIN_"
 
 
@@ -68,6 +70,11 @@ class Settings(BaseSettings):
     console_host: str = Field(default="127.0.0.1")
     console_port: int = Field(default=8501, ge=1, le=65535)
 
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig,
+        description="Tool-calling sandboxes: POSTTRAIN_SANDBOX__BACKEND, POSTTRAIN_SANDBOX__POOL_SIZE, ...",
+    )
+
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset runs everything locally.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -105,6 +112,10 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'posttrain.db').resolve()}"
 
     @property
+    def sandbox_root(self) -> Path:
+        return self.sandbox.root_dir or self.data_dir / "sandboxes"
+
+    @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
 
@@ -118,7 +129,13 @@ def _describe(error: dict[str, Any]) -> str:
     variable = ENV_PREFIX + "__".join(loc).upper() if loc else ENV_PREFIX + "*"
     given = error.get("input")
     shown = "" if isinstance(given, dict) else f"={given!r}"
-    field = Settings.model_fields.get(loc[0]) if loc else None
+    model: Any = Settings
+    field = None
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            break
+        model = field.annotation
     hint = f" ({field.description})" if field is not None and field.description else ""
     return f"invalid setting {variable}{shown}: {error['msg']}{hint}"
 

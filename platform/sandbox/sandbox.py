@@ -1,0 +1,341 @@
+"""One sandbox: a running zygote plus its current episode, driven from the host.
+
+A ``Sandbox`` is normally obtained from ``SandboxPool.acquire()``; while held,
+its tool methods run in the episode's interpreter, so Python globals and
+files persist from call to call. Every method returns a ``ToolResult`` and
+never raises for anything the model's code does.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from posttrain.platform.sandbox import _server as wire
+from posttrain.platform.sandbox.backends import launch_spec
+from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.sandbox.result import CallError, CallStatus, ToolResult, infra_failure
+
+RESET_TIMEOUT_S = 15.0
+RESTARTED = "the interpreter was restarted: variables from earlier calls are lost, files in the work directory are kept"
+SIGNAL_STATUS = {9: CallStatus.KILLED, 24: CallStatus.TIMEOUT}  # SIGKILL, SIGXCPU
+
+
+def _force_remove(func: Callable[..., Any], path: str, exc_info: object) -> None:
+    """rmtree helper: model code may have removed write permission from its directories."""
+    if not os.path.exists(path):
+        return
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+        func(path)
+    except OSError:
+        pass
+
+
+class SandboxStartError(RuntimeError):
+    """A sandbox process did not come up; the message carries its log."""
+
+
+class Sandbox:
+    """Host side of one sandbox slot."""
+
+    def __init__(
+        self,
+        config: SandboxConfig,
+        slot: int,
+        slot_dir: Path,
+        server: Path,
+        on_call: Callable[[Sandbox, ToolResult], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.slot = slot
+        self.slot_dir = slot_dir
+        self._server = server
+        self._on_call = on_call
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctrl: socket.socket | None = None
+        self._data: socket.socket | None = None
+        self._next_id = 0
+        self._episode_pid = 0
+        self.alive = False
+        self.work_dir = slot_dir / "work"
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        """Start the zygote and its first episode; raises SandboxStartError."""
+        self.close()
+        self.slot_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("work", "tmp"):  # a restarted sandbox starts as empty as a new one
+            shutil.rmtree(self.slot_dir / sub, onerror=_force_remove)
+            (self.slot_dir / sub).mkdir()
+        ctrl_host, ctrl_box = socket.socketpair()
+        data_host, data_box = socket.socketpair()
+        spec = launch_spec(self.config, self._server, self.slot_dir, ctrl_box.fileno(), data_box.fileno())
+        if spec.run_as is not None:
+            for sub in ("work", "tmp"):
+                os.chown(self.slot_dir / sub, *spec.run_as)
+        log_path = self.slot_dir / "server.log"
+        with open(log_path, "wb") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    spec.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(ctrl_box.fileno(), data_box.fileno()),
+                    env=spec.env,
+                    cwd=self.slot_dir,
+                    start_new_session=True,
+                    user=spec.run_as[0] if spec.run_as else None,
+                    group=spec.run_as[1] if spec.run_as else None,
+                    extra_groups=[] if spec.run_as else None,
+                )
+            finally:
+                ctrl_box.close()
+                data_box.close()
+        self._ctrl, self._data = ctrl_host, data_host
+        try:
+            msg = self._recv_ctrl(self.config.start_timeout_s)
+        except (OSError, ValueError) as exc:
+            msg = None
+            reason = str(exc)
+        else:
+            reason = "it exited" if msg is None else f"unexpected message {msg}"
+        if msg is None or msg.get("event") != "ready":
+            self.close()
+            log = log_path.read_text(errors="replace")[-2000:]
+            raise SandboxStartError(
+                f"sandbox {self.slot} ({self.config.backend}) did not start: {reason}; its log says:\n{log}"
+            )
+        self._episode_pid = int(msg["episode"])
+        self.alive = True
+
+    def reset(self, wipe: bool = True) -> bool:
+        """Kill every process of the sandbox, optionally wipe /work and /tmp, fork a fresh
+        interpreter. Returns False (and marks the sandbox dead) when the zygote does not answer."""
+        if not self.alive or self._ctrl is None:
+            return False
+        token = self._next_id = self._next_id + 1
+        try:
+            wire.send(self._ctrl, {"cmd": "reset", "wipe": wipe, "token": token})
+            deadline = time.monotonic() + RESET_TIMEOUT_S
+            while True:
+                msg = self._recv_ctrl(max(deadline - time.monotonic(), 0.001))
+                if msg is None:
+                    raise OSError("sandbox control channel closed")
+                if msg.get("event") == "episode" and msg.get("token") == token:
+                    break
+        except (OSError, ValueError):
+            self.kill()
+            return False
+        self._episode_pid = int(msg["episode"])
+        self._drain_data()
+        return True
+
+    def kill(self) -> None:
+        """Kill the whole sandbox at once (process group and PID namespace)."""
+        self.alive = False
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 9)
+            except OSError:
+                pass
+            proc.kill()
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.config.backend == "process":
+            self._kill_strays()
+
+    def _kill_strays(self) -> None:
+        """Best effort for the process backend, where no PID namespace holds the sandbox's
+        processes: kill whatever still runs inside this sandbox's directory."""
+        prefix = str(self.slot_dir.resolve()) + os.sep
+        for _ in range(3):
+            strays = []
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    try:
+                        if (os.readlink(f"/proc/{name}/cwd") + os.sep).startswith(prefix):
+                            strays.append(int(name))
+                    except OSError:
+                        continue
+            if not strays:
+                return
+            for pid in strays:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop the sandbox: ask the zygote to kill everything, then kill what is left."""
+        if self._ctrl is not None and self.alive:
+            try:
+                wire.send(self._ctrl, {"cmd": "exit"})
+                if self._proc is not None:
+                    self._proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for sock in (self._ctrl, self._data):
+            if sock is not None:
+                sock.close()
+        self._ctrl = self._data = None
+        self._proc = None
+
+    def remove_files(self) -> None:
+        shutil.rmtree(self.slot_dir, ignore_errors=True)
+
+    @property
+    def pid(self) -> int | None:
+        """Host pid of the launched process (bwrap, or the zygote for the process backend)."""
+        return None if self._proc is None else self._proc.pid
+
+    # ----------------------------------------------------------------- tools
+    def run_python(self, code: str, timeout: float | None = None) -> ToolResult:
+        """Execute ``code`` in the episode's persistent interpreter; the value of a final
+        expression comes back in ``value`` (as its repr)."""
+        return self._call("python", {"code": code}, timeout)
+
+    def run_bash(self, command: str, timeout: float | None = None) -> ToolResult:
+        """Run ``command`` with /bin/bash -c in the work directory."""
+        return self._call("bash", {"command": command}, timeout)
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> ToolResult:
+        return self._call("read_file", {"path": path, "max_bytes": max_bytes}, None)
+
+    def write_file(self, path: str, content: str, append: bool = False) -> ToolResult:
+        return self._call("write_file", {"path": path, "content": content, "append": append}, None)
+
+    def list_dir(self, path: str = ".") -> ToolResult:
+        return self._call("list_dir", {"path": path}, None)
+
+    # -------------------------------------------------------------- protocol
+    def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
+        started = time.monotonic()
+        result = self._exchange(op, args, timeout or self.config.call_timeout_s, started)
+        if self._on_call is not None:
+            self._on_call(self, result)
+        return result
+
+    def _exchange(self, op: str, args: dict[str, Any], timeout: float, started: float) -> ToolResult:
+        if not self.alive or self._data is None or self._ctrl is None:
+            return infra_failure(op, f"sandbox {self.slot} is not running", started)
+        self._next_id += 1
+        request_id = self._next_id
+        try:
+            wire.send(self._data, {"id": request_id, "op": op, "timeout": timeout, **args})
+        except OSError as exc:
+            return self._after_death(op, started, f"could not send the call: {exc}")
+        deadline = started + timeout + self.config.kill_grace_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._restart(op, started, CallStatus.TIMEOUT, f"call exceeded {timeout:g} s; killed")
+            readable, _, _ = select.select([self._data, self._ctrl], [], [], remaining)
+            if self._data in readable:
+                try:
+                    reply = self._recv(self._data, max(deadline - time.monotonic(), 0.5))
+                except (OSError, ValueError) as exc:
+                    return self._restart(op, started, CallStatus.KILLED, f"broken reply from the interpreter: {exc}")
+                if reply is not None and reply.get("id") == request_id:
+                    return self._result(op, reply, started)
+                continue  # a stale reply from a call that was abandoned
+            if self._ctrl in readable:
+                try:
+                    event = self._recv_ctrl(5.0)
+                except (OSError, ValueError):
+                    event = None
+                if event is None:
+                    return self._after_death(op, started, "the sandbox process died during the call")
+                if event.get("event") == "child_exit" and event.get("episode") == self._episode_pid:
+                    return self._child_died(op, started, event)
+
+    def _result(self, op: str, reply: dict[str, Any], started: float) -> ToolResult:
+        error = reply.get("error")
+        return ToolResult(
+            tool=op,
+            status=CallStatus(reply["status"]),
+            stdout=reply.get("stdout", ""),
+            stderr=reply.get("stderr", ""),
+            value=reply.get("value"),
+            exit_code=reply.get("exit_code"),
+            error=CallError(error["type"], error["message"], error.get("traceback", "")) if error else None,
+            truncated=bool(reply.get("truncated")),
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    def _child_died(self, op: str, started: float, event: dict[str, Any]) -> ToolResult:
+        if "signal" in event:
+            sig = int(event["signal"])
+            status = SIGNAL_STATUS.get(sig, CallStatus.KILLED)
+            why = f"the interpreter was killed by signal {sig}"
+            if sig == 9:
+                why += " (SIGKILL: the memory limit or the model's own code)"
+        else:
+            status, why = CallStatus.KILLED, f"the interpreter exited with code {event.get('code')}"
+        return self._restart(op, started, status, why)
+
+    def _restart(self, op: str, started: float, status: CallStatus, why: str) -> ToolResult:
+        """Kill the episode's processes (not its files) and fork a fresh interpreter."""
+        if not self.reset(wipe=False):
+            return infra_failure(op, f"{why}; then the sandbox did not recover", started)
+        return ToolResult(
+            tool=op,
+            status=status,
+            error=CallError(status.name.title(), why),
+            duration_ms=(time.monotonic() - started) * 1000,
+            detail=f"{why}; {RESTARTED}",
+        )
+
+    def _after_death(self, op: str, started: float, why: str) -> ToolResult:
+        self.kill()
+        if self.config.backend == "process":
+            # Model code can kill the zygote itself here: that is the model's doing.
+            return ToolResult(
+                tool=op, status=CallStatus.KILLED, error=CallError("Killed", why),
+                duration_ms=(time.monotonic() - started) * 1000, detail=why,
+            )
+        return infra_failure(op, why, started)
+
+    def _recv_ctrl(self, timeout: float) -> dict[str, Any] | None:
+        assert self._ctrl is not None
+        return self._recv(self._ctrl, timeout)
+
+    @staticmethod
+    def _recv(sock: socket.socket, timeout: float) -> dict[str, Any] | None:
+        sock.settimeout(timeout)
+        try:
+            return wire.recv(sock)
+        except TimeoutError as exc:
+            raise OSError(f"no answer within {timeout:.1f} s") from exc
+        finally:
+            sock.settimeout(None)
+
+    def _drain_data(self) -> None:
+        assert self._data is not None
+        self._data.setblocking(False)
+        try:
+            while self._data.recv(1 << 16):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        finally:
+            self._data.setblocking(True)
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else "dead"
+        return f"Sandbox(slot={self.slot}, backend={self.config.backend!r}, {state})"

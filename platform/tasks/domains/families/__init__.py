@@ -1,0 +1,1 @@
+"""Domain families; each module's ``domains()`` returns its registered domains."""

@@ -1,0 +1,32 @@
+"""bench/sandbox.py runs end to end and prints the figures the acceptance names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+def test_bench_prints_json_figures_with_peers() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--pool-size", "2", "--calls", "200",
+         "--acquires", "20", "--fresh", "5", "--seconds", "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    figures = {line["figure"]: line for line in lines[:-1]}
+    assert set(figures) == {"acquire_ms", "roundtrip_ms", "fresh_bwrap_python_ms", "speedup", "episodes_per_min"}
+    assert "peer_fresh_bwrap_p50" in figures["roundtrip_ms"] and "peer_fresh_bwrap" in figures["episodes_per_min"]
+    summary = lines[-1]
+    for key in ("acquire_p50_ms", "roundtrip_p50_ms", "roundtrip_p99_ms", "fresh_p50_ms", "speedup", "episodes_per_min"):
+        assert isinstance(summary[key], (int, float)), key
+    # Loose bounds (the machine is shared); the real goals are checked by reading a full run.
+    assert summary["roundtrip_p50_ms"] < summary["fresh_p50_ms"]
+    assert summary["speedup"] > 3 and summary["episodes_per_min"] > 0 and summary["failures"] == 0

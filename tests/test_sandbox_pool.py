@@ -1,0 +1,298 @@
+"""The warm pool with real bubblewrap sandboxes: tools, episodes, wipe, refill, monitoring, agent loop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from posttrain.platform.sandbox import (
+    CallStatus,
+    PoolExhaustedError,
+    ProcessBackendWarning,
+    SandboxConfig,
+    SandboxPool,
+    SandboxUnavailableError,
+    run_agent,
+)
+from posttrain.platform.sandbox import backends
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+
+
+def reachable_dir() -> Path:
+    """A directory the unprivileged sandbox uid can enter (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    path = reachable_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[SandboxPool]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (make system-deps)")
+    data_dir = reachable_dir()
+    config = SandboxConfig(pool_size=2, call_timeout_s=2.0, kill_grace_s=0.5)
+    with SandboxPool(config, data_dir=data_dir) as pool:
+        yield pool
+    assert not any(data_dir.joinpath("sandboxes").iterdir()), "the pool left files behind"
+    shutil.rmtree(data_dir)
+
+
+def test_tools_in_one_episode(pool: SandboxPool) -> None:
+    with pool.acquire() as sandbox:
+        first = sandbox.run_python("import math\nx = 6 * 7\nprint('hello')\nmath.sqrt(x * x)")
+        assert first.status is CallStatus.OK, first
+        assert first.stdout == "hello\n" and first.value == "42.0"
+        assert sandbox.run_python("x + 1").value == "43"  # globals persist across calls
+        error = sandbox.run_python("1 / 0")
+        assert error.status is CallStatus.ERROR and error.error is not None
+        assert error.error.type == "ZeroDivisionError" and "<tool>" in error.error.traceback
+        assert "server.py" not in error.error.traceback
+        syntax = sandbox.run_python("def (:")
+        assert syntax.status is CallStatus.ERROR and syntax.error and syntax.error.type == "SyntaxError"
+
+        assert sandbox.write_file("pkg/data.txt", "line 1\n").value == 7
+        assert sandbox.write_file("pkg/data.txt", "line 2\n", append=True).ok
+        assert sandbox.read_file("pkg/data.txt").value == "line 1\nline 2\n"
+        assert sandbox.list_dir(".").value == [{"name": "pkg", "type": "dir", "size": 4096}]
+        bash = sandbox.run_bash("cat pkg/data.txt | wc -l; echo oops >&2; pwd; exit 3")
+        assert bash.status is CallStatus.ERROR and bash.exit_code == 3
+        assert bash.stdout == "2\n/work\n" and bash.stderr == "oops\n"
+        assert sandbox.run_python("open('pkg/data.txt').read().count('line')").value == "2"
+        # The files are on the host, in this sandbox's own directory.
+        assert (sandbox.work_dir / "pkg" / "data.txt").read_text() == "line 1\nline 2\n"
+
+        outside = sandbox.read_file("../../etc/passwd")
+        assert outside.status is CallStatus.ERROR and outside.error and "outside the work directory" in outside.error.message
+        assert sandbox.read_file("/etc/hostname").status is CallStatus.ERROR
+        os.symlink("/etc", sandbox.work_dir / "link")
+        assert sandbox.list_dir("link").status is CallStatus.ERROR
+
+
+def test_episode_state_is_wiped_between_episodes(pool: SandboxPool) -> None:
+    for _ in range(2 * pool.config.pool_size):  # visit every slot at least twice
+        with pool.acquire() as sandbox:
+            leftovers = sandbox.run_bash("ls -A /work /tmp /dev/shm | grep -v ':$' | grep . ; true")
+            assert leftovers.stdout == "", leftovers.stdout
+            assert sandbox.run_python("'secret' in globals()").value == "False"
+            sandbox.run_python("secret = 1")
+            sandbox.run_bash("touch /work/a /tmp/b /dev/shm/c && sleep 1000 &")
+
+
+def test_output_is_capped(pool: SandboxPool) -> None:
+    cap = pool.config.output_limit_bytes
+    with pool.acquire() as sandbox:
+        result = sandbox.run_python(f"print('a' * {cap * 3})")
+        assert result.status is CallStatus.OUTPUT_TRUNCATED and result.truncated
+        assert len(result.stdout) == cap
+        small = sandbox.run_bash("echo fine")
+        assert small.ok and small.stdout == "fine\n" and not small.truncated
+        big_file = sandbox.run_bash(f"head -c {cap * 2} /dev/zero > f && true")
+        assert big_file.ok
+        read = sandbox.read_file("f")
+        assert read.truncated and len(read.value) == cap
+
+
+def test_timeout_keeps_globals_when_the_interpreter_can_be_interrupted(pool: SandboxPool) -> None:
+    with pool.acquire() as sandbox:
+        sandbox.run_python("kept = 'yes'")
+        slow = sandbox.run_python("import time\ntime.sleep(30)", timeout=0.3)
+        assert slow.status is CallStatus.TIMEOUT and slow.duration_ms < 2000
+        assert sandbox.run_python("kept").value == "'yes'"
+        slow_bash = sandbox.run_bash("sleep 30", timeout=0.3)
+        assert slow_bash.status is CallStatus.TIMEOUT
+        assert sandbox.run_python("kept").value == "'yes'"
+
+
+def test_concurrent_episodes_and_monitoring(pool: SandboxPool) -> None:
+    pool.wait_ready(10)
+    before = pool.status()
+    errors: list[str] = []
+
+    def worker(n: int) -> None:
+        for i in range(5):
+            with pool.acquire() as sandbox:
+                result = sandbox.run_python(f"{n} * 100 + {i}")
+                if result.value != str(n * 100 + i):
+                    errors.append(repr(result))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert pool.wait_ready(10)
+    status = pool.status()
+    assert (status.size, status.ready, status.busy) == (2, 2, 0)
+    assert status.episodes == before.episodes + 20 and status.calls >= before.calls + 20
+    assert status.latency_ms["call_p50"] > 0
+    records = pool.recent_calls(limit=20)
+    assert len(records) == 20 and all(r.tool == "python" and r.status is CallStatus.OK for r in records)
+    assert len(pool.recent_calls()) <= pool.config.latency_history
+
+
+def test_acquire_times_out_when_all_are_busy(pool: SandboxPool) -> None:
+    pool.wait_ready(10)
+    held = [pool.checkout() for _ in range(pool.config.pool_size)]
+    started = time.monotonic()
+    with pytest.raises(PoolExhaustedError, match="no sandbox free"):
+        pool.checkout(timeout=0.2)
+    assert time.monotonic() - started < 2
+    for sandbox in held:
+        pool.release(sandbox)
+    with pytest.raises(ValueError, match="not checked out"):
+        pool.release(held[0])
+
+
+def test_pool_refills_a_sandbox_killed_from_outside(pool: SandboxPool) -> None:
+    pool.wait_ready(10)
+    failures = pool.status().failures
+    with pool.acquire() as sandbox:
+        assert sandbox.pid is not None
+        outer = psutil.Process(sandbox.pid)
+        procs = [outer, *outer.children(recursive=True)]
+        os.killpg(sandbox.pid, signal.SIGKILL)  # e.g. the OOM killer took the whole sandbox
+        psutil.wait_procs(procs, timeout=5)
+        result = sandbox.run_python("1")
+        assert result.status is CallStatus.INFRA and result.is_infrastructure_failure
+    assert pool.wait_ready(30)
+    assert pool.status().failures == failures + 1
+    assert pool.status().infra_failures >= 1
+    for _ in range(pool.config.pool_size):
+        with pool.acquire() as sandbox:
+            assert sandbox.run_python("2 + 2").value == "4"
+
+
+def _model(script: list[Any]) -> Any:
+    """A deterministic stand-in for the policy: replies with the scripted turns in order."""
+    turns = iter(script)
+
+    def model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        assert {t["function"]["name"] for t in tools} >= {"python"}
+        return next(turns)
+
+    return model
+
+
+def test_agent_loop_runs_tools_until_the_model_answers(pool: SandboxPool) -> None:
+    script = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "n = 2 ** 10"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "write_file",
+                                                          "arguments": '{"path": "n.txt", "content": "x"}'}},
+        ]},
+        'Checking.<tool_call>{"name": "python", "arguments": {"code": "n + 1"}}</tool_call>',
+        '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+        {"role": "assistant", "content": "The answer is 1025."},
+    ]
+    with pool.acquire() as sandbox:
+        episode = run_agent(_model(script), sandbox, [{"role": "user", "content": "2**10 + 1?"}])
+    assert episode.stop_reason == "answer" and episode.answer == "The answer is 1025."
+    assert episode.turns == 4
+    tool_messages = [m for m in episode.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages[:2]] == ["c1", "c2"]
+    assert tool_messages[2]["content"] == "1025"
+    assert "unknown tool 'rm_rf'" in tool_messages[3]["content"]
+    assert [r.status for r in episode.tool_results] == [CallStatus.OK, CallStatus.OK, CallStatus.OK, CallStatus.ERROR]
+    assert not episode.infrastructure_failure
+
+
+def test_agent_loop_budgets(pool: SandboxPool) -> None:
+    looping = '<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>'
+    with pool.acquire() as sandbox:
+        episode = run_agent(_model([looping] * 10), sandbox, [], max_turns=3)
+        assert episode.stop_reason == "max_turns" and episode.turns == 3 and episode.answer is None
+        sleepy = '<tool_call>{"name": "bash", "arguments": {"command": "sleep 5"}}</tool_call>'
+        started = time.monotonic()
+        episode = run_agent(_model([sleepy] * 10), sandbox, [], time_budget_s=0.5)
+        assert episode.stop_reason == "time_budget" and time.monotonic() - started < 3
+        assert episode.tool_results[0].status is CallStatus.TIMEOUT
+
+
+@needs_bwrap
+def test_sandbox_processes_die_with_the_pool(data_dir: Path) -> None:
+    def tree(pids: list[int]) -> set[psutil.Process]:
+        procs = {psutil.Process(pid) for pid in pids}
+        return procs.union(*(p.children(recursive=True) for p in procs))
+
+    with SandboxPool(SandboxConfig(pool_size=2), data_dir=data_dir) as pool:
+        with pool.acquire() as sandbox:
+            sandbox.run_bash("setsid sleep 1000 & (sleep 1000 &)")
+            deadline = time.monotonic() + 5
+            while len(daemons := [p for p in tree(pool.host_pids()) if p.name() == "sleep"]) < 2:
+                assert time.monotonic() < deadline, "the daemons never started"
+                time.sleep(0.05)
+        assert pool.wait_ready(10)
+        assert not any(p.is_running() for p in daemons)
+        for pid in pool.host_pids():
+            # bwrap, the zygote (PID 1 inside) and the warm episode interpreter: nothing else
+            assert len(psutil.Process(pid).children(recursive=True)) == 2
+        everything = tree(pool.host_pids())
+    psutil.wait_procs(list(everything), timeout=5)
+    assert not any(p.is_running() for p in everything)
+    assert list(data_dir.joinpath("sandboxes").iterdir()) == []
+
+
+def test_process_backend_works_and_warns(data_dir: Path) -> None:
+    config = SandboxConfig(backend="process", pool_size=1, call_timeout_s=2.0)
+    with pytest.warns(ProcessBackendWarning, match="weaker|rlimits only"):
+        pool = SandboxPool(config, data_dir=data_dir)
+    with pool:
+        with pool.acquire() as sandbox:
+            assert sandbox.run_python("y = 5\ny * 2").value == "10"
+            assert sandbox.write_file("a.txt", "hi").ok and sandbox.read_file("a.txt").value == "hi"
+            assert sandbox.run_python("bytearray(10 * 1024 ** 3)").status is CallStatus.MEMORY
+            assert sandbox.run_python("import os\nsorted(os.environ)").value == repr(
+                ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "TMPDIR"]
+            )
+            sandbox.run_bash("setsid sleep 1000 & echo $! > pid")
+            daemon = psutil.Process(int(sandbox.read_file("pid").value))
+            assert daemon in psutil.Process(sandbox.pid).children(recursive=True)  # subreaper kept it
+            # Here model code can kill the zygote (no PID namespace): classified, and the pool recovers.
+            killed = sandbox.run_python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)")
+            assert killed.status is CallStatus.KILLED
+        assert pool.wait_ready(30)
+        psutil.wait_procs([daemon], timeout=5)
+        assert not daemon.is_running()  # best effort: strays in the sandbox's directory are killed
+        with pool.acquire() as sandbox:
+            assert sandbox.run_python("'y' in globals()").value == "False"
+            assert sandbox.list_dir().value == []
+        assert not daemon.is_running()
+
+
+def test_missing_bubblewrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    backends.bwrap_path.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+            SandboxPool(SandboxConfig(pool_size=1), data_dir=tmp_path)
+    finally:
+        backends.bwrap_path.cache_clear()
+
+
+def test_unreadable_root_is_a_clear_error(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox runs as another uid only when the host is root")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(SandboxUnavailableError, match="cannot enter"), pytest.warns(ProcessBackendWarning):
+        SandboxPool(SandboxConfig(pool_size=1, backend="process"), data_dir=private / "data")
+    assert not (private / "data").exists()

@@ -1,0 +1,205 @@
+"""Verifier kinds, spec validation and the worker pool, through the real service."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from posttrain.platform.verifiers import (
+    PoolConfig,
+    TaskSpec,
+    UnknownVerifierError,
+    VerifierKind,
+    VerifierService,
+    VerifierSpecError,
+    VerifyContext,
+    list_verifiers,
+    register_verifier,
+    validate_spec,
+)
+from posttrain.platform.verifiers.kinds.exact import ExactSpec, check_exact
+from posttrain.platform.verifiers.registry import get_verifier, unregister_verifier
+
+
+def task(kind: str, spec: dict, reference: str | None = None) -> TaskSpec:
+    return TaskSpec(domain="test", prompt="question", verifier={"kind": kind, "spec": spec}, reference=reference)
+
+
+@pytest.fixture(scope="module")
+def service():
+    with VerifierService(PoolConfig(workers=2)) as svc:
+        yield svc
+
+
+def test_registry_lists_builtin_kinds():
+    assert {"exact", "normalized", "numeric", "math", "json_schema", "doc_qa", "custom", "code", "tool_use"} <= set(list_verifiers())
+    with pytest.raises(UnknownVerifierError, match="registered kinds"):
+        get_verifier("nope")
+
+
+def test_exact_and_normalized(service):
+    assert service.verify(task("exact", {"answer": "Paris"}), "  Paris\n").passed
+    assert not service.verify(task("exact", {"answer": "Paris"}), "paris").passed
+    assert service.verify(task("normalized", {"answer": "Paris"}), '"paris."').score == 1.0
+    assert service.verify(task("exact", {"answer": ["4", "four"], "extract": "answer_tag"}), "hm <answer>four</answer>").passed
+    wrong = service.verify(task("normalized", {"answer": "Paris"}), "London")
+    assert wrong.score == 0.0 and not wrong.is_infra_error and "expected 'Paris'" in wrong.details
+
+
+@pytest.mark.parametrize(
+    ("spec", "completion", "passed"),
+    [
+        ({"value": 5}, "The answer is 5.", True),
+        ({"value": 5}, "The answer is 6.", False),
+        ({"value": 1234.5}, "1,234.5", True),
+        ({"value": 0.75}, "3/4", True),
+        ({"value": 3.14159, "rel_tol": 1e-3}, "about 3.1416", True),
+        ({"value": 3.14159, "rel_tol": 1e-6}, "about 3.1416", False),
+        ({"value": 5000, "unit": "m"}, "5 km", True),
+        ({"value": 5000, "unit": "m"}, "5000", True),
+        ({"value": 5000, "unit": "m", "require_unit": True}, "5000", False),
+        ({"value": 5000, "unit": "m"}, "5 kg", False),
+        ({"value": 212, "unit": "°F"}, "100 °C", True),
+        ({"value": 50, "unit": "%"}, "0.5", False),
+        ({"value": 2.1335807e10, "unit": "J", "rel_tol": 1e-4}, "2.1335807e+10 J", True),
+    ],
+)
+def test_numeric_with_tolerance_and_units(service, spec, completion, passed):
+    verdict = service.verify(task("numeric", spec), completion)
+    assert verdict.passed is passed, verdict.details
+    assert verdict.infra_error is None
+
+
+def test_numeric_without_a_number_scores_zero_with_reason(service):
+    verdict = service.verify(task("numeric", {"value": 1}), "I do not know")
+    assert verdict.score == 0 and "no number" in verdict.details
+
+
+def test_math_equivalence(service):
+    half = task("math", {"answer": "\\frac{1}{2}"})
+    assert service.verify(half, "so the result is $\\boxed{0.5}$").passed
+    assert service.verify(half, "$\\frac{2}{4}$").passed
+    assert not service.verify(half, "$\\frac{1}{3}$").passed
+    assert service.verify(task("math", {"answer": "x^2 + 2x + 1"}), "$(x+1)^2$").passed
+
+
+def test_json_schema_partial_credit_by_field(service):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}, "tags": {"type": "array"}},
+        "required": ["name", "age", "tags"],
+    }
+    t = task("json_schema", {"schema": schema})
+    assert service.verify(t, '```json\n{"name": "a", "age": 3, "tags": []}\n```').score == 1.0
+    partial = service.verify(t, '{"name": "a", "age": -1}')
+    assert partial.score == pytest.approx(1 / 3) and not partial.passed
+    assert "age" in partial.breakdown["problems"] and "tags" in partial.breakdown["problems"]
+    not_json = service.verify(t, "{name: a}")
+    assert not_json.score == 0 and "not JSON" in not_json.details
+    expected = task("json_schema", {"schema": schema, "expected": {"name": "a", "age": 3, "tags": []}})
+    assert service.verify(expected, '{"name": "a", "age": 4, "tags": []}').score == pytest.approx(2 / 3)
+
+
+def test_spec_errors_name_the_field_and_the_fix():
+    with pytest.raises(VerifierSpecError) as info:
+        validate_spec("json_schema", {"schema": {"type": "strnig"}})
+    message = str(info.value)
+    assert "spec.schema" in message and "not a valid JSON Schema" in message and "fix" in message
+    with pytest.raises(VerifierSpecError) as info:
+        validate_spec("numeric", {"vale": 3})
+    fields = {p.field for p in info.value.problems}
+    assert fields == {"spec.value", "spec.vale"}
+    with pytest.raises(VerifierSpecError, match="unknown unit 'parsec'"):
+        validate_spec("numeric", {"value": 1, "unit": "parsec"})
+    with pytest.raises(VerifierSpecError, match="spec.answer"):
+        validate_spec("math", {"answer": ""})
+
+
+def test_verify_raises_for_a_bad_spec_before_running(service):
+    with pytest.raises(VerifierSpecError, match="spec.value"):
+        service.verify(task("numeric", {}), "1")
+    good, bad = task("exact", {"answer": "a"}), task("exact", {"answer": []})
+    with pytest.raises(VerifierSpecError) as info:
+        service.verify_batch([good, bad], ["a", "a"])
+    assert "batch item 1" in "".join(getattr(info.value, "__notes__", []))
+
+
+PAGES = {1: "Intro text.", 2: "The warranty lasts 24 months from the date of purchase.\nReturns are free."}
+
+
+def test_doc_qa_answer_and_evidence_on_the_cited_page(service):
+    spec = {"answers": ["24 months"], "require_evidence": True, "pages": PAGES}
+    good = 'Answer: 24 months\nEvidence: "The warranty lasts 24 months"\nPage: 2'
+    assert service.verify(task("doc_qa", spec), good).passed
+    wrong_page = service.verify(task("doc_qa", spec), good.replace("Page: 2", "Page: 1"))
+    assert not wrong_page.passed and wrong_page.score == pytest.approx(0.5) and "does not occur on page 1" in wrong_page.details
+    invented = service.verify(task("doc_qa", spec), 'Answer: 24 months\nEvidence: "lasts two full years"\nPage: 2')
+    assert not invented.passed
+    f1 = service.verify(task("doc_qa", {"answers": "24 months from purchase", "metric": "f1"}), "24 months")
+    assert 0 < f1.score < 1
+    assert service.verify(task("doc_qa", {"answers": "The Eiffel Tower", "metric": "exact"}), "eiffel tower").passed
+
+
+def test_doc_qa_page_text_through_a_lookup(service):
+    calls = []
+
+    def lookup(document_id, page):
+        calls.append((document_id, page))
+        return PAGES.get(page)
+
+    spec = {"answers": ["24 months"], "require_evidence": True, "document_id": "manual.pdf"}
+    completion = '{"answer": "24 months", "evidence": "Returns are free.", "page": 2}'
+    verdict = service.verify(task("doc_qa", spec), completion, context=VerifyContext(page_lookup=lookup))
+    assert verdict.passed and calls == [("manual.pdf", 2)]
+    missing = service.verify(task("doc_qa", spec), completion)
+    assert missing.is_infra_error and "page_lookup" in missing.infra_error
+
+
+def test_megabyte_completion_scores_zero_with_a_reason(service):
+    verdict = service.verify(task("exact", {"answer": "a"}), "a" * 3_000_000)
+    assert verdict.score == 0 and not verdict.is_infra_error and "over the limit" in verdict.details
+
+
+def test_code_slot_reports_an_infra_error_until_filled(service):
+    verdict = service.verify(task("code", {"tests": "assert f() == 1", "entry_point": "f"}), "def f(): return 1")
+    assert verdict.is_infra_error and "register_verifier" in verdict.infra_error
+    assert verdict.score == 0 and not verdict.passed
+
+
+def test_register_a_kind_and_refuse_silent_replacement(service):
+    kind = VerifierKind(name="shout", spec_model=ExactSpec, check=check_exact)
+    register_verifier(kind)
+    try:
+        with pytest.raises(ValueError, match="replace=True"):
+            register_verifier(kind)
+        assert service.verify(task("shout", {"answer": "HI"}), "HI").passed
+    finally:
+        unregister_verifier("shout")
+
+
+def test_batch_keeps_order_and_async_does_not_block_the_loop(service):
+    tasks = [task("numeric", {"value": i}) for i in range(20)]
+    answers = [str(i if i % 2 == 0 else i + 1) for i in range(20)]
+    verdicts = service.verify_batch(tasks, answers)
+    assert [v.passed for v in verdicts] == [i % 2 == 0 for i in range(20)]
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        running = asyncio.create_task(ticker())
+        single = await service.averify(tasks[3], "3")
+        many = await service.averify_batch(tasks, answers)
+        running.cancel()
+        return single, many, ticks
+
+    single, many, ticks = asyncio.run(main())
+    assert single.passed and [v.passed for v in many] == [v.passed for v in verdicts]
+    assert ticks > 0
