@@ -55,3 +55,35 @@ def test_page_explains_missing_schema(tmp_path: Path, monkeypatch) -> None:  # t
     at = AppTest.from_file(JOBS_PAGE, default_timeout=30).run()
     assert "posttrain db upgrade" in at.error[0].value
     get_settings.cache_clear()
+
+
+def test_sandboxes_page_runs_snippet_and_shows_pool(platform_env: dict[str, str], monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import shutil
+    import tempfile
+
+    from posttrain.platform.settings import get_settings
+
+    # Sandboxes run as an unprivileged uid when the host is root: their root must be traversable.
+    root = tempfile.mkdtemp(prefix="posttrain-console-sbx-")
+    os.chmod(root, 0o755)
+    monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", root)
+    get_settings.cache_clear()
+    try:
+        at = AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "sandboxes.py"), default_timeout=60).run()
+        assert not at.exception
+        assert "No sandbox pool has reported yet" in at.info[0].value
+        at.text_area(key="snippet_code").set_value("x = 6 * 7\nprint('answer', x)")
+        at.button(key="snippet_run").click().run()
+        assert not at.exception
+        assert at.success and at.success[0].value.startswith("ok in")
+        assert any("answer 42" in c.value for c in at.code)
+        at.run()  # the panel now lists the console's pool, with a latency histogram
+        frame = at.dataframe[0].value
+        assert frame["pool"].iloc[0].startswith("console@") and frame["calls"].iloc[0] >= 1
+        assert at.get("arrow_vega_lite_chart") or at.get("bar_chart") or any("Call latency" in s.value for s in at.subheader)
+    finally:
+        import streamlit as st
+
+        st.cache_resource.clear()  # closes the console's pool (on_release)
+        shutil.rmtree(root, ignore_errors=True)
