@@ -16,6 +16,7 @@ st.set_page_config(page_title="posttrain", page_icon=":material/model_training:"
 
 pages = [
     st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs", default=True),
+    st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]
 st.navigation(pages).run()

@@ -23,7 +23,10 @@ from pydantic import BaseModel, ValidationError
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
 
-KIND_MODULES: tuple[str, ...] = ("posttrain.platform.jobs.selftest",)
+KIND_MODULES: tuple[str, ...] = (
+    "posttrain.platform.jobs.selftest",
+    "posttrain.platform.tasks.jobs",
+)
 
 
 class BadInput(ValueError):

@@ -1,0 +1,79 @@
+"""Task sets in the database, the build_tasks job, and the Tasks page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO_ROOT, start_worker
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.tasks import store
+from posttrain.platform.tasks.domains import generate
+from posttrain.platform.verifiers import verify
+
+
+def test_round_trip_and_statistics(platform_env: dict[str, str]) -> None:
+    specs = generate("arith.add.int", 4, seed=3) + generate("arith.add.int", 2, seed=4, split="eval")
+    store.save_tasks("s1", specs, source="procedural")
+    loaded = store.load_tasks(task_set="s1")
+    assert [t.spec.prompt for t in loaded] == [s.prompt for s in specs]
+    assert [t.spec.task_id for t in loaded] == [s.task_id for s in specs]
+    assert verify(loaded[0].spec, loaded[0].spec.reference or "").score == 1.0
+    store.record_results([(loaded[0].id, True), (loaded[1].id, False), (loaded[0].id, True)])
+    (stats,) = store.domain_stats()
+    assert (stats.tasks, stats.train, stats.eval, stats.attempts, stats.passes) == (6, 4, 2, 3, 2)
+    assert len(store.load_tasks(split="eval")) == 2
+
+
+def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path) -> None:
+    good = queue.submit(
+        "build_tasks",
+        {"task_set": "arith", "source": {"type": "procedural", "families": ["arithmetic"], "per_domain": 2, "eval_per_domain": 1}},
+    )
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text(json.dumps({"prompt": "hi", "answer": "x", "verifier": {"kind": "numeric", "spec": {}}}) + "\n")
+    bad = queue.submit("build_tasks", {"task_set": "bad", "source": {"type": "jsonl", "path": str(bad_file)}})
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=120) == 0
+    job = queue.get_job(good)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.result["tasks"] == 3 * job.result["domains"] and job.result["domains"] >= 10  # type: ignore[index]
+    failed = queue.get_job(bad)
+    assert failed.status is JobStatus.failed and failed.error_cause == "bad_input"
+    assert "line 1" in (failed.error or "")
+    assert [ts.name for ts, _ in store.task_sets()] == ["arith"]  # the bad import stored nothing
+
+
+def test_build_tasks_config_is_validated_at_submit(platform_env: dict[str, str]) -> None:
+    with pytest.raises(JobConfigError, match="name at least one domain or family"):
+        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "procedural"}})
+    with pytest.raises(JobConfigError, match="source"):
+        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "csv"}})
+
+
+def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> None:
+    store.save_tasks("demo", generate("arith.add.int", 3, seed=1), source="procedural")
+    at = AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=60).run()
+    assert not at.exception
+    frames = [d.value for d in at.dataframe]
+    assert any("demo" in set(f.get("task set", [])) for f in frames)
+    assert any("arith.add.int" in set(f.get("domain", [])) for f in frames)
+    task = store.load_tasks(task_set="demo")[0]
+    at.selectbox(key="browse_task").set_value(task.id).run()
+    at.text_area(key="try_answer").set_value(task.spec.reference or "")
+    at.button(key="try_verify").click().run()
+    assert at.success and "score 1.00" in at.success[-1].value
+    at.text_area(key="try_answer").set_value("definitely wrong")
+    at.button(key="try_verify").click().run()
+    assert at.warning and "not passed" in at.warning[-1].value
+
+    at.multiselect(key="build_families").set_value(["strings"])
+    at.text_input(key="build_set_name").set_value("from-console")
+    at.button[0].click().run()
+    job = queue.list_jobs(limit=1)[0]
+    assert job.kind == "build_tasks" and job.config["source"]["families"] == ["strings"]

@@ -1,0 +1,154 @@
+"""Tasks: build task sets, browse domains with pass rates, open a task, try its verifier."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import streamlit as st
+
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.settings import get_settings
+from posttrain.platform.tasks import store
+from posttrain.platform.tasks.domains import list_domains, list_families
+from posttrain.platform.verifiers import VerifierError, verify
+from posttrain.ui.common import guard_platform
+
+PAGE_SIZE = 50
+
+st.title("Tasks")
+st.caption("Verifiable tasks by domain. Building and importing run as jobs; see them on the Jobs page.")
+if not guard_platform():
+    st.stop()
+
+
+def submit_build(config: dict) -> None:
+    try:
+        job_id = queue.submit("build_tasks", config, submitted_by="console")
+    except JobConfigError as exc:
+        st.error(str(exc))
+    else:
+        st.success(f"Queued build job {job_id}. It appears below when it finishes.")
+
+
+build, imports = st.tabs(["Build from procedural domains", "Import"])
+with build:
+    families = list_families()
+    with st.form("build_procedural"):
+        name = st.text_input("Task set name", value="procedural", key="build_set_name")
+        chosen = st.multiselect("Families", families, default=families[:1], key="build_families")
+        c1, c2, c3, c4 = st.columns(4)
+        per_domain = c1.number_input("Train tasks per domain", 1, 10_000, 32, key="build_per_domain")
+        eval_per_domain = c2.number_input("Eval tasks per domain", 0, 10_000, 8, key="build_eval_per_domain")
+        difficulty = c3.slider("Difficulty", 1, 5, 1, key="build_difficulty")
+        seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="build_seed")
+        n_domains = sum(len(list_domains(f)) for f in chosen)
+        st.caption(f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain)} tasks.")
+        if st.form_submit_button("Build", type="primary"):
+            submit_build(
+                {
+                    "task_set": name,
+                    "source": {
+                        "type": "procedural", "families": chosen, "per_domain": int(per_domain),
+                        "eval_per_domain": int(eval_per_domain), "difficulty": int(difficulty), "seed": int(seed),
+                    },
+                }  # fmt: skip
+            )
+with imports:
+    upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl")
+    jsonl_set = st.text_input("Task set name", value="imported", key="import_set_name")
+    if upload is not None and st.button("Import JSONL", key="import_jsonl_go"):
+        data = upload.getvalue()
+        folder = get_settings().data_dir / "uploads"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{hashlib.sha256(data).hexdigest()}.jsonl"
+        path.write_bytes(data)
+        submit_build({"task_set": jsonl_set, "source": {"type": "jsonl", "path": str(path)}})
+    if st.button("Import HumanEval (164 code problems)", key="import_humaneval"):
+        submit_build({"task_set": "humaneval", "source": {"type": "humaneval"}})
+
+
+@st.fragment(run_every="5s")
+def overview() -> None:
+    sets = store.task_sets()
+    if not sets:
+        st.info("No task sets yet: build one above.")
+        return
+    st.subheader("Task sets")
+    st.dataframe(
+        pd.DataFrame([{"task set": ts.name, "source": ts.source, "tasks": n, "created": ts.created_at} for ts, n in sets]),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+overview()
+
+sets = [ts.name for ts, _ in store.task_sets()]
+if not sets:
+    st.stop()
+
+st.subheader("Domains")
+chosen_set = st.selectbox("Task set", ["all", *sets], key="browse_set")
+stats = store.domain_stats(task_set=None if chosen_set == "all" else chosen_set)
+frame = pd.DataFrame(
+    [
+        {"domain": d.name, "family": d.family, "tasks": d.tasks, "train": d.train, "eval": d.eval,
+         "attempts": d.attempts, "pass rate": d.pass_rate, "weight": d.weight, "priority": d.priority}
+        for d in stats
+    ]  # fmt: skip
+)
+st.dataframe(
+    frame,
+    hide_index=True,
+    width="stretch",
+    column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")},
+)
+
+st.subheader("Open a task")
+domain = st.selectbox("Domain", [d.name for d in stats], key="browse_domain")
+page = st.number_input("Page", min_value=1, value=1, key="browse_page")
+tasks = store.load_tasks(
+    task_set=None if chosen_set == "all" else chosen_set, domains=[domain], limit=PAGE_SIZE, offset=PAGE_SIZE * (int(page) - 1)
+)
+if not tasks:
+    st.info("No tasks on this page.")
+    st.stop()
+labels = {t.id: f"#{t.id} [{t.spec.split}] {t.spec.prompt_text[:80]}" for t in tasks}
+task_id = st.selectbox("Task", list(labels), format_func=labels.get, key="browse_task")
+task = next(t for t in tasks if t.id == task_id)
+spec = task.spec
+
+left, right = st.columns(2)
+with left:
+    st.markdown("**Prompt**")
+    for message in spec.prompt:
+        with st.chat_message(message.role):
+            st.text(message.text)
+    st.markdown(f"**Reference answer** ({spec.verifier.kind} verifier)")
+    st.code(spec.reference or "(none)", language="text")
+with right:
+    st.markdown("**Verifier spec**")
+    st.json(spec.verifier.spec, expanded=False)
+    st.markdown(f"**Statistics**: {task.attempts} attempts, {task.passes} passed")
+    if spec.provenance:
+        st.markdown("**Provenance**")
+        st.json(spec.provenance, expanded=False)
+
+st.markdown("**Try the verifier**")
+answer = st.text_area("Answer", key="try_answer", height=100)
+if st.button("Verify", key="try_verify"):
+    try:
+        verdict = verify(spec, answer)
+    except VerifierError as exc:
+        st.error(str(exc))
+    else:
+        if verdict.is_infra_error:
+            st.error(f"The verifier itself failed: {verdict.infra_error}")
+        else:
+            (st.success if verdict.passed else st.warning)(
+                f"score {verdict.score:.2f}, {'passed' if verdict.passed else 'not passed'}"
+            )
+        if verdict.details:
+            st.caption(verdict.details)
