@@ -162,3 +162,15 @@ def test_stopping_worker_requeues_resumable_job(platform_env: dict[str, str]) ->
     assert proc.wait(timeout=30) == 0
     job = queue.get_job(job_id)
     assert job.status is JobStatus.queued and job.error_cause == "infrastructure"
+
+
+def test_transient_failures_are_retried_with_backoff(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 2}, max_attempts=3)
+    hopeless = queue.submit("selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 5}, max_attempts=2)
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=60) == 0
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded and job.attempts == 3
+    assert "transient failure on attempt 2" in queue.read_log(job)
+    gave_up = queue.get_job(hopeless)
+    assert gave_up.status is JobStatus.failed and gave_up.attempts == 2 and gave_up.error_cause == "transient"

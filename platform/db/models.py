@@ -247,7 +247,7 @@ class Job(SQLModel, table=True):
     checkpoint: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     error: str | None = None
-    error_cause: str | None = Field(default=None, max_length=32, description="oom, timeout, bad_input, infrastructure, error, cancelled")
+    error_cause: str | None = Field(default=None, max_length=32, description="oom, timeout, bad_input, transient, infrastructure, error, cancelled")
     submitted_by: str = Field(default="system", max_length=128)
 
 

@@ -160,7 +160,7 @@ class Outcome:
     exit_code: int | None
     result: dict[str, Any] | None = None
     error: str | None = None
-    cause: str | None = None  # oom, timeout, bad_input, infrastructure, error
+    cause: str | None = None  # oom, timeout, bad_input, transient, infrastructure, error
     interrupted: bool = False  # stopped by the platform (shutdown, lost worker), not by the job
 
 
@@ -202,7 +202,8 @@ def finish(
             job.error_cause = None
             job.progress = 1.0
         else:
-            retry = kind.retryable and outcome.cause not in ("bad_input", "timeout") and job.attempts < job.max_attempts
+            worth_retrying = outcome.cause == "transient" or (kind.retryable and outcome.cause not in ("bad_input", "timeout"))
+            retry = worth_retrying and job.attempts < job.max_attempts
             status = JobStatus.queued if retry else JobStatus.failed
             job.error = outcome.error or f"exited with code {outcome.exit_code}"
             job.error_cause = outcome.cause or "error"
@@ -315,6 +316,12 @@ def list_jobs(
         if kind is not None:
             stmt = stmt.where(Job.kind == kind)
         return list(s.exec(stmt.order_by(col(Job.id).desc()).offset(offset).limit(limit)).all())
+
+
+def queued_count(*, url: str | None = None) -> int:
+    """Jobs waiting to run, including those waiting out a retry backoff."""
+    with session(url, read_only=True) as s:
+        return int(s.exec(select(func.count()).select_from(Job).where(Job.status == JobStatus.queued)).one())
 
 
 def count_by_status(*, url: str | None = None) -> dict[str, int]:

@@ -33,6 +33,10 @@ class BadInput(ValueError):
     """A job failed because of its input (a kind raises it; never retried)."""
 
 
+class TransientError(RuntimeError):
+    """A failure worth retrying (a flaky network, a busy resource): retried with backoff."""
+
+
 class JobConfigError(BadInput):
     """A job was submitted with an unknown kind or a config its kind rejects."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.jobs.context import JobContext
-from posttrain.platform.jobs.registry import JobKind, register
+from posttrain.platform.jobs.registry import JobKind, TransientError, register
 
 
 class SelftestConfig(BaseModel):
@@ -26,6 +26,7 @@ class SelftestConfig(BaseModel):
     steps: int = Field(default=10, ge=0, le=1_000_000)
     sleep_s: float = Field(default=0.5, ge=0, le=3600)
     fail_at_step: int | None = Field(default=None, ge=0, description="raise at this step")
+    transient_failures: int = Field(default=0, ge=0, description="fail (retryably) on this many first attempts")
     ignore_sigterm: bool = False
     spawn_children: int = Field(default=0, ge=0, le=16, description="sleeping child processes to start")
     mark_file: str | None = Field(default=None, description="append one line per execution (tests)")
@@ -41,6 +42,8 @@ def run(ctx: JobContext, config: SelftestConfig) -> dict[str, Any]:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         for _ in range(config.spawn_children)
     ]
+    if ctx.attempt <= config.transient_failures:
+        raise TransientError(f"selftest: transient failure on attempt {ctx.attempt} (on purpose)")
     start = int((ctx.checkpoint or {}).get("counter", 0))
     if start:
         ctx.log.info("resuming from checkpointed counter %d", start)

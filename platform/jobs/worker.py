@@ -32,7 +32,7 @@ from posttrain.platform.db.engine import reset_engines, session
 from posttrain.platform.db.models import Job, JobStatus, Worker as WorkerRow, utcnow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, get_kind, validate_config
+from posttrain.platform.jobs.registry import BadInput, JobConfigError, TransientError, get_kind, validate_config
 from posttrain.platform.settings import Settings, get_settings
 
 log = logging.getLogger("posttrain.worker")
@@ -111,7 +111,7 @@ class Worker:
                 self._reap()
                 claimed = self._fill_slots()
                 self._housekeeping()
-                if self.exit_when_idle and not self.running and not claimed:
+                if self.exit_when_idle and not self.running and not claimed and not queue.queued_count(url=self.url):
                     break
                 if not claimed:
                     signal.sigtimedwait({signal.SIGCHLD}, self.settings.worker_poll_interval_s)
@@ -351,6 +351,10 @@ def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logg
     except (BadInput, ValidationError) as exc:
         logger.error("bad input: %s\n%s", exc, traceback.format_exc())
         write_error(f"{type(exc).__name__}: {exc}", "bad_input")
+        return 1
+    except TransientError as exc:
+        logger.error("transient failure: %s\n%s", exc, traceback.format_exc())
+        write_error(f"{type(exc).__name__}: {exc}", "transient")
         return 1
     except MemoryError:
         logger.error("out of memory\n%s", traceback.format_exc())

@@ -9,8 +9,9 @@ Example::
     verdict = verify(task, "The answer is 5.")   # Verdict(score=1.0, passed=True, ...)
 
 Kinds (``list_verifiers()``): exact, normalized, numeric, math, json_schema, doc_qa, custom
-(entry-point group ``posttrain.verifiers``), and the slots code and tool_use that the
-sandbox fills with ``register_verifier(..., replace=True)``.
+(entry-point group ``posttrain.verifiers``), code (unit tests in a warm sandbox; the pool is
+``VerifyContext(sandbox_pool=...)`` or the process-wide one of ``verifiers.sandboxes``) and
+tool_use (checks in the episode's sandbox, lent as ``VerifyContext(sandbox=...)``).
 """
 
 from posttrain.platform.verifiers.errors import SpecProblem, UnknownVerifierError, VerifierError, VerifierSpecError

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain.platform.verifiers.errors import UnknownVerifierError, VerifierSpecError
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
+
+if TYPE_CHECKING:
+    from posttrain.platform.sandbox import Sandbox, SandboxPool
 
 
 class BaseSpec(BaseModel):
@@ -26,9 +29,17 @@ PageLookup = Callable[[str | None, int], str | None]
 
 @dataclass(frozen=True)
 class VerifyContext:
-    """What the caller lends a verification beyond the task: e.g. a page-text lookup."""
+    """What the caller lends a verification beyond the task.
+
+    ``page_lookup``: where document QA finds page text. ``sandbox_pool``: the pool the
+    'code' kind runs tests in (default: the process-wide pool of
+    ``posttrain.platform.verifiers.sandboxes``). ``sandbox``: the episode's sandbox, which the
+    'tool_use' kind inspects after the agent stopped (it must still be checked out).
+    """
 
     page_lookup: PageLookup | None = None
+    sandbox_pool: SandboxPool | None = None
+    sandbox: Sandbox | None = None
 
 
 class CheckFn(Protocol):
@@ -46,7 +57,9 @@ class VerifierKind:
     ``check`` must be a module-level function: with ``isolation="process"`` it is sent
     to a worker process by reference. ``isolation="thread"`` runs it in a thread of the
     calling process (for kinds that isolate themselves, e.g. code run in a sandbox);
-    such a check must enforce its own time limit. ``prepare`` (optional) runs in the
+    such a check must enforce its own time limit: it finds the limit in ``spec.timeout_s``,
+    and the caller waits ``wait_margin_s`` beyond it (for work around the limited part, e.g.
+    getting a sandbox from a pool) before giving up on it. ``prepare`` (optional) runs in the
     caller before dispatch, with the caller's ``VerifyContext``, and returns the spec to use.
     """
 
@@ -57,6 +70,7 @@ class VerifierKind:
     default_timeout_s: float = 10.0
     prepare: PrepareFn | None = None
     description: str = ""
+    wait_margin_s: float = 0.0
     placeholder: bool = field(default=False)
 
 

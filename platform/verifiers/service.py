@@ -162,7 +162,9 @@ class VerifierService:
                 return Verdict.infra(f"preparing the check failed: {_describe_exception(exc)}")
         limit = timeout_s or spec.timeout_s or kind.default_timeout_s
         if kind.isolation == "thread":
-            return self._pool.run_in_thread(kind.check, spec, completion, task, limit)
+            if spec.timeout_s != limit:  # the check enforces the limit itself: tell it
+                spec = spec.model_copy(update={"timeout_s": limit})
+            return self._pool.run_in_thread(kind.check, spec, completion, task, limit + kind.wait_margin_s)
         return self._pool.run_in_process(kind.check, spec, completion, task, limit)
 
 
