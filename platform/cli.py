@@ -32,8 +32,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import posttrain
+from posttrain.platform.auth import AuthError
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
-from posttrain.platform.db.models import JobStatus
+from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs.queue import JobNotFound
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.settings import SettingsError, get_settings
@@ -41,15 +42,18 @@ from posttrain.platform.settings import SettingsError, get_settings
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit, follow and cancel jobs.")
+users_app = typer.Typer(no_args_is_help=True, help="Console users and roles.")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(users_app, name="users")
 
 out = Console()
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (SettingsError, DatabaseUnavailable, JobConfigError, JobNotFound, FileNotFoundError)
+USER_ERRORS = (SettingsError, DatabaseUnavailable, JobConfigError, JobNotFound, FileNotFoundError, AuthError)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class SchemaOutOfDate(RuntimeError):
@@ -131,6 +135,17 @@ def worker(
     Worker(cpu_slots=cpu_slots, gpu_slots=gpu_slots, exit_when_idle=exit_when_idle).run()
 
 
+def refuse_open_console(host: str) -> None:
+    """The console may listen beyond loopback only once an admin (with a password) exists."""
+    from posttrain.platform import auth
+
+    if host not in LOOPBACK_HOSTS and not auth.has_admin():
+        raise AuthError(
+            f"refusing to serve the console on {host} while no admin password is set: "
+            "run `posttrain users bootstrap-admin NAME` first, or listen on 127.0.0.1"
+        )
+
+
 def console_command(host: str, port: int) -> list[str]:
     app_path = Path(posttrain.__file__).resolve().parent / "ui" / "app.py"
     return [
@@ -152,6 +167,7 @@ def console(
     """Serve the operator console (Streamlit)."""
     settings = get_settings()
     require_schema()
+    refuse_open_console(host or settings.console_host)
     cmd = console_command(host or settings.console_host, port or settings.console_port)
     os.execv(sys.executable, cmd)
 
@@ -166,6 +182,7 @@ def up(
     settings = get_settings()
     require_schema()
     host, port = host or settings.console_host, port or settings.console_port
+    refuse_open_console(host)
     procs = {
         "worker": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker"]),
         "console": subprocess.Popen(console_command(host, port)),
@@ -370,6 +387,79 @@ def _follow(job_id: int, stream_log: bool = True) -> None:
     out.print(f"job {job_id} [{style}]{job.status.value}[/]" + (f": {job.error}" if job.error else ""))
     if job.status != JobStatus.succeeded:
         raise typer.Exit(1)
+
+
+# --- users ------------------------------------------------------------------------------
+
+
+def _read_password(password_stdin: bool) -> str:
+    if password_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    if os.environ.get("POSTTRAIN_ADMIN_PASSWORD"):
+        return os.environ["POSTTRAIN_ADMIN_PASSWORD"]
+    first = typer.prompt("Password", hide_input=True)
+    if typer.prompt("Repeat password", hide_input=True) != first:
+        raise AuthError("the two passwords differ")
+    return first
+
+
+@users_app.command("bootstrap-admin")
+@user_errors
+def users_bootstrap_admin(
+    username: Annotated[str, typer.Argument(help="The first admin's username")],
+    password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
+) -> None:
+    """Create the first admin (refused once an admin exists). Password: prompt, stdin, or POSTTRAIN_ADMIN_PASSWORD."""
+    from posttrain.platform import auth
+
+    require_schema()
+    if auth.has_admin():
+        raise AuthError("an admin exists already: an admin adds users with `posttrain users add` or in the console")
+    auth.create_user(username, _read_password(password_stdin), Role.admin, by="bootstrap")
+    out.print(f"admin {username} created; log in at the console")
+
+
+@users_app.command("add")
+@user_errors
+def users_add(
+    username: Annotated[str, typer.Argument(help="Username")],
+    role: Annotated[Role, typer.Option(help="viewer, operator or admin")] = Role.viewer,
+    password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
+) -> None:
+    """Add a console user."""
+    from posttrain.platform import auth
+
+    require_schema()
+    auth.create_user(username, _read_password(password_stdin), role, by=os.environ.get("USER", "cli"))
+    out.print(f"user {username} ({role.value}) created")
+
+
+@users_app.command("passwd")
+@user_errors
+def users_passwd(
+    username: Annotated[str, typer.Argument(help="Username")],
+    password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
+) -> None:
+    """Set a user's password (and unlock the account)."""
+    from posttrain.platform import auth
+
+    require_schema()
+    auth.set_password(username, _read_password(password_stdin), by=os.environ.get("USER", "cli"))
+    out.print(f"password of {username} changed")
+
+
+@users_app.command("list")
+@user_errors
+def users_list() -> None:
+    """List console users."""
+    from posttrain.platform import auth
+
+    require_schema()
+    table = Table("user", "role", "disabled", "failed logins", "last login (UTC)")
+    for u in auth.list_users():
+        last = u.last_login_at.strftime("%Y-%m-%d %H:%M") if u.last_login_at else ""
+        table.add_row(u.username, u.role.value, str(u.disabled), str(u.failed_logins), last)
+    out.print(table)
 
 
 def main() -> None:

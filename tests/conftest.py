@@ -124,3 +124,12 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message: s
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[no-untyped-def]
+    """Put a logged-in identity into an AppTest session (pages are only reachable after login)."""
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db.models import Role
+
+    at.session_state["identity"] = Identity(name, Role(role))
+    return at

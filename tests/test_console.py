@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, login_as
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 
@@ -18,7 +18,7 @@ def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> No
     queue.claim("w", 1, 0)
     queue.finish(done, queue.Outcome(exit_code=1, error="boom: it broke", cause="error"))
 
-    at = AppTest.from_file(JOBS_PAGE, default_timeout=30).run()
+    at = login_as(AppTest.from_file(JOBS_PAGE, default_timeout=30)).run()
     assert not at.exception
     assert at.title[0].value == "Jobs"
     counts = {m.label: m.value for m in at.metric}
@@ -40,7 +40,7 @@ def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> No
 
 
 def test_app_shell_navigates_to_jobs(platform_env: dict[str, str]) -> None:
-    at = AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30).run()
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30)).run()
     assert not at.exception
     assert at.title[0].value == "Jobs"
 
@@ -52,7 +52,7 @@ def test_page_explains_missing_schema(tmp_path: Path, monkeypatch) -> None:  # t
     monkeypatch.setenv("POSTTRAIN_DATABASE_URL", f"sqlite:///{tmp_path / 'blank.db'}")
     get_settings.cache_clear()
     reset_engines()
-    at = AppTest.from_file(JOBS_PAGE, default_timeout=30).run()
+    at = login_as(AppTest.from_file(JOBS_PAGE, default_timeout=30)).run()
     assert "posttrain db upgrade" in at.error[0].value
     get_settings.cache_clear()
 
@@ -70,7 +70,7 @@ def test_sandboxes_page_runs_snippet_and_shows_pool(platform_env: dict[str, str]
     monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", root)
     get_settings.cache_clear()
     try:
-        at = AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "sandboxes.py"), default_timeout=60).run()
+        at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "sandboxes.py"), default_timeout=60)).run()
         assert not at.exception
         assert "No sandbox pool has reported yet" in at.info[0].value
         at.text_area(key="snippet_code").set_value("x = 6 * 7\nprint('answer', x)")

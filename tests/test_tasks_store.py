@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, start_worker
+from conftest import REPO_ROOT, login_as, start_worker
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
@@ -58,7 +58,7 @@ def test_build_tasks_config_is_validated_at_submit(platform_env: dict[str, str])
 
 def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> None:
     store.save_tasks("demo", generate("arith.add.int", 3, seed=1), source="procedural")
-    at = AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=60).run()
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=60)).run()
     assert not at.exception
     frames = [d.value for d in at.dataframe]
     assert any("demo" in set(f.get("task set", [])) for f in frames)

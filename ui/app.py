@@ -10,13 +10,55 @@ from pathlib import Path
 
 import streamlit as st
 
+from posttrain.platform import auth
+from posttrain.platform.db.engine import DatabaseUnavailable
+from posttrain.platform.db.models import Role
+from posttrain.ui.common import IDENTITY_KEY, current_identity
+
 VIEWS = Path(__file__).resolve().parent / "views"
 
 st.set_page_config(page_title="posttrain", page_icon=":material/model_training:", layout="wide")
+
+
+
+def login() -> None:
+    st.title("posttrain")
+    try:
+        anyone = bool(auth.list_users())
+    except DatabaseUnavailable as exc:
+        st.error(str(exc))
+        st.stop()
+    if not anyone:
+        st.info("No users yet. Create the first admin on the command line: `posttrain users bootstrap-admin admin`")
+    with st.form("login"):
+        name = st.text_input("Username", key="login_username")
+        password = st.text_input("Password", type="password", key="login_password")
+        if st.form_submit_button("Log in", type="primary"):
+            try:
+                st.session_state[IDENTITY_KEY] = auth.authenticate(name, password)
+            except auth.AuthError as exc:
+                st.error(str(exc))
+            else:
+                st.rerun()
+
+
+identity = current_identity()
+if identity is None:
+    login()
+    st.stop()
+
+with st.sidebar:
+    st.caption(f"Signed in as **{identity.username}** ({identity.role.value})")
+    if st.button("Log out", key="logout"):
+        auth.audit(identity.username, "logout")
+        del st.session_state[IDENTITY_KEY]
+        st.rerun()
 
 pages = [
     st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs", default=True),
     st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]
+if identity.can(Role.admin):
+    pages.append(st.Page(VIEWS / "admin.py", title="Users & audit", icon=":material/admin_panel_settings:", url_path="admin"))
 st.navigation(pages).run()

@@ -8,7 +8,8 @@ import streamlit as st
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.ui.common import guard_platform, status_label
+from posttrain.platform.db.models import Role
+from posttrain.ui.common import can, guard_platform, status_label, username
 
 PAGE_SIZE = 25
 
@@ -76,13 +77,15 @@ with st.form("submit_selftest"):
     steps = c1.number_input("Steps", min_value=0, max_value=100_000, value=10, key="selftest_steps")
     sleep_s = c2.number_input("Seconds per step", min_value=0.0, max_value=60.0, value=0.5)
     priority = c3.number_input("Priority (higher runs first)", min_value=-100, max_value=100, value=0)
-    if st.form_submit_button("Submit", type="primary"):
+    if st.form_submit_button("Submit", type="primary", disabled=not can(Role.operator)):
         try:
+            if not can(Role.operator):
+                raise PermissionError("only operators can launch jobs")
             job_id = queue.submit(
-                "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority), submitted_by="console"
+                "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority), submitted_by=username()
             )
             st.success(f"Queued job {job_id}.")
-        except JobConfigError as exc:
+        except (JobConfigError, PermissionError) as exc:
             st.error(str(exc))
 
 st.subheader("Inspect a job")
@@ -103,9 +106,9 @@ def job_detail(job_id: int) -> None:
         st.error(f"{job.error_cause or 'error'} (exit code {job.exit_code}): {job.error}")
     if job.result:
         st.json(job.result)
-    if job.status in (JobStatus.queued, JobStatus.running) and not job.cancel_requested:
-        if st.button("Cancel job", key=f"cancel_{job.id}"):
-            queue.cancel(job.id, username="console")
+    if job.status in (JobStatus.queued, JobStatus.running) and not job.cancel_requested and can(Role.operator):
+        if st.button("Cancel job", key=f"cancel_{job.id}") and can(Role.operator):
+            queue.cancel(job.id, username=username())
             st.rerun(scope="fragment")
     elif job.cancel_requested and job.status == JobStatus.running:
         st.info("Stop requested; the worker stops it within the grace period.")

@@ -15,7 +15,8 @@ from posttrain.platform.db.models import utcnow
 from posttrain.platform.sandbox import SandboxPool
 from posttrain.platform.sandbox.status import default_name, publish
 from posttrain.platform.settings import get_settings
-from posttrain.ui.common import guard_platform
+from posttrain.platform.db.models import Role
+from posttrain.ui.common import can, guard_platform
 
 LIVE_WITHIN = timedelta(seconds=60)
 
@@ -98,7 +99,9 @@ code = st.text_area(
     height=140,
     key="snippet_code",
 )
-if st.button("Run in a sandbox", type="primary", key="snippet_run"):
+if not can(Role.operator):
+    st.caption("Running snippets needs the operator role.")
+elif st.button("Run in a sandbox", type="primary", key="snippet_run") and can(Role.operator):
     pool = console_pool()
     try:
         with pool.acquire() as sandbox:

@@ -13,7 +13,8 @@ from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains import list_domains, list_families
 from posttrain.platform.verifiers import VerifierError, verify
-from posttrain.ui.common import guard_platform
+from posttrain.platform.db.models import Role
+from posttrain.ui.common import can, guard_platform, username
 
 PAGE_SIZE = 50
 
@@ -25,13 +26,16 @@ if not guard_platform():
 
 def submit_build(config: dict) -> None:
     try:
-        job_id = queue.submit("build_tasks", config, submitted_by="console")
-    except JobConfigError as exc:
+        if not can(Role.operator):
+            raise PermissionError("only operators can build or import tasks")
+        job_id = queue.submit("build_tasks", config, submitted_by=username())
+    except (JobConfigError, PermissionError) as exc:
         st.error(str(exc))
     else:
         st.success(f"Queued build job {job_id}. It appears below when it finishes.")
 
 
+operator = can(Role.operator)
 build, imports = st.tabs(["Build from procedural domains", "Import"])
 with build:
     families = list_families()
@@ -45,7 +49,7 @@ with build:
         seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="build_seed")
         n_domains = sum(len(list_domains(f)) for f in chosen)
         st.caption(f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain)} tasks.")
-        if st.form_submit_button("Build", type="primary"):
+        if st.form_submit_button("Build", type="primary", disabled=not operator):
             submit_build(
                 {
                     "task_set": name,
@@ -58,14 +62,14 @@ with build:
 with imports:
     upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl")
     jsonl_set = st.text_input("Task set name", value="imported", key="import_set_name")
-    if upload is not None and st.button("Import JSONL", key="import_jsonl_go"):
+    if upload is not None and st.button("Import JSONL", key="import_jsonl_go", disabled=not operator):
         data = upload.getvalue()
         folder = get_settings().data_dir / "uploads"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{hashlib.sha256(data).hexdigest()}.jsonl"
         path.write_bytes(data)
         submit_build({"task_set": jsonl_set, "source": {"type": "jsonl", "path": str(path)}})
-    if st.button("Import HumanEval (164 code problems)", key="import_humaneval"):
+    if st.button("Import HumanEval (164 code problems)", key="import_humaneval", disabled=not operator):
         submit_build({"task_set": "humaneval", "source": {"type": "humaneval"}})
 
 

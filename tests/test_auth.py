@@ -1,0 +1,102 @@
+"""Login, roles, lockout and the audit log; in the library, the CLI and the console."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO_ROOT, login_as
+from posttrain.platform import auth
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Role, User
+from posttrain.platform.jobs import queue
+from test_cli import cli, one_error_line
+
+PASSWORD = "correct horse battery"
+
+
+def test_passwords_are_salted_slow_hashes(platform_env: dict[str, str], db_url: str) -> None:
+    auth.create_user("ann", PASSWORD, Role.operator)
+    auth.create_user("bob", PASSWORD, Role.viewer)
+    with session(db_url, read_only=True) as s:
+        hashes = [u.password_hash for u in s.exec(select(User))]
+    assert all(h.startswith("$argon2id$") for h in hashes)
+    assert hashes[0] != hashes[1]  # same password, different salts
+    assert PASSWORD not in "".join(hashes)
+    with pytest.raises(auth.AuthError, match="at least 10 characters"):
+        auth.create_user("cy", "short")
+
+
+def test_login_and_lockout_grows(platform_env: dict[str, str]) -> None:
+    auth.create_user("ann", PASSWORD, Role.operator)
+    assert auth.authenticate("ann", PASSWORD) == auth.Identity("ann", Role.operator)
+    started = time.monotonic()
+    for _ in range(auth.FREE_FAILURES):
+        with pytest.raises(auth.AuthError, match="wrong username or password"):
+            auth.authenticate("ann", "not the password")
+    assert time.monotonic() - started >= auth.FREE_FAILURES * auth.FAILURE_DELAY_S  # every failure is slowed
+    with pytest.raises(auth.AuthError, match="too many failed logins"):
+        auth.authenticate("ann", PASSWORD)  # locked even with the right password
+    assert auth.lock_seconds(auth.FREE_FAILURES + 3) > auth.lock_seconds(auth.FREE_FAILURES)
+    with pytest.raises(auth.AuthError, match="wrong username or password"):
+        auth.authenticate("nobody", PASSWORD)  # same message for unknown users
+    actions = [e.action for e in auth.audit_log()]
+    assert actions.count("login.failed") == auth.FREE_FAILURES + 1 and "login" in actions and "login.locked" in actions
+
+
+def test_last_admin_keeps_the_role(platform_env: dict[str, str]) -> None:
+    auth.create_user("root", PASSWORD, Role.admin)
+    with pytest.raises(auth.AuthError, match="last admin"):
+        auth.set_role("root", Role.viewer)
+
+
+def test_console_shows_nothing_before_login(platform_env: dict[str, str]) -> None:
+    auth.create_user("ann", PASSWORD, Role.viewer)
+    queue.submit("selftest", {"steps": 1})
+    at = AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30).run()
+    assert [t.value for t in at.title] == ["posttrain"] and not at.dataframe and not at.metric
+    at.text_input(key="login_username").set_value("ann")
+    at.text_input(key="login_password").set_value("wrong password!")
+    at.button[0].click().run()
+    assert "wrong username or password" in at.error[0].value and not at.dataframe
+    at.text_input(key="login_password").set_value(PASSWORD)
+    at.button[0].click().run()
+    assert at.title[0].value == "Jobs" and at.dataframe  # logged in: the default page
+
+
+def test_viewer_cannot_launch_or_cancel(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("selftest", {"steps": 1})
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "jobs.py"), default_timeout=30), "viewer").run()
+    assert at.button[0].disabled
+    # A click that reaches the server anyway (a crafted message, or a role revoked while the page
+    # was open) is refused by the action's own check:
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "jobs.py"), default_timeout=30), "operator").run()
+    login_as(at, "viewer")
+    at.button[0].click().run()
+    assert not at.success and [j.id for j in queue.list_jobs()] == [job_id]
+    at.number_input(key="inspect_job_id").set_value(job_id).run()
+    assert not [b for b in at.button if b.key == f"cancel_{job_id}"]
+    assert [j.id for j in queue.list_jobs()] == [job_id]
+
+
+def test_admin_page_is_for_admins(platform_env: dict[str, str]) -> None:
+    auth.create_user("root", PASSWORD, Role.admin)
+    page = str(REPO_ROOT / "ui" / "views" / "admin.py")
+    at = login_as(AppTest.from_file(page, default_timeout=30), "operator").run()
+    assert "Only admins" in at.error[0].value
+    at = login_as(AppTest.from_file(page, default_timeout=30), "admin", "root").run()
+    assert list(at.dataframe[0].value["user"]) == ["root"]
+    assert "user.create" in list(at.dataframe[1].value["action"])
+
+
+def test_cli_bootstrap_and_open_console_refusal(platform_env: dict[str, str]) -> None:
+    line = one_error_line(cli(platform_env, "console", "--host", "0.0.0.0", "--port", "18999"))
+    assert "refusing to serve the console on 0.0.0.0 while no admin password is set" in line
+    made = cli({**platform_env, "POSTTRAIN_ADMIN_PASSWORD": PASSWORD}, "users", "bootstrap-admin", "boss")
+    assert made.returncode == 0, made.stderr
+    again = cli({**platform_env, "POSTTRAIN_ADMIN_PASSWORD": PASSWORD}, "users", "bootstrap-admin", "boss2")
+    assert "an admin exists already" in one_error_line(again)
+    assert auth.authenticate("boss", PASSWORD).role is Role.admin
