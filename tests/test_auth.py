@@ -64,7 +64,7 @@ def test_console_shows_nothing_before_login(platform_env: dict[str, str]) -> Non
     assert "wrong username or password" in at.error[0].value and not at.dataframe
     at.text_input(key="login_password").set_value(PASSWORD)
     at.button[0].click().run()
-    assert at.title[0].value == "Jobs" and at.dataframe  # logged in: the default page
+    assert at.title[0].value == "Overview" and at.metric  # logged in: the default page
 
 
 def test_viewer_cannot_launch_or_cancel(platform_env: dict[str, str]) -> None:

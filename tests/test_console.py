@@ -39,10 +39,24 @@ def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> No
     assert queue.get_job(new.id).status is JobStatus.cancelled
 
 
-def test_app_shell_navigates_to_jobs(platform_env: dict[str, str]) -> None:
+def test_app_shell_opens_on_overview(platform_env: dict[str, str]) -> None:
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30)).run()
     assert not at.exception
-    assert at.title[0].value == "Jobs"
+    assert at.title[0].value == "Overview"
+
+
+def test_overview_counts_and_failures(platform_env: dict[str, str]) -> None:
+    ok = queue.submit("selftest", {"steps": 1})
+    bad = queue.submit("selftest", {"steps": 1})
+    queue.claim("w", 2, 0)
+    queue.claim("w", 2, 0)
+    queue.finish(bad, queue.Outcome(exit_code=-9, error="killed by SIGKILL", cause="oom"))
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "overview.py"), default_timeout=30)).run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Jobs running"] == "1" and metrics["Jobs failed"] == "1"
+    assert any(f"Job {bad} · selftest · oom · exit -9" in e.label for e in at.expander)
+    assert ok != bad
 
 
 def test_page_explains_missing_schema(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

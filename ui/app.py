@@ -55,7 +55,8 @@ with st.sidebar:
         st.rerun()
 
 pages = [
-    st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs", default=True),
+    st.Page(VIEWS / "overview.py", title="Overview", icon=":material/dashboard:", url_path="overview", default=True),
+    st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs"),
     st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]

@@ -1,0 +1,197 @@
+"""The gateway in front of real engines: routing by task type, tool calls, retries, failures."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
+from posttrain.platform.models.tuning import ChatExample, memorize
+from posttrain.platform.serving import (
+    DEFAULT_TIERS,
+    Deployment,
+    EmbeddedEngine,
+    EngineConfig,
+    GatewayConfig,
+    ThreadedServer,
+    create_engine_app,
+    create_gateway_app,
+    serve_in_thread,
+)
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ANSWER = "It is 21 C and sunny in Paris."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """A tool-using tiny model (taught by a quick fine-tune) in two tiers, plus a gateway with a dead replica."""
+    path = build_tiny_model(tmp_path_factory.mktemp("gw") / "tool", TinyModelSpec(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128))
+    after_call = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"}]
+    losses = memorize(path, [ChatExample(QUESTION, CALL, TOOLS), ChatExample(after_call, ANSWER, TOOLS)], steps=80)
+    assert losses[-1] < 0.1 * losses[0]
+    engines, servers = [], []
+    for tier in ("fast", "standard"):
+        engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tool",
+                                             tier=DEFAULT_TIERS[tier], max_model_len=512)).start()
+        engines.append(engine)
+        servers.append(serve_in_thread(create_engine_app(engine)))
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens here
+    config = GatewayConfig(deployments=[
+        Deployment(model="tool", tier="fast", base_url=dead),
+        Deployment(model="tool", tier="fast", base_url=servers[0].base_url),
+        Deployment(model="tool", tier="standard", base_url=servers[1].base_url),
+        Deployment(model="other", tier="standard", base_url=servers[1].base_url),
+    ], health_interval_s=0.5)
+    app = create_gateway_app(config)
+    gateway = serve_in_thread(app)
+    yield {"gateway": gateway, "app": app, "engines": engines, "servers": servers}
+    gateway.stop()
+    for s in servers:
+        s.stop()
+    for e in engines:
+        e.stop()
+
+
+def _client(stack: dict[str, object], **headers: str) -> openai.OpenAI:
+    gateway: ThreadedServer = stack["gateway"]  # type: ignore[assignment]
+    return openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0,
+                         default_headers=headers or None)
+
+
+def test_tool_call_round_trip_through_gateway(stack: dict[str, object]) -> None:
+    client = _client(stack, **{"x-task-type": "chat"})
+    first = client.chat.completions.create(model="tool", messages=QUESTION, tools=TOOLS, temperature=0,
+                                           max_tokens=40)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    messages = QUESTION + [choice.message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
+    second = client.chat.completions.create(model="tool", messages=messages, tools=TOOLS, temperature=0,
+                                            max_tokens=40)
+    assert second.choices[0].message.content == ANSWER
+    assert second.choices[0].finish_reason == "stop"
+
+
+def test_streamed_tool_call(stack: dict[str, object]) -> None:
+    chunks = list(_client(stack).chat.completions.create(
+        model="tool", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=40, stream=True))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_routing_policy_picks_the_tier(stack: dict[str, object]) -> None:
+    fast_engine, standard_engine = stack["engines"]  # type: ignore[misc]
+    before = (fast_engine.metrics.success.copy(), standard_engine.metrics.success.copy())
+    for task, engine, idx in (("ide", fast_engine, 0), ("batch", standard_engine, 1)):
+        n = sum(engine.metrics.success.values())
+        out = _client(stack, **{"x-task-type": task}).chat.completions.create(
+            model="tool", messages=[{"role": "user", "content": "hello"}], max_tokens=3)
+        assert out.usage.completion_tokens >= 1
+        assert sum(engine.metrics.success.values()) == n + 1, (task, before[idx])
+    # metadata works like the header
+    n = sum(fast_engine.metrics.success.values())
+    _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, metadata={"task_type": "chat"})
+    assert sum(fast_engine.metrics.success.values()) == n + 1
+
+
+def test_dead_replica_is_skipped_and_marked(stack: dict[str, object]) -> None:
+    client = _client(stack, **{"x-posttrain-tier": "fast"})
+    for _ in range(3):  # round robin lands on the dead replica at least once
+        out = client.chat.completions.create(model="tool", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert out.choices[0].message is not None
+    gw = stack["app"].state.gateway  # type: ignore[attr-defined]
+    assert [d.healthy for d in gw.deployments if d.tier == "fast"] == [False, True]
+    records = list(gw.records)
+    assert any(r.attempts == 2 and r.status == 200 for r in records)
+    assert all(r.latency_ms > 0 for r in records)
+    assert any(r.completion_tokens for r in records)
+
+
+def test_gateway_errors(stack: dict[str, object]) -> None:
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        _client(stack).chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError, match="no deployment in tier `fast`"):
+        _client(stack, **{"x-task-type": "chat"}).chat.completions.create(
+            model="other", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+        _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "w " * 900}])
+    with pytest.raises(openai.BadRequestError):
+        _client(stack).chat.completions.create(model="tool", messages=[{"role": "nobody", "content": "x"}])
+
+
+DYING_SERVER = textwrap.dedent('''
+    import os, sys, uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+    async def health(request): return Response(status_code=200)
+    async def chat(request):
+        async def body():
+            yield b'data: {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "dying", '
+            yield b'"choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": null}]}\\n\\n'
+            os._exit(1)  # the deployment dies mid-stream
+        return StreamingResponse(body(), media_type="text/event-stream")
+    app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+''')
+
+
+def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
+    port = _free_port()
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_SERVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        app = create_gateway_app(GatewayConfig(deployments=[
+            Deployment(model="dying", tier="standard", base_url=f"http://127.0.0.1:{port}")]))
+        with serve_in_thread(app) as gateway:
+            client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
+            stream = client.chat.completions.create(model="dying", messages=[{"role": "user", "content": "x"}],
+                                                    stream=True)
+            got = []
+            with pytest.raises(openai.APIError, match="failed mid-stream"):
+                for chunk in stream:
+                    got.append(chunk.choices[0].delta.content)
+            assert got == ["partial"]
+            assert httpx.get(gateway.base_url + "/health").status_code == 200  # the gateway keeps serving
+            assert app.state.gateway.deployments[0].healthy is False
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,72 @@
+"""The decode loop: prompt-lookup speculation and batching never change greedy output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.platform.models import LoadedModel, TinyModelSpec, build_tiny_model, load_model
+from posttrain.platform.serving.generation import (
+    SamplingParams,
+    Sequence,
+    SpeculationConfig,
+    generate_batch,
+    prompt_lookup_draft,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    spec = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, seed=3)
+    return load_model(build_tiny_model(tmp_path_factory.mktemp("g") / "m", spec))
+
+
+def test_prompt_lookup_draft_copies_what_followed_the_ngram() -> None:
+    cfg = SpeculationConfig(num_speculative_tokens=3, max_ngram=2)
+    assert prompt_lookup_draft([5, 6, 7, 8, 9, 1, 5, 6], cfg) == [7, 8, 9]
+    assert prompt_lookup_draft([1, 2, 3], cfg) == []
+    assert prompt_lookup_draft([5, 6, 7, 8, 9, 1, 5, 6], SpeculationConfig(0)) == []
+
+
+def _prompts(m: LoadedModel) -> list[list[int]]:
+    doc = "The invoice total amount for the Paris customer is 4520 and the payment date is 2026-03-14. "
+    qs = ["What is the total?", "Who is the customer?", "When is the payment date for the order?"]
+    texts = [m.tokenizer.apply_chat_template([{"role": "user", "content": doc * (i + 1) + q}],
+                                             add_generation_prompt=True, tokenize=False) for i, q in enumerate(qs)]
+    return [m.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _run(m: LoadedModel, prompts: list[list[int]], spec: SpeculationConfig, together: bool) -> list[Sequence]:
+    seqs = [Sequence(p, SamplingParams(max_new_tokens=40), frozenset(m.eos_token_ids)) for p in prompts]
+    groups = [seqs] if together else [[s] for s in seqs]
+    for g in groups:
+        generate_batch(m.model, g, spec, pad_token_id=m.tokenizer.pad_token_id)
+    return seqs
+
+
+def test_every_mode_matches_transformers_greedy(tiny: LoadedModel) -> None:
+    prompts = _prompts(tiny)
+    reference = []
+    for p in prompts:
+        out = tiny.model.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False,
+                                  eos_token_id=tiny.eos_token_ids, pad_token_id=tiny.tokenizer.pad_token_id)
+        reference.append(out[0, len(p):].tolist())
+    for spec in (SpeculationConfig(0), SpeculationConfig(6)):
+        for together in (False, True):
+            seqs = _run(tiny, prompts, spec, together)
+            assert [s.generated for s in seqs] == reference, (spec, together)
+            if spec.num_speculative_tokens:
+                assert sum(s.accepted_draft_tokens for s in seqs) > 0
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny: LoadedModel) -> None:
+    p = _prompts(tiny)[0]
+    runs = []
+    for _ in range(2):
+        seq = Sequence(p, SamplingParams(max_new_tokens=12, temperature=1.0, seed=7), frozenset())
+        generate_batch(tiny.model, [seq], SpeculationConfig(4))
+        runs.append(seq.generated)
+        assert seq.draft_tokens == 0 and seq.finish_reason == "length"
+    assert runs[0] == runs[1]

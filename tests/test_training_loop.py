@@ -1,0 +1,130 @@
+"""Rollouts (token in, token out), the synchronous and pipelined GRPO loops, and resuming them.
+
+A random tiny model almost never solves a real task, so the loop mechanics are exercised
+with a verifier kind registered here that gives partial credit (the share of lowercase
+letters in the completion): real verifier service, real rewards with variance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from test_training_tiny import tiny_policy_dir
+
+from posttrain.platform.verifiers import BaseSpec, TaskSpec, Verdict, VerifierKind, VerifierService, register_verifier
+from posttrain.platform.verifiers.pool import PoolConfig
+from posttrain.training.config import GRPOConfig
+from posttrain.training.learner import completion_batch, completion_logprobs
+from posttrain.training.loop import train_grpo
+from posttrain.training.modeling import load_policy
+from posttrain.training.rollout import SamplingConfig, generate_groups
+from posttrain.training.scheduler import DomainSpec, SchedulerConfig
+
+
+def _lowercase_share(spec: BaseSpec, completion: str, task: TaskSpec) -> Verdict:
+    share = sum(c.islower() for c in completion) / max(1, len(completion))
+    return Verdict.of_score(share, threshold=0.5)
+
+
+register_verifier(VerifierKind(name="test_lowercase_share", spec_model=BaseSpec, check=_lowercase_share, isolation="thread"), replace=True)
+
+TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "test_lowercase_share"}, task_id=f"l{i}") for i in range(8)]
+DOMAINS = [DomainSpec(name="lower", tasks=TASKS)]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_policy_dir(tmp_path_factory.mktemp("grpo") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[VerifierService]:
+    with VerifierService(PoolConfig(workers=1)) as svc:
+        yield svc
+
+
+def _config(**overrides: object) -> GRPOConfig:
+    base: dict[str, object] = dict(
+        domains=DOMAINS, scheduler=SchedulerConfig(batch_size=2, seed=0), group_size=4, max_new_tokens=6,
+        lr=1e-3, max_steps=3, micro_batch_size=4, device="cpu",
+    )
+    return GRPOConfig(**(base | overrides))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path, temperature: float) -> None:
+    model, tokenizer = load_policy(tiny_dir)
+    torch.manual_seed(0)
+    groups = generate_groups(model, tokenizer, TASKS[:2], group_size=3, sampling=SamplingConfig(max_new_tokens=8, temperature=temperature))
+    assert [len(g.trajectories) for g in groups] == [3, 3]
+    flat = [t for g in groups for t in g.trajectories]
+    for t in flat:
+        assert 1 <= len(t.completion_ids) <= 8
+        assert len(t.behaviour_logprobs) == len(t.completion_ids)
+        assert t.finished == (t.completion_ids[-1] == tokenizer.eos_token_id)
+        assert tokenizer.pad_token_id not in t.completion_ids
+        assert t.text == tokenizer.decode(t.completion_ids, skip_special_tokens=True)
+    # the learner, scoring the same ids in its own layout, reproduces the behaviour log-probs: ratio 1
+    batch = completion_batch(flat, [0.0] * len(flat), tokenizer.pad_token_id)
+    with torch.no_grad():
+        learner = completion_logprobs(model, batch, torch.device("cpu"), temperature)
+    torch.testing.assert_close(learner * batch.mask, batch.old_logprobs, atol=1e-4, rtol=1e-4)
+    assert (batch.old_logprobs < 0).sum() == batch.mask.sum()  # real log-probs on every completion token
+
+
+def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: VerifierService) -> None:
+    seen: dict[int, dict[str, float]] = {}
+    groups_seen: list[int] = []
+    result = train_grpo(_config(kl_coef=0.05), str(tiny_dir), service=service, on_metrics=seen.__setitem__,
+                        on_groups=lambda step, groups: groups_seen.append(len(groups)))
+    assert result.steps == 3 and sorted(seen) == [1, 2, 3]
+    for name in ("train/loss", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean", "train/grad_norm",
+                 "rollout/reward_mean", "rollout/tokens_per_s", "verifier/latency_s", "pipeline/queue_depth",
+                 "pipeline/staleness_mean", "pipeline/learner_busy_frac"):
+        assert name in seen[3], name
+    assert all(torch.isfinite(torch.tensor(v)) for v in seen[3].values())
+    assert seen[1]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, first update
+    assert seen[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any update
+    assert seen[3]["train/kl"] > 0
+    assert 0 < seen[1]["rollout/reward_mean"] < 1
+    assert groups_seen == [2, 2, 2]
+    untouched, _ = load_policy(tiny_dir)
+    assert result.model is not None
+    assert not torch.equal(result.model.state_dict()["model.embed_tokens.weight"], untouched.state_dict()["model.embed_tokens.weight"])
+
+
+def test_pipelined_loop_respects_the_staleness_bound(tiny_dir: Path, service: VerifierService) -> None:
+    seen: dict[int, dict[str, float]] = {}
+    result = train_grpo(_config(pipeline=True, max_steps=5, max_off_policy_steps=1, queue_size=2), str(tiny_dir),
+                        service=service, on_metrics=seen.__setitem__)
+    assert result.steps == 5
+    assert all(m["pipeline/staleness_max"] <= 1 for m in seen.values())
+    assert any(m["rollout/groups_used"] > 0 for m in seen.values())
+    # later steps train on rollouts of a policy that already saw updates (the snapshot was loaded)
+    assert seen[5]["pipeline/staleness_max"] >= 0
+    assert 0 < seen[5]["pipeline/learner_busy_frac"] <= 1
+
+
+def test_pipelined_loop_drops_rollouts_older_than_the_bound(tiny_dir: Path, service: VerifierService) -> None:
+    seen: dict[int, dict[str, float]] = {}
+    train_grpo(_config(pipeline=True, max_steps=4, max_off_policy_steps=0, queue_size=3), str(tiny_dir),
+               service=service, on_metrics=seen.__setitem__)
+    assert all(m["pipeline/staleness_max"] == 0 for m in seen.values())
+    # the queue holds batches made before the last update: with no staleness allowed, some are dropped
+    assert sum(m["rollout/groups_stale_dropped"] for m in seen.values()) > 0
+
+
+def test_resumed_run_gives_the_same_next_step_loss(tiny_dir: Path, service: VerifierService, tmp_path: Path) -> None:
+    straight = train_grpo(_config(max_steps=3, output_dir=str(tmp_path / "a")), str(tiny_dir), service=service)
+    calls = iter(range(100))
+    train_grpo(_config(max_steps=3, checkpoint_every=2, output_dir=str(tmp_path / "b")), str(tiny_dir), service=service,
+               should_stop=lambda: next(calls) >= 2)
+    resumed = train_grpo(_config(max_steps=3, output_dir=str(tmp_path / "b")), str(tiny_dir), service=service)
+    assert len(resumed.metrics) == 1 and resumed.steps == 3
+    assert resumed.metrics[0]["train/loss"] == pytest.approx(straight.metrics[2]["train/loss"], rel=1e-6, abs=1e-9)
+    assert resumed.metrics[0]["rollout/reward_mean"] == straight.metrics[2]["rollout/reward_mean"]
+    assert (tmp_path / "b" / "checkpoints" / "step_00000003" / "model" / "config.json").is_file()
+    assert not [p for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp dirs left
