@@ -167,8 +167,10 @@ def test_broken_humaneval_solutions_fail_within_the_limit(service: VerifierServi
     none_verdicts, loop_verdicts = verdicts[: len(humaneval)], verdicts[len(humaneval) :]
     assert all(v.score < 1 for v in none_verdicts)
     assert all(v.score == 0 and "did not finish within 2 s" in v.details for v in loop_verdicts), [v.details for v in loop_verdicts if v.score]
-    # The run's own time (not the wait for a free sandbox) stays near the limit.
-    assert max(v.breakdown["run_ms"] for v in loop_verdicts) < (loop_limit + 1.5) * 1000
+    # The run's own time (not the wait for a free sandbox) stays near the limit: the limit, the
+    # pool's kill grace (0.5 s) and slack for a loaded 2-core machine.
+    slowest = max(v.breakdown["run_ms"] for v in loop_verdicts)
+    assert slowest < (loop_limit + 4) * 1000, slowest
     # 164 loops of 2 s on POOL_SIZE sandboxes, plus the rest: minutes at most, never an hour.
     assert wall < len(humaneval) * loop_limit / POOL_SIZE + 120, wall
 
@@ -384,3 +386,33 @@ def test_tool_use_without_a_sandbox_is_an_infra_error(service: VerifierService) 
     assert service.verify(tool_task({"check": "answer_contains", "expected": "42"}), "it is 42").passed
     with pytest.raises(VerifierSpecError, match="check"):
         validate_spec("tool_use", {"check": "file_exists_somewhere", "path": "a"})
+
+
+def test_the_gate_serves_waiters_in_order() -> None:
+    import threading
+
+    from posttrain.platform.verifiers.kinds.code import _FairGate
+
+    gate = _FairGate(1)
+    assert gate.acquire(timeout=1)
+    assert not gate.acquire(timeout=0.05)  # full: the wait runs out
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        assert gate.acquire(timeout=10)
+        order.append(i)
+        gate.release()
+
+    threads = []
+    for i in range(5):
+        thread = threading.Thread(target=waiter, args=(i,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.05)  # queue them in a known order
+    gate.release()
+    assert gate.acquire(timeout=10)  # a newcomer waits behind the queue, not ahead of it
+    order.append(99)
+    gate.release()
+    for thread in threads:
+        thread.join(5)
+    assert order == [0, 1, 2, 3, 4, 99]

@@ -22,12 +22,15 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:12]}")
     error: str | None = None
 
-    def to_openai(self) -> dict[str, Any]:
-        return {
+    def to_openai(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {
             "id": self.id,
             "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
         }
+        if index is not None:
+            call["index"] = index  # streamed tool-call deltas carry their position
+        return call
 
 
 @dataclass(frozen=True)

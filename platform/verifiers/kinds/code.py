@@ -34,10 +34,16 @@ to read and rewrite this harness from inside the interpreter is not ruled out.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
+import importlib.util
+import marshal
 import re
 import secrets
+import subprocess
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,12 +79,20 @@ class CodeTestsSpec(BaseSpec):
     @field_validator("tests", "test_call")
     @classmethod
     def _must_parse(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                ast.parse(value)
-            except SyntaxError as error:
-                raise ValueError(f"is not valid Python ({error.msg}, line {error.lineno}); fix the task's test code") from None
+        problem = None if value is None else _syntax_problem(value)
+        if problem is not None:
+            raise ValueError(f"is not valid Python ({problem}); fix the task's test code")
         return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _syntax_problem(source: str) -> str | None:
+    """Why ``source`` does not parse, or None (cached: a task's tests are checked on every verify)."""
+    try:
+        ast.parse(source)
+    except SyntaxError as error:
+        return f"{error.msg}, line {error.lineno}"
+    return None
 
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -154,13 +168,38 @@ class TestPlan:
     tests_source: str
     labels: tuple[str, ...]
 
-    def program(self, solution: str, nonce: str) -> str:
-        return (
-            _HEAD.replace("MESSAGE_CHARS", str(_MESSAGE_CHARS)).replace("MAX_FAILURES", str(MAX_FAILURES_REPORTED))
-            + f"if __pt_solution({solution!r}):\n"
-            + _indent(self.tests_source)
-            + f"({nonce!r}, {len(self.labels)}, __pt_ok, __pt_fail, __pt_state)\n"
-        )
+    @functools.cached_property
+    def harness_source(self) -> str:
+        """The harness up to the report: it expects the solution's source in ``__pt_src``."""
+        head = _HEAD.replace("MESSAGE_CHARS", str(_MESSAGE_CHARS)).replace("MAX_FAILURES", str(MAX_FAILURES_REPORTED))
+        return head + "if __pt_solution(__pt_src):\n" + _indent(self.tests_source)
+
+    @functools.cached_property
+    def harness_bytecode(self) -> bytes:
+        """The harness compiled here once (marshal format of this interpreter)."""
+        return marshal.dumps(compile(self.harness_source, "<tests>", "exec"))
+
+    def program(self, solution: str, nonce: str, *, bytecode: bool = False) -> str:
+        """The source sent to the sandbox. With ``bytecode`` (the sandbox's interpreter reads this
+        one's marshal format) the harness travels compiled, so the sandbox compiles only the
+        solution; the solution is always compiled in the sandbox, never here."""
+        if bytecode:
+            # bytes.fromhex: no module to import in the fresh interpreter (binascii costs ms there).
+            harness = f"exec(__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}')))\n"
+        else:
+            harness = self.harness_source
+        return f"__pt_src = {solution!r}\n" + harness + f"({nonce!r}, {len(self.labels)}, __pt_ok, __pt_fail, __pt_state)\n"
+
+
+@functools.lru_cache(maxsize=16)
+def reads_our_bytecode(python_executable: str) -> bool:
+    """Whether ``python_executable`` loads this interpreter's marshalled code (same magic number)."""
+    probe = "import importlib.util; print(importlib.util.MAGIC_NUMBER.hex())"
+    try:
+        out = subprocess.run([python_executable, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.strip() == importlib.util.MAGIC_NUMBER.hex()
 
 
 def _indent(source: str) -> str:
@@ -310,17 +349,71 @@ def run_code_tests(
     except SyntaxError as error:  # a spec built without validation
         return Verdict.infra(f"the task's tests are not valid Python: {error}", kind="code")
     nonce = secrets.token_hex(16)
-    program = plan.program(solution_source(spec, completion), nonce)
+    program = plan.program(solution_source(spec, completion), nonce, bytecode=reads_our_bytecode(pool.config.python_executable))
     wait = min(pool.config.acquire_timeout_s, ACQUIRE_TIMEOUT_S) if acquire_timeout_s is None else acquire_timeout_s
+    deadline = time.monotonic() + wait
+    gate = _gate(pool)
+    if not gate.acquire(timeout=wait):
+        return Verdict.infra(f"no sandbox to run the tests in: none free within {wait:g} s", kind="code")
     try:
-        sandbox = pool.checkout(timeout=wait)
-    except (PoolExhaustedError, PoolClosedError) as error:
-        return Verdict.infra(f"no sandbox to run the tests in: {error}", kind="code")
-    try:
-        result = sandbox.run_python(program, timeout=limit)
+        try:
+            sandbox = pool.checkout(timeout=max(deadline - time.monotonic(), 0.001))
+        except (PoolExhaustedError, PoolClosedError) as error:
+            return Verdict.infra(f"no sandbox to run the tests in: {error}", kind="code")
+        try:
+            result = sandbox.run_python(program, timeout=limit)
+        finally:
+            pool.release(sandbox)
     finally:
-        pool.release(sandbox)
+        gate.release()
     return _verdict(result, plan, nonce, limit, pool)
+
+
+class _FairGate:
+    """A first-come, first-served semaphore: a released slot is handed to the longest waiter,
+    so under a steady stream of checks none waits past its turn (``threading.Semaphore`` lets
+    a newcomer take a slot ahead of the threads already waiting)."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._lock:
+            if turn.is_set():  # the slot arrived as the wait ran out
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().set()
+            else:
+                self._free += 1
+
+
+_gates: weakref.WeakKeyDictionary[SandboxPool, _FairGate] = weakref.WeakKeyDictionary()
+_gates_lock = threading.Lock()
+
+
+def _gate(pool: SandboxPool) -> _FairGate:
+    """At most pool-size checks of this process wait on the pool itself (which wakes every
+    waiter on each release); the rest queue here in order, woken one at a time."""
+    with _gates_lock:
+        gate = _gates.get(pool)
+        if gate is None:
+            gate = _gates[pool] = _FairGate(pool.config.pool_size)
+        return gate
 
 
 def _verdict(result: ToolResult, plan: TestPlan, nonce: str, limit: float, pool: SandboxPool) -> Verdict:

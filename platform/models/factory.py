@@ -1,0 +1,206 @@
+"""Build small Hugging Face model directories from scratch (no model hub).
+
+A text model is a Qwen2- or Llama-architecture causal LM; a vision model is a
+Qwen2-VL model with its processor. Both are saved with ``save_pretrained`` and
+load through :func:`posttrain.platform.models.loader.load_model`, the same code
+that loads real checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field, model_validator
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+)
+
+from posttrain.platform.models.chat_template import CHAT_TEMPLATE
+from posttrain.platform.models.tokenizer_factory import EOS_TOKEN, PAD_TOKEN, train_tokenizer
+
+
+class TinyModelSpec(BaseModel):
+    """Shape of a locally built causal LM. Defaults: a few layers, fast on CPU."""
+
+    architecture: Literal["qwen2", "llama"] = "qwen2"
+    vocab_size: int = Field(1024, ge=300)
+    hidden_size: int = Field(256, ge=16)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(768, ge=16)
+    max_position_embeddings: int = Field(4096, ge=64)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> TinyModelSpec:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}")
+        return self
+
+
+class TinyVisionModelSpec(BaseModel):
+    """Shape of a locally built Qwen2-VL model and its image processor."""
+
+    vocab_size: int = Field(1024, ge=300)
+    hidden_size: int = Field(128, ge=32)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(256, ge=16)
+    max_position_embeddings: int = Field(4096, ge=64)
+    vision_depth: int = Field(2, ge=1)
+    vision_embed_dim: int = Field(64, ge=16)
+    vision_heads: int = Field(4, ge=1)
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 64  # at most 64 visual tokens per image
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> TinyVisionModelSpec:
+        head_dim, rem = divmod(self.hidden_size, self.num_heads)
+        if rem or head_dim % 4:
+            raise ValueError(
+                f"hidden_size/num_heads must be an integer divisible by 4 for multimodal rope; "
+                f"got hidden_size={self.hidden_size}, num_heads={self.num_heads}"
+            )
+        return self
+
+    @property
+    def mrope_section(self) -> list[int]:
+        half = self.hidden_size // self.num_heads // 2
+        t = half // 4
+        h = (half - t) // 2
+        return [t, h, half - t - h]
+
+
+def _generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
+    return GenerationConfig(
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        do_sample=False,
+    )
+
+
+def _write_atomically(out_dir: str | os.PathLike[str], overwrite: bool, write: callable) -> Path:  # type: ignore[valid-type]
+    """Write into a temporary sibling directory, then rename: no half-written model stays behind."""
+    target = Path(out_dir)
+    if target.exists() and any(target.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"model directory {target} already exists and is not empty; pass overwrite=True")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike[str], spec: TinyModelSpec | None = None, *, overwrite: bool = False
+) -> Path:
+    """Train a tokenizer, initialise a causal LM from ``spec`` and save both to ``out_dir``."""
+    spec = spec or TinyModelSpec()
+    tokenizer = train_tokenizer(vocab_size=spec.vocab_size, seed=spec.seed)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(spec.seed)
+    if spec.architecture == "qwen2":
+        model: torch.nn.Module = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    model.generation_config = _generation_config(tokenizer)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return _write_atomically(out_dir, overwrite, write)
+
+
+def build_tiny_vision_model(
+    out_dir: str | os.PathLike[str], spec: TinyVisionModelSpec | None = None, *, overwrite: bool = False
+) -> Path:
+    """Build a Qwen2-VL model with tokenizer, image processor and processor, saved to ``out_dir``."""
+    spec = spec or TinyVisionModelSpec()
+    tokenizer = train_tokenizer(vocab_size=spec.vocab_size, seed=spec.seed)
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in
+           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", EOS_TOKEN, PAD_TOKEN)}
+    config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            num_key_value_heads=spec.num_kv_heads,
+            max_position_embeddings=spec.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": spec.mrope_section},
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+            eos_token_id=ids[EOS_TOKEN],
+            pad_token_id=ids[PAD_TOKEN],
+        ),
+        vision_config=dict(
+            depth=spec.vision_depth,
+            embed_dim=spec.vision_embed_dim,
+            hidden_size=spec.hidden_size,
+            num_heads=spec.vision_heads,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2VLForConditionalGeneration(config)
+    model.generation_config = _generation_config(tokenizer)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        image_processor.save_pretrained(tmp)
+        # Written by hand rather than by Qwen2VLProcessor.save_pretrained: constructing the processor
+        # insists on a video-processor class that needs torchvision, which a CPU host may lack.
+        # AutoProcessor.from_pretrained reads these files like any Qwen2-VL checkpoint's.
+        (tmp / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2))
+        (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+    return _write_atomically(out_dir, overwrite, write)

@@ -1,0 +1,145 @@
+"""Load any Hugging Face-layout model directory: a locally built one or real weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from pydantic import BaseModel
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+
+class ModelDirError(ValueError):
+    """A directory that is not a loadable model; the message names the path and the fix."""
+
+
+class ModelInfo(BaseModel):
+    """What a model directory holds, read from its config files without loading weights."""
+
+    path: str
+    model_type: str
+    architectures: list[str]
+    is_vision: bool
+    max_position_embeddings: int | None
+    has_chat_template: bool
+
+
+def _max_positions(config: dict[str, Any]) -> int | None:
+    for source in (config, config.get("text_config") or {}):
+        value = source.get("max_position_embeddings")
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def inspect_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
+    """Check ``path`` is a Hugging Face model directory and describe it."""
+    root = Path(path)
+    config_file = root / "config.json"
+    if not root.is_dir():
+        raise ModelDirError(f"model directory {root} does not exist; build one with build_tiny_model or point at real weights")
+    if not config_file.is_file():
+        raise ModelDirError(f"{root} has no config.json; it is not a Hugging Face model directory")
+    if not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
+        raise ModelDirError(f"{root} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    config = json.loads(config_file.read_text())
+    has_template = (root / "chat_template.jinja").is_file() or (root / "chat_template.json").is_file()
+    tok_config = root / "tokenizer_config.json"
+    if not has_template and tok_config.is_file():
+        has_template = bool(json.loads(tok_config.read_text()).get("chat_template"))
+    return ModelInfo(
+        path=str(root.resolve()),
+        model_type=str(config.get("model_type", "")),
+        architectures=list(config.get("architectures") or []),
+        is_vision="vision_config" in config,
+        max_position_embeddings=_max_positions(config),
+        has_chat_template=has_template,
+    )
+
+
+def _image_only_processor(path: str) -> Any:
+    """The checkpoint's processor class without its video processor.
+
+    transformers' video processors need torchvision, which a CPU-only torch host
+    often cannot install; images do not need it. The class, tokenizer, image
+    processor and chat template all still come from the directory.
+    """
+    config = json.loads((Path(path) / "processor_config.json").read_text())
+    name = config.get("processor_class")
+    base = getattr(transformers, str(name), None)
+    if base is None:
+        raise ModelDirError(f"{path}/processor_config.json names processor_class={name!r}, which transformers lacks")
+
+    class ImageOnlyProcessor(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return [a for a in super().get_attributes() if a != "video_processor"]
+
+    ImageOnlyProcessor.__name__ = base.__name__
+    template_file = Path(path) / "chat_template.jinja"
+    chat_template = template_file.read_text() if template_file.is_file() else None
+    return ImageOnlyProcessor(
+        image_processor=AutoImageProcessor.from_pretrained(path),
+        tokenizer=AutoTokenizer.from_pretrained(path),
+        chat_template=chat_template,
+    )
+
+
+def load_processor(path: str | os.PathLike[str]) -> Any:
+    """AutoProcessor.from_pretrained, falling back to an image-only processor when torchvision is missing."""
+    try:
+        return AutoProcessor.from_pretrained(str(path))
+    except ImportError as exc:
+        if "torchvision" not in str(exc).lower():
+            raise
+        return _image_only_processor(str(path))
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: weights, tokenizer, and the processor for vision-language models."""
+
+    info: ModelInfo
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    processor: Any | None = None
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+
+def load_model(
+    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> LoadedModel:
+    """Load a directory with AutoTokenizer / AutoModelForCausalLM (or AutoProcessor and the
+    image-text-to-text model class for vision-language models)."""
+    info = inspect_model_dir(path)
+    if info.is_vision:
+        processor = load_processor(info.path)
+        tokenizer = processor.tokenizer
+        model = AutoModelForImageTextToText.from_pretrained(info.path, dtype=dtype)
+    else:
+        processor = None
+        tokenizer = AutoTokenizer.from_pretrained(info.path)
+        model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype)
+    tokenizer.padding_side = "left"
+    model.to(device).eval()
+    return LoadedModel(info=info, model=model, tokenizer=tokenizer, processor=processor)

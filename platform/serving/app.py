@@ -1,0 +1,209 @@
+"""The OpenAI-compatible HTTP API over one :class:`EmbeddedEngine`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle, TokensEvent
+from posttrain.platform.serving.errors import APIError, bad_request, model_not_found
+from posttrain.platform.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from posttrain.platform.serving.tool_parser import parse_tool_calls, safe_prefix_len
+
+
+def sse(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+class _Detokenizer:
+    """Turns a growing list of token ids into text deltas, holding back incomplete UTF-8."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def add(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+    def final(self) -> str:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+
+def _usage(h: RequestHandle) -> dict[str, int]:
+    p, c = len(h.seq.prompt_ids), len(h.seq.generated)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def create_engine_app(engine: EmbeddedEngine) -> FastAPI:
+    """Routes: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics."""
+    app = FastAPI(title=f"posttrain engine: {engine.name}")
+    app.state.engine = engine
+
+    async def body_of(request: Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise bad_request("request body is not valid JSON") from None
+
+    def check_model(model: str) -> None:
+        if model != engine.name:
+            raise model_not_found(model, [engine.name])
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        engine.metrics.request_rejected(exc.status_code)
+        return error_response(exc)
+
+    @app.get("/health")
+    async def health() -> Response:
+        alive = engine._thread is not None and engine._thread.is_alive()
+        return Response(status_code=200 if alive else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": engine.name, "object": "model", "created": 0, "owned_by": "posttrain",
+            "root": engine.loaded.info.path, "max_model_len": engine.max_model_len,
+        }]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await body_of(request))
+        check_model(req.model)
+        handle = engine.submit(engine.prepare_chat(req))
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_chat_stream(engine, handle, include_usage), media_type="text/event-stream")
+        return await _chat_full(engine, handle)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = parse_request(CompletionRequest, await body_of(request))
+        check_model(req.model)
+        handle = engine.submit(engine.prepare_completion(req))
+        if req.stream:
+            return StreamingResponse(_completion_stream(engine, handle), media_type="text/event-stream")
+        return await _completion_full(engine, handle)
+
+    return app
+
+
+async def _collect(handle: RequestHandle) -> str:
+    async for event in handle.stream():
+        if isinstance(event, ErrorEvent):
+            raise event.error
+        if isinstance(event, DoneEvent):
+            return event.finish_reason
+    raise APIError(500, "generation ended without a finish event")
+
+
+async def _chat_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
+    reason = await _collect(handle)
+    text = engine.tokenizer.decode(handle.seq.generated, skip_special_tokens=True)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if handle.prepared.has_tools:
+        content, calls = parse_tool_calls(text)
+        if calls:
+            message = {"role": "assistant", "content": content or None,
+                       "tool_calls": [c.to_openai() for c in calls]}
+            reason = "tool_calls"
+    return JSONResponse({
+        "id": f"chatcmpl-{handle.id}", "object": "chat.completion", "created": handle.created, "model": engine.name,
+        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
+        "usage": _usage(handle),
+    })
+
+
+async def _chat_stream(engine: EmbeddedEngine, handle: RequestHandle, include_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": f"chatcmpl-{handle.id}", "object": "chat.completion.chunk", "created": handle.created,
+            "model": engine.name}
+
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]})
+
+    detok = _Detokenizer(engine.tokenizer)
+    sent = 0  # characters of content already streamed
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for event in handle.stream():
+            if isinstance(event, TokensEvent):
+                detok.add(event.ids)
+                text = detok.text
+                limit = safe_prefix_len(text) if handle.prepared.has_tools else len(text)
+                if limit > sent:
+                    yield chunk({"content": text[sent:limit]})
+                    sent = limit
+            elif isinstance(event, ErrorEvent):
+                yield sse(event.error.body())
+                break
+            else:
+                detok.final()
+                reason = event.finish_reason
+                text = detok.text
+                content, calls = parse_tool_calls(text) if handle.prepared.has_tools else (text, [])
+                if calls:
+                    if len(content) > sent:
+                        yield chunk({"content": content[sent:]})
+                    yield chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
+                    reason = "tool_calls"
+                elif len(text) > sent:
+                    yield chunk({"content": text[sent:]})
+                yield chunk({}, reason)
+                if include_usage:
+                    yield sse({**base, "choices": [], "usage": _usage(handle)})
+        yield sse("[DONE]")
+    finally:
+        handle.cancel()
+
+
+async def _completion_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
+    reason = await _collect(handle)
+    text = engine.tokenizer.decode(handle.seq.generated, skip_special_tokens=True)
+    return JSONResponse({
+        "id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name,
+        "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
+        "usage": _usage(handle),
+    })
+
+
+async def _completion_stream(engine: EmbeddedEngine, handle: RequestHandle) -> AsyncIterator[bytes]:
+    base = {"id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name}
+    detok = _Detokenizer(engine.tokenizer)
+    try:
+        async for event in handle.stream():
+            if isinstance(event, TokensEvent):
+                delta = detok.add(event.ids)
+                if delta:
+                    yield sse({**base, "choices": [{"index": 0, "text": delta, "finish_reason": None}]})
+            elif isinstance(event, ErrorEvent):
+                yield sse(event.error.body())
+                break
+            else:
+                yield sse({**base, "choices": [{"index": 0, "text": detok.final(),
+                                                "finish_reason": event.finish_reason}]})
+        yield sse("[DONE]")
+    finally:
+        handle.cancel()
+
+

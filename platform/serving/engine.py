@@ -1,0 +1,347 @@
+"""The embedded engine: one model, one tier profile, a scheduler thread that batches requests.
+
+Requests are validated and tokenised on the caller's side (errors come back as
+:class:`APIError` before anything is queued); the scheduler thread takes what
+is waiting, up to the tier's ``max_num_seqs``, and decodes it as one batch.
+Tokens flow back to each request's asyncio queue as they are accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+from posttrain.platform.models.loader import LoadedModel, load_model
+from posttrain.platform.serving.errors import APIError, bad_request
+from posttrain.platform.serving.generation import (
+    SamplingParams,
+    Sequence,
+    SpeculationConfig,
+    accept_tokens,
+    generate_batch,
+)
+from posttrain.platform.serving.images import decode_image_url
+from posttrain.platform.serving.metrics import EngineMetrics
+from posttrain.platform.serving.profiles import EngineConfig
+from posttrain.platform.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+
+_ids = itertools.count()
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request, ready for the scheduler."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    prompt_text: str | None = None  # vision models: the processor re-tokenises with images
+    images: list[Image.Image] = field(default_factory=list)
+    has_tools: bool = False
+
+
+@dataclass
+class TokensEvent:
+    ids: list[int]
+
+
+@dataclass
+class DoneEvent:
+    finish_reason: str
+
+
+@dataclass
+class ErrorEvent:
+    error: APIError
+
+
+Event = TokensEvent | DoneEvent | ErrorEvent
+
+
+class RequestHandle:
+    """One submitted request: its sequence state and the queue its events arrive on."""
+
+    def __init__(self, prepared: PreparedRequest, stop_ids: frozenset[int], loop: asyncio.AbstractEventLoop) -> None:
+        self.id = f"{next(_ids)}-{uuid.uuid4().hex[:12]}"
+        self.created = int(time.time())
+        self.prepared = prepared
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.seq = Sequence(prompt_ids=prepared.prompt_ids, params=prepared.params, stop_token_ids=stop_ids,
+                            emit=self._emit)
+
+    def _push(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def _emit(self, ids: list[int]) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._push(TokensEvent(list(ids)))
+
+    def cancel(self) -> None:
+        if self.seq.finish_reason is None:
+            self.seq.finish_reason = "abort"
+
+    async def stream(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.events.get()
+            yield event
+            if isinstance(event, (DoneEvent, ErrorEvent)):
+                return
+
+
+def _template_messages(messages: list[ChatMessage], vision: bool, max_images: int, max_bytes: int
+                       ) -> tuple[list[dict[str, Any]], list[Image.Image]]:
+    """Messages as chat-template dicts, plus the decoded images in order."""
+    out: list[dict[str, Any]] = []
+    images: list[Image.Image] = []
+    for i, msg in enumerate(messages):
+        role = "system" if msg.role == "developer" else msg.role
+        if msg.role == "assistant" and msg.content is None and not msg.tool_calls:
+            raise bad_request(f"messages[{i}]: an assistant message needs content or tool_calls", param="messages")
+        if msg.role in ("user", "system", "developer", "tool") and msg.content is None:
+            raise bad_request(f"messages[{i}]: a {msg.role} message needs content", param="messages")
+        content: Any = msg.content
+        if isinstance(msg.content, list):
+            content = []
+            for part in msg.content:
+                if part.type == "text":
+                    if part.text is None:
+                        raise bad_request(f"messages[{i}]: a text part needs 'text'", param="messages")
+                    content.append({"type": "text", "text": part.text})
+                    continue
+                if not vision:
+                    raise bad_request(f"messages[{i}]: this model takes no images; send text only", param="messages")
+                if part.image_url is None:
+                    raise bad_request(f"messages[{i}]: an image_url part needs image_url.url", param="messages")
+                if len(images) >= max_images:
+                    raise bad_request(
+                        f"too many images: at most {max_images} per prompt are allowed by this deployment "
+                        f"(limit_mm_per_prompt)", param="messages")
+                images.append(decode_image_url(part.image_url.url, len(images), max_bytes))
+                content.append({"type": "image"})
+        item: dict[str, Any] = {"role": role, "content": content}
+        if msg.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in msg.tool_calls
+            ]
+        if msg.tool_call_id:
+            item["tool_call_id"] = msg.tool_call_id
+        out.append(item)
+    return out, images
+
+
+class EmbeddedEngine:
+    """Serve one model directory with one tier profile on CPU (or a single torch device)."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.loaded = loaded or load_model(config.model_path)
+        self.name = config.name
+        model_max = self.loaded.info.max_position_embeddings or 2048
+        self.max_model_len = min(config.max_model_len or model_max, model_max)
+        self.is_vision = self.loaded.info.is_vision
+        self.tokenizer = self.loaded.tokenizer
+        self.stop_ids = frozenset(self.loaded.eos_token_ids)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.spec = SpeculationConfig(
+            num_speculative_tokens=config.tier.prompt_lookup_num_tokens,
+            max_ngram=config.tier.prompt_lookup_max_ngram,
+        )
+        gen = self.loaded.model.generation_config
+        self.default_temperature = float(gen.temperature or 1.0) if gen.do_sample else 0.0
+        self.metrics = EngineMetrics(self.name)
+        self._queue: queue.Queue[RequestHandle] = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.largest_batch = 0  # most requests decoded together so far
+
+    # lifecycle -----------------------------------------------------------
+    def start(self) -> EmbeddedEngine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # request preparation (caller's thread) ------------------------------
+    def _params(self, prompt_len: int, max_tokens: int | None, temperature: float | None, top_p: float,
+                seed: int | None) -> SamplingParams:
+        if prompt_len >= self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
+                f"{prompt_len} input tokens. Please reduce the length of the input messages.", param="messages")
+        if max_tokens is None:
+            max_tokens = self.max_model_len - prompt_len
+        elif prompt_len + max_tokens > self.max_model_len:
+            raise bad_request(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+                f"length is {self.max_model_len} tokens and your request has {prompt_len} input tokens "
+                f"({max_tokens} > {self.max_model_len} - {prompt_len}).", param="max_tokens")
+        temp = self.default_temperature if temperature is None else temperature
+        return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed)
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> PreparedRequest:
+        messages, images = _template_messages(
+            req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes)
+        tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        renderer = self.loaded.processor if self.is_vision else self.tokenizer
+        try:
+            text = renderer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja errors: the messages do not fit the template
+            raise bad_request(f"messages could not be rendered with the model's chat template: {exc}",
+                              param="messages") from None
+        if self.is_vision:
+            batch = self.loaded.processor(text=[text], images=images or None, return_tensors="pt")
+            prompt_ids = batch["input_ids"][0].tolist()
+        else:
+            prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed)
+        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
+                               images=images, has_tools=tools is not None)
+
+    def prepare_completion(self, req: CompletionRequest) -> PreparedRequest:
+        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
+            if len(req.prompt) != 1:
+                raise bad_request("this server takes one prompt per request", param="prompt")
+            prompt: str | list[int] = req.prompt[0]
+        else:
+            prompt = req.prompt  # type: ignore[assignment]
+        if isinstance(prompt, str):
+            prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            text = prompt
+        else:
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in prompt):
+                raise bad_request(f"prompt token ids must lie in [0, {vocab})", param="prompt")
+            prompt_ids, text = list(prompt), self.tokenizer.decode(prompt)
+        if not prompt_ids:
+            raise bad_request("prompt is empty", param="prompt")
+        params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed)
+        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None)
+
+    def submit(self, prepared: PreparedRequest) -> RequestHandle:
+        """Queue a prepared request; call from a running event loop."""
+        if self._thread is None or self._stopping.is_set():
+            raise APIError(503, f"engine for {self.name} is not running")
+        handle = RequestHandle(prepared, self.stop_ids, asyncio.get_running_loop())
+        with self.metrics._lock:
+            self.metrics.waiting += 1
+        self._queue.put(handle)
+        return handle
+
+    # scheduler thread -----------------------------------------------------
+    def _take_batch(self) -> list[RequestHandle]:
+        try:
+            first = self._queue.get(timeout=0.05)
+        except queue.Empty:
+            return []
+        batch = [first]
+        deadline = time.perf_counter() + self.config.tier.batch_wait_ms / 1000
+        while len(batch) < self.config.tier.max_num_seqs:
+            remaining = deadline - time.perf_counter()
+            try:
+                batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopping.is_set():
+            batch = self._take_batch()
+            if not batch:
+                continue
+            self.largest_batch = max(self.largest_batch, len(batch))
+            with self.metrics._lock:
+                self.metrics.waiting -= len(batch)
+                self.metrics.running += len(batch)
+            try:
+                live = [h for h in batch if not h.seq.finished]
+                if live:
+                    if self.is_vision:
+                        self._run_vision(live)
+                    else:
+                        generate_batch(self.loaded.model, [h.seq for h in live], self.spec, self.pad_id,
+                                       should_stop=self._stopping.is_set)
+                for h in batch:
+                    self._finish(h)
+            except Exception as exc:  # noqa: BLE001 - report to every waiting client, keep serving
+                for h in batch:
+                    h._push(ErrorEvent(APIError(500, f"engine error while generating: {type(exc).__name__}: {exc}")))
+            finally:
+                with self.metrics._lock:
+                    self.metrics.running -= len(batch)
+
+    def _finish(self, h: RequestHandle) -> None:
+        reason = h.seq.finish_reason or "abort"
+        now = time.perf_counter()
+        self.metrics.request_finished(
+            reason, len(h.seq.prompt_ids), len(h.seq.generated),
+            None if h.first_token_at is None else h.first_token_at - h.submitted_at, now - h.submitted_at,
+            h.seq.draft_tokens, h.seq.accepted_draft_tokens)
+        h._push(DoneEvent(reason))
+
+    def _run_vision(self, batch: list[RequestHandle]) -> None:
+        greedy = [h for h in batch if h.seq.params.greedy]
+        groups = ([greedy] if greedy else []) + [[h] for h in batch if not h.seq.params.greedy]
+        for group in groups:
+            self._generate_vision(group)
+
+    def _generate_vision(self, group: list[RequestHandle]) -> None:
+        processor = self.loaded.processor
+        images = [img for h in group for img in h.prepared.images]
+        inputs = processor(text=[h.prepared.prompt_text for h in group], images=images or None,
+                           padding=True, return_tensors="pt").to(self.loaded.model.device)
+        first = group[0].seq.params
+        sampling: dict[str, Any] = {"do_sample": False}
+        if not first.greedy:
+            sampling = {"do_sample": True, "temperature": first.temperature, "top_p": first.top_p}
+            if first.seed is not None:
+                torch.manual_seed(first.seed)
+        streamer = _RowStreamer([h.seq for h in group])
+        self.loaded.model.generate(
+            **inputs, max_new_tokens=max(h.seq.params.max_new_tokens for h in group), streamer=streamer,
+            eos_token_id=sorted(self.stop_ids), pad_token_id=self.pad_id, **sampling)
+
+
+class _RowStreamer:
+    """A generate() streamer that routes each row's new token to its Sequence."""
+
+    def __init__(self, seqs: list[Sequence]) -> None:
+        self.seqs = seqs
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        tokens = value.reshape(len(self.seqs), -1).tolist()
+        for seq, row in zip(self.seqs, tokens):
+            if not seq.finished:
+                accept_tokens(seq, row)
+
+    def end(self) -> None:
+        for seq in self.seqs:
+            if not seq.finished:
+                seq.finish_reason = "length"
+

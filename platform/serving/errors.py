@@ -1,0 +1,37 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error a client caused (4xx) or the server hit (5xx), rendered the way OpenAI and vLLM do."""
+
+    def __init__(self, status_code: int, message: str, *, type: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type or _default_type(status_code)
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status_code}}
+
+
+def _default_type(status: int) -> str:
+    return {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        422: "BadRequestError",
+        429: "RateLimitError",
+        503: "ServiceUnavailableError",
+    }.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def model_not_found(model: str, served: list[str]) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(served) or 'none'}.", param="model")

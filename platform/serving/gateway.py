@@ -1,0 +1,268 @@
+"""One OpenAI-compatible endpoint in front of many deployments.
+
+The gateway picks a deployment by ``model`` and tier. The tier comes from the
+``x-posttrain-tier`` header, else from the task type (``x-task-type`` header or
+``metadata.task_type`` in the body) through the routing policy. Responses and
+streams pass through unchanged; a replica that refuses a connection or fails
+with a 5xx before answering is marked unhealthy and the request is retried on
+another replica of the same model and tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from posttrain.platform.serving.errors import APIError
+
+log = logging.getLogger("posttrain.gateway")
+
+TIER_HEADER = "x-posttrain-tier"
+TASK_HEADER = "x-task-type"
+
+
+class Deployment(BaseModel):
+    """One running server (a replica) serving ``model`` in ``tier`` at ``base_url``."""
+
+    model: str
+    tier: str
+    base_url: str
+    healthy: bool = True
+
+
+class RoutingPolicy(BaseModel):
+    task_tiers: dict[str, str] = Field(default_factory=lambda: {
+        "chat": "fast", "ide": "fast", "batch": "standard", "reasoning": "standard"})
+    default_tier: str = "standard"
+
+    def tier_for(self, task_type: str | None) -> str:
+        return self.task_tiers.get(task_type or "", self.default_tier)
+
+
+class GatewayConfig(BaseModel):
+    deployments: list[Deployment]
+    policy: RoutingPolicy = Field(default_factory=RoutingPolicy)
+    health_interval_s: float = Field(2.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+
+
+class RequestRecord(BaseModel):
+    model: str
+    tier: str
+    replica: str | None
+    status: int
+    latency_ms: float
+    stream: bool
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    attempts: int = 1
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.deployments = [d.model_copy() for d in config.deployments]
+        self.records: deque[RequestRecord] = deque(maxlen=10_000)
+        self._rr: dict[tuple[str, str], int] = {}
+        self.client: httpx.AsyncClient | None = None
+
+    def models(self) -> list[str]:
+        return sorted({d.model for d in self.deployments})
+
+    def replicas(self, model: str, tier: str) -> list[Deployment]:
+        if model not in self.models():
+            raise APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(self.models())}.",
+                           param="model")
+        found = [d for d in self.deployments if d.model == model and d.tier == tier]
+        if not found:
+            tiers = sorted({d.tier for d in self.deployments if d.model == model})
+            raise APIError(404, f"model `{model}` has no deployment in tier `{tier}`; deployed tiers: "
+                                f"{', '.join(tiers)}", param="tier")
+        start = self._rr.get((model, tier), 0)
+        self._rr[(model, tier)] = start + 1
+        ordered = found[start % len(found):] + found[: start % len(found)]
+        return sorted(ordered, key=lambda d: not d.healthy)  # healthy first, rotation kept within each group
+
+    async def check_health(self) -> None:
+        assert self.client is not None
+
+        async def one(d: Deployment) -> None:
+            try:
+                r = await self.client.get(f"{d.base_url}/health", timeout=2.0)  # type: ignore[union-attr]
+                d.healthy = r.status_code == 200
+            except httpx.HTTPError:
+                d.healthy = False
+
+        await asyncio.gather(*(one(d) for d in self.deployments))
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            with contextlib.suppress(Exception):
+                await self.check_health()
+
+    def record(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+        log.info("%s", rec.model_dump_json())
+
+
+def _error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+def create_gateway_app(config: GatewayConfig) -> FastAPI:
+    gw = Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=128)
+        gw.client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=2.0), limits=limits)
+        task = asyncio.create_task(gw.health_loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await gw.client.aclose()
+
+    app = FastAPI(title="posttrain gateway", lifespan=lifespan)
+    app.state.gateway = gw
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error(exc)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "posttrain",
+                                             "tiers": sorted({d.tier for d in gw.deployments if d.model == m})}
+                                            for m in gw.models()]}
+
+    @app.get("/v1/deployments")
+    async def deployments() -> list[dict[str, Any]]:
+        return [d.model_dump() for d in gw.deployments]
+
+    async def proxy(request: Request, path: str) -> Response:
+        started = time.perf_counter()
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "request body is not valid JSON") from None
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise APIError(400, "request body must be a JSON object with a string 'model'", param="model")
+        model = body["model"]
+        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        tier = request.headers.get(TIER_HEADER) or gw.config.policy.tier_for(
+            request.headers.get(TASK_HEADER) or metadata.get("task_type"))
+        stream = bool(body.get("stream"))
+        headers = {"content-type": "application/json"}
+        if auth := request.headers.get("authorization"):
+            headers["authorization"] = auth
+        assert gw.client is not None
+        last_error: APIError | None = None
+        attempts = 0
+        for replica in gw.replicas(model, tier):
+            attempts += 1
+            upstream = gw.client.build_request("POST", f"{replica.base_url}{path}", content=raw, headers=headers)
+            try:
+                resp = await gw.client.send(upstream, stream=True)
+            except httpx.HTTPError as exc:
+                replica.healthy = False
+                last_error = APIError(503, f"deployment {replica.base_url} unreachable: {type(exc).__name__}")
+                continue
+            if resp.status_code >= 500:
+                await resp.aread()
+                await resp.aclose()
+                replica.healthy = False
+                last_error = APIError(resp.status_code, f"deployment {replica.base_url} failed: {resp.text[:500]}")
+                continue
+            rec = RequestRecord(model=model, tier=tier, replica=replica.base_url, status=resp.status_code,
+                                latency_ms=0.0, stream=stream, attempts=attempts)
+            if not stream or resp.status_code != 200:
+                content = await resp.aread()
+                await resp.aclose()
+                if resp.status_code == 200:
+                    with contextlib.suppress(Exception):
+                        usage = json.loads(content).get("usage") or {}
+                        rec.prompt_tokens, rec.completion_tokens = usage.get("prompt_tokens"), usage.get(
+                            "completion_tokens")
+                rec.latency_ms = (time.perf_counter() - started) * 1000
+                gw.record(rec)
+                return Response(content, status_code=resp.status_code,
+                                media_type=resp.headers.get("content-type", "application/json"))
+            return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream")
+        err = last_error or APIError(503, f"no replica of `{model}` in tier `{tier}` answered")
+        gw.record(RequestRecord(model=model, tier=tier, replica=None, status=err.status_code,
+                                latency_ms=(time.perf_counter() - started) * 1000, stream=stream, attempts=attempts))
+        raise APIError(503, f"all {attempts} replica(s) of `{model}` in tier `{tier}` failed; last error: "
+                            f"{err.message}")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy(request, "/v1/completions")
+
+    return app
+
+
+async def _pass_stream(gw: Gateway, resp: httpx.Response, replica: Deployment, rec: RequestRecord,
+                       started: float) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.aiter_raw():
+            if b'"usage"' in chunk:
+                with contextlib.suppress(Exception):
+                    for line in chunk.split(b"\n"):
+                        if line.startswith(b"data: {") and b'"usage"' in line:
+                            usage = json.loads(line[6:]).get("usage") or {}
+                            rec.prompt_tokens = usage.get("prompt_tokens")
+                            rec.completion_tokens = usage.get("completion_tokens")
+            yield chunk
+    except httpx.HTTPError as exc:
+        replica.healthy = False
+        rec.status = 502
+        err = APIError(502, f"deployment {replica.base_url} failed mid-stream: {type(exc).__name__}")
+        yield f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n".encode()
+    finally:
+        await resp.aclose()
+        rec.latency_ms = (time.perf_counter() - started) * 1000
+        gw.record(rec)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m posttrain.platform.serving.gateway --config gateway.json --port 9000``"""
+    import argparse
+    from pathlib import Path
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="posttrain gateway (OpenAI-compatible)")
+    parser.add_argument("--config", required=True, help="JSON file holding a GatewayConfig")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    args = parser.parse_args(argv)
+    config = GatewayConfig.model_validate_json(Path(args.config).read_text())
+    logging.basicConfig(level=logging.WARNING)
+    print(f"gateway on http://{args.host}:{args.port} for {len(config.deployments)} deployment(s)", flush=True)
+    uvicorn.run(create_gateway_app(config), host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
