@@ -43,9 +43,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: p
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit, follow and cancel jobs.")
 users_app = typer.Typer(no_args_is_help=True, help="Console users and roles.")
+models_app = typer.Typer(no_args_is_help=True, help="The model registry.")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(users_app, name="users")
+app.add_typer(models_app, name="models")
 
 out = Console()
 err = Console(stderr=True)
@@ -174,20 +176,44 @@ def console(
 
 @app.command()
 @user_errors
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Address (default: settings)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: settings)")] = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway in front of every running deployment."""
+    import uvicorn
+
+    from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
+    from posttrain.platform.serving.jobs import registered_deployments
+
+    _setup_logging()
+    settings = get_settings()
+    require_schema()
+    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments)
+    uvicorn.run(app_, host=host or settings.gateway_host, port=port or settings.gateway_port, log_level="warning")
+
+
+@app.command()
+@user_errors
 def up(
     host: Annotated[str | None, typer.Option(help="Console address (default: settings)")] = None,
     port: Annotated[int | None, typer.Option(help="Console port (default: settings)")] = None,
 ) -> None:
-    """Run a worker and the console together until Ctrl-C, then stop both cleanly."""
+    """Run a worker, the gateway and the console together until Ctrl-C, then stop them cleanly."""
     settings = get_settings()
     require_schema()
     host, port = host or settings.console_host, port or settings.console_port
     refuse_open_console(host)
     procs = {
         "worker": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker"]),
+        "gateway": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "gateway"]),
         "console": subprocess.Popen(console_command(host, port)),
     }
-    out.print(f"posttrain is up: console on http://{'localhost' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}  (Ctrl-C stops)")
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+    out.print(
+        f"posttrain is up: console on http://{shown}:{port}, OpenAI-compatible API on "
+        f"http://{settings.gateway_host}:{settings.gateway_port}/v1  (Ctrl-C stops)"
+    )
     stopping = False
 
     def stop(*_: Any) -> None:
@@ -387,6 +413,44 @@ def _follow(job_id: int, stream_log: bool = True) -> None:
     out.print(f"job {job_id} [{style}]{job.status.value}[/]" + (f": {job.error}" if job.error else ""))
     if job.status != JobStatus.succeeded:
         raise typer.Exit(1)
+
+
+# --- models -----------------------------------------------------------------------------
+
+
+@models_app.command("list")
+@user_errors
+def models_list() -> None:
+    """List registered models with their lineage."""
+    from posttrain.platform.models.registry import list_models
+
+    require_schema()
+    rows = list_models()
+    names = {m.id: m.name for m in rows}
+    table = Table("name", "architecture", "base", "from job", "path")
+    for m in rows:
+        table.add_row(m.name, m.architecture, names.get(m.base_model_id, ""), str(m.produced_by_job_id or ""), m.path)
+    out.print(table)
+
+
+@models_app.command("register")
+@user_errors
+def models_register(
+    name: Annotated[str, typer.Argument(help="Name to serve and train it under")],
+    path: Annotated[Path, typer.Argument(help="Hugging Face model directory")],
+    base: Annotated[str | None, typer.Option(help="Registered model it derives from")] = None,
+) -> None:
+    """Register a model directory (checked: config, tokenizer and weights must be there)."""
+    from posttrain.platform.models.inspect import ModelDirError
+    from posttrain.platform.models.registry import ModelNotFound, register_model
+
+    require_schema()
+    try:
+        row = register_model(name, path, base=base, by=os.environ.get("USER", "cli"))
+    except (ModelDirError, ModelNotFound) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    out.print(f"registered {row.name} ({row.architecture}) at {row.path}")
 
 
 # --- users ------------------------------------------------------------------------------

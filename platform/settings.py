@@ -75,6 +75,9 @@ class Settings(BaseSettings):
         description="Tool-calling sandboxes: POSTTRAIN_SANDBOX__BACKEND, POSTTRAIN_SANDBOX__POOL_SIZE, ...",
     )
 
+    gateway_host: str = Field(default="127.0.0.1")
+    gateway_port: int = Field(default=8000, ge=1, le=65535, description="the OpenAI-compatible endpoint")
+
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset runs everything locally.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.jobs.selftest",
     "posttrain.platform.tasks.jobs",
+    "posttrain.platform.serving.jobs",
 )
 
 

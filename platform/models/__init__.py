@@ -1,26 +1,35 @@
-"""Model directories in Hugging Face layout: build tiny ones locally, load any.
+"""Model directories in Hugging Face layout: build tiny ones locally, load any, register them.
 
     from posttrain.platform.models import build_tiny_model, TinyModelSpec, load_model
     path = build_tiny_model("var/models/tiny", TinyModelSpec())
     loaded = load_model(path)
+
+Names are imported on first use, so importing the registry or ``inspect_model_dir``
+does not pull in torch (the job worker stays light).
 """
 
-from posttrain.platform.models.factory import (
-    TinyModelSpec,
-    TinyVisionModelSpec,
-    build_tiny_model,
-    build_tiny_vision_model,
-)
-from posttrain.platform.models.loader import LoadedModel, ModelDirError, ModelInfo, inspect_model_dir, load_model
+from __future__ import annotations
 
-__all__ = [
-    "LoadedModel",
-    "ModelDirError",
-    "ModelInfo",
-    "TinyModelSpec",
-    "TinyVisionModelSpec",
-    "build_tiny_model",
-    "build_tiny_vision_model",
-    "inspect_model_dir",
-    "load_model",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TinyModelSpec": "factory",
+    "TinyVisionModelSpec": "factory",
+    "build_tiny_model": "factory",
+    "build_tiny_vision_model": "factory",
+    "LoadedModel": "loader",
+    "load_model": "loader",
+    "ModelDirError": "inspect",
+    "ModelInfo": "inspect",
+    "inspect_model_dir": "inspect",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -6,17 +6,36 @@
         Deployment(model="tiny", tier="fast", base_url=server.base_url)])))
 """
 
-from posttrain.platform.serving.app import create_engine_app
-from posttrain.platform.serving.engine import EmbeddedEngine
-from posttrain.platform.serving.errors import APIError
-from posttrain.platform.serving.gateway import Deployment, GatewayConfig, RoutingPolicy, create_gateway_app
-from posttrain.platform.serving.launcher import LaunchError, ServerProcess
-from posttrain.platform.serving.profiles import DEFAULT_TIERS, EngineConfig, TierCatalog, TierProfile
-from posttrain.platform.serving.server import ThreadedServer, serve_in_thread
-from posttrain.platform.serving.vllm import VllmProfile
+from __future__ import annotations
 
-__all__ = [
-    "APIError", "DEFAULT_TIERS", "Deployment", "EmbeddedEngine", "EngineConfig", "GatewayConfig", "LaunchError",
-    "RoutingPolicy", "ServerProcess", "ThreadedServer", "TierCatalog", "TierProfile", "VllmProfile",
-    "create_engine_app", "create_gateway_app", "serve_in_thread",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "create_engine_app": "app",
+    "EmbeddedEngine": "engine",
+    "APIError": "errors",
+    "Deployment": "gateway",
+    "GatewayConfig": "gateway",
+    "RoutingPolicy": "gateway",
+    "create_gateway_app": "gateway",
+    "LaunchError": "launcher",
+    "ServerProcess": "launcher",
+    "DEFAULT_TIERS": "profiles",
+    "EngineConfig": "profiles",
+    "TierCatalog": "profiles",
+    "TierProfile": "profiles",
+    "ThreadedServer": "server",
+    "serve_in_thread": "server",
+    "VllmProfile": "vllm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use: the job worker imports deployment code without torch."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -70,8 +70,9 @@ class RequestRecord(BaseModel):
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None) -> None:
         self.config = config
+        self.refresh = refresh
         self.deployments = [d.model_copy() for d in config.deployments]
         self.records: deque[RequestRecord] = deque(maxlen=10_000)
         self._rr: dict[tuple[str, str], int] = {}
@@ -106,11 +107,21 @@ class Gateway:
 
         await asyncio.gather(*(one(d) for d in self.deployments))
 
+    def sync(self, fresh: list[Deployment]) -> None:
+        """Replace the deployment list, keeping what is known of the health of those that stay."""
+        known = {(d.model, d.tier, d.base_url): d.healthy for d in self.deployments}
+        self.deployments = [
+            d.model_copy(update={"healthy": known.get((d.model, d.tier, d.base_url), d.healthy)}) for d in fresh
+        ]
+
     async def health_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.health_interval_s)
+            if self.refresh is not None:
+                with contextlib.suppress(Exception):
+                    self.sync(await asyncio.to_thread(self.refresh))
             with contextlib.suppress(Exception):
                 await self.check_health()
+            await asyncio.sleep(self.config.health_interval_s)
 
     def record(self, rec: RequestRecord) -> None:
         self.records.append(rec)
@@ -121,8 +132,9 @@ def _error(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status_code)
 
 
-def create_gateway_app(config: GatewayConfig) -> FastAPI:
-    gw = Gateway(config)
+def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None) -> FastAPI:
+    """The gateway app; ``refresh`` (called every health interval) replaces the deployment list."""
+    gw = Gateway(config, refresh)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -7,6 +7,7 @@ embedded engine's ``python -m posttrain.platform.serving.server ...``.
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +20,11 @@ from types import TracebackType
 import httpx
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the launching thread's process dies (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class LaunchError(RuntimeError):
     """The server exited or never became healthy; the message carries the end of its log."""
 
@@ -27,7 +33,7 @@ class ServerProcess:
     def __init__(
         self, command: list[str], base_url: str, *, env: dict[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None, on_log: Callable[[str], None] | None = None,
-        cwd: str | None = None,
+        cwd: str | None = None, die_with_parent: bool = True,
     ) -> None:
         self.command = command
         self.base_url = base_url.rstrip("/")
@@ -35,6 +41,7 @@ class ServerProcess:
         self.log_path = Path(log_path) if log_path else None
         self.on_log = on_log
         self.cwd = cwd
+        self.die_with_parent = die_with_parent
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -61,6 +68,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             cwd=self.cwd, start_new_session=True,  # own process group: stop() ends its children too
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()

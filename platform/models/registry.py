@@ -1,0 +1,77 @@
+"""The model registry: model directories (Hugging Face layout) with their lineage, in the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import AuditLog, Model
+from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
+
+
+class ModelNotFound(LookupError):
+    pass
+
+
+def register_model(
+    name: str,
+    path: str | Path,
+    *,
+    base: str | None = None,
+    produced_by_job_id: int | None = None,
+    meta: dict[str, Any] | None = None,
+    by: str = "system",
+    replace: bool = False,
+    url: str | None = None,
+) -> Model:
+    """Record a model directory under ``name`` after checking it loads (config, tokenizer, weights present)."""
+    info = inspect_model_dir(path)  # raises ModelDirError naming what is missing
+    with session(url) as s:
+        row = s.exec(select(Model).where(Model.name == name)).first()
+        if row is not None and not replace:
+            raise ModelDirError(f"a model named {name!r} is registered already (at {row.path}); choose another name")
+        base_id = None
+        if base is not None:
+            base_row = s.exec(select(Model).where(Model.name == base)).first()
+            if base_row is None:
+                raise ModelNotFound(f"no base model named {base!r}")
+            base_id = base_row.id
+        row = row or Model(name=name, path="")
+        row.path = str(Path(path).resolve())
+        row.architecture = (info.architectures or [info.model_type])[0]
+        row.base_model_id = base_id
+        row.produced_by_job_id = produced_by_job_id
+        row.meta = {**(meta or {}), "is_vision": info.is_vision, "max_position_embeddings": info.max_position_embeddings}
+        s.add(row)
+        s.add(AuditLog(username=by, action="model.register", target=name, details={"path": row.path}))
+        s.flush()
+        s.refresh(row)
+        return row
+
+
+def get_model(name: str, *, url: str | None = None) -> Model:
+    with session(url, read_only=True) as s:
+        row = s.exec(select(Model).where(Model.name == name)).first()
+    if row is None:
+        raise ModelNotFound(f"no model named {name!r}; `posttrain models list` shows the registered ones")
+    return row
+
+
+def list_models(*, url: str | None = None) -> list[Model]:
+    with session(url, read_only=True) as s:
+        return list(s.exec(select(Model).order_by(col(Model.id).desc())).all())
+
+
+def lineage(name: str, *, url: str | None = None) -> list[Model]:
+    """The model and its ancestors, newest first."""
+    chain = [get_model(name, url=url)]
+    with session(url, read_only=True) as s:
+        while chain[-1].base_model_id is not None and len(chain) < 100:
+            parent = s.get(Model, chain[-1].base_model_id)
+            if parent is None:
+                break
+            chain.append(parent)
+    return chain

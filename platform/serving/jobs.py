@@ -1,0 +1,183 @@
+"""Job kinds for models and serving: ``build_model`` and ``deploy``.
+
+``deploy`` is a long-running job: it starts a server for a registered model
+(the embedded engine, or ``vllm serve`` on a GPU host), waits for ``/health``,
+records the deployment's URL and health in the database every few seconds, and
+stops the server cleanly when the job is cancelled. Its log is the server's log.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Deployment, utcnow
+from posttrain.platform.jobs.context import JobContext, JobStopped
+from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
+
+HEALTH_INTERVAL_S = 2.0
+
+
+class BuildModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
+    architecture: Literal["qwen2", "llama", "qwen2-vl"] = "qwen2"
+    hidden_size: int = Field(default=256, ge=32, le=4096)
+    num_layers: int = Field(default=4, ge=1, le=64)
+    seed: int = 0
+
+
+def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
+    from posttrain.platform.models import TinyModelSpec, TinyVisionModelSpec, build_tiny_model, build_tiny_vision_model
+
+    out = ctx.settings.data_dir / "models" / config.name
+    if out.exists():
+        raise BadInput(f"model directory {out} exists already; choose another name")
+    ctx.progress(0.1, "training the tokenizer and building the model", force=True)
+    if config.architecture == "qwen2-vl":
+        path = build_tiny_vision_model(out, TinyVisionModelSpec(seed=config.seed))
+    else:
+        spec = TinyModelSpec(
+            architecture=config.architecture, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed
+        )
+        path = build_tiny_model(out, spec)
+    row = register_model(config.name, path, produced_by_job_id=ctx.job_id, meta={"built": config.model_dump()}, url=ctx.url)
+    return {"model": row.name, "path": row.path}
+
+
+class DeployConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="a registered model name")
+    tier: str = Field(default="standard", description="tier profile: fast or standard (or one from tiers_file)")
+    engine: Literal["embedded", "vllm"] = "embedded"
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    max_model_len: int | None = Field(default=None, ge=16)
+    tiers_file: str | None = None
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(config: DeployConfig, path: str, port: int) -> list[str]:
+    if config.engine == "vllm":
+        from posttrain.platform.serving.profiles import DEFAULT_TIERS
+        from posttrain.platform.serving.vllm import VllmProfile
+
+        tier = DEFAULT_TIERS.get(config.tier)
+        if tier is None:
+            raise BadInput(f"unknown tier {config.tier!r}; known: {', '.join(DEFAULT_TIERS)}")
+        overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}
+        if config.max_model_len:
+            overrides["max_model_len"] = config.max_model_len
+        return VllmProfile.for_tier(path, tier, **overrides).to_args()
+    cmd = [
+        sys.executable, "-m", "posttrain.platform.serving", "--model", path, "--served-model-name", config.model,
+        "--host", config.host, "--port", str(port), "--tier", config.tier,
+    ]  # fmt: skip
+    if config.max_model_len:
+        cmd += ["--max-model-len", str(config.max_model_len)]
+    if config.tiers_file:
+        cmd += ["--tiers-file", config.tiers_file]
+    return cmd
+
+
+def _update(deployment_id: int, url: str, **values: Any) -> None:
+    with session(url) as s:
+        row = s.get(Deployment, deployment_id)
+        assert row is not None
+        for key, value in values.items():
+            setattr(row, key, value)
+        s.add(row)
+
+
+def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
+    from posttrain.platform.serving.launcher import LaunchError, ServerProcess
+
+    try:
+        model = get_model(config.model, url=ctx.url)
+    except ModelNotFound as exc:
+        raise BadInput(str(exc)) from None
+    port = config.port or free_port(config.host)
+    base_url = f"http://{config.host}:{port}"
+    command = server_command(config, model.path, port)
+    with session(ctx.url) as s:
+        row = Deployment(
+            model_id=model.id, tier=config.tier, engine=config.engine, job_id=ctx.job_id, url=base_url,
+            status="starting", profile={"command": command, **config.model_dump()},
+        )  # fmt: skip
+        s.add(row)
+        s.flush()
+        deployment_id = int(row.id)  # type: ignore[arg-type]
+    ctx.log.info("starting %s", " ".join(command))
+    ctx.progress(None, f"starting {config.engine} server for {config.model} ({config.tier})", force=True)
+    server = ServerProcess(command, base_url, on_log=lambda line: print(line, flush=True))
+    try:
+        server.start(timeout_s=config.start_timeout_s)
+    except LaunchError as exc:
+        _update(deployment_id, ctx.url, status="failed", healthy=False)
+        raise RuntimeError(str(exc)) from None
+    _update(deployment_id, ctx.url, status="running", healthy=True, last_health_at=utcnow())
+    ctx.progress(None, f"serving {config.model} ({config.tier}) at {base_url}/v1", force=True)
+    failures = 0
+    try:
+        while not ctx.should_stop:
+            ctx.sleep(HEALTH_INTERVAL_S)
+            if not server.running:
+                raise RuntimeError(f"the server exited with code {server.proc.returncode if server.proc else None}")
+            healthy = server.healthy()
+            failures = 0 if healthy else failures + 1
+            _update(deployment_id, ctx.url, healthy=healthy, last_health_at=utcnow(), status="running" if healthy else "unhealthy")
+    except JobStopped:
+        ctx.log.info("stop requested")
+    finally:
+        code = server.stop(timeout_s=max(1.0, ctx.settings.cancel_grace_s - 2.0))
+        _update(deployment_id, ctx.url, status="stopped", healthy=False)
+        ctx.log.info("server stopped with code %s", code)
+    return {"deployment_id": deployment_id, "url": base_url}
+
+
+register(
+    JobKind(
+        name="build_model",
+        config_model=BuildModelConfig,
+        run=build_model,
+        description="Build a small model locally (tokenizer + Qwen2/Llama/Qwen2-VL) and register it.",
+    )
+)
+register(
+    JobKind(
+        name="deploy",
+        config_model=DeployConfig,
+        run=deploy,
+        description="Serve a registered model in a speed tier (embedded engine or vLLM) until cancelled.",
+        resumable=True,
+        max_attempts=5,
+    )
+)
+
+
+def registered_deployments(url: str | None = None) -> list[Any]:
+    """Deployments the database says are serving, as the gateway routes them."""
+    from sqlmodel import col, select
+
+    from posttrain.platform.db.models import Model
+    from posttrain.platform.serving.gateway import Deployment as Route
+
+    with session(url, read_only=True) as s:
+        rows = s.exec(
+            select(Deployment, Model.name)
+            .join(Model, col(Model.id) == col(Deployment.model_id))
+            .where(col(Deployment.status).in_(("running", "unhealthy")))
+        ).all()
+    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy) for d, name in rows]

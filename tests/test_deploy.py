@@ -1,0 +1,82 @@
+"""Models and deployments as jobs: build a model, serve it in a tier, reach it through the gateway."""
+
+from __future__ import annotations
+
+import sys
+
+import psutil
+import pytest
+
+from conftest import start_worker, stop_worker, wait_for
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Deployment, JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.registry import get_model, lineage, list_models, register_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_worker_imports_no_torch() -> None:
+    import subprocess
+
+    code = "import sys, posttrain.platform.jobs.registry as r; r.kinds(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_register_refuses_what_is_not_a_model(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ModelDirError, match="config.json"):
+        register_model("x", tmp_path)
+    with pytest.raises(JobConfigError, match="name"):
+        queue.submit("build_model", {"name": "has spaces"})
+
+
+def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]) -> None:
+    from openai import OpenAI
+
+    from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
+    from posttrain.platform.serving.jobs import registered_deployments
+    from posttrain.platform.serving.server import serve_in_thread
+
+    built = queue.submit("build_model", {"name": "tiny", "hidden_size": 64, "num_layers": 2})
+    worker = start_worker(platform_env)
+    try:
+        wait_for(lambda: queue.get_job(built).status.finished, timeout=300, message="model built")
+        assert queue.get_job(built).status is JobStatus.succeeded, queue.get_job(built).error
+        model = get_model("tiny")
+        assert model.produced_by_job_id == built and [m.name for m in lineage("tiny")] == ["tiny"]
+
+        deployed = queue.submit("deploy", {"model": "tiny", "tier": "fast"})
+        wait_for(lambda: registered_deployments() and registered_deployments()[0].healthy, timeout=300, message="healthy")
+        (route,) = registered_deployments()
+        assert route.model == "tiny" and route.tier == "fast"
+
+        gateway = serve_in_thread(
+            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments)
+        )
+        with gateway:
+            client = OpenAI(base_url=gateway.base_url + "/v1", api_key="unused")
+            wait_for(lambda: client.models.list().data, timeout=30, message="gateway sees the deployment")
+            reply = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0,
+                extra_headers={"x-task-type": "chat"},
+            )  # fmt: skip
+            assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
+
+        server_pid = None
+        for p in psutil.process_iter(["cmdline"]):
+            if "posttrain.platform.serving" in " ".join(p.info["cmdline"] or []) and "--served-model-name" in (p.info["cmdline"] or []):
+                server_pid = p.pid
+        assert server_pid is not None
+        queue.cancel(deployed)
+        wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
+        with session(read_only=True) as s:
+            row = s.get(Deployment, 1)
+            assert row is not None and row.status == "stopped" and not row.healthy
+        wait_for(lambda: not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE,
+                 timeout=15, message="server process gone")  # fmt: skip
+        assert registered_deployments() == []
+        assert [m.name for m in list_models()] == ["tiny"]
+    finally:
+        stop_worker(worker)
