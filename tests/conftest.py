@@ -35,6 +35,15 @@ def _pg_conninfo(dbname: str | None = None) -> str:
     return base.rsplit("/", 1)[0] + "/" + dbname
 
 
+@pytest.fixture(autouse=True)
+def _keep_main_module() -> Iterator[None]:
+    """Streamlit's AppTest leaves ``__main__`` pointing at the page script it ran; a process pool
+    spawned afterwards (the verifiers') would then re-run that page in every worker. Restore it."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session."""
