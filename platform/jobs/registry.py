@@ -27,6 +27,7 @@ KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.jobs.selftest",
     "posttrain.platform.tasks.jobs",
     "posttrain.platform.serving.jobs",
+    "posttrain.training.jobs",
 )
 
 

@@ -1,0 +1,154 @@
+"""Training checkpoints: everything a resumed run needs to continue where it stopped.
+
+A checkpoint is a directory ``<root>/step_<N>/``:
+
+- ``model/``: the model (``save_pretrained``: a servable Hugging Face directory, or the
+  LoRA adapter for a peft model) and its tokenizer;
+- ``trainer.pt``: optimizer and LR-scheduler state and the RNG states (python, numpy,
+  torch CPU and CUDA);
+- ``state.json``: the step, the data position, the task scheduler's statistics and any
+  other JSON the trainer passes.
+
+It is written to a temporary directory next to it and renamed into place, so a crash
+never leaves a half-written ``step_<N>``; older checkpoints beyond ``keep`` are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
+
+PREFIX = "step_"
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: Any | None,
+    state: dict[str, Any],
+    *,
+    keep: int = 2,
+) -> Path:
+    """Write ``root/step_<step>`` atomically and return its path."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = root / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        model.save_pretrained(tmp / "model")  # type: ignore[operator]
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "model")
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
+                "rng": rng_state(),
+            },
+            tmp / "trainer.pt",
+        )
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+        if final.exists():  # the same step saved again after a resume: replace it
+            trash = root / f".{final.name}.{uuid.uuid4().hex[:8]}.old"
+            final.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def load_model_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
+    """Load saved weights into an already built model (full weights, or a peft adapter)."""
+    model_dir = Path(model_dir)
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(model_dir / "adapter_model.safetensors"))
+        return
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        weights.update(load_file(file))
+    if not weights:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    result = model.load_state_dict(weights, strict=False)
+    tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
+    if result.unexpected_keys or set(result.missing_keys) - tied:
+        raise ValueError(
+            f"checkpoint {model_dir} does not match the model: missing {result.missing_keys[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any | None = None,
+    *,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore model, optimizer, LR scheduler and RNG from ``path``; return its ``state.json``."""
+    path = Path(path)
+    load_model_weights(model, path / "model")
+    # our own file, holding numpy's RNG state (arrays) besides tensors: not weights-only
+    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    if optimizer is not None:
+        optimizer.load_state_dict(trainer["optimizer"])
+    if lr_scheduler is not None and trainer["lr_scheduler"] is not None:
+        lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+    if restore_rng:
+        set_rng_state(trainer["rng"])
+    return json.loads((path / "state.json").read_text())

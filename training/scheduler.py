@@ -1,0 +1,210 @@
+"""Which tasks to train on next: weights, priorities and a pass-rate curriculum over many domains.
+
+    sched = Scheduler(SchedulerConfig(batch_size=8, seed=0))
+    for tasks in sched.stream(["arith.add.int", DomainSpec(name="str.copy.letters", priority=1)]):
+        ...                                    # roll out, verify
+        sched.record(task.domain, passed=[...])  # feed results back; sampling shifts
+
+Each draw picks a domain with probability proportional to
+
+    weight * priority_factor ** priority * learnability(pass_rate)
+
+where ``learnability(p) = max(min_factor, 4 p (1 - p))`` peaks at 1 for a pass rate of 0.5
+and falls toward ``min_factor`` for domains the policy always or never solves (an unseen
+domain counts as 0.5, so everything gets explored). Pass rates are exponential moving
+averages over recorded results. Tasks come from the procedural generators
+(``posttrain.platform.tasks.domains.generate``) in seeded chunks, or from a fixed list on the
+``DomainSpec``; the position in each domain is part of the state, so ``state_dict()`` (plain
+JSON) and ``load_state_dict()`` resume the same stream.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.platform.verifiers.models import Split, TaskSpec
+
+CHUNK = 32
+
+
+class DomainSpec(BaseModel):
+    """One domain in the mix. ``tasks``: a fixed task list (imported sets) instead of the generator."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    weight: float = Field(default=1.0, gt=0)
+    priority: int = Field(default=0, ge=-10, le=10)
+    difficulty: int = Field(default=1, ge=1)
+    tasks: list[TaskSpec] | None = None
+
+
+class SchedulerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(default=8, ge=1, description="prompts per batch")
+    seed: int = 0
+    split: Split = "train"
+    ema_alpha: float = Field(default=0.1, gt=0, le=1, description="weight of a new result in the pass-rate EMA")
+    priority_factor: float = Field(default=2.0, ge=1.0, description="each priority level multiplies the weight by this")
+    min_factor: float = Field(default=0.05, gt=0, le=1, description="floor of the learnability factor")
+    curriculum: bool = Field(default=True, description="False: sample by weight and priority only")
+
+
+class DomainStats(BaseModel):
+    """Exported per-domain figures (and the domain's place in its task stream)."""
+
+    name: str
+    pass_rate: float | None = None
+    results: int = 0
+    drawn: int = 0
+    chunk: int = 0
+    offset: int = 0
+
+
+def learnability(pass_rate: float | None, min_factor: float) -> float:
+    """4 p (1 - p), floored at ``min_factor``; unseen domains count as p = 0.5."""
+    p = 0.5 if pass_rate is None else pass_rate
+    return max(min_factor, 4.0 * p * (1.0 - p))
+
+
+def _chunk_seed(seed: int, name: str, chunk: int) -> int:
+    # a stable per-(run, domain, chunk) seed; Python's hash() is salted per process, so no hash()
+    return (seed * 1_000_003 + sum((i + 1) * ord(c) for i, c in enumerate(name)) * 7919 + chunk) % (2**31)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self._rng = random.Random(self.config.seed)
+        self._specs: dict[str, DomainSpec] = {}
+        self._stats: dict[str, DomainStats] = {}
+        self._buffers: dict[str, list[TaskSpec]] = {}
+        self._lock = threading.Lock()
+
+    # --- domains --------------------------------------------------------------
+    def set_domains(self, domains: Sequence[str | DomainSpec]) -> None:
+        if not domains:
+            raise ValueError("the scheduler needs at least one domain")
+        specs = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"domains listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+        with self._lock:
+            self._specs = {s.name: s for s in specs}
+            for spec in specs:
+                self._stats.setdefault(spec.name, DomainStats(name=spec.name))
+                if spec.tasks is not None and not spec.tasks:
+                    raise ValueError(f"domain {spec.name!r} has an empty task list")
+
+    def weights(self) -> dict[str, float]:
+        """The current (unnormalised) sampling weight of every domain."""
+        cfg = self.config
+        out = {}
+        for name, spec in self._specs.items():
+            w = spec.weight * cfg.priority_factor**spec.priority
+            if cfg.curriculum:
+                w *= learnability(self._stats[name].pass_rate, cfg.min_factor)
+            out[name] = w
+        return out
+
+    def probabilities(self) -> dict[str, float]:
+        with self._lock:
+            w = self.weights()
+        total = sum(w.values())
+        return {k: v / total for k, v in w.items()}
+
+    # --- drawing --------------------------------------------------------------
+    def stream(self, domains: Sequence[str | DomainSpec] | None = None) -> Iterator[list[TaskSpec]]:
+        """An endless stream of batches of ``batch_size`` tasks (``domains`` replaces the mix)."""
+        if domains is not None:
+            self.set_domains(domains)
+        if not self._specs:
+            raise ValueError("no domains: pass them to stream() or set_domains()")
+        while True:
+            yield self.next_batch()
+
+    def next_batch(self) -> list[TaskSpec]:
+        with self._lock:
+            weights = self.weights()
+            names = list(weights)
+            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size)
+            return [self._take(name) for name in picks]
+
+    def _take(self, name: str) -> TaskSpec:
+        spec, stats = self._specs[name], self._stats[name]
+        stats.drawn += 1
+        if spec.tasks is not None:
+            task = spec.tasks[stats.offset % len(spec.tasks)]
+            stats.offset += 1
+            return task
+        buffer = self._buffers.get(name)
+        if buffer is None:
+            buffer = self._buffers[name] = self._generate(spec, stats.chunk)
+        if stats.offset >= len(buffer):
+            stats.chunk, stats.offset = stats.chunk + 1, 0
+            buffer = self._buffers[name] = self._generate(spec, stats.chunk)
+        task = buffer[stats.offset]
+        stats.offset += 1
+        return task
+
+    def _generate(self, spec: DomainSpec, chunk: int) -> list[TaskSpec]:
+        from posttrain.platform.tasks.domains import generate
+
+        seed = _chunk_seed(self.config.seed, spec.name, chunk)
+        tasks = generate(spec.name, CHUNK, seed=seed, difficulty=spec.difficulty, split=self.config.split)
+        if not tasks:
+            raise ValueError(f"domain {spec.name!r} generated no tasks at difficulty {spec.difficulty}")
+        return tasks
+
+    # --- feedback -------------------------------------------------------------
+    def record(self, domain: str, passed: Sequence[bool | float]) -> None:
+        """Fold results of ``domain`` (pass flags or scores in [0, 1]) into its pass rate."""
+        if not passed:
+            return
+        with self._lock:
+            stats = self._stats.get(domain)
+            if stats is None:
+                stats = self._stats[domain] = DomainStats(name=domain)
+            rate = sum(float(p) for p in passed) / len(passed)
+            a = self.config.ema_alpha
+            stats.pass_rate = rate if stats.pass_rate is None else (1 - a) * stats.pass_rate + a * rate
+            stats.results += len(passed)
+
+    # --- export and checkpoints -------------------------------------------------
+    def stats(self) -> dict[str, DomainStats]:
+        with self._lock:
+            return {k: v.model_copy() for k, v in self._stats.items()}
+
+    def metrics(self, prefix: str = "sched/") -> dict[str, float]:
+        """Per-domain figures for ``log_metrics``: ``sched/<domain>/pass_rate``, ``/prob``, ``/drawn``."""
+        probs = self.probabilities()
+        out: dict[str, float] = {}
+        for name, stats in self.stats().items():
+            if stats.pass_rate is not None:
+                out[f"{prefix}{name}/pass_rate"] = stats.pass_rate
+            out[f"{prefix}{name}/drawn"] = float(stats.drawn)
+            if name in probs:
+                out[f"{prefix}{name}/prob"] = probs[name]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state: the RNG, every domain's statistics and stream position."""
+        with self._lock:
+            version, internal, gauss = self._rng.getstate()
+            return {
+                "rng": [version, list(internal), gauss],
+                "stats": {k: v.model_dump() for k, v in self._stats.items()},
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        with self._lock:
+            self._rng.setstate((version, tuple(internal), gauss))
+            self._stats = {k: DomainStats.model_validate(v) for k, v in state["stats"].items()}
+            self._buffers = {}  # regenerated from (seed, chunk) on next use; offsets are kept

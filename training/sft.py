@@ -1,0 +1,136 @@
+"""Supervised fine-tuning on task references or chat JSONL, loss on assistant tokens only.
+
+    result = train_sft(SFTConfig(model="path/to/model", domains=["str.copy.letters"], max_steps=50,
+                                 output_dir="runs/sft1"))
+
+Read top to bottom: data -> packed rows -> (resume) -> for each step: micro-batches with
+gradient accumulation, loss = summed token NLL / trained tokens of the whole step ->
+clip, step, schedule -> metrics -> checkpoint. The data order is a seeded permutation per
+epoch, so the step number alone is the data position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posttrain.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from posttrain.training.config import SFTConfig
+from posttrain.training.data import IGNORE, PackedBatch, SFTExample, chat_example, collate, pack, read_chat_jsonl, task_examples
+from posttrain.training.modeling import PolicySource, autocast, load_policy, resolve_device, token_logprobs
+from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
+
+MetricsFn = Callable[[int, dict[str, float]], None]
+StopFn = Callable[[], bool]
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    checkpoint: Path | None
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    model: torch.nn.Module | None = None
+
+
+def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
+    """Examples from the configured domains' references and the chat JSONL file."""
+    from posttrain.platform.tasks.domains import generate
+
+    examples: list[SFTExample] = []
+    for i, domain in enumerate(config.domains):
+        tasks = generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=config.difficulty)
+        examples += task_examples(tokenizer, tasks, config.max_seq_len)
+    if config.jsonl_path:
+        examples += [chat_example(tokenizer, chat, config.max_seq_len) for chat in read_chat_jsonl(config.jsonl_path)]
+    if not examples:
+        raise ValueError("no SFT data: set SFTConfig.domains or SFTConfig.jsonl_path")
+    return examples
+
+
+def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.device) -> torch.Tensor:
+    """Summed NLL of the labelled tokens (packed rows: positions restart, no cross-example attention)."""
+    ids = batch.input_ids.to(device)
+    logprobs = token_logprobs(model, ids, None, position_ids=batch.position_ids.to(device))
+    mask = (batch.labels[:, 1:] != IGNORE).to(device)
+    return -(logprobs * mask).sum()
+
+
+def _rows_for_step(num_rows: int, step: int, per_step: int, seed: int) -> list[int]:
+    out = []
+    for i in range(step * per_step, (step + 1) * per_step):
+        epoch, index = divmod(i, num_rows)
+        order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+        out.append(int(order[index]))
+    return out
+
+
+def train_sft(
+    config: SFTConfig,
+    policy: PolicySource | None = None,
+    examples: Sequence[SFTExample] | None = None,
+    *,
+    on_metrics: MetricsFn | None = None,
+    should_stop: StopFn | None = None,
+) -> SFTResult:
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    source = policy if policy is not None else config.model
+    if source is None:
+        raise ValueError("no model: set SFTConfig.model to a model directory or pass a (model, tokenizer) pair")
+    model, tokenizer = load_policy(source, device=device)
+    if config.lora is not None:
+        model = apply_lora(model, config.lora)
+    model.train()
+    data = list(examples) if examples is not None else build_examples(config, tokenizer)
+    rows = pack(data, config.max_seq_len) if config.packing else [[e] for e in data]
+    optimizer = make_optimizer(model, config)
+    lr_scheduler = make_lr_scheduler(optimizer, config)
+
+    ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
+    start = 0
+    if ckpt_root is not None and config.resume and (last := latest_checkpoint(ckpt_root)) is not None:
+        start = int(load_checkpoint(last, model, optimizer, lr_scheduler)["step"])
+
+    per_step = config.micro_batch_size * config.grad_accum_steps
+    result = SFTResult(steps=start, checkpoint=None, model=model)
+    for step in range(start, config.max_steps):
+        if should_stop is not None and should_stop():
+            break
+        t0 = time.perf_counter()
+        chosen = [rows[i] for i in _rows_for_step(len(rows), step, per_step, config.seed)]
+        micro = [chosen[i : i + config.micro_batch_size] for i in range(0, per_step, config.micro_batch_size)]
+        batches = [collate(m, tokenizer.pad_token_id) for m in micro]
+        total_tokens = sum(int((b.labels[:, 1:] != IGNORE).sum()) for b in batches)
+        loss_value = 0.0
+        for batch in batches:
+            with autocast(device, config.bf16):
+                loss = sft_loss_sum(model, batch, device) / max(1, total_tokens)
+            loss.backward()
+            loss_value += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        metrics = {
+            "train/loss": loss_value,
+            "train/lr": lr,
+            "train/grad_norm": float(grad_norm),
+            "train/tokens": float(total_tokens),
+            "train/tokens_per_s": total_tokens / max(elapsed, 1e-9),
+        }
+        result.metrics.append(metrics)
+        result.steps = step + 1
+        if on_metrics is not None:
+            on_metrics(step + 1, metrics)
+        done = step + 1 == config.max_steps
+        if ckpt_root is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+            result.checkpoint = save_checkpoint(
+                ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1}, keep=config.keep_checkpoints
+            )
+    return result
