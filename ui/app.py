@@ -58,6 +58,7 @@ pages = [
     st.Page(VIEWS / "overview.py", title="Overview", icon=":material/dashboard:", url_path="overview", default=True),
     st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs"),
     st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
+    st.Page(VIEWS / "models.py", title="Models & Serving", icon=":material/smart_toy:", url_path="models"),
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]
 if identity.can(Role.admin):

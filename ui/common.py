@@ -64,3 +64,18 @@ def guard_platform() -> bool:
         st.error(str(exc))
         return False
     return True
+
+
+FLASH_KEY = "flash"
+
+
+def flash(message: str) -> None:
+    """Show ``message`` as a success note after the rerun that follows (the page then shows the change)."""
+    st.session_state[FLASH_KEY] = message
+    st.rerun()
+
+
+def show_flash() -> None:
+    message = st.session_state.pop(FLASH_KEY, None)
+    if message:
+        st.success(message)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,20 +64,36 @@ class DeployConfig(BaseModel):
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
 
 
+def tiers_path(settings: Any) -> Path:
+    """Where the operator's edited tier profiles live."""
+    return Path(settings.data_dir) / "tiers.json"
+
+
+def tier_catalog(settings: Any, path: str | Path | None = None) -> Any:
+    """The tier profiles in force: ``path``, else the operator's file when there is one, else the defaults."""
+    from posttrain.platform.serving.profiles import TierCatalog
+
+    chosen = Path(path) if path else tiers_path(settings)
+    if path and not chosen.is_file():
+        raise BadInput(f"tiers file {chosen} does not exist")
+    return TierCatalog.load(chosen) if chosen.is_file() else TierCatalog()
+
+
 def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def server_command(config: DeployConfig, path: str, port: int) -> list[str]:
+def server_command(config: DeployConfig, path: str, port: int, settings: Any) -> list[str]:
+    tiers_file = config.tiers_file or (str(tiers_path(settings)) if tiers_path(settings).is_file() else None)
+    catalog = tier_catalog(settings, config.tiers_file)
+    if config.tier not in catalog.tiers:
+        raise BadInput(f"unknown tier {config.tier!r}; known tiers: {', '.join(sorted(catalog.tiers))}")
     if config.engine == "vllm":
-        from posttrain.platform.serving.profiles import DEFAULT_TIERS
         from posttrain.platform.serving.vllm import VllmProfile
 
-        tier = DEFAULT_TIERS.get(config.tier)
-        if tier is None:
-            raise BadInput(f"unknown tier {config.tier!r}; known: {', '.join(DEFAULT_TIERS)}")
+        tier = catalog.tiers[config.tier]
         overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}
         if config.max_model_len:
             overrides["max_model_len"] = config.max_model_len
@@ -87,8 +104,8 @@ def server_command(config: DeployConfig, path: str, port: int) -> list[str]:
     ]  # fmt: skip
     if config.max_model_len:
         cmd += ["--max-model-len", str(config.max_model_len)]
-    if config.tiers_file:
-        cmd += ["--tiers-file", config.tiers_file]
+    if tiers_file:
+        cmd += ["--tiers-file", tiers_file]
     return cmd
 
 
@@ -110,7 +127,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         raise BadInput(str(exc)) from None
     port = config.port or free_port(config.host)
     base_url = f"http://{config.host}:{port}"
-    command = server_command(config, model.path, port)
+    command = server_command(config, model.path, port, ctx.settings)
     with session(ctx.url) as s:
         row = Deployment(
             model_id=model.id, tier=config.tier, engine=config.engine, job_id=ctx.job_id, url=base_url,

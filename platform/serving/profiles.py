@@ -68,6 +68,7 @@ class TierCatalog(BaseModel):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(target.suffix + ".tmp")
         tmp.write_text(json.dumps(self.model_dump(), indent=2))
         tmp.replace(target)

@@ -1,0 +1,89 @@
+"""A small OpenAI-compatible chat client (httpx) for the console's playground and for scripts.
+
+The official ``openai`` package works against the same endpoints; this one keeps
+the platform's runtime dependencies small and streams deltas as plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from posttrain.platform.serving.gateway import TIER_HEADER
+
+
+class ChatError(RuntimeError):
+    """The server answered with an OpenAI-style error (the message is the server's)."""
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code >= 400:
+        resp.read()
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:500]
+        raise ChatError(f"{resp.status_code}: {message}")
+
+
+def stream_chat(
+    base_url: str,
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    tier: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    timeout_s: float = 300.0,
+) -> Iterator[dict[str, Any]]:
+    """Yield each streamed ``delta`` (content pieces, tool calls), then ``{"finish_reason": ...}``."""
+    body: dict[str, Any] = {
+        "model": model, "messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": temperature,
+    }  # fmt: skip
+    if tools:
+        body["tools"] = tools
+    headers = {TIER_HEADER: tier} if tier else {}
+    with httpx.stream("POST", f"{base_url.rstrip('/')}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s) as resp:
+        _raise_for(resp)
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:
+                raise ChatError(event["error"].get("message", "error while streaming"))
+            for choice in event.get("choices", []):
+                if choice.get("delta"):
+                    yield choice["delta"]
+                if choice.get("finish_reason"):
+                    yield {"finish_reason": choice["finish_reason"]}
+
+
+def list_models(base_url: str, *, timeout_s: float = 5.0) -> list[str]:
+    resp = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout_s)
+    _raise_for(resp)
+    return [m["id"] for m in resp.json().get("data", [])]
+
+
+def prometheus_values(base_url: str, names: tuple[str, ...], *, timeout_s: float = 2.0) -> dict[str, float]:
+    """Read a few metrics from a deployment's ``/metrics`` (Prometheus text), summed over labels."""
+    resp = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
+    _raise_for(resp)
+    values: dict[str, float] = {}
+    for line in resp.text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        name = key.split("{", 1)[0]
+        if name in names:
+            try:
+                values[name] = values.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+    return values

@@ -1,0 +1,503 @@
+"""Training: launch runs (presets or validated YAML), the run queue, a live run view with
+downsampled charts, a trajectory browser, and stop / resume / evaluate / deploy."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from posttrain.platform import metrics
+from posttrain.platform.db.models import Job, JobStatus, Role
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError, get_kind
+from posttrain.platform.jobs.worker import job_dir
+from posttrain.platform.settings import get_settings
+from posttrain.ui.common import can, guard_platform, status_label, username
+
+TRAIN_KINDS = ("train_grpo", "train_sft")
+RUN_KINDS = (*TRAIN_KINDS, "evaluate")
+QUEUE_SIZE = 50
+TRAJECTORY_PAGE_SIZE = 20
+MAX_POINTS = 1000
+
+# (title, metric names) for the live charts; a chart shows only when its run logged one of them.
+CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Reward", ("rollout/reward_mean", "rollout/pass_rate")),
+    ("Loss", ("train/loss",)),
+    ("KL to the initial policy", ("train/kl",)),
+    ("Clip fraction", ("train/clip_frac_low", "train/clip_frac_high")),
+    ("Learner busy fraction", ("pipeline/learner_busy_frac",)),
+    ("Throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
+    ("Pipeline", ("pipeline/queue_depth", "pipeline/staleness_mean")),
+    ("Step time (s) and verifier latency (s)", ("time/step_s", "verifier/latency_s")),
+    ("Gradient norm", ("train/grad_norm",)),
+    ("Learning rate", ("train/lr",)),
+)
+TILES = (
+    ("Reward", "rollout/reward_mean"),
+    ("Pass rate", "rollout/pass_rate"),
+    ("Loss", "train/loss"),
+    ("KL", "train/kl"),
+    ("Tokens/s", "rollout/tokens_per_s"),
+    ("Eval pass rate", "eval/pass_rate"),
+)
+
+st.title("Training")
+st.caption("SFT and GRPO runs and their evaluations. Every run is a job in the worker: closing this tab never stops one.")
+if not guard_platform():
+    st.stop()
+
+
+# --- configs: presets and YAML -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    kind: str
+    config: dict[str, Any]
+    description: str = ""
+
+
+def _kind_of(config: BaseModel) -> str | None:
+    for kind in RUN_KINDS:
+        if isinstance(config, get_kind(kind).config_model):
+            return kind
+    return None
+
+
+def _as_preset(name: str, value: Any) -> Preset | None:
+    """Read one entry of ``posttrain.training.presets`` whatever its shape: a config model, or
+    something with a kind and a config (an object or a mapping)."""
+    description = str(getattr(value, "description", "") or "")
+    if isinstance(value, BaseModel) and (kind := _kind_of(value)) is not None:
+        return Preset(name, kind, value.model_dump(mode="json", exclude_defaults=True), description)
+    if isinstance(value, dict) and "kind" in value and "config" in value:
+        kind, config, description = value["kind"], value["config"], str(value.get("description", ""))
+    elif hasattr(value, "kind") and hasattr(value, "config"):
+        kind, config = value.kind, value.config
+    else:
+        return None
+    if isinstance(config, BaseModel):
+        config = config.model_dump(mode="json", exclude_defaults=True)
+    if not isinstance(config, dict) or kind not in RUN_KINDS:
+        return None
+    return Preset(name, str(kind), config, description)
+
+
+def load_presets() -> dict[str, Preset]:
+    """The named presets of ``posttrain.training.presets`` (none when it is not installed)."""
+    try:
+        module = importlib.import_module("posttrain.training.presets")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("posttrain.training.presets"):
+            return {}
+        raise
+    table = getattr(module, "PRESETS", None)
+    if table is None and callable(getattr(module, "presets", None)):
+        table = module.presets()
+    found = (_as_preset(str(name), value) for name, value in dict(table or {}).items())
+    return {p.name: p for p in found if p is not None}
+
+
+def template(kind: str) -> str:
+    """A small starting config for ``kind`` in the YAML editor."""
+    examples: dict[str, dict[str, Any]] = {
+        "train_sft": {"model": "var/models/tiny", "domains": ["arith.add.int"], "max_steps": 50, "lr": 1e-4},
+        "train_grpo": {
+            "model": "var/models/tiny",
+            "domains": ["arith.add.int"],
+            "max_steps": 50,
+            "group_size": 8,
+            "pipeline": True,
+        },
+        "evaluate": {"model": "var/models/tiny", "domains": ["arith.add.int"], "tasks_per_domain": 32},
+    }
+    return yaml.safe_dump(examples[kind], sort_keys=False)
+
+
+def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """YAML text to a validated config for ``kind``: (config, []) or (None, the problems, one per line)."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        return None, [f"YAML syntax error{where}: {problem}"]
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else f"a {type(data).__name__}"
+        return None, [f"The config must be a YAML mapping of fields (`max_steps: 50`), got {got}."]
+    try:
+        validated = get_kind(kind).config_model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            field = ".".join(str(p) for p in e["loc"]) or "(config)"
+            got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+            problems.append(f"`{field}`: {e['msg']}{got}")
+        return None, problems
+    return validated.model_dump(mode="json", exclude_defaults=True), []
+
+
+def launch(kind: str, config: dict[str, Any], what: str) -> int | None:
+    try:
+        if not can(Role.operator):
+            raise PermissionError("only operators can launch training runs")
+        job_id = queue.submit(kind, config, submitted_by=username())
+    except (JobConfigError, PermissionError) as exc:
+        st.error(str(exc))
+        return None
+    st.success(f"Launched {what} as job {job_id}.")
+    st.session_state["run_id"] = job_id
+    return job_id
+
+
+def show_problems(problems: list[str]) -> None:
+    st.error("The config is not valid:\n\n" + "\n".join(f"- {p}" for p in problems))
+
+
+operator = can(Role.operator)
+if not operator:
+    st.info("You are signed in as a viewer: you can watch runs, but launching and stopping them needs an operator.")
+
+st.subheader("Launch a run")
+presets = load_presets()
+tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
+
+
+def _edit_preset(preset: Preset) -> None:
+    st.session_state["yaml_kind"] = preset.kind
+    st.session_state["yaml_text"] = yaml.safe_dump(preset.config, sort_keys=False)
+
+
+with tab_preset:
+    if not presets:
+        st.info("No presets are installed yet (`posttrain.training.presets`). Write a config in the **Edit YAML** tab.")
+    else:
+        name = st.selectbox("Preset", list(presets), key="preset_name")
+        preset = presets[name]
+        st.caption(f"`{preset.kind}` · {preset.description}" if preset.description else f"`{preset.kind}`")
+        st.code(yaml.safe_dump(preset.config, sort_keys=False), language="yaml")
+        c1, c2 = st.columns(2)
+        if c1.button("Launch", key="preset_launch", type="primary", disabled=not operator):
+            config, problems = parse_config(preset.kind, yaml.safe_dump(preset.config))
+            if config is None:
+                show_problems(problems)
+            else:
+                launch(preset.kind, config, f"preset {name!r}")
+        c2.button("Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset,))
+
+with tab_yaml:
+    if "yaml_kind" not in st.session_state:
+        st.session_state["yaml_kind"] = TRAIN_KINDS[0]
+    if "yaml_text" not in st.session_state:
+        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"])
+
+    def _new_template() -> None:
+        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"])
+
+    kind = st.selectbox("Job kind", RUN_KINDS, key="yaml_kind", on_change=_new_template)
+    text = st.text_area("Config (YAML)", key="yaml_text", height=260, help="Fields left out take their defaults.")
+    c1, c2 = st.columns(2)
+    validate_clicked = c1.button("Validate", key="yaml_validate")
+    launch_clicked = c2.button("Launch", key="yaml_launch", type="primary", disabled=not operator)
+    if validate_clicked or launch_clicked:
+        config, problems = parse_config(kind, text)
+        if config is None:
+            show_problems(problems)
+        elif launch_clicked:
+            launch(kind, config, f"a `{kind}` run")
+        else:
+            st.success(f"Valid `{kind}` config.")
+            with st.expander("With every default filled in"):
+                st.code(yaml.safe_dump(get_kind(kind).config_model.model_validate(config).model_dump(mode="json"),
+                                       sort_keys=False), language="yaml")  # fmt: skip
+
+
+# --- the queue -------------------------------------------------------------------------------
+
+
+def run_jobs(limit: int = QUEUE_SIZE) -> list[Job]:
+    jobs = [j for kind in RUN_KINDS for j in queue.list_jobs(kind=kind, limit=limit)]
+    return sorted(jobs, key=lambda j: j.id or 0, reverse=True)[:limit]
+
+
+@st.fragment(run_every="3s")
+def run_queue() -> None:
+    jobs = run_jobs()
+    if not jobs:
+        st.info("No training runs yet: launch one above.")
+        return
+    frame = pd.DataFrame(
+        [
+            {
+                "id": j.id,
+                "kind": j.kind,
+                "status": status_label(j.status),
+                "progress": j.progress or 0.0,
+                "message": j.progress_message,
+                "by": j.submitted_by,
+                "created": j.created_at,
+                "error": j.error or "",
+            }
+            for j in jobs
+        ]
+    )
+    st.dataframe(
+        frame,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            "created": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+        },
+    )
+
+
+st.subheader("Runs")
+run_queue()
+
+jobs = run_jobs()
+if not jobs:
+    st.stop()
+labels = {j.id: f"#{j.id} · {j.kind} · {j.status.value}" for j in jobs}
+if st.session_state.get("run_id") not in labels:
+    st.session_state.pop("run_id", None)
+run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run_id")
+
+
+# --- actions ---------------------------------------------------------------------------------
+
+
+def output_dir(job: Job) -> str:
+    """Where ``job`` keeps its checkpoints: its config's ``output_dir``, else ``<job workdir>/run``
+    (the default ``posttrain.training.jobs`` gives it)."""
+    assert job.id is not None
+    return str(job.config.get("output_dir") or job_dir(get_settings(), job.id) / "run")
+
+
+def resume_config(job: Job) -> dict[str, Any]:
+    """The stopped run's config, pointed at its checkpoints so the new job continues from them."""
+    return {**job.config, "output_dir": output_dir(job), "resume": True}
+
+
+def run_model(job: Job) -> str | None:
+    """The model a finished run produced: its registered name, else its final checkpoint's model directory."""
+    result = job.result or {}
+    if result.get("model"):
+        return str(result["model"])
+    if result.get("checkpoint"):
+        return f"{result['checkpoint']}/model"
+    return None
+
+
+def run_domains(job: Job) -> list[str]:
+    return [d if isinstance(d, str) else str(d.get("name")) for d in job.config.get("domains", []) if d]
+
+
+def act(action: str, job: Job) -> None:
+    """Run one of the operator actions on ``job`` (checked again here, not only where the button shows)."""
+    assert job.id is not None
+    try:
+        if not can(Role.operator):
+            raise PermissionError(f"only operators can {action} runs")
+        if action == "stop":
+            status = queue.cancel(job.id, username=username())
+            st.success(f"Stopped job {job.id}." if status is JobStatus.cancelled else f"Stop requested for job {job.id}.")
+            return
+        if action == "resume":
+            new = queue.submit(job.kind, resume_config(job), submitted_by=username())
+            what = f"Resumed job {job.id} as job {new}, continuing from {output_dir(job)}."
+        elif action == "evaluate":
+            config = {"model": run_model(job), "domains": run_domains(job)}
+            new = queue.submit("evaluate", config, submitted_by=username())
+            what = f"Queued evaluation job {new}."
+        elif action == "deploy":
+            model = (job.result or {}).get("model")
+            new = queue.submit("deploy", {"model": model, "tier": "fast"}, submitted_by=username())
+            what = f"Queued deployment job {new} of {model!r} (fast tier)."
+        else:
+            raise ValueError(f"unknown action {action!r}")
+    except (JobConfigError, PermissionError) as exc:
+        st.error(str(exc))
+    else:
+        st.success(what)
+
+
+def actions(job: Job) -> None:
+    if not can(Role.operator):
+        return
+    cols = st.columns(4)
+    if job.status in (JobStatus.queued, JobStatus.running) and not job.cancel_requested:
+        if cols[0].button("Stop", key=f"stop_{job.id}", icon=":material/stop:"):
+            act("stop", job)
+    if job.kind in TRAIN_KINDS and job.status in (JobStatus.cancelled, JobStatus.failed, JobStatus.interrupted):
+        if cols[1].button("Resume", key=f"resume_{job.id}", icon=":material/play_arrow:",
+                          help=f"A new job with the same config, continuing from the checkpoints in {output_dir(job)}"):  # fmt: skip
+            act("resume", job)
+    if job.kind in TRAIN_KINDS and job.status is JobStatus.succeeded:
+        model, domains = run_model(job), run_domains(job)
+        why = None if model and domains else "the run left no model or names no domains"
+        if cols[2].button("Evaluate", key=f"evaluate_{job.id}", icon=":material/fact_check:", disabled=why is not None, help=why):
+            act("evaluate", job)
+        registered = (job.result or {}).get("model")
+        why = None if registered else "the run registered no model"
+        if cols[3].button("Deploy", key=f"deploy_{job.id}", icon=":material/rocket_launch:", disabled=why is not None, help=why):
+            act("deploy", job)
+
+
+# --- the live run view -------------------------------------------------------------------------
+
+
+def chart(title: str, points: dict[str, list[metrics.Point]]) -> None:
+    frame = pd.DataFrame(
+        [(name, step, value) for name, rows in points.items() for step, value in rows], columns=["metric", "step", "value"]
+    )
+    st.markdown(f"**{title}**")
+    st.line_chart(frame, x="step", y="value", color="metric", height=220)
+
+
+@st.fragment(run_every="2s")
+def run_view(job_id: int) -> None:
+    try:
+        job = queue.get_job(job_id)
+    except queue.JobNotFound as exc:
+        st.warning(str(exc))
+        return
+    st.markdown(f"**Run {job.id}** · `{job.kind}` · {status_label(job.status)} · attempt {job.attempts}/{job.max_attempts}"
+                f" · by {job.submitted_by}")  # fmt: skip
+    if job.progress is not None and not job.status.finished:
+        st.progress(min(1.0, max(0.0, job.progress)), text=job.progress_message or None)
+    if job.cancel_requested and job.status is JobStatus.running:
+        st.info("Stop requested; the worker stops the run within the grace period.")
+    if job.error:
+        st.error(f"{job.error_cause or 'error'}: {job.error}")
+    actions(job)
+
+    names = metrics.metric_names(job_id)
+    if not names:
+        st.caption("No metrics yet.")
+    else:
+        last = metrics.latest(job_id)
+        tiles = [(label, last[name]) for label, name in TILES if name in last]
+        step = max(p.step for p in last.values())
+        cols = st.columns(len(tiles) + 1)
+        cols[0].metric("Step", f"{step:,}")
+        for col, (label, point) in zip(cols[1:], tiles):
+            col.metric(label, f"{point.value:.4g}")
+
+        domain_names = [n for n in names if n.startswith("sched/") and n.endswith("/pass_rate")]
+        charts = [(title, [n for n in group if n in names]) for title, group in CHARTS]
+        charts = [(t, group) for t, group in charts if group]
+        if domain_names:
+            charts.insert(1, ("Pass rate by domain", domain_names))
+        wanted = [n for _, group in charts for n in group]
+        data = metrics.series(job_id, wanted, max_points=MAX_POINTS)
+        pairs = st.columns(2)
+        for i, (title, group) in enumerate(charts):
+            with pairs[i % 2]:
+                chart(title, {name.removeprefix("sched/").removesuffix("/pass_rate") if name in domain_names else name:
+                              data.get(name, []) for name in group})  # fmt: skip
+
+        evals = {n: last[n].value for n in names if n.startswith("eval/") and n.endswith("/pass_rate")}
+        if evals:
+            st.markdown("**Evaluation pass rate**")
+            st.dataframe(
+                pd.DataFrame([{"domain": n.removeprefix("eval/").removesuffix("/pass_rate") or "all", "pass rate": v}
+                              for n, v in evals.items()]),  # fmt: skip
+                hide_index=True,
+                column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")},
+            )
+    if job.result:
+        with st.expander("Result"):
+            st.json(job.result)
+    with st.expander("Config"):
+        st.code(yaml.safe_dump(job.config, sort_keys=False), language="yaml")
+
+
+st.subheader("Run")
+run_view(int(run_id))
+
+
+# --- trajectories ----------------------------------------------------------------------------
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content", "")
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def preview(text: str, width: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+st.subheader("Trajectories")
+domains = metrics.trajectory_domains(int(run_id))
+if not domains:
+    st.caption("This run has stored no trajectories.")
+    st.stop()
+chosen = st.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
+total = metrics.trajectory_count(int(run_id), domains=chosen)
+pages = max(1, -(-total // TRAJECTORY_PAGE_SIZE))
+page = st.number_input(f"Page (of {pages}, {total:,} trajectories)", min_value=1, max_value=pages, value=1, step=1, key="traj_page")
+rows = metrics.trajectories(
+    int(run_id), domains=chosen, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1)
+)
+if not rows:
+    st.info("No trajectories on this page.")
+    st.stop()
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "id": t.id,
+                "step": t.step,
+                "domain": t.domain,
+                "reward": t.reward,
+                "passed": t.verdict.get("passed"),
+                "prompt": preview(message_text(t.prompt[-1]) if t.prompt else ""),
+                "completion": preview(t.completion),
+            }
+            for t in rows
+        ]
+    ),
+    hide_index=True,
+    width="stretch",
+)
+by_id = {t.id: t for t in rows}
+picked = st.selectbox(
+    "Trajectory", list(by_id), format_func=lambda i: f"#{i} · step {by_id[i].step} · {by_id[i].domain} · reward {by_id[i].reward:.3g}",
+    key="traj_pick",
+)
+trajectory = by_id[picked]
+left, right = st.columns(2)
+with left:
+    st.markdown("**Prompt**")
+    for message in trajectory.prompt:
+        with st.chat_message(str(message.get("role", "user"))):
+            st.text(message_text(message))
+    st.markdown("**Completion**")
+    st.code(trajectory.completion or "(empty)", language="text")
+with right:
+    verdict = trajectory.verdict
+    st.markdown(f"**Reward** {trajectory.reward:.4g} · **passed** {verdict.get('passed', '?')} · **score** {verdict.get('score', '?')}")
+    if verdict.get("infra_error"):
+        st.error(f"The verifier itself failed: {verdict['infra_error']}")
+    if verdict.get("details"):
+        st.caption(str(verdict["details"]))
+    st.markdown("**Verdict**")
+    st.json(verdict, expanded=False)
+    if trajectory.tool_calls:
+        st.markdown("**Tool calls**")
+        st.json(json.loads(json.dumps(trajectory.tool_calls, default=str)), expanded=False)
