@@ -22,14 +22,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
-# Debian packages the platform and its tests use (sandboxes, OCR, PDFs, the browser test).
+# Debian packages the platform and its tests use: bubblewrap (sandboxes), tesseract (OCR),
+# poppler-utils (pdftotext, the benchmark's reference), and documentation packages whose real
+# PDFs and images the preprocessing tests and benchmark read.
+DEBIAN_PACKAGES := bubblewrap tesseract-ocr tesseract-ocr-eng poppler-utils \
+	texlive-latex-base-doc python-reportlab-doc glpk-doc opencv-doc
+
 system-deps:
 	@missing=""; \
-	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	for pkg in $(DEBIAN_PACKAGES); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 run: venv system-deps

@@ -1,0 +1,220 @@
+"""Benchmark of the document preprocessing pipeline against pymupdf4llm, on real PDFs.
+
+    .venv/bin/python bench/preprocess.py [--max-pages N] [--workers 2]
+
+Corpus: PDFs that Debian documentation packages ship (texlive-latex-base-doc,
+python-reportlab-doc, glpk-doc). Prints one JSON object per figure; the last
+line holds pages, pages_per_s, peer_pages_per_s, speedup, f1 and table_recall.
+
+- pages_per_s: full extraction (spans with boxes, reading order, tables where
+  cued, embedded images, encodings (a) markdown and (b) LayoutLM words) in
+  worker processes; page renders and OCR are timed separately.
+- peer_pages_per_s: pymupdf4llm.to_markdown on the same pages in the same run
+  (its classic mode, which runs find_tables on every page; the ONNX layout mode
+  is far slower still).
+- f1: word-level F1 of our page words against pdftotext (poppler-utils).
+- table_recall: of the tables find_tables(use_layout=False) finds on every
+  page, the share our pipeline (which runs it only on cued pages) finds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Running a script puts its folder first on sys.path, where sibling benchmarks (bench/queue.py, ...)
+# would shadow standard-library modules: drop it before anything else is imported.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse
+import glob
+import io
+import json
+import subprocess
+import time
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+CORPUS_GLOBS = [
+    "/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf",  # two-column newsletters
+    "/usr/share/doc/python-reportlab-doc/reportlab-userguide.pdf",  # tables, code, figures
+    "/usr/share/doc/texlive-doc/latex/base/*guide.pdf",  # LaTeX guides with ruled tables
+    "/usr/share/doc/glpk-doc/*.pdf",  # long technical manuals
+]
+
+
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def corpus(max_pages: int | None) -> list[tuple[Path, int]]:
+    """(file, pages to use) in a fixed order, up to max_pages pages in all."""
+    import pymupdf
+
+    out: list[tuple[Path, int]] = []
+    total = 0
+    for pattern in CORPUS_GLOBS:
+        for name in sorted(glob.glob(pattern)):
+            with pymupdf.open(name) as doc:
+                n = doc.page_count
+            if max_pages is not None:
+                n = min(n, max_pages - total)
+            if n <= 0:
+                break
+            out.append((Path(name), n))
+            total += n
+    return out
+
+
+def words_of(text: str) -> Counter[str]:
+    return Counter(unicodedata.normalize("NFKC", text).split())
+
+
+def f1_counts(ours: Counter[str], ref: Counter[str]) -> tuple[int, int, int]:
+    overlap = sum((ours & ref).values())
+    return overlap, sum(ours.values()), sum(ref.values())
+
+
+def pdftotext_pages(path: Path, n: int) -> list[str]:
+    out = subprocess.run(
+        ["pdftotext", "-q", "-enc", "UTF-8", "-f", "1", "-l", str(n), str(path), "-"],
+        capture_output=True,
+        check=True,
+        timeout=300,
+    ).stdout.decode("utf-8", "replace")
+    pages = out.split("\f")
+    return (pages + [""] * n)[:n]
+
+
+def iou(a, b) -> float:
+    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-pages", type=int, default=None, help="use at most this many pages (quick run)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--render-pages", type=int, default=40, help="pages rendered for the render figure")
+    parser.add_argument("--ocr-pages", type=int, default=3, help="pages OCRed for the OCR figure")
+    args = parser.parse_args(argv)
+
+    from posttrain.preprocess.options import PreprocessOptions
+    from posttrain.preprocess.pipeline import process_document
+
+    files = corpus(args.max_pages)
+    n_pages = sum(n for _, n in files)
+    emit({"figure": "corpus", "files": len(files), "pages": n_pages, "globs": CORPUS_GLOBS})
+    if n_pages == 0:
+        emit({"error": "no corpus: apt-get install texlive-latex-base-doc python-reportlab-doc glpk-doc"})
+        return 1
+
+    # 1. our full extraction pipeline
+    options = PreprocessOptions(workers=args.workers, render_dpi=None, tables="auto", encodings=True)
+    ours: dict[tuple[str, int], object] = {}
+    t0 = time.perf_counter()
+    list(process_document(files[0][0], options, pages=[1]))  # start the worker server once (imports PyMuPDF)
+    emit({"figure": "startup", "seconds": round(time.perf_counter() - t0, 2)})
+    t0 = time.perf_counter()
+    for path, n in files:
+        for page in process_document(path, options, pages=range(1, n + 1)):
+            ours[(str(path), page.page_number)] = (page.words, [t.bbox for t in page.tables], len(page.markdown or ""))
+    ours_s = time.perf_counter() - t0
+    pages_per_s = n_pages / ours_s
+    emit({"figure": "extraction", "pages": n_pages, "seconds": round(ours_s, 2), "pages_per_s": round(pages_per_s, 2),
+          "workers": args.workers})
+
+    # 2. renders and OCR, timed apart
+    import pymupdf
+
+    from posttrain.preprocess.ocr import ocr_image
+    from posttrain.preprocess.pdf import render_page
+
+    rendered = 0
+    t = time.perf_counter()
+    for path, n in files:
+        with pymupdf.open(path) as doc:
+            for i in range(min(n, args.render_pages - rendered)):
+                render_page(doc[i], 144)
+                rendered += 1
+        if rendered >= args.render_pages:
+            break
+    render_s = time.perf_counter() - t
+    emit({"figure": "render", "dpi": 144, "pages": rendered, "pages_per_s": round(rendered / render_s, 2) if rendered else None})
+
+    from PIL import Image
+
+    ocred = 0
+    t = time.perf_counter()
+    with pymupdf.open(files[0][0]) as doc:
+        for i in range(min(args.ocr_pages, doc.page_count)):
+            pix = doc[i].get_pixmap(dpi=300, colorspace=pymupdf.csGRAY)
+            ocr_image(Image.frombytes("L", (pix.width, pix.height), pix.samples))
+            ocred += 1
+    ocr_s = time.perf_counter() - t
+    emit({"figure": "ocr", "dpi": 300, "pages": ocred, "pages_per_s": round(ocred / ocr_s, 3) if ocred else None})
+
+    # 3. word-level F1 against pdftotext
+    overlap = ours_total = ref_total = 0
+    for path, n in files:
+        for number, ref_text in enumerate(pdftotext_pages(path, n), start=1):
+            words = ours[(str(path), number)][0]
+            o, a, b = f1_counts(words_of(" ".join(w.text for w in words)), words_of(ref_text))
+            overlap, ours_total, ref_total = overlap + o, ours_total + a, ref_total + b
+    precision = overlap / ours_total if ours_total else 0.0
+    recall = overlap / ref_total if ref_total else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    emit({"figure": "f1_vs_pdftotext", "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)})
+
+    # 4. table recall: find_tables on every page versus our cued pipeline
+    reference = found = 0
+    t = time.perf_counter()
+    for path, n in files:
+        with pymupdf.open(path) as doc:
+            for i in range(n):
+                ref_tables = [tuple(tb.bbox) for tb in doc[i].find_tables(use_layout=False).tables]
+                mine = ours[(str(path), i + 1)][1]
+                reference += len(ref_tables)
+                found += sum(1 for r in ref_tables if any(iou(r, m) >= 0.5 for m in mine))
+    table_s = time.perf_counter() - t
+    table_recall = found / reference if reference else 1.0
+    emit({"figure": "table_recall", "reference_tables": reference, "found": found, "recall": round(table_recall, 4),
+          "reference_find_tables_pages_per_s": round(n_pages / table_s, 2)})
+
+    # 5. the peer: pymupdf4llm.to_markdown on the same pages, same run
+    import pymupdf4llm
+
+    pymupdf4llm.use_layout(False)
+    t = time.perf_counter()
+    peer_chars = 0
+    for path, n in files:
+        with pymupdf.open(path) as doc:
+            peer_chars += len(pymupdf4llm.to_markdown(doc, pages=list(range(n)), show_progress=False))
+    peer_s = time.perf_counter() - t
+    peer_pages_per_s = n_pages / peer_s
+    emit({"figure": "peer_pymupdf4llm", "version": pymupdf4llm.__version__, "mode": "classic (use_layout(False))",
+          "pages": n_pages, "seconds": round(peer_s, 2), "pages_per_s": round(peer_pages_per_s, 2),
+          "processes": 1})
+
+    emit(
+        {
+            "pages": n_pages,
+            "pages_per_s": round(pages_per_s, 2),
+            "peer_pages_per_s": round(peer_pages_per_s, 2),
+            "speedup": round(pages_per_s / peer_pages_per_s, 2),
+            "f1": round(f1, 4),
+            "table_recall": round(table_recall, 4),
+            "render_pages_per_s": round(rendered / render_s, 2) if rendered else None,
+            "ocr_pages_per_s": round(ocred / ocr_s, 3) if ocred else None,
+            "workers": args.workers,
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
