@@ -44,10 +44,12 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit, follow and cancel jobs.")
 users_app = typer.Typer(no_args_is_help=True, help="Console users and roles.")
 models_app = typer.Typer(no_args_is_help=True, help="The model registry.")
+docs_app = typer.Typer(no_args_is_help=True, help="Documents: add and list.")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(users_app, name="users")
 app.add_typer(models_app, name="models")
+app.add_typer(docs_app, name="docs")
 
 out = Console()
 err = Console(stderr=True)
@@ -413,6 +415,55 @@ def _follow(job_id: int, stream_log: bool = True) -> None:
     out.print(f"job {job_id} [{style}]{job.status.value}[/]" + (f": {job.error}" if job.error else ""))
     if job.status != JobStatus.succeeded:
         raise typer.Exit(1)
+
+
+# --- documents ----------------------------------------------------------------------------
+
+
+@docs_app.command("add")
+@user_errors
+def docs_add(
+    files: Annotated[list[Path], typer.Argument(help="PDFs and images (PNG, JPEG, TIFF, WebP, BMP)")],
+    password: Annotated[str | None, typer.Option(help="Password of encrypted PDFs (never stored)")] = None,
+    follow: Annotated[bool, typer.Option(help="Follow each preprocess job to its end")] = False,
+) -> None:
+    """Store documents (content-addressed; the same content twice is one document) and preprocess them."""
+    from posttrain.platform.documents import add_document
+    from posttrain.preprocess.errors import PreprocessError
+
+    require_schema()
+    failed = 0
+    jobs = []
+    for path in files:
+        try:
+            added = add_document(path, password=password, submitted_by=os.environ.get("USER", "cli"))
+        except PreprocessError as exc:
+            err.print(f"[bold red]error:[/] {path}: {exc}", highlight=False, soft_wrap=True)
+            failed += 1
+            continue
+        if added.created:
+            out.print(f"document {added.document.id} {added.document.filename}: queued preprocess job {added.job_id}")
+            jobs.append(added.job_id)
+        else:
+            out.print(f"document {added.document.id} {added.document.filename}: stored before ({added.document.status.value})")
+    if follow:
+        for job_id in jobs:
+            _follow(int(job_id), stream_log=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+@docs_app.command("list")
+@user_errors
+def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")] = 50) -> None:
+    """List documents with their status."""
+    from posttrain.platform.documents import list_documents
+
+    require_schema()
+    table = Table("id", "file", "kind", "pages", "status", "error")
+    for d in list_documents(limit=limit):
+        table.add_row(str(d.id), d.filename, d.kind, str(d.page_count), d.status.value, (d.error or "")[:80])
+    out.print(table)
 
 
 # --- models -----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.jobs.selftest",
+    "posttrain.platform.documents",
     "posttrain.platform.tasks.jobs",
     "posttrain.platform.serving.jobs",
     "posttrain.training.jobs",
