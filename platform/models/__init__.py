@@ -10,8 +10,7 @@ does not pull in torch (the job worker stays light).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from posttrain.platform.lazy import lazy_exports
 
 _EXPORTS = {
     "TinyModelSpec": "factory",
@@ -26,10 +25,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

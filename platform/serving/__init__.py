@@ -8,8 +8,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from posttrain.platform.lazy import lazy_exports
 
 _EXPORTS = {
     "create_engine_app": "app",
@@ -31,11 +30,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import on first use: the job worker imports deployment code without torch."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
