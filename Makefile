@@ -24,9 +24,10 @@ venv: $(STAMP)
 
 # Debian packages the platform and its tests use: bubblewrap (sandboxes), tesseract (OCR),
 # poppler-utils (pdftotext, the benchmark's reference), and documentation packages whose real
-# PDFs and images the preprocessing tests and benchmark read.
+# PDFs and images the preprocessing tests and benchmark read, and chromium for the console's
+# end-to-end browser test (driven by Playwright; its own browser download does not work here).
 DEBIAN_PACKAGES := bubblewrap tesseract-ocr tesseract-ocr-eng poppler-utils \
-	texlive-latex-base-doc python-reportlab-doc glpk-doc opencv-doc
+	texlive-latex-base-doc python-reportlab-doc glpk-doc opencv-doc chromium
 
 system-deps:
 	@missing=""; \

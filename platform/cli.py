@@ -159,6 +159,7 @@ def console_command(host: str, port: int) -> list[str]:
         "--server.headless", "true",
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
+        "--client.toolbarMode", "minimal",
     ]  # fmt: skip
 
 

@@ -22,7 +22,7 @@ def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> No
     assert not at.exception
     assert at.title[0].value == "Jobs"
     counts = {m.label: m.value for m in at.metric}
-    assert counts["❌ failed"] == "1"
+    assert counts["failed"] == "1"
     frame = at.dataframe[0].value
     assert list(frame["id"]) == [done] and "boom: it broke" in frame["error"].iloc[0]
 

@@ -11,18 +11,9 @@ from posttrain.platform.settings import SettingsError
 
 IDENTITY_KEY = "identity"
 
-STATUS_ICONS = {
-    JobStatus.queued: "⏳",
-    JobStatus.running: "▶️",
-    JobStatus.succeeded: "✅",
-    JobStatus.failed: "❌",
-    JobStatus.cancelled: "⛔",
-    JobStatus.interrupted: "⚠️",
-}
-
-
 def status_label(status: JobStatus) -> str:
-    return f"{STATUS_ICONS.get(status, '')} {status.value}"
+    """A job status as shown in tables and metrics (plain words: they render in any font)."""
+    return status.value
 
 
 def current_identity() -> Identity | None:

@@ -1,0 +1,134 @@
+"""The console end to end in a real browser: Debian's Chromium, headless, driven by Playwright,
+against the processes ``make run`` starts (``posttrain up``: worker, gateway, console).
+
+Each step saves a screenshot under ``test-artifacts/e2e/`` and fails when the step's content is
+missing, not only when a page errors.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
+PASSWORD = "e2e-admin-password"
+LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def console() -> Iterator[dict[str, str]]:
+    """``posttrain up`` on a fresh data directory, with a bootstrapped admin."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is required (make test installs it)")
+    data = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
+    data.chmod(0o755)
+    port, gateway = free_port(), free_port()
+    env = {
+        **os.environ,
+        "POSTTRAIN_DATA_DIR": str(data),
+        "POSTTRAIN_DATABASE_URL": f"sqlite:///{data / 'posttrain.db'}",
+        "POSTTRAIN_CONSOLE_PORT": str(port),
+        "POSTTRAIN_GATEWAY_PORT": str(gateway),
+        "POSTTRAIN_ADMIN_PASSWORD": PASSWORD,
+        "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.2",
+    }
+    cli = [sys.executable, "-m", "posttrain.platform.cli"]
+    subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
+    subprocess.run([*cli, "users", "bootstrap-admin", "admin"], env=env, check=True, capture_output=True)
+    log = open(data / "up.log", "w")
+    proc = subprocess.Popen([*cli, "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{base}/_stcore/health", timeout=2).text == "ok":
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"posttrain up did not come up: {(data / 'up.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    try:
+        yield {"base": base, "data": str(data), "gateway": f"http://127.0.0.1:{gateway}"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(console: dict[str, str]):  # type: ignore[no-untyped-def]
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update"],
+        )  # fmt: skip
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def goto(page, console: dict[str, str], title: str) -> None:  # type: ignore[no-untyped-def]
+    page.get_by_role("link", name=title).first.click()
+    page.get_by_role("heading", name=title).first.wait_for()
+
+
+def test_login_is_required_and_refuses_a_wrong_password(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    page.goto(console["base"])
+    page.get_by_label("Username").wait_for()
+    assert page.get_by_role("link", name="Jobs").count() == 0  # nothing before login
+    page.get_by_label("Username").fill("admin")
+    page.get_by_role("textbox", name="Password").fill("not the password")
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_text("wrong username or password").wait_for()
+    shot(page, "01-login-refused")
+    page.get_by_role("textbox", name="Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("heading", name="Overview").wait_for()
+    page.get_by_text("Jobs running").first.wait_for()
+    shot(page, "02-overview")
+
+
+def test_jobs_page_runs_a_job_live(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    goto(page, console, "Jobs")
+    page.get_by_role("button", name="Submit").click()
+    page.get_by_text("Queued job 1.").wait_for()
+    # The live panel shows it succeed without a reload (10 steps of 0.5 s).
+    succeeded = page.locator('[data-testid="stMetric"]', has_text="succeeded")
+    succeeded.get_by_text("1", exact=True).wait_for(timeout=90_000)
+    shot(page, "03-jobs")
