@@ -10,11 +10,16 @@ Typical use (a code verifier)::
             sandbox.write_file("solution.py", completion)
             result = sandbox.run_bash("python3 -m unittest -q test_solution", timeout=30)
             passed = result.ok
+
+``make_pool(config, data_dir, ray_address)`` picks the pool: ``RaySandboxPool``
+(platform/sandbox/ray_backend.py, one pool actor per node of a Ray cluster) when
+``config.backend == "ray"`` or a Ray address is set, else ``SandboxPool``.
 """
 
 from posttrain.platform.sandbox.agent import EpisodeResult, ModelFn, run_agent
 from posttrain.platform.sandbox.backends import ProcessBackendWarning, SandboxUnavailableError
 from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.sandbox.factory import make_pool, uses_ray
 from posttrain.platform.sandbox.parser import ParsedTurn, ToolCall, parse_tool_calls
 from posttrain.platform.sandbox.pool import PoolClosedError, PoolExhaustedError, SandboxPool
 from posttrain.platform.sandbox.result import CallError, CallRecord, CallStatus, PoolStatus, ToolResult
@@ -41,7 +46,9 @@ __all__ = [
     "ToolCall",
     "ToolResult",
     "execute_tool_call",
+    "make_pool",
     "parse_tool_calls",
     "run_agent",
     "tool_schemas",
+    "uses_ray",
 ]

@@ -21,7 +21,8 @@ class SandboxConfig(BaseModel):
     ``bwrap`` (bubblewrap namespaces plus rlimits) is the default and the only
     backend that isolates the file system, network and process table.
     ``process`` applies rlimits only: weaker, for hosts without bubblewrap.
-    ``ray`` is reserved for pools spread over a Ray cluster.
+    ``ray`` spreads pools over a Ray cluster (``RaySandboxPool``, one pool actor per node,
+    each node running bubblewrap); ``make_pool`` also picks it when a Ray address is set.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

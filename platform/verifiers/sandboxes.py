@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import threading
 
-from posttrain.platform.sandbox import SandboxPool
+from posttrain.platform.sandbox import SandboxPool, make_pool
 
 _lock = threading.Lock()
 _pool: SandboxPool | None = None
@@ -32,7 +32,7 @@ def shared_pool() -> SandboxPool:
             from posttrain.platform.settings import get_settings
 
             settings = get_settings()
-            _pool = SandboxPool(settings.sandbox, data_dir=settings.data_dir)
+            _pool = make_pool(settings.sandbox, settings.data_dir, settings.ray_address)  # type: ignore[assignment]
             _owned = True
             if not _atexit_registered:
                 atexit.register(close_shared_pool)

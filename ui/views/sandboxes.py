@@ -12,7 +12,7 @@ from sqlmodel import col, select
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import SandboxPool as SandboxPoolRow
 from posttrain.platform.db.models import utcnow
-from posttrain.platform.sandbox import SandboxPool
+from posttrain.platform.sandbox import SandboxPool, make_pool
 from posttrain.platform.sandbox.status import default_name, publish
 from posttrain.platform.settings import get_settings
 from posttrain.platform.db.models import Role
@@ -34,7 +34,7 @@ def console_pool() -> SandboxPool:
     """A one-sandbox pool in the console process, for the snippet runner."""
     settings = get_settings()
     config = settings.sandbox.model_copy(update={"pool_size": 1})
-    return SandboxPool(config, data_dir=settings.data_dir)
+    return make_pool(config, settings.data_dir, settings.ray_address)  # type: ignore[return-value]
 
 
 def pool_rows() -> list[SandboxPoolRow]:

@@ -1,0 +1,437 @@
+"""Sandbox pools on a real local Ray cluster: a head and a second node started by this module.
+
+Round trips, episode state, status, spreading over nodes, the hostile inputs of
+test_sandbox_bad_inputs.py, an actor killed mid-episode and a node lost mid-episode.
+The cluster is stopped by pid at the end; no process is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("ray")
+
+from test_sandbox_bad_inputs import BAD_INPUTS, CONFIG, HOST_MARKERS, SECRET, BadInput
+
+from posttrain.platform.sandbox import CallStatus, PoolExhaustedError, SandboxPool, run_agent
+from posttrain.platform.sandbox.factory import make_pool
+from posttrain.platform.sandbox.ray_backend import RaySandbox, RaySandboxPool
+from posttrain.platform.sandbox.sandbox import Sandbox
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)"),
+]
+
+RAY = str(Path(sys.executable).with_name("ray"))
+RAY_CONFIG = CONFIG.model_copy(update={"backend": "ray"})
+START_TIMEOUT_S = 120.0
+
+
+# ------------------------------------------------------------------ the cluster
+@dataclass
+class RayNode:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tree(self) -> set[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return {root, *root.children(recursive=True)}
+        except psutil.Error:
+            return set()
+
+    def raylet(self) -> psutil.Process:
+        return next(p for p in self.tree() if p.name() == "raylet")
+
+    def node_id(self) -> str:
+        args = self.raylet().cmdline()
+        return next(a.split("=", 1)[1] for a in args if a.startswith("--node_id="))
+
+
+@dataclass
+class RayCluster:
+    address: str
+    temp_dir: Path
+    head: RayNode
+    worker: RayNode
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_node(args: list[str], log: Path, env: dict[str, str]) -> RayNode:
+    """``ray start --block`` as our child, so that its daemons are ours to stop (and to reap)."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [RAY, "start", "--block", *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    node = RayNode(proc, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_nodes([node], None)
+            pytest.fail(f"ray start did not come up: {log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
+    return node
+
+
+def stop_nodes(nodes: list[RayNode], temp_dir: Path | None) -> None:
+    """SIGTERM each ``ray start --block`` (it stops its daemons), then kill whatever is left of
+    its process tree or still runs from the cluster's temp directory."""
+    tracked: set[psutil.Process] = set()
+    for node in nodes:
+        tracked |= node.tree()
+    if temp_dir is not None:
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(temp_dir) in arg for arg in proc.info["cmdline"] or []):
+                tracked.add(proc)
+                try:
+                    tracked |= set(proc.children(recursive=True))
+                except psutil.Error:
+                    pass
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait(timeout=10)
+    _, alive = psutil.wait_procs(list(tracked), timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    temp_dir = Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp"))  # short: Ray puts sockets in it
+    port = free_port()
+    env = {
+        **os.environ,
+        "POSTTRAIN_TEST_SECRET_TOKEN": SECRET,  # in the actors' environment: the sandboxes must not see it
+        "RAY_health_check_period_ms": "1000",  # notice a lost node within seconds
+        "RAY_health_check_failure_threshold": "3",
+        "RAY_DISABLE_IMPORT_WARNING": "1",
+    }
+    common = ["--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"]
+    nodes: list[RayNode] = []
+    try:
+        head = start_node(
+            ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+             "--object-store-memory=100000000", *common],
+            temp_dir / "head.log", env,
+        )
+        nodes.append(head)
+        worker = start_node(
+            [f"--address=127.0.0.1:{port}", "--num-cpus=1", "--object-store-memory=80000000", *common],
+            temp_dir / "worker.log", env,
+        )
+        nodes.append(worker)
+        yield RayCluster(f"127.0.0.1:{port}", temp_dir, head, worker)
+    finally:
+        stop_nodes(list(reversed(nodes)), temp_dir)
+        leftover = [p.pid for p in psutil.process_iter(["cmdline"])
+                    if any(str(temp_dir) in a for a in p.info["cmdline"] or [])]
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert leftover == [], f"Ray processes left behind: {leftover}"
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pool(cluster: RayCluster, data_dir: Path) -> Iterator[RaySandboxPool]:
+    made = make_pool(RAY_CONFIG, data_dir, ray_address=cluster.address)
+    assert isinstance(made, RaySandboxPool)
+    with made:
+        yield made
+    # A pool's directory outlives it only when its node or actor died (the node's next pool sweeps it).
+    left = [p.name for p in data_dir.joinpath("sandboxes").iterdir() if psutil.pid_exists(int(p.name.split("-")[1]))]
+    assert left == [], f"the pools left files behind: {left}"
+
+
+def run(sandbox: RaySandbox, item: BadInput):  # type: ignore[no-untyped-def]
+    return sandbox.run_python(item.code) if item.tool == "python" else sandbox.run_bash(item.code)
+
+
+def assert_pool_healthy(pool: RaySandboxPool) -> None:
+    """Every node's pool full again, each sandbox holding only its zygote and a fresh interpreter."""
+    assert pool.wait_ready(30), pool.status()
+    status = pool.status()
+    assert status.ready == status.size == RAY_CONFIG.pool_size * len(pool.nodes()), status
+    for pid in pool.host_pids():  # the cluster runs on this host: its sandboxes are visible here
+        assert len(psutil.Process(pid).children(recursive=True)) == 2, "a process outlived its episode"
+    for marker in HOST_MARKERS:
+        assert not marker.exists(), f"{marker} was written on the host"
+    with pool.acquire(timeout=30) as sandbox:
+        assert sandbox.run_python("6 * 7").value == "42"
+        assert sandbox.run_bash("ls -A /work /tmp | grep -v ':$' | grep . ; true").stdout == ""
+
+
+# ------------------------------------------------------------------------ tests
+def test_make_pool_picks_the_backend(pool: RaySandboxPool, data_dir: Path) -> None:
+    assert pool.config.backend == "bwrap"  # what each node runs
+    assert len(pool.nodes()) == 2 and pool.size == 2 * RAY_CONFIG.pool_size
+    local = make_pool(CONFIG.model_copy(update={"pool_size": 1}), data_dir, ray_address=None)
+    with local:
+        assert type(local) is SandboxPool
+        with local.acquire() as sandbox:
+            assert isinstance(sandbox, Sandbox) and sandbox.run_python("1 + 1").value == "2"
+
+
+def test_round_trip_and_state_within_one_episode(pool: RaySandboxPool) -> None:
+    nodes = {n["node_id"] for n in pool.nodes()}
+    with pool.acquire() as sandbox:
+        assert sandbox.node_id in nodes
+        first = sandbox.run_python("import math\nx = 6 * 7\nprint('hello')\nmath.sqrt(x * x)")
+        assert first.status is CallStatus.OK and first.stdout == "hello\n" and first.value == "42.0", first
+        assert sandbox.run_python("x + 1").value == "43"  # same actor, same sandbox, same interpreter
+        assert sandbox.write_file("pkg/data.txt", "line 1\n").value == 7
+        assert sandbox.write_file("pkg/data.txt", "line 2\n", append=True).ok
+        assert sandbox.read_file("pkg/data.txt").value == "line 1\nline 2\n"
+        assert sandbox.list_dir(".").value == [{"name": "pkg", "type": "dir", "size": 4096}]
+        bash = sandbox.run_bash("wc -l < pkg/data.txt; echo oops >&2; exit 3")
+        assert bash.status is CallStatus.ERROR and bash.exit_code == 3
+        assert bash.stdout == "2\n" and bash.stderr == "oops\n"
+        error = sandbox.run_python("1 / 0")
+        assert error.status is CallStatus.ERROR and error.error and error.error.type == "ZeroDivisionError"
+        assert (sandbox.work_dir / "pkg" / "data.txt").read_text() == "line 1\nline 2\n"  # this host is the node
+    for _ in range(2 * pool.size):  # whichever sandbox comes next, nothing of that episode is left
+        with pool.acquire() as sandbox:
+            assert sandbox.run_python("'x' in globals()").value == "False"
+            assert sandbox.list_dir(".").value == []
+
+
+def scripted(replies: list[str]):  # type: ignore[no-untyped-def]
+    turns = iter(replies)
+    return lambda messages, tools: next(turns)
+
+
+def call(code: str) -> str:
+    return '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": code}}) + '</tool_call>'
+
+
+def test_agent_episode_through_ray(pool: RaySandboxPool) -> None:
+    with pool.acquire() as sandbox:
+        episode = run_agent(scripted([call("n = 2 ** 10"), call("n + 1"), "1025"]), sandbox, [])
+    assert episode.stop_reason == "answer" and episode.answer == "1025"
+    assert [m["content"] for m in episode.messages if m["role"] == "tool"] == ["", "1025"]
+
+
+def test_acquisitions_spread_over_nodes_least_busy_first(pool: RaySandboxPool) -> None:
+    assert pool.wait_ready(30)
+    first, second = pool.checkout(), pool.checkout()
+    try:
+        assert first.node_id != second.node_id  # the idle node is preferred over the half-busy one
+        rest = [pool.checkout(), pool.checkout()]
+        held = [first, second, *rest]
+        assert len({(s.node_id, s.slot) for s in held}) == 4
+        started = time.monotonic()
+        with pytest.raises(PoolExhaustedError, match="on 2 node"):
+            pool.checkout(timeout=0.5)
+        assert time.monotonic() - started < 10
+        busy = pool.status()
+        assert busy.busy == 4 and busy.ready == 0
+        results: list[str] = []
+        freed = threading.Timer(0.5, pool.release, args=(rest.pop(),))
+        freed.start()
+        with pool.acquire(timeout=20) as waited:  # a waiting acquire gets the sandbox released meanwhile
+            results.append(waited.run_python("'late'").value)
+        freed.join()
+        assert results == ["'late'"]
+    finally:
+        for sandbox in (first, second, *rest):
+            pool.release(sandbox)
+
+
+def test_status_sums_the_nodes(pool: RaySandboxPool) -> None:
+    assert pool.wait_ready(30)
+    before = pool.status()
+    with pool.acquire() as sandbox:
+        for _ in range(5):
+            assert sandbox.run_python("1").ok
+        during = pool.status()
+    assert during.busy == 1 and during.backend == "ray" and during.size == 4
+    after = pool.status()
+    assert after.calls == before.calls + 5 and after.episodes == before.episodes + 1
+    assert after.infra_failures == before.infra_failures
+    for key in ("call_p50", "call_p99", "acquire_p50", "node_call_p50"):
+        assert after.latency_ms[key] > 0, after.latency_ms
+    assert after.latency_ms["call_p50"] >= after.latency_ms["node_call_p50"]  # Ray adds to the node's time
+
+
+def test_round_trip_latency_ray_vs_local(pool: RaySandboxPool, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """The figure for the report: one small call, through Ray and locally, in the same run."""
+    def measure(sandbox: Sandbox | RaySandbox, n: int = 60) -> list[float]:
+        times = []
+        for i in range(n):
+            started = time.perf_counter()
+            assert sandbox.run_python(f"{i} + 1").value == str(i + 1)
+            times.append((time.perf_counter() - started) * 1000)
+        return sorted(times)
+
+    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1}), data_dir=data_dir) as local:
+        with local.acquire() as sandbox:
+            local_ms = measure(sandbox)
+    with pool.acquire() as sandbox:
+        ray_ms = measure(sandbox)
+    figure = {
+        "figure": "sandbox_call_round_trip_ms",
+        "ray_p50": round(ray_ms[len(ray_ms) // 2], 2),
+        "ray_p90": round(ray_ms[int(len(ray_ms) * 0.9)], 2),
+        "local_p50": round(local_ms[len(local_ms) // 2], 2),
+        "local_p90": round(local_ms[int(len(local_ms) * 0.9)], 2),
+    }
+    with capsys.disabled():
+        print("\n" + json.dumps(figure))
+    assert figure["ray_p50"] < 250, figure
+
+
+@pytest.mark.parametrize("item", BAD_INPUTS, ids=[b.name for b in BAD_INPUTS])
+def test_bad_input_is_classified_and_contained(pool: RaySandboxPool, item: BadInput) -> None:
+    with pool.acquire() as sandbox:
+        started = time.monotonic()
+        result = run(sandbox, item)
+        assert time.monotonic() - started < item.max_seconds + 2  # Ray's share on a busy 2-core box
+        assert result.status in item.expected, result
+        assert not result.is_infrastructure_failure
+        if result.status is CallStatus.OUTPUT_TRUNCATED:
+            assert result.truncated and len(result.stdout) <= CONFIG.output_limit_bytes
+        assert sandbox.run_python("'alive'").value == "'alive'"  # the episode goes on
+    assert_pool_healthy(pool)
+
+
+def test_the_host_loopback_is_out_of_reach(pool: RaySandboxPool) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        with pool.acquire() as sandbox:
+            result = sandbox.run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5)")
+            assert result.status is CallStatus.ERROR and result.error
+            assert result.error.type == "ConnectionRefusedError"
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
+def test_the_nodes_environment_is_invisible(pool: RaySandboxPool) -> None:
+    actor_pid = pool.nodes()[0]["pid"]
+    assert SECRET.encode() in Path(f"/proc/{actor_pid}/environ").read_bytes()  # the node's side has it
+    with pool.acquire() as sandbox:
+        env = sandbox.run_python("import os\ndict(os.environ)")
+        procs = sandbox.run_bash("cat /proc/*/environ /proc/*/cmdline | tr '\\0' '\\n'; env")
+        home = sandbox.run_bash("ls /root /home 2>&1; cat /proc/1/environ")
+    for result in (env, procs, home):
+        text = result.to_message_content()
+        assert SECRET not in text and "POSTTRAIN_TEST_SECRET_TOKEN" not in text
+    assert "PATH" in str(env.value)
+
+
+def test_writes_outside_the_work_directory_stay_inside(pool: RaySandboxPool) -> None:
+    with pool.acquire() as sandbox:
+        assert sandbox.write_file("../posttrain-evil", "x").status is CallStatus.ERROR
+        assert sandbox.write_file("/tmp/posttrain-evil", "x").status is CallStatus.ERROR
+        assert sandbox.run_bash("echo x > /tmp/posttrain-evil").ok
+    assert not Path("/tmp/posttrain-evil").exists()
+    assert_pool_healthy(pool)
+
+
+def test_killed_actor_is_an_infrastructure_failure_and_restarts(pool: RaySandboxPool) -> None:
+    assert pool.wait_ready(30)
+    before = pool.status()
+    with pool.acquire() as sandbox:
+        assert sandbox.run_python("x = 1").ok
+        info = next(n for n in pool.nodes() if n["node_id"] == sandbox.node_id)
+        actor = psutil.Process(info["pid"])
+        doomed = actor.children(recursive=True)  # its sandboxes
+        assert doomed
+        actor.kill()
+        result = sandbox.run_python("x")
+        assert result.status is CallStatus.INFRA and result.is_infrastructure_failure, result
+        assert "died" in result.detail or "unknown" in result.detail, result.detail
+        assert sandbox.run_python("1").status is CallStatus.INFRA  # the rest of the episode too
+        episode = run_agent(scripted([call("1"), "never"]), sandbox, [])
+        assert episode.stop_reason == "infrastructure_failure" and episode.infrastructure_failure
+    _, alive = psutil.wait_procs(doomed, timeout=10)
+    assert alive == [], "sandboxes outlived their actor"
+    # The actor restarts and the pool serves the next episodes, from a clean slate.
+    for _ in range(pool.size):
+        with pool.acquire(timeout=60) as sandbox:
+            assert sandbox.run_python("'x' in globals()").value == "False"
+    restarted = next(n for n in pool.nodes() if n["node_id"] == info["node_id"])
+    assert restarted["restarted"] and restarted["pid"] != info["pid"]
+    status = pool.status()
+    assert status.infra_failures >= before.infra_failures + 3 and status.failures > before.failures
+    assert "died" in status.last_error
+    assert_pool_healthy(pool)
+
+
+def test_lost_node_is_an_infrastructure_failure_and_the_rest_serve(cluster: RayCluster, pool: RaySandboxPool) -> None:
+    """Runs last: it takes the second node away for good."""
+    import ray
+
+    assert pool.wait_ready(30)
+    lost_node = cluster.worker.node_id()
+    held = [pool.checkout()]
+    while len({s.node_id for s in held}) < 2:  # one episode on each node
+        held.append(pool.checkout(timeout=10))
+    try:
+        doomed = next(s for s in held if s.node_id == lost_node)
+        kept = next(s for s in held if s.node_id != lost_node)
+        assert doomed.run_python("y = 2").ok and kept.run_python("y = 3").ok
+        node_processes = cluster.worker.tree()
+        for proc in node_processes:  # the node crashes: raylet, workers, the actor, its sandboxes
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(list(node_processes), timeout=10)
+        result = doomed.run_python("y")
+        assert result.status is CallStatus.INFRA, result
+        assert kept.run_python("y").value == "3"  # the other node's episode is untouched
+    finally:
+        for sandbox in held:
+            pool.release(sandbox)
+    deadline = time.monotonic() + 60
+    while any(n["NodeID"] == lost_node and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, "Ray did not notice the lost node"
+        time.sleep(0.5)
+    for _ in range(4):  # acquisitions go to the node that is left, without waiting on the lost one
+        started = time.monotonic()
+        with pool.acquire(timeout=30) as sandbox:
+            assert sandbox.node_id != lost_node and sandbox.run_python("2 + 2").value == "4"
+        assert time.monotonic() - started < 15
+    pool.refresh()
+    assert [n["node_id"] for n in pool.nodes()] == [kept.node_id]
+    assert pool.wait_ready(30)
+    status = pool.status()
+    assert status.size == status.ready == RAY_CONFIG.pool_size, status
+    assert status.infra_failures >= 1 and status.failures >= 1
