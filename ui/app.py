@@ -56,6 +56,7 @@ with st.sidebar:
 
 pages = [
     st.Page(VIEWS / "overview.py", title="Overview", icon=":material/dashboard:", url_path="overview", default=True),
+    st.Page(VIEWS / "documents.py", title="Documents", icon=":material/description:", url_path="documents"),
     st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs"),
     st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
     st.Page(VIEWS / "models.py", title="Models & Serving", icon=":material/smart_toy:", url_path="models"),

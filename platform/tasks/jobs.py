@@ -1,4 +1,4 @@
-"""The ``build_tasks`` job kind: fill a task set from procedural domains, JSONL or HumanEval.
+"""The ``build_tasks`` job kind: fill a task set from procedural domains, JSONL, HumanEval or documents.
 
 Each source yields :class:`TaskSpec` lists; every spec is validated against its
 verifier before anything is stored, and a task set is written in one
@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from posttrain.platform.jobs.context import JobContext
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.platform.tasks import store
+from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
+from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
 from posttrain.platform.tasks.domains import generate, list_domains
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
 from posttrain.platform.tasks.importers import TaskImportError, import_humaneval, import_jsonl
@@ -52,7 +54,22 @@ class HumanEvalSource(BaseModel):
     split: Literal["train", "eval"] = "eval"
 
 
-Source = Annotated[ProceduralSource | JsonlSource | HumanEvalSource, Field(discriminator="type")]
+class DocumentsSource(BaseModel):
+    """Tasks whose answers come from preprocessed documents (see ``posttrain.platform.tasks.builders``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["documents"] = "documents"
+    document_ids: list[int] = Field(min_length=1, description="ids of documents whose preprocess job succeeded")
+    kinds: list[Literal["table_lookup", "field_extraction", "span_recovery"]] = Field(
+        default_factory=lambda: list(DOCUMENT_KINDS), min_length=1
+    )
+    vision: bool = Field(default=False, description="also ask each question over the page image (domain <base>.vision)")
+    max_per_document: int = Field(default=50, ge=1, le=100_000, description="questions per document")
+    eval_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+Source = Annotated[ProceduralSource | JsonlSource | HumanEvalSource | DocumentsSource, Field(discriminator="type")]
 
 
 class BuildTasksConfig(BaseModel):
@@ -80,10 +97,27 @@ def procedural_specs(src: ProceduralSource) -> list[TaskSpec]:
     return specs
 
 
-def collect_specs(config: BuildTasksConfig) -> list[TaskSpec]:
+def document_specs(src: DocumentsSource, url: str | None = None) -> list[TaskSpec]:
+    specs: list[TaskSpec] = []
+    for document_id in dict.fromkeys(src.document_ids):
+        specs += build_document_tasks(
+            document_id, kinds=src.kinds, vision=src.vision, max_per_document=src.max_per_document,
+            eval_fraction=src.eval_fraction, seed=src.seed, url=url,
+        )  # fmt: skip
+    if not specs:
+        raise BadInput(
+            f"documents {src.document_ids} gave no {', '.join(src.kinds)} tasks (no tables, key-value "
+            "pairs or sentences with key terms were found); try other kinds or documents"
+        )
+    return specs
+
+
+def collect_specs(config: BuildTasksConfig, url: str | None = None) -> list[TaskSpec]:
     src = config.source
     try:
-        if isinstance(src, ProceduralSource):
+        if isinstance(src, DocumentsSource):
+            specs = document_specs(src, url)
+        elif isinstance(src, ProceduralSource):
             specs = procedural_specs(src)
         elif isinstance(src, JsonlSource):
             if not Path(src.path).is_file():
@@ -93,14 +127,14 @@ def collect_specs(config: BuildTasksConfig) -> list[TaskSpec]:
             specs = import_humaneval(split=src.split, limit=src.limit)
         for spec in specs:
             validate_task(spec)
-    except (TaskImportError, VerifierSpecError) as exc:
+    except (TaskImportError, VerifierSpecError, DocumentBuildError) as exc:
         raise BadInput(str(exc)) from None
     return specs
 
 
 def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
     ctx.progress(0.0, "generating tasks", force=True)
-    specs = collect_specs(config)
+    specs = collect_specs(config, ctx.url)
     ctx.progress(0.5, f"storing {len(specs)} tasks", force=True)
     set_id = store.save_tasks(
         config.task_set, specs, source=config.source.type, description=config.description, url=ctx.url
@@ -115,6 +149,6 @@ register(
         name="build_tasks",
         config_model=BuildTasksConfig,
         run=run,
-        description="Fill a task set from procedural domains, a JSONL file or HumanEval.",
+        description="Fill a task set from procedural domains, a JSONL file, HumanEval or documents.",
     )
 )

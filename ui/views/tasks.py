@@ -140,6 +140,32 @@ with right:
         st.markdown("**Provenance**")
         st.json(spec.provenance, expanded=False)
 
+
+def show_source_page(provenance: dict) -> None:
+    """The document page a task came from, with the task's box highlighted."""
+    from posttrain.platform.documents import get_document, get_pages
+    from posttrain.ui.page_images import page_image
+
+    document_id, page_no = provenance.get("document_id"), provenance.get("page")
+    if not isinstance(document_id, int) or not isinstance(page_no, int):
+        return
+    try:
+        document = get_document(document_id)
+    except LookupError:
+        st.warning(f"Document {document_id} ({provenance.get('filename', '?')}) no longer exists; its page cannot be shown.")
+        return
+    page = next((p for p in get_pages(document_id) if p.page_no == page_no), None)
+    image = page_image(page, highlight=provenance.get("bbox")) if page is not None else None
+    if image is None:
+        st.info(f"Page {page_no + 1} of document {document_id} has no stored render.")
+        return
+    st.image(image, caption=f"{document.filename}, page {page_no + 1}: the task's source box in red", width="stretch")
+
+
+if "document_id" in spec.provenance and "page" in spec.provenance:
+    with st.expander("Source page", expanded=True):
+        show_source_page(spec.provenance)
+
 st.markdown("**Try the verifier**")
 answer = st.text_area("Answer", key="try_answer", height=100)
 if st.button("Verify", key="try_verify"):

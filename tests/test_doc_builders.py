@@ -1,0 +1,152 @@
+"""Task builders from documents: real PDFs through the real preprocess job, tasks checked by `verify`."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pymupdf
+import pytest
+from sqlalchemy import delete
+from sqlmodel import col
+
+from conftest import start_worker
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Chunk, Document, JobStatus, Page
+from posttrain.platform.documents import add_document
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.tasks import store
+from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
+from posttrain.platform.verifiers import verify_batch
+
+USERGUIDE = Path("/usr/share/doc/python-reportlab-doc/reportlab-userguide.pdf")
+LTNEWS07 = Path("/usr/share/doc/texlive-doc/latex/base/ltnews07.pdf")
+# pages of the user guide with ruled tables: a 3-column grid with a header row and row labels
+# (PDF page 55) and two-column property tables (pages 107 and 117), plus running text (page 5)
+USERGUIDE_PAGES = [4, 54, 106, 116]
+
+
+def guide_excerpt(tmp_path: Path) -> Path:
+    """Four real pages of the ReportLab user guide (the whole guide takes minutes to preprocess here)."""
+    assert USERGUIDE.is_file() and LTNEWS07.is_file(), "Debian packages python-reportlab-doc and texlive-latex-base-doc are required"
+    src = pymupdf.open(USERGUIDE)
+    out = pymupdf.open()
+    for number in USERGUIDE_PAGES:
+        out.insert_pdf(src, from_page=number, to_page=number)
+    path = tmp_path / "reportlab-userguide-excerpt.pdf"
+    out.save(path)
+    return path
+
+
+def wrong_answer(spec) -> str:  # type: ignore[no-untyped-def]
+    if spec.verifier.kind == "json_schema":
+        expected = dict(spec.verifier.spec["expected"])
+        first = next(iter(expected))
+        expected[first] = expected[first] + " (not on the page)"
+        return json.dumps(expected)
+    return spec.reference.replace("Answer: ", "Answer: not ", 1)
+
+
+@pytest.mark.slow
+def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
+    platform_env: dict[str, str], tmp_path: Path
+) -> None:
+    guide = add_document(guide_excerpt(tmp_path))
+    news = add_document(LTNEWS07)
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=300) == 0
+    for added in (guide, news):
+        job = queue.get_job(added.job_id)  # type: ignore[arg-type]
+        assert job.status is JobStatus.succeeded, job.error
+
+    guide_specs = build_document_tasks(guide.document.id, vision=True, max_per_document=40, seed=7)  # type: ignore[arg-type]
+    news_specs = build_document_tasks(news.document.id, vision=True, max_per_document=12, seed=7)  # type: ignore[arg-type]
+    per_domain = collections.Counter(s.domain for s in guide_specs + news_specs)
+    for base in ("doc.table_lookup", "doc.fields", "doc.span"):
+        assert per_domain[base] >= 1 and per_domain[base] == per_domain[base + ".vision"], per_domain
+    news_fields = [s for s in news_specs if s.domain == "doc.fields"]
+    assert news_fields and news_fields[0].verifier.spec["expected"]["URL"] == "http://www.tug.org/"
+    lookups = [s for s in guide_specs if s.domain == "doc.table_lookup"]
+    assert lookups and all(s.prompt[0].content.count("<page>") == 1 for s in lookups if s.metadata["modality"] == "text")
+    for s in lookups:  # the answer is a cell of the named row, as the page reads it
+        assert s.metadata["row"] in s.prompt_text and s.verifier.spec["answers"][0] in s.prompt_text or s.metadata["modality"] == "vision"
+
+    specs = guide_specs + news_specs
+    right = verify_batch(specs, [s.reference or "" for s in specs])
+    assert [(s.task_id, v.score) for s, v in zip(specs, right) if v.score != 1.0 or not v.passed] == []
+    wrong = verify_batch(specs, [wrong_answer(s) for s in specs])
+    assert [s.task_id for s, v in zip(specs, wrong) if v.score >= 1.0 or v.passed] == []
+    # field extraction gives partial credit by field
+    partial = [v.score for s, v in zip(specs, wrong) if s.verifier.kind == "json_schema"]
+    assert partial and all(0 < score < 1 for score in partial)
+
+    for spec in specs:
+        prov = spec.provenance
+        assert set(prov) >= {"document_id", "page", "bbox", "filename"} and len(prov["bbox"]) == 4
+        assert prov["document_id"] in (guide.document.id, news.document.id) and prov["page"] >= 0
+        if spec.domain.endswith(".vision"):
+            parts = spec.prompt[0].content
+            assert spec.metadata["modality"] == "vision" and isinstance(parts, list)
+            assert parts[0]["type"] == "image_url" and parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
+            assert spec.metadata["visual_tokens"] > 0
+        else:
+            assert spec.metadata["modality"] == "text" and "<page>" in spec.prompt_text
+    # deterministic with a seed
+    again = build_document_tasks(guide.document.id, vision=True, max_per_document=40, seed=7)  # type: ignore[arg-type]
+    assert [s.model_dump() for s in again] == [s.model_dump() for s in guide_specs]
+    other = build_document_tasks(guide.document.id, max_per_document=40, seed=8)  # type: ignore[arg-type]
+    assert [s.task_id for s in other] != [s.task_id for s in guide_specs if s.metadata["modality"] == "text"]
+
+    # the build_tasks job with the documents source, through a real worker; a deleted document fails clearly
+    good = queue.submit(
+        "build_tasks",
+        {"task_set": "docs", "source": {"type": "documents", "document_ids": [guide.document.id, news.document.id],
+                                        "kinds": ["table_lookup", "field_extraction", "span_recovery"],
+                                        "vision": True, "max_per_document": 10, "eval_fraction": 0.3, "seed": 1}},
+    )  # fmt: skip
+    with session() as s:
+        s.exec(delete(Chunk).where(col(Chunk.document_id) == news.document.id))
+        s.exec(delete(Page).where(col(Page.document_id) == news.document.id))
+        s.exec(delete(Document).where(col(Document.id) == news.document.id))
+    gone = queue.submit("build_tasks", {"task_set": "gone", "source": {"type": "documents", "document_ids": [news.document.id]}})
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=300) == 0
+    job = queue.get_job(good)
+    assert job.status is JobStatus.failed and "does not exist" in (job.error or "")  # its second document is gone
+    failed = queue.get_job(gone)
+    assert failed.status is JobStatus.failed and failed.error_cause == "bad_input"
+    assert f"document {news.document.id} does not exist" in (failed.error or "")
+    assert store.task_sets() == []  # nothing half-written
+
+    ok = queue.submit(
+        "build_tasks",
+        {"task_set": "docs", "source": {"type": "documents", "document_ids": [guide.document.id], "vision": True,
+                                        "max_per_document": 10, "eval_fraction": 0.3, "seed": 1}},
+    )  # fmt: skip
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=300) == 0
+    job = queue.get_job(ok)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.result["tasks"] == 20  # type: ignore[index]
+    stats = {d.name: d for d in store.domain_stats(task_set="docs")}
+    assert {"doc.table_lookup", "doc.fields", "doc.span", "doc.table_lookup.vision"} <= set(stats)
+    assert all(d.family == "doc" for d in stats.values())
+    stored = store.load_tasks(task_set="docs")
+    assert {t.spec.split for t in stored} == {"train", "eval"}
+    verdicts = verify_batch([t.spec for t in stored], [t.spec.reference or "" for t in stored])
+    assert all(v.score == 1.0 for v in verdicts)
+    assert stored[0].spec.provenance["document_id"] == guide.document.id
+
+
+def test_documents_source_is_validated_and_unready_documents_are_refused(platform_env: dict[str, str], tmp_path: Path) -> None:
+    with pytest.raises(JobConfigError, match="document_ids"):
+        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": []}})
+    with pytest.raises(JobConfigError, match="kinds"):
+        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": [1], "kinds": ["poems"]}})
+    with pytest.raises(DocumentBuildError, match="does not exist"):
+        build_document_tasks(12345)
+    queued = add_document(LTNEWS07)  # no worker: still 'uploaded'
+    with pytest.raises(DocumentBuildError, match="preprocess job has succeeded"):
+        build_document_tasks(queued.document.id)  # type: ignore[arg-type]
