@@ -60,6 +60,7 @@ def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> Non
     store.save_tasks("demo", generate("arith.add.int", 3, seed=1), source="procedural")
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=60)).run()
     assert not at.exception
+    assert "No preprocessed documents yet" in at.info[0].value
     frames = [d.value for d in at.dataframe]
     assert any("demo" in set(f.get("task set", [])) for f in frames)
     assert any("arith.add.int" in set(f.get("domain", [])) for f in frames)
@@ -74,6 +75,6 @@ def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> Non
 
     at.multiselect(key="build_families").set_value(["strings"])
     at.text_input(key="build_set_name").set_value("from-console")
-    at.button[0].click().run()
+    at.button(key="FormSubmitter:build_procedural-Build").click().run()
     job = queue.list_jobs(limit=1)[0]
     assert job.kind == "build_tasks" and job.config["source"]["families"] == ["strings"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from posttrain.platform.spawn import neutral_main
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
 from posttrain.platform.verifiers.registry import CheckFn
 
@@ -96,7 +97,8 @@ class _Worker:
         self.process = context.Process(
             target=_worker_main, args=(child, memory_limit_bytes), daemon=True, name="posttrain-verifier"
         )
-        self.process.start()
+        with neutral_main():  # a console page must not re-run in the worker
+            self.process.start()
         child.close()
         self.conn: Connection = parent
         if not parent.poll(_STARTUP_TIMEOUT_S):

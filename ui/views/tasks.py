@@ -13,7 +13,9 @@ from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains import list_domains, list_families
 from posttrain.platform.verifiers import VerifierError, verify
-from posttrain.platform.db.models import Role
+from posttrain.platform.db.models import DocumentStatus, Role
+from posttrain.platform.documents import list_documents
+from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.ui.common import can, guard_platform, username
 
 PAGE_SIZE = 50
@@ -36,7 +38,33 @@ def submit_build(config: dict) -> None:
 
 
 operator = can(Role.operator)
-build, imports = st.tabs(["Build from procedural domains", "Import"])
+from_docs, build, imports = st.tabs(["Build from documents", "Build from procedural domains", "Import"])
+with from_docs:
+    ready = [d for d in list_documents(limit=500) if d.status is DocumentStatus.ready]
+    if not ready:
+        st.info("No preprocessed documents yet: upload some on the Documents page.")
+    with st.form("build_documents"):
+        doc_set = st.text_input("Task set name", value="documents", key="docs_set_name")
+        picked = st.multiselect(
+            "Documents", [d.id for d in ready], default=[d.id for d in ready][:5],
+            format_func=lambda i: next(f"#{d.id} {d.filename} ({d.page_count} pages)" for d in ready if d.id == i),
+            key="docs_ids",
+        )  # fmt: skip
+        kinds = st.multiselect("Task kinds", list(DOCUMENT_KINDS), default=list(DOCUMENT_KINDS), key="docs_kinds")
+        c1, c2, c3 = st.columns(3)
+        per_doc = c1.number_input("Questions per document", 1, 100_000, 50, key="docs_per_doc")
+        eval_fraction = c2.slider("Eval fraction", 0.0, 1.0, 0.1, key="docs_eval_fraction")
+        vision = c3.toggle("Also over page images (vision-language)", key="docs_vision")
+        if st.form_submit_button("Build from documents", type="primary", disabled=not operator or not ready):
+            submit_build(
+                {
+                    "task_set": doc_set,
+                    "source": {
+                        "type": "documents", "document_ids": picked, "kinds": kinds, "vision": vision,
+                        "max_per_document": int(per_doc), "eval_fraction": float(eval_fraction),
+                    },
+                }  # fmt: skip
+            )
 with build:
     families = list_families()
     with st.form("build_procedural"):
