@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
 PASSWORD = "e2e-admin-password"
-LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"))
+LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews[0-9]*.pdf"))  # single issues, 1-4 pages
 
 
 def free_port() -> int:
@@ -132,3 +132,42 @@ def test_jobs_page_runs_a_job_live(browser_page, console) -> None:  # type: igno
     succeeded = page.locator('[data-testid="stMetric"]', has_text="succeeded")
     succeeded.get_by_text("1", exact=True).wait_for(timeout=90_000)
     shot(page, "03-jobs")
+
+
+def reopen_until(page, console: dict[str, str], title: str, ready, timeout_s: float = 300.0) -> None:  # type: ignore[no-untyped-def]
+    """Re-open a page until ``ready(page)`` holds (work finishes in the worker meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready(page):
+        if time.monotonic() > deadline:
+            shot(page, f"timeout-{title.lower().replace(' ', '-')}")
+            raise AssertionError(f"{title}: the expected content did not appear within {timeout_s:.0f} s")
+        time.sleep(3)
+        goto(page, console, title)
+
+
+def test_upload_a_pdf_and_see_its_page_with_boxes(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    goto(page, console, "Documents")
+    page.locator('input[type="file"]').set_input_files(str(LTNEWS[0]))
+    page.get_by_role("button", name="Upload and preprocess").click()
+    page.get_by_text("preprocess job").first.wait_for()
+    shot(page, "04-uploaded")
+    reopen_until(page, console, "Documents", lambda p: p.get_by_test_id("stImage").count() > 0)
+    page.get_by_text("Markdown").first.wait_for()
+    image = page.get_by_test_id("stImage").first
+    assert image.locator("img").first.get_attribute("src")
+    image.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "05-page-with-boxes.png"))
+
+
+def test_build_tasks_from_the_document(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    goto(page, console, "Tasks")
+    button = page.get_by_role("button", name="Build from documents")
+    reopen_until(page, console, "Tasks", lambda p: button.is_enabled())  # once preprocessing has finished
+    button.click()
+    shot(page, "06-build-clicked")
+    page.get_by_text("Queued build job").wait_for()
+    reopen_until(page, console, "Tasks", lambda p: p.get_by_role("heading", name="Open a task").count() > 0)
+    page.get_by_text("Reference answer").first.wait_for()
+    shot(page, "06-tasks")

@@ -116,12 +116,12 @@ class Gateway:
 
     async def health_loop(self) -> None:
         while True:
+            await asyncio.sleep(self.config.health_interval_s)
             if self.refresh is not None:
                 with contextlib.suppress(Exception):
                     self.sync(await asyncio.to_thread(self.refresh))
             with contextlib.suppress(Exception):
                 await self.check_health()
-            await asyncio.sleep(self.config.health_interval_s)
 
     def record(self, rec: RequestRecord) -> None:
         self.records.append(rec)

@@ -48,7 +48,7 @@ with from_docs:
         picked = st.multiselect(
             "Documents", [d.id for d in ready], default=[d.id for d in ready][:5],
             format_func=lambda i: next(f"#{d.id} {d.filename} ({d.page_count} pages)" for d in ready if d.id == i),
-            key="docs_ids",
+            key=f"docs_ids_{'-'.join(str(d.id) for d in ready[:5])}",  # new documents reset the default choice
         )  # fmt: skip
         kinds = st.multiselect("Task kinds", list(DOCUMENT_KINDS), default=list(DOCUMENT_KINDS), key="docs_kinds")
         c1, c2, c3 = st.columns(3)
@@ -56,6 +56,9 @@ with from_docs:
         eval_fraction = c2.slider("Eval fraction", 0.0, 1.0, 0.1, key="docs_eval_fraction")
         vision = c3.toggle("Also over page images (vision-language)", key="docs_vision")
         if st.form_submit_button("Build from documents", type="primary", disabled=not operator or not ready):
+            if not picked:
+                st.error("Choose at least one document.")
+                st.stop()
             submit_build(
                 {
                     "task_set": doc_set,
