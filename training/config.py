@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -22,12 +22,25 @@ class LoRAConfig(BaseModel):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
+def _with_preset(values: Any, section: str) -> Any:
+    from posttrain.training.presets import apply_preset  # presets import this module
+
+    return apply_preset(values, section)
+
+
 class TrainConfig(BaseModel):
-    """What every trainer shares: the model, the optimiser, precision, checkpoints."""
+    """What every trainer shares: the model, the optimiser, precision, checkpoints.
+
+    ``preset: <name>`` in the input fills every field it leaves out from that preset
+    (:mod:`posttrain.training.presets`).
+    """
 
     model_config = ConfigDict(extra="forbid")
+    preset_section: ClassVar[str] = ""
 
-    model: str | None = Field(default=None, description="a Hugging Face model directory (or pass a (model, tokenizer) pair)")
+    model: str | None = Field(default=None, description="a model directory or, in a job, a registered model name")
+    register_as: str | None = Field(default=None, description="in a job: register the final model under this name "
+                                    "(default '<kind>-job<id>')")
     output_dir: str | None = Field(default=None, description="checkpoints go to <output_dir>/checkpoints")
     device: str = Field(default="auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:1'")
     bf16: bool | None = Field(default=None, description="bf16 autocast; None: on a bf16-capable GPU only")
@@ -44,8 +57,14 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(default=2, ge=1)
     resume: bool = Field(default=True, description="continue from the latest checkpoint in output_dir")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, values: Any) -> Any:
+        return _with_preset(values, cls.preset_section) if cls.preset_section else values
+
 
 class SFTConfig(TrainConfig):
+    preset_section: ClassVar[str] = "sft"
     lr: float = Field(default=1e-4, gt=0)
     domains: list[str] = Field(default_factory=list, description="procedural domains whose references are the targets")
     tasks_per_domain: int = Field(default=256, ge=1)
@@ -58,6 +77,7 @@ class SFTConfig(TrainConfig):
 
 
 class GRPOConfig(TrainConfig):
+    preset_section: ClassVar[str] = "grpo"
     lr: float = Field(default=1e-6, gt=0)
     domains: list[str | DomainSpec] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="batch_size = prompts per step")
@@ -78,6 +98,8 @@ class GRPOConfig(TrainConfig):
     queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner")
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
+    trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
+                                       "of each step go to the database (0: none)")
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
@@ -87,13 +109,45 @@ class GRPOConfig(TrainConfig):
 
 
 class EvalConfig(BaseModel):
+    """Held-out evaluation of one model, or a before/after comparison of several.
+
+    ``samples == 1``: greedy decoding, ``pass@1`` is the greedy pass rate.
+    ``samples = n > 1``: ``n`` completions per task at ``temperature``; ``pass@k`` for each
+    ``k`` in ``ks`` (``k <= n``) with the unbiased estimator ``1 - C(n - c, k) / C(n, k)``.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
+    model: str | None = Field(default=None, description="a registered model name or a model directory")
+    models: list[str] = Field(default_factory=list, description="several models to compare (the first is the baseline)")
     domains: list[str] = Field(min_length=1)
     tasks_per_domain: int = Field(default=32, ge=1)
     difficulty: int = Field(default=1, ge=1)
     seed: int = 0
+    split: Literal["train", "eval"] = "eval"
+    samples: int = Field(default=1, ge=1, description="completions per task (1: greedy)")
+    ks: list[int] = Field(default_factory=lambda: [1], description="report pass@k for these k (each <= samples)")
+    temperature: float = Field(default=1.0, gt=0, description="sampling temperature when samples > 1")
     max_new_tokens: int = Field(default=256, ge=1)
     batch_size: int = Field(default=16, ge=1)
     device: str = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, values: Any) -> Any:
+        return _with_preset(values, "eval")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        bad = [k for k in self.ks if k < 1 or k > self.samples]
+        if bad:
+            raise ValueError(f"ks {bad} must be between 1 and samples={self.samples}; raise samples to report pass@k")
+        if self.model is not None and self.models:
+            raise ValueError("set either model (one model) or models (a comparison), not both")
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"models lists a model twice: {self.models}")
+        return self
+
+    @property
+    def model_list(self) -> list[str]:
+        return list(self.models) if self.models else ([self.model] if self.model is not None else [])

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.platform.models.loader import load_tokenizer  # the tokenizer loader serving uses too
 
 Policy = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 PolicySource = str | Path | tuple[Any, Any]
@@ -39,23 +40,6 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the tokenizer has no chat template; training renders prompts with apply_chat_template")
     return model.to(device), tokenizer
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The directory's tokenizer, exactly as saved.
-
-    transformers 5 picks the tokenizer class from the *model* type for some architectures
-    (Qwen2: ``Qwen2Tokenizer``, which rebuilds its own pre-tokenizer); a directory whose
-    ``tokenizer_config.json`` declares the generic ``TokenizersBackend`` (what
-    ``PreTrainedTokenizerFast(...).save_pretrained`` writes for a locally trained
-    tokenizer) is loaded from its ``tokenizer.json`` as is.
-    """
-    config_file = Path(path) / "tokenizer_config.json"
-    if config_file.is_file():
-        declared = json.loads(config_file.read_text()).get("tokenizer_class")
-        if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
 
 
 def resolve_device(device: str) -> torch.device:

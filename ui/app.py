@@ -59,6 +59,7 @@ pages = [
     st.Page(VIEWS / "documents.py", title="Documents", icon=":material/description:", url_path="documents"),
     st.Page(VIEWS / "jobs.py", title="Jobs", icon=":material/work_history:", url_path="jobs"),
     st.Page(VIEWS / "tasks.py", title="Tasks", icon=":material/task_alt:", url_path="tasks"),
+    st.Page(VIEWS / "training.py", title="Training", icon=":material/model_training:", url_path="training"),
     st.Page(VIEWS / "models.py", title="Models & Serving", icon=":material/smart_toy:", url_path="models"),
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from posttrain.platform.lazy import lazy_exports
 
 _EXPORTS = {
-    "TinyModelSpec": "factory",
-    "TinyVisionModelSpec": "factory",
+    "TinyModelSpec": "specs",
+    "TinyVisionModelSpec": "specs",
     "build_tiny_model": "factory",
     "build_tiny_vision_model": "factory",
     "LoadedModel": "loader",

@@ -18,10 +18,29 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 
 from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """The directory's tokenizer, exactly as saved (the one tokenizer loader serving and training share).
+
+    transformers 5 picks the tokenizer class from the *model* type for some architectures
+    (Qwen2: ``Qwen2Tokenizer``, which rebuilds its own pre-tokenizer and merges, so a locally
+    trained BPE tokenizer would split text differently); a directory whose
+    ``tokenizer_config.json`` declares the generic ``TokenizersBackend`` (what
+    ``PreTrainedTokenizerFast(...).save_pretrained`` writes for a locally trained tokenizer)
+    is loaded from its ``tokenizer.json`` as is. Anything else goes through AutoTokenizer.
+    """
+    config_file = Path(path) / "tokenizer_config.json"
+    if config_file.is_file():
+        declared = json.loads(config_file.read_text()).get("tokenizer_class")
+        if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def _image_only_processor(path: str) -> Any:
@@ -92,7 +111,7 @@ def load_model(
         model = AutoModelForImageTextToText.from_pretrained(info.path, dtype=dtype)
     else:
         processor = None
-        tokenizer = AutoTokenizer.from_pretrained(info.path)
+        tokenizer = load_tokenizer(info.path)
         model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype)
     tokenizer.padding_side = "left"
     model.to(device).eval()

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from posttrain.platform import metrics
 from posttrain.platform.db.models import Job, JobStatus, Role
@@ -46,6 +46,7 @@ TILES = (
     ("Loss", "train/loss"),
     ("KL", "train/kl"),
     ("Tokens/s", "rollout/tokens_per_s"),
+    ("Eval pass@1", "eval/pass@1"),
     ("Eval pass rate", "eval/pass_rate"),
 )
 
@@ -60,71 +61,54 @@ if not guard_platform():
 
 @dataclass(frozen=True)
 class Preset:
+    """A named run recipe from ``posttrain.training.presets``: one config section per job kind."""
+
     name: str
-    kind: str
-    config: dict[str, Any]
-    description: str = ""
-
-
-def _kind_of(config: BaseModel) -> str | None:
-    for kind in RUN_KINDS:
-        if isinstance(config, get_kind(kind).config_model):
-            return kind
-    return None
-
-
-def _as_preset(name: str, value: Any) -> Preset | None:
-    """Read one entry of ``posttrain.training.presets`` whatever its shape: a config model, or
-    something with a kind and a config (an object or a mapping)."""
-    description = str(getattr(value, "description", "") or "")
-    if isinstance(value, BaseModel) and (kind := _kind_of(value)) is not None:
-        return Preset(name, kind, value.model_dump(mode="json", exclude_defaults=True), description)
-    if isinstance(value, dict) and "kind" in value and "config" in value:
-        kind, config, description = value["kind"], value["config"], str(value.get("description", ""))
-    elif hasattr(value, "kind") and hasattr(value, "config"):
-        kind, config = value.kind, value.config
-    else:
-        return None
-    if isinstance(config, BaseModel):
-        config = config.model_dump(mode="json", exclude_defaults=True)
-    if not isinstance(config, dict) or kind not in RUN_KINDS:
-        return None
-    return Preset(name, str(kind), config, description)
+    description: str
+    sections: dict[str, dict[str, Any]]  # job kind -> the fields the preset sets
 
 
 def load_presets() -> dict[str, Preset]:
-    """The named presets of ``posttrain.training.presets`` (none when it is not installed)."""
+    """The presets of ``posttrain.training.presets``; none (not an error) when it is not installed."""
     try:
-        module = importlib.import_module("posttrain.training.presets")
+        presets = importlib.import_module("posttrain.training.presets")
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("posttrain.training.presets"):
+        if exc.name and exc.name.startswith("posttrain.training"):
             return {}
         raise
-    table = getattr(module, "PRESETS", None)
-    if table is None and callable(getattr(module, "presets", None)):
-        table = module.presets()
-    found = (_as_preset(str(name), value) for name, value in dict(table or {}).items())
-    return {p.name: p for p in found if p is not None}
+    found: dict[str, Preset] = {}
+    for name in presets.preset_names():
+        sections = {
+            kind: json.loads(json.dumps(presets.preset_section(name, section), default=str))
+            for kind, section in presets.SECTION_OF_KIND.items()
+            if kind in RUN_KINDS
+        }
+        found[name] = Preset(name, presets.get_preset(name).description, sections)
+    return found
 
 
-def template(kind: str) -> str:
+def preset_config(preset: str, model: str | None) -> dict[str, Any]:
+    """A job config that takes every field from ``preset`` (and the model, when one is chosen)."""
+    return {"preset": preset, **({"model": model} if model else {})}
+
+
+def template(kind: str, presets: dict[str, Preset]) -> str:
     """A small starting config for ``kind`` in the YAML editor."""
+    if presets:
+        name = next(iter(presets))
+        steps = presets[name].sections.get(kind, {}).get("max_steps")
+        extra = f"max_steps: {steps}\n" if steps else ""
+        return f"# fields set here override the preset's\npreset: {name}\n{extra}"
     examples: dict[str, dict[str, Any]] = {
         "train_sft": {"model": "var/models/tiny", "domains": ["arith.add.int"], "max_steps": 50, "lr": 1e-4},
-        "train_grpo": {
-            "model": "var/models/tiny",
-            "domains": ["arith.add.int"],
-            "max_steps": 50,
-            "group_size": 8,
-            "pipeline": True,
-        },
+        "train_grpo": {"model": "var/models/tiny", "domains": ["arith.add.int"], "max_steps": 50, "group_size": 8},
         "evaluate": {"model": "var/models/tiny", "domains": ["arith.add.int"], "tasks_per_domain": 32},
     }
     return yaml.safe_dump(examples[kind], sort_keys=False)
 
 
 def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]]:
-    """YAML text to a validated config for ``kind``: (config, []) or (None, the problems, one per line)."""
+    """YAML text to a config for ``kind`` that validates: (config, []) or (None, the problems, one per line)."""
     try:
         data = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as exc:
@@ -136,7 +120,7 @@ def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]
         got = "nothing" if data is None else f"a {type(data).__name__}"
         return None, [f"The config must be a YAML mapping of fields (`max_steps: 50`), got {got}."]
     try:
-        validated = get_kind(kind).config_model.model_validate(data)
+        get_kind(kind).config_model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for e in exc.errors():
@@ -144,7 +128,7 @@ def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]
             got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
             problems.append(f"`{field}`: {e['msg']}{got}")
         return None, problems
-    return validated.model_dump(mode="json", exclude_defaults=True), []
+    return data, []
 
 
 def launch(kind: str, config: dict[str, Any], what: str) -> int | None:
@@ -173,36 +157,58 @@ presets = load_presets()
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
-def _edit_preset(preset: Preset) -> None:
-    st.session_state["yaml_kind"] = preset.kind
-    st.session_state["yaml_text"] = yaml.safe_dump(preset.config, sort_keys=False)
+KIND_LABELS = {"train_grpo": "GRPO (RL)", "train_sft": "SFT warm-up", "evaluate": "Evaluation"}
+
+
+def _edit_preset(preset: Preset, kind: str, model: str | None) -> None:
+    st.session_state["yaml_kind"] = kind
+    fields = {**preset.sections[kind], **({"model": model} if model else {})}
+    st.session_state["yaml_text"] = yaml.safe_dump(fields, sort_keys=False)
+
+
+def model_names() -> list[str]:
+    from posttrain.platform.models.registry import list_models
+
+    return [m.name for m in list_models()]
 
 
 with tab_preset:
     if not presets:
-        st.info("No presets are installed yet (`posttrain.training.presets`). Write a config in the **Edit YAML** tab.")
+        st.info("No presets are installed (`posttrain.training.presets`). Write a config in the **Edit YAML** tab.")
     else:
-        name = st.selectbox("Preset", list(presets), key="preset_name")
+        c1, c2, c3 = st.columns(3)
+        name = c1.selectbox("Preset", list(presets), key="preset_name")
+        preset_kind = c2.selectbox("Stage", [k for k in RUN_KINDS if k in presets[name].sections],
+                                   format_func=KIND_LABELS.get, key="preset_kind")  # fmt: skip
+        preset_model = presets[name].sections[preset_kind].get("model")
+        choices = ([f"(the preset's: {preset_model})"] if preset_model else []) + model_names()
+        model = None
+        if choices:  # (a select box first shown with no options would keep its empty value)
+            model = c3.selectbox("Model", choices, key="preset_model", help="a registered model to start from")
+            model = None if model.startswith("(the preset's") else model
+        else:
+            st.warning("No model is registered yet: build or register one on the **Models & Serving** page first.")
         preset = presets[name]
-        st.caption(f"`{preset.kind}` · {preset.description}" if preset.description else f"`{preset.kind}`")
-        st.code(yaml.safe_dump(preset.config, sort_keys=False), language="yaml")
+        st.caption(preset.description)
+        st.code(yaml.safe_dump({**preset.sections[preset_kind], **({"model": model} if model else {})}, sort_keys=False),
+                language="yaml")  # fmt: skip
         c1, c2 = st.columns(2)
-        if c1.button("Launch", key="preset_launch", type="primary", disabled=not operator):
-            config, problems = parse_config(preset.kind, yaml.safe_dump(preset.config))
+        if c1.button("Launch", key="preset_launch", type="primary", disabled=not operator or not choices):
+            config, problems = parse_config(preset_kind, yaml.safe_dump(preset_config(name, model)))
             if config is None:
                 show_problems(problems)
             else:
-                launch(preset.kind, config, f"preset {name!r}")
-        c2.button("Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset,))
+                launch(preset_kind, config, f"preset {name!r} ({KIND_LABELS[preset_kind]})")
+        c2.button("Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset, preset_kind, model))
 
 with tab_yaml:
     if "yaml_kind" not in st.session_state:
         st.session_state["yaml_kind"] = TRAIN_KINDS[0]
     if "yaml_text" not in st.session_state:
-        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"])
+        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"], presets)
 
     def _new_template() -> None:
-        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"])
+        st.session_state["yaml_text"] = template(st.session_state["yaml_kind"], presets)
 
     kind = st.selectbox("Job kind", RUN_KINDS, key="yaml_kind", on_change=_new_template)
     text = st.text_area("Config (YAML)", key="yaml_text", height=260, help="Fields left out take their defaults.")
@@ -318,6 +324,7 @@ def act(action: str, job: Job) -> None:
             what = f"Resumed job {job.id} as job {new}, continuing from {output_dir(job)}."
         elif action == "evaluate":
             config = {"model": run_model(job), "domains": run_domains(job)}
+            config |= {k: job.config[k] for k in ("device", "max_new_tokens") if k in job.config}
             new = queue.submit("evaluate", config, submitted_by=username())
             what = f"Queued evaluation job {new}."
         elif action == "deploy":
@@ -357,12 +364,41 @@ def actions(job: Job) -> None:
 # --- the live run view -------------------------------------------------------------------------
 
 
+def chart_spec() -> dict[str, Any]:
+    """A plain Vega-Lite line chart of long-format (metric, step, value) rows (cheaper to build than Altair)."""
+    return {
+        "mark": {"type": "line", "tooltip": True, "interpolate": "linear"},
+        "height": 220,
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "title": "step"},
+            "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
+            "color": {"field": "metric", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
+        },
+    }
+
+
 def chart(title: str, points: dict[str, list[metrics.Point]]) -> None:
     frame = pd.DataFrame(
         [(name, step, value) for name, rows in points.items() for step, value in rows], columns=["metric", "step", "value"]
     )
     st.markdown(f"**{title}**")
-    st.line_chart(frame, x="step", y="value", color="metric", height=220)
+    st.vega_lite_chart(frame, chart_spec(), width="stretch")
+
+
+def evaluation_table(job: Job, names: list[str]) -> None:
+    """``eval/<domain>/<figure>`` and ``eval/<figure>`` of an evaluate job: one row per domain, one
+    column per model and figure (a comparison logs model i's figures at step i)."""
+    models = job.config.get("models") or [job.config.get("model") or "model"]
+    rows = []
+    for name, points in metrics.series(int(job.id or 0), names, max_points=MAX_POINTS).items():
+        parts = name.split("/")
+        domain, figure = ("/".join(parts[1:-1]) or "all"), parts[-1]
+        for step, value in points:
+            model = models[step] if 0 <= step < len(models) else f"step {step}"
+            rows.append({"domain": domain, "column": f"{model} · {figure}", "value": value})
+    table = pd.DataFrame(rows).pivot_table(index="domain", columns="column", values="value", aggfunc="last")
+    st.markdown("**Evaluation**")
+    st.dataframe(table.reset_index(), hide_index=True, width="stretch")
 
 
 @st.fragment(run_every="2s")
@@ -386,9 +422,9 @@ def run_view(job_id: int) -> None:
     if not names:
         st.caption("No metrics yet.")
     else:
-        last = metrics.latest(job_id)
+        last = metrics.latest(job_id, [n for _, n in TILES if n in names] + [n for n in names if n.startswith("eval/")])
         tiles = [(label, last[name]) for label, name in TILES if name in last]
-        step = max(p.step for p in last.values())
+        step = (metrics.step_range(job_id) or (0, 0))[1]
         cols = st.columns(len(tiles) + 1)
         cols[0].metric("Step", f"{step:,}")
         for col, (label, point) in zip(cols[1:], tiles):
@@ -407,15 +443,9 @@ def run_view(job_id: int) -> None:
                 chart(title, {name.removeprefix("sched/").removesuffix("/pass_rate") if name in domain_names else name:
                               data.get(name, []) for name in group})  # fmt: skip
 
-        evals = {n: last[n].value for n in names if n.startswith("eval/") and n.endswith("/pass_rate")}
+        evals = [n for n in names if n.startswith("eval/")]
         if evals:
-            st.markdown("**Evaluation pass rate**")
-            st.dataframe(
-                pd.DataFrame([{"domain": n.removeprefix("eval/").removesuffix("/pass_rate") or "all", "pass rate": v}
-                              for n, v in evals.items()]),  # fmt: skip
-                hide_index=True,
-                column_config={"pass rate": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")},
-            )
+            evaluation_table(job, evals)
     if job.result:
         with st.expander("Result"):
             st.json(job.result)

@@ -1,0 +1,150 @@
+"""Training as jobs through the real worker: registered models in and out, metrics and
+trajectories in the database, a SIGKILLed run resuming with no gap or duplicate step,
+evaluation comparing two models, presets and YAML configs."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlmodel import select
+from test_training_tiny import tiny_policy_dir
+
+from conftest import start_worker, stop_worker, wait_for
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import JobStatus, Metric, Trajectory
+from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError, validate_config
+from posttrain.platform.models.registry import get_model, lineage, register_model
+from posttrain.training.config import GRPOConfig
+from posttrain.training.evaluate import pass_at_k
+from posttrain.training.presets import get_preset, preset_names
+
+STEPS = 14
+PER_STEP = 5
+
+
+def _metric_steps(url: str, job_id: int, name: str) -> list[int]:
+    with session(url, read_only=True) as s:
+        return sorted(m.step for m in s.exec(select(Metric).where(Metric.job_id == job_id, Metric.name == name)).all())
+
+
+def _grpo_config(**overrides: object) -> dict[str, object]:
+    return {
+        "model": "tiny", "register_as": "tiny-grpo", "domains": ["format.to_hex", "format.from_words"],
+        "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 4, "max_new_tokens": 3, "lr": 1e-3,
+        "max_steps": STEPS, "checkpoint_every": 1, "device": "cpu", "verifier_workers": 1,
+        "trajectories_per_step": PER_STEP, **overrides,
+    }
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:
+    register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
+    job_id = queue.submit("train_grpo", _grpo_config())
+    first = start_worker(platform_env)
+    try:
+        wait_for(lambda: len(_metric_steps(db_url, job_id, "rollout/reward_mean")) >= 4, timeout=240, message="4 GRPO steps")
+        job = queue.get_job(job_id)
+        # a crash of the whole machine: the worker and the job's process group die at once
+        first.send_signal(signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        first.wait()
+    finally:
+        stop_worker(first)
+    wait_for(lambda: not queue.process_alive(job.pid, job.proc_started), timeout=15, message="job process gone")  # type: ignore[arg-type]
+    done_at_kill = len(_metric_steps(db_url, job_id, "rollout/reward_mean"))
+    assert done_at_kill < STEPS, "the run finished before it was killed; make it longer"
+    second = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert second.wait(timeout=400) == 0
+    finally:
+        stop_worker(second)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.attempts == 2
+    result = job.result or {}
+    assert result["steps"] == STEPS
+    assert done_at_kill - 1 <= result["resumed_from"] <= done_at_kill  # checkpoint every step: at most one step redone
+    # metrics: every step exactly once, for every metric name
+    with session(db_url, read_only=True) as s:
+        rows = s.exec(select(Metric).where(Metric.job_id == job_id)).all()
+        trajectories = s.exec(select(Trajectory).where(Trajectory.job_id == job_id)).all()
+    per_name: dict[str, list[int]] = {}
+    for m in rows:
+        per_name.setdefault(m.name, []).append(m.step)
+    assert sorted(per_name["rollout/reward_mean"]) == list(range(1, STEPS + 1))
+    for name in ("rollout/pass_rate", "time/step_s", "pipeline/learner_busy_frac"):
+        assert sorted(per_name[name]) == list(range(1, STEPS + 1)), name
+    # trajectories: every step, at most PER_STEP each (a redone step replaced, not doubled)
+    counts = Counter(t.step for t in trajectories)
+    assert sorted(counts) == list(range(1, STEPS + 1))
+    assert set(counts.values()) == {PER_STEP}  # 2 groups x 4 completions, capped at 5
+    sample = trajectories[0]
+    assert sample.domain in ("format.to_hex", "format.from_words")
+    assert sample.prompt[0]["role"] == "user" and sample.prompt[0]["content"]
+    assert "score" in sample.verdict and "passed" in sample.verdict and 0.0 <= sample.reward <= 1.0
+    # the final model: registered, with lineage, servable directory
+    assert result["model"] == "tiny-grpo" and result["base_model"] == "tiny"
+    produced = get_model("tiny-grpo")
+    assert produced.produced_by_job_id == job_id
+    assert [m.name for m in lineage("tiny-grpo")] == ["tiny-grpo", "tiny"]
+    assert (Path(produced.path) / "config.json").is_file() and (Path(produced.path) / "tokenizer.json").is_file()
+
+    # evaluate both, before and after, as a job
+    eval_id = queue.submit("evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "tasks_per_domain": 4,
+                                        "samples": 2, "ks": [1, 2], "max_new_tokens": 3, "device": "cpu"})
+    third = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert third.wait(timeout=200) == 0
+    finally:
+        stop_worker(third)
+    evaluated = queue.get_job(eval_id)
+    assert evaluated.status is JobStatus.succeeded, evaluated.error
+    out = evaluated.result or {}
+    row = out["comparison"]["pass@1"]["format.to_hex"]
+    assert set(row) == {"tiny", "tiny-grpo", "delta"} and row["delta"] == pytest.approx(row["tiny-grpo"] - row["tiny"])
+    assert "pass@2" in out["comparison"]
+    assert _metric_steps(db_url, eval_id, "eval/format.to_hex/pass@2") == [0, 1]
+    assert _metric_steps(db_url, eval_id, "compare/format.to_hex/delta_pass@1") == [0]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_unknown_model_fails_as_bad_input(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit("train_grpo", _grpo_config(model="no-such-model", max_steps=1))
+    proc = start_worker(platform_env, "--exit-when-idle")
+    assert proc.wait(timeout=120) == 0
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.failed and job.attempts == 1
+    assert "'no-such-model' is neither a registered model name nor a model directory" in (job.error or "")
+
+
+def test_yaml_config_with_a_preset_validates_and_overrides(tmp_path: Path) -> None:
+    assert "cpu-demo" in preset_names()
+    text = "preset: cpu-demo\nmodel: demo-sft\nmax_steps: 7\nscheduler: {batch_size: 4}\n"
+    config = validate_config("train_grpo", yaml.safe_load(text))
+    assert isinstance(config, GRPOConfig)
+    demo = get_preset("cpu-demo").grpo
+    assert config.max_steps == 7 and config.model == "demo-sft" and config.scheduler.batch_size == 4
+    assert config.domains == demo.domains and config.lr == demo.lr and config.group_size == demo.group_size
+    with pytest.raises(JobConfigError, match="unknown preset 'nope'"):
+        validate_config("train_grpo", {"preset": "nope"})
+    with pytest.raises(JobConfigError, match="trajectories_per_step"):
+        validate_config("train_grpo", {"preset": "cpu-demo", "trajectories_per_step": -1})
+    assert validate_config("evaluate", {"preset": "cpu-demo", "models": ["a", "b"]}).model_list == ["a", "b"]  # type: ignore[attr-defined]
+    with pytest.raises(JobConfigError, match="ks"):
+        validate_config("evaluate", {"model": "a", "domains": ["x"], "ks": [4]})
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    from math import comb
+
+    for n, c, k in [(10, 3, 1), (10, 3, 5), (8, 0, 2), (8, 8, 8), (20, 7, 10), (5, 4, 2)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)

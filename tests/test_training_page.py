@@ -1,0 +1,270 @@
+"""The Training page, run by Streamlit's AppTest against a real database (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from sqlalchemy import insert
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.errors import AppTestError
+
+from conftest import REPO_ROOT, login_as
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import JobStatus, Model, Trajectory
+from posttrain.platform.jobs import queue
+from posttrain.platform.settings import get_settings
+from test_metrics import chart_frame, insert_metrics
+
+TRAINING_PAGE = str(REPO_ROOT / "ui" / "views" / "training.py")
+GRPO = {"model": "var/models/tiny", "domains": ["arith.add.int", "str.copy.letters"], "max_steps": 40}
+
+
+def page(role: str = "operator") -> AppTest:
+    at = login_as(AppTest.from_file(TRAINING_PAGE, default_timeout=60), role).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def all_jobs() -> list:  # type: ignore[type-arg]
+    return queue.list_jobs(limit=1000)
+
+
+def test_renders_with_no_runs(platform_env: dict[str, str]) -> None:
+    at = page()
+    assert at.title[0].value == "Training"
+    assert any("No training runs yet" in i.value for i in at.info)
+    assert not at.get("vega_lite_chart")
+    assert "preset: " in at.text_area(key="yaml_text").value  # the editor starts from a preset
+
+
+def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[str, str]) -> None:
+    at = page()
+    at.selectbox(key="yaml_kind").set_value("train_sft").run()
+    at.text_area(key="yaml_text").set_value("model: var/models/tiny\ndomains: [str.copy.letters]\nmax_steps: 7\nlr: 0.001\n")
+    at.button(key="yaml_validate").click().run()
+    assert any("Valid `train_sft` config" in s.value for s in at.success)
+    assert not all_jobs()  # validating launches nothing
+
+    at.button(key="yaml_launch").click().run()
+    assert not at.exception and not at.error
+    (job,) = all_jobs()
+    assert any(f"job {job.id}" in s.value for s in at.success)
+    assert job.kind == "train_sft" and job.submitted_by == "tester"
+    assert job.config["domains"] == ["str.copy.letters"] and job.config["max_steps"] == 7 and job.config["lr"] == 0.001
+    assert job.config["micro_batch_size"] == 4  # stored with every default filled in by SFTConfig
+    assert at.selectbox(key="run_id").value == job.id  # the new run opens in the run view
+
+
+def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) -> None:
+    from posttrain.training.presets import get_preset
+
+    demo = get_preset("cpu-demo")
+    at = page()
+    assert "No model is registered yet" in at.warning[0].value
+    assert at.button(key="preset_launch").disabled  # a run needs a model to start from
+
+    with session() as s:
+        s.add(Model(name="sft-m1", path="/models/sft-m1", architecture="Qwen2ForCausalLM"))
+    at.run()
+    at.selectbox(key="preset_name").set_value("cpu-demo").run()
+    assert at.selectbox(key="preset_kind").value == "train_grpo"
+    assert at.selectbox(key="preset_model").value == "sft-m1"
+    at.button(key="preset_launch").click().run()
+    assert not at.exception and not at.error
+    (job,) = all_jobs()
+    assert job.kind == "train_grpo" and job.config["model"] == "sft-m1"
+    assert job.config["domains"] == demo.grpo.domains and job.config["max_steps"] == demo.grpo.max_steps
+    assert job.config["group_size"] == demo.grpo.group_size and job.config["device"] == "cpu"
+
+    # "Edit in the YAML editor" copies the preset's section (and the model) into the editor
+    at.selectbox(key="preset_kind").set_value("train_sft").run()
+    at.button(key="preset_edit").click().run()
+    assert at.selectbox(key="yaml_kind").value == "train_sft"
+    text = at.text_area(key="yaml_text").value
+    assert "model: sft-m1" in text and f"max_steps: {demo.sft.max_steps}" in text
+    at.text_area(key="yaml_text").set_value(text.replace(f"max_steps: {demo.sft.max_steps}", "max_steps: 3"))
+    at.button(key="yaml_launch").click().run()
+    assert not at.exception and not at.error
+    sft = all_jobs()[0]
+    assert sft.kind == "train_sft" and sft.config["model"] == "sft-m1" and sft.config["max_steps"] == 3
+    assert sft.config["lr"] == demo.sft.lr
+
+
+def test_invalid_yaml_shows_a_clear_error_and_creates_nothing(platform_env: dict[str, str]) -> None:
+    at = page()
+    editor = at.text_area(key="yaml_text")
+    editor.set_value("model: m\ndomains: [arith.add.int\nmax_steps: 5\n")
+    at.button(key="yaml_launch").click().run()
+    assert "YAML syntax error at line 3, column 10" in at.error[0].value, at.error[0].value
+
+    at.text_area(key="yaml_text").set_value("model: m\ndomains: []\nmax_steps: 0\nlearning_rate: 0.1\n")
+    at.button(key="yaml_launch").click().run()
+    message = at.error[0].value
+    assert "`max_steps`: Input should be greater than or equal to 1 (got 0)" in message
+    assert "`learning_rate`: Extra inputs are not permitted" in message
+    at.text_area(key="yaml_text").set_value("model: m\ndomains: []\n")
+    at.button(key="yaml_launch").click().run()
+    assert "GRPOConfig.domains is empty: name at least one task domain" in at.error[0].value
+
+    at.text_area(key="yaml_text").set_value("- just\n- a list\n")
+    at.button(key="yaml_validate").click().run()
+    assert "must be a YAML mapping" in at.error[0].value and "got a list" in at.error[0].value
+    assert not all_jobs()
+
+
+def _synthetic_run() -> int:
+    job = queue.submit("train_grpo", GRPO)
+    points: list[tuple[int, str, float]] = []
+    for step in range(300):
+        points += [
+            (step, "train/loss", 1.0 / (step + 1)),
+            (step, "train/kl", 0.001 * step),
+            (step, "train/clip_frac_low", 0.01),
+            (step, "train/clip_frac_high", 0.02),
+            (step, "rollout/reward_mean", step / 300),
+            (step, "rollout/pass_rate", step / 600),
+            (step, "rollout/tokens_per_s", 1234.0),
+            (step, "pipeline/learner_busy_frac", 0.8),
+            (step, "sched/arith.add.int/pass_rate", 0.5),
+            (step, "sched/str.copy.letters/pass_rate", 0.25),
+        ]
+    insert_metrics(job, points)
+    now = datetime.now(timezone.utc)
+    rows = [
+        {
+            "job_id": job, "step": i // 5, "domain": "arith.add.int" if i % 3 else "str.copy.letters",
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i} + 1?"}],
+            "completion": f"answer {i + 1}", "tool_calls": [], "reward": float(i % 2),
+            "verdict": {"score": float(i % 2), "passed": bool(i % 2), "details": f"expected {i + 1}"}, "created_at": now,
+        }
+        for i in range(45)
+    ]  # fmt: skip
+    with session() as s:
+        s.execute(insert(Trajectory), rows)
+    return job
+
+
+def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, str]) -> None:
+    job = _synthetic_run()
+    at = page("viewer")  # viewers see everything
+    assert at.selectbox(key="run_id").value == job
+    titles = [m.value for m in at.markdown]
+    for title in ("**Reward**", "**Loss**", "**KL to the initial policy**", "**Clip fraction**", "**Pass rate by domain**",
+                  "**Learner busy fraction**", "**Throughput (tokens/s)**"):  # fmt: skip
+        assert title in titles, title
+    plotted = {m: f[f["metric"] == m] for f in map(chart_frame, at.get("vega_lite_chart")) for m in set(f["metric"])}
+    assert set(plotted) == {
+        "train/loss", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "rollout/reward_mean", "rollout/pass_rate",
+        "rollout/tokens_per_s", "pipeline/learner_busy_frac", "arith.add.int", "str.copy.letters",
+    }  # fmt: skip
+    assert len(plotted["train/loss"]) == 300 and plotted["str.copy.letters"]["value"].eq(0.25).all()
+    tiles = {m.label: m.value for m in at.metric}
+    assert tiles["Step"] == "299" and tiles["Reward"] == "0.9967" and tiles["Tokens/s"] == "1234"
+
+    # trajectories: 45 rows, 20 per page, newest step first
+    table = at.dataframe[-1].value
+    assert len(table) == 20 and table["step"].iloc[0] == 8 and table["prompt"].iloc[0].startswith("What is")
+    assert "Page (of 3, 45 trajectories)" == at.number_input(key="traj_page").label
+    at.number_input(key="traj_page").set_value(3).run()
+    assert len(at.dataframe[-1].value) == 5
+    at.multiselect(key="traj_domains").set_value(["str.copy.letters"]).run()
+    at.number_input(key="traj_page").set_value(1).run()
+    table = at.dataframe[-1].value
+    assert len(table) == 15 and set(table["domain"]) == {"str.copy.letters"}
+    picked = int(table["id"].iloc[0])
+    at.selectbox(key="traj_pick").set_value(picked).run()
+    with session() as s:
+        trajectory = s.get(Trajectory, picked)
+        assert trajectory is not None
+    assert any(c.value == trajectory.completion for c in at.code)
+    assert any(c.value == trajectory.verdict["details"] for c in at.caption)
+    assert any("Be brief." == t.value for t in at.text)
+
+
+def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env: dict[str, str]) -> None:
+    queued = queue.submit("train_grpo", GRPO)
+    running = queue.submit("train_grpo", GRPO, priority=5)
+    assert queue.claim("w", 1, 0).id == running  # type: ignore[union-attr]
+
+    at = page()
+    at.selectbox(key="run_id").set_value(queued).run()
+    at.button(key=f"stop_{queued}").click().run()
+    assert not at.exception
+    assert queue.get_job(queued).status is JobStatus.cancelled
+    at.selectbox(key="run_id").set_value(running).run()
+    at.button(key=f"stop_{running}").click().run()
+    job = queue.get_job(running)
+    assert job.status is JobStatus.running and job.cancel_requested  # the worker stops it
+    at.run()
+    assert all(b.key != f"stop_{running}" for b in at.button)
+    assert any("Stop requested" in i.value for i in at.info)
+
+    at.selectbox(key="run_id").set_value(queued).run()
+    assert "cancelled before it started" in at.error[0].value
+    at.button(key=f"resume_{queued}").click().run()
+    assert not at.exception
+    assert any(f"Resumed job {queued} as job" in s.value for s in at.success)
+    resumed = all_jobs()[0]
+    assert resumed.id not in (queued, running) and resumed.kind == "train_grpo"
+    assert resumed.config["output_dir"] == str(get_settings().jobs_dir / str(queued) / "run")
+    assert resumed.config["resume"] is True
+    assert {k: v for k, v in resumed.config.items() if k != "output_dir"} == {
+        k: v for k, v in queue.get_job(queued).config.items() if k != "output_dir"
+    }
+
+
+def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> None:
+    run = queue.submit("train_grpo", GRPO)
+    queue.claim("w", 1, 0)
+    queue.finish(run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "grpo-run-1", "checkpoint": "/x/step_40"}))
+    at = page()
+    at.button(key=f"evaluate_{run}").click().run()
+    assert not at.exception and not at.error
+    evaluation = queue.list_jobs(kind="evaluate")[0]
+    assert evaluation.config["model"] == "grpo-run-1" and evaluation.config["domains"] == GRPO["domains"]
+    at.button(key=f"deploy_{run}").click().run()
+    deployment = queue.list_jobs(kind="deploy")[0]
+    assert deployment.config["model"] == "grpo-run-1" and deployment.config["tier"] == "fast"
+
+
+def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
+    job = queue.submit("evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"]})
+    insert_metrics(job, [(0, "eval/arith.add.int/pass@1", 0.25), (0, "eval/pass@1", 0.25),
+                         (1, "eval/arith.add.int/pass@1", 0.75), (1, "eval/pass@1", 0.75)])  # fmt: skip
+    at = page()
+    assert "**Evaluation**" in [m.value for m in at.markdown]
+    table = at.dataframe[-1].value.set_index("domain")
+    assert table.loc["arith.add.int", "before · pass@1"] == 0.25 and table.loc["all", "after · pass@1"] == 0.75
+    assert {m.label: m.value for m in at.metric}["Eval pass@1"] == "0.75"
+
+
+def test_viewer_cannot_launch_or_stop(platform_env: dict[str, str]) -> None:
+    queued = queue.submit("train_grpo", GRPO)
+    at = page("viewer")
+    assert any("viewer" in i.value for i in at.info)
+    assert at.button(key="yaml_launch").disabled
+    assert all(b.key != f"stop_{queued}" for b in at.button)
+    with pytest.raises(AppTestError, match="disabled"):
+        at.button(key="yaml_launch").click()
+    assert queue.get_job(queued).status is JobStatus.queued
+
+    # The role is checked again where the action runs: a click sent by a page rendered for an operator
+    # whose role has since become viewer launches and stops nothing.
+    at = page("operator")
+    at.selectbox(key="run_id").set_value(queued).run()
+    launch, stop = at.button(key="yaml_launch"), at.button(key=f"stop_{queued}")
+    login_as(at, "viewer")
+    launch.click()
+    stop.click().run()
+    assert not at.exception
+    assert [j.id for j in all_jobs()] == [queued]
+    assert queue.get_job(queued).status is JobStatus.queued
+
+
+def test_console_navigation_reaches_the_training_page(platform_env: dict[str, str]) -> None:
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=60)).run()
+    assert not at.exception
+    at.switch_page("views/training.py").run()
+    assert not at.exception
+    assert at.title[0].value == "Training"
