@@ -131,3 +131,11 @@ def test_answers_are_computed_independently_checked():
         words = t.prompt_text.split()
         start = dt.date.fromisoformat(words[6].rstrip("?"))
         assert dt.date.fromisoformat(t.reference) == start + dt.timedelta(days=int(words[3]))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_power_domains_never_ask_zero_to_the_zero(seed: int) -> None:
+    for name in [d.name for d in list_domains() if ".pow." in d.name]:
+        for difficulty in (1, 3, 5):
+            for task in generate(name, 8, seed=seed, difficulty=difficulty):
+                assert "0 ^ 0" not in task.prompt_text

@@ -42,7 +42,7 @@ def _make(op: str, style: str, rng: random.Random, difficulty: int) -> Problem:
         question = f"{_show(a)} mod {m}"
     elif op == "pow":
         base = Decimal(rng.randint(0, 3 + difficulty)) * (-1 if style == "signed" and rng.random() < 0.5 else 1)
-        exponent = rng.randint(0, 1 + difficulty)
+        exponent = rng.randint(0 if base else 1, 1 + difficulty)  # 0 ** 0 is undefined
         result = base**exponent
         question = f"{_show(base)} ^ {exponent}"
     elif op == "abs_diff":
