@@ -70,3 +70,29 @@ def show_flash() -> None:
     message = st.session_state.pop(FLASH_KEY, None)
     if message:
         st.success(message)
+
+
+JOB_COLUMNS = ("id", "kind", "status", "priority", "attempt", "progress", "message", "by", "created", "error")
+
+
+def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
+    """Jobs as a table with a progress bar and UTC timestamps (the Jobs and Training pages)."""
+    import pandas as pd
+
+    rows = [
+        {
+            "id": j.id, "kind": j.kind, "status": status_label(j.status), "priority": j.priority,
+            "attempt": f"{j.attempts}/{j.max_attempts}", "progress": j.progress or 0.0, "message": j.progress_message,
+            "by": j.submitted_by, "created": j.created_at, "error": j.error or "",
+        }  # fmt: skip
+        for j in jobs
+    ]
+    st.dataframe(
+        pd.DataFrame(rows, columns=list(columns)),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            "created": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+        },
+    )

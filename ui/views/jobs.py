@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, guard_platform, status_label, username
+from posttrain.ui.common import can, guard_platform, job_table, status_label, username
 
 PAGE_SIZE = 25
 
@@ -42,31 +41,7 @@ def live_queue() -> None:
     if not jobs:
         st.info("No jobs yet. Submit one below, or launch work from the other pages.")
         return
-    frame = pd.DataFrame(
-        [
-            {
-                "id": j.id,
-                "kind": j.kind,
-                "status": status_label(j.status),
-                "priority": j.priority,
-                "attempt": f"{j.attempts}/{j.max_attempts}",
-                "progress": j.progress or 0.0,
-                "message": j.progress_message,
-                "created": j.created_at,
-                "error": j.error or "",
-            }
-            for j in jobs
-        ]
-    )
-    st.dataframe(
-        frame,
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-            "created": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-        },
-    )
+    job_table(jobs, ("id", "kind", "status", "priority", "attempt", "progress", "message", "created", "error"))
 
 
 live_queue()

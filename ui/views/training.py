@@ -19,7 +19,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
-from posttrain.ui.common import can, guard_platform, status_label, username
+from posttrain.ui.common import can, guard_platform, job_table, status_label, username
 
 TRAIN_KINDS = ("train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -242,30 +242,7 @@ def run_queue() -> None:
     if not jobs:
         st.info("No training runs yet: launch one above.")
         return
-    frame = pd.DataFrame(
-        [
-            {
-                "id": j.id,
-                "kind": j.kind,
-                "status": status_label(j.status),
-                "progress": j.progress or 0.0,
-                "message": j.progress_message,
-                "by": j.submitted_by,
-                "created": j.created_at,
-                "error": j.error or "",
-            }
-            for j in jobs
-        ]
-    )
-    st.dataframe(
-        frame,
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-            "created": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-        },
-    )
+    job_table(jobs, ("id", "kind", "status", "progress", "message", "by", "created", "error"))
 
 
 st.subheader("Runs")
