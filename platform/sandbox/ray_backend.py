@@ -50,7 +50,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.pool import PoolClosedError, PoolExhaustedError, SandboxPool, percentile
-from posttrain.platform.sandbox.result import PoolStatus, ToolResult, infra_failure
+from posttrain.platform.sandbox.result import PoolStatus, ToolMethods, ToolResult, infra_failure
 from posttrain.platform.sandbox.sandbox import RESET_TIMEOUT_S, Sandbox, SandboxStartError
 
 RPC_TIMEOUT_S = 30.0  # status, release, info: anything that should answer at once
@@ -183,7 +183,7 @@ class _Member:
         return self.leases / max(self.size, 1)
 
 
-class RaySandbox:
+class RaySandbox(ToolMethods):
     """One leased sandbox on one node; the same tool methods as ``Sandbox``, each returning a
     ``ToolResult`` and never raising for what the model's code or the cluster does."""
 
@@ -197,21 +197,6 @@ class RaySandbox:
         self.work_dir = Path(work_dir)  # on the node that runs the sandbox
         self.alive = True
         self.released = False
-
-    def run_python(self, code: str, timeout: float | None = None) -> ToolResult:
-        return self._call("python", {"code": code}, timeout)
-
-    def run_bash(self, command: str, timeout: float | None = None) -> ToolResult:
-        return self._call("bash", {"command": command}, timeout)
-
-    def read_file(self, path: str, max_bytes: int | None = None) -> ToolResult:
-        return self._call("read_file", {"path": path, "max_bytes": max_bytes}, None)
-
-    def write_file(self, path: str, content: str, append: bool = False) -> ToolResult:
-        return self._call("write_file", {"path": path, "content": content, "append": append}, None)
-
-    def list_dir(self, path: str = ".") -> ToolResult:
-        return self._call("list_dir", {"path": path}, None)
 
     def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
         started = time.monotonic()

@@ -114,3 +114,29 @@ class PoolStatus:
     calls: int
     last_error: str = ""
     latency_ms: dict[str, float] = field(default_factory=dict)
+
+
+class ToolMethods:
+    """The tools every sandbox offers, over one ``_call(op, args, timeout)`` transport
+    (a local sandbox's pipe, or a Ray actor's lease)."""
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> ToolResult:  # pragma: no cover
+        raise NotImplementedError
+
+    def run_python(self, code: str, timeout: float | None = None) -> ToolResult:
+        """Execute ``code`` in the episode's persistent interpreter; the value of a final
+        expression comes back in ``value`` (as its repr)."""
+        return self._call("python", {"code": code}, timeout)
+
+    def run_bash(self, command: str, timeout: float | None = None) -> ToolResult:
+        """Run ``command`` with /bin/bash -c in the work directory."""
+        return self._call("bash", {"command": command}, timeout)
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> ToolResult:
+        return self._call("read_file", {"path": path, "max_bytes": max_bytes}, None)
+
+    def write_file(self, path: str, content: str, append: bool = False) -> ToolResult:
+        return self._call("write_file", {"path": path, "content": content, "append": append}, None)
+
+    def list_dir(self, path: str = ".") -> ToolResult:
+        return self._call("list_dir", {"path": path}, None)

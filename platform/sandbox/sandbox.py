@@ -21,7 +21,7 @@ from typing import Any
 from posttrain.platform.sandbox import _server as wire
 from posttrain.platform.sandbox.backends import launch_spec
 from posttrain.platform.sandbox.config import SandboxConfig
-from posttrain.platform.sandbox.result import CallError, CallStatus, ToolResult, infra_failure
+from posttrain.platform.sandbox.result import CallError, CallStatus, ToolMethods, ToolResult, infra_failure
 
 RESET_TIMEOUT_S = 15.0
 RESTARTED = "the interpreter was restarted: variables from earlier calls are lost, files in the work directory are kept"
@@ -44,7 +44,7 @@ class SandboxStartError(RuntimeError):
     """A sandbox process did not come up; the message carries its log."""
 
 
-class Sandbox:
+class Sandbox(ToolMethods):
     """Host side of one sandbox slot."""
 
     def __init__(
@@ -203,25 +203,6 @@ class Sandbox:
     def pid(self) -> int | None:
         """Host pid of the launched process (bwrap, or the zygote for the process backend)."""
         return None if self._proc is None else self._proc.pid
-
-    # ----------------------------------------------------------------- tools
-    def run_python(self, code: str, timeout: float | None = None) -> ToolResult:
-        """Execute ``code`` in the episode's persistent interpreter; the value of a final
-        expression comes back in ``value`` (as its repr)."""
-        return self._call("python", {"code": code}, timeout)
-
-    def run_bash(self, command: str, timeout: float | None = None) -> ToolResult:
-        """Run ``command`` with /bin/bash -c in the work directory."""
-        return self._call("bash", {"command": command}, timeout)
-
-    def read_file(self, path: str, max_bytes: int | None = None) -> ToolResult:
-        return self._call("read_file", {"path": path, "max_bytes": max_bytes}, None)
-
-    def write_file(self, path: str, content: str, append: bool = False) -> ToolResult:
-        return self._call("write_file", {"path": path, "content": content, "append": append}, None)
-
-    def list_dir(self, path: str = ".") -> ToolResult:
-        return self._call("list_dir", {"path": path}, None)
 
     # -------------------------------------------------------------- protocol
     def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> ToolResult:
