@@ -406,9 +406,20 @@ def _verifier(q: Question) -> tuple[dict[str, Any], str]:
     return {"kind": "doc_qa", "spec": spec}, reference
 
 
-def _split(task_id: str, seed: int, eval_fraction: float) -> str:
-    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
-    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
+def _base_id(q: Question, document: Document) -> str:
+    return f"doc-{document.sha256[:12]}-p{q.page.page_no}-{q.kind}-{hashlib.sha1(q.key.encode()).hexdigest()[:10]}"
+
+
+def _eval_ids(base_ids: Sequence[str], seed: int, eval_fraction: float) -> set[str]:
+    """The ids held out for evaluation: exactly ``round(eval_fraction * n)`` of them (at least one when
+    the fraction is positive and there are two or more), picked by a seeded hash so that the choice is
+    stable and does not depend on the order of the questions."""
+    n = len(base_ids)
+    k = round(eval_fraction * n)
+    if eval_fraction > 0 and n >= 2:
+        k = max(k, 1)
+    ranked = sorted(base_ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
+    return set(ranked[:k])
 
 
 class _Images:
@@ -432,12 +443,11 @@ class _Images:
         return self._cache[page.page_no]
 
 
-def _specs_for(q: Question, document: Document, context: str, images: _Images | None, seed: int,
-               eval_fraction: float) -> list[TaskSpec]:  # fmt: skip
+def _specs_for(q: Question, document: Document, context: str, images: _Images | None,
+               split: str) -> list[TaskSpec]:  # fmt: skip
     verifier, reference = _verifier(q)
     fmt = JSON_FORMAT if q.kind == "field_extraction" else DOC_QA_FORMAT
-    base_id = f"doc-{document.sha256[:12]}-p{q.page.page_no}-{q.kind}-{hashlib.sha1(q.key.encode()).hexdigest()[:10]}"
-    split = _split(base_id, seed, eval_fraction)
+    base_id = _base_id(q, document)
     provenance = {
         "document_id": document.id, "page": q.page.page_no, "bbox": [round(v, 2) for v in q.bbox],
         "filename": document.filename, "sha256": document.sha256,
@@ -511,11 +521,13 @@ def build_from_pages(
     by_page = {p.page_no: p for p in pages}
     contexts: dict[int, str] = {}
     images = _Images() if vision else None
+    held_out = _eval_ids([_base_id(q, document) for q in chosen], seed, eval_fraction)
     specs: list[TaskSpec] = []
     for q in chosen:
         if q.page.page_no not in contexts:
             contexts[q.page.page_no] = page_context(by_page[q.page.page_no])
-        specs += _specs_for(q, document, contexts[q.page.page_no], images, seed, eval_fraction)
+        split = "eval" if _base_id(q, document) in held_out else "train"
+        specs += _specs_for(q, document, contexts[q.page.page_no], images, split)
     return specs
 
 
