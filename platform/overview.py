@@ -24,7 +24,7 @@ from posttrain.platform.db.models import (
 )
 from posttrain.platform.jobs.queue import count_by_status
 
-TRAINING_KINDS = ("train_sft", "train_grpo")
+TRAINING_KINDS = ("train_sft", "train_grpo", "train_preset")
 LIVE_POOL_WINDOW = timedelta(seconds=60)
 
 

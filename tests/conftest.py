@@ -7,7 +7,9 @@ tests, and dropped at the end.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -142,3 +144,60 @@ def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[
 
     at.session_state["identity"] = Identity(name, Role(role))
     return at
+
+
+class Reliability:
+    """What a reliability test measured: faults injected and survived, hostile inputs tried and how
+    they were handled, load latencies, data lost. Tests assert on their own outcomes; this only
+    records them. With ``POSTTRAIN_RELIABILITY_REPORT`` set (``bench/reliability.py`` sets it) each
+    record is appended to that file as one JSON line; with ``POSTTRAIN_RELIABILITY_SOAK=1`` the
+    tests run their long variant (see :meth:`budget`)."""
+
+    def __init__(self, test: str) -> None:
+        self.test = test
+        self.soak = os.environ.get("POSTTRAIN_RELIABILITY_SOAK") == "1"
+        target = os.environ.get("POSTTRAIN_RELIABILITY_REPORT")
+        self._path = Path(target) if target else None
+        self.records: list[dict[str, object]] = []
+
+    def budget(self, ci: float, soak: float) -> float:
+        """A size or time budget: ``ci`` in the normal suite, ``soak`` in the soak variant."""
+        return soak if self.soak else ci
+
+    def _write(self, record: dict[str, object]) -> None:
+        record = {"test": self.test, **record}
+        self.records.append(record)
+        if self._path is not None:
+            with self._path.open("a") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+
+    def fault(self, name: str, *, survived: bool, **detail: object) -> None:
+        """One injected fault and whether the platform came through it whole."""
+        self._write({"kind": "fault", "name": name, "survived": bool(survived), **detail})
+
+    def inputs(self, surface: str, *, tried: int, refused_cleanly: int, accepted: int = 0, **detail: object) -> None:
+        """Hostile or fuzzed inputs against one surface: each was refused with a clear error
+        (``refused_cleanly``), handled as valid (``accepted``), or mishandled (the rest)."""
+        self._write({"kind": "inputs", "surface": surface, "tried": tried, "refused_cleanly": refused_cleanly,
+                     "accepted": accepted, "mishandled": tried - refused_cleanly - accepted, **detail})  # fmt: skip
+
+    def load(self, name: str, latencies_s: list[float], *, errors: int, **detail: object) -> None:
+        """A load held: per-request latencies in seconds and the number of errors."""
+        ordered = sorted(latencies_s)
+
+        def pct(q: float) -> float | None:
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2) if ordered else None
+
+        self._write({"kind": "load", "name": name, "requests": len(ordered) + errors, "errors": errors,
+                     "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
+                     "max_ms": round(ordered[-1] * 1000, 2) if ordered else None,
+                     "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else None, **detail})  # fmt: skip
+
+    def data_lost(self, what: str, lost: int, **detail: object) -> None:
+        """Stored objects checked after a fault and how many of them were gone or changed."""
+        self._write({"kind": "data", "what": what, "lost": lost, **detail})
+
+
+@pytest.fixture
+def reliability(request: pytest.FixtureRequest) -> Reliability:
+    return Reliability(request.node.nodeid)

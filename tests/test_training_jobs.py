@@ -148,3 +148,51 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
     assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
     with pytest.raises(ValueError):
         pass_at_k(4, 5, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stages(
+    platform_env: dict[str, str], db_url: str
+) -> None:
+    """The console's one-click demo: build, SFT, evaluate, GRPO, evaluate in one job; killed during
+    GRPO, the next attempt skips the finished stages and continues GRPO from its checkpoint."""
+    with pytest.raises(JobConfigError, match="unknown preset 'nope'"):
+        queue.submit("train_preset", {"preset": "nope"})
+    with pytest.raises(JobConfigError, match="group_size"):
+        queue.submit("train_preset", {"grpo": {"group_size": 1}})
+    job_id = queue.submit("train_preset", {"preset": "cpu-quick", "name": "quick"})
+    preset = get_preset("cpu-quick")
+    first = start_worker(platform_env)
+    try:
+        wait_for(lambda: len(_metric_steps(db_url, job_id, "rollout/reward_mean")) >= 25, timeout=300, message="25 GRPO steps")
+        job = queue.get_job(job_id)
+        first.send_signal(signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        first.wait()
+    finally:
+        stop_worker(first)
+    wait_for(lambda: not queue.process_alive(job.pid, job.proc_started), timeout=15, message="job process gone")  # type: ignore[arg-type]
+    assert len(_metric_steps(db_url, job_id, "rollout/reward_mean")) < preset.grpo.max_steps, "finished before the kill"
+    second = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert second.wait(timeout=400) == 0
+    finally:
+        stop_worker(second)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.attempts == 2
+    log = Path(job.log_path or "").read_text()
+    assert "continues after the finished stages base, sft, eval_before" in log
+    assert "resumes from checkpoint" in log  # GRPO continues from its checkpoint
+    result = job.result or {}
+    # every stage's metrics exactly once per step
+    assert _metric_steps(db_url, job_id, "sft/loss") == list(range(1, preset.sft.max_steps + 1))
+    assert _metric_steps(db_url, job_id, "rollout/reward_mean") == list(range(1, preset.grpo.max_steps + 1))
+    assert _metric_steps(db_url, job_id, "eval/pass@1") == [0, 1]  # before (the SFT model), after (GRPO)
+    # the models, with their lineage
+    assert result["model"] == "quick" and result["sft_model"] == "quick-sft" and result["base_model"] == "quick-base"
+    assert [m.name for m in lineage("quick")] == ["quick", "quick-sft", "quick-base"]
+    # and it learned: the held-out pass@1 of the GRPO model beats the warmed-up one
+    assert result["gain_points"] == pytest.approx(100 * (result["pass_after"] - result["pass_before"]), abs=0.01)
+    assert result["gain_points"] >= 10, result

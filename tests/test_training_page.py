@@ -268,3 +268,40 @@ def test_console_navigation_reaches_the_training_page(platform_env: dict[str, st
     at.switch_page("views/training.py").run()
     assert not at.exception
     assert at.title[0].value == "Training"
+
+
+def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_env: dict[str, str]) -> None:
+    at = page()
+    assert at.selectbox(key="demo_preset").value == "cpu-quick"
+    at.button(key="demo_launch").click().run()
+    assert not at.exception and not at.error
+    job = all_jobs()[0]
+    assert job.kind == "train_preset" and job.config["preset"] == "cpu-quick" and job.submitted_by == "tester"
+    assert at.selectbox(key="run_id").value == job.id
+
+    # while it runs: the warmed-up model's figure; when done: before -> after, evaluate and deploy
+    queue.claim("w", 1, 0)
+    insert_metrics(job.id, [(0, "eval/pass@1", 0.4), (1, "sft/loss", 2.0), (2, "sft/loss", 1.5), (1, "rollout/reward_mean", 0.2)])
+    at.run()
+    assert any("before GRPO: 40.0%" in i.value for i in at.info)
+    assert "**SFT warm-up loss**" in [m.value for m in at.markdown]
+    insert_metrics(job.id, [(1, "eval/pass@1", 0.78)])
+    queue.finish(job.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
+        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.to_hex"], "gain_points": 38.0}))
+    at.run()
+    assert any("q-sft 40.0% → q 78.0% (+38.0 points)" in s.value for s in at.success)
+    at.button(key=f"evaluate_{job.id}").click().run()
+    evaluation = queue.list_jobs(kind="evaluate")[0]
+    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == ["format.to_hex"]
+    at.button(key=f"deploy_{job.id}").click().run()
+    assert queue.list_jobs(kind="deploy")[0].config["model"] == "q"
+
+
+def test_viewer_cannot_run_the_demo(platform_env: dict[str, str]) -> None:
+    at = page("viewer")
+    assert at.button(key="demo_launch").disabled
+    at = page("operator")
+    button = at.button(key="demo_launch")
+    login_as(at, "viewer")
+    button.click().run()
+    assert not at.exception and all_jobs() == []

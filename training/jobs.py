@@ -32,6 +32,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
 
@@ -190,6 +192,12 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
             "final_reward_mean": last.get("rollout/reward_mean")}
 
 
+def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, float]]]) -> None:
+    """``compare/<domain>/delta_<metric>`` (last model minus first) at step 0."""
+    ctx.log_metrics(0, {f"compare/{domain}/delta_{metric}": row["delta"]
+                        for metric, table in comparison.items() for domain, row in table.items()})  # fmt: skip
+
+
 def run_evaluate(ctx: JobContext, config: EvalConfig) -> dict[str, Any]:
     from posttrain.training.evaluate import evaluate_models
 
@@ -202,12 +210,155 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> dict[str, Any]:
         ctx.log_metrics(index, out["models"][name])
         ctx.progress((index + 1) / len(names), f"evaluated {name}")
     if len(names) >= 2:
-        ctx.log_metrics(0, {f"compare/{domain}/delta_{metric}": row["delta"]
-                            for metric, table in out["comparison"].items() for domain, row in table.items()})
+        log_comparison(ctx, out["comparison"])
     summary = {name: out["models"][name]["eval/pass@1"] for name in names}
     return {"models": names, "paths": paths, "pass@1": summary, "reports": out["models"], "comparison": out["comparison"]}
+
+
+class PresetRunConfig(BaseModel):
+    """``train_preset``: a preset's whole recipe in one job (the console's one-click demo).
+
+    Builds the preset's model (or starts from ``model``), SFT warm-up, evaluates the warmed-up
+    model, GRPO, evaluates the result; registers ``<name>-base`` (when built), ``<name>-sft``
+    and ``<name>``. ``sft``/``grpo``/``eval`` override fields of the preset's sections.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = Field(default="cpu-quick", description="a preset name (posttrain.training.presets)")
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                             description="register the models as <name>-base, <name>-sft and <name> (default '<preset>-job<id>')")
+    model: str | None = Field(default=None, description="start from this registered model (or directory) instead of building one")
+    output_dir: str | None = Field(default=None, description="checkpoints and stage state (default: the job's workdir)")
+    sft: dict[str, Any] = Field(default_factory=dict)
+    grpo: dict[str, Any] = Field(default_factory=dict)
+    eval: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> PresetRunConfig:
+        self.sections()  # an unknown preset or a bad override fails at submit
+        return self
+
+    def sections(self) -> tuple[SFTConfig, GRPOConfig, EvalConfig]:
+        from posttrain.training.presets import get_preset
+
+        run = get_preset(self.preset)
+        sft = SFTConfig.model_validate({**run.sft.model_dump(exclude_unset=True), **self.sft})
+        grpo = GRPOConfig.model_validate({**run.grpo.model_dump(exclude_unset=True), **self.grpo})
+        evaluation = EvalConfig.model_validate({**run.eval.model_dump(exclude_unset=True), **self.eval})
+        return sft, grpo, evaluation
+
+
+# a stage's share of the job's progress bar
+_STAGE_SHARES = {"base": 0.02, "sft": 0.23, "eval_before": 0.05, "grpo": 0.6, "eval_after": 0.1}
+
+
+def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
+    """Each finished stage is recorded in ``<output_dir>/stages.json``: a retried or resumed job
+    skips the stages it finished and continues SFT or GRPO from their checkpoints."""
+    import json
+
+    from posttrain.platform.models.factory import build_tiny_model
+    from posttrain.platform.models.registry import register_model
+    from posttrain.training.evaluate import compare_reports, evaluate_policy
+    from posttrain.training.loop import train_grpo
+    from posttrain.training.presets import get_preset
+    from posttrain.training.sft import train_sft
+
+    sft_config, grpo_config, eval_config = config.sections()
+    name = config.name or f"{config.preset}-job{ctx.job_id}"
+    out = Path(config.output_dir or ctx.workdir / "run")
+    out.mkdir(parents=True, exist_ok=True)
+    state_file = out / "stages.json"
+    state: dict[str, Any] = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    done = 0.0
+
+    def finish(stage: str, value: Any) -> None:
+        nonlocal done
+        state[stage] = value
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(state_file)
+        done += _STAGE_SHARES[stage]
+        ctx.progress(done, f"{stage.replace('_', ' ')} done", force=True)
+
+    def stage_progress(stage: str, total: int, step: int, text: str) -> None:
+        ctx.progress(done + _STAGE_SHARES[stage] * step / total, text)
+
+    skipped = [s for s in _STAGE_SHARES if s in state]
+    done = sum(_STAGE_SHARES[s] for s in skipped)
+    if skipped:
+        ctx.log.info("attempt %d continues after the finished stages %s", ctx.attempt, ", ".join(skipped))
+
+    if "base" not in state:
+        if config.model is not None:
+            path, base_name = resolve_model(ctx, config.model)
+        else:
+            base_name = f"{name}-base"
+            path = str(build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, get_preset(config.preset).model,
+                                        overwrite=True))  # fmt: skip
+            register_model(base_name, path, produced_by_job_id=ctx.job_id, replace=True, url=ctx.url,
+                           meta={"job_kind": ctx.kind, "preset": config.preset})  # fmt: skip
+        finish("base", {"path": path, "model": base_name})
+    base = state["base"]
+
+    if "sft" not in state:
+        sft_config = sft_config.model_copy(update={"model": base["path"], "output_dir": str(out / "sft"), "register_as": f"{name}-sft"})
+
+        def on_sft(step: int, metrics: dict[str, float]) -> None:
+            ctx.log_metrics(step, {("sft/" + k.removeprefix("train/")): v for k, v in metrics.items()})
+            stage_progress("sft", sft_config.max_steps, step, f"SFT warm-up step {step}/{sft_config.max_steps}")
+
+        _resume_step(ctx, sft_config)
+        result = train_sft(sft_config, on_metrics=on_sft, should_stop=lambda: ctx.should_stop)
+        ctx.check_stop()
+        assert result.model is not None
+        sft_name = register_final_model(ctx, sft_config, result.model, base["path"], base["model"], {"steps": result.steps})
+        finish("sft", {"model": sft_name, "path": str(Path(ctx.settings.data_dir) / "models" / sft_name)})
+    sft = state["sft"]
+
+    if "eval_before" not in state:
+        ctx.progress(done, f"evaluating {sft['model']}", force=True)
+        before = evaluate_policy(eval_config, sft["path"])
+        ctx.log_metrics(0, before)
+        finish("eval_before", before)
+
+    if "grpo" not in state:
+        grpo_config = grpo_config.model_copy(update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name})
+        writer = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
+
+        def on_grpo(step: int, metrics: dict[str, float]) -> None:
+            ctx.log_metrics(step, metrics)
+            reward = metrics.get("rollout/reward_mean", float("nan"))
+            stage_progress("grpo", grpo_config.max_steps, step, f"GRPO step {step}/{grpo_config.max_steps} reward {reward:.3f}")
+
+        _resume_step(ctx, grpo_config)
+        result = train_grpo(grpo_config, on_metrics=on_grpo, on_groups=writer, should_stop=lambda: ctx.should_stop)
+        ctx.check_stop()
+        assert result.model is not None
+        final = register_final_model(ctx, grpo_config, result.model, sft["path"], sft["model"], {"steps": result.steps})
+        finish("grpo", {"model": final, "path": str(Path(ctx.settings.data_dir) / "models" / final), "steps": result.steps})
+    grpo = state["grpo"]
+
+    if "eval_after" not in state:
+        ctx.progress(done, f"evaluating {grpo['model']}", force=True)
+        after = evaluate_policy(eval_config, grpo["path"])
+        ctx.log_metrics(1, after)
+        finish("eval_after", after)
+    before, after = state["eval_before"], state["eval_after"]
+    comparison = {m: compare_reports({sft["model"]: before, grpo["model"]: after}, eval_config.domains, m)
+                  for m in ("pass@1",)}  # fmt: skip
+    log_comparison(ctx, comparison)
+    return {
+        "preset": config.preset, "model": grpo["model"], "sft_model": sft["model"], "base_model": base["model"],
+        "models": [sft["model"], grpo["model"]], "domains": eval_config.domains, "steps": grpo["steps"],
+        "pass_before": before["eval/pass@1"], "pass_after": after["eval/pass@1"],
+        "gain_points": round(100 * (after["eval/pass@1"] - before["eval/pass@1"]), 2), "comparison": comparison,
+    }  # fmt: skip
 
 
 TRAIN_SFT = register(JobKind("train_sft", SFTConfig, run_sft, "supervised fine-tuning", resumable=True, retryable=True))
 TRAIN_GRPO = register(JobKind("train_grpo", GRPOConfig, run_grpo, "GRPO reinforcement learning", resumable=True, retryable=True))
 EVALUATE = register(JobKind("evaluate", EvalConfig, run_evaluate, "pass@1 / pass@k on held-out tasks; compares models", retryable=True))
+TRAIN_PRESET = register(JobKind("train_preset", PresetRunConfig, run_preset_job,
+                                "a preset's whole recipe: build, SFT, evaluate, GRPO, evaluate", resumable=True, retryable=True))

@@ -21,15 +21,17 @@ from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, guard_platform, job_table, status_label, username
 
-TRAIN_KINDS = ("train_grpo", "train_sft")
+TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
 QUEUE_SIZE = 50
 TRAJECTORY_PAGE_SIZE = 20
 MAX_POINTS = 1000
+DEMO_PRESET = "cpu-quick"  # the one-click demo's default
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward", ("rollout/reward_mean", "rollout/pass_rate")),
+    ("SFT warm-up loss", ("sft/loss",)),
     ("Loss", ("train/loss",)),
     ("KL to the initial policy", ("train/kl",)),
     ("Clip fraction", ("train/clip_frac_low", "train/clip_frac_high")),
@@ -154,10 +156,21 @@ if not operator:
 
 st.subheader("Launch a run")
 presets = load_presets()
+if presets:
+    with st.container(border=True):
+        st.markdown("**One-click demo**: build the preset's small model, warm it up with SFT, evaluate it, train it "
+                    "with GRPO while you watch the reward, and evaluate again, all in one job.")  # fmt: skip
+        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+        names = list(presets)
+        demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
+                            key="demo_preset", help="cpu-quick finishes in about a minute on a 2-core CPU")  # fmt: skip
+        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", disabled=not operator):
+            launch("train_preset", {"preset": demo}, f"the whole {demo!r} recipe")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
-KIND_LABELS = {"train_grpo": "GRPO (RL)", "train_sft": "SFT warm-up", "evaluate": "Evaluation"}
+KIND_LABELS = {"train_grpo": "GRPO (RL)", "train_sft": "SFT warm-up", "evaluate": "Evaluation",
+               "train_preset": "Whole recipe (build, SFT, evaluate, GRPO, evaluate)"}
 
 
 def _edit_preset(preset: Preset, kind: str, model: str | None) -> None:
@@ -203,7 +216,7 @@ with tab_preset:
 
 with tab_yaml:
     if "yaml_kind" not in st.session_state:
-        st.session_state["yaml_kind"] = TRAIN_KINDS[0]
+        st.session_state["yaml_kind"] = "train_grpo"
     if "yaml_text" not in st.session_state:
         st.session_state["yaml_text"] = template(st.session_state["yaml_kind"], presets)
 
@@ -269,7 +282,8 @@ def output_dir(job: Job) -> str:
 
 def resume_config(job: Job) -> dict[str, Any]:
     """The stopped run's config, pointed at its checkpoints so the new job continues from them."""
-    return {**job.config, "output_dir": output_dir(job), "resume": True}
+    fields = get_kind(job.kind).config_model.model_fields
+    return {**job.config, "output_dir": output_dir(job), **({"resume": True} if "resume" in fields else {})}
 
 
 def run_model(job: Job) -> str | None:
@@ -283,7 +297,24 @@ def run_model(job: Job) -> str | None:
 
 
 def run_domains(job: Job) -> list[str]:
-    return [d if isinstance(d, str) else str(d.get("name")) for d in job.config.get("domains", []) if d]
+    domains = (job.result or {}).get("domains") or job.config.get("domains", [])
+    return [d if isinstance(d, str) else str(d.get("name")) for d in domains if d]
+
+
+def evaluate_config(job: Job) -> dict[str, Any]:
+    """An evaluation of what ``job`` produced: a whole-recipe run compares its model before and after GRPO."""
+    result = job.result or {}
+    if job.kind == "train_preset":
+        return {"preset": job.config.get("preset", DEMO_PRESET), "models": list(result.get("models", []))}
+    config = {"model": run_model(job), "domains": run_domains(job)}
+    return config | {k: job.config[k] for k in ("device", "max_new_tokens") if k in job.config}
+
+
+def eval_labels(job: Job) -> list[str]:
+    """The model behind each step of a job's ``eval/`` metrics."""
+    if job.kind == "train_preset":
+        return list((job.result or {}).get("models") or ["before GRPO (SFT model)", "after GRPO"])
+    return list(job.config.get("models") or [job.config.get("model") or "model"])
 
 
 def act(action: str, job: Job) -> None:
@@ -300,9 +331,7 @@ def act(action: str, job: Job) -> None:
             new = queue.submit(job.kind, resume_config(job), submitted_by=username())
             what = f"Resumed job {job.id} as job {new}, continuing from {output_dir(job)}."
         elif action == "evaluate":
-            config = {"model": run_model(job), "domains": run_domains(job)}
-            config |= {k: job.config[k] for k in ("device", "max_new_tokens") if k in job.config}
-            new = queue.submit("evaluate", config, submitted_by=username())
+            new = queue.submit("evaluate", evaluate_config(job), submitted_by=username())
             what = f"Queued evaluation job {new}."
         elif action == "deploy":
             model = (job.result or {}).get("model")
@@ -365,7 +394,7 @@ def chart(title: str, points: dict[str, list[metrics.Point]]) -> None:
 def evaluation_table(job: Job, names: list[str]) -> None:
     """``eval/<domain>/<figure>`` and ``eval/<figure>`` of an evaluate job: one row per domain, one
     column per model and figure (a comparison logs model i's figures at step i)."""
-    models = job.config.get("models") or [job.config.get("model") or "model"]
+    models = eval_labels(job)
     rows = []
     for name, points in metrics.series(int(job.id or 0), names, max_points=MAX_POINTS).items():
         parts = name.split("/")
@@ -376,6 +405,18 @@ def evaluation_table(job: Job, names: list[str]) -> None:
     table = pd.DataFrame(rows).pivot_table(index="domain", columns="column", values="value", aggfunc="last")
     st.markdown("**Evaluation**")
     st.dataframe(table.reset_index(), hide_index=True, width="stretch")
+
+
+def gain_line(job: Job) -> None:
+    """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1)."""
+    points = dict(metrics.series(int(job.id or 0), ["eval/pass@1"], max_points=MAX_POINTS).get("eval/pass@1", []))
+    labels = eval_labels(job)
+    if 0 in points and 1 in points and len(labels) >= 2:
+        before, after = points[0], points[1]
+        st.success(f"Held-out pass@1: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
+                   f"({100 * (after - before):+.1f} points)")  # fmt: skip
+    elif 0 in points and job.kind == "train_preset":
+        st.info(f"Held-out pass@1 before GRPO: {points[0]:.1%}; evaluated again when GRPO finishes.")
 
 
 @st.fragment(run_every="2s")
@@ -422,6 +463,7 @@ def run_view(job_id: int) -> None:
 
         evals = [n for n in names if n.startswith("eval/")]
         if evals:
+            gain_line(job)
             evaluation_table(job, evals)
     if job.result:
         with st.expander("Result"):
