@@ -1,6 +1,10 @@
 """The console end to end in a real browser: Debian's Chromium, headless, driven by Playwright,
 against the processes ``make run`` starts (``posttrain up``: worker, gateway, console).
 
+The flow: log in, run a job live, upload a real PDF and see its page with boxes, build tasks
+from it, run the one-click demo (build, SFT, evaluate, GRPO, evaluate) watching its charts live,
+see the held-out gain, deploy the result and chat with it in the playground.
+
 Each step saves a screenshot under ``test-artifacts/e2e/`` and fails when the step's content is
 missing, not only when a page errors.
 """
@@ -171,3 +175,42 @@ def test_build_tasks_from_the_document(browser_page, console) -> None:  # type: 
     reopen_until(page, console, "Tasks", lambda p: p.get_by_role("heading", name="Open a task").count() > 0)
     page.get_by_text("Reference answer").first.wait_for()
     shot(page, "06-tasks")
+
+
+def test_one_click_demo_trains_live_and_shows_the_gain(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    goto(page, console, "Training")
+    page.get_by_role("button", name="Run the demo").click()
+    page.get_by_text("Launched the whole 'cpu-quick' recipe as job").wait_for()
+    # the run view follows it live (no reload): SFT loss first, then the GRPO reward chart
+    page.get_by_text("SFT warm-up loss").first.wait_for(timeout=180_000)
+    page.get_by_text("Reward", exact=True).first.wait_for(timeout=240_000)
+    page.get_by_test_id("stVegaLiteChart").first.wait_for()
+    page.get_by_text("Reward", exact=True).first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "07-demo-training.png"))
+    gain = page.get_by_text("Held-out pass@1:")
+    gain.first.wait_for(timeout=400_000)
+    text = gain.first.inner_text()
+    points = float(text.rsplit("(", 1)[1].split(" points")[0])
+    assert points > 0, f"the demo run did not improve held-out pass@1: {text}"
+    page.get_by_text("Evaluation", exact=True).first.wait_for()
+    gain.first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "08-demo-gain.png"))
+
+
+def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+    page = browser_page
+    page.get_by_role("button", name="Deploy").first.click()
+    page.get_by_text("Queued deployment job").wait_for()
+    goto(page, console, "Models & Serving")
+    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_test_id("stChatInput").count() > 0, timeout_s=240)
+    shot(page, "09-deployed")
+    page.get_by_test_id("stChatInputTextArea").fill("Write 3 in hexadecimal.")
+    page.get_by_test_id("stChatInputTextArea").press("Enter")
+    answer = page.get_by_test_id("stChatMessage").nth(1)
+    answer.wait_for(timeout=120_000)
+    page.get_by_role("button", name="Clear chat").wait_for(timeout=120_000)  # the script ran to its end: the reply is in
+    caption = answer.get_by_test_id("stCaptionContainer").inner_text()
+    reply = answer.inner_text().replace(caption, "").strip()
+    assert caption.startswith("cpu-quick-job") and reply, f"no answer from the deployed model: {answer.inner_text()!r}"
+    shot(page, "10-playground")
