@@ -120,9 +120,43 @@ def lock_seconds(failures: int) -> float:
     return float(min(MAX_LOCK_S, 2 ** (failures - FREE_FAILURES + 1)))
 
 
+def _plausible_username(username: str) -> bool:
+    """What ``create_user`` could have stored: 1-128 printable characters, no spaces. Anything else
+    (NUL bytes, control characters, unpaired surrogates, megabytes) is refused before the database."""
+    return (
+        isinstance(username, str)
+        and 0 < len(username) <= 128
+        and all(c.isprintable() and not c.isspace() for c in username)
+        and not any(0xD800 <= ord(c) <= 0xDFFF for c in username)
+    )
+
+
+def _shown(username: str) -> str:
+    """A username as the audit log may record it: printable, encodable, at most 128 characters."""
+    text = "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else "?" for c in str(username)[:128])
+    return text or "?"
+
+
+def refresh_identity(identity: Identity, *, url: str | None = None) -> Identity | None:
+    """The identity as the database has it now: ``None`` once the user is disabled, the current role
+    after a role change. An identity with no user row behind it (tests, tools) is returned unchanged."""
+    with session(url, read_only=True) as s:
+        user = s.exec(select(User).where(User.username == identity.username)).first()
+    if user is None:
+        return identity
+    if user.disabled:
+        return None
+    return identity if user.role is identity.role else Identity(user.username, user.role)
+
+
 def authenticate(username: str, password: str, *, url: str | None = None) -> Identity:
     """Check a password; raise :class:`AuthError` (after a delay) when refused."""
     now = utcnow()
+    if not _plausible_username(username) or not isinstance(password, str) or len(password) > 4096:
+        _hasher.hash("not the password")  # same cost as a real attempt
+        audit(_shown(username), "login.failed", details={"reason": "malformed"}, url=url)
+        time.sleep(FAILURE_DELAY_S)
+        raise AuthError("wrong username or password")
     with session(url) as s:
         user = s.exec(select(User).where(User.username == username)).first()
         if user is not None and user.locked_until is not None and user.locked_until > now:

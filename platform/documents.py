@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
@@ -53,13 +54,19 @@ def _secrets_dir(settings: Settings) -> Path:
 
 
 def _record_failure(data: bytes | None, filename: str, message: str, url: str | None) -> Document:
-    digest = hashlib.sha256(data if data is not None else filename.encode()).hexdigest()
+    """Record a refused upload as a failed document, so the console shows it. A document already
+    stored with the same content (uploaded before under a good name) is left exactly as it was."""
+    digest = hashlib.sha256(data if data is not None else filename.encode("utf-8", "surrogatepass")).hexdigest()
     with session(url) as s:
         row = s.exec(select(Document).where(Document.sha256 == digest)).first()
+        if row is not None and row.status is not DocumentStatus.failed:
+            return row
         if row is None:
-            row = Document(sha256=digest, filename=os.path.basename(filename)[:512] or "unnamed", size_bytes=len(data or b""))
+            shown = "".join(c if c.isprintable() else "?" for c in os.path.basename(filename.replace("\\", "/")))
+            row = Document(sha256=digest, filename=shown.encode("utf-8", "replace").decode()[:512] or "unnamed",
+                           size_bytes=len(data or b""))
         row.status = DocumentStatus.failed
-        row.error = message
+        row.error = message.encode("utf-8", "replace").decode().replace("\x00", "?")
         row.updated_at = utcnow()
         s.add(row)
         s.flush()
@@ -87,7 +94,8 @@ def add_document(
 
     settings = get_settings()
     data: bytes | None = source if isinstance(source, bytes) else None
-    name = filename or (Path(source).name if isinstance(source, (str, Path)) else "upload")
+    # An explicit name is checked as given (an empty one is refused, not replaced).
+    name = filename if filename is not None else (Path(source).name if isinstance(source, (str, Path)) else "upload")
     try:
         if isinstance(source, bytes):
             stored = ingest_bytes(source, filename=name, data_dir=settings.data_dir)
@@ -100,22 +108,29 @@ def add_document(
             data = Path(source).read_bytes()[: 64 * 1024 * 1024]
         _record_failure(data, name, str(exc), url)
         raise
-    with session(url) as s:
-        row = s.exec(select(Document).where(Document.sha256 == stored.sha256)).first()
-        if row is not None and row.status != DocumentStatus.failed:
-            return Added(row, None, False)
-        row = row or Document(sha256=stored.sha256, filename=stored.filename)
-        row.filename = stored.filename
-        row.kind = stored.kind.value
-        row.size_bytes = stored.size
-        row.storage_path = str(stored.path)
-        row.status = DocumentStatus.uploaded
-        row.error = None
-        row.updated_at = utcnow()
-        s.add(row)
-        s.add(AuditLog(username=submitted_by, action="document.upload", target=stored.filename, details={"sha256": stored.sha256}))
-        s.flush()
-        s.refresh(row)
+    try:
+        with session(url) as s:
+            row = s.exec(select(Document).where(Document.sha256 == stored.sha256)).first()
+            if row is not None and row.status != DocumentStatus.failed:
+                return Added(row, None, False)
+            row = row or Document(sha256=stored.sha256, filename=stored.filename)
+            row.filename = stored.filename
+            row.kind = stored.kind.value
+            row.size_bytes = stored.size
+            row.storage_path = str(stored.path)
+            row.status = DocumentStatus.uploaded
+            row.error = None
+            row.updated_at = utcnow()
+            s.add(row)
+            s.add(AuditLog(username=submitted_by, action="document.upload", target=stored.filename, details={"sha256": stored.sha256}))
+            s.flush()
+            s.refresh(row)
+    except IntegrityError:
+        # The same content uploaded twice at the same moment (PostgreSQL: both saw no row, both
+        # inserted): the other upload stored it and queued its job, so this one is a repeat.
+        with session(url, read_only=True) as s:
+            row = s.exec(select(Document).where(Document.sha256 == stored.sha256)).one()
+        return Added(row, None, False)
     config: dict[str, Any] = {"document_id": row.id, "render_dpi": render_dpi}
     if password:
         # The password never goes into the database: a 0600 file the job reads and deletes.
@@ -228,7 +243,8 @@ def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
         done = set((ctx.checkpoint or {}).get("pages_done", []))
         todo = [n for n in range(1, info.page_count + 1) if n not in done]
         meta = {"metadata": info.metadata, "outline": [o.model_dump(mode="json") for o in info.outline],
-                "repaired": info.repaired, "encrypted": info.encrypted}  # fmt: skip
+                "repaired": info.repaired, "encrypted": info.encrypted,
+                "active_content": info.active_content}  # fmt: skip
         _set_status(doc.id, ctx.url, page_count=info.page_count, meta=meta)  # type: ignore[arg-type]
         ctx.progress(len(done) / max(1, info.page_count), f"{len(done)}/{info.page_count} pages", force=True)
         for page in process_document(doc.storage_path, options, pages=todo, info=info) if todo else []:

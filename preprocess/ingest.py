@@ -28,6 +28,8 @@ from posttrain.preprocess.sniff import HEAD_BYTES, describe_unknown, kind_from_e
 
 _CHUNK = 1024 * 1024
 MAX_FILENAME_CHARS = 255
+# Bidirectional overrides and isolates make 'report\u202efdp.exe' display as 'reportexe.pdf'.
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class StoredDocument(BaseModel):
@@ -52,8 +54,10 @@ def safe_filename(name: str) -> str:
         raise UnsafeFilename(
             f"file name {name!r} holds path components; pass only its base name, e.g. {os.path.basename(cleaned.replace(chr(92), '/'))!r}"
         )
-    if any(unicodedata.category(c) == "Cc" for c in cleaned):
-        raise UnsafeFilename(f"file name {name!r} holds control characters; rename the file")
+    if any(unicodedata.category(c) in ("Cc", "Cs") or c in _BIDI_CONTROLS for c in cleaned):
+        raise UnsafeFilename(
+            f"file name {name!r} holds control, bidirectional-override or unpaired surrogate characters; rename the file"
+        )
     if len(cleaned) > MAX_FILENAME_CHARS:
         raise UnsafeFilename(f"file name {name[:40]!r}... is longer than {MAX_FILENAME_CHARS} characters; shorten it")
     return cleaned

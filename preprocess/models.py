@@ -194,6 +194,10 @@ class DocumentInfo(_Model):
     outline: list[OutlineEntry] = []
     repaired: bool = False
     encrypted: bool = False
+    active_content: list[str] = Field(
+        default_factory=list,
+        description="kinds of active content the file carries (javascript, launch, ...); never run, only reported",
+    )
 
 
 class Progress(_Model):

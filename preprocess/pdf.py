@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -75,6 +76,40 @@ def open_pdf(path: Path | str, options: PreprocessOptions) -> pymupdf.Document:
     return doc
 
 
+# PDF names that make a document do something when opened or clicked: scripts, launching programs,
+# sending or fetching data, embedded payloads. MuPDF runs none of them; they are reported so the
+# operator sees what a file carried.
+_ACTIVE_NAMES = {
+    "JavaScript": "javascript", "JS": "javascript", "Launch": "launch", "AA": "additional_actions",
+    "EmbeddedFile": "embedded_files", "EmbeddedFiles": "embedded_files", "FileAttachment": "embedded_files",
+    "SubmitForm": "submit_form", "ImportData": "import_data", "RichMedia": "rich_media",
+    "RichMediaExecute": "rich_media", "GoToR": "remote_goto", "GoToE": "remote_goto", "XFA": "xfa",
+}
+_ACTIVE_NAME = re.compile(r"/(" + "|".join(sorted(_ACTIVE_NAMES, key=len, reverse=True)) + r")(?=[\s/<>\[\]()]|$)")
+
+
+def active_content(doc: pymupdf.Document) -> list[str]:
+    """The kinds of active content anywhere in the PDF's objects (sorted, without repeats)."""
+    found: set[str] = set()
+    try:
+        count = doc.xref_length()
+    except Exception:  # a damaged cross-reference table: nothing more can be said
+        return []
+    for xref in range(1, count):
+        try:
+            source = doc.xref_object(xref, compressed=True)
+        except Exception:  # one broken object does not hide the others
+            continue
+        for match in _ACTIVE_NAME.finditer(source):
+            found.add(_ACTIVE_NAMES[match.group(1)])
+    try:
+        if doc.embfile_count():
+            found.add("embedded_files")
+    except Exception:
+        pass
+    return sorted(found)
+
+
 def pdf_info(doc: pymupdf.Document) -> DocumentInfo:
     """Metadata and outline of an open PDF."""
     metadata = {k: str(v) for k, v in (doc.metadata or {}).items() if v}
@@ -92,6 +127,7 @@ def pdf_info(doc: pymupdf.Document) -> DocumentInfo:
         outline=outline,
         repaired=bool(doc.is_repaired),
         encrypted=bool(doc.is_encrypted or doc.needs_pass),
+        active_content=active_content(doc),
     )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -37,9 +39,28 @@ _POLL_S = 0.05
 _context: mp.context.BaseContext | None = None
 
 
+def _single_threaded() -> bool:
+    """Whether the calling thread is this process's only Python thread (no queue feeder, timer or
+    server thread). The idle native pools that numpy and onnxruntime start on import work only when
+    a Python thread calls into them, so none is mid-work while this one forks."""
+    return threading.active_count() == 1 and threading.current_thread() is threading.main_thread()
+
+
+def _forked_worker(*args: object) -> None:
+    """A worker forked from the caller: drop the caller's signal handlers (a job process's SIGTERM
+    handler would keep a terminated worker alive), then run as any worker does."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    worker_main(*args)  # type: ignore[arg-type]
+
+
 def _mp_context() -> mp.context.BaseContext:
-    """A forkserver context: safe beside threads, and workers fork from a server that preloaded PyMuPDF."""
+    """Fork when this process runs a single Python thread (a worker's job process): the workers then
+    share the PyMuPDF already imported here instead of starting an interpreter that imports it
+    again (one to two seconds a document). Otherwise a forkserver context: safe beside threads, and
+    workers fork from a server that preloaded PyMuPDF."""
     global _context
+    if _single_threaded() and "fork" in mp.get_all_start_methods():
+        return mp.get_context("fork")
     if _context is None:
         try:
             ctx = mp.get_context("forkserver")
@@ -133,7 +154,7 @@ def _run(
     window = 4 * n_workers  # pages issued ahead of the next one to yield: bounds buffered results
     procs = [
         ctx.Process(
-            target=worker_main,
+            target=_forked_worker if ctx.get_start_method() == "fork" else worker_main,
             args=(str(path), kind.value, options.model_dump_json(), tasks, results, wid),
             daemon=True,
             name=f"posttrain-preprocess-{wid}",

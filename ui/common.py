@@ -17,8 +17,33 @@ def status_label(status: JobStatus) -> str:
 
 
 def current_identity() -> Identity | None:
+    """The logged-in identity; anything else in its place (a dict, a string, an unknown role) is nobody."""
     identity = st.session_state.get(IDENTITY_KEY)
-    return identity if isinstance(identity, Identity) else None
+    if not isinstance(identity, Identity) or not isinstance(identity.role, Role) or not isinstance(identity.username, str):
+        return None
+    return identity
+
+
+def refreshed_identity() -> Identity | None:
+    """The session's identity checked against the database once per run: a user disabled since the
+    login is logged out, a changed role applies at once."""
+    from posttrain.platform.auth import refresh_identity
+
+    identity = current_identity()
+    if identity is None:
+        st.session_state.pop(IDENTITY_KEY, None)
+        return None
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        fresh = refresh_identity(identity)
+    except (DatabaseUnavailable, SettingsError, SQLAlchemyError):
+        return identity  # no database or no schema yet: the page explains that itself
+    if fresh is None:
+        st.session_state.pop(IDENTITY_KEY, None)
+    elif fresh != identity:
+        st.session_state[IDENTITY_KEY] = fresh
+    return fresh
 
 
 def can(role: Role) -> bool:
@@ -34,7 +59,7 @@ def username() -> str:
 
 def require_login() -> Identity:
     """Stop the page unless somebody is logged in (pages are only reachable through the login)."""
-    identity = current_identity()
+    identity = refreshed_identity()
     if identity is None:
         st.warning("Log in to use the console.")
         st.stop()

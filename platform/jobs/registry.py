@@ -94,6 +94,36 @@ def get_kind(name: str) -> JobKind:
         raise JobConfigError(f"unknown job kind {name!r}; known kinds: {known}") from None
 
 
+MAX_CONFIG_VALUES = 100_000  # values in one config, counting repeats (a YAML alias bomb expands to billions)
+MAX_CONFIG_DEPTH = 64
+
+
+def _not_plain_json(config: Any) -> str | None:
+    """Why ``config`` is not a plain, bounded JSON value (non-finite numbers, non-string keys, too deep
+    or too many values), or None. Stored configs must read back exactly as they were validated."""
+    import math
+
+    seen = 0
+    stack: list[tuple[Any, str, int]] = [(config, "(config)", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            return f"more than {MAX_CONFIG_VALUES} values (a YAML alias bomb?); write the config out plainly"
+        if depth > MAX_CONFIG_DEPTH:
+            return f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{where}: {value} is not a finite number; give a number such as 1.0"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    return f"{where}: key {key!r} is not a string; quote it"
+                stack.append((item, key if where == "(config)" else f"{where}.{key}", depth + 1))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+    return None
+
+
 def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
     """Validate ``config`` for ``kind_name``; :class:`JobConfigError` names each bad field."""
     kind = get_kind(kind_name)
@@ -101,6 +131,8 @@ def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
         raise JobConfigError(
             f"invalid config for job kind {kind_name!r}: expected a JSON object, got {type(config).__name__}"
         )
+    if problem := _not_plain_json(config or {}):
+        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problem}")
     try:
         return kind.config_model.model_validate(config or {})
     except ValidationError as exc:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+MAX_JSON_DEPTH = 64  # deeper arguments are refused: json would recurse, and no tool takes such input
 
 
 @dataclass(frozen=True)
@@ -39,50 +39,138 @@ class ParsedTurn:
     calls: list[ToolCall]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _too_deep(text: str) -> bool:
+    """Whether brackets nest deeper than MAX_JSON_DEPTH (outside strings): checked before json.loads,
+    which would otherwise recurse until RecursionError."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def _loads(text: str, what: str) -> tuple[Any, str | None]:
+    """Strict JSON (no NaN/Infinity, bounded nesting) or an error message for the model."""
+    if _too_deep(text):
+        return None, f"{what} nest deeper than {MAX_JSON_DEPTH} levels; send flat JSON"
+    try:
+        return json.loads(text, parse_constant=_no_constant), None
+    except (json.JSONDecodeError, ValueError) as exc:
+        return None, f"{what} are not valid JSON: {exc}"
+
+
 def _arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     if raw is None:
         return {}, None
     if isinstance(raw, str):
+        if not raw.strip():
+            return {}, None
+        raw, error = _loads(raw, "tool arguments")
+        if error:
+            return {}, error
+    elif isinstance(raw, dict):
+        # Already decoded: it must still be what strict JSON can carry back out.
         try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError as exc:
-            return {}, f"tool arguments are not valid JSON: {exc}"
+            raw = json.loads(json.dumps(raw, allow_nan=False), parse_constant=_no_constant)
+        except (TypeError, ValueError, RecursionError) as exc:
+            return {}, f"tool arguments must be plain JSON values: {exc}"
+        if _too_deep(json.dumps(raw)):
+            return {}, f"tool arguments nest deeper than {MAX_JSON_DEPTH} levels; send flat JSON"
     if not isinstance(raw, dict):
         return {}, "tool arguments must be a JSON object"
     return raw, None
 
 
-def _from_openai(item: Mapping[str, Any]) -> ToolCall:
-    function = item.get("function") or {}
-    name = str(function.get("name") or "")
+def _from_openai(item: Any) -> ToolCall:
+    if not isinstance(item, Mapping):
+        return ToolCall(name="", error=f'a tool call must be an object {{"id", "type", "function"}}, got {type(item).__name__}')
+    call_id = item.get("id")
+    call_id = call_id if isinstance(call_id, str) and call_id else f"call_{uuid.uuid4().hex[:12]}"
+    function = item.get("function")
+    if not isinstance(function, Mapping):
+        return ToolCall(name="", id=call_id, error='a tool call needs "function": {"name": ..., "arguments": ...}')
+    name = function.get("name")
+    if not isinstance(name, str):
+        name = ""
     args, error = _arguments(function.get("arguments"))
-    call_id = str(item.get("id") or f"call_{uuid.uuid4().hex[:12]}")
     if not name:
         error = error or "tool call without a function name"
     return ToolCall(name=name, arguments=args, id=call_id, error=error)
 
 
 def _from_hermes(body: str) -> ToolCall:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return ToolCall(name="", error=f"<tool_call> body is not valid JSON: {exc}")
+    obj, error = _loads(body, "<tool_call> body")
+    if error:
+        return ToolCall(name="", error=error.replace(" are ", " is ", 1))
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(name="", error='<tool_call> body must be {"name": ..., "arguments": {...}}')
     args, error = _arguments(obj.get("arguments", obj.get("parameters")))
     return ToolCall(name=obj["name"], arguments=args, error=error)
 
 
+def _hermes_blocks(text: str) -> tuple[str, list[str]]:
+    """Text outside ``<tool_call>`` blocks, and each block's body (an unclosed block runs to the end).
+    A linear scan with str.find: no regex backtracking on long or adversarial output."""
+    bodies: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    while (start := text.find(OPEN_TAG, pos)) >= 0:
+        outside.append(text[pos:start])
+        body_at = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body_at)
+        if end < 0:
+            bodies.append(text[body_at:].strip())
+            pos = len(text)
+            break
+        bodies.append(text[body_at:end].strip())
+        pos = end + len(CLOSE_TAG)
+    outside.append(text[pos:])
+    return "".join(outside), bodies
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(part["text"] for part in content
+                       if isinstance(part, Mapping) and isinstance(part.get("text"), str))
+    return ""
+
+
 def parse_tool_calls(message: Mapping[str, Any] | str) -> ParsedTurn:
     """Tool calls of one assistant turn: an OpenAI message dict (``tool_calls``) or
     plain text with Hermes ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks."""
     if isinstance(message, Mapping):
-        content = message.get("content") or ""
-        if not isinstance(content, str):  # list of content parts
-            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-        if message.get("tool_calls"):
-            return ParsedTurn(content, [_from_openai(item) for item in message["tool_calls"]])
-    else:
+        content = _content_text(message.get("content"))
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            if not isinstance(tool_calls, list):
+                return ParsedTurn(content, [ToolCall(name="", error="tool_calls must be a list of tool calls")])
+            return ParsedTurn(content, [_from_openai(item) for item in tool_calls])
+    elif isinstance(message, str):
         content = message
-    calls = [_from_hermes(m.group(1)) for m in HERMES_CALL.finditer(content)]
-    return ParsedTurn(HERMES_CALL.sub("", content).strip() if calls else content, calls)
+    else:
+        content = ""
+    outside, bodies = _hermes_blocks(content)
+    calls = [_from_hermes(body) for body in bodies]
+    return ParsedTurn(outside.strip() if calls else content, calls)

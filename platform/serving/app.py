@@ -10,8 +10,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle, TokensEvent
-from posttrain.platform.serving.errors import APIError, bad_request, model_not_found
-from posttrain.platform.serving.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from posttrain.platform.serving.errors import APIError, model_not_found
+from posttrain.platform.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+    read_json_body,
+)
 from posttrain.platform.serving.tool_parser import parse_tool_calls, safe_prefix_len
 
 
@@ -51,16 +56,22 @@ def _usage(h: RequestHandle) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def create_engine_app(engine: EmbeddedEngine) -> FastAPI:
-    """Routes: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics."""
+def default_max_request_bytes(engine: EmbeddedEngine) -> int:
+    """Room for the images a prompt may carry (base64: 4/3 of their bytes) plus 16 MiB of text."""
+    images = engine.config.max_images_per_prompt * engine.config.max_image_bytes
+    return images * 4 // 3 + 16 * 1024 * 1024
+
+
+def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = None) -> FastAPI:
+    """Routes: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics.
+
+    A request body over ``max_request_bytes`` (default :func:`default_max_request_bytes`) gets a 413."""
     app = FastAPI(title=f"posttrain engine: {engine.name}")
     app.state.engine = engine
+    limit = max_request_bytes or default_max_request_bytes(engine)
 
     async def body_of(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise bad_request("request body is not valid JSON") from None
+        return (await read_json_body(request, limit))[1]
 
     def check_model(model: str) -> None:
         if model != engine.name:

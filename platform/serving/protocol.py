@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect, Request
 
 from posttrain.platform.serving.errors import APIError, bad_request
 
@@ -63,7 +65,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="what torch.Generator.manual_seed takes")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
@@ -80,6 +82,38 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     max_tokens: int | None = Field(16, ge=1)
+
+
+async def read_json_body(request: Request, max_bytes: int) -> tuple[bytes, Any]:
+    """The raw body and its JSON, refused with a clear 4xx when it is larger than ``max_bytes``
+    (checked on Content-Length and again while reading, so an oversized body is never held whole),
+    not UTF-8 JSON, nested deeper than the JSON decoder goes, or uses NaN/Infinity."""
+    too_large = APIError(413, f"request body is larger than {max_bytes} bytes; send less (fewer or smaller "
+                              "images, a shorter prompt)", type="BadRequestError")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise bad_request("the client disconnected before the request body was complete") from None
+    raw = b"".join(chunks)
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON; send a number")
+
+    try:
+        return raw, json.loads(raw, parse_constant=no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("request body nests JSON too deeply; send flatter JSON") from None
 
 
 def parse_request(model: type[SamplingFields], body: Any) -> Any:

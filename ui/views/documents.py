@@ -73,7 +73,9 @@ def document_list() -> None:
         pd.DataFrame(
             [
                 {"id": d.id, "file": d.filename, "kind": d.kind, "status": status_text(d.status), "pages": d.page_count,
-                 "size (KB)": round(d.size_bytes / 1024, 1), "updated": d.updated_at, "error": d.error or ""}
+                 "size (KB)": round(d.size_bytes / 1024, 1),
+                 "active content": ", ".join((d.meta or {}).get("active_content") or []),
+                 "updated": d.updated_at, "error": d.error or ""}
                 for d in rows
             ]  # fmt: skip
         ),
@@ -97,6 +99,10 @@ if not documents:
     st.stop()
 labels = {d.id: f"#{d.id} {d.filename} ({d.status.value}, {d.page_count} pages)" for d in documents}
 doc_id = st.selectbox("Document", list(labels), format_func=labels.get, key="viewer_doc")
+active = next((d.meta or {}).get("active_content") for d in documents if d.id == doc_id)
+if active:
+    st.warning(f"This file carries active content ({', '.join(active)}). Nothing in it was run; only its text, "
+               "layout and renders were read. Treat the original with care.")
 pages = get_pages(int(doc_id))  # type: ignore[arg-type]
 if not pages:
     st.info("No page is stored yet; the preprocess job is still running.")
