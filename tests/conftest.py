@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -107,14 +108,35 @@ def platform_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     reset_engines()
 
 
+class _Spool:
+    """A worker's stderr kept in a file: ``proc.stderr.read()`` gives everything it wrote so far. (A pipe
+    read only at exit would fill up with a few hundred jobs' log lines and block the worker.)"""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def read(self) -> bytes:
+        self._file.seek(0)
+        return self._file.read()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 def start_worker(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    """A real ``posttrain worker`` process."""
-    return subprocess.Popen(
+    """A real ``posttrain worker`` process; ``proc.stderr.read()`` returns its log."""
+    spool = _Spool()
+    proc = subprocess.Popen(
         [sys.executable, "-m", "posttrain.platform.cli", "worker", *args],
         env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=spool.fileno(),
     )
+    proc.stderr = spool  # type: ignore[assignment]
+    return proc
 
 
 def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:

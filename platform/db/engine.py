@@ -12,20 +12,27 @@ the password masked, and connection failures are re-raised as
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlmodel import Session, create_engine
 
 from posttrain.platform.settings import get_settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+RETRY_TIMEOUT_S = 60.0
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -175,3 +182,30 @@ def check_connection(url: str | None = None) -> None:
             pass
     except OperationalError as exc:
         raise unavailable(engine.url.render_as_string(hide_password=False), exc) from None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database was briefly out of reach (a server restart, a dropped
+    connection, a busy SQLite file), so the same transaction may simply be tried again."""
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    if isinstance(exc, DBAPIError) and "disk is full" in str(exc.orig):  # SQLite's file system is full: not brief
+        return False
+    return isinstance(exc, (OperationalError, InterfaceError)) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def retry_transient(fn: Callable[[], T], *, what: str = "a database call", timeout_s: float = RETRY_TIMEOUT_S) -> T:
+    """``fn()`` (one whole transaction, safe to repeat), tried again with backoff while the database
+    is out of reach, for up to ``timeout_s``; other errors, and the last transient one, propagate."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("%s failed, retrying in %.1fs: the database is out of reach (%s)", what, delay, reason[:300])
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,7 +1,8 @@
 """What a running job sees: its config, a logger, progress, checkpoints, metrics.
 
 A :class:`JobContext` lives inside the job's own process. Database writes are
-one short transaction each; progress is throttled so a tight loop does not
+one short transaction each, retried while the database is briefly out of reach
+(a server restart); progress is throttled so a tight loop does not
 flood the database.
 """
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from sqlalchemy import update
 from sqlmodel import select
 
-from posttrain.platform.db.engine import session
+from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Job, Metric
 from posttrain.platform.settings import Settings
 
@@ -79,32 +80,45 @@ class JobContext:
             return
         self._last_progress = now
         value = None if fraction is None else max(0.0, min(1.0, float(fraction)))
-        with session(self.url) as s:
-            s.exec(update(Job).where(Job.id == self.job_id).values(progress=value, progress_message=message[:500]))
+
+        def write() -> None:
+            with session(self.url) as s:
+                s.exec(update(Job).where(Job.id == self.job_id).values(progress=value, progress_message=message[:500]))
+
+        retry_transient(write, what="recording progress")
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Persist small resumable state (JSON); big state goes to files under ``workdir``."""
         json.dumps(state)  # fail here, not in the database driver, if it is not JSON
-        with session(self.url) as s:
-            s.exec(update(Job).where(Job.id == self.job_id).values(checkpoint=state))
+
+        def write() -> None:
+            with session(self.url) as s:
+                s.exec(update(Job).where(Job.id == self.job_id).values(checkpoint=state))
+
+        retry_transient(write, what="saving the checkpoint")
         self.checkpoint = state
 
     def log_metrics(self, step: int, values: dict[str, float]) -> None:
-        """Record metrics for ``step``; re-logging a step after a resume replaces it, never duplicates."""
-        with session(self.url) as s:
-            existing = {
-                m.name: m
-                for m in s.exec(
-                    select(Metric).where(Metric.job_id == self.job_id, Metric.step == step)
-                ).all()
-            }
-            for name, value in values.items():
-                row = existing.get(name)
-                if row is None:
-                    s.add(Metric(job_id=self.job_id, step=step, name=name, value=float(value)))
-                else:
-                    row.value = float(value)
-                    s.add(row)
+        """Record metrics for ``step``; re-logging a step after a resume replaces it, never duplicates.
+        Every write here is one transaction, retried while the database is briefly out of reach."""
+
+        def write() -> None:
+            with session(self.url) as s:
+                existing = {
+                    m.name: m
+                    for m in s.exec(
+                        select(Metric).where(Metric.job_id == self.job_id, Metric.step == step)
+                    ).all()
+                }
+                for name, value in values.items():
+                    row = existing.get(name)
+                    if row is None:
+                        s.add(Metric(job_id=self.job_id, step=step, name=name, value=float(value)))
+                    else:
+                        row.value = float(value)
+                        s.add(row)
+
+        retry_transient(write, what=f"logging the metrics of step {step}")
 
     def write_json(self, name: str, payload: Any) -> Path:
         """Write ``payload`` to ``workdir/name`` atomically (temp file, then rename)."""

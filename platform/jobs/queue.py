@@ -9,7 +9,10 @@ single write lock.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -160,7 +163,7 @@ class Outcome:
     exit_code: int | None
     result: dict[str, Any] | None = None
     error: str | None = None
-    cause: str | None = None  # oom, timeout, bad_input, transient, infrastructure, error
+    cause: str | None = None  # oom, timeout, bad_input, disk_full, transient, infrastructure, error
     interrupted: bool = False  # stopped by the platform (shutdown, lost worker), not by the job
 
 
@@ -202,7 +205,10 @@ def finish(
             job.error_cause = None
             job.progress = 1.0
         else:
-            worth_retrying = outcome.cause == "transient" or (kind.retryable and outcome.cause not in ("bad_input", "timeout"))
+            # a full disk stays full until someone frees it: retrying would only burn the attempts
+            worth_retrying = outcome.cause == "transient" or (
+                kind.retryable and outcome.cause not in ("bad_input", "timeout", "disk_full")
+            )
             retry = worth_retrying and job.attempts < job.max_attempts
             status = JobStatus.queued if retry else JobStatus.failed
             job.error = outcome.error or f"exited with code {outcome.exit_code}"
@@ -248,6 +254,26 @@ def process_alive(pid: int | None, proc_started: float | None) -> bool:
         return False
 
 
+def kill_process_group(pid: int | None, proc_started: float | None, timeout_s: float = 5.0) -> None:
+    """SIGKILL the process group led by ``pid`` (when it is still the process that started at
+    ``proc_started``) and wait until its leader is gone or a zombie."""
+    if not process_alive(pid, proc_started):
+        return
+    assert pid is not None
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.01)
+
+
 def make_worker_id() -> str:
     """``host:pid:start`` names a worker process unambiguously, even after pid reuse."""
     me = psutil.Process()
@@ -290,6 +316,10 @@ def recover_orphans(stale_after_s: float, *, exclude_worker: str | None = None, 
     recovered: list[int] = []
     for job in orphans:
         assert job.id is not None
+        if job.host == HOSTNAME:
+            # Its process may outlive its worker (it ignores SIGTERM, or is still stopping): end it
+            # before the job is queued again, so two attempts never run at once.
+            kill_process_group(job.pid, job.proc_started)
         status = finish(
             job.id,
             Outcome(exit_code=None, interrupted=True, error=f"interrupted: worker {job.worker_id} was lost"),

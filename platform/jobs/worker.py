@@ -12,10 +12,12 @@ limits, and re-queues jobs that lost their worker.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -28,7 +30,7 @@ from typing import Any
 import psutil
 from pydantic import ValidationError
 
-from posttrain.platform.db.engine import reset_engines, session
+from posttrain.platform.db.engine import is_transient, reset_engines, retry_transient, session
 from posttrain.platform.db.models import Job, JobStatus, Worker as WorkerRow, utcnow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
@@ -39,6 +41,7 @@ log = logging.getLogger("posttrain.worker")
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: the job stopped because it was asked to
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 28  # errno ENOSPC: the job ran out of disk space (perhaps with no room left to say more)
 PR_SET_PDEATHSIG = 1
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.json"
@@ -78,6 +81,7 @@ class Worker:
         self.exit_when_idle = exit_when_idle
         self.id = queue.make_worker_id()
         self.running: dict[int, Running] = {}
+        self._finished: list[tuple[Running, int]] = []  # reaped, their exit not yet recorded
         self._stopping = False
         self._last_heartbeat = 0.0
         self._last_cancel_check = 0.0
@@ -106,13 +110,29 @@ class Worker:
         if recovered:
             log.warning("recovered orphaned jobs %s", recovered)
         log.info("worker %s started: %d cpu slots, %d gpu slots", self.id, self.cpu_slots, self.gpu_slots)
+        outage_delay = 0.0
         try:
             while not self._stopping:
-                self._reap()
-                claimed = self._fill_slots()
-                self._housekeeping()
-                if self.exit_when_idle and not self.running and not claimed and not queue.queued_count(url=self.url):
-                    break
+                try:
+                    self._reap()
+                    self._record_finished()
+                    claimed = self._fill_slots()
+                    self._housekeeping()
+                    idle = not self.running and not self._finished and not claimed
+                    if self.exit_when_idle and idle and not queue.queued_count(url=self.url):
+                        break
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    # The database is out of reach (a restart, a network blip): the jobs keep running;
+                    # claims, heartbeats and exits wait until it is back.
+                    outage_delay = min(max(2 * outage_delay, 0.2), 5.0)
+                    log.warning("database unavailable, retrying in %.1fs: %s", outage_delay, str(exc).splitlines()[0][:300])
+                    signal.sigtimedwait({signal.SIGCHLD}, outage_delay)
+                    continue
+                if outage_delay:
+                    log.info("database reachable again")
+                    outage_delay = 0.0
                 if not claimed:
                     signal.sigtimedwait({signal.SIGCHLD}, self.settings.worker_poll_interval_s)
         finally:
@@ -143,11 +163,22 @@ class Worker:
             self._kill_group(r.pid, signal.SIGKILL)
         while self.running:
             self._reap(block=True)
-        with session(self.url) as s:
-            row = s.get(WorkerRow, self.id)
-            if row is not None:
-                row.stopped_at = utcnow()
-                s.add(row)
+
+        def stopped() -> None:
+            self._record_finished(raise_transient=True)
+            with session(self.url) as s:
+                row = s.get(WorkerRow, self.id)
+                if row is not None:
+                    row.stopped_at = utcnow()
+                    s.add(row)
+
+        try:
+            retry_transient(stopped, what="recording the worker's stop", timeout_s=self.settings.heartbeat_timeout_s)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # the next worker to start finds these jobs orphaned and re-queues them
+            log.error("database unavailable: could not record the end of jobs %s", [r.job_id for r, _ in self._finished])
         log.info("worker %s stopped", self.id)
 
     # --- claiming and spawning --------------------------------------------------
@@ -206,9 +237,23 @@ class Worker:
                 continue
             # Whatever the job left in its group goes with it.
             self._kill_group(pid, signal.SIGKILL)
-            self._finish(r, os.waitstatus_to_exitcode(status))
+            self._finished.append((r, os.waitstatus_to_exitcode(status)))
             if block:
                 return
+
+    def _record_finished(self, raise_transient: bool = False) -> None:
+        """Record the exits reaped so far; one that cannot be recorded now (the database is out of
+        reach) stays in the list and is tried again, so no job is left marked running."""
+        while self._finished:
+            r, code = self._finished[0]
+            try:
+                self._finish(r, code)
+            except Exception as exc:
+                if raise_transient or not is_transient(exc):
+                    raise
+                log.warning("job %d exited with %d; recording it when the database is back", r.job_id, code)
+                return
+            self._finished.pop(0)
 
     def _finish(self, r: Running, code: int) -> None:
         result = _read_json(r.workdir / RESULT_FILE)
@@ -219,6 +264,8 @@ class Worker:
             outcome = queue.Outcome(0, result=result)
         elif r.reason == "shutdown" or (r.reason is None and code in (EXIT_STOPPED, -signal.SIGTERM)):
             outcome = queue.Outcome(code, interrupted=True, error="interrupted: the worker stopped")
+        elif code == EXIT_DISK_FULL and r.reason is None:
+            outcome = queue.Outcome(code, error=error.get("error") or disk_full_message(self.settings), cause="disk_full")
         elif code == -signal.SIGKILL and r.reason is None:
             outcome = queue.Outcome(
                 code, error="killed by SIGKILL, most often the kernel's out-of-memory killer", cause="oom"
@@ -268,6 +315,36 @@ class Worker:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "database or disk is full")
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the disk or a quota is full; libraries
+    that wrap the OS error (safetensors, tokenizers) keep only its text."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(marker in str(exc).lower() for marker in _NO_SPACE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_message(settings: Settings, detail: str = "") -> str:
+    try:
+        usage = shutil.disk_usage(settings.data_dir)
+        room = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB)"
+    except OSError:
+        room = ""
+    return (
+        f"disk full: no space left to write under the data directory {settings.data_dir}{room}; "
+        f"free space in {settings.data_dir} (old checkpoints and logs under {settings.jobs_dir}, unused models) "
+        "and run the job again" + (f". The write that failed: {detail}" if detail else "")
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -321,8 +398,12 @@ def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logg
 
     def write_error(message: str, cause: str) -> None:
         tmp = workdir / f".{ERROR_FILE}.tmp"
-        tmp.write_text(json.dumps({"error": message[:4000], "cause": cause}))
-        os.replace(tmp, workdir / ERROR_FILE)
+        try:
+            tmp.write_text(json.dumps({"error": message[:4000], "cause": cause}))
+            os.replace(tmp, workdir / ERROR_FILE)
+        except OSError as exc:  # a full disk: the exit code carries what it can
+            logger.error("could not record the error in %s: %s", workdir, exc)
+            tmp.unlink(missing_ok=True)
 
     try:
         kind = get_kind(job.kind)
@@ -362,6 +443,9 @@ def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logg
         return 1
     except Exception as exc:  # the job's own failure: recorded, never raised into the worker
         logger.error("failed: %s\n%s", exc, traceback.format_exc())
+        if is_disk_full(exc):
+            write_error(disk_full_message(settings, f"{type(exc).__name__}: {exc}"), "disk_full")
+            return EXIT_DISK_FULL
         write_error(f"{type(exc).__name__}: {exc}", "error")
         return 1
     if ctx.should_stop:

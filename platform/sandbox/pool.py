@@ -162,17 +162,24 @@ class SandboxPool:
         wait = self.config.acquire_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._cond:
-            while not self._ready:
-                if self._closed:
-                    raise PoolClosedError("the sandbox pool is closed")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PoolExhaustedError(
-                        f"no sandbox free within {wait:g} s ({self._describe()}); "
-                        "raise sandbox.pool_size or release sandboxes sooner"
-                    )
-                self._cond.wait(remaining)
-            sandbox = self._ready.popleft()
+            while True:
+                while not self._ready:
+                    if self._closed:
+                        raise PoolClosedError("the sandbox pool is closed")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise PoolExhaustedError(
+                            f"no sandbox free within {wait:g} s ({self._describe()}); "
+                            "raise sandbox.pool_size or release sandboxes sooner"
+                        )
+                    self._cond.wait(remaining)
+                sandbox = self._ready.popleft()
+                if sandbox.intact():
+                    break
+                # It died (or its interpreter did) while idle: never lend it, its episode would
+                # start with a failure that is not the caller's doing. Restart it, take another.
+                self._note_failure(f"sandbox {sandbox.slot} died while idle in the pool; restarting it")
+                self._tasks.put(("start", sandbox))
             self._busy.add(sandbox.slot)
         self._acquire_ms.append((time.perf_counter() - started) * 1000)
         return sandbox

@@ -140,6 +140,17 @@ class Sandbox(ToolMethods):
         self._drain_data()
         return True
 
+    def intact(self) -> bool:
+        """Whether the sandbox is as the pool left it: its process running and no event pending on
+        its control channel (an interpreter that exited, a zygote that died) since its last reset."""
+        if not self.alive or self._ctrl is None or self._proc is None or self._proc.poll() is not None:
+            return False
+        try:
+            readable, _, _ = select.select([self._ctrl], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
     def kill(self) -> None:
         """Kill the whole sandbox at once (process group and PID namespace)."""
         self.alive = False
@@ -232,7 +243,11 @@ class Sandbox(ToolMethods):
                     reply = self._recv(self._data, max(deadline - time.monotonic(), 0.5))
                 except (OSError, ValueError) as exc:
                     return self._restart(op, started, CallStatus.KILLED, f"broken reply from the interpreter: {exc}")
-                if reply is not None and reply.get("id") == request_id:
+                if reply is None:
+                    # End of file: every process holding the sandbox's end is gone, the zygote
+                    # included (it keeps that end for the next episode): the sandbox died.
+                    return self._after_death(op, started, "the sandbox process died during the call")
+                if reply.get("id") == request_id:
                     return self._result(op, reply, started)
                 continue  # a stale reply from a call that was abandoned
             if self._ctrl in readable:

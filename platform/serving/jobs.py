@@ -2,26 +2,32 @@
 
 ``deploy`` is a long-running job: it starts a server for a registered model
 (the embedded engine, or ``vllm serve`` on a GPU host), waits for ``/health``,
-records the deployment's URL and health in the database every few seconds, and
-stops the server cleanly when the job is cancelled. Its log is the server's log.
+records the deployment's URL and health in the database every few seconds,
+restarts the server on the same address when it exits on its own (a crash, the
+OOM killer; the deployment is ``unhealthy`` meanwhile, and fails after
+``MAX_RESTARTS`` exits within ``RESTART_WINDOW_S``), and stops the server
+cleanly when the job is cancelled. Its log is the server's log.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.platform.db.engine import session
+from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Deployment, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 
 HEALTH_INTERVAL_S = 2.0
+MAX_RESTARTS = 3  # a server that exits more often than this within RESTART_WINDOW_S fails its deployment
+RESTART_WINDOW_S = 600.0
 
 
 class BuildModelConfig(BaseModel):
@@ -110,12 +116,15 @@ def server_command(config: DeployConfig, path: str, port: int, settings: Any) ->
 
 
 def _update(deployment_id: int, url: str, **values: Any) -> None:
-    with session(url) as s:
-        row = s.get(Deployment, deployment_id)
-        assert row is not None
-        for key, value in values.items():
-            setattr(row, key, value)
-        s.add(row)
+    def write() -> None:
+        with session(url) as s:
+            row = s.get(Deployment, deployment_id)
+            assert row is not None
+            for key, value in values.items():
+                setattr(row, key, value)
+            s.add(row)
+
+    retry_transient(write, what=f"updating deployment {deployment_id}")  # the server keeps serving meanwhile
 
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
@@ -146,14 +155,28 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         raise RuntimeError(str(exc)) from None
     _update(deployment_id, ctx.url, status="running", healthy=True, last_health_at=utcnow())
     ctx.progress(None, f"serving {config.model} ({config.tier}) at {base_url}/v1", force=True)
-    failures = 0
+    restarts: list[float] = []
     try:
         while not ctx.should_stop:
             ctx.sleep(HEALTH_INTERVAL_S)
             if not server.running:
-                raise RuntimeError(f"the server exited with code {server.proc.returncode if server.proc else None}")
+                # Crashed or killed (the OOM killer, an operator): unhealthy until a new one is up
+                # on the same address, so the gateway keeps its route and answers 503 meanwhile.
+                code = server.stop()
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+                _update(deployment_id, ctx.url, healthy=False, last_health_at=utcnow(), status="unhealthy")
+                if len(restarts) > MAX_RESTARTS:
+                    raise RuntimeError(f"the server exited with code {code}, its {len(restarts)}th exit within "
+                                       f"{RESTART_WINDOW_S:.0f}s; not restarting it again. Its log is this job's log")  # fmt: skip
+                ctx.log.warning("the server exited with code %s; restarting it (restart %d)", code, len(restarts))
+                server = ServerProcess(command, base_url, on_log=lambda line: print(line, flush=True))
+                try:
+                    server.start(timeout_s=config.start_timeout_s)
+                except LaunchError as exc:
+                    raise RuntimeError(f"the server exited with code {code} and did not start again: {exc}") from None
+                ctx.log.info("the server is back at %s", base_url)
             healthy = server.healthy()
-            failures = 0 if healthy else failures + 1
             _update(deployment_id, ctx.url, healthy=healthy, last_health_at=utcnow(), status="running" if healthy else "unhealthy")
     except JobStopped:
         ctx.log.info("stop requested")

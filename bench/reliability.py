@@ -1,0 +1,93 @@
+"""Reliability report: faults survived, hostile inputs refused, load held, data lost.
+
+    .venv/bin/python bench/reliability.py [--soak] [-k EXPR]
+
+Runs the measured suite ``tests/reliability/`` (real workers, databases, sandboxes, engines)
+with every test recording what it injected and measured into one JSON-lines file (the
+``reliability`` fixture in tests/conftest.py), then sums the records. ``--soak`` runs the
+long variant (bigger loads, longer fuzz budgets, more kill points). Prints one JSON object
+per record kind and the report last: one JSON object with ``faults_injected``,
+``faults_survived``, ``inputs_tried``, ``inputs_refused_cleanly``, ``inputs_accepted``,
+``inputs_mishandled``, ``data_lost``, the load figures and the suite's pass/fail counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def summarize(records: list[dict]) -> dict:
+    """The report from the suite's records (see ``Reliability`` in tests/conftest.py)."""
+    faults = [r for r in records if r["kind"] == "fault"]
+    inputs = [r for r in records if r["kind"] == "inputs"]
+    loads = [r for r in records if r["kind"] == "load"]
+    data = [r for r in records if r["kind"] == "data"]
+    surfaces: dict[str, dict[str, int]] = defaultdict(lambda: {"tried": 0, "refused_cleanly": 0, "accepted": 0, "mishandled": 0})
+    for r in inputs:
+        for key in ("tried", "refused_cleanly", "accepted", "mishandled"):
+            surfaces[r["surface"]][key] += int(r[key])
+    return {
+        "faults_injected": len(faults),
+        "faults_survived": sum(1 for r in faults if r["survived"]),
+        "faults": sorted({r["name"] for r in faults}),
+        "faults_not_survived": sorted({r["name"] for r in faults if not r["survived"]}),
+        "inputs_tried": sum(s["tried"] for s in surfaces.values()),
+        "inputs_refused_cleanly": sum(s["refused_cleanly"] for s in surfaces.values()),
+        "inputs_accepted": sum(s["accepted"] for s in surfaces.values()),
+        "inputs_mishandled": sum(s["mishandled"] for s in surfaces.values()),
+        "surfaces": dict(sorted(surfaces.items())),
+        "load": {
+            r["name"]: {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
+            for r in loads
+        },
+        "data_checked": len(data),
+        "data_lost": sum(int(r["lost"]) for r in data),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--soak", action="store_true", help="run the long variant (bigger loads, longer fuzzing)")
+    parser.add_argument("-k", dest="keyword", help="only the tests matching this pytest -k expression")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="posttrain-reliability-") as tmp:
+        report = Path(tmp) / "records.jsonl"
+        env = {**os.environ, "POSTTRAIN_RELIABILITY_REPORT": str(report), "POSTTRAIN_RELIABILITY_SOAK": "1" if args.soak else "0"}
+        cmd = [sys.executable, "-m", "pytest", "tests/reliability", "-q", "-p", "no:cacheprovider", "--timeout", "3600"]
+        if args.keyword:
+            cmd += ["-k", args.keyword]
+        started = time.monotonic()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        minutes = (time.monotonic() - started) / 60
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail)}
+    if proc.returncode != 0:
+        print(proc.stdout[-4000:], file=sys.stderr)
+        print(proc.stderr[-2000:], file=sys.stderr)
+    for r in records:
+        print(json.dumps(r, default=str))
+    summary = summarize(records)
+    summary.update(
+        soak=args.soak, minutes=round(minutes, 2), tests_passed=counts.get("passed", 0),
+        tests_failed=counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+    )  # fmt: skip
+    print(json.dumps(summary))
+    sys.exit(0 if proc.returncode == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
