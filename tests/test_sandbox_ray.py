@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,6 +22,7 @@ import pytest
 
 pytest.importorskip("ray")
 
+from ray_cluster import RayCluster, free_port, local_cluster, start_node, stop_nodes  # noqa: F401 (others import these from here)
 from test_sandbox_bad_inputs import BAD_INPUTS, CONFIG, HOST_MARKERS, SECRET, BadInput
 
 from posttrain.platform.sandbox import CallStatus, PoolExhaustedError, SandboxPool, run_agent
@@ -39,127 +35,15 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)"),
 ]
 
-RAY = str(Path(sys.executable).with_name("ray"))
 RAY_CONFIG = CONFIG.model_copy(update={"backend": "ray"})
-START_TIMEOUT_S = 120.0
 
 
 # ------------------------------------------------------------------ the cluster
-@dataclass
-class RayNode:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tree(self) -> set[psutil.Process]:
-        try:
-            root = psutil.Process(self.proc.pid)
-            return {root, *root.children(recursive=True)}
-        except psutil.Error:
-            return set()
-
-    def raylet(self) -> psutil.Process:
-        return next(p for p in self.tree() if p.name() == "raylet")
-
-    def node_id(self) -> str:
-        args = self.raylet().cmdline()
-        return next(a.split("=", 1)[1] for a in args if a.startswith("--node_id="))
-
-
-@dataclass
-class RayCluster:
-    address: str
-    temp_dir: Path
-    head: RayNode
-    worker: RayNode
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_node(args: list[str], log: Path, env: dict[str, str]) -> RayNode:
-    """``ray start --block`` as our child, so that its daemons are ours to stop (and to reap)."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [RAY, "start", "--block", *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-    node = RayNode(proc, log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while "Ray runtime started" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_nodes([node], None)
-            pytest.fail(f"ray start did not come up: {log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.2)
-    return node
-
-
-def stop_nodes(nodes: list[RayNode], temp_dir: Path | None) -> None:
-    """SIGTERM each ``ray start --block`` (it stops its daemons), then kill whatever is left of
-    its process tree or still runs from the cluster's temp directory."""
-    tracked: set[psutil.Process] = set()
-    for node in nodes:
-        tracked |= node.tree()
-    if temp_dir is not None:
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(temp_dir) in arg for arg in proc.info["cmdline"] or []):
-                tracked.add(proc)
-                try:
-                    tracked |= set(proc.children(recursive=True))
-                except psutil.Error:
-                    pass
-    for node in nodes:
-        if node.proc.poll() is None:
-            node.proc.send_signal(signal.SIGTERM)
-    for node in nodes:
-        try:
-            node.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            node.proc.kill()
-            node.proc.wait(timeout=10)
-    _, alive = psutil.wait_procs(list(tracked), timeout=5)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
-    temp_dir = Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp"))  # short: Ray puts sockets in it
-    port = free_port()
-    env = {
-        **os.environ,
-        "POSTTRAIN_TEST_SECRET_TOKEN": SECRET,  # in the actors' environment: the sandboxes must not see it
-        "RAY_health_check_period_ms": "1000",  # notice a lost node within seconds
-        "RAY_health_check_failure_threshold": "3",
-        "RAY_DISABLE_IMPORT_WARNING": "1",
-    }
-    common = ["--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}"]
-    nodes: list[RayNode] = []
-    try:
-        head = start_node(
-            ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-             "--object-store-memory=100000000", *common],
-            temp_dir / "head.log", env,
-        )
-        nodes.append(head)
-        worker = start_node(
-            [f"--address=127.0.0.1:{port}", "--num-cpus=1", "--object-store-memory=80000000", *common],
-            temp_dir / "worker.log", env,
-        )
-        nodes.append(worker)
-        yield RayCluster(f"127.0.0.1:{port}", temp_dir, head, worker)
-    finally:
-        stop_nodes(list(reversed(nodes)), temp_dir)
-        leftover = [p.pid for p in psutil.process_iter(["cmdline"])
-                    if any(str(temp_dir) in a for a in p.info["cmdline"] or [])]
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        assert leftover == [], f"Ray processes left behind: {leftover}"
+    # the secret is in the actors' environment: the sandboxes must not see it
+    with local_cluster(head_cpus=2, worker_cpus=[1], env={"POSTTRAIN_TEST_SECRET_TOKEN": SECRET}) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -204,3 +204,27 @@ def test_batch_keeps_order_and_async_does_not_block_the_loop(service):
     single, many, ticks = asyncio.run(main())
     assert single.passed and [v.passed for v in many] == [v.passed for v in verdicts]
     assert ticks > 0
+
+
+def test_concurrent_first_lookups_all_see_the_builtin_kinds() -> None:
+    """In a fresh process, threads that look up a kind at the same moment (a verifier actor's first
+    batch) all find it: none sees the registry while the built-in kinds are still loading."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading\n"
+        "from posttrain.platform.verifiers.registry import get_verifier\n"
+        "errors = []\n"
+        "def look():\n"
+        "    try:\n"
+        "        get_verifier('custom')\n"
+        "    except Exception as exc:\n"
+        "        errors.append(exc)\n"
+        "threads = [threading.Thread(target=look) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(len(errors))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "0", out.stdout + out.stderr

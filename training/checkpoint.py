@@ -15,7 +15,9 @@ never leaves a half-written ``step_<N>``; older checkpoints beyond ``keep`` are 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import random
 import shutil
 import uuid
@@ -28,6 +30,8 @@ from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
 PREFIX = "step_"
+
+log = logging.getLogger(__name__)
 
 
 def rng_state() -> dict[str, Any]:
@@ -63,20 +67,25 @@ def save_checkpoint(
     state: dict[str, Any],
     *,
     keep: int = 2,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``root/step_<step>`` atomically and return its path."""
+    """Write ``root/step_<step>`` atomically and return its path.
+
+    ``model_state`` / ``optimizer_state``: full state dicts to write instead of the model's and the
+    optimizer's own (a sharded learner gathers them first, see :mod:`posttrain.training.fsdp`)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()
     try:
-        model.save_pretrained(tmp / "model")  # type: ignore[operator]
+        model.save_pretrained(tmp / "model", **({"state_dict": model_state} if model_state is not None else {}))  # type: ignore[operator]
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
         torch.save(
             {
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer_state if optimizer_state is not None else optimizer.state_dict(),
                 "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
                 "rng": rng_state(),
             },
@@ -88,12 +97,23 @@ def save_checkpoint(
             final.rename(trash)
             shutil.rmtree(trash, ignore_errors=True)
         tmp.rename(final)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and _out_of_space(root)  # measured before the partial write is removed
         shutil.rmtree(tmp, ignore_errors=True)
+        if full and not (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+            # torch.save reports a short write as "unexpected pos ...": say what happened
+            raise OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final} ({exc})") from exc
         raise
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _out_of_space(path: Path, margin_bytes: int = 1 << 20) -> bool:
+    try:
+        return shutil.disk_usage(path).free < margin_bytes
+    except OSError:
+        return False
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -108,6 +128,45 @@ def list_checkpoints(root: str | Path) -> list[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints exist under a root but none of them can be loaded."""
+
+
+def load_latest_checkpoint(
+    root: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
+    """Restore the newest checkpoint under ``root`` that loads; ``(path, state)``, or None when there is none.
+
+    A checkpoint that fails to load (a torn or garbled file: a crash, a full disk, bad storage) is
+    logged and skipped for the one before it, which is then loaded over whatever the bad one had
+    restored; :class:`CheckpointError` when checkpoints exist but none loads.
+    """
+    found = list_checkpoints(root)
+    errors: list[str] = []
+    for path in reversed(found):
+        try:
+            state = load_checkpoint(path, model, optimizer, lr_scheduler)
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises: try the previous checkpoint
+            reason = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+            errors.append(f"{path.name}: {reason}")
+            log.warning("checkpoint %s is corrupt or unreadable (%s); falling back to the previous checkpoint", path, reason)
+            continue
+        if errors:
+            log.warning("the run resumes from checkpoint %s (step %s) after skipping %d corrupt one(s)", path, state.get("step"), len(errors))
+        else:
+            log.info("the run resumes from checkpoint %s (step %s)", path, state.get("step"))
+        return path, state
+    if errors:
+        raise CheckpointError(
+            f"no checkpoint under {root} can be loaded ({'; '.join(errors)}); "
+            "remove the directory (or set resume: false) to start the run afresh"
+        )
+    return None
 
 
 def load_model_weights(model: torch.nn.Module, model_dir: str | Path) -> None:

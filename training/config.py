@@ -39,8 +39,9 @@ class TrainConfig(BaseModel):
     preset_section: ClassVar[str] = ""
 
     model: str | None = Field(default=None, description="a model directory or, in a job, a registered model name")
-    register_as: str | None = Field(default=None, description="in a job: register the final model under this name "
-                                    "(default '<kind>-job<id>')")
+    register_as: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
+                                    description="in a job: register the final model under this name "
+                                    "(default '<kind>-job<id>'); a plain name, it is a directory under models/")
     output_dir: str | None = Field(default=None, description="checkpoints go to <output_dir>/checkpoints")
     device: str = Field(default="auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:1'")
     bf16: bool | None = Field(default=None, description="bf16 autocast; None: on a bf16-capable GPU only")
@@ -74,6 +75,9 @@ class SFTConfig(TrainConfig):
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
     grad_accum_steps: int = Field(default=1, ge=1)
+    nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
+                                "with FSDP; 1: train in the job's own process. The global batch per step stays "
+                                "micro_batch_size * grad_accum_steps rows, split across the processes")
 
 
 class GRPOConfig(TrainConfig):
@@ -98,6 +102,13 @@ class GRPOConfig(TrainConfig):
     queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner")
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
+    rollout_workers: int = Field(default=0, ge=0, description="Ray actors that generate rollouts, each with a copy of "
+                                 "the policy (0: rollouts in this process, sync or pipelined)")
+    verifier_actors: int = Field(default=1, ge=1, description="with rollout_workers: Ray actors that verify, each "
+                                 "running a verifier pool of verifier_workers processes")
+    rollout_worker_gpus: float = Field(default=0, ge=0, description="GPUs each rollout actor claims (0: it samples on CPU)")
+    ray_address: str | None = Field(default=None, description="with rollout_workers: the Ray cluster "
+                                    "(default: POSTTRAIN_RAY_ADDRESS; neither set: a local Ray started for the run)")
     trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
                                        "of each step go to the database (0: none)")
 

@@ -11,6 +11,9 @@ Config (YAML or JSON, validated by :class:`SFTConfig` / :class:`GRPOConfig` / :c
     trajectories_per_step: 64  # trajectories of each step kept in the database
 
 - ``model`` may be a registered model name (resolved with the registry) or a directory.
+- ``train_sft`` with ``nproc_per_node: N > 1`` runs the learner as N FSDP processes under torchrun,
+  children of the job (:mod:`posttrain.training.fsdp`); metrics, checkpoints and the final
+  model are the same as in one process.
 - Checkpoints go under the job's ``workdir`` unless the config names an ``output_dir``; a
   resumed attempt continues from the latest one, so its metrics continue at the next step
   (``ctx.log_metrics`` replaces a step logged twice: no gaps, no duplicates).
@@ -122,7 +125,7 @@ class TrajectoryWriter:
             return
         from sqlalchemy import delete
 
-        from posttrain.platform.db.engine import session
+        from posttrain.platform.db.engine import retry_transient, session
         from posttrain.platform.db.models import Trajectory
 
         rows = []
@@ -130,15 +133,19 @@ class TrajectoryWriter:
             t = group.trajectories[j]
             verdict: dict[str, Any] = t.verdict.model_dump() if t.verdict is not None else {}
             verdict |= {"task_id": group.task.task_id, "policy_version": group.policy_version, "finished": t.finished}
-            rows.append(Trajectory(
-                job_id=self.job_id, step=step, domain=group.task.domain,
-                prompt=[m.model_dump() for m in group.task.prompt], completion=t.text,
-                reward=float(t.reward or 0.0), verdict=verdict,
-            ))
-        with session(self.url) as s:
-            # a step redone after a resume replaces its rows
-            s.exec(delete(Trajectory).where(Trajectory.job_id == self.job_id, Trajectory.step == step))  # type: ignore[call-overload]
-            s.add_all(rows)
+            rows.append({
+                "job_id": self.job_id, "step": step, "domain": group.task.domain,
+                "prompt": [m.model_dump() for m in group.task.prompt], "completion": t.text,
+                "reward": float(t.reward or 0.0), "verdict": verdict,
+            })
+
+        def write() -> None:  # one transaction, repeated as a whole when the database was out of reach
+            with session(self.url) as s:
+                # a step redone after a resume replaces its rows
+                s.exec(delete(Trajectory).where(Trajectory.job_id == self.job_id, Trajectory.step == step))  # type: ignore[call-overload]
+                s.add_all([Trajectory(**row) for row in rows])
+
+        retry_transient(write, what=f"writing the trajectories of step {step}")
 
 
 def _with_output_dir(ctx: JobContext, config: Any) -> Any:
@@ -147,31 +154,30 @@ def _with_output_dir(ctx: JobContext, config: Any) -> Any:
     return config
 
 
-def _resume_step(ctx: JobContext, config: TrainConfig) -> int:
-    """The step the run continues from (0: a fresh start), logged."""
-    import json
-
-    from posttrain.training.checkpoint import latest_checkpoint
-
-    last = latest_checkpoint(Path(config.output_dir or "") / "checkpoints") if config.resume else None
-    step = int(json.loads((last / "state.json").read_text())["step"]) if last is not None else 0
-    if step:
-        ctx.log.info("attempt %d resumes from checkpoint %s (step %d)", ctx.attempt, last, step)
-    return step
-
-
 # --- kinds --------------------------------------------------------------------------
 def run_sft(ctx: JobContext, config: SFTConfig) -> dict[str, Any]:
     from posttrain.training.sft import train_sft
 
     path, base = resolve_model(ctx, config.model)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
-    resumed_from = _resume_step(ctx, config)
-    result = train_sft(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop)
+    if config.nproc_per_node > 1:  # torchrun + FSDP in child processes; the model comes back as the last checkpoint
+        from posttrain.training import fsdp
+
+        try:
+            fsdp.check_launch(config)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        result = fsdp.launch_sft(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop)
+        ctx.check_stop()
+        if result.checkpoint is None:
+            raise RuntimeError(f"the FSDP run ended at step {result.steps} without a checkpoint to register")
+        result.model = fsdp.trained_model(config, result.checkpoint)
+    else:
+        result = train_sft(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop)
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
-    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": resumed_from,
+    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": result.resumed_from,
             "checkpoint": str(result.checkpoint) if result.checkpoint else None}
 
 
@@ -180,14 +186,13 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
 
     path, base = resolve_model(ctx, config.model)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
-    resumed_from = _resume_step(ctx, config)
     writer = TrajectoryWriter(ctx.url, ctx.job_id, config.trajectories_per_step)
     result = train_grpo(config, on_metrics=_reporter(ctx, config.max_steps), on_groups=writer, should_stop=lambda: ctx.should_stop)
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
     last = result.metrics[-1] if result.metrics else {}
-    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": resumed_from,
+    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": result.resumed_from,
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,
             "final_reward_mean": last.get("rollout/reward_mean")}
 
@@ -309,7 +314,6 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
             ctx.log_metrics(step, {("sft/" + k.removeprefix("train/")): v for k, v in metrics.items()})
             stage_progress("sft", sft_config.max_steps, step, f"SFT warm-up step {step}/{sft_config.max_steps}")
 
-        _resume_step(ctx, sft_config)
         result = train_sft(sft_config, on_metrics=on_sft, should_stop=lambda: ctx.should_stop)
         ctx.check_stop()
         assert result.model is not None
@@ -332,7 +336,6 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
             reward = metrics.get("rollout/reward_mean", float("nan"))
             stage_progress("grpo", grpo_config.max_steps, step, f"GRPO step {step}/{grpo_config.max_steps} reward {reward:.3f}")
 
-        _resume_step(ctx, grpo_config)
         result = train_grpo(grpo_config, on_metrics=on_grpo, on_groups=writer, should_stop=lambda: ctx.should_stop)
         ctx.check_stop()
         assert result.model is not None

@@ -6,7 +6,7 @@
 Each step: get a batch of verified rollout groups -> drop groups whose rewards all agree ->
 GRPO update -> publish the new weights to the rollout side -> metrics -> checkpoint.
 
-Where the batch comes from is the only difference between the two modes:
+Where the batch comes from is the only difference between the modes:
 
 - :class:`SyncRollouts` samples with the learner's own model, verifies, and returns
   (on-policy, one thing at a time);
@@ -15,7 +15,9 @@ Where the batch comes from is the only difference between the two modes:
   verifier pool as soon as it is generated, and puts it into a bounded queue; the learner
   takes groups as soon as they are ready, drops those more than ``max_off_policy_steps``
   policy versions old, and corrects the rest with the importance ratio against the
-  behaviour log-probs recorded at generation.
+  behaviour log-probs recorded at generation;
+- :class:`~posttrain.training.distributed.RayRollouts` (``rollout_workers > 0``) does the same with
+  rollout workers and verifiers as Ray actors on a cluster (``ray_address`` or POSTTRAIN_RAY_ADDRESS).
 
 A resumed run restores model, optimizer, LR schedule, RNG and the task scheduler; in
 pipelined mode trajectories in flight at the stop are not kept (they are regenerated).
@@ -30,12 +32,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import PoolConfig, VerifierService
-from posttrain.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import grpo_update, select_groups
 from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, resolve_device, snapshot_state
@@ -57,6 +60,7 @@ class RolloutBatch:
     generated_tokens: int = 0
     generation_s: float = 0.0
     queue_depth: int = 0
+    extra: dict[str, float] = field(default_factory=dict)  # source-specific metrics
 
 
 def _sampling(config: GRPOConfig) -> SamplingConfig:
@@ -75,6 +79,12 @@ def _record(scheduler: Scheduler, group: RolloutGroup) -> None:
 def _has_signal(group: RolloutGroup) -> bool:
     rewards = group.rewards
     return _usable(group) and max(rewards) - min(rewards) > 1e-6
+
+
+class RolloutSource(Protocol):
+    def next_batch(self, version: int) -> RolloutBatch: ...
+    def publish(self, model: torch.nn.Module, version: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class SyncRollouts:
@@ -206,6 +216,7 @@ class GRPOResult:
     checkpoint: Path | None
     metrics: list[dict[str, float]] = field(default_factory=list)
     model: torch.nn.Module | None = None
+    resumed_from: int = 0  # the step of the checkpoint the run continued from (0: a fresh start)
 
 
 def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup]) -> dict[str, float]:
@@ -227,7 +238,7 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
         "pipeline/queue_depth": float(batch.queue_depth),
         "pipeline/staleness_mean": sum(staleness) / len(staleness),
         "pipeline/staleness_max": float(max(staleness)),
-    }
+    } | batch.extra
 
 
 def train_grpo(
@@ -256,20 +267,27 @@ def train_grpo(
 
     ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
     start = 0
-    if ckpt_root is not None and config.resume and (last := latest_checkpoint(ckpt_root)) is not None:
-        state = load_checkpoint(last, model, optimizer, lr_scheduler)
+    if ckpt_root is not None and config.resume and (loaded := load_latest_checkpoint(ckpt_root, model, optimizer, lr_scheduler)):
+        state = loaded[1]
         start = int(state["step"])
         scheduler.load_state_dict(state["scheduler"])
 
-    own_service = service is None
-    service = service or VerifierService(PoolConfig(workers=config.verifier_workers))
+    own_service = service is None and not config.rollout_workers  # Ray rollouts verify on the cluster
+    if own_service:
+        service = VerifierService(PoolConfig(workers=config.verifier_workers))
     executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="posttrain-verify-wait")
-    rollouts: SyncRollouts | PipelinedRollouts
-    if config.pipeline:
+    rollouts: RolloutSource
+    if config.rollout_workers:
+        from posttrain.training.distributed import RayRollouts  # ray is an optional extra
+
+        rollouts = RayRollouts(model, tokenizer, scheduler, config, version=start, source=source)
+    elif config.pipeline:
+        assert service is not None
         rollouts = PipelinedRollouts(model, tokenizer, scheduler, service, executor, config, version=start)
     else:
+        assert service is not None
         rollouts = SyncRollouts(model, tokenizer, scheduler, service, executor, config)
-    result = GRPOResult(steps=start, checkpoint=None, model=model)
+    result = GRPOResult(steps=start, checkpoint=None, model=model, resumed_from=start)
     last_end = time.perf_counter()
     try:
         for step in range(start, config.max_steps):
@@ -304,6 +322,6 @@ def train_grpo(
     finally:
         rollouts.close()
         executor.shutdown(wait=False, cancel_futures=True)
-        if own_service:
+        if own_service and service is not None:
             service.close()
     return result

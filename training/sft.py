@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import SFTConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, chat_example, collate, pack, read_chat_jsonl, task_examples
 from posttrain.training.modeling import PolicySource, autocast, load_policy, resolve_device, token_logprobs
@@ -34,6 +34,7 @@ class SFTResult:
     checkpoint: Path | None
     metrics: list[dict[str, float]] = field(default_factory=list)
     model: torch.nn.Module | None = None
+    resumed_from: int = 0  # the step of the checkpoint the run continued from (0: a fresh start)
 
 
 def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
@@ -68,6 +69,17 @@ def _rows_for_step(num_rows: int, step: int, per_step: int, seed: int) -> list[i
     return out
 
 
+def training_rows(config: SFTConfig, examples: Sequence[SFTExample]) -> list[list[SFTExample]]:
+    """The rows a run draws its batches from: packed examples, or one example per row."""
+    return pack(examples, config.max_seq_len) if config.packing else [[e] for e in examples]
+
+
+def step_rows(rows: Sequence[list[SFTExample]], step: int, config: SFTConfig) -> list[list[SFTExample]]:
+    """The ``micro_batch_size * grad_accum_steps`` rows of global step ``step`` (0-based), in order."""
+    per_step = config.micro_batch_size * config.grad_accum_steps
+    return [rows[i] for i in _rows_for_step(len(rows), step, per_step, config.seed)]
+
+
 def train_sft(
     config: SFTConfig,
     policy: PolicySource | None = None,
@@ -86,22 +98,22 @@ def train_sft(
         model = apply_lora(model, config.lora)
     model.train()
     data = list(examples) if examples is not None else build_examples(config, tokenizer)
-    rows = pack(data, config.max_seq_len) if config.packing else [[e] for e in data]
+    rows = training_rows(config, data)
     optimizer = make_optimizer(model, config)
     lr_scheduler = make_lr_scheduler(optimizer, config)
 
     ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
     start = 0
-    if ckpt_root is not None and config.resume and (last := latest_checkpoint(ckpt_root)) is not None:
-        start = int(load_checkpoint(last, model, optimizer, lr_scheduler)["step"])
+    if ckpt_root is not None and config.resume and (loaded := load_latest_checkpoint(ckpt_root, model, optimizer, lr_scheduler)):
+        start = int(loaded[1]["step"])
 
     per_step = config.micro_batch_size * config.grad_accum_steps
-    result = SFTResult(steps=start, checkpoint=None, model=model)
+    result = SFTResult(steps=start, checkpoint=None, model=model, resumed_from=start)
     for step in range(start, config.max_steps):
         if should_stop is not None and should_stop():
             break
         t0 = time.perf_counter()
-        chosen = [rows[i] for i in _rows_for_step(len(rows), step, per_step, config.seed)]
+        chosen = step_rows(rows, step, config)
         micro = [chosen[i : i + config.micro_batch_size] for i in range(0, per_step, config.micro_batch_size)]
         batches = [collate(m, tokenizer.pad_token_id) for m in micro]
         total_tokens = sum(int((b.labels[:, 1:] != IGNORE).sum()) for b in batches)

@@ -77,21 +77,22 @@ class VerifierKind:
 _lock = threading.Lock()
 _kinds: dict[str, VerifierKind] = {}
 _builtins_loaded = False
+_builtins_lock = threading.Lock()
 
 
 def _ensure_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
-    with _lock:
+    with _builtins_lock:  # concurrent first callers wait until the kinds are in, not just until loading began
         if _builtins_loaded:
             return
-        _builtins_loaded = True
-    from posttrain.platform.verifiers.kinds import BUILTIN_KINDS
+        from posttrain.platform.verifiers.kinds import BUILTIN_KINDS
 
-    for kind in BUILTIN_KINDS:
         with _lock:
-            _kinds.setdefault(kind.name, kind)
+            for kind in BUILTIN_KINDS:
+                _kinds.setdefault(kind.name, kind)
+        _builtins_loaded = True
 
 
 def register_verifier(kind: VerifierKind, *, replace: bool = False) -> None:

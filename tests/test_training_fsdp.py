@@ -1,0 +1,158 @@
+"""The multi-process SFT learner (FSDP2 under torchrun, gloo on CPU): the same losses and weights as
+one process, checkpoints that resume across process counts, and the train_sft job with
+``nproc_per_node: 2`` through a real worker."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from sqlmodel import select
+from test_training_tiny import tiny_policy_dir
+
+from conftest import start_worker, stop_worker
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import JobStatus, Metric
+from posttrain.platform.jobs import queue
+from posttrain.platform.models.registry import get_model, lineage, register_model
+from posttrain.training import fsdp
+from posttrain.training.checkpoint import list_checkpoints
+from posttrain.training.config import SFTConfig
+from posttrain.training.sft import train_sft
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+# 3 rows a step in micro-batches of 1: one process runs 3 accumulated passes; on 2 ranks rank 0
+# trains rows 0 and 2, rank 1 row 1 and a weight-0 pass (every rank runs the same collectives)
+SFT = {"domains": ["str.copy.letters"], "tasks_per_domain": 48, "lr": 3e-3, "micro_batch_size": 1,
+       "grad_accum_steps": 3, "max_seq_len": 128, "max_steps": STEPS, "checkpoint_every": 2,
+       "keep_checkpoints": 3, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_policy_dir(tmp_path_factory.mktemp("fsdp") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The single-process run: per-step losses, checkpoints every 2 steps, final weights."""
+    out = tmp_path_factory.mktemp("single")
+    result = train_sft(SFTConfig(model=str(tiny_dir), output_dir=str(out), **SFT))
+    assert result.steps == STEPS
+    return {"losses": [m["train/loss"] for m in result.metrics], "out": out,
+            "weights": _weights(out / "checkpoints" / f"step_{STEPS:08d}" / "model")}
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(model_dir / "model.safetensors")
+
+
+def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)  # tied embeddings written once, as one process writes them
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_two_processes_resume_a_single_process_checkpoint_and_one_process_resumes_theirs(
+    tiny_dir: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    losses = reference["losses"]
+    # 1 process -> 2: continue the single-process run from its step-2 checkpoint on two FSDP ranks
+    two = tmp_path / "two"
+    shutil.copytree(reference["out"] / "checkpoints" / "step_00000002", two / "checkpoints" / "step_00000002")
+    seen: list[tuple[int, float]] = []
+    result = fsdp.launch_sft(SFTConfig(model=str(tiny_dir), output_dir=str(two), nproc_per_node=2, **SFT),
+                             on_metrics=lambda step, m: seen.append((step, m["train/loss"])))
+    assert result.resumed_from == 2 and result.steps == STEPS and result.model is None
+    assert [step for step, _ in seen] == [3, 4, 5, 6]  # each step once, in order
+    assert [loss for _, loss in seen] == pytest.approx(losses[2:], rel=1e-5)
+    assert set(result.metrics[0]) == {"train/loss", "train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s"}
+    assert [p.name for p in list_checkpoints(two / "checkpoints")] == ["step_00000002", "step_00000004", "step_00000006"]
+    assert result.checkpoint == two / "checkpoints" / "step_00000006"
+    _assert_same_weights(_weights(result.checkpoint / "model"), reference["weights"])
+    assert not _processes_mentioning(str(two)), "a torchrun process outlived its run"
+
+    # 2 processes -> 1: the FSDP checkpoint (gathered full state, optimizer indexed as in one process)
+    one = tmp_path / "one"
+    shutil.copytree(two / "checkpoints" / "step_00000004", one / "checkpoints" / "step_00000004")
+    resumed = train_sft(SFTConfig(model=str(tiny_dir), output_dir=str(one), **SFT))
+    assert resumed.resumed_from == 4 and resumed.steps == STEPS
+    assert [m["train/loss"] for m in resumed.metrics] == pytest.approx(losses[4:], rel=1e-5)
+
+    # the final model loads as the job registers it
+    model = fsdp.trained_model(SFTConfig(model=str(tiny_dir), **SFT), result.checkpoint)
+    _assert_same_weights({k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}, reference["weights"])
+
+
+def test_a_failing_rank_fails_the_launch_and_a_stop_ends_every_process(tiny_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nproc_per_node"):
+        SFTConfig(nproc_per_node=0)
+    bad = SFTConfig(model=str(tiny_dir), output_dir=str(tmp_path / "bad"), nproc_per_node=1, **{**SFT, "domains": ["no.such.domain"]})
+    with pytest.raises(ValueError, match="needs output_dir"):
+        fsdp.check_launch(bad.model_copy(update={"output_dir": None}))
+    # one process keeps this cheap: the error is the rank's own, whatever the count
+    with pytest.raises(fsdp.DistributedRunError, match=r"(?s)1-process FSDP learner failed.*unknown domain 'no.such.domain'"):
+        fsdp.launch_sft(bad)
+
+    # should_stop: torchrun is stopped at once, its ranks (each in a session of its own) with it,
+    # and what was done is returned
+    out = tmp_path / "stopped"
+    config = SFTConfig(model=str(tiny_dir), output_dir=str(out), nproc_per_node=1, **{**SFT, "max_steps": 10_000, "checkpoint_every": 0})
+    seen: list[int] = []
+    result = fsdp.launch_sft(config, on_metrics=lambda step, m: seen.append(step), should_stop=lambda: bool(seen))
+    assert 1 <= result.steps < 10_000 and seen == list(range(1, result.steps + 1))
+    assert not list_checkpoints(out / "checkpoints")
+    assert not _processes_mentioning(str(out)), "a rank outlived the stopped run"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_train_sft_job_with_two_processes_through_the_worker(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path, reference: dict[str, Any]
+) -> None:
+    register_model("tiny", tiny_dir)
+    job_id = queue.submit("train_sft", {**SFT, "model": "tiny", "register_as": "tiny-fsdp", "nproc_per_node": 2})
+    worker = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert worker.wait(timeout=240) == 0
+    finally:
+        stop_worker(worker)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    result = job.result or {}
+    assert result["steps"] == STEPS and result["resumed_from"] == 0 and result["model"] == "tiny-fsdp"
+    assert result["checkpoint"].endswith(f"step_{STEPS:08d}")
+    # every step's metrics exactly once, and the losses of one process
+    with session(db_url, read_only=True) as s:
+        rows = s.exec(select(Metric).where(Metric.job_id == job_id)).all()
+    per_name: dict[str, list[int]] = {}
+    for m in rows:
+        per_name.setdefault(m.name, []).append(m.step)
+    assert set(per_name) == {"train/loss", "train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s"}
+    assert all(sorted(steps) == list(range(1, STEPS + 1)) for steps in per_name.values()), per_name
+    losses = sorted((m.step, m.value) for m in rows if m.name == "train/loss")
+    assert [v for _, v in losses] == pytest.approx(reference["losses"], rel=1e-5)
+    # the final model: registered with its lineage, the weights one process trains
+    produced = get_model("tiny-fsdp")
+    assert produced.produced_by_job_id == job_id
+    assert [m.name for m in lineage("tiny-fsdp")] == ["tiny-fsdp", "tiny"]
+    assert (Path(produced.path) / "tokenizer.json").is_file()
+    _assert_same_weights(_weights(Path(produced.path)), reference["weights"])
+    assert not _processes_mentioning(str(Path(job.log_path or "").parent / "run")), "a torchrun process outlived its job"

@@ -1,0 +1,429 @@
+"""GRPO rollouts on a Ray cluster: rollout worker actors and verifier actors.
+
+    train_grpo(GRPOConfig(model="/shared/models/base", domains=["str.copy.letters"], rollout_workers=4,
+                          verifier_actors=2, ray_address="ray://head:10001"))   # or POSTTRAIN_RAY_ADDRESS
+
+:class:`RayRollouts` is the third rollout source of the loop, beside ``SyncRollouts`` and
+``PipelinedRollouts``, with the same contract (``next_batch``, ``publish``, ``close``) and the
+same staleness accounting:
+
+- ``rollout_workers`` :class:`RolloutWorker` actors each hold a frozen copy of the policy (loaded
+  from the model directory, or shipped through the object store when the learner's model has no
+  directory of its own, e.g. with LoRA) and turn a task batch into rollout groups, token ids and
+  behaviour log-probs included;
+- after every update the learner puts the new weights into the object store once (``ray.put``)
+  and hands the reference, tagged with the policy version, to a small
+  :class:`~posttrain.training.ray_actors.WeightStore` actor;
+  each worker loads the latest weights before its next batch and tags its groups with the version
+  it really loaded;
+- every generated batch's tasks and completion texts go straight from the worker (object
+  reference to object reference, not through the learner) to one of ``verifier_actors``
+  :class:`~posttrain.training.ray_actors.VerifierActor` actors, each running an ordinary
+  :class:`~posttrain.platform.verifiers.VerifierService`: the same checks, timeouts and
+  infrastructure-error verdicts as in one process;
+- the learner keeps up to ``rollout_workers + queue_size`` batches outstanding, two per worker at
+  most (one sampling, one queued, so a worker never waits for the learner), takes verified batches
+  in the order they were asked for as soon as they are ready, and drops those more than
+  ``max_off_policy_steps`` versions old, exactly as the pipelined loop does.
+
+An actor that dies (killed, out of memory, node lost) is replaced: a lost rollout worker's task
+batches go to its successor, a lost verifier's batches are checked again by its successor (or
+become infrastructure errors after a second loss). An exception raised inside an actor, such as a
+task with an unknown verifier kind, is a configuration error and fails the run.
+
+Requirements: ``ray`` on the driver and the nodes, ``posttrain`` installed on the nodes, and the
+model directory readable at the same path on every node (else pass the model object). ``ray`` is
+imported only when this module is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("rollout_workers > 0 runs rollouts on Ray, which is not installed: pip install 'posttrain[ray]' "
+                      "(or set rollout_workers: 0)") from exc
+import torch
+from ray.exceptions import (
+    GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError, RayTaskError, WorkerCrashedError,
+)
+from transformers import PreTrainedTokenizerBase
+
+from posttrain.platform.settings import get_settings
+from posttrain.platform.verifiers import TaskSpec, Verdict
+from posttrain.training.config import GRPOConfig
+from posttrain.training.loop import RolloutBatch, _has_signal, _record, _sampling
+from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, snapshot_state
+from posttrain.training.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification, generate_groups
+from posttrain.training.scheduler import Scheduler
+
+ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
+START_TIMEOUT_S = 600.0  # actors import torch and load the model before they answer
+RPC_TIMEOUT_S = 30.0
+VERIFY_MARGIN_S = 30.0  # added to the worst case of a batch's checks before the learner gives up on it
+DEFAULT_CHECK_S = 60.0  # a check's limit when the config sets none (the kinds' own defaults are lower)
+BATCHES_PER_WORKER = 2  # one sampling, one queued behind it
+# what an actor's death, not the work it was given, looks like: the work is done again elsewhere
+_LOST = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)
+
+
+# ===================================================================== actors
+@dataclass
+class Generated:
+    """One rollout worker's answer for one task batch."""
+
+    groups: list[RolloutGroup]
+    version: int  # the policy version the worker had loaded
+    tokens: int
+    seconds: float
+
+
+class RolloutWorker:
+    """A frozen policy copy that samples rollout groups (a Ray actor)."""
+
+    def __init__(self, recipe: str | tuple[Any, Any], store: Any, group_size: int, sampling: SamplingConfig,
+                 device: str, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.policy, self.tokenizer = load_policy(recipe if isinstance(recipe, str) else tuple(recipe), device=device)
+        self.policy.eval()
+        self.policy.requires_grad_(False)
+        self.store, self.group_size, self.sampling = store, group_size, sampling
+        self.version = -1
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def loaded_version(self) -> int:
+        return self.version
+
+    def _sync_weights(self) -> None:
+        latest = ray.get(self.store.latest.options(max_task_retries=-1).remote(), timeout=RPC_TIMEOUT_S)
+        if latest is None or latest[0] == self.version:
+            return  # a restarted store knows nothing until the next publish: keep these weights
+        version, (ref,) = latest
+        self.policy.load_state_dict(ray.get(ref))
+        self.version = version
+
+    def generate(self, tasks: Sequence[TaskSpec]) -> tuple[Generated, ToVerify]:
+        """The groups, and (a second object, for a verifier) each group's task and completion texts."""
+        self._sync_weights()
+        started = time.perf_counter()
+        groups = generate_groups(self.policy, self.tokenizer, tasks, self.group_size, self.sampling,
+                                 policy_version=self.version)
+        tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
+        generated = Generated(groups, self.version, tokens, time.perf_counter() - started)
+        return generated, [(g.task, [t.text for t in g.trajectories]) for g in groups]
+
+
+@functools.cache
+def _remote(cls: type) -> Any:
+    return ray.remote(cls)
+
+
+# ===================================================================== learner side
+@dataclass
+class _Flight:
+    """One task batch on its way: sampling on a worker, then checking on a verifier."""
+
+    tasks: list[TaskSpec]
+    slot: int
+    incarnation: int
+    generated: Any  # ObjectRef[Generated]
+    to_verify: Any  # ObjectRef[ToVerify]
+    verified: Any = None  # ObjectRef[list[list[Verdict]]]
+    verifier_slot: int = 0
+    verifier_incarnation: int = 0
+    verify_attempts: int = 0
+    result: Generated | None = None  # set once sampling is done
+    deadline: float = float("inf")
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    incarnation: int = 0
+    name: str = ""
+
+
+@dataclass
+class RayStats:
+    replaced_workers: int = 0
+    replaced_verifiers: int = 0
+    requeued_batches: int = 0
+    publish_s: float = 0.0
+
+
+class RayRollouts:
+    """Rollout workers and verifiers as Ray actors; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
+                 config: GRPOConfig, version: int, source: PolicySource) -> None:
+        if config.rollout_workers < 1:
+            raise ValueError("RayRollouts needs GRPOConfig.rollout_workers >= 1")
+        self.scheduler, self.config = scheduler, config
+        self.stats = RayStats()
+        self._flights: list[_Flight] = []
+        self._retry: deque[list[TaskSpec]] = deque()
+        self._workers: list[_Slot] = []
+        self._verifiers: list[_Slot] = []
+        self._next_verifier = 0
+        self._limit = config.rollout_workers + config.queue_size
+        self._max_replacements = max(4, 2 * (config.rollout_workers + config.verifier_actors))
+        self._closed = False
+        self._owns_ray = False
+        self.run_id = os.urandom(4).hex()
+        address = config.ray_address or get_settings().ray_address
+        cpus = config.rollout_workers + config.verifier_actors  # one each
+        if not ray.is_initialized():
+            # a Ray started here (no address) gets enough logical CPUs for the actors even on a small host
+            local = {} if address else {"num_cpus": max(os.cpu_count() or 1, cpus)}
+            ray.init(address=address or None, namespace=ACTOR_NAMESPACE, log_to_driver=False, configure_logging=False,
+                     **local)
+            self._owns_ray = True
+        try:
+            self._check_resources(cpus, config.rollout_workers * config.rollout_worker_gpus)
+            self._store = _remote(WeightStore).options(
+                num_cpus=0, max_restarts=-1, name=f"posttrain-weights-{self.run_id}").remote()
+            self._put_weights(model, version)
+            if isinstance(source, (str, Path)) and config.lora is None:
+                self._recipe: Any = str(Path(source).resolve())
+            else:  # no directory holds these weights' architecture (a given model, LoRA): ship the model
+                self._recipe = ray.put((frozen_copy(model).to("cpu"), tokenizer))
+            self._workers = [self._spawn_worker(i, 0) for i in range(config.rollout_workers)]
+            self._verifiers = [self._spawn_verifier(i, 0) for i in range(config.verifier_actors)]
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ actors
+    @staticmethod
+    def _check_resources(cpus: float, gpus: float) -> None:
+        """Fail now, not after a long wait for actors that can never be placed."""
+        have = ray.cluster_resources()
+        if have.get("CPU", 0) < cpus or have.get("GPU", 0) < gpus:
+            raise ValueError(
+                f"the Ray cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; the run's actors need "
+                f"{cpus:g} CPUs (one per rollout worker and per verifier actor) and {gpus:g} GPUs "
+                "(rollout_workers * rollout_worker_gpus): lower rollout_workers / verifier_actors or add nodes")
+
+    def _spawn_worker(self, slot: int, incarnation: int) -> _Slot:
+        name = f"posttrain-rollout-{self.run_id}-{slot}.{incarnation}"
+        gpus = self.config.rollout_worker_gpus
+        actor = _remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus, max_restarts=0, name=name).remote(
+            self._recipe, self._store, self.config.group_size, _sampling(self.config), "cuda" if gpus > 0 else "cpu",
+            self.config.seed + 1 + slot + 1000 * incarnation)
+        return _Slot(actor, incarnation, name)
+
+    def _spawn_verifier(self, slot: int, incarnation: int) -> _Slot:
+        name = f"posttrain-verifier-{self.run_id}-{slot}.{incarnation}"
+        actor = _remote(VerifierActor).options(num_cpus=1, max_restarts=0, max_concurrency=8, name=name).remote(
+            self.config.verifier_workers)
+        return _Slot(actor, incarnation, name)
+
+    def _wait_ready(self) -> None:
+        slots = [*self._workers, *self._verifiers]
+        refs = [s.actor.ready.remote() for s in slots]
+        try:
+            ray.get(refs, timeout=START_TIMEOUT_S)
+        except (RayError, GetTimeoutError) as exc:
+            raise RuntimeError(f"the Ray rollout actors did not start: {_first_line(exc)}") from exc
+
+    def _replace(self, slots: list[_Slot], slot: int, incarnation: int, what: str, exc: BaseException) -> None:
+        """Replace the actor in ``slot`` if it is still the one that failed (once per death)."""
+        if slots[slot].incarnation != incarnation:
+            return
+        self.stats.replaced_workers += what == "rollout worker"
+        self.stats.replaced_verifiers += what == "verifier"
+        if self.stats.replaced_workers + self.stats.replaced_verifiers > self._max_replacements:
+            raise RuntimeError(
+                f"Ray {what}s keep dying ({self._max_replacements} replaced); the last: {_first_line(exc)}") from exc
+        with contextlib.suppress(RayError):
+            ray.kill(slots[slot].actor, no_restart=True)
+        spawn = self._spawn_worker if slots is self._workers else self._spawn_verifier
+        slots[slot] = spawn(slot, incarnation + 1)
+
+    # ------------------------------------------------------------ dispatch
+    def _verify(self, flight: _Flight) -> None:
+        slot = self._next_verifier % len(self._verifiers)
+        self._next_verifier += 1
+        verifier = self._verifiers[slot]
+        flight.verifier_slot, flight.verifier_incarnation = slot, verifier.incarnation
+        flight.verify_attempts += 1
+        # the generated batch goes from the worker to the verifier directly; the learner only keeps the reference
+        flight.verified = verifier.actor.verify.remote(flight.to_verify, self.config.verifier_timeout_s)
+
+    def _fill(self) -> None:
+        """Keep every worker busy, up to the bound on outstanding batches."""
+        while len(self._flights) < self._limit:
+            busy = Counter(f.slot for f in self._flights if f.result is None)
+            slot = min(range(len(self._workers)), key=lambda s: busy[s])
+            if busy[slot] >= BATCHES_PER_WORKER:
+                return
+            tasks = self._retry.popleft() if self._retry else list(self.scheduler.next_batch())
+            worker = self._workers[slot]
+            generated, to_verify = worker.actor.generate.options(num_returns=2).remote(tasks)
+            flight = _Flight(tasks, slot, worker.incarnation, generated, to_verify)
+            self._verify(flight)
+            self._flights.append(flight)
+
+    def _poll(self, timeout: float) -> None:
+        """Wait until some batch finished sampling or checking (or ``timeout``), then note what sampled."""
+        sampling = [f for f in self._flights if f.result is None]
+        waiting = [f.generated for f in sampling] + [f.verified for f in self._flights if f.result is not None]
+        if waiting:
+            ray.wait(waiting, num_returns=1, timeout=timeout)
+        if sampling:
+            ready, _ = ray.wait([f.generated for f in sampling], num_returns=len(sampling), timeout=0)
+            done = set(ready)
+            for flight in sampling:
+                if flight.generated in done:
+                    self._sampled(flight)
+
+    def _sampled(self, flight: _Flight) -> None:
+        try:
+            result: Generated = ray.get(flight.generated, timeout=RPC_TIMEOUT_S)
+        except _LOST as exc:  # the worker died (killed, out of memory, node lost): its successor redoes the batch
+            self._flights.remove(flight)
+            self._replace(self._workers, flight.slot, flight.incarnation, "rollout worker", exc)
+            self._retry.append(flight.tasks)
+            self.stats.requeued_batches += 1
+            return
+        except RayError as exc:  # what the worker raised: a bug or a bad input, not a lost actor
+            raise RuntimeError(f"a Ray rollout worker failed: {_first_line(exc)}") from exc
+        now = time.monotonic()
+        for group in result.groups:
+            group.created_at = now  # the worker's clock means nothing here
+        flight.result = result
+        completions = sum(len(g.trajectories) for g in result.groups)
+        flight.deadline = now + VERIFY_MARGIN_S + (self.config.verifier_timeout_s or DEFAULT_CHECK_S) * completions
+
+    def _checked(self) -> tuple[_Flight, list[list[Verdict]]] | None:
+        """The oldest sampled batch whose verdicts are in, if any."""
+        sampled = [f for f in self._flights if f.result is not None]
+        if not sampled:
+            return None
+        ready, _ = ray.wait([f.verified for f in sampled], num_returns=len(sampled), timeout=0)
+        done = set(ready)
+        for flight in sampled:
+            assert flight.result is not None
+            if flight.verified in done:
+                try:
+                    return flight, ray.get(flight.verified, timeout=RPC_TIMEOUT_S)
+                except _LOST as exc:  # the verifier died: check again on its successor, once
+                    self._replace(self._verifiers, flight.verifier_slot, flight.verifier_incarnation, "verifier", exc)
+                    if flight.verify_attempts < 2:
+                        self._verify(flight)
+                        continue
+                    return flight, _groups_infra(flight.result.groups, f"the verifier actor was lost twice: {_first_line(exc)}")
+                except RayError as exc:  # e.g. a task with an unknown verifier kind: the operator must fix it
+                    raise RuntimeError(f"verification on Ray failed: {_first_line(exc)}") from exc
+            if time.monotonic() > flight.deadline:
+                ray.cancel(flight.verified)
+                return flight, _groups_infra(flight.result.groups, "verification on Ray did not answer in time")
+        return None
+
+    def _take(self) -> Generated:
+        while True:
+            self._fill()
+            checked = self._checked()
+            if checked is not None:
+                flight, verdicts = checked
+                self._flights.remove(flight)
+                assert flight.result is not None
+                for group, row in zip(flight.result.groups, verdicts):
+                    group.verify_futures = [_done(v) for v in row]
+                self._fill()
+                return flight.result
+            self._poll(timeout=0.5)
+
+    # ------------------------------------------------------------ the loop's interface
+    def next_batch(self, version: int) -> RolloutBatch:
+        self._fill()
+        self._poll(timeout=0)
+        out = RolloutBatch(queue_depth=sum(f.result is not None for f in self._flights))
+        useful = fresh = 0
+        while useful < self.config.scheduler.batch_size and fresh < self.config.max_rollout_batches_per_step:
+            item = self._take()
+            if version - item.version > self.config.max_off_policy_steps:
+                out.stale_dropped += len(item.groups)
+                continue
+            fresh += 1
+            out.generated_tokens += item.tokens
+            out.generation_s += item.seconds
+            for group in item.groups:
+                collect_verification(group)
+                _record(self.scheduler, group)
+            out.groups += item.groups
+            useful += sum(_has_signal(g) for g in item.groups)
+        out.extra = {
+            "pipeline/batches_in_flight": float(len(self._flights)),
+            "pipeline/publish_s": self.stats.publish_s,
+            "pipeline/actors_replaced": float(self.stats.replaced_workers + self.stats.replaced_verifiers),
+            "pipeline/batches_redone": float(self.stats.requeued_batches),
+        }
+        return out
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """Put the new weights into the object store once; each worker loads them before its next batch."""
+        started = time.perf_counter()
+        self._put_weights(model, version)
+        self.stats.publish_s = time.perf_counter() - started
+
+    def _put_weights(self, model: torch.nn.Module, version: int) -> None:
+        ref = ray.put(snapshot_state(model))
+        ray.get(self._store.put.options(max_task_retries=-1).remote(version, [ref]), timeout=START_TIMEOUT_S)
+
+    def worker_versions(self) -> list[int]:
+        """The policy version each rollout worker has loaded (-1: none yet)."""
+        return list(ray.get([s.actor.loaded_version.remote() for s in self._workers], timeout=RPC_TIMEOUT_S))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._flights.clear()
+        closing = [s.actor.close.remote() for s in self._verifiers]  # their process pools stop with them
+        with contextlib.suppress(RayError, GetTimeoutError):
+            ray.wait(closing, num_returns=len(closing), timeout=RPC_TIMEOUT_S)
+        for slot in [*self._workers, *self._verifiers]:
+            with contextlib.suppress(RayError):
+                ray.kill(slot.actor, no_restart=True)
+        if getattr(self, "_store", None) is not None:
+            with contextlib.suppress(RayError):
+                ray.kill(self._store, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+
+def _done(verdict: Verdict) -> Future[Verdict]:
+    future: Future[Verdict] = Future()
+    future.set_result(verdict)
+    return future
+
+
+def _groups_infra(groups: Sequence[RolloutGroup], message: str) -> list[list[Verdict]]:
+    return infra_verdicts([(g.task, [t.text for t in g.trajectories]) for g in groups], message)
+
+
+def _first_line(exc: BaseException, limit: int = 500) -> str:
+    """One line that says what went wrong: what the actor raised, not Ray's wrapper around it."""
+    cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {_first_line(cause, limit)}"[:limit]
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if isinstance(exc, RayError) and len(lines) > 1:  # a traceback as text: its last line names the error
+        return lines[-1].strip()[:limit]
+    return (lines[0] if lines else type(exc).__name__)[:limit]

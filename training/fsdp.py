@@ -1,0 +1,427 @@
+"""The SFT learner on several processes: FSDP2 under torchrun, one process per GPU (gloo processes on CPU).
+
+    # a job does it for you: train_sft with ``nproc_per_node: 8``; by hand:
+    torchrun --standalone --nproc_per_node 8 -m posttrain.training.fsdp --config sft.yaml
+
+Everything but the sharding is :func:`posttrain.training.sft.train_sft`'s: the same examples,
+rows and per-step row choice (``step_rows``), the same loss (summed token NLL over the trained
+tokens of the whole step), the same optimizer, LR schedule and checkpoints. Read top to bottom:
+
+- every rank loads the model (and, resuming, the latest checkpoint's weights) on the CPU, then
+  shards it with ``fully_shard``: each decoder layer, then the root; the shards go to the rank's
+  GPU (nccl) or stay on the CPU (gloo);
+- a step's global batch is the ``micro_batch_size * grad_accum_steps`` rows a single process
+  would train on; rank ``r`` takes rows ``r, r + N, ...`` and runs them in micro-batches of
+  ``micro_batch_size`` (every rank the same number of passes: one short of rows runs a pass
+  with weight 0), gradients are synchronised on the last micro-batch only;
+- each rank's loss is its rows' summed NLL divided by the step's trained tokens (all ranks),
+  times N because FSDP averages gradients over the ranks: the update is the single-process one;
+- the gradient norm is clipped over the sharded gradients (DTensors: the norm is global);
+- bf16: FSDP mixed precision (bf16 parameters, fp32 gradient reduction) on a GPU that has
+  bf16; elsewhere the single-process rule (``TrainConfig.bf16``, default off on CPU);
+- rank 0 appends each step's metrics (train_sft's names) to a JSON-lines file and writes the
+  checkpoints: full state dicts gathered from the shards, in :mod:`~posttrain.training.checkpoint`'s
+  format (the optimizer state indexed as a single process indexes it), so any number of
+  processes, one included, resumes from them.
+
+:func:`launch_sft` starts torchrun as a child process (in the caller's process group, so a job's
+cancel or kill stops it; the ranks die with torchrun), follows rank 0's metrics file and
+raises :class:`DistributedRunError` with the tail of the output when the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, load_model_weights, save_checkpoint
+from posttrain.training.config import SFTConfig
+from posttrain.training.data import IGNORE, collate
+from posttrain.training.modeling import autocast, load_policy, resolve_device
+from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
+from posttrain.training.sft import SFTResult, build_examples, sft_loss_sum, step_rows, training_rows
+
+log = logging.getLogger(__name__)
+
+MetricsFn = Callable[[int, dict[str, float]], None]
+StopFn = Callable[[], bool]
+PR_SET_PDEATHSIG = 1
+
+
+class DistributedRunError(RuntimeError):
+    """The multi-process learner failed; the message holds torchrun's exit status and last output."""
+
+
+# --- inside each rank ----------------------------------------------------------------
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """torchrun starts each rank in its own session: make it end when torchrun ends, however it ends."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)  # the launcher is already gone
+
+
+def _optimizer_state_by_index(named: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (torch.distributed.checkpoint) in the form
+    ``optimizer.state_dict()`` has in one process: parameters numbered in param-group order."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in named["param_groups"]:
+        groups.append({**group, "params": [index.setdefault(name, len(index)) for name in group["params"]]})
+    return {"state": {index[name]: value for name, value in named["state"].items()}, "param_groups": groups}
+
+
+def _optimizer_state_by_name(indexed: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of :func:`_optimizer_state_by_index` for a model whose trainable parameters are ``names``."""
+    ids = [i for group in indexed["param_groups"] for i in group["params"]]
+    if sorted(ids) != list(range(len(names))):
+        raise ValueError(f"the checkpoint's optimizer holds {len(ids)} parameters, the model trains {len(names)}: "
+                         "it was written for another model or LoRA setting")
+    groups = [{**group, "params": [names[i] for i in group["params"]]} for group in indexed["param_groups"]]
+    return {"state": {names[int(i)]: value for i, value in indexed["state"].items()}, "param_groups": groups}
+
+
+def _shard(model: torch.nn.Module, mesh: Any, mp_policy: Any) -> None:
+    """``fully_shard`` each decoder layer (the model's ``_no_split_modules``), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model
+    layer_types = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    if not layers:
+        log.warning("no decoder layers found (_no_split_modules=%s): the whole model is one FSDP unit", sorted(layer_types))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+
+
+def _aliases(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that are another name's parameter (tied embeddings): a single process's
+    ``save_pretrained`` writes each once, and so do we (a gathered state dict holds them twice)."""
+    first: dict[int, str] = {}
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), name) != name}
+
+
+def _full_tensor(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None) -> SFTResult:
+    """Run :func:`~posttrain.training.sft.train_sft`'s training as one rank of a torchrun job."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if config.model is None:
+        raise ValueError("no model: set SFTConfig.model to a model directory")
+    if "RANK" not in os.environ:
+        raise RuntimeError("run this under torchrun: torchrun --nproc_per_node N -m posttrain.training.fsdp --config FILE")
+    requested = resolve_device(config.device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if requested.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(device.type, (world,))
+        bf16 = config.bf16 if config.bf16 is not None else device.type == "cuda" and torch.cuda.is_bf16_supported()
+        fsdp_bf16 = bool(bf16) and device.type == "cuda"  # bf16 compute and all-gathers, fp32 gradient reduction
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if fsdp_bf16 else MixedPrecisionPolicy()
+        amp = False if fsdp_bf16 else config.bf16  # else as in one process: fp32, or bf16 autocast where asked for
+
+        torch.manual_seed(config.seed)
+        model, tokenizer = load_policy(config.model, device="cpu")
+        if config.lora is not None:
+            model = apply_lora(model, config.lora)
+        model.train()
+        rows = training_rows(config, build_examples(config, tokenizer))
+
+        ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
+        # every rank reads the same checkpoint: full weights (and RNG) into the unsharded model
+        loaded = load_latest_checkpoint(ckpt_root, model) if ckpt_root is not None and config.resume else None
+        start = int(loaded[1]["step"]) if loaded else 0
+        agreed = torch.tensor([start, -start], dtype=torch.int64, device=device)  # nccl reduces device tensors only
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        if int(agreed[0]) != -int(agreed[1]):
+            raise RuntimeError(f"the ranks found different checkpoints under {ckpt_root} (rank {rank}: step {start})")
+
+        _shard(model, mesh, mp_policy)
+        optimizer = make_optimizer(model, config)
+        lr_scheduler = make_lr_scheduler(optimizer, config)
+        trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+        tied = _aliases(model)
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if loaded:
+            trainer = torch.load(loaded[0] / "trainer.pt", map_location="cpu", weights_only=False)
+            by_name = _optimizer_state_by_name(trainer["optimizer"], trainable)
+            set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+            if trainer["lr_scheduler"] is not None:
+                lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+
+        out: TextIO | None = None
+        if rank == 0 and metrics_file is not None:
+            out = open(metrics_file, "a", buffering=1)  # noqa: SIM115 - closed below
+        result = SFTResult(steps=start, checkpoint=None, metrics=[], model=model, resumed_from=start)
+
+        def emit(record: dict[str, Any]) -> None:
+            if out is not None:
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+
+        emit({"event": "start", "resumed_from": start, "world_size": world, "device": str(device)})
+        pad = tokenizer.pad_token_id
+        for step in range(start, config.max_steps):
+            t0 = time.perf_counter()
+            chosen = step_rows(rows, step, config)
+            total_tokens = int((collate(chosen, pad).labels[:, 1:] != IGNORE).sum())
+            mine = chosen[rank::world]
+            micro = config.micro_batch_size
+            passes = math.ceil(math.ceil(len(chosen) / world) / micro)  # the same on every rank
+            loss_value = 0.0
+            for k in range(passes):
+                part = mine[k * micro : (k + 1) * micro]
+                weight = 1.0 if part else 0.0  # a pass with no rows of its own: the collectives still run
+                batch = collate(part or chosen[:1], pad)
+                model.set_requires_gradient_sync(k == passes - 1)  # type: ignore[operator]
+                with autocast(device, amp):
+                    loss = sft_loss_sum(model, batch, device) * (weight / max(1, total_tokens))
+                (loss * world).backward()  # FSDP averages the ranks' gradients; the loss is their sum
+                loss_value += float(loss.detach())
+            step_loss = torch.tensor(loss_value, dtype=torch.float64, device=device)
+            dist.all_reduce(step_loss)
+            grad_norm = _full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf")))
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            elapsed = time.perf_counter() - t0
+            metrics = {
+                "train/loss": float(step_loss),
+                "train/lr": lr,
+                "train/grad_norm": float(grad_norm),
+                "train/tokens": float(total_tokens),
+                "train/tokens_per_s": total_tokens / max(elapsed, 1e-9),
+            }
+            result.metrics.append(metrics)
+            result.steps = step + 1
+            emit({"step": step + 1, "metrics": metrics})
+            if rank == 0:
+                log.info("step %d/%d loss %.4f (%.2fs)", step + 1, config.max_steps, metrics["train/loss"], elapsed)
+            done = step + 1 == config.max_steps
+            if ckpt_root is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+                # collectives: every rank takes part, rank 0 ends up with the full state and writes it
+                model_state = {k: v for k, v in get_model_state_dict(model, options=full).items() if k not in tied}
+                optimizer_state = get_optimizer_state_dict(model, optimizer, options=full)
+                if rank == 0:
+                    result.checkpoint = save_checkpoint(
+                        ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1},
+                        keep=config.keep_checkpoints, model_state=model_state,
+                        optimizer_state=_optimizer_state_by_index(optimizer_state),
+                    )
+                del model_state, optimizer_state
+        if result.checkpoint is None and ckpt_root is not None:
+            result.checkpoint = latest_checkpoint(ckpt_root)
+        dist.barrier()  # no rank leaves while rank 0 still writes
+        emit({"event": "end", "steps": result.steps, "checkpoint": str(result.checkpoint) if result.checkpoint else None})
+        if out is not None:
+            out.close()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+# --- in the launching process -----------------------------------------------------------
+def check_launch(config: SFTConfig) -> None:
+    """Raise ``ValueError`` naming the fix when ``config`` cannot run on ``nproc_per_node`` processes here."""
+    n = config.nproc_per_node
+    if config.output_dir is None:
+        raise ValueError("a multi-process SFT run needs output_dir: its final model is read back from the last checkpoint")
+    if config.model is None:
+        raise ValueError("no model: set SFTConfig.model to a model directory")
+    if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < n:
+        raise ValueError(f"nproc_per_node={n} needs {n} GPUs, this machine has {torch.cuda.device_count()}; "
+                         "lower nproc_per_node or set device: cpu")
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its launcher dies (libc resolved here, before the fork)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Follower:
+    """Complete JSON lines appended to a file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def new_records(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def launch_sft(
+    config: SFTConfig,
+    *,
+    on_metrics: MetricsFn | None = None,
+    should_stop: StopFn | None = None,
+    output: TextIO | None = None,
+    poll_s: float = 0.2,
+    stop_grace_s: float = 15.0,
+) -> SFTResult:
+    """Train ``config`` on ``config.nproc_per_node`` FSDP processes under torchrun and wait for it.
+
+    ``on_metrics(step, metrics)`` is called once per step, in order, as rank 0 reports it;
+    ``should_stop()`` true ends the run (SIGTERM to torchrun, which stops its ranks; SIGKILL after
+    ``stop_grace_s``) and returns what was done. The returned result has no model: the trained
+    weights are the last checkpoint's (:func:`trained_model`). torchrun's output goes to
+    ``output`` (default: stderr).
+    """
+    check_launch(config)
+    assert config.output_dir is not None
+    run_dir = Path(config.output_dir) / "fsdp"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("metrics-*.jsonl"):
+        old.unlink(missing_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    config_file, metrics_file = run_dir / f"config-{tag}.json", run_dir / f"metrics-{tag}.jsonl"
+    tmp = run_dir / f".{config_file.name}.tmp"
+    tmp.write_text(config.model_dump_json(indent=1))
+    os.replace(tmp, config_file)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(config.nproc_per_node),
+               "-m", "posttrain.training.fsdp", "--config", str(config_file), "--metrics-file", str(metrics_file)]
+    sink = output if output is not None else sys.stderr
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_pdeathsig(), text=True, errors="replace")  # noqa: PLW1509 - prctl only
+
+    def pump() -> None:  # torchrun's and the ranks' output into ours, keeping the last lines for an error
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            with contextlib.suppress(Exception):
+                sink.write(line)
+                sink.flush()
+
+    reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
+    reader.start()
+    follower = _Follower(metrics_file)
+    result = SFTResult(steps=0, checkpoint=None, metrics=[], model=None)
+    ended = stopped = False
+
+    def consume() -> None:
+        nonlocal ended
+        for record in follower.new_records():
+            if record.get("event") == "start":
+                result.resumed_from = result.steps = int(record["resumed_from"])
+            elif record.get("event") == "end":
+                ended = True
+                result.steps = int(record["steps"])
+                result.checkpoint = Path(record["checkpoint"]) if record.get("checkpoint") else None
+            elif "step" in record:
+                result.steps = int(record["step"])
+                result.metrics.append(record["metrics"])
+                if on_metrics is not None:
+                    on_metrics(result.steps, record["metrics"])
+
+    try:
+        while proc.poll() is None:
+            consume()
+            if not stopped and should_stop is not None and should_stop():
+                stopped = True
+                proc.terminate()
+                try:
+                    proc.wait(timeout=stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            time.sleep(poll_s)
+    finally:
+        if proc.poll() is None:  # our caller is unwinding (an exception, an interrupt): take the run down with it
+            proc.terminate()
+            try:
+                proc.wait(timeout=stop_grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=5)
+    consume()
+    config_file.unlink(missing_ok=True)
+    if stopped:
+        return result
+    if proc.returncode != 0 or not ended:
+        last = "\n".join(tail)
+        raise DistributedRunError(
+            f"the {config.nproc_per_node}-process FSDP learner failed (torchrun exit status {proc.returncode}) "
+            f"after step {result.steps}; the end of its output:\n{last}"
+        )
+    return result
+
+
+def trained_model(config: SFTConfig, checkpoint: str | Path) -> torch.nn.Module:
+    """The model a finished run trained: ``config.model`` (with LoRA, if set) and the checkpoint's weights."""
+    assert config.model is not None
+    model, _ = load_policy(config.model)
+    if config.lora is not None:
+        model = apply_lora(model, config.lora)
+    load_model_weights(model, Path(checkpoint) / "model")
+    return model
+
+
+# --- torchrun entry point -------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    import yaml
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    parser = argparse.ArgumentParser(prog="torchrun ... -m posttrain.training.fsdp", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="an SFTConfig as a YAML or JSON file")
+    parser.add_argument("--metrics-file", help="rank 0 appends one JSON line per step here")
+    args = parser.parse_args(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _die_with_parent()
+    rank = os.environ.get("RANK", "?")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    config = SFTConfig.model_validate(yaml.safe_load(Path(args.config).read_text()))
+    record(train_sft_fsdp)(config, metrics_file=args.metrics_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
