@@ -151,7 +151,15 @@ def refuse_open_console(host: str) -> None:
 
 
 def console_command(host: str, port: int) -> list[str]:
+    """``streamlit run`` of the console; with single sign-on configured, first writes the ``[auth]``
+    secrets Streamlit reads (posttrain.platform.oidc) and points Streamlit at that file alone."""
+    from posttrain.platform.oidc import write_streamlit_secrets
+
     app_path = Path(posttrain.__file__).resolve().parent / "ui" / "app.py"
+    settings = get_settings()
+    secrets: list[str] = []
+    if settings.oidc is not None:
+        secrets = ["--secrets.files", str(write_streamlit_secrets(settings.oidc, settings.data_dir, port))]
     return [
         sys.executable, "-m", "streamlit", "run", str(app_path),
         "--server.address", host,
@@ -160,6 +168,7 @@ def console_command(host: str, port: int) -> list[str]:
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
         "--client.toolbarMode", "minimal",
+        *secrets,
     ]  # fmt: skip
 
 
@@ -196,22 +205,29 @@ def gateway(
     uvicorn.run(app_, host=host or settings.gateway_host, port=port or settings.gateway_port, log_level="warning")
 
 
+UP_MAX_RESTARTS = 5  # `posttrain up` restarts a part that exits, unless it exits more often than this ...
+UP_RESTART_WINDOW_S = 60.0  # ... within this many seconds
+
+
 @app.command()
 @user_errors
 def up(
     host: Annotated[str | None, typer.Option(help="Console address (default: settings)")] = None,
     port: Annotated[int | None, typer.Option(help="Console port (default: settings)")] = None,
 ) -> None:
-    """Run a worker, the gateway and the console together until Ctrl-C, then stop them cleanly."""
+    """Run a worker, the gateway and the console together until Ctrl-C, then stop them cleanly; a part
+    that exits on its own is started again."""
     settings = get_settings()
     require_schema()
     host, port = host or settings.console_host, port or settings.console_port
     refuse_open_console(host)
-    procs = {
-        "worker": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker"]),
-        "gateway": subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "gateway"]),
-        "console": subprocess.Popen(console_command(host, port)),
+    commands = {
+        "worker": [sys.executable, "-m", "posttrain.platform.cli", "worker"],
+        "gateway": [sys.executable, "-m", "posttrain.platform.cli", "gateway"],
+        "console": console_command(host, port),
     }
+    procs = {name: subprocess.Popen(cmd) for name, cmd in commands.items()}
+    exits: dict[str, list[float]] = {name: [] for name in commands}
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
     out.print(
         f"posttrain is up: console on http://{shown}:{port}, OpenAI-compatible API on "
@@ -227,11 +243,21 @@ def up(
     signal.signal(signal.SIGTERM, stop)
     code = 0
     while not stopping:
-        for name, proc in procs.items():
-            if proc.poll() is not None:
-                err.print(f"[bold red]{name} exited with code {proc.returncode}; stopping the rest[/]")
+        # One part that exits (killed, crashed) is started again on its own: the console going
+        # away must not stop the worker and its jobs. A part that keeps exiting stops everything.
+        for name, proc in list(procs.items()):
+            if stopping or proc.poll() is None:
+                continue
+            now = time.monotonic()
+            exits[name] = [t for t in exits[name] if now - t < UP_RESTART_WINDOW_S] + [now]
+            if len(exits[name]) > UP_MAX_RESTARTS:
+                err.print(f"[bold red]{name} exited with code {proc.returncode}, {len(exits[name])} times within "
+                          f"{UP_RESTART_WINDOW_S:.0f}s; stopping the rest[/]")  # fmt: skip
                 code = proc.returncode or 1
                 stopping = True
+                break
+            err.print(f"[bold yellow]{name} exited with code {proc.returncode}; starting it again[/]")
+            procs[name] = subprocess.Popen(commands[name])
         time.sleep(0.2)
     for proc in procs.values():
         if proc.poll() is None:
@@ -261,6 +287,8 @@ def _load_config(config: str | None, config_file: Path | None) -> dict[str, Any]
             data = yaml.safe_load(text) if text.strip() else {}
         except yaml.YAMLError as exc:
             raise JobConfigError(f"config file {config_file} is not valid YAML/JSON: {exc}") from None
+        except RecursionError:
+            raise JobConfigError(f"config file {config_file} nests too deeply to read; write it out flatter") from None
     elif config:
         try:
             data = json.loads(config)

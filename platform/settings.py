@@ -26,6 +26,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from posttrain.platform.oidc import OIDCConfig
 from posttrain.platform.sandbox.config import SandboxConfig
 
 ENV_PREFIX = "POSTTRAIN_"
@@ -79,6 +80,11 @@ class Settings(BaseSettings):
     gateway_port: int = Field(default=8000, ge=1, le=65535, description="the OpenAI-compatible endpoint")
 
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset runs everything locally.")
+    oidc: OIDCConfig | None = Field(
+        default=None,
+        description="Console single sign-on (OpenID Connect): POSTTRAIN_OIDC__CLIENT_ID, __CLIENT_SECRET, "
+        "__SERVER_METADATA_URL, ... (see posttrain.platform.oidc); unset: password login only.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("database_url")

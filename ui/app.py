@@ -13,7 +13,9 @@ import streamlit as st
 from posttrain.platform import auth
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import IDENTITY_KEY, current_identity
+from posttrain.platform.oidc import PROVIDER, oidc_login
+from posttrain.platform.settings import get_settings
+from posttrain.ui.common import IDENTITY_KEY, refreshed_identity
 
 VIEWS = Path(__file__).resolve().parent / "views"
 
@@ -28,8 +30,12 @@ def login() -> None:
     except DatabaseUnavailable as exc:
         st.error(str(exc))
         st.stop()
-    if not anyone:
+    sso = get_settings().oidc
+    if not anyone and sso is None:
         st.info("No users yet. Create the first admin on the command line: `posttrain users bootstrap-admin admin`")
+    if sso is not None:
+        st.button(f"Log in with {sso.provider_name}", key="login_oidc", type="primary", icon=":material/login:",
+                  on_click=st.login, args=(PROVIDER,))  # fmt: skip
     with st.form("login"):
         name = st.text_input("Username", key="login_username")
         password = st.text_input("Password", type="password", key="login_password")
@@ -42,7 +48,24 @@ def login() -> None:
                 st.rerun()
 
 
-identity = current_identity()
+def sso_identity() -> auth.Identity | None:
+    """After the identity provider sent the browser back (``st.user`` holds the verified token's
+    claims): the posttrain identity for it, or the refusal shown and the provider's cookie dropped."""
+    sso = get_settings().oidc
+    if sso is None or not st.user.get("is_logged_in"):
+        return None
+    try:
+        identity = oidc_login(st.user.to_dict(), sso)
+    except (auth.AuthError, DatabaseUnavailable) as exc:
+        st.error(str(exc))
+        if st.button("Log out of the identity provider", key="sso_logout"):
+            st.logout()
+        st.stop()
+    st.session_state[IDENTITY_KEY] = identity
+    return identity
+
+
+identity = refreshed_identity() or sso_identity()
 if identity is None:
     login()
     st.stop()
@@ -52,6 +75,8 @@ with st.sidebar:
     if st.button("Log out", key="logout"):
         auth.audit(identity.username, "logout")
         del st.session_state[IDENTITY_KEY]
+        if st.user.get("is_logged_in"):
+            st.logout()  # drops the single sign-on cookie too, and reruns
         st.rerun()
 
 pages = [
