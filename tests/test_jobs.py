@@ -37,6 +37,11 @@ def test_bad_submissions_change_nothing(platform_env: dict[str, str], db_url: st
         queue.submit("selftest", {"bogus": 1})
     with pytest.raises(JobConfigError, match="expected a JSON object"):
         queue.submit("selftest", [1, 2])  # type: ignore[arg-type]
+    # found by the job-config fuzzer: a lone surrogate failed later, inside pydantic's JSON dump
+    with pytest.raises(JobConfigError, match=r"message: the value is not valid Unicode text"):
+        queue.submit("selftest", {"message": "\ud800"})
+    with pytest.raises(JobConfigError, match=r"a key is not valid Unicode text"):
+        queue.submit("build_tasks", {"task_set": "t", "source": {"\udfff": 1}})
     assert job_count(db_url) == before
 
 

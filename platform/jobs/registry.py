@@ -98,6 +98,15 @@ MAX_CONFIG_VALUES = 100_000  # values in one config, counting repeats (a YAML al
 MAX_CONFIG_DEPTH = 64
 
 
+def _is_text(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (JSON from a file or a request can still carry lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _not_plain_json(config: Any) -> str | None:
     """Why ``config`` is not a plain, bounded JSON value (non-finite numbers, non-string keys, too deep
     or too many values), or None. Stored configs must read back exactly as they were validated."""
@@ -114,10 +123,14 @@ def _not_plain_json(config: Any) -> str | None:
             return f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels"
         if isinstance(value, float) and not math.isfinite(value):
             return f"{where}: {value} is not a finite number; give a number such as 1.0"
+        if isinstance(value, str) and not _is_text(value):
+            return f"{where}: the value is not valid Unicode text (it holds a lone surrogate); send UTF-8"
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
                     return f"{where}: key {key!r} is not a string; quote it"
+                if not _is_text(key):
+                    return f"{where}: a key is not valid Unicode text (it holds a lone surrogate); send UTF-8"
                 stack.append((item, key if where == "(config)" else f"{where}.{key}", depth + 1))
         elif isinstance(value, (list, tuple)):
             stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
