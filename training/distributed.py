@@ -63,10 +63,10 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import TaskSpec, Verdict
 from posttrain.training.config import GRPOConfig
-from posttrain.training.loop import RolloutBatch, _has_signal, _record, _sampling
+from posttrain.training.loop import RolloutBatch, _sampling, assemble_batch
 from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, snapshot_state
 from posttrain.training.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification, generate_groups
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, generate_groups
 from posttrain.training.scheduler import Scheduler
 
 ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
@@ -354,20 +354,7 @@ class RayRollouts:
         self._fill()
         self._poll(timeout=0)
         out = RolloutBatch(queue_depth=sum(f.result is not None for f in self._flights))
-        useful = fresh = 0
-        while useful < self.config.scheduler.batch_size and fresh < self.config.max_rollout_batches_per_step:
-            item = self._take()
-            if version - item.version > self.config.max_off_policy_steps:
-                out.stale_dropped += len(item.groups)
-                continue
-            fresh += 1
-            out.generated_tokens += item.tokens
-            out.generation_s += item.seconds
-            for group in item.groups:
-                collect_verification(group)
-                _record(self.scheduler, group)
-            out.groups += item.groups
-            useful += sum(_has_signal(g) for g in item.groups)
+        assemble_batch(out, self._take, version, self.config, self.scheduler)
         out.extra = {
             "pipeline/batches_in_flight": float(len(self._flights)),
             "pipeline/publish_s": self.stats.publish_s,

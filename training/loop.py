@@ -125,8 +125,40 @@ class SyncRollouts:
 @dataclass
 class _Produced:
     groups: list[RolloutGroup]
+    version: int  # the policy version that generated them
     tokens: int
     seconds: float
+
+
+class Produced(Protocol):
+    """A generated, verification-in-flight batch as a rollout source hands it to the learner."""
+
+    groups: list[RolloutGroup]
+    version: int
+    tokens: int
+    seconds: float
+
+
+def assemble_batch(out: RolloutBatch, take: Callable[[], Produced], version: int, config: GRPOConfig,
+                   scheduler: Scheduler) -> RolloutBatch:
+    """Take produced batches until the step has ``batch_size`` groups with a learning signal (at most
+    ``max_rollout_batches_per_step`` fresh batches): batches more than ``max_off_policy_steps`` policy
+    versions old are dropped, the rest are scored and recorded in the scheduler."""
+    useful = fresh = 0
+    while useful < config.scheduler.batch_size and fresh < config.max_rollout_batches_per_step:
+        item = take()
+        if version - item.version > config.max_off_policy_steps:
+            out.stale_dropped += len(item.groups)
+            continue
+        fresh += 1
+        out.generated_tokens += item.tokens
+        out.generation_s += item.seconds
+        for group in item.groups:
+            collect_verification(group)
+            _record(scheduler, group)
+        out.groups += item.groups
+        useful += sum(_has_signal(g) for g in item.groups)
+    return out
 
 
 class PipelinedRollouts:
@@ -160,7 +192,7 @@ class PipelinedRollouts:
                 seconds = time.perf_counter() - t0
                 for group in groups:
                     submit_verification(self.executor, self.service, group, self.config.verifier_timeout_s)
-                item = _Produced(groups, sum(len(t.completion_ids) for g in groups for t in g.trajectories), seconds)
+                item = _Produced(groups, self._version, sum(len(t.completion_ids) for g in groups for t in g.trajectories), seconds)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -188,22 +220,7 @@ class PipelinedRollouts:
                     raise RuntimeError("the rollout thread stopped") from None
 
     def next_batch(self, version: int) -> RolloutBatch:
-        out = RolloutBatch(queue_depth=self._queue.qsize())
-        useful = fresh = 0
-        while useful < self.config.scheduler.batch_size and fresh < self.config.max_rollout_batches_per_step:
-            item = self._get()
-            if version - item.groups[0].policy_version > self.config.max_off_policy_steps:
-                out.stale_dropped += len(item.groups)
-                continue
-            fresh += 1
-            out.generated_tokens += item.tokens
-            out.generation_s += item.seconds
-            for group in item.groups:
-                collect_verification(group)
-                _record(self.scheduler, group)
-            out.groups += item.groups
-            useful += sum(_has_signal(g) for g in item.groups)
-        return out
+        return assemble_batch(RolloutBatch(queue_depth=self._queue.qsize()), self._get, version, self.config, self.scheduler)
 
     def close(self) -> None:
         self._stop.set()
