@@ -40,6 +40,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_console(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:  # type: ignore[type-arg]
+    """Until the Streamlit server at ``base`` answers its health check; fails with the log's tail
+    when ``proc`` exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base}/_stcore/health", timeout=2).text == "ok":
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the console at {base} did not come up: {log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def launch_chromium(p):  # type: ignore[no-untyped-def]
+    """Debian's Chromium, headless, as this machine allows it (Playwright's own download does not work here)."""
+    return p.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+              "--disable-component-update"],
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def console() -> Iterator[dict[str, str]]:
     """``posttrain up`` on a fresh data directory, with a bootstrapped admin."""
@@ -63,16 +87,7 @@ def console() -> Iterator[dict[str, str]]:
     log = open(data / "up.log", "w")
     proc = subprocess.Popen([*cli, "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/_stcore/health", timeout=2).text == "ok":
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"posttrain up did not come up: {(data / 'up.log').read_text()[-3000:]}")
-        time.sleep(0.5)
+    wait_for_console(base, proc, data / "up.log")
     try:
         yield {"base": base, "data": str(data), "gateway": f"http://127.0.0.1:{gateway}"}
     finally:
@@ -90,11 +105,7 @@ def browser_page(console: dict[str, str]):  # type: ignore[no-untyped-def]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update"],
-        )  # fmt: skip
+        browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
         yield page

@@ -6,7 +6,6 @@ against ``posttrain console`` and a small but real OpenID provider served by thi
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -19,21 +18,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
-import httpx
 import pytest
 from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlmodel import select
 
-from conftest import REPO_ROOT
+from test_e2e_console import ARTIFACTS, CHROMIUM, free_port, launch_chromium, wait_for_console
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
 from posttrain.platform.oidc import PROVIDER, OIDCConfig, oidc_login, write_streamlit_secrets
 from posttrain.platform.settings import Settings, SettingsError, load_settings
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
 CLIENT_SECRET = "s3cret-client-value-for-the-test"
 
 
@@ -107,12 +103,6 @@ def test_settings_and_the_secrets_file(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 # --------------------------------------------------------------------- a real provider
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Provider:
     """An OpenID provider that signs in ``user`` without asking (authorization code flow)."""
 
@@ -202,16 +192,7 @@ def sso_console(tmp_path: Path) -> Iterator[dict[str, object]]:
         proc = subprocess.Popen([*cli, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://localhost:{port}"
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    if httpx.get(f"{base}/_stcore/health", timeout=2).text == "ok":
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the console did not come up: {(data / 'console.log').read_text()[-3000:]}")
-                time.sleep(0.5)
+            wait_for_console(base, proc, data / "console.log")
             yield {"base": base, "data": data, "env": env, "provider": provider}
         finally:
             proc.terminate()
@@ -229,11 +210,7 @@ def test_single_sign_on_in_a_real_browser(sso_console: dict[str, object]) -> Non
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     base = str(sso_console["base"])
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update"],
-        )  # fmt: skip
+        browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(60_000)
         page.goto(base)

@@ -33,6 +33,30 @@ def _metric_steps(url: str, job_id: int, name: str) -> list[int]:
         return sorted(m.step for m in s.exec(select(Metric).where(Metric.job_id == job_id, Metric.name == name)).all())
 
 
+def crash_after_steps_and_rerun(env: dict[str, str], url: str, job_id: int, steps: int, total: int) -> int:
+    """Let ``job_id`` log ``steps`` GRPO steps, then crash the whole machine (the worker and the job's
+    process group die at once); run a fresh worker until the queue is empty. Returns the steps done at the kill."""
+    first = start_worker(env)
+    try:
+        wait_for(lambda: len(_metric_steps(url, job_id, "rollout/reward_mean")) >= steps, timeout=300,
+                 message=f"{steps} GRPO steps")  # fmt: skip
+        job = queue.get_job(job_id)
+        first.send_signal(signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        first.wait()
+    finally:
+        stop_worker(first)
+    wait_for(lambda: not queue.process_alive(job.pid, job.proc_started), timeout=15, message="job process gone")  # type: ignore[arg-type]
+    done_at_kill = len(_metric_steps(url, job_id, "rollout/reward_mean"))
+    assert done_at_kill < total, "the run finished before it was killed; make it longer"
+    second = start_worker(env, "--exit-when-idle")
+    try:
+        assert second.wait(timeout=400) == 0
+    finally:
+        stop_worker(second)
+    return done_at_kill
+
+
 def _grpo_config(**overrides: object) -> dict[str, object]:
     return {
         "model": "tiny", "register_as": "tiny-grpo", "domains": ["format.to_hex", "format.from_words"],
@@ -46,24 +70,7 @@ def _grpo_config(**overrides: object) -> dict[str, object]:
 def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:
     register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
     job_id = queue.submit("train_grpo", _grpo_config())
-    first = start_worker(platform_env)
-    try:
-        wait_for(lambda: len(_metric_steps(db_url, job_id, "rollout/reward_mean")) >= 4, timeout=240, message="4 GRPO steps")
-        job = queue.get_job(job_id)
-        # a crash of the whole machine: the worker and the job's process group die at once
-        first.send_signal(signal.SIGKILL)
-        os.killpg(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        first.wait()
-    finally:
-        stop_worker(first)
-    wait_for(lambda: not queue.process_alive(job.pid, job.proc_started), timeout=15, message="job process gone")  # type: ignore[arg-type]
-    done_at_kill = len(_metric_steps(db_url, job_id, "rollout/reward_mean"))
-    assert done_at_kill < STEPS, "the run finished before it was killed; make it longer"
-    second = start_worker(platform_env, "--exit-when-idle")
-    try:
-        assert second.wait(timeout=400) == 0
-    finally:
-        stop_worker(second)
+    done_at_kill = crash_after_steps_and_rerun(platform_env, db_url, job_id, 4, STEPS)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
     assert job.attempts == 2
@@ -163,22 +170,7 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
         queue.submit("train_preset", {"grpo": {"group_size": 1}})
     job_id = queue.submit("train_preset", {"preset": "cpu-quick", "name": "quick"})
     preset = get_preset("cpu-quick")
-    first = start_worker(platform_env)
-    try:
-        wait_for(lambda: len(_metric_steps(db_url, job_id, "rollout/reward_mean")) >= 25, timeout=300, message="25 GRPO steps")
-        job = queue.get_job(job_id)
-        first.send_signal(signal.SIGKILL)
-        os.killpg(job.pid, signal.SIGKILL)  # type: ignore[arg-type]
-        first.wait()
-    finally:
-        stop_worker(first)
-    wait_for(lambda: not queue.process_alive(job.pid, job.proc_started), timeout=15, message="job process gone")  # type: ignore[arg-type]
-    assert len(_metric_steps(db_url, job_id, "rollout/reward_mean")) < preset.grpo.max_steps, "finished before the kill"
-    second = start_worker(platform_env, "--exit-when-idle")
-    try:
-        assert second.wait(timeout=400) == 0
-    finally:
-        stop_worker(second)
+    crash_after_steps_and_rerun(platform_env, db_url, job_id, 25, preset.grpo.max_steps)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
     assert job.attempts == 2
