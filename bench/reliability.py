@@ -27,6 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _labelled(record: dict) -> str:
+    """A load's name with the test's parameter (``jobs.all [postgres]``): a test run on both
+    databases records each figure twice."""
+    test = str(record.get("test", ""))
+    return f"{record['name']} [{test.rsplit('[', 1)[1].rstrip(']')}]" if test.endswith("]") and "[" in test else record["name"]
+
+
 def summarize(records: list[dict]) -> dict:
     """The report from the suite's records (see ``Reliability`` in tests/conftest.py)."""
     faults = [r for r in records if r["kind"] == "fault"]
@@ -48,7 +55,7 @@ def summarize(records: list[dict]) -> dict:
         "inputs_mishandled": sum(s["mishandled"] for s in surfaces.values()),
         "surfaces": dict(sorted(surfaces.items())),
         "load": {
-            r["name"]: {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
+            _labelled(r): {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
             for r in loads
         },
         "data_checked": len(data),
