@@ -22,16 +22,25 @@ import random
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
+if TYPE_CHECKING:
+    from posttrain.training.config import TrainConfig
+
 PREFIX = "step_"
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint_due(config: TrainConfig, steps_done: int) -> bool:
+    """Whether a run that has finished ``steps_done`` steps checkpoints now: every
+    ``checkpoint_every`` steps (0: never in between) and always at the last step."""
+    return steps_done == config.max_steps or bool(config.checkpoint_every and steps_done % config.checkpoint_every == 0)
 
 
 def rng_state() -> dict[str, Any]:

@@ -51,12 +51,18 @@ from typing import Any, TextIO
 
 import torch
 
-from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, load_model_weights, save_checkpoint
+from posttrain.training.checkpoint import (
+    checkpoint_due,
+    latest_checkpoint,
+    load_latest_checkpoint,
+    load_model_weights,
+    save_checkpoint,
+)
 from posttrain.training.config import SFTConfig
 from posttrain.training.data import IGNORE, collate
 from posttrain.training.modeling import autocast, load_policy, resolve_device
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
-from posttrain.training.sft import SFTResult, build_examples, sft_loss_sum, step_rows, training_rows
+from posttrain.training.sft import SFTResult, build_examples, sft_loss_sum, step_metrics, step_rows, training_rows
 
 log = logging.getLogger(__name__)
 
@@ -223,20 +229,13 @@ def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None)
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             elapsed = time.perf_counter() - t0
-            metrics = {
-                "train/loss": float(step_loss),
-                "train/lr": lr,
-                "train/grad_norm": float(grad_norm),
-                "train/tokens": float(total_tokens),
-                "train/tokens_per_s": total_tokens / max(elapsed, 1e-9),
-            }
+            metrics = step_metrics(float(step_loss), lr, float(grad_norm), total_tokens, elapsed)
             result.metrics.append(metrics)
             result.steps = step + 1
             emit({"step": step + 1, "metrics": metrics})
             if rank == 0:
                 log.info("step %d/%d loss %.4f (%.2fs)", step + 1, config.max_steps, metrics["train/loss"], elapsed)
-            done = step + 1 == config.max_steps
-            if ckpt_root is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+            if ckpt_root is not None and checkpoint_due(config, step + 1):
                 # collectives: every rank takes part, rank 0 ends up with the full state and writes it
                 model_state = {k: v for k, v in get_model_state_dict(model, options=full).items() if k not in tied}
                 optimizer_state = get_optimizer_state_dict(model, optimizer, options=full)

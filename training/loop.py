@@ -38,7 +38,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import PoolConfig, VerifierService
-from posttrain.training.checkpoint import load_latest_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import checkpoint_due, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import grpo_update, select_groups
 from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, resolve_device, snapshot_state
@@ -330,8 +330,7 @@ def train_grpo(
                 on_groups(step + 1, batch.groups)
             if on_metrics is not None:
                 on_metrics(step + 1, metrics)
-            done = step + 1 == config.max_steps
-            if ckpt_root is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+            if ckpt_root is not None and checkpoint_due(config, step + 1):
                 result.checkpoint = save_checkpoint(
                     ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler,
                     {"scheduler": scheduler.state_dict(), "data_position": step + 1}, keep=config.keep_checkpoints,

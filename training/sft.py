@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.training.checkpoint import load_latest_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import checkpoint_due, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import SFTConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, chat_example, collate, pack, read_chat_jsonl, task_examples
 from posttrain.training.modeling import PolicySource, autocast, load_policy, resolve_device, token_logprobs
@@ -80,6 +80,14 @@ def step_rows(rows: Sequence[list[SFTExample]], step: int, config: SFTConfig) ->
     return [rows[i] for i in _rows_for_step(len(rows), step, per_step, config.seed)]
 
 
+def step_metrics(loss: float, lr: float, grad_norm: float, tokens: int, elapsed_s: float) -> dict[str, float]:
+    """What an SFT step reports (one process or many)."""
+    return {
+        "train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
+        "train/tokens": float(tokens), "train/tokens_per_s": tokens / max(elapsed_s, 1e-9),
+    }  # fmt: skip
+
+
 def train_sft(
     config: SFTConfig,
     policy: PolicySource | None = None,
@@ -129,19 +137,12 @@ def train_sft(
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - t0
-        metrics = {
-            "train/loss": loss_value,
-            "train/lr": lr,
-            "train/grad_norm": float(grad_norm),
-            "train/tokens": float(total_tokens),
-            "train/tokens_per_s": total_tokens / max(elapsed, 1e-9),
-        }
+        metrics = step_metrics(loss_value, lr, float(grad_norm), total_tokens, elapsed)
         result.metrics.append(metrics)
         result.steps = step + 1
         if on_metrics is not None:
             on_metrics(step + 1, metrics)
-        done = step + 1 == config.max_steps
-        if ckpt_root is not None and (done or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)):
+        if ckpt_root is not None and checkpoint_due(config, step + 1):
             result.checkpoint = save_checkpoint(
                 ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1}, keep=config.keep_checkpoints
             )
