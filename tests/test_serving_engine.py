@@ -88,6 +88,40 @@ def test_concurrent_requests_are_batched(text_server: tuple[ThreadedServer, Embe
     assert engine.largest_batch >= 2
 
 
+def test_a_request_joins_the_running_batch(text_server: tuple[ThreadedServer, EmbeddedEngine],
+                                          client: openai.OpenAI) -> None:
+    """Continuous batching: a short request sent while a long one is decoding is answered before the
+    long one ends (it joins the running batch instead of waiting for it), with the output it gets alone."""
+    engine = text_server[1]
+    ask = {"model": "tiny", "prompt": "The payment date is", "max_tokens": 6, "temperature": 0}
+    alone = client.completions.create(**ask).choices[0].text
+    events: list[str] = []
+    short: list[str] = []
+    started = threading.Event()
+
+    def long_stream() -> None:
+        for chunk in client.completions.create(model="tiny", prompt="The invoice total is", max_tokens=220,
+                                               temperature=0, stream=True):
+            if chunk.choices and chunk.choices[0].text:
+                events.append("long")
+                if len(events) == 3:
+                    started.set()
+        events.append("long-done")
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    assert started.wait(60)
+    out = client.completions.create(**ask)
+    events.append("short-done")
+    short.append(out.choices[0].text)
+    thread.join(120)
+    assert short == [alone]
+    assert events.index("short-done") < events.index("long-done")
+    assert "long" in events[events.index("short-done"):], "the long stream kept going after the short request"
+    running = httpx.get(text_server[0].base_url + "/metrics").text
+    assert 'vllm:num_requests_running{model_name="tiny"} 0' in running
+
+
 def test_errors_are_openai_shaped(text_server: tuple[ThreadedServer, EmbeddedEngine], client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

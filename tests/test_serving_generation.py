@@ -12,6 +12,7 @@ from posttrain.platform.serving.generation import (
     SamplingParams,
     Sequence,
     SpeculationConfig,
+    DecodeBatch,
     generate_batch,
     prompt_lookup_draft,
 )
@@ -70,3 +71,35 @@ def test_sampling_is_reproducible_with_a_seed(tiny: LoadedModel) -> None:
         runs.append(seq.generated)
         assert seq.draft_tokens == 0 and seq.finish_reason == "length"
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("draft_tokens", [0, 6])
+def test_sequences_joining_and_leaving_a_running_batch_keep_greedy_output(tiny: LoadedModel, draft_tokens: int) -> None:
+    """Continuous batching: rows join mid-decode (longer and shorter than the running ones) and
+    leave early (short max_new_tokens, so padding columns get trimmed); every row's output is the
+    one it gets decoded alone."""
+    prompts = _prompts(tiny)
+    budgets = [40, 8, 20, 30]
+    prompts = [prompts[1], prompts[0], prompts[2], prompts[0][:-3]]
+    alone = []
+    for p, n in zip(prompts, budgets):
+        seq = Sequence(p, SamplingParams(max_new_tokens=n), frozenset(tiny.eos_token_ids))
+        generate_batch(tiny.model, [seq], SpeculationConfig(draft_tokens), pad_token_id=tiny.tokenizer.pad_token_id)
+        alone.append(seq.generated)
+
+    batch = DecodeBatch(tiny.model, SpeculationConfig(draft_tokens), pad_token_id=tiny.tokenizer.pad_token_id)
+    seqs = [Sequence(p, SamplingParams(max_new_tokens=n), frozenset(tiny.eos_token_ids)) for p, n in zip(prompts, budgets)]
+    joins = {0: [seqs[0]], 2: [seqs[1]], 5: [seqs[2]], 12: [seqs[3]]}  # step -> sequences joining before it
+    finished, step = [], 0
+    while step in joins or step < max(joins) or len(batch):
+        batch.add(joins.get(step, []))
+        finished += batch.pop_finished()
+        batch.step()
+        finished += batch.pop_finished()
+        # padding that no remaining row uses is trimmed (the longest row leaves before the others)
+        assert not len(batch) or bool(batch.mask[:, 0].any()), step
+        step += 1
+    assert [s.generated for s in seqs] == alone
+    assert {id(s) for s in finished} == {id(s) for s in seqs}
+    assert all(s.finish_reason in ("stop", "length") for s in seqs)
+    assert len(batch) == 0 and batch.cache is None

@@ -1,9 +1,12 @@
 """The embedded engine: one model, one tier profile, a scheduler thread that batches requests.
 
 Requests are validated and tokenised on the caller's side (errors come back as
-:class:`APIError` before anything is queued); the scheduler thread takes what
-is waiting, up to the tier's ``max_num_seqs``, and decodes it as one batch.
-Tokens flow back to each request's asyncio queue as they are accepted.
+:class:`APIError` before anything is queued). The scheduler thread runs one
+:class:`~posttrain.platform.serving.generation.DecodeBatch` (continuous batching):
+between decode steps, waiting requests join it up to the tier's ``max_num_seqs``,
+and finished ones leave, so a new request waits for one step, not for the whole
+running batch. Tokens flow back to each request's asyncio queue as they are
+accepted. Vision models decode whole batches through ``generate`` instead.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from posttrain.platform.serving.errors import APIError, bad_request
 from posttrain.platform.serving.generation import (
     SamplingParams,
     Sequence,
+    DecodeBatch,
     SpeculationConfig,
     accept_tokens,
-    generate_batch,
 )
 from posttrain.platform.serving.images import decode_image_url
 from posttrain.platform.serving.metrics import EngineMetrics
@@ -250,51 +253,98 @@ class EmbeddedEngine:
         return handle
 
     # scheduler thread -----------------------------------------------------
-    def _take_batch(self) -> list[RequestHandle]:
-        try:
-            first = self._queue.get(timeout=0.05)
-        except queue.Empty:
-            return []
-        batch = [first]
-        deadline = time.perf_counter() + self.config.tier.batch_wait_ms / 1000
-        while len(batch) < self.config.tier.max_num_seqs:
+    def _take(self, room: int, wait: bool) -> list[RequestHandle]:
+        """Up to ``room`` waiting requests. With ``wait`` (nothing running) block briefly for the first
+        and give the tier's ``batch_wait_ms`` for others to arrive; else take only what is already waiting."""
+        taken: list[RequestHandle] = []
+        if room <= 0:
+            return taken
+        if wait:
+            try:
+                taken.append(self._queue.get(timeout=0.05))
+            except queue.Empty:
+                return taken
+        deadline = time.perf_counter() + (self.config.tier.batch_wait_ms / 1000 if wait else 0.0)
+        while len(taken) < room:
             remaining = deadline - time.perf_counter()
             try:
-                batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
+                taken.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        return taken
+
+    def _admit(self, handles: list[RequestHandle]) -> None:
+        if not handles:
+            return
+        with self.metrics._lock:
+            self.metrics.waiting -= len(handles)
+            self.metrics.running += len(handles)
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.is_vision:
+            self._run_static()
+            return
+        # continuous batching: requests join the running batch between decode steps, up to
+        # max_num_seqs, and leave it as they finish
+        batch = DecodeBatch(self.loaded.model, self.spec, self.pad_id)
+        running: dict[int, RequestHandle] = {}  # id(Sequence) -> its request
         while not self._stopping.is_set():
-            batch = self._take_batch()
+            try:
+                if batch.can_join:
+                    new = self._take(self.config.tier.max_num_seqs - len(batch), wait=not running)
+                    self._admit(new)
+                    for h in new:
+                        if h.seq.finished:  # cancelled while it waited
+                            self._finish(h)
+                        else:
+                            running[id(h.seq)] = h
+                    batch.add([h.seq for h in new if not h.seq.finished])
+                    self.largest_batch = max(self.largest_batch, len(running))
+                if len(batch):
+                    batch.step()
+                for seq in batch.pop_finished():
+                    self._finish(running.pop(id(seq)))
+            except Exception as exc:  # noqa: BLE001 - report to every running client, keep serving
+                error = APIError(500, f"engine error while generating: {type(exc).__name__}: {exc}")
+                for h in running.values():
+                    self._fail(h, error)
+                running.clear()
+                batch = DecodeBatch(self.loaded.model, self.spec, self.pad_id)
+        for seq in batch.abort():
+            self._finish(running.pop(id(seq)))
+        for h in running.values():
+            self._finish(h)
+
+    def _run_static(self) -> None:
+        """Vision models: decode whole batches with ``generate`` (images make rows hard to splice)."""
+        while not self._stopping.is_set():
+            batch = self._take(self.config.tier.max_num_seqs, wait=True)
             if not batch:
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))
-            with self.metrics._lock:
-                self.metrics.waiting -= len(batch)
-                self.metrics.running += len(batch)
+            self._admit(batch)
             try:
                 live = [h for h in batch if not h.seq.finished]
                 if live:
-                    if self.is_vision:
-                        self._run_vision(live)
-                    else:
-                        generate_batch(self.loaded.model, [h.seq for h in live], self.spec, self.pad_id,
-                                       should_stop=self._stopping.is_set)
+                    self._run_vision(live)
                 for h in batch:
                     self._finish(h)
             except Exception as exc:  # noqa: BLE001 - report to every waiting client, keep serving
+                error = APIError(500, f"engine error while generating: {type(exc).__name__}: {exc}")
                 for h in batch:
-                    h._push(ErrorEvent(APIError(500, f"engine error while generating: {type(exc).__name__}: {exc}")))
-            finally:
-                with self.metrics._lock:
-                    self.metrics.running -= len(batch)
+                    self._fail(h, error)
+
+    def _fail(self, h: RequestHandle, error: APIError) -> None:
+        with self.metrics._lock:
+            self.metrics.running -= 1
+        h._push(ErrorEvent(error))
 
     def _finish(self, h: RequestHandle) -> None:
         reason = h.seq.finish_reason or "abort"
         now = time.perf_counter()
+        with self.metrics._lock:
+            self.metrics.running -= 1
         self.metrics.request_finished(
             reason, len(h.seq.prompt_ids), len(h.seq.generated),
             None if h.first_token_at is None else h.first_token_at - h.submitted_at, now - h.submitted_at,

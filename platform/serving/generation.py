@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 
 @dataclass
@@ -111,67 +112,136 @@ def _forward(model: PreTrainedModel, cache: DynamicCache, **inputs: torch.Tensor
     return model(**inputs, **{key: cache}, use_cache=True)
 
 
-@torch.inference_mode()
-def generate_batch(
-    model: PreTrainedModel,
-    seqs: list[Sequence],
-    spec: SpeculationConfig = SpeculationConfig(),
-    pad_token_id: int = 0,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> None:
-    """Decode all ``seqs`` together until each stops; results land in each Sequence."""
-    for seq in seqs:
-        if seq.params.seed is not None and not seq.params.greedy:
-            seq.generator = torch.Generator().manual_seed(seq.params.seed)
-    device = model.device
-    lengths = [len(s.prompt_ids) for s in seqs]
-    width = max(lengths)
-    input_ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
-        mask[row, width - lengths[row] :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    out = _forward(
-        model, cache, input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)
-    )
-    valid = torch.tensor(lengths)  # real tokens each row holds in the cache
-    pending: list[int] = []  # each row's next input token (sampled, not yet in the cache)
-    for row, seq in enumerate(seqs):
-        tok = _choose(out.logits[row, -1], seq)
-        pending.append(tok)
-        accept_tokens(seq, [tok])
-    live = [r for r, s in enumerate(seqs) if not s.finished]
-    rows = list(range(len(seqs)))  # cache row -> seqs index
+def _mergeable(cache: DynamicCache) -> bool:
+    """Rows can join a running batch only when every layer is a plain growing cache (no sliding window)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
-    while live and not should_stop():
-        if len(live) < len(rows):  # drop finished rows from the cache
-            keep = [rows.index(r) for r in live]
-            index = torch.tensor(keep)
-            cache.batch_select_indices(index.to(device))
-            mask, valid = mask[index], valid[index]
-            pending = [pending[i] for i in keep]
-            rows = list(live)
-        drafts = [
-            prompt_lookup_draft(seqs[r].prompt_ids + seqs[r].generated, spec) if seqs[r].params.greedy else []
-            for r in rows
-        ]
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    """Pad dimension ``dim`` of ``t`` (the sequence: -2 for cache tensors, -1 for masks) on the left with zeros."""
+    extra = width - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class DecodeBatch:
+    """A running batch that sequences can join between steps and leave as they finish (continuous batching).
+
+    Each cache row holds one sequence's tokens left-padded to the batch width; ``mask`` marks the
+    real positions and ``valid`` counts them, so a row's position ids do not depend on its
+    neighbours. Joining prefills the newcomers as their own batch and splices their cache in
+    (padding whichever side is shorter); leaving selects the remaining rows and trims padding
+    columns that no row uses any more.
+    """
+
+    def __init__(self, model: PreTrainedModel, spec: SpeculationConfig = SpeculationConfig(), pad_token_id: int = 0) -> None:
+        self.model, self.spec, self.pad_token_id = model, spec, pad_token_id
+        self.device = model.device
+        self.seqs: list[Sequence] = []  # one per cache row
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long)
+        self.valid = torch.zeros(0, dtype=torch.long)  # real tokens each row holds in the cache
+        self.pending: list[int] = []  # each row's next input token (chosen, not yet in the cache)
+        self._left: list[Sequence] = []  # finished rows that step() removed, for the next pop_finished
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def can_join(self) -> bool:
+        """Whether sequences may join now (always when empty; else when the cache layout allows splicing)."""
+        return self.cache is None or _mergeable(self.cache)
+
+    @torch.inference_mode()
+    def add(self, seqs: list[Sequence]) -> None:
+        """Prefill ``seqs`` and add them to the batch; each gets its first token (and may finish at once)."""
+        seqs = [s for s in seqs if not s.finished]
+        if not seqs:
+            return
+        for seq in seqs:
+            if seq.params.seed is not None and not seq.params.greedy:
+                seq.generator = torch.Generator().manual_seed(seq.params.seed)
+        lengths = [len(s.prompt_ids) for s in seqs]
+        width = max(lengths)
+        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
+            mask[row, width - lengths[row] :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = _forward(self.model, cache, input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                       position_ids=positions.to(self.device))
+        pending = []
+        for row, seq in enumerate(seqs):
+            tok = _choose(out.logits[row, -1], seq)
+            pending.append(tok)
+            accept_tokens(seq, [tok])
+        valid = torch.tensor(lengths)
+        if self.cache is None:
+            self.cache, self.mask, self.valid = cache, mask, valid
+        else:
+            if not (_mergeable(self.cache) and _mergeable(cache)):
+                raise RuntimeError("this model's cache layout does not allow joining a running batch")
+            total = max(self.mask.shape[1], width)
+            for mine, theirs in zip(self.cache.layers, cache.layers):
+                mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
+                mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
+            self.mask = torch.cat([_left_pad(self.mask, total, -1), _left_pad(mask, total, -1)], dim=0)
+            self.valid = torch.cat([self.valid, valid])
+        self.seqs += seqs
+        self.pending += pending
+
+    def pop_finished(self) -> list[Sequence]:
+        """Remove finished sequences (stopped, or aborted by their caller) from the batch and return them."""
+        done, self._left = self._left + [s for s in self.seqs if s.finished], []
+        keep = [i for i, s in enumerate(self.seqs) if not s.finished]
+        if len(keep) == len(self.seqs):
+            return done
+        if not keep:
+            self.seqs, self.pending, self.cache = [], [], None
+            self.mask, self.valid = self.mask[:0, :0], self.valid[:0]
+            return done
+        index = torch.tensor(keep)
+        assert self.cache is not None
+        self.cache.batch_select_indices(index.to(self.device))
+        self.mask, self.valid = self.mask[index], self.valid[index]
+        self.seqs = [self.seqs[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+        used = torch.nonzero(self.mask.any(dim=0))
+        first = int(used[0]) if len(used) else 0
+        if first and _mergeable(self.cache):  # padding columns no remaining row uses
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+            self.mask = self.mask[:, first:]
+        return done
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One forward pass for every live row: its pending token plus its prompt-lookup drafts."""
+        self._left = self.pop_finished()  # rows aborted since the last pop: returned by the next one
+        if not self.seqs:
+            return
+        assert self.cache is not None
+        seqs, spec = self.seqs, self.spec
+        drafts = [prompt_lookup_draft(s.prompt_ids + s.generated, spec) if s.params.greedy else [] for s in seqs]
         k = max(len(d) for d in drafts)
-        step_ids = torch.full((len(rows), 1 + k), pad_token_id, dtype=torch.long)
-        step_mask = torch.zeros((len(rows), 1 + k), dtype=torch.long)
+        step_ids = torch.full((len(seqs), 1 + k), self.pad_token_id, dtype=torch.long)
+        step_mask = torch.zeros((len(seqs), 1 + k), dtype=torch.long)
         for i, draft in enumerate(drafts):
-            step_ids[i, : 1 + len(draft)] = torch.tensor([pending[i], *draft])
+            step_ids[i, : 1 + len(draft)] = torch.tensor([self.pending[i], *draft])
             step_mask[i, : 1 + len(draft)] = 1
-        step_pos = valid[:, None] + torch.arange(1 + k)[None, :]
-        mask = torch.cat([mask, step_mask], dim=1)
-        out = _forward(
-            model, cache, input_ids=step_ids.to(device), attention_mask=mask.to(device), position_ids=step_pos.to(device)
-        )
+        step_pos = self.valid[:, None] + torch.arange(1 + k)[None, :]
+        mask = torch.cat([self.mask, step_mask], dim=1)
+        out = _forward(self.model, self.cache, input_ids=step_ids.to(self.device), attention_mask=mask.to(self.device),
+                       position_ids=step_pos.to(self.device))
         logits = out.logits
         kept_per_row: list[int] = []
-        for i, r in enumerate(rows):
-            seq, draft = seqs[r], drafts[i]
+        for i, seq in enumerate(seqs):
+            draft = drafts[i]
             if seq.params.greedy:
                 preds = torch.argmax(logits[i, : 1 + len(draft)], dim=-1).tolist()
                 n = 0
@@ -183,17 +253,38 @@ def generate_batch(
             seq.draft_tokens += len(draft)
             seq.accepted_draft_tokens += n
             kept_per_row.append(1 + n)  # last input token + accepted drafts now valid in the cache
-            pending[i] = new_ids[-1]
+            self.pending[i] = new_ids[-1]
             accept_tokens(seq, new_ids)
         # rejected drafts: crop what no row kept, mask out the rest
         crop = 1 + k - max(kept_per_row)
         if crop:
-            cache.crop(-crop)  # negative: remove that many trailing positions
+            self.cache.crop(-crop)  # negative: remove that many trailing positions
             mask = mask[:, : mask.shape[1] - crop]
         for i, kept in enumerate(kept_per_row):
             mask[i, mask.shape[1] - (1 + k - crop) + kept :] = 0
-        valid = valid + torch.tensor(kept_per_row)
-        live = [r for r in rows if not seqs[r].finished]
-    for seq in seqs:
-        if not seq.finished:
-            seq.finish_reason = "abort"
+        self.mask = mask
+        self.valid = self.valid + torch.tensor(kept_per_row)
+
+    def abort(self) -> list[Sequence]:
+        """Stop every sequence in the batch (finish reason ``abort``) and empty it."""
+        for seq in self.seqs:
+            if not seq.finished:
+                seq.finish_reason = "abort"
+        return self.pop_finished()
+
+
+def generate_batch(
+    model: PreTrainedModel,
+    seqs: list[Sequence],
+    spec: SpeculationConfig = SpeculationConfig(),
+    pad_token_id: int = 0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Decode all ``seqs`` together until each stops; results land in each Sequence."""
+    batch = DecodeBatch(model, spec, pad_token_id)
+    batch.add(seqs)
+    batch.pop_finished()
+    while len(batch) and not should_stop():
+        batch.step()
+        batch.pop_finished()
+    batch.abort()
