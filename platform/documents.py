@@ -13,6 +13,7 @@ cause; nothing else is touched.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.platform.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 MAX_WORDS_STORED = 5000  # per page, in the layout JSON
@@ -106,7 +109,10 @@ def add_document(
     except PreprocessError as exc:
         if data is None and isinstance(source, (str, Path)) and Path(source).is_file():
             data = Path(source).read_bytes()[: 64 * 1024 * 1024]
-        _record_failure(data, name, str(exc), url)
+        try:
+            _record_failure(data, name, str(exc), url)
+        except Exception:  # noqa: BLE001 - e.g. the database on the same full disk: the input's error is the news
+            log.warning("could not record the failed upload of %r", name, exc_info=True)
         raise
     try:
         with session(url) as s:

@@ -64,5 +64,9 @@ class OcrFailed(PreprocessError):
     """Tesseract ran but failed on a page."""
 
 
+class StorageFull(PreprocessError):
+    """The data directory's disk (or quota) has no room left to store the document."""
+
+
 class InputNotFound(PreprocessError):
     """The path given does not exist or is not a file."""

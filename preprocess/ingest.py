@@ -6,6 +6,7 @@ ingesting the same content twice returns the same document.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -19,6 +20,7 @@ from posttrain.preprocess.errors import (
     FileTooLarge,
     InputNotFound,
     MislabelledFile,
+    StorageFull,
     UnsafeFilename,
     UnsupportedFileType,
 )
@@ -131,6 +133,14 @@ def ingest_stream(
             out.flush()
             os.fsync(out.fileno())
         path, created = _store(tmp_path, digest.hexdigest(), kind, data_dir)
+    except OSError as exc:
+        tmp_path.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(
+                f"no space left to store {name!r} under {data_dir} (disk or quota full after {size} bytes); "
+                f"free space in {data_dir} or point POSTTRAIN_DATA_DIR at a larger volume, then upload it again"
+            ) from None
+        raise
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise

@@ -792,7 +792,9 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
     the disk is filled. The run fails at once with a "disk full ... free space in <dir>" cause (no
     retries burnt, nothing left running), the checkpoints and documents written before are intact,
     and once space is freed a new run continues from the last good checkpoint."""
+    from posttrain.platform.documents import add_document
     from posttrain.platform.settings import get_settings
+    from posttrain.preprocess.errors import StorageFull
     from posttrain.training.checkpoint import list_checkpoints, load_checkpoint
     from posttrain.training.modeling import load_policy
 
@@ -820,6 +822,10 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
             assert clear, (job.status, job.error_cause, job.error)
             assert job.attempts == 1, "a full disk was retried"
             assert running_jobs(db_url) == []
+            # an upload meanwhile is refused with the cause and the fix, and leaves no partial file
+            with pytest.raises(StorageFull, match=f"(?s)no space left.*free space in {data}"):
+                add_document(_png(seed + 1000), filename="while-full.png", url=db_url)
+            assert not list((data / "documents" / "incoming").glob(".ingest-*"))
             check_stored(reliability, stored, db_url, "the disk filling up")
             # what was written before the disk filled is whole: each checkpoint left loads
             found = list_checkpoints(checkpoints_of(job_id))
