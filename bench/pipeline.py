@@ -1,15 +1,25 @@
 """GRPO throughput: lock-step (rollout, then verify, then update) against the pipelined loop, in one run.
 
-    .venv/bin/python bench/pipeline.py [--model DIR] [--steps 12] [--batch 16] [--group 8] [--ray 2 [--ray-address ADDR]]
+    .venv/bin/python bench/pipeline.py [--model DIR] [--steps 20] [--batch 16] [--group 8] [--ray 2 [--ray-address ADDR]]
 
-The same workload both ways: the ``cpu-demo`` preset's GRPO config (a tiny model warmed up
+The same workload every way: the ``cpu-demo`` preset's GRPO config (a tiny model warmed up
 by a short SFT, so groups have reward variance and the learner really updates), the same
-number of steps. Lock-step runs each stage with the whole machine (torch threads = all
-cores). Pipelined runs the rollout thread, the verifier pool and the learner at once; it
-is measured with every torch thread setting from 1 to the core count and the best one
-is reported. Prints one JSON object per measurement, then a summary object last with
-``lockstep_traj_per_s``, ``pipelined_traj_per_s``, ``speedup`` and ``learner_busy`` (the
-pipelined learner's busy fraction: time in the update over wall time per step).
+number of steps, the same staleness bound and queue size.
+
+- Lock-step runs each stage alone with the whole machine, and with its own best torch thread
+  count: every pair (rollout threads, update threads) from 1 to the core count is measured (the
+  stage's count is set as it starts) and the best pair is the baseline.
+- Pipelined runs rollout, verification and update at once, measured with each backend and
+  thread setting: the rollout thread in the learner's process (``rollout_processes: 0``) with
+  every torch thread count, and rollout worker processes (``rollout_processes`` 1 and 2) with
+  every split of the cores between the workers and the learner that does not ask for more torch
+  threads than there are cores. The best is reported.
+
+Throughput is the steady state: trajectories of steps 2 and on over their time (step 1 holds
+the start-up of worker processes and pools); ``wall_traj_per_s`` counts the whole run. Prints
+one JSON object per measurement, then a summary object last with ``lockstep_traj_per_s``,
+``pipelined_traj_per_s``, ``speedup`` and ``learner_busy`` (the pipelined learner's busy
+fraction: time from batch in hand to weights published, over the step's wall time).
 ``--ray N`` also measures the loop with N rollout worker actors and one verifier actor on Ray
 (``--ray-address``, else POSTTRAIN_RAY_ADDRESS, else a local Ray started for the run) and adds
 ``ray_traj_per_s`` and ``ray_learner_busy`` to the summary.
@@ -25,38 +35,92 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 
-def measure(model: str, steps: int, batch: int, group: int, pipeline: bool, threads: int, workdir: Path,
-            ray_workers: int = 0, ray_address: str | None = None) -> dict[str, float]:
+@contextlib.contextmanager
+def stage_threads(rollout: int, update: int) -> Iterator[None]:
+    """Lock-step only: each stage of the loop sets its own torch thread count as it starts."""
+    import torch
+
+    from posttrain.training import loop
+
+    def pinned(fn: Callable[..., Any], threads: int) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            torch.set_num_threads(threads)
+            return fn(*args, **kwargs)
+        return call
+
+    saved = loop.generate_groups, loop.grpo_update
+    loop.generate_groups, loop.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)
+    try:
+        yield
+    finally:
+        loop.generate_groups, loop.grpo_update = saved
+
+
+def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,
+            ray_address: str | None = None) -> dict[str, Any]:
+    """One run of ``variant``: ``mode`` lockstep (``threads``: rollout and update), pipelined (``backend``
+    thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
 
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.training.scheduler import SchedulerConfig
 
-    torch.set_num_threads(threads)
-    grpo = get_preset("cpu-demo").grpo
-    config = grpo.model_copy(update={
-        "model": model, "max_steps": steps, "pipeline": pipeline, "output_dir": None, "checkpoint_every": 0,
+    mode = variant["mode"]
+    update: dict[str, Any] = {
+        "model": model, "max_steps": steps, "pipeline": mode != "lockstep", "output_dir": None, "checkpoint_every": 0,
         "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "queue_size": 2,
-        "max_off_policy_steps": 1, "verifier_workers": 1, "rollout_workers": ray_workers, "ray_address": ray_address,
-    })
+        "max_off_policy_steps": 1, "verifier_workers": 1, "rollout_workers": variant.get("rollout_workers", 0),
+        "ray_address": ray_address, "rollout_processes": variant.get("rollout_processes", 0),
+        "rollout_threads": variant.get("rollout_threads"), "learner_threads": variant.get("learner_threads"),
+    }
+    config = get_preset("cpu-demo").grpo.model_copy(update=update)
+    threads = variant.get("threads", (os.cpu_count() or 1,))
+    torch.set_num_threads(threads[-1])
+    pinned = stage_threads(*threads) if mode == "lockstep" else contextlib.nullcontext()
     started = time.perf_counter()
-    result = train_grpo(config)
+    with pinned:
+        result = train_grpo(config)
     wall = time.perf_counter() - started
     warm = result.metrics[1:] or result.metrics  # step 1 includes start-up
     trajectories = sum(m["rollout/groups"] for m in result.metrics) * group
-    return {
-        "mode": "ray" if ray_workers else "pipelined" if pipeline else "lockstep", "threads": threads, "steps": steps, "wall_s": round(wall, 2),
-        "traj_per_s": round(trajectories / wall, 2),
+    warm_trajectories = sum(m["rollout/groups"] for m in warm) * group
+    return variant | {
+        "steps": steps, "wall_s": round(wall, 2),
+        "traj_per_s": round(warm_trajectories / sum(m["time/step_s"] for m in warm), 2),
+        "wall_traj_per_s": round(trajectories / wall, 2),
         "learner_busy": round(sum(m["pipeline/learner_busy_frac"] for m in warm) / len(warm), 3),
+        "step_s_median": round(sorted(m["time/step_s"] for m in warm)[len(warm) // 2], 4),
         "groups_used_mean": round(sum(m["rollout/groups_used"] for m in result.metrics) / len(result.metrics), 2),
+        "stale_dropped": int(sum(m["rollout/groups_stale_dropped"] for m in result.metrics)),
     }
+
+
+def variants(cores: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(lock-step variants, pipelined variants) for a machine with ``cores`` cores."""
+    counts = sorted({1, max(1, cores // 2), cores})
+    lockstep = [{"mode": "lockstep", "threads": (r, u)} for r in counts for u in counts]
+    pipelined: list[dict[str, Any]] = [{"mode": "pipelined", "backend": "thread", "threads": (t,)} for t in counts]
+    for processes in (1, 2):
+        for rollout_threads in counts:
+            for learner_threads in counts:
+                # more torch threads than cores: OpenMP's spinning threads then wait for each other's cores
+                # (tried on 2 cores: 1 worker thread + 2 learner threads ran 3-5x slower than 1 + 1)
+                if processes * rollout_threads + learner_threads <= max(cores, 2):
+                    pipelined.append({"mode": "pipelined", "backend": "process", "rollout_processes": processes,
+                                      "rollout_threads": rollout_threads, "learner_threads": learner_threads})
+    return lockstep, pipelined
 
 
 def main() -> None:
@@ -66,7 +130,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a model directory (default: build the cpu-demo model and warm it up)")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--sft-steps", type=int, default=None)
@@ -85,21 +149,23 @@ def main() -> None:
         assert result.checkpoint is not None
         model = str(result.checkpoint / "model")
     work = Path(tempfile.mkdtemp(prefix="posttrain-pipeline-runs-"))
-    lock = measure(model, args.steps, args.batch, args.group, False, cores, work)
-    print(json.dumps(lock), flush=True)
-    piped = []
-    for threads in sorted({1, max(1, cores // 2), cores}):
-        piped.append(measure(model, args.steps, args.batch, args.group, True, threads, work))
-        print(json.dumps(piped[-1]), flush=True)
-    best = max(piped, key=lambda m: m["traj_per_s"])
+    lockstep_variants, pipelined_variants = variants(cores)
+    runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "pipelined": []}
+    for variant in [*lockstep_variants, *pipelined_variants]:
+        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work))
+        print(json.dumps(runs[variant["mode"]][-1]), flush=True)
+    lock = max(runs["lockstep"], key=lambda m: m["traj_per_s"])
+    best = max(runs["pipelined"], key=lambda m: m["traj_per_s"])
     on_ray = {}
     if args.ray:
-        ray_run = measure(model, args.steps, args.batch, args.group, True, best["threads"], work, args.ray, args.ray_address)
-        print(json.dumps(ray_run | {"rollout_workers": args.ray}), flush=True)
+        ray_variant = {"mode": "ray", "rollout_workers": args.ray, "threads": best.get("threads", (cores,))}
+        ray_run = measure(model, args.steps, args.batch, args.group, ray_variant, work, args.ray_address)
+        print(json.dumps(ray_run), flush=True)
         on_ray = {"ray_rollout_workers": args.ray, "ray_traj_per_s": ray_run["traj_per_s"], "ray_learner_busy": ray_run["learner_busy"]}
+    setting = {k: best[k] for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads") if k in best}
     print(json.dumps({
-        "figure": "pipeline", "cores": cores, "lockstep_traj_per_s": lock["traj_per_s"],
-        "pipelined_traj_per_s": best["traj_per_s"], "pipelined_threads": best["threads"],
+        "figure": "pipeline", "cores": cores, "steps": args.steps, "lockstep_traj_per_s": lock["traj_per_s"],
+        "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
         "lockstep_learner_busy": lock["learner_busy"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,
     }), flush=True)

@@ -223,3 +223,39 @@ class Reliability:
 @pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Reliability:
     return Reliability(request.node.nodeid)
+
+
+# --- a verifier other processes can load -------------------------------------------------------
+LOWERCASE_SHARE_PLUGIN = """
+def lowercase_share(task, completion, params):
+    return sum(c.islower() for c in completion) / max(1, len(completion))
+"""
+LOWERCASE_CHECK = {"kind": "custom", "spec": {"entry_point": "pt_lowercase_share", "pass_threshold": 0.5}}
+
+
+@pytest.fixture(scope="module")
+def lowercase_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A custom verifier published as the entry point ``pt_lowercase_share`` (the share of lowercase
+    letters in the completion: partial credit, so a random tiny policy's groups have reward variance).
+
+    It is on this process's ``sys.path`` and on ``PYTHONPATH`` for child processes (torchrun ranks);
+    Ray clusters get the returned directory on their own ``PYTHONPATH``.
+    """
+    root = tmp_path_factory.mktemp("verifier-plugin")
+    (root / "pt_lowercase_rubrics.py").write_text(LOWERCASE_SHARE_PLUGIN)
+    dist = root / "pt_lowercase_rubrics-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pt-lowercase-rubrics\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[posttrain.verifiers]\npt_lowercase_share = pt_lowercase_rubrics:lowercase_share\n")
+    before = os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), before) if p)
+    try:
+        yield root
+    finally:
+        sys.path.remove(str(root))
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+

@@ -110,7 +110,8 @@ def test_pipelined_loop_respects_the_staleness_bound(tiny_dir: Path, service: Ve
 
 def test_pipelined_loop_drops_rollouts_older_than_the_bound(tiny_dir: Path, service: VerifierService) -> None:
     seen: dict[int, dict[str, float]] = {}
-    train_grpo(_config(pipeline=True, max_steps=4, max_off_policy_steps=0, queue_size=3), str(tiny_dir),
+    # the rollout thread samples ahead into its queue (rollout processes never sample more than can stay fresh)
+    train_grpo(_config(pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, queue_size=3), str(tiny_dir),
                service=service, on_metrics=seen.__setitem__)
     assert all(m["pipeline/staleness_max"] == 0 for m in seen.values())
     # the queue holds batches made before the last update: with no staleness allowed, some are dropped

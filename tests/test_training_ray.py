@@ -9,7 +9,6 @@ stopped by pid at the end; no Ray process is left behind.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from conftest import LOWERCASE_CHECK
 from ray_cluster import RayCluster, local_cluster
 from test_training_tiny import tiny_policy_dir
 
@@ -33,11 +33,7 @@ from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
 
 pytestmark = pytest.mark.slow
 
-PLUGIN = '''
-def lowercase_share(task, completion, params):
-    return sum(c.islower() for c in completion) / max(1, len(completion))
-'''
-CHECK = {"kind": "custom", "spec": {"entry_point": "pt_ray_lowercase_share", "pass_threshold": 0.5}}
+CHECK = LOWERCASE_CHECK
 TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier=CHECK, task_id=f"l{i}") for i in range(8)]
 DOMAINS = [DomainSpec(name="lower", tasks=TASKS)]
 PIPELINE_METRICS = ("train/loss", "train/ratio_mean", "rollout/reward_mean", "rollout/tokens_per_s", "verifier/latency_s",
@@ -46,23 +42,8 @@ PIPELINE_METRICS = ("train/loss", "train/ratio_mean", "rollout/reward_mean", "ro
 
 
 @pytest.fixture(scope="module")
-def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("ray-plugin")
-    (root / "pt_ray_rubrics.py").write_text(PLUGIN)
-    dist = root / "pt_ray_rubrics-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pt-ray-rubrics\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[posttrain.verifiers]\npt_ray_lowercase_share = pt_ray_rubrics:lowercase_share\n")
-    sys.path.insert(0, str(root))
-    try:
-        yield root
-    finally:
-        sys.path.remove(str(root))
-
-
-@pytest.fixture(scope="module")
-def cluster(plugin_dir: Path) -> Iterator[RayCluster]:
-    path = os.pathsep.join(p for p in (str(plugin_dir), os.environ.get("PYTHONPATH", "")) if p)
+def cluster(lowercase_plugin: Path) -> Iterator[RayCluster]:
+    path = os.environ["PYTHONPATH"]  # the plugin first (the fixture put it there)
     # logical CPUs: two rollout workers, a verifier and a spare for a replacement (the host has fewer cores)
     with local_cluster(head_cpus=4, head_object_store_bytes=150_000_000, env={"PYTHONPATH": path}) as made:
         ray.init(address=made.address, namespace=ACTOR_NAMESPACE, log_to_driver=False, configure_logging=False)

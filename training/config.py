@@ -57,6 +57,9 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints (0: only at the end)")
     keep_checkpoints: int = Field(default=2, ge=1)
     resume: bool = Field(default=True, description="continue from the latest checkpoint in output_dir")
+    nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
+                                "with FSDP; 1: train in the job's own process. A step's global batch is the one "
+                                "process's, split across the processes")
 
     @model_validator(mode="before")
     @classmethod
@@ -75,9 +78,6 @@ class SFTConfig(TrainConfig):
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
     grad_accum_steps: int = Field(default=1, ge=1)
-    nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
-                                "with FSDP; 1: train in the job's own process. The global batch per step stays "
-                                "micro_batch_size * grad_accum_steps rows, split across the processes")
 
 
 class GRPOConfig(TrainConfig):
@@ -97,7 +97,16 @@ class GRPOConfig(TrainConfig):
     micro_batch_size: int = Field(default=8, ge=1, description="completions per forward/backward in the update")
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
     max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace zero-variance groups")
-    pipeline: bool = Field(default=False, description="rollout and verification in background threads")
+    pipeline: bool = Field(default=False, description="rollout and verification overlap the update "
+                           "(rollout_processes says where the rollouts run)")
+    rollout_processes: int = Field(default=1, ge=0, le=256, description="with pipeline (and no rollout_workers): local "
+                                   "rollout worker processes, each with its own copy of the policy (0: a rollout "
+                                   "thread in the learner's process)")
+    rollout_threads: int | None = Field(default=None, ge=1, le=1024, description="with rollout_processes: torch threads "
+                                        "of each rollout process (None: the cores split evenly between the rollout "
+                                        "processes and the learner)")
+    learner_threads: int | None = Field(default=None, ge=1, le=1024, description="with rollout_processes: the learner's "
+                                        "torch threads (None: the cores the rollout processes leave, at least 1)")
     max_off_policy_steps: int = Field(default=1, ge=0, description="drop trajectories from policies older than this")
     queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner")
     verifier_workers: int | None = Field(default=None, ge=1)

@@ -63,10 +63,10 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import TaskSpec, Verdict
 from posttrain.training.config import GRPOConfig
-from posttrain.training.loop import RolloutBatch, _sampling, assemble_batch
-from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, snapshot_state
+from posttrain.training.loop import Generated, PolicySampler, RolloutBatch, _sampling, assemble_batch
+from posttrain.training.modeling import PolicySource, frozen_copy, snapshot_state
 from posttrain.training.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, generate_groups
+from posttrain.training.rollout import RolloutGroup, SamplingConfig
 from posttrain.training.scheduler import Scheduler
 
 ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
@@ -80,51 +80,33 @@ _LOST = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)
 
 
 # ===================================================================== actors
-@dataclass
-class Generated:
-    """One rollout worker's answer for one task batch."""
-
-    groups: list[RolloutGroup]
-    version: int  # the policy version the worker had loaded
-    tokens: int
-    seconds: float
-
-
 class RolloutWorker:
-    """A frozen policy copy that samples rollout groups (a Ray actor)."""
+    """A :class:`~posttrain.training.loop.PolicySampler` in a Ray actor: before each batch it loads the latest
+    weights the learner put into the object store."""
 
     def __init__(self, recipe: str | tuple[Any, Any], store: Any, group_size: int, sampling: SamplingConfig,
                  device: str, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.policy, self.tokenizer = load_policy(recipe if isinstance(recipe, str) else tuple(recipe), device=device)
-        self.policy.eval()
-        self.policy.requires_grad_(False)
-        self.store, self.group_size, self.sampling = store, group_size, sampling
-        self.version = -1
+        self.sampler = PolicySampler.from_recipe(recipe, group_size, sampling, device, seed)
+        self.store = store
 
     def ready(self) -> int:
         return os.getpid()
 
     def loaded_version(self) -> int:
-        return self.version
+        return self.sampler.version
 
     def _sync_weights(self) -> None:
         latest = ray.get(self.store.latest.options(max_task_retries=-1).remote(), timeout=RPC_TIMEOUT_S)
-        if latest is None or latest[0] == self.version:
+        if latest is None or latest[0] == self.sampler.version:
             return  # a restarted store knows nothing until the next publish: keep these weights
         version, (ref,) = latest
-        self.policy.load_state_dict(ray.get(ref))
-        self.version = version
+        self.sampler.load(ray.get(ref), version)
 
     def generate(self, tasks: Sequence[TaskSpec]) -> tuple[Generated, ToVerify]:
         """The groups, and (a second object, for a verifier) each group's task and completion texts."""
         self._sync_weights()
-        started = time.perf_counter()
-        groups = generate_groups(self.policy, self.tokenizer, tasks, self.group_size, self.sampling,
-                                 policy_version=self.version)
-        tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
-        generated = Generated(groups, self.version, tokens, time.perf_counter() - started)
-        return generated, [(g.task, [t.text for t in g.trajectories]) for g in groups]
+        generated = self.sampler.sample(tasks)
+        return generated, [(g.task, [t.text for t in g.trajectories]) for g in generated.groups]
 
 
 @functools.cache

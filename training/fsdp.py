@@ -1,30 +1,36 @@
-"""The SFT learner on several processes: FSDP2 under torchrun, one process per GPU (gloo processes on CPU).
+"""The learner on several processes: FSDP2 under torchrun, one process per GPU (gloo processes on CPU).
 
-    # a job does it for you: train_sft with ``nproc_per_node: 8``; by hand:
-    torchrun --standalone --nproc_per_node 8 -m posttrain.training.fsdp --config sft.yaml
+    # a job does it for you: train_sft or train_grpo with ``nproc_per_node: 8``; by hand:
+    torchrun --standalone --nproc_per_node 8 -m posttrain.training.fsdp --kind sft --config sft.yaml
 
-Everything but the sharding is :func:`posttrain.training.sft.train_sft`'s: the same examples,
-rows and per-step row choice (``step_rows``), the same loss (summed token NLL over the trained
-tokens of the whole step), the same optimizer, LR schedule and checkpoints. Read top to bottom:
+Everything but the sharding is the one-process trainers' (:func:`posttrain.training.sft.train_sft`,
+:func:`posttrain.training.loop.train_grpo`): the same data, losses, optimizer, LR schedule and
+checkpoints. Read top to bottom:
 
 - every rank loads the model (and, resuming, the latest checkpoint's weights) on the CPU, then
   shards it with ``fully_shard``: each decoder layer, then the root; the shards go to the rank's
   GPU (nccl) or stay on the CPU (gloo);
-- a step's global batch is the ``micro_batch_size * grad_accum_steps`` rows a single process
+- SFT: a step's global batch is the ``micro_batch_size * grad_accum_steps`` rows a single process
   would train on; rank ``r`` takes rows ``r, r + N, ...`` and runs them in micro-batches of
   ``micro_batch_size`` (every rank the same number of passes: one short of rows runs a pass
-  with weight 0), gradients are synchronised on the last micro-batch only;
-- each rank's loss is its rows' summed NLL divided by the step's trained tokens (all ranks),
-  times N because FSDP averages gradients over the ranks: the update is the single-process one;
+  with weight 0), gradients are synchronised on the last micro-batch only; each rank's loss is
+  its rows' summed NLL divided by the step's trained tokens (all ranks), times N because FSDP
+  averages gradients over the ranks: the update is the single-process one;
+- GRPO: rank 0 runs the rollout side exactly as one process does (sync, pipelined, local
+  rollout processes or Ray actors, with the task scheduler and the verifiers) from an unsharded
+  copy of the policy; each step it broadcasts the chosen trajectories and advantages, every rank
+  trains on its share in ``grpo_update`` (same split and weight-0 rule), and rank 0 refreshes its
+  rollout copy from the gathered weights and publishes them to the rollout side; a KL reference
+  model is sharded like the policy;
 - the gradient norm is clipped over the sharded gradients (DTensors: the norm is global);
 - bf16: FSDP mixed precision (bf16 parameters, fp32 gradient reduction) on a GPU that has
   bf16; elsewhere the single-process rule (``TrainConfig.bf16``, default off on CPU);
-- rank 0 appends each step's metrics (train_sft's names) to a JSON-lines file and writes the
-  checkpoints: full state dicts gathered from the shards, in :mod:`~posttrain.training.checkpoint`'s
-  format (the optimizer state indexed as a single process indexes it), so any number of
-  processes, one included, resumes from them.
+- rank 0 appends each step's metrics (the one-process trainers' names) to a JSON-lines file and
+  writes the checkpoints: full state dicts gathered from the shards, in
+  :mod:`~posttrain.training.checkpoint`'s format (the optimizer state indexed as a single process
+  indexes it), so any number of processes, one included, resumes from them.
 
-:func:`launch_sft` starts torchrun as a child process (in the caller's process group, so a job's
+:func:`launch` starts torchrun as a child process (in the caller's process group, so a job's
 cancel or kill stops it; the ranks die with torchrun), follows rank 0's metrics file and
 raises :class:`DistributedRunError` with the tail of the output when the run fails.
 """
@@ -45,9 +51,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -58,17 +65,21 @@ from posttrain.training.checkpoint import (
     load_model_weights,
     save_checkpoint,
 )
-from posttrain.training.config import SFTConfig
+from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.data import IGNORE, collate
-from posttrain.training.modeling import autocast, load_policy, resolve_device
+from posttrain.training.modeling import autocast, frozen_copy, load_policy, resolve_device
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.sft import SFTResult, build_examples, sft_loss_sum, step_metrics, step_rows, training_rows
+
+if TYPE_CHECKING:
+    from posttrain.training.loop import GroupsFn, GRPOResult
 
 log = logging.getLogger(__name__)
 
 MetricsFn = Callable[[int, dict[str, float]], None]
 StopFn = Callable[[], bool]
 PR_SET_PDEATHSIG = 1
+_TRAJECTORY_URL_ENV = "POSTTRAIN_FSDP_TRAJECTORY_DB"  # the database rank 0 writes GRPO trajectories to
 
 
 class DistributedRunError(RuntimeError):
@@ -130,20 +141,27 @@ def _full_tensor(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None) -> SFTResult:
-    """Run :func:`~posttrain.training.sft.train_sft`'s training as one rank of a torchrun job."""
+@dataclass
+class _Ranks:
+    """This process's place in the torchrun job and how it computes."""
+
+    rank: int
+    world: int
+    device: torch.device
+    mesh: Any
+    mp_policy: Any
+    amp: bool | None  # autocast inside the ranks (FSDP's own bf16 replaces it on a GPU)
+
+
+@contextlib.contextmanager
+def _process_group(config: TrainConfig) -> Iterator[_Ranks]:
+    """Join the torchrun job (nccl on a GPU, gloo on CPU) for the duration of the block."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if config.model is None:
-        raise ValueError("no model: set SFTConfig.model to a model directory")
+        raise ValueError(f"no model: set {type(config).__name__}.model to a model directory")
     if "RANK" not in os.environ:
         raise RuntimeError("run this under torchrun: torchrun --nproc_per_node N -m posttrain.training.fsdp --config FILE")
     requested = resolve_device(config.device)
@@ -156,52 +174,117 @@ def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None)
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(device.type, (world,))
+        world = dist.get_world_size()
         bf16 = config.bf16 if config.bf16 is not None else device.type == "cuda" and torch.cuda.is_bf16_supported()
         fsdp_bf16 = bool(bf16) and device.type == "cuda"  # bf16 compute and all-gathers, fp32 gradient reduction
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if fsdp_bf16 else MixedPrecisionPolicy()
         amp = False if fsdp_bf16 else config.bf16  # else as in one process: fp32, or bf16 autocast where asked for
+        yield _Ranks(dist.get_rank(), world, device, init_device_mesh(device.type, (world,)), mp_policy, amp)
+    finally:
+        dist.destroy_process_group()
 
-        torch.manual_seed(config.seed)
-        model, tokenizer = load_policy(config.model, device="cpu")
-        if config.lora is not None:
-            model = apply_lora(model, config.lora)
-        model.train()
-        rows = training_rows(config, build_examples(config, tokenizer))
 
-        ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
-        # every rank reads the same checkpoint: full weights (and RNG) into the unsharded model
-        loaded = load_latest_checkpoint(ckpt_root, model) if ckpt_root is not None and config.resume else None
-        start = int(loaded[1]["step"]) if loaded else 0
-        agreed = torch.tensor([start, -start], dtype=torch.int64, device=device)  # nccl reduces device tensors only
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        if int(agreed[0]) != -int(agreed[1]):
-            raise RuntimeError(f"the ranks found different checkpoints under {ckpt_root} (rank {rank}: step {start})")
+@dataclass
+class _Learner:
+    """A sharded model with its optimizer and schedule, resumed from the latest checkpoint when there is one."""
 
-        _shard(model, mesh, mp_policy)
-        optimizer = make_optimizer(model, config)
-        lr_scheduler = make_lr_scheduler(optimizer, config)
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    start: int  # the step the run continues from
+    state: dict[str, Any]  # the checkpoint's state.json ({} on a fresh start)
+    ckpt_root: Path | None
+    tied: set[str]
+    initial: torch.nn.Module | None = None  # with_initial: a frozen unsharded copy of the policy before any resume
+    current: torch.nn.Module | None = None  # with_current: a frozen unsharded copy of the weights the run starts from
+
+
+def _sharded_learner(config: TrainConfig, r: _Ranks, *, with_initial: bool = False, with_current: bool = False) -> _Learner:
+    """Every rank loads the model (and, resuming, the latest checkpoint's weights) on the CPU, then shards it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    assert config.model is not None
+    torch.manual_seed(config.seed)
+    model, tokenizer = load_policy(config.model, device="cpu")
+    if config.lora is not None:
+        model = apply_lora(model, config.lora)
+    model.train()
+    initial = frozen_copy(model) if with_initial else None
+    ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
+    # every rank reads the same checkpoint: full weights (and RNG) into the unsharded model
+    loaded = load_latest_checkpoint(ckpt_root, model) if ckpt_root is not None and config.resume else None
+    start = int(loaded[1]["step"]) if loaded else 0
+    agreed = torch.tensor([start, -start], dtype=torch.int64, device=r.device)  # nccl reduces device tensors only
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    if int(agreed[0]) != -int(agreed[1]):
+        raise RuntimeError(f"the ranks found different checkpoints under {ckpt_root} (rank {r.rank}: step {start})")
+    current = frozen_copy(model) if with_current else None
+    _shard(model, r.mesh, r.mp_policy)
+    optimizer = make_optimizer(model, config)
+    lr_scheduler = make_lr_scheduler(optimizer, config)
+    if loaded:
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-        tied = _aliases(model)
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        if loaded:
-            trainer = torch.load(loaded[0] / "trainer.pt", map_location="cpu", weights_only=False)
-            by_name = _optimizer_state_by_name(trainer["optimizer"], trainable)
-            set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
-            if trainer["lr_scheduler"] is not None:
-                lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+        trainer = torch.load(loaded[0] / "trainer.pt", map_location="cpu", weights_only=False)
+        by_name = _optimizer_state_by_name(trainer["optimizer"], trainable)
+        set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+        if trainer["lr_scheduler"] is not None:
+            lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+    return _Learner(model, tokenizer, optimizer, lr_scheduler, start, loaded[1] if loaded else {}, ckpt_root,
+                    _aliases(model), initial, current)
 
-        out: TextIO | None = None
-        if rank == 0 and metrics_file is not None:
-            out = open(metrics_file, "a", buffering=1)  # noqa: SIM115 - closed below
+
+def _full_state(learner: _Learner) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0's CPU (a collective: every rank calls it; the others get nothing)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _save(config: TrainConfig, r: _Ranks, learner: _Learner, step: int, state: dict[str, Any]) -> Path | None:
+    """A checkpoint of full state dicts gathered from the shards, written by rank 0 (every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    assert learner.ckpt_root is not None
+    model_state = {k: v for k, v in _full_state(learner).items() if k not in learner.tied}
+    optimizer_state = get_optimizer_state_dict(learner.model, learner.optimizer,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if r.rank != 0:
+        return None
+    return save_checkpoint(learner.ckpt_root, step, learner.model, learner.tokenizer, learner.optimizer, learner.lr_scheduler,
+                           state, keep=config.keep_checkpoints, model_state=model_state,
+                           optimizer_state=_optimizer_state_by_index(optimizer_state))
+
+
+class _Emitter:
+    """Rank 0's JSON-lines record of the run for the launcher (other ranks write nothing)."""
+
+    def __init__(self, r: _Ranks, metrics_file: str | Path | None) -> None:
+        self.out: TextIO | None = open(metrics_file, "a", buffering=1) if r.rank == 0 and metrics_file else None  # noqa: SIM115
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.out is not None:
+            self.out.write(json.dumps(record) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+
+
+def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None) -> SFTResult:
+    """Run :func:`~posttrain.training.sft.train_sft`'s training as one rank of a torchrun job."""
+    import torch.distributed as dist
+
+    with _process_group(config) as r:
+        rank, world, device = r.rank, r.world, r.device
+        learner = _sharded_learner(config, r)
+        model, tokenizer, optimizer, lr_scheduler, start = (learner.model, learner.tokenizer, learner.optimizer,
+                                                            learner.lr_scheduler, learner.start)
+        rows = training_rows(config, build_examples(config, tokenizer))
+        emit = _Emitter(r, metrics_file)
         result = SFTResult(steps=start, checkpoint=None, metrics=[], model=model, resumed_from=start)
-
-        def emit(record: dict[str, Any]) -> None:
-            if out is not None:
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-
         emit({"event": "start", "resumed_from": start, "world_size": world, "device": str(device)})
         pad = tokenizer.pad_token_id
         for step in range(start, config.max_steps):
@@ -217,7 +300,7 @@ def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None)
                 weight = 1.0 if part else 0.0  # a pass with no rows of its own: the collectives still run
                 batch = collate(part or chosen[:1], pad)
                 model.set_requires_gradient_sync(k == passes - 1)  # type: ignore[operator]
-                with autocast(device, amp):
+                with autocast(device, r.amp):
                     loss = sft_loss_sum(model, batch, device) * (weight / max(1, total_tokens))
                 (loss * world).backward()  # FSDP averages the ranks' gradients; the loss is their sum
                 loss_value += float(loss.detach())
@@ -235,34 +318,100 @@ def train_sft_fsdp(config: SFTConfig, *, metrics_file: str | Path | None = None)
             emit({"step": step + 1, "metrics": metrics})
             if rank == 0:
                 log.info("step %d/%d loss %.4f (%.2fs)", step + 1, config.max_steps, metrics["train/loss"], elapsed)
-            if ckpt_root is not None and checkpoint_due(config, step + 1):
-                # collectives: every rank takes part, rank 0 ends up with the full state and writes it
-                model_state = {k: v for k, v in get_model_state_dict(model, options=full).items() if k not in tied}
-                optimizer_state = get_optimizer_state_dict(model, optimizer, options=full)
-                if rank == 0:
-                    result.checkpoint = save_checkpoint(
-                        ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1},
-                        keep=config.keep_checkpoints, model_state=model_state,
-                        optimizer_state=_optimizer_state_by_index(optimizer_state),
-                    )
-                del model_state, optimizer_state
-        if result.checkpoint is None and ckpt_root is not None:
-            result.checkpoint = latest_checkpoint(ckpt_root)
+            if learner.ckpt_root is not None and checkpoint_due(config, step + 1):
+                result.checkpoint = _save(config, r, learner, step + 1, {"data_position": step + 1}) or result.checkpoint
+        if result.checkpoint is None and learner.ckpt_root is not None:
+            result.checkpoint = latest_checkpoint(learner.ckpt_root)
         dist.barrier()  # no rank leaves while rank 0 still writes
         emit({"event": "end", "steps": result.steps, "checkpoint": str(result.checkpoint) if result.checkpoint else None})
-        if out is not None:
-            out.close()
+        emit.close()
         return result
-    finally:
-        dist.destroy_process_group()
+
+
+def train_grpo_fsdp(config: GRPOConfig, *, metrics_file: str | Path | None = None,
+                    on_groups: GroupsFn | None = None) -> GRPOResult:
+    """Run :func:`~posttrain.training.loop.train_grpo` as one rank of a torchrun job.
+
+    Rank 0 drives the rollouts exactly as one process does (the same rollout sources: sync,
+    pipelined, local processes or Ray), from an unsharded copy of the policy that it refreshes
+    from the shards after every update; it picks the step's trajectories and broadcasts them.
+    Every rank then runs :func:`~posttrain.training.learner.grpo_update` on its share; a KL
+    reference model is sharded like the policy.
+    """
+    import torch.distributed as dist
+
+    from posttrain.training.learner import grpo_update
+    from posttrain.training.loop import GRPOResult, draw_step, rollout_source
+    from posttrain.training.scheduler import Scheduler
+
+    with _process_group(config) as r:
+        learner = _sharded_learner(config, r, with_initial=config.kl_coef > 0, with_current=r.rank == 0)
+        model, tokenizer, start = learner.model, learner.tokenizer, learner.start
+        update_config = config.model_copy(update={"bf16": r.amp})  # FSDP's bf16 (on a GPU) replaces autocast
+        ref_model = learner.initial
+        if ref_model is not None:
+            _shard(ref_model, r.mesh, r.mp_policy)
+        emit = _Emitter(r, metrics_file)
+        result = GRPOResult(steps=start, checkpoint=None, model=model, resumed_from=start)
+        emit({"event": "start", "resumed_from": start, "world_size": r.world, "device": str(r.device)})
+        with contextlib.ExitStack() as stack:
+            scheduler: Scheduler | None = None
+            rollouts = mirror = None
+            if r.rank == 0:
+                mirror = learner.current
+                assert mirror is not None
+                scheduler = Scheduler(config.scheduler)
+                scheduler.set_domains(config.domains)
+                if learner.state:
+                    scheduler.load_state_dict(learner.state["scheduler"])
+                rollouts = stack.enter_context(rollout_source(config, mirror, tokenizer, scheduler, version=start,
+                                                              source=config.model))
+            last_end = time.perf_counter()
+            for step in range(start, config.max_steps):
+                payload: list[Any] = [None, None, None]
+                if rollouts is not None:
+                    batch, *drawn = draw_step(rollouts, step, config)
+                    payload = list(drawn)  # trajectories, advantages, rollout metrics
+                dist.broadcast_object_list(payload, src=0)
+                trajectories, advantages, metrics = payload
+                t_learn = time.perf_counter()
+                if trajectories:
+                    metrics |= grpo_update(model, ref_model, learner.optimizer, learner.lr_scheduler, trajectories,
+                                           advantages, update_config, tokenizer.pad_token_id, rank=r.rank, world=r.world)
+                else:
+                    learner.lr_scheduler.step()  # keep the schedule in step with the step count
+                weights = _full_state(learner)  # every rank takes part; rank 0 refreshes its rollout policy
+                if rollouts is not None and mirror is not None:
+                    mirror.load_state_dict(weights)
+                    rollouts.publish(mirror, version=step + 1)
+                del weights
+                now = time.perf_counter()
+                metrics["pipeline/learner_busy_frac"] = (now - t_learn) / max(now - last_end, 1e-9)
+                metrics["time/step_s"] = now - last_end
+                last_end = now
+                result.metrics.append(metrics)
+                result.steps = step + 1
+                if r.rank == 0 and on_groups is not None:
+                    on_groups(step + 1, batch.groups)
+                emit({"step": step + 1, "metrics": metrics})
+                if learner.ckpt_root is not None and checkpoint_due(config, step + 1):
+                    state = {"scheduler": scheduler.state_dict() if scheduler else None, "data_position": step + 1}
+                    result.checkpoint = _save(config, r, learner, step + 1, state) or result.checkpoint
+        if result.checkpoint is None and learner.ckpt_root is not None:
+            result.checkpoint = latest_checkpoint(learner.ckpt_root)
+        dist.barrier()
+        emit({"event": "end", "steps": result.steps, "checkpoint": str(result.checkpoint) if result.checkpoint else None})
+        emit.close()
+        return result
 
 
 # --- in the launching process -----------------------------------------------------------
-def check_launch(config: SFTConfig) -> None:
+def check_launch(config: SFTConfig | GRPOConfig) -> None:
     """Raise ``ValueError`` naming the fix when ``config`` cannot run on ``nproc_per_node`` processes here."""
     n = config.nproc_per_node
     if config.output_dir is None:
-        raise ValueError("a multi-process SFT run needs output_dir: its final model is read back from the last checkpoint")
+        raise ValueError(f"a multi-process {_kind(config).upper()} run needs output_dir: its final model is read back "
+                         "from the last checkpoint")
     if config.model is None:
         raise ValueError("no model: set SFTConfig.model to a model directory")
     if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < n:
@@ -297,22 +446,29 @@ class _Follower:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def launch_sft(
-    config: SFTConfig,
+def _kind(config: SFTConfig | GRPOConfig) -> str:
+    return "grpo" if isinstance(config, GRPOConfig) else "sft"
+
+
+def launch(
+    config: SFTConfig | GRPOConfig,
     *,
     on_metrics: MetricsFn | None = None,
     should_stop: StopFn | None = None,
     output: TextIO | None = None,
     poll_s: float = 0.2,
     stop_grace_s: float = 15.0,
-) -> SFTResult:
-    """Train ``config`` on ``config.nproc_per_node`` FSDP processes under torchrun and wait for it.
+    trajectories: tuple[str, int, int] | None = None,
+) -> Any:
+    """Train ``config`` (SFT or GRPO) on ``config.nproc_per_node`` FSDP processes under torchrun and wait for it.
 
     ``on_metrics(step, metrics)`` is called once per step, in order, as rank 0 reports it;
     ``should_stop()`` true ends the run (SIGTERM to torchrun, which stops its ranks; SIGKILL after
     ``stop_grace_s``) and returns what was done. The returned result has no model: the trained
     weights are the last checkpoint's (:func:`trained_model`). torchrun's output goes to
-    ``output`` (default: stderr).
+    ``output`` (default: stderr). ``trajectories=(database_url, job_id, limit)`` (GRPO in a job): rank 0
+    writes up to ``limit`` trajectories of each step to the job's rows (the URL reaches the ranks in
+    their environment, not on a command line). Returns an ``SFTResult`` or a ``GRPOResult``.
     """
     check_launch(config)
     assert config.output_dir is not None
@@ -326,10 +482,15 @@ def launch_sft(
     tmp.write_text(config.model_dump_json(indent=1))
     os.replace(tmp, config_file)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(config.nproc_per_node),
-               "-m", "posttrain.training.fsdp", "--config", str(config_file), "--metrics-file", str(metrics_file)]
+               "-m", "posttrain.training.fsdp", "--kind", _kind(config), "--config", str(config_file),
+               "--metrics-file", str(metrics_file)]
+    env = dict(os.environ)
+    if trajectories is not None:
+        env[_TRAJECTORY_URL_ENV] = trajectories[0]
+        command += ["--trajectories-job", str(trajectories[1]), "--trajectories-limit", str(trajectories[2])]
     sink = output if output is not None else sys.stderr
     tail: collections.deque[str] = collections.deque(maxlen=40)
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             preexec_fn=_pdeathsig(), text=True, errors="replace")  # noqa: PLW1509 - prctl only
 
     def pump() -> None:  # torchrun's and the ranks' output into ours, keeping the last lines for an error
@@ -343,7 +504,12 @@ def launch_sft(
     reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
     reader.start()
     follower = _Follower(metrics_file)
-    result = SFTResult(steps=0, checkpoint=None, metrics=[], model=None)
+    if isinstance(config, GRPOConfig):
+        from posttrain.training.loop import GRPOResult
+
+        result: Any = GRPOResult(steps=0, checkpoint=None, metrics=[], model=None)
+    else:
+        result = SFTResult(steps=0, checkpoint=None, metrics=[], model=None)
     ended = stopped = False
 
     def consume() -> None:
@@ -394,7 +560,7 @@ def launch_sft(
     return result
 
 
-def trained_model(config: SFTConfig, checkpoint: str | Path) -> torch.nn.Module:
+def trained_model(config: SFTConfig | GRPOConfig, checkpoint: str | Path) -> torch.nn.Module:
     """The model a finished run trained: ``config.model`` (with LoRA, if set) and the checkpoint's weights."""
     assert config.model is not None
     model, _ = load_policy(config.model)
@@ -410,15 +576,28 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parser = argparse.ArgumentParser(prog="torchrun ... -m posttrain.training.fsdp", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="an SFTConfig as a YAML or JSON file")
+    parser.add_argument("--kind", choices=["sft", "grpo"], default="sft", help="the trainer")
+    parser.add_argument("--config", required=True, help="an SFTConfig or GRPOConfig as a YAML or JSON file")
     parser.add_argument("--metrics-file", help="rank 0 appends one JSON line per step here")
+    parser.add_argument("--trajectories-job", type=int, help="GRPO: write each step's trajectories to this job's rows")
+    parser.add_argument("--trajectories-limit", type=int, default=64, help="at most this many trajectories a step")
     args = parser.parse_args(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         _die_with_parent()
     rank = os.environ.get("RANK", "?")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
-    config = SFTConfig.model_validate(yaml.safe_load(Path(args.config).read_text()))
-    record(train_sft_fsdp)(config, metrics_file=args.metrics_file)
+    raw = yaml.safe_load(Path(args.config).read_text())
+    if args.kind == "grpo":
+        on_groups = None
+        if args.trajectories_job is not None and os.environ.get("RANK") == "0":
+            from posttrain.platform.settings import get_settings
+            from posttrain.training.jobs import TrajectoryWriter
+
+            url = os.environ.get(_TRAJECTORY_URL_ENV) or get_settings().resolved_database_url
+            on_groups = TrajectoryWriter(url, args.trajectories_job, args.trajectories_limit)
+        record(train_grpo_fsdp)(GRPOConfig.model_validate(raw), metrics_file=args.metrics_file, on_groups=on_groups)
+    else:
+        record(train_sft_fsdp)(SFTConfig.model_validate(raw), metrics_file=args.metrics_file)
     return 0
 
 

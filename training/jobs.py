@@ -11,9 +11,9 @@ Config (YAML or JSON, validated by :class:`SFTConfig` / :class:`GRPOConfig` / :c
     trajectories_per_step: 64  # trajectories of each step kept in the database
 
 - ``model`` may be a registered model name (resolved with the registry) or a directory.
-- ``train_sft`` with ``nproc_per_node: N > 1`` runs the learner as N FSDP processes under torchrun,
-  children of the job (:mod:`posttrain.training.fsdp`); metrics, checkpoints and the final
-  model are the same as in one process.
+- ``train_sft`` and ``train_grpo`` with ``nproc_per_node: N > 1`` run the learner as N FSDP processes under torchrun,
+  children of the job (:mod:`posttrain.training.fsdp`); metrics, trajectories, checkpoints and
+  the final model are the same as in one process.
 - Checkpoints go under the job's ``workdir`` unless the config names an ``output_dir``; a
   resumed attempt continues from the latest one, so its metrics continue at the next step
   (``ctx.log_metrics`` replaces a step logged twice: no gaps, no duplicates).
@@ -154,6 +154,23 @@ def _with_output_dir(ctx: JobContext, config: Any) -> Any:
     return config
 
 
+def _launch_fsdp(ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: tuple[str, int, int] | None = None) -> Any:
+    """Run ``config`` on ``nproc_per_node`` FSDP processes (torchrun children); the model comes back as the last checkpoint."""
+    from posttrain.training import fsdp
+
+    try:
+        fsdp.check_launch(config)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    result = fsdp.launch(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop,
+                         trajectories=trajectories)
+    ctx.check_stop()
+    if result.checkpoint is None:
+        raise RuntimeError(f"the FSDP run ended at step {result.steps} without a checkpoint to register")
+    result.model = fsdp.trained_model(config, result.checkpoint)
+    return result
+
+
 # --- kinds --------------------------------------------------------------------------
 def run_sft(ctx: JobContext, config: SFTConfig) -> dict[str, Any]:
     from posttrain.training.sft import train_sft
@@ -161,17 +178,7 @@ def run_sft(ctx: JobContext, config: SFTConfig) -> dict[str, Any]:
     path, base = resolve_model(ctx, config.model)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
     if config.nproc_per_node > 1:  # torchrun + FSDP in child processes; the model comes back as the last checkpoint
-        from posttrain.training import fsdp
-
-        try:
-            fsdp.check_launch(config)
-        except ValueError as exc:
-            raise BadInput(str(exc)) from None
-        result = fsdp.launch_sft(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop)
-        ctx.check_stop()
-        if result.checkpoint is None:
-            raise RuntimeError(f"the FSDP run ended at step {result.steps} without a checkpoint to register")
-        result.model = fsdp.trained_model(config, result.checkpoint)
+        result = _launch_fsdp(ctx, config)
     else:
         result = train_sft(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop)
     ctx.check_stop()
@@ -186,8 +193,12 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
 
     path, base = resolve_model(ctx, config.model)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
-    writer = TrajectoryWriter(ctx.url, ctx.job_id, config.trajectories_per_step)
-    result = train_grpo(config, on_metrics=_reporter(ctx, config.max_steps), on_groups=writer, should_stop=lambda: ctx.should_stop)
+    if config.nproc_per_node > 1:
+        result = _launch_fsdp(ctx, config, trajectories=(ctx.url, ctx.job_id, config.trajectories_per_step))
+    else:
+        writer = TrajectoryWriter(ctx.url, ctx.job_id, config.trajectories_per_step)
+        result = train_grpo(config, on_metrics=_reporter(ctx, config.max_steps), on_groups=writer,
+                            should_stop=lambda: ctx.should_stop)
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})

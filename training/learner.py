@@ -67,8 +67,19 @@ def grpo_update(
     advantages: Sequence[float],
     config: GRPOConfig,
     pad_id: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
 ) -> dict[str, float]:
-    """``updates_per_batch`` optimizer steps over the trajectories, each accumulated over micro-batches."""
+    """``updates_per_batch`` optimizer steps over the trajectories, each accumulated over micro-batches.
+
+    With ``world > 1`` this is one rank of an FSDP learner (:mod:`posttrain.training.fsdp`): every
+    rank gets all trajectories and trains on ``rank, rank + world, ...`` of each mini-batch, with the
+    mini-batch's global normaliser, in the same number of passes (a rank short of trajectories runs
+    a pass with weight 0, so the collectives match); the loss is scaled by ``world`` because FSDP
+    averages the ranks' gradients, so the update is the one-process update. Metrics are reduced
+    over the ranks.
+    """
     device = next(model.parameters()).device
     model.train()
     n = len(trajectories)
@@ -79,8 +90,14 @@ def grpo_update(
         mini = list(range(start, min(n, start + per_update)))
         tokens = sum(len(trajectories[i].completion_ids) for i in mini)
         normalizer = float(tokens) if config.aggregation == "token" else float(len(mini))
-        for m in range(0, len(mini), config.micro_batch_size):
-            idx = mini[m : m + config.micro_batch_size]
+        mine = mini[rank::world]
+        passes = -(-(-(-len(mini) // world)) // config.micro_batch_size)  # the same on every rank
+        for k in range(passes):
+            idx = mine[k * config.micro_batch_size : (k + 1) * config.micro_batch_size]
+            weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
+            idx = idx or mini[:1]
+            if world > 1:
+                model.set_requires_gradient_sync(k == passes - 1)  # type: ignore[operator]
             batch = completion_batch([trajectories[i] for i in idx], [advantages[i] for i in idx], pad_id)
             with autocast(device, config.bf16):
                 logprobs = completion_logprobs(model, batch, device, config.temperature)
@@ -100,18 +117,23 @@ def grpo_update(
                 aggregation=config.aggregation,
                 normalizer=normalizer,
             )
-            out.loss.backward()
+            (out.loss * (weight * world)).backward()
+            if not weight:
+                continue
             totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
             for key in ("kl", "ratio_mean", "clip_frac_low", "clip_frac_high"):  # token-weighted means
                 totals[key] = totals.get(key, 0.0) + getattr(out.stats, key) * out.stats.tokens
             totals["ratio_max"] = max(totals.get("ratio_max", 0.0), out.stats.ratio_max)
             token_count += out.stats.tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
         totals["grad_norm"] = max(totals.get("grad_norm", 0.0), float(grad_norm))
         totals["lr"] = optimizer.param_groups[0]["lr"]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     lr_scheduler.step()
+    if world > 1:
+        totals, token_count = _reduce_over_ranks(totals, token_count, device)
     updates = -(-n // per_update)
     metrics = {
         "train/loss": totals["loss"] / updates,
@@ -125,3 +147,18 @@ def grpo_update(
         "train/tokens": float(token_count),
     }
     return metrics
+
+
+_SUMMED = ("loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high")
+
+
+def _reduce_over_ranks(totals: dict[str, float], token_count: int, device: torch.device) -> tuple[dict[str, float], int]:
+    """Sum the ranks' loss and token-weighted statistics, take the largest ratio (the norm and LR are already global)."""
+    import torch.distributed as dist
+
+    summed = torch.tensor([totals.get(k, 0.0) for k in _SUMMED] + [float(token_count)], dtype=torch.float64, device=device)
+    dist.all_reduce(summed)
+    peak = torch.tensor([totals.get("ratio_max", 0.0)], dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    out = dict(totals) | {k: float(v) for k, v in zip(_SUMMED, summed[:-1].tolist())} | {"ratio_max": float(peak)}
+    return out, int(summed[-1])

@@ -10,14 +10,22 @@ Where the batch comes from is the only difference between the modes:
 
 - :class:`SyncRollouts` samples with the learner's own model, verifies, and returns
   (on-policy, one thing at a time);
-- :class:`PipelinedRollouts` runs a rollout thread with its own copy of the policy that
-  loads the latest published weights before each batch, submits every group to the
-  verifier pool as soon as it is generated, and puts it into a bounded queue; the learner
-  takes groups as soon as they are ready, drops those more than ``max_off_policy_steps``
-  policy versions old, and corrects the rest with the importance ratio against the
-  behaviour log-probs recorded at generation;
+- :class:`PipelinedRollouts` (``pipeline``, ``rollout_processes: 0``) runs a rollout thread with
+  its own copy of the policy that loads the latest published weights before each batch, submits
+  every group to the verifier pool as soon as it is generated, and puts it into a bounded queue;
+  the learner takes groups as soon as they are ready, drops those more than
+  ``max_off_policy_steps`` policy versions old, and corrects the rest with the importance ratio
+  against the behaviour log-probs recorded at generation;
+- :class:`~posttrain.training.procs.ProcessRollouts` (``pipeline``, ``rollout_processes >= 1``,
+  the default pipelined mode) does the same with rollout worker processes, each with its own torch
+  threads, that load the published weights from shared memory; they sample no further ahead than
+  the learner can take within the staleness bound (no sampling is wasted), and sampling never
+  competes with the update for the learner's interpreter lock;
 - :class:`~posttrain.training.distributed.RayRollouts` (``rollout_workers > 0``) does the same with
   rollout workers and verifiers as Ray actors on a cluster (``ray_address`` or POSTTRAIN_RAY_ADDRESS).
+
+Every rollout worker (the thread, a process, a Ray actor) is a :class:`PolicySampler`, and every
+pipelined source builds its step with :func:`assemble_batch`.
 
 A resumed run restores model, optimizer, LR schedule, RNG and the task scheduler; in
 pipelined mode trajectories in flight at the stop are not kept (they are regenerated).
@@ -25,25 +33,28 @@ pipelined mode trajectories in flight at the stop are not kept (they are regener
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from posttrain.platform.verifiers import PoolConfig, VerifierService
+from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService
 from posttrain.training.checkpoint import checkpoint_due, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import grpo_update, select_groups
 from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, resolve_device, snapshot_state
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification, generate_groups, submit_verification
+from posttrain.training.rollout import (
+    RolloutGroup, SamplingConfig, Trajectory, collect_verification, generate_groups, submit_verification,
+)
 from posttrain.training.scheduler import Scheduler
 
 MetricsFn = Callable[[int, dict[str, float]], None]
@@ -76,7 +87,7 @@ def _record(scheduler: Scheduler, group: RolloutGroup) -> None:
         scheduler.record(group.task.domain, [bool(t.passed) for t in group.trajectories])
 
 
-def _has_signal(group: RolloutGroup) -> bool:
+def has_signal(group: RolloutGroup) -> bool:
     rewards = group.rewards
     return _usable(group) and max(rewards) - min(rewards) > 1e-6
 
@@ -110,7 +121,7 @@ class SyncRollouts:
                 collect_verification(group)
                 _record(self.scheduler, group)
             out.groups += groups
-            useful += sum(_has_signal(g) for g in groups)
+            useful += sum(has_signal(g) for g in groups)
             if useful >= self.config.scheduler.batch_size:
                 break
         return out
@@ -123,23 +134,47 @@ class SyncRollouts:
 
 
 @dataclass
-class _Produced:
+class Generated:
+    """One generated batch as a rollout worker hands it to the learner (verification not yet collected)."""
+
     groups: list[RolloutGroup]
-    version: int  # the policy version that generated them
+    version: int  # the policy version that generated them (the one the worker had loaded)
     tokens: int
     seconds: float
 
 
-class Produced(Protocol):
-    """A generated, verification-in-flight batch as a rollout source hands it to the learner."""
+class PolicySampler:
+    """A frozen copy of the policy that samples rollout groups and tags them with the policy version
+    it holds: the body of every rollout worker (the rollout thread, a rollout process, a Ray actor)."""
 
-    groups: list[RolloutGroup]
-    version: int
-    tokens: int
-    seconds: float
+    def __init__(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, group_size: int,
+                 sampling: SamplingConfig, version: int = -1) -> None:
+        self.policy, self.tokenizer, self.group_size, self.sampling = policy, tokenizer, group_size, sampling
+        self.policy.eval()
+        self.policy.requires_grad_(False)
+        self.version = version  # -1: not the learner's weights yet
+
+    @classmethod
+    def from_recipe(cls, recipe: str | tuple[Any, Any], group_size: int, sampling: SamplingConfig, device: str,
+                    seed: int) -> PolicySampler:
+        """A sampler in a worker of its own: the policy from a model directory or a shipped ``(model, tokenizer)``."""
+        torch.manual_seed(seed)
+        policy, tokenizer = load_policy(recipe if isinstance(recipe, str) else tuple(recipe), device=device)
+        return cls(policy, tokenizer, group_size, sampling)
+
+    def load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.policy.load_state_dict(state)
+        self.version = version
+
+    def sample(self, tasks: Sequence[TaskSpec]) -> Generated:
+        started = time.perf_counter()
+        groups = generate_groups(self.policy, self.tokenizer, tasks, self.group_size, self.sampling,
+                                 policy_version=self.version)
+        tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
+        return Generated(groups, self.version, tokens, time.perf_counter() - started)
 
 
-def assemble_batch(out: RolloutBatch, take: Callable[[], Produced], version: int, config: GRPOConfig,
+def assemble_batch(out: RolloutBatch, take: Callable[[], Generated], version: int, config: GRPOConfig,
                    scheduler: Scheduler) -> RolloutBatch:
     """Take produced batches until the step has ``batch_size`` groups with a learning signal (at most
     ``max_rollout_batches_per_step`` fresh batches): batches more than ``max_off_policy_steps`` policy
@@ -157,7 +192,7 @@ def assemble_batch(out: RolloutBatch, take: Callable[[], Produced], version: int
             collect_verification(group)
             _record(scheduler, group)
         out.groups += item.groups
-        useful += sum(_has_signal(g) for g in item.groups)
+        useful += sum(has_signal(g) for g in item.groups)
     return out
 
 
@@ -166,12 +201,11 @@ class PipelinedRollouts:
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
                  service: VerifierService, executor: ThreadPoolExecutor, config: GRPOConfig, version: int) -> None:
-        self.tokenizer, self.scheduler, self.service, self.executor, self.config = tokenizer, scheduler, service, executor, config
-        self.policy = frozen_copy(model)
+        self.scheduler, self.service, self.executor, self.config = scheduler, service, executor, config
+        self.sampler = PolicySampler(frozen_copy(model), tokenizer, config.group_size, _sampling(config), version)
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._version = version
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Produced] = queue.Queue(maxsize=config.queue_size)
+        self._queue: queue.Queue[Generated] = queue.Queue(maxsize=config.queue_size)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="posttrain-rollout", daemon=True)
@@ -184,15 +218,10 @@ class PipelinedRollouts:
                 with self._lock:
                     snapshot, self._snapshot = self._snapshot, None
                 if snapshot is not None:
-                    self._version = snapshot[0]
-                    self.policy.load_state_dict(snapshot[1])
-                t0 = time.perf_counter()
-                groups = generate_groups(self.policy, self.tokenizer, self.scheduler.next_batch(), self.config.group_size,
-                                         _sampling(self.config), policy_version=self._version)
-                seconds = time.perf_counter() - t0
-                for group in groups:
+                    self.sampler.load(snapshot[1], snapshot[0])
+                item = self.sampler.sample(self.scheduler.next_batch())
+                for group in item.groups:
                     submit_verification(self.executor, self.service, group, self.config.verifier_timeout_s)
-                item = _Produced(groups, self._version, sum(len(t.completion_ids) for g in groups for t in g.trajectories), seconds)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
@@ -209,7 +238,7 @@ class PipelinedRollouts:
         with self._lock:
             self._snapshot = (version, state)
 
-    def _get(self) -> _Produced:
+    def _get(self) -> Generated:
         while True:
             if self._error is not None:
                 raise RuntimeError(f"the rollout thread failed: {self._error!r}") from self._error
@@ -258,6 +287,56 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
     } | batch.extra
 
 
+def draw_step(rollouts: RolloutSource, step: int, config: GRPOConfig
+              ) -> tuple[RolloutBatch, list[Trajectory], list[float], dict[str, float]]:
+    """A step's rollout batch, the trajectories and advantages of its groups with a learning signal
+    (at most ``batch_size`` groups), and its rollout metrics."""
+    batch = rollouts.next_batch(version=step)
+    used = [g for g in batch.groups if has_signal(g)][: config.scheduler.batch_size]
+    trajectories, advantages, _ = select_groups(used, config)
+    return batch, trajectories, advantages, batch_metrics(batch, step, used)
+
+
+@contextlib.contextmanager
+def rollout_source(config: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
+                   *, version: int, source: PolicySource, service: VerifierService | None = None) -> Iterator[RolloutSource]:
+    """The rollout side ``config`` asks for, sampling from ``model``'s weights (published as ``version``),
+    with its verifier pool (``service``, else one of its own) and everything closed afterwards.
+
+    Ray actors (``rollout_workers``), rollout processes (``pipeline`` and ``rollout_processes``), a
+    rollout thread (``pipeline``), or synchronous sampling with ``model`` itself. ``source`` is how a
+    worker elsewhere builds its copy of the policy (a model directory, or a ``(model, tokenizer)`` pair).
+    """
+    own_service = service is None and not config.rollout_workers  # Ray rollouts verify on the cluster
+    if own_service:
+        service = VerifierService(PoolConfig(workers=config.verifier_workers))
+    executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="posttrain-verify-wait")
+    rollouts: RolloutSource | None = None
+    try:
+        if config.rollout_workers:
+            from posttrain.training.distributed import RayRollouts  # ray is an optional extra
+
+            rollouts = RayRollouts(model, tokenizer, scheduler, config, version=version, source=source)
+        elif config.pipeline and config.rollout_processes:
+            from posttrain.training.procs import ProcessRollouts  # it imports this module
+
+            assert service is not None
+            rollouts = ProcessRollouts(model, tokenizer, scheduler, service, executor, config, version=version, source=source)
+        elif config.pipeline:
+            assert service is not None
+            rollouts = PipelinedRollouts(model, tokenizer, scheduler, service, executor, config, version=version)
+        else:
+            assert service is not None
+            rollouts = SyncRollouts(model, tokenizer, scheduler, service, executor, config)
+        yield rollouts
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+        if own_service and service is not None:
+            service.close()
+
+
 def train_grpo(
     config: GRPOConfig,
     policy: PolicySource | None = None,
@@ -289,32 +368,14 @@ def train_grpo(
         start = int(state["step"])
         scheduler.load_state_dict(state["scheduler"])
 
-    own_service = service is None and not config.rollout_workers  # Ray rollouts verify on the cluster
-    if own_service:
-        service = VerifierService(PoolConfig(workers=config.verifier_workers))
-    executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="posttrain-verify-wait")
-    rollouts: RolloutSource
-    if config.rollout_workers:
-        from posttrain.training.distributed import RayRollouts  # ray is an optional extra
-
-        rollouts = RayRollouts(model, tokenizer, scheduler, config, version=start, source=source)
-    elif config.pipeline:
-        assert service is not None
-        rollouts = PipelinedRollouts(model, tokenizer, scheduler, service, executor, config, version=start)
-    else:
-        assert service is not None
-        rollouts = SyncRollouts(model, tokenizer, scheduler, service, executor, config)
     result = GRPOResult(steps=start, checkpoint=None, model=model, resumed_from=start)
-    last_end = time.perf_counter()
-    try:
+    with rollout_source(config, model, tokenizer, scheduler, version=start, source=source, service=service) as rollouts:
+        last_end = time.perf_counter()
         for step in range(start, config.max_steps):
             if should_stop is not None and should_stop():
                 break
-            batch = rollouts.next_batch(version=step)
-            used = [g for g in batch.groups if _has_signal(g)][: config.scheduler.batch_size]
-            trajectories, advantages, _ = select_groups(used, config)
+            batch, trajectories, advantages, metrics = draw_step(rollouts, step, config)
             t_learn = time.perf_counter()
-            metrics = batch_metrics(batch, step, used)
             if trajectories:
                 metrics |= grpo_update(model, ref_model, optimizer, lr_scheduler, trajectories, advantages, config, tokenizer.pad_token_id)
             else:
@@ -335,9 +396,4 @@ def train_grpo(
                     ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler,
                     {"scheduler": scheduler.state_dict(), "data_position": step + 1}, keep=config.keep_checkpoints,
                 )
-    finally:
-        rollouts.close()
-        executor.shutdown(wait=False, cancel_futures=True)
-        if own_service and service is not None:
-            service.close()
     return result
