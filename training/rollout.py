@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from posttrain.platform.models.loader import cache_keyword
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.modeling import eval_mode
 
@@ -81,7 +82,12 @@ def generate_groups(
     *,
     policy_version: int = 0,
 ) -> list[RolloutGroup]:
-    """Sample ``group_size`` completions for each task with ``model`` (one batched ``generate``)."""
+    """Sample ``group_size`` completions for each task with ``model`` (one batched ``generate``).
+
+    Each prompt is run through the model once, not once per sample: its KV cache (all but the
+    last prompt token) is computed for the distinct prompts and repeated ``group_size`` times
+    before sampling starts (the samples of a group share their prompt).
+    """
     device = next(model.parameters()).device
     prompts = [prompt_ids(tokenizer, t) for t in tasks]
     width = max(len(p) for p in prompts)
@@ -89,16 +95,25 @@ def generate_groups(
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     eos = tokenizer.eos_token_id
-    with eval_mode(model):
+    with eval_mode(model), torch.no_grad():
+        key = cache_keyword(model)
+        prefilled = {}
+        if width > 1:
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                  use_cache=True, **{key: cache})
+            cache.batch_repeat_interleave(group_size)
+            prefilled = {key: cache}
         out = model.generate(  # type: ignore[operator]
-            input_ids=input_ids,
-            attention_mask=attention,
+            input_ids=input_ids.repeat_interleave(group_size, dim=0),
+            attention_mask=attention.repeat_interleave(group_size, dim=0),
+            **prefilled,
             do_sample=True,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=0,
             max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=group_size,
             eos_token_id=eos,
             pad_token_id=pad,
             output_logits=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -23,6 +24,13 @@ from transformers import (
 
 
 from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which this transformers version's ``forward``/``generate`` take a KV cache
+    (``cache`` in newer releases, ``past_key_values`` before); a peft model answers for its base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:

@@ -11,7 +11,6 @@ sample never draft.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
+
+from posttrain.platform.models.loader import cache_keyword
 
 
 @dataclass
@@ -107,9 +108,7 @@ def accept_tokens(seq: Sequence, new_ids: list[int]) -> None:
 
 def _forward(model: PreTrainedModel, cache: DynamicCache, **inputs: torch.Tensor) -> Any:
     """Call the model with its KV cache under whichever keyword this transformers version names it."""
-    params = inspect.signature(model.forward).parameters
-    key = "cache" if "cache" in params else "past_key_values"
-    return model(**inputs, **{key: cache}, use_cache=True)
+    return model(**inputs, **{cache_keyword(model): cache}, use_cache=True)
 
 
 def _mergeable(cache: DynamicCache) -> bool:
