@@ -1,13 +1,21 @@
 """Serving benchmark: fast tier vs standard tier, and the gateway's added latency.
 
-    .venv/bin/python bench/serving.py [--tune-steps 60] [--max-tokens 64]
+    .venv/bin/python bench/serving.py [--prompts 12] [--max-tokens 64] [--tune-steps 500 | 0]
 
-Builds a small Qwen2 model locally (hidden 384, 4 layers), teaches it with a
-quick fine-tune to answer document questions by copying the relevant sentence
-(copy-heavy document QA), serves the same weights in the fast tier
-(prompt-lookup speculation) and the standard tier, and puts a gateway in
-front. Prints one JSON object per figure, with its peer measured in the same
-run; the last line holds every figure.
+Builds a small Qwen2 model locally (hidden 128, 2 layers) and teaches it to
+quote from documents (platform/models/tuning.py ``teach_quoting``: a copy
+drill that forms induction heads, then a stream of fresh random documents
+with "quote the sentence that begins with ..." questions; a few minutes of
+CPU). The benchmark prompts are documents generated with another seed and
+checked to be absent from the training stream: the model has never seen
+them, so an answer copied from its document is the model reading it. The
+same weights serve in the fast tier (prompt-lookup speculation) and the
+standard tier, with a gateway in front. Prints one JSON object per figure,
+with its peer measured in the same run; the last line holds every figure.
+
+``--tune-steps 0`` skips the teaching: the random-init model's greedy output
+loops, and prompt lookup then drafts from its own repetition rather than
+from the document (quick, but not a document-QA workload; labelled so).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse
 import json
-import random
 import socket
 import statistics
 import tempfile
@@ -32,7 +39,7 @@ from pathlib import Path
 import httpx
 
 from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
-from posttrain.platform.models.tuning import ChatExample, memorize
+from posttrain.platform.models.tuning import QuotingRecipe, QuotingRun, quote_cases, teach_quoting
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
     Deployment,
@@ -44,27 +51,7 @@ from posttrain.platform.serving import (
     serve_in_thread,
 )
 
-CITIES = ["Paris", "London", "Berlin", "Tokyo", "Madrid", "Rome"]
-ITEMS = ["invoice", "contract", "order", "report"]
-
-
-def document_qa(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """Documents of several sentences; the answer is one sentence copied verbatim."""
-    rng = random.Random(seed)
-    cases = []
-    for i in range(n):
-        sentences = []
-        for _ in range(3):
-            item, city = rng.choice(ITEMS), rng.choice(CITIES)
-            sentences.append(f"The {item} {rng.randint(100, 999)} for the {city} customer has a total amount of "
-                             f"{rng.randint(1000, 99999)} and a payment date of 2026-{rng.randint(1, 12):02d}-"
-                             f"{rng.randint(1, 28):02d}.")
-        target = sentences[i % len(sentences)]
-        number = target.split()[2]
-        doc = " ".join(sentences)
-        cases.append((f"Document:\n{doc}\n\nQuestion: quote the sentence about number "
-                      f"{number}.", target))
-    return cases
+EVAL_SEED = 1_000_003  # the benchmark's documents; the training stream draws from QuotingRecipe.seed (+1)
 
 
 def free_port() -> int:
@@ -84,25 +71,34 @@ def chat(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: in
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--tune-steps", type=int, default=0,
-                        help="fine-tune steps teaching the model to quote the document (about 150 make it converge; "
-                             "minutes of CPU). 0 keeps the random-init model, whose greedy output loops: its drafts then "
-                             "come from its own repeated output rather than from the document")
+    parser.add_argument("--prompts", type=int, default=12)
+    recipe = QuotingRecipe()
+    parser.add_argument("--tune-steps", type=int, default=recipe.quote_steps,
+                        help=f"document-question steps after a copy drill of at most {recipe.max_drill_steps} steps "
+                             "(two to four minutes of CPU in all). 0 skips teaching and serves the random-init model, "
+                             "whose greedy output loops: its drafts then come from its own repeated output, not from "
+                             "the document")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--overhead-requests", type=int, default=60)
     args = parser.parse_args()
 
-    cases = document_qa(args.prompts)
+    cases = quote_cases(args.prompts, seed=EVAL_SEED)
+    taught = args.tune_steps > 0
+    recipe = QuotingRecipe(quote_steps=args.tune_steps) if taught else None
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "bench-qwen2", TinyModelSpec(
-            hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768))
+            hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256))
         t0 = time.perf_counter()
-        losses: list[float] = []
-        if args.tune_steps:
-            losses = memorize(path, [ChatExample([{"role": "user", "content": q}], a) for q, a in cases],
-                              steps=args.tune_steps, lr=4e-3)
+        run: QuotingRun | None = None
+        seen: set[str] = set()
+        if recipe is not None:
+            def progress(step: int, loss: float) -> None:
+                if step % 100 == 0:
+                    print(f"tune step {step + 1} loss {loss:.3f} {time.perf_counter() - t0:.0f}s", file=sys.stderr,
+                          flush=True)
+            run = teach_quoting(path, recipe, on_step=progress, seen_documents=seen)
         tune_s = time.perf_counter() - t0
+        unseen = sum(c.document not in seen for c in cases)
         loaded = load_model(path)
         engines = {
             tier: EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="bench",
@@ -120,19 +116,23 @@ def main() -> None:
         client = httpx.Client(timeout=600)
         try:
             for tier, server in servers.items():  # warm-up
-                chat(client, server.base_url, "bench", cases[0][0], 4)
+                chat(client, server.base_url, "bench", cases[0].prompt, 4)
             results: dict[str, dict] = {}
             for tier in ("standard", "fast"):
                 texts, tokens, start = [], 0, time.perf_counter()
-                for q, _ in cases:
-                    out = chat(client, servers[tier].base_url, "bench", q, args.max_tokens)
+                for case in cases:
+                    out = chat(client, servers[tier].base_url, "bench", case.prompt, args.max_tokens)
                     texts.append(out["choices"][0]["message"]["content"])
                     tokens += out["usage"]["completion_tokens"]
                 elapsed = time.perf_counter() - start
                 results[tier] = {"texts": texts, "tokens": tokens, "seconds": elapsed,
                                  "tokens_per_s": tokens / elapsed}
             fast_m, std = engines["fast"].metrics, results["standard"]
-            copied = sum(a in t for (_, a), t in zip(cases, results["standard"]["texts"]))
+            # an answer counts when it is the quoted sentence, verbatim, and nothing else
+            copied = sum(t.strip() == c.answer for c, t in zip(cases, std["texts"]))
+            for c, t in zip(cases, std["texts"]):
+                if t.strip() != c.answer:
+                    print(f"not quoted verbatim: wanted {c.answer!r}, got {t!r}", file=sys.stderr)
 
             direct, via_gateway = [], []
             q = "What is the total?"
@@ -155,14 +155,23 @@ def main() -> None:
     p50_direct, p50_gateway = statistics.median(direct), statistics.median(via_gateway)
     overhead = p50_gateway - p50_direct
     acceptance = fast_m.accepted_tokens / fast_m.draft_tokens if fast_m.draft_tokens else 0.0
+    workload = ("document QA on unseen documents, model taught to quote" if taught
+                else "random-init model: drafts come from its own repetitive output, not the document")
+    tune: dict[str, object] = {"tune_steps": len(run.losses) if run else 0, "tune_seconds": round(tune_s, 1)}
+    if run is not None:
+        tune.update({
+            "tune_drill_steps": len(run.drill_losses), "tune_drill_mastered": run.drill_mastered,
+            "tune_quote_steps": len(run.quote_losses),
+            "tune_quote_loss_first_last": [round(run.quote_losses[0], 3), round(statistics.fmean(run.quote_losses[-20:]), 3)]})
     figures = [
         {"figure": "fast_tokens_per_s", "value": round(fast_tps, 1), "peer": "standard_tokens_per_s",
-         "peer_value": round(std_tps, 1), "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical},
+         "peer_value": round(std_tps, 1), "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical,
+         "workload": workload},
         {"figure": "gateway_p50_ms", "value": round(p50_gateway, 2), "peer": "direct_p50_ms",
          "peer_value": round(p50_direct, 2), "overhead_p50_ms": round(overhead, 2)},
         {"figure": "fast_tier_draft_acceptance", "value": round(acceptance, 3),
-         "answers_copied_from_document": f"{copied}/{len(cases)}", "tune_steps": args.tune_steps, "tune_seconds": round(tune_s, 1),
-         "tune_loss_first_last": [round(losses[0], 3), round(losses[-1], 3)] if losses else None},
+         "answers_copied_from_document": f"{copied}/{len(cases)}", "prompts_unseen_in_training": f"{unseen}/{len(cases)}",
+         **tune},
     ]
     for f in figures:
         print(json.dumps(f))
@@ -172,7 +181,7 @@ def main() -> None:
         "gateway_overhead_p50_ms": round(overhead, 2), "gateway_p50_ms": round(p50_gateway, 2),
         "direct_p50_ms": round(p50_direct, 2), "completion_tokens": results["fast"]["tokens"],
         "prompts": len(cases), "draft_acceptance": round(acceptance, 3),
-        "answers_copied_from_document": copied, "tune_steps": args.tune_steps,
+        "answers_copied_from_document": copied, "prompts_unseen_in_training": unseen, "workload": workload, **tune,
     }))
 
 
