@@ -341,7 +341,7 @@ def train_grpo_fsdp(config: GRPOConfig, *, metrics_file: str | Path | None = Non
     import torch.distributed as dist
 
     from posttrain.training.learner import grpo_update
-    from posttrain.training.loop import GRPOResult, draw_step, rollout_source
+    from posttrain.training.loop import GRPOResult, draw_step, rollout_source, time_step
     from posttrain.training.scheduler import Scheduler
 
     with _process_group(config) as r:
@@ -385,10 +385,7 @@ def train_grpo_fsdp(config: GRPOConfig, *, metrics_file: str | Path | None = Non
                     mirror.load_state_dict(weights)
                     rollouts.publish(mirror, version=step + 1)
                 del weights
-                now = time.perf_counter()
-                metrics["pipeline/learner_busy_frac"] = (now - t_learn) / max(now - last_end, 1e-9)
-                metrics["time/step_s"] = now - last_end
-                last_end = now
+                last_end = time_step(metrics, t_learn, last_end)
                 result.metrics.append(metrics)
                 result.steps = step + 1
                 if r.rank == 0 and on_groups is not None:

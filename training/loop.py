@@ -287,6 +287,15 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
     } | batch.extra
 
 
+def time_step(metrics: dict[str, float], learn_started: float, last_end: float) -> float:
+    """Add the step's wall time and the learner's busy fraction (update and publish over the whole
+    step) to ``metrics``; return now, the end of this step."""
+    now = time.perf_counter()
+    metrics["pipeline/learner_busy_frac"] = (now - learn_started) / max(now - last_end, 1e-9)
+    metrics["time/step_s"] = now - last_end
+    return now
+
+
 def draw_step(rollouts: RolloutSource, step: int, config: GRPOConfig
               ) -> tuple[RolloutBatch, list[Trajectory], list[float], dict[str, float]]:
     """A step's rollout batch, the trajectories and advantages of its groups with a learning signal
@@ -381,10 +390,7 @@ def train_grpo(
             else:
                 lr_scheduler.step()  # keep the schedule in step with the step count
             rollouts.publish(model, version=step + 1)
-            now = time.perf_counter()
-            metrics["pipeline/learner_busy_frac"] = (now - t_learn) / max(now - last_end, 1e-9)
-            metrics["time/step_s"] = now - last_end
-            last_end = now
+            last_end = time_step(metrics, t_learn, last_end)
             result.metrics.append(metrics)
             result.steps = step + 1
             if on_groups is not None:
