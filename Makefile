@@ -1,6 +1,7 @@
 # posttrain: two commands do all the set-up.
 #   make run   create .venv if missing, install, migrate the database, start worker + console
 #   make test  create .venv if missing, run the whole test suite
+#   make bench run every benchmark, one at a time, into bench/results/ and README's figures table
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test venv system-deps clean
+.PHONY: run test venv system-deps clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,19 @@ run: venv system-deps
 
 test: venv system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every benchmark in turn (BENCHMARKS=... for some); each one's summary goes to
+# bench/results/<name>.json with date, commit and machine, and README's figures table
+# is rewritten from those files (bench/results.py). A failing benchmark does not stop
+# the others; make fails at the end and names it.
+BENCHMARKS ?= sandbox verify preprocess serving queue pipeline reliability learning
+
+bench: venv system-deps
+	@failed=""; for name in $(BENCHMARKS); do \
+	  echo "== bench $$name"; \
+	  $(BIN)/python bench/results.py record $$name -- $(BIN)/python bench/$$name.py || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

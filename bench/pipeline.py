@@ -18,8 +18,9 @@ number of steps, the same staleness bound and queue size.
 Throughput is the steady state: trajectories of steps 2 and on over their time (step 1 holds
 the start-up of worker processes and pools); ``wall_traj_per_s`` counts the whole run. Prints
 one JSON object per measurement, then a summary object last with ``lockstep_traj_per_s``,
-``pipelined_traj_per_s``, ``speedup`` and ``learner_busy`` (the pipelined learner's busy
-fraction: time from batch in hand to weights published, over the step's wall time).
+``pipelined_traj_per_s``, ``speedup``, ``learner_busy`` (the pipelined learner's busy
+fraction: time from batch in hand to weights published, over the step's wall time) and
+``peer`` (the lock-step baseline's setting; both sides skip step 1 alike).
 ``--ray N`` also measures the loop with N rollout worker actors and one verifier actor on Ray
 (``--ray-address``, else POSTTRAIN_RAY_ADDRESS, else a local Ray started for the run) and adds
 ``ray_traj_per_s`` and ``ray_learner_busy`` to the summary.
@@ -168,6 +169,10 @@ def main() -> None:
         "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
         "lockstep_learner_busy": lock["learner_busy"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,
+        "batch": args.batch, "group": args.group, "pipelined_variants_tried": len(runs["pipelined"]),
+        "peer": {"name": "lock-step loop (rollout, then verify, then update), the best of its thread settings",
+                 "threads": lock["threads"], "variants_tried": len(runs["lockstep"]), "steps": args.steps,
+                 "warmup_steps": 1, "batch": args.batch, "group": args.group},
     }), flush=True)
 
 

@@ -5,7 +5,8 @@
 Each configuration drains the same number of no-op ``selftest`` jobs with real
 ``posttrain worker`` processes (each job is a real forked process). Prints one
 JSON object per figure, the 1-worker figure beside the 4-worker one, and a
-summary object last.
+summary object last, with ``peer`` (the peer's setting: the same backend, jobs
+and slots with 1 worker).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test", help="PostgreSQL admin URL")
     args = parser.parse_args()
 
-    summary: dict[str, float | int] = {"jobs": args.jobs}
+    summary: dict[str, object] = {"figure": "queue", "jobs": args.jobs, "workers": 4, "slots": args.slots}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("sqlite", "postgres"):
             figures = {}
@@ -76,6 +77,7 @@ def main() -> None:
             }), flush=True)  # fmt: skip
             summary[f"{backend}_claims_per_s"] = round(figures[4], 1)
             summary[f"{backend}_claims_per_s_1_worker"] = round(figures[1], 1)
+    summary["peer"] = {"name": "the same backend with 1 worker", "workers": 1, "slots": args.slots, "jobs": args.jobs}
     print(json.dumps(summary))
 
 

@@ -2,7 +2,9 @@
 
 Run: ``.venv/bin/python bench/sandbox.py [--pool-size 4] [--calls 2000] [--seconds 10]``.
 Prints one JSON object per figure (with the peer's figure beside it), then one
-summary object on the last line.
+summary object on the last line, with ``peer`` (the peer's setting). Both sides
+get the same warm-up (``--warmup`` calls, untimed) and the same concurrency for
+the episode rate (``--threads``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=2, help="concurrent episodes (the host has 2 cores)")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed calls before timing, each side")
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="posttrain-bench-sandbox-"))
@@ -99,7 +102,7 @@ def main() -> None:
 
             # 2. round trip of a trivial python tool call
             with pool.acquire() as sandbox:
-                for _ in range(50):
+                for _ in range(args.warmup):
                     sandbox.run_python(TRIVIAL)
                 trips = []
                 for _ in range(args.calls):
@@ -115,7 +118,8 @@ def main() -> None:
             if owner:
                 os.chown(work, *owner)
             server = pool.directory / "server.py"
-            fresh_call(config, server, work, TRIVIAL)
+            for _ in range(args.warmup):
+                fresh_call(config, server, work, TRIVIAL)
             fresh = []
             for _ in range(args.fresh):
                 t = time.perf_counter()
@@ -142,16 +146,22 @@ def main() -> None:
 
             pool.wait_ready(30)
             warm_rate = episodes_for(args.seconds, args.threads, warm_episode)
-            fresh_rate = episodes_for(max(args.seconds / 2, 3.0), args.threads, fresh_episode)
+            fresh_seconds = max(args.seconds / 2, 3.0)
+            fresh_rate = episodes_for(fresh_seconds, args.threads, fresh_episode)
             emit({"figure": "episodes_per_min", "value": warm_rate, "peer_fresh_bwrap": fresh_rate,
                   "threads": args.threads, "cpus": os.cpu_count()})
             status = pool.status()
+        peer = {"name": "a fresh bwrap + python3 -c per call, same sandbox flags", "warmup_calls": args.warmup,
+                "calls": args.fresh, "episode_threads": args.threads, "episode_seconds": fresh_seconds}
         emit({
+            "figure": "sandbox",
             "acquire_p50_ms": acquire_s["p50"], "acquire_p99_ms": acquire_s["p99"],
             "roundtrip_p50_ms": trip_s["p50"], "roundtrip_p99_ms": trip_s["p99"],
             "fresh_p50_ms": fresh_s["p50"], "fresh_p99_ms": fresh_s["p99"], "speedup": speedup,
             "episodes_per_min": warm_rate, "fresh_episodes_per_min": fresh_rate,
             "backend": config.backend, "pool_size": config.pool_size, "failures": status.failures,
+            "calls": args.calls, "warmup_calls": args.warmup, "episode_threads": args.threads,
+            "episode_seconds": args.seconds, "peer": peer,
         })
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)

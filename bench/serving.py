@@ -11,7 +11,10 @@ checked to be absent from the training stream: the model has never seen
 them, so an answer copied from its document is the model reading it. The
 same weights serve in the fast tier (prompt-lookup speculation) and the
 standard tier, with a gateway in front. Prints one JSON object per figure,
-with its peer measured in the same run; the last line holds every figure.
+with its peer measured in the same run; the last line holds every figure, with
+``peer`` (the standard tier's setting) and ``gateway_peer`` (direct requests).
+Both tiers get the same warm-up (one 4-token request) and the same prompts,
+one request at a time; gateway and direct requests alternate.
 
 ``--tune-steps 0`` skips the teaching: the random-init model's greedy output
 loops, and prompt lookup then drafts from its own repetition rather than
@@ -175,13 +178,19 @@ def main() -> None:
     ]
     for f in figures:
         print(json.dumps(f))
+    peer = {"name": "standard tier (same weights and engine, no speculative decoding)", "warmup_requests": 1,
+            "prompts": len(cases), "max_tokens": args.max_tokens, "concurrency": 1, "rounds": 1}
+    gateway_peer = {"name": "direct to the deployment (no gateway)", "requests": args.overhead_requests,
+                    "order": "alternating with the gateway's", "max_tokens": 1}
     print(json.dumps({
+        "figure": "serving",
         "fast_tokens_per_s": round(fast_tps, 1), "standard_tokens_per_s": round(std_tps, 1),
         "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical,
         "gateway_overhead_p50_ms": round(overhead, 2), "gateway_p50_ms": round(p50_gateway, 2),
         "direct_p50_ms": round(p50_direct, 2), "completion_tokens": results["fast"]["tokens"],
         "prompts": len(cases), "draft_acceptance": round(acceptance, 3),
         "answers_copied_from_document": copied, "prompts_unseen_in_training": unseen, "workload": workload, **tune,
+        "peer": peer, "gateway_peer": gateway_peer,
     }))
 
 

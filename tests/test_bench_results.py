@@ -1,0 +1,77 @@
+"""README's figures table is what bench/results.py makes from the committed bench/results/*.json, and
+every benchmark in bench/ has a results file that states its peer's setting."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def load_results_module():
+    spec = importlib.util.spec_from_file_location("bench_results", BENCH / "results.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+results = load_results_module()
+BENCHMARKS = sorted(p.stem for p in BENCH.glob("*.py") if p.name != "results.py")
+
+
+def test_every_benchmark_has_a_row_function() -> None:
+    assert sorted(results.ROWS) == BENCHMARKS
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_has_a_results_file_with_its_peer(name: str) -> None:
+    path = BENCH / "results" / f"{name}.json"
+    assert path.exists(), f"no {path.relative_to(ROOT)}: run `make bench BENCHMARKS={name}`"
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == name and f"bench/{name}.py" in result["command"]
+    assert len(result["commit"]) == 40 and result["date"]
+    assert {"cores", "memory_gib", "cpu", "python", "torch"} <= set(result["machine"])
+    peer = result["summary"].get("peer")
+    assert isinstance(peer, dict) and peer.get("name"), f"{name}'s summary states no peer setting"
+
+
+def test_readme_table_is_generated_from_the_results() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert results.readme_section(readme) == results.table(), (
+        "README.md's figures table is stale: run .venv/bin/python bench/results.py readme")
+
+
+def test_record_saves_the_last_json_line_with_provenance_and_rewrites_the_table(tmp_path: Path) -> None:
+    summary = {"figure": "queue", "jobs": 10, "workers": 4, "slots": 2, "sqlite_claims_per_s": 12.5,
+               "postgres_claims_per_s": 10.0, "sqlite_claims_per_s_1_worker": 25.0,
+               "postgres_claims_per_s_1_worker": 5.0, "peer": {"name": "1 worker"}}
+    script = f"import json; print('progress'); print(json.dumps({{'figure': 'x'}})); print(json.dumps({summary!r}))"
+    assert results.record("queue", [sys.executable, "-c", script], results=tmp_path) == 0
+    saved = json.loads((tmp_path / "queue.json").read_text())
+    assert saved["summary"] == summary and saved["exit_status"] == 0
+    assert saved["machine"]["cores"] >= 1 and len(saved["commit"]) == 40
+
+    table = results.table(tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| job queue"))
+    assert "SQLite 12.5, PostgreSQL 10 claims/s" in row and "SQLite 25 (0.5×), PostgreSQL 5 (2×)" in row
+    assert "no result recorded yet" in table  # the other benchmarks, which have no file here
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{results.BEGIN}\nold table\n{results.END}\nafter\n")
+    assert results.write_readme(tmp_path, readme) is True
+    assert results.readme_section(readme.read_text()) == table
+    assert readme.read_text().startswith("# x\n\nbefore\n") and readme.read_text().endswith(f"{results.END}\nafter\n")
+    assert results.write_readme(tmp_path, readme) is False
+
+
+def test_record_saves_nothing_when_the_command_prints_no_summary(tmp_path: Path) -> None:
+    status = results.record("queue", [sys.executable, "-c", "print('no json'); raise SystemExit(3)"], results=tmp_path)
+    assert status == 3 and not (tmp_path / "queue.json").exists()
