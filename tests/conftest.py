@@ -1,5 +1,8 @@
 """Shared fixtures: real SQLite files and a real PostgreSQL database, never mocks.
 
+Required parts (bubblewrap, PostgreSQL, Chromium, Tesseract, mount rights) fail a test, never skip
+it: ``@pytest.mark.requires("bubblewrap")`` or ``require(...)``; see ``required_parts``.
+
 PostgreSQL: the server on 127.0.0.1:5432 (override with POSTTRAIN_TEST_PG_URL).
 One fresh database is created per test session, migrated once, emptied between
 tests, and dropped at the end.
@@ -26,6 +29,14 @@ from sqlmodel import SQLModel
 from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import get_engine, reset_engines
 from posttrain.platform.settings import get_settings
+from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
+    fail_missing,
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("POSTTRAIN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -54,7 +65,7 @@ def pg_url() -> Iterator[str]:
     try:
         admin = psycopg.connect(_pg_conninfo(), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is required at {PG_ADMIN_URL}: {exc}")
+        fail_missing("postgresql", f"cannot connect to {PG_ADMIN_URL}: {str(exc).strip()}")
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = _pg_conninfo(name).replace("postgresql://", "postgresql+psycopg://")

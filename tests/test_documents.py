@@ -18,6 +18,7 @@ LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"
 SCAN = Path("/usr/share/doc/opencv-doc/examples/data/imageTextN.png")
 
 
+@pytest.mark.requires("tesseract")
 def test_pdf_and_scan_end_to_end(platform_env: dict[str, str], tmp_path: Path) -> None:
     assert LTNEWS and SCAN.is_file(), "Debian packages texlive-latex-base-doc and opencv-doc are required (make test installs them)"
     pdf = add_document(LTNEWS[0])

@@ -23,7 +23,8 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlmodel import select
 
-from test_e2e_console import ARTIFACTS, CHROMIUM, free_port, launch_chromium, wait_for_console
+from required_parts import require
+from test_e2e_console import ARTIFACTS, free_port, launch_chromium, wait_for_console
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
@@ -170,8 +171,7 @@ class Provider:
 
 @pytest.fixture
 def sso_console(tmp_path: Path) -> Iterator[dict[str, object]]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is required (make test installs it)")
+    require("chromium")
     idp_port, port = free_port(), free_port()
     data = Path(tempfile.mkdtemp(prefix="posttrain-sso-"))
     env = {

@@ -77,6 +77,7 @@ def test_truncated_image_is_corrupt(tmp_path: Path) -> None:
         list(process_document(path, NO_OCR))
 
 
+@pytest.mark.requires("tesseract")
 def test_ocr_on_a_real_scan() -> None:
     (page,) = process_document(SCAN, PreprocessOptions(workers=1))
     assert page.ocr and page.ocr_confidence is not None and page.ocr_confidence > 60
@@ -88,6 +89,7 @@ def test_ocr_on_a_real_scan() -> None:
     assert page.layout and all(0 <= v <= 1000 for box in page.layout.boxes for v in box)
 
 
+@pytest.mark.requires("tesseract")
 def test_scanned_pdf_page_gets_ocr(tmp_path: Path) -> None:
     """A PDF page that is only a picture of text (no text layer) yields OCR words with boxes."""
     src = pymupdf.open(LTNEWS)

@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from posttrain.platform.sandbox import CallStatus, Sandbox, SandboxConfig, SandboxPool, ToolResult
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+pytestmark = pytest.mark.requires("bubblewrap")
 
 SECRET = "posttrain-test-secret-7f3a9c"
 HOST_MARKERS = [Path("/tmp/posttrain-evil"), Path("/posttrain-evil"), Path("/etc/posttrain-evil")]
@@ -33,11 +34,10 @@ class BadInput:
     tool: str  # "python" or "bash"
     code: str
     expected: frozenset[CallStatus]
-    max_seconds: float = 5.0
 
 
-def bad(name: str, tool: str, code: str, *expected: CallStatus, max_seconds: float = 5.0) -> BadInput:
-    return BadInput(name, tool, code, frozenset(expected), max_seconds)
+def bad(name: str, tool: str, code: str, *expected: CallStatus) -> BadInput:
+    return BadInput(name, tool, code, frozenset(expected))
 
 
 TIMEOUT, ERROR, OK = CallStatus.TIMEOUT, CallStatus.ERROR, CallStatus.OK
@@ -87,6 +87,24 @@ def run(sandbox: Sandbox, item: BadInput) -> ToolResult:
     return sandbox.run_bash(item.code)
 
 
+# How long a bad input may take is judged against a peer measured in the same sandbox just before:
+# the plainest call cut off at the call timeout (a sleep). The worst bad inputs (a busy loop that
+# ignores the alarm, one that ignores SIGTERM) add the kill grace and a fresh interpreter: 1.4-1.6x
+# the peer measured, quiet or with every core busy, locally and through Ray.
+PEER_CODE = "import time\ntime.sleep(10 ** 9)"
+CONTAINED_WITHIN = 3.0
+
+
+def peer_seconds(sandbox: Any) -> float:
+    """Seconds one call cut off at the call timeout takes in ``sandbox`` (a local or a Ray sandbox)."""
+    started = time.monotonic()
+    result = sandbox.run_python(PEER_CODE)
+    took = time.monotonic() - started
+    assert result.status is CallStatus.TIMEOUT, result
+    assert sandbox.run_python("'alive'").value == "'alive'"
+    return took
+
+
 @pytest.fixture(scope="module")
 def secret_env() -> Iterator[None]:
     os.environ["POSTTRAIN_TEST_SECRET_TOKEN"] = SECRET
@@ -125,9 +143,11 @@ def assert_pool_healthy(pool: SandboxPool) -> None:
 @pytest.mark.parametrize("item", BAD_INPUTS, ids=[b.name for b in BAD_INPUTS])
 def test_bad_input_is_classified_and_contained(pool: SandboxPool, item: BadInput) -> None:
     with pool.acquire() as sandbox:
+        peer = peer_seconds(sandbox)
         started = time.monotonic()
         result = run(sandbox, item)
-        assert time.monotonic() - started < item.max_seconds
+        took = time.monotonic() - started
+        assert took < CONTAINED_WITHIN * peer, (item.name, took, peer)
         assert result.status in item.expected, result
         assert not result.is_infrastructure_failure
         if result.status is CallStatus.OUTPUT_TRUNCATED:

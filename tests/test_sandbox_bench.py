@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+@pytest.mark.requires("bubblewrap")
 def test_bench_prints_json_figures_with_peers() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--pool-size", "2", "--calls", "200",
@@ -27,6 +26,11 @@ def test_bench_prints_json_figures_with_peers() -> None:
     summary = lines[-1]
     for key in ("acquire_p50_ms", "roundtrip_p50_ms", "roundtrip_p99_ms", "fresh_p50_ms", "speedup", "episodes_per_min"):
         assert isinstance(summary[key], (int, float)), key
-    # Loose bounds (the machine is shared); the real goals are checked by reading a full run.
-    assert summary["roundtrip_p50_ms"] < summary["fresh_p50_ms"]
-    assert summary["speedup"] > 3 and summary["episodes_per_min"] > 0 and summary["failures"] == 0
+    # Each figure against its peer from the same run: a warm sandbox's round trip against a fresh
+    # `bwrap ... python3 -c` (README: 184x on a quiet machine; 140-530x measured here, more under
+    # CPU load, which slows the fresh start more than the warm call), episodes against fresh starts
+    # (20-28x quiet, 5x with both cores busy).
+    assert summary["speedup"] == pytest.approx(summary["fresh_p50_ms"] / summary["roundtrip_p50_ms"], rel=0.01, abs=0.1)
+    assert summary["speedup"] >= 20, summary
+    assert summary["episodes_per_min"] >= 2 * summary["fresh_episodes_per_min"], summary
+    assert summary["failures"] == 0, summary

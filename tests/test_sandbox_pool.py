@@ -25,8 +25,9 @@ from posttrain.platform.sandbox import (
     run_agent,
 )
 from posttrain.platform.sandbox import backends
+from required_parts import require
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+needs_bwrap = pytest.mark.requires("bubblewrap")  # a missing bubblewrap fails these tests (required_parts)
 
 
 def reachable_dir() -> Path:
@@ -45,8 +46,7 @@ def data_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[SandboxPool]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (make system-deps)")
+    require("bubblewrap")
     data_dir = reachable_dir()
     config = SandboxConfig(pool_size=2, call_timeout_s=2.0, kill_grace_s=0.5)
     with SandboxPool(config, data_dir=data_dir) as pool:
@@ -113,11 +113,16 @@ def test_output_is_capped(pool: SandboxPool) -> None:
 def test_timeout_keeps_globals_when_the_interpreter_can_be_interrupted(pool: SandboxPool) -> None:
     with pool.acquire() as sandbox:
         sandbox.run_python("kept = 'yes'")
+        # The peers: calls that wait as long as the timeout and finish by themselves.
+        peer = sandbox.run_python("import time\ntime.sleep(0.3)")
+        peer_bash = sandbox.run_bash("sleep 0.3")
+        assert peer.ok and peer_bash.ok
         slow = sandbox.run_python("import time\ntime.sleep(30)", timeout=0.3)
-        assert slow.status is CallStatus.TIMEOUT and slow.duration_ms < 2000
+        # Cut off at the timeout: about as long as the peer (measured: within 3%), not the 30 s asked for.
+        assert slow.status is CallStatus.TIMEOUT and slow.duration_ms < 4 * peer.duration_ms, (slow, peer)
         assert sandbox.run_python("kept").value == "'yes'"
         slow_bash = sandbox.run_bash("sleep 30", timeout=0.3)
-        assert slow_bash.status is CallStatus.TIMEOUT
+        assert slow_bash.status is CallStatus.TIMEOUT and slow_bash.duration_ms < 4 * peer_bash.duration_ms, (slow_bash, peer_bash)
         assert sandbox.run_python("kept").value == "'yes'"
 
 
@@ -153,9 +158,13 @@ def test_acquire_times_out_when_all_are_busy(pool: SandboxPool) -> None:
     pool.wait_ready(10)
     held = [pool.checkout() for _ in range(pool.config.pool_size)]
     started = time.monotonic()
+    threading.Event().wait(0.2)  # the peer: a plain wait as long as the timeout
+    peer = time.monotonic() - started
+    started = time.monotonic()
     with pytest.raises(PoolExhaustedError, match="no sandbox free"):
         pool.checkout(timeout=0.2)
-    assert time.monotonic() - started < 2
+    waited = time.monotonic() - started
+    assert peer * 0.9 <= waited < 4 * peer, (waited, peer)  # it waits out its timeout, then gives up
     for sandbox in held:
         pool.release(sandbox)
     with pytest.raises(ValueError, match="not checked out"):
@@ -220,11 +229,16 @@ def test_agent_loop_budgets(pool: SandboxPool) -> None:
     with pool.acquire() as sandbox:
         episode = run_agent(_model([looping] * 10), sandbox, [], max_turns=3)
         assert episode.stop_reason == "max_turns" and episode.turns == 3 and episode.answer is None
+        started = time.monotonic()
+        assert sandbox.run_bash("sleep 0.5").ok  # the peer: one tool call as long as the budget
+        peer = time.monotonic() - started
         sleepy = '<tool_call>{"name": "bash", "arguments": {"command": "sleep 5"}}</tool_call>'
         started = time.monotonic()
         episode = run_agent(_model([sleepy] * 10), sandbox, [], time_budget_s=0.5)
-        assert episode.stop_reason == "time_budget" and time.monotonic() - started < 3
-        assert episode.tool_results[0].status is CallStatus.TIMEOUT
+        took = time.monotonic() - started
+        assert episode.stop_reason == "time_budget" and episode.tool_results[0].status is CallStatus.TIMEOUT
+        # Ends with the budget: within 3x the peer (1.5 s), under the 2 s one call would get without it.
+        assert took < 3 * peer, (took, peer)
 
 
 @needs_bwrap

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("ray")
 
 from ray_cluster import RayCluster, free_port, local_cluster, start_node, stop_nodes  # noqa: F401 (others import these from here)
-from test_sandbox_bad_inputs import BAD_INPUTS, CONFIG, HOST_MARKERS, SECRET, BadInput
+from test_sandbox_bad_inputs import BAD_INPUTS, CONFIG, CONTAINED_WITHIN, HOST_MARKERS, SECRET, BadInput, peer_seconds
 
 from posttrain.platform.sandbox import CallStatus, PoolExhaustedError, SandboxPool, run_agent
 from posttrain.platform.sandbox.factory import make_pool
@@ -32,7 +32,7 @@ from posttrain.platform.sandbox.sandbox import Sandbox
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)"),
+    pytest.mark.requires("bubblewrap"),
 ]
 
 RAY_CONFIG = CONFIG.model_copy(update={"backend": "ray"})
@@ -142,9 +142,13 @@ def test_acquisitions_spread_over_nodes_least_busy_first(pool: RaySandboxPool) -
         held = [first, second, *rest]
         assert len({(s.node_id, s.slot) for s in held}) == 4
         started = time.monotonic()
+        threading.Event().wait(0.5)  # the peer: a plain wait as long as the timeout
+        peer = time.monotonic() - started
+        started = time.monotonic()
         with pytest.raises(PoolExhaustedError, match="on 2 node"):
             pool.checkout(timeout=0.5)
-        assert time.monotonic() - started < 10
+        waited = time.monotonic() - started
+        assert 0.9 * peer <= waited < 4 * peer, (waited, peer)  # it waits out its timeout on both nodes, then gives up
         busy = pool.status()
         assert busy.busy == 4 and busy.ready == 0
         results: list[str] = []
@@ -199,15 +203,19 @@ def test_round_trip_latency_ray_vs_local(pool: RaySandboxPool, data_dir: Path, c
     }
     with capsys.disabled():
         print("\n" + json.dumps(figure))
-    assert figure["ray_p50"] < 250, figure
+    # Against the local call in the same run: Ray adds a hop (measured 8x quiet, 11x with every core
+    # busy: p50 2.1 ms against 0.25 ms, 3.2 against 0.28), never an order of magnitude beyond that.
+    assert figure["local_p50"] < figure["ray_p50"] < 40 * figure["local_p50"], figure
 
 
 @pytest.mark.parametrize("item", BAD_INPUTS, ids=[b.name for b in BAD_INPUTS])
 def test_bad_input_is_classified_and_contained(pool: RaySandboxPool, item: BadInput) -> None:
     with pool.acquire() as sandbox:
+        peer = peer_seconds(sandbox)  # through Ray too: Ray's share is in both
         started = time.monotonic()
         result = run(sandbox, item)
-        assert time.monotonic() - started < item.max_seconds + 2  # Ray's share on a busy 2-core box
+        took = time.monotonic() - started
+        assert took < CONTAINED_WITHIN * peer, (item.name, took, peer)
         assert result.status in item.expected, result
         assert not result.is_infrastructure_failure
         if result.status is CallStatus.OUTPUT_TRUNCATED:
@@ -286,6 +294,12 @@ def test_lost_node_is_an_infrastructure_failure_and_the_rest_serve(cluster: RayC
 
     assert pool.wait_ready(30)
     lost_node = cluster.worker.node_id()
+    healthy = []  # the peer: acquisitions and a call while both nodes are up
+    for _ in range(4):
+        started = time.monotonic()
+        with pool.acquire(timeout=30) as sandbox:
+            assert sandbox.run_python("2 + 2").value == "4"
+        healthy.append(time.monotonic() - started)
     held = [pool.checkout()]
     while len({s.node_id for s in held}) < 2:  # one episode on each node
         held.append(pool.checkout(timeout=10))
@@ -308,11 +322,15 @@ def test_lost_node_is_an_infrastructure_failure_and_the_rest_serve(cluster: RayC
     while any(n["NodeID"] == lost_node and n["Alive"] for n in ray.nodes()):
         assert time.monotonic() < deadline, "Ray did not notice the lost node"
         time.sleep(0.5)
+    after = []
     for _ in range(4):  # acquisitions go to the node that is left, without waiting on the lost one
         started = time.monotonic()
         with pool.acquire(timeout=30) as sandbox:
             assert sandbox.node_id != lost_node and sandbox.run_python("2 + 2").value == "4"
-        assert time.monotonic() - started < 15
+        after.append(time.monotonic() - started)
+    # As quick as with both nodes up (measured: 7 ms against 9 ms each): no wait on a call to the lost
+    # node, which would take seconds. Summed over four, so one scheduling hiccup on a busy box is no failure.
+    assert sum(after) < 30 * sum(healthy), (after, healthy)
     pool.refresh()
     assert [n["node_id"] for n in pool.nodes()] == [kept.node_id]
     assert pool.wait_ready(30)

@@ -42,6 +42,7 @@ from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
 from conftest import REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
+from required_parts import require
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Document, DocumentStatus, Job, JobStatus, Role, User
@@ -671,11 +672,10 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
     shared, not copied, against a RaySandboxPool on a local Ray head (``tests/ray_cluster.py``): one
     Ray session for the whole list."""
     pytest.importorskip("ray")
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (make system-deps)")
+    require("bubblewrap")
     import test_sandbox_ray as ray_tests
     from ray_cluster import local_cluster
-    from test_sandbox_bad_inputs import BAD_INPUTS, SECRET
+    from test_sandbox_bad_inputs import BAD_INPUTS, CONTAINED_WITHIN, SECRET, peer_seconds
 
     from posttrain.platform.sandbox.factory import make_pool
 
@@ -691,9 +691,11 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
             with make_pool(ray_tests.RAY_CONFIG, data_dir, ray_address=cluster.address) as pool:
                 for item in BAD_INPUTS:
                     with pool.acquire(timeout=30) as sandbox:
+                        peer = peer_seconds(sandbox)  # a call cut off at the call timeout, through Ray
                         started = time.monotonic()
                         result = ray_tests.run(sandbox, item)
-                        assert time.monotonic() - started < item.max_seconds + 2, item.name
+                        took = time.monotonic() - started
+                        assert took < CONTAINED_WITHIN * peer, (item.name, took, peer)
                         assert result.status in item.expected and not result.is_infrastructure_failure, (item.name, result)
                         assert sandbox.run_python("'alive'").value == "'alive'", item.name
                     outcomes["refused"] += 1  # contained and classified

@@ -1,0 +1,186 @@
+"""The parts of the system the suite needs, and the rule that a missing one fails the run.
+
+A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract or the right to mount a small file
+system never skips when that part is missing: it fails, naming the part and its install command.
+Say what a test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a
+module's ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while
+using it with :func:`fail_missing`.
+
+A skip slipped in anyway (``pytest.skip("bubblewrap is not installed")``, a ``skipif`` whose reason
+names a part) is caught by :func:`pytest_runtest_makereport`: the skip becomes a failure, the
+summary lists the missing parts with their install commands, and the run exits non-zero.
+
+``tests/conftest.py`` imports the hooks; ``tests/test_required_parts.py`` runs a small suite that
+skips for a missing part and checks that the run fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from _pytest.outcomes import Failed
+
+SYSTEM_DEPS = "make system-deps"
+
+
+@dataclass(frozen=True)
+class RequiredPart:
+    """One part the suite cannot do without."""
+
+    name: str
+    install: str  # what a person runs to get it
+    keywords: tuple[str, ...]  # words in a skip reason that say it was this part that was missing
+    probe: Callable[[], str | None]  # None when the part is there, else what is wrong
+
+
+def _program(name: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        return None if shutil.which(name) else f"`{name}` is not on PATH"
+
+    return probe
+
+
+def _file(path: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        return None if Path(path).exists() else f"{path} does not exist"
+
+    return probe
+
+
+def _postgres() -> str | None:
+    import psycopg
+
+    url = os.environ.get("POSTTRAIN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        return f"cannot connect to {url}: {str(exc).strip()}"
+    return None
+
+
+def _mount_rights() -> str | None:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="posttrain-mount-probe-") as where:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", where], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            return f"mount -t tmpfs failed: {mounted.stderr.strip() or mounted.returncode}"
+        subprocess.run(["umount", where], capture_output=True)
+    return None
+
+
+PARTS: dict[str, RequiredPart] = {
+    part.name: part
+    for part in (
+        RequiredPart("bubblewrap", f"apt-get install bubblewrap (or {SYSTEM_DEPS})", ("bubblewrap", "bwrap"), _program("bwrap")),
+        RequiredPart("postgresql", "apt-get install postgresql, start it on 127.0.0.1:5432 "
+                     "(or point POSTTRAIN_TEST_PG_URL at a server)", ("postgres",), _postgres),  # fmt: skip
+        RequiredPart("chromium", f"apt-get install chromium (or {SYSTEM_DEPS})", ("chromium",), _file("/usr/bin/chromium")),
+        RequiredPart("tesseract", f"apt-get install tesseract-ocr tesseract-ocr-eng (or {SYSTEM_DEPS})", ("tesseract",),
+                     _program("tesseract")),  # fmt: skip
+        RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
+                     ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
+    )
+}
+
+
+def missing_message(name: str, detail: str) -> str:
+    part = PARTS[name]
+    return f"{part.name} is required and missing ({detail}); install it: {part.install}"
+
+
+class MissingPart(Failed):
+    """A test failed because a required part is missing (the run's summary lists these)."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(missing_message(name, detail), pytrace=False)
+        self.part = name
+
+
+def fail_missing(name: str, detail: str) -> NoReturn:
+    """Fail the current test: ``name`` is missing or unusable, for the reason ``detail``."""
+    raise MissingPart(name, detail)
+
+
+@functools.cache
+def _probe(name: str) -> str | None:
+    return PARTS[name].probe()
+
+
+def require(name: str) -> None:
+    """Fail the current test (never skip it) unless the part ``name`` is there."""
+    if name not in PARTS:
+        raise KeyError(f"unknown required part {name!r}; known: {', '.join(PARTS)}")
+    problem = _probe(name)
+    if problem is not None:
+        fail_missing(name, problem)
+
+
+def part_named_in(reason: str) -> RequiredPart | None:
+    """The required part a skip reason says was missing, if any."""
+    lowered = reason.lower()
+    return next((p for p in PARTS.values() if any(k in lowered for k in p.keywords)), None)
+
+
+_MISSED = pytest.StashKey[list[tuple[str, str]]]()  # (part, test id) for each test failed for a missing part
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"requires(part): the test needs this part ({', '.join(PARTS)}); "
+                            "the test fails with the install command when it is missing")  # fmt: skip
+    config.stash[_MISSED] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in item.iter_markers("requires"):
+        for name in marker.args:
+            require(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    missed = item.config.stash[_MISSED]
+    if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, MissingPart):
+        missed.append((call.excinfo.value.part, item.nodeid))
+        report.longrepr = call.excinfo.value.msg  # the message alone, also in the short summary
+        return
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    part = part_named_in(reason)
+    if part is None:
+        return
+    # A required part is never skipped: the skip becomes a failure that says how to install the part.
+    report.outcome = "failed"
+    report.longrepr = missing_message(part.name, f"the test skipped: {reason}")
+    missed.append((part.name, item.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    missed = config.stash.get(_MISSED, [])
+    if not missed:
+        return
+    terminalreporter.section("required parts missing", sep="=", red=True, bold=True)
+    for name in dict.fromkeys(n for n, _ in missed):
+        tests = [t for n, t in missed if n == name]
+        terminalreporter.line(f"{name}: {len(tests)} test(s) failed without it; install it: {PARTS[name].install}", red=True)
+        for test in tests[:5]:
+            terminalreporter.line(f"    {test}")
+        if len(tests) > 5:
+            terminalreporter.line(f"    ... and {len(tests) - 5} more")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.stash.get(_MISSED, []) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
