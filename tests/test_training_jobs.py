@@ -103,8 +103,8 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
     assert (Path(produced.path) / "config.json").is_file() and (Path(produced.path) / "tokenizer.json").is_file()
 
     # evaluate both, before and after, as a job
-    eval_id = queue.submit("evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "tasks_per_domain": 4,
-                                        "samples": 2, "ks": [1, 2], "max_new_tokens": 3, "device": "cpu"})
+    eval_id = queue.submit("evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "difficulty": 3,
+                                        "tasks_per_domain": 4, "samples": 2, "ks": [1, 2], "max_new_tokens": 3, "device": "cpu"})
     third = start_worker(platform_env, "--exit-when-idle")
     try:
         assert third.wait(timeout=200) == 0
@@ -143,6 +143,11 @@ def test_yaml_config_with_a_preset_validates_and_overrides(tmp_path: Path) -> No
     with pytest.raises(JobConfigError, match="trajectories_per_step"):
         validate_config("train_grpo", {"preset": "cpu-demo", "trajectories_per_step": -1})
     assert validate_config("evaluate", {"preset": "cpu-demo", "models": ["a", "b"]}).model_list == ["a", "b"]  # type: ignore[attr-defined]
+    # a domain with no held-out split at the difficulty asked is refused at submit, naming the fix
+    with pytest.raises(JobConfigError, match=r"'format.to_hex' has about 10 distinct prompts at difficulty 1.*higher difficulty"):
+        validate_config("evaluate", {"model": "a", "domains": ["format.to_hex"]})
+    with pytest.raises(JobConfigError, match="unknown domain 'nope.nope'"):
+        validate_config("evaluate", {"model": "a", "domains": ["nope.nope"]})
     with pytest.raises(JobConfigError, match="ks"):
         validate_config("evaluate", {"model": "a", "domains": ["x"], "ks": [4]})
 

@@ -229,7 +229,7 @@ def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> Non
 
 
 def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
-    job = queue.submit("evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"]})
+    job = queue.submit("evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"], "difficulty": 2})
     insert_metrics(job, [(0, "eval/arith.add.int/pass@1", 0.25), (0, "eval/pass@1", 0.25),
                          (1, "eval/arith.add.int/pass@1", 0.75), (1, "eval/pass@1", 0.75)])  # fmt: skip
     at = page()
@@ -285,14 +285,18 @@ def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_en
     at.run()
     assert any("before GRPO: 40.0%" in i.value for i in at.info)
     assert "**SFT warm-up loss**" in [m.value for m in at.markdown]
-    insert_metrics(job.id, [(1, "eval/pass@1", 0.78)])
+    insert_metrics(job.id, [(1, "eval/pass@1", 0.78), (2, "eval/pass@1", 0.7)])
     queue.finish(job.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
-        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.to_hex"], "gain_points": 38.0}))
+        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.thousands"], "gain_points": 38.0,
+        "eval_tasks": 100, "eval_unseen_fraction": 1.0, "control_model": "q-control", "control_steps": 60}))
     at.run()
-    assert any("q-sft 40.0% → q 78.0% (+38.0 points)" in s.value for s in at.success)
+    # what was measured, exactly: unseen eval tasks, the gain, and the control that trained as long
+    assert any("Held-out pass@1 on 100 eval tasks, 100% unseen in training: q-sft 40.0% → q 78.0% (+38.0 points); "
+               "SFT control (60 more SFT steps from the same warm-up) 70.0%, GRPO +8.0 points over it" in s.value
+               for s in at.success), [s.value for s in at.success]
     at.button(key=f"evaluate_{job.id}").click().run()
     evaluation = queue.list_jobs(kind="evaluate")[0]
-    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == ["format.to_hex"]
+    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == ["format.thousands"]
     at.button(key=f"deploy_{job.id}").click().run()
     assert queue.list_jobs(kind="deploy")[0].config["model"] == "q"
 

@@ -125,13 +125,18 @@ def _out_of_space(path: Path, margin_bytes: int = 1 << 20) -> bool:
         return False
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step a checkpoint directory ``step_<N>`` was written at."""
+    return int(Path(path).name[len(PREFIX) :])
+
+
 def list_checkpoints(root: str | Path) -> list[Path]:
     """Complete checkpoints under ``root``, oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    return sorted(found, key=checkpoint_step)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

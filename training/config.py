@@ -166,7 +166,24 @@ class EvalConfig(BaseModel):
             raise ValueError("set either model (one model) or models (a comparison), not both")
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"models lists a model twice: {self.models}")
+        if self.split == "eval":
+            self._check_held_out()
         return self
+
+    def _check_held_out(self) -> None:
+        """Every domain must hold out an eval split at ``difficulty``: refused here, at submit, not mid-job."""
+        from posttrain.platform.tasks.domains import get_domain, prompt_space
+
+        for domain in self.domains:
+            try:
+                spec = get_domain(domain)
+            except LookupError as exc:
+                raise ValueError(str(exc)) from None
+            if self.difficulty > spec.max_difficulty:
+                raise ValueError(f"difficulty {self.difficulty} is out of range for domain {domain!r}; use 1..{spec.max_difficulty}")
+            space = prompt_space(domain, self.difficulty)
+            if not space.has_held_out_split:
+                raise ValueError(space.refusal())
 
     @property
     def model_list(self) -> list[str]:

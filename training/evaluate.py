@@ -59,10 +59,15 @@ def sampled_completions(model: torch.nn.Module, tokenizer, tasks: list[TaskSpec]
     return [[t.text for t in g.trajectories] for g in groups]
 
 
-def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None) -> dict[str, float]:
-    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy."""
+def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
+    """The tasks ``config`` evaluates ``domain`` on (its ``split``, ``eval`` unless set otherwise)."""
     from posttrain.platform.tasks.domains import generate
 
+    return generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
+
+
+def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None) -> dict[str, float]:
+    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy."""
     sources = config.model_list
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
@@ -74,7 +79,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     report: dict[str, float] = {}
     totals: dict[str, list[float]] = {}
     for domain in config.domains:
-        tasks = generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
+        tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
         for i in range(0, len(tasks), config.batch_size):
             chunk = tasks[i : i + config.batch_size]

@@ -235,8 +235,10 @@ class PresetRunConfig(BaseModel):
     """``train_preset``: a preset's whole recipe in one job (the console's one-click demo).
 
     Builds the preset's model (or starts from ``model``), SFT warm-up, evaluates the warmed-up
-    model, GRPO, evaluates the result; registers ``<name>-base`` (when built), ``<name>-sft``
-    and ``<name>``. ``sft``/``grpo``/``eval`` override fields of the preset's sections.
+    model, GRPO, evaluates the result, then the control: SFT continued from the warm-up for as many
+    steps as GRPO took, evaluated on the same held-out tasks (``control: false`` skips it); registers
+    ``<name>-base`` (when built), ``<name>-sft``, ``<name>`` and ``<name>-control``.
+    ``sft``/``grpo``/``eval`` override fields of the preset's sections.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -249,6 +251,7 @@ class PresetRunConfig(BaseModel):
     sft: dict[str, Any] = Field(default_factory=dict)
     grpo: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
+    control: bool = Field(default=True, description="also continue SFT for GRPO's number of steps and evaluate it (the peer)")
 
     @model_validator(mode="after")
     def _check(self) -> PresetRunConfig:
@@ -266,7 +269,7 @@ class PresetRunConfig(BaseModel):
 
 
 # a stage's share of the job's progress bar
-_STAGE_SHARES = {"base": 0.02, "sft": 0.23, "eval_before": 0.05, "grpo": 0.6, "eval_after": 0.1}
+_STAGE_SHARES = {"base": 0.02, "sft": 0.23, "eval_before": 0.05, "grpo": 0.5, "eval_after": 0.05, "control": 0.1, "eval_control": 0.05}
 
 
 def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
@@ -279,7 +282,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
     from posttrain.training.evaluate import compare_reports, evaluate_policy
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
-    from posttrain.training.sft import train_sft
+    from posttrain.platform.tasks.heldout import check_held_out
+    from posttrain.training.evaluate import eval_tasks
+    from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 
     sft_config, grpo_config, eval_config = config.sections()
     name = config.name or f"{config.preset}-job{ctx.job_id}"
@@ -328,8 +333,10 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         result = train_sft(sft_config, on_metrics=on_sft, should_stop=lambda: ctx.should_stop)
         ctx.check_stop()
         assert result.model is not None
+        assert result.checkpoint is not None
         sft_name = register_final_model(ctx, sft_config, result.model, base["path"], base["model"], {"steps": result.steps})
-        finish("sft", {"model": sft_name, "path": str(Path(ctx.settings.data_dir) / "models" / sft_name)})
+        finish("sft", {"model": sft_name, "path": str(Path(ctx.settings.data_dir) / "models" / sft_name),
+                       "checkpoint": str(result.checkpoint)})  # fmt: skip
     sft = state["sft"]
 
     if "eval_before" not in state:
@@ -338,9 +345,15 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         ctx.log_metrics(0, before)
         finish("eval_before", before)
 
+    held_out = [task for d in eval_config.domains for task in eval_tasks(eval_config, d)]
     if "grpo" not in state:
         grpo_config = grpo_config.model_copy(update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name})
-        writer = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
+        write_trajectories = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
+        trained = sft_tasks(sft_config)
+
+        def writer(step: int, groups: list[Any]) -> None:
+            trained.extend(g.task for g in groups)
+            write_trajectories(step, groups)
 
         def on_grpo(step: int, metrics: dict[str, float]) -> None:
             ctx.log_metrics(step, metrics)
@@ -351,7 +364,11 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         ctx.check_stop()
         assert result.model is not None
         final = register_final_model(ctx, grpo_config, result.model, sft["path"], sft["model"], {"steps": result.steps})
-        finish("grpo", {"model": final, "path": str(Path(ctx.settings.data_dir) / "models" / final), "steps": result.steps})
+        # the eval tasks against what SFT and GRPO trained on (GRPO: the steps this attempt ran)
+        check = check_held_out(trained, held_out)
+        ctx.log.info("held-out check: %s", check.describe())
+        finish("grpo", {"model": final, "path": str(Path(ctx.settings.data_dir) / "models" / final), "steps": result.steps,
+                        "grpo_steps_checked": result.steps - result.resumed_from, "eval_unseen_fraction": check.unseen_fraction})
     grpo = state["grpo"]
 
     if "eval_after" not in state:
@@ -359,16 +376,43 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         after = evaluate_policy(eval_config, grpo["path"])
         ctx.log_metrics(1, after)
         finish("eval_after", after)
+
+    if config.control and "control" not in state:
+        control_config = sft_config.model_copy(update={"model": base["path"], "register_as": f"{name}-control"})
+
+        def on_control(step: int, metrics: dict[str, float]) -> None:
+            ctx.log_metrics(step, {("control/" + k.removeprefix("train/")): v for k, v in metrics.items()})
+            stage_progress("control", grpo["steps"], step - sft_config.max_steps, f"SFT control step {step}")
+
+        result = continue_sft(control_config, Path(sft["checkpoint"]), grpo["steps"], out / "control",
+                              on_metrics=on_control, should_stop=lambda: ctx.should_stop)  # fmt: skip
+        ctx.check_stop()
+        assert result.model is not None
+        control_name = register_final_model(ctx, control_config, result.model, sft["path"], sft["model"], {"steps": result.steps})
+        finish("control", {"model": control_name, "path": str(Path(ctx.settings.data_dir) / "models" / control_name),
+                           "extra_steps": grpo["steps"]})  # fmt: skip
+    if config.control and "eval_control" not in state:
+        ctx.progress(done, f"evaluating {state['control']['model']}", force=True)
+        controlled = evaluate_policy(eval_config, state["control"]["path"])
+        ctx.log_metrics(2, controlled)
+        finish("eval_control", controlled)
     before, after = state["eval_before"], state["eval_after"]
     comparison = {m: compare_reports({sft["model"]: before, grpo["model"]: after}, eval_config.domains, m)
                   for m in ("pass@1",)}  # fmt: skip
     log_comparison(ctx, comparison)
-    return {
+    result_fields: dict[str, Any] = {
         "preset": config.preset, "model": grpo["model"], "sft_model": sft["model"], "base_model": base["model"],
-        "models": [sft["model"], grpo["model"]], "domains": eval_config.domains, "steps": grpo["steps"],
-        "pass_before": before["eval/pass@1"], "pass_after": after["eval/pass@1"],
+        "models": [sft["model"], grpo["model"]], "domains": eval_config.domains, "difficulty": eval_config.difficulty,
+        "steps": grpo["steps"], "pass_before": before["eval/pass@1"], "pass_after": after["eval/pass@1"],
         "gain_points": round(100 * (after["eval/pass@1"] - before["eval/pass@1"]), 2), "comparison": comparison,
+        "eval_tasks": len(held_out), "eval_unseen_fraction": grpo["eval_unseen_fraction"],
+        "grpo_steps_checked": grpo["grpo_steps_checked"],
     }  # fmt: skip
+    if config.control:
+        controlled = state["eval_control"]["eval/pass@1"]
+        result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],
+                          "control_after": controlled, "gain_over_control_points": round(100 * (after["eval/pass@1"] - controlled), 2)}
+    return result_fields
 
 
 TRAIN_SFT = register(JobKind("train_sft", SFTConfig, run_sft, "supervised fine-tuning", resumable=True, retryable=True))

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from posttrain.training.checkpoint import checkpoint_due, load_latest_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import checkpoint_due, checkpoint_step, load_latest_checkpoint, save_checkpoint
+from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.training.config import SFTConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, chat_example, collate, pack, read_chat_jsonl, task_examples
 from posttrain.training.modeling import PolicySource, autocast, load_policy, resolve_device, token_logprobs
@@ -37,14 +38,17 @@ class SFTResult:
     resumed_from: int = 0  # the step of the checkpoint the run continued from (0: a fresh start)
 
 
-def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
-    """Examples from the configured domains' references and the chat JSONL file."""
+def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
+    """The procedural tasks whose references an SFT run trains on (the ``train`` split)."""
     from posttrain.platform.tasks.domains import generate
 
-    examples: list[SFTExample] = []
-    for i, domain in enumerate(config.domains):
-        tasks = generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=config.difficulty)
-        examples += task_examples(tokenizer, tasks, config.max_seq_len)
+    return [t for i, domain in enumerate(config.domains)
+            for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=config.difficulty)]  # fmt: skip
+
+
+def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
+    """Examples from the configured domains' references and the chat JSONL file."""
+    examples: list[SFTExample] = task_examples(tokenizer, sft_tasks(config), config.max_seq_len) if config.domains else []
     if config.jsonl_path:
         examples += [chat_example(tokenizer, chat, config.max_seq_len) for chat in read_chat_jsonl(config.jsonl_path)]
     if not examples:
@@ -147,3 +151,27 @@ def train_sft(
                 ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1}, keep=config.keep_checkpoints
             )
     return result
+
+
+def continue_sft(
+    config: SFTConfig,
+    warm_checkpoint: Path,
+    extra_steps: int,
+    output_dir: Path,
+    *,
+    on_metrics: MetricsFn | None = None,
+    should_stop: StopFn | None = None,
+) -> SFTResult:
+    """The control arm of a comparison: SFT continued from ``warm_checkpoint`` (model, optimizer,
+    scheduler and data position) for ``extra_steps`` more steps, in ``output_dir``. Resumes from
+    ``output_dir``'s own checkpoints when it has some."""
+    import shutil
+
+    warm_steps = checkpoint_step(warm_checkpoint)
+    ckpt_root = Path(output_dir) / "checkpoints"
+    if not any(ckpt_root.glob("step_*")):
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(warm_checkpoint, ckpt_root / Path(warm_checkpoint).name)
+    control = config.model_copy(update={"output_dir": str(output_dir), "max_steps": warm_steps + extra_steps, "resume": True,
+                                        "register_as": None})  # fmt: skip
+    return train_sft(control, on_metrics=on_metrics, should_stop=should_stop)

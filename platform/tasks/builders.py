@@ -410,16 +410,32 @@ def _base_id(q: Question, document: Document) -> str:
     return f"doc-{document.sha256[:12]}-p{q.page.page_no}-{q.kind}-{hashlib.sha1(q.key.encode()).hexdigest()[:10]}"
 
 
-def _eval_ids(base_ids: Sequence[str], seed: int, eval_fraction: float) -> set[str]:
-    """The ids held out for evaluation: exactly ``round(eval_fraction * n)`` of them (at least one when
-    the fraction is positive and there are two or more), picked by a seeded hash so that the choice is
-    stable and does not depend on the order of the questions."""
-    n = len(base_ids)
+def _span_id(q: Question, document: Document) -> str:
+    """The source span a question asks about: questions on the same span share a split, so no eval
+    answer's span is ever a training target (two cells of one table row, two masks of one sentence)."""
+    where = " ".join(q.evidence.casefold().split()) if q.evidence else ",".join(f"{v:.0f}" for v in q.bbox)
+    return f"{document.sha256}:{q.page.page_no}:{where}"
+
+
+def _eval_spans(questions: Sequence[Question], document: Document, seed: int, eval_fraction: float) -> set[str]:
+    """The spans held out for evaluation: picked by a seeded hash (stable, independent of question order)
+    until they hold ``round(eval_fraction * n)`` questions (at least one when the fraction is positive and
+    there are two or more), never splitting a span."""
+    n = len(questions)
     k = round(eval_fraction * n)
     if eval_fraction > 0 and n >= 2:
         k = max(k, 1)
-    ranked = sorted(base_ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())
-    return set(ranked[:k])
+    sizes: dict[str, int] = {}
+    for q in questions:
+        span = _span_id(q, document)
+        sizes[span] = sizes.get(span, 0) + 1
+    held: set[str] = set()
+    count = 0
+    for span in sorted(sizes, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest()):
+        if count + sizes[span] <= k and len(held) < len(sizes) - 1:
+            held.add(span)
+            count += sizes[span]
+    return held
 
 
 class _Images:
@@ -451,6 +467,7 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
     provenance = {
         "document_id": document.id, "page": q.page.page_no, "bbox": [round(v, 2) for v in q.bbox],
         "filename": document.filename, "sha256": document.sha256,
+        "span": hashlib.sha256(_span_id(q, document).encode()).hexdigest()[:16],
     }  # fmt: skip
     metadata = {"builder": "documents", "kind": q.kind, "question": q.question, **q.extra}
     head = f"Document: {document.filename}, page {_page_label(q.page)}."
@@ -521,12 +538,12 @@ def build_from_pages(
     by_page = {p.page_no: p for p in pages}
     contexts: dict[int, str] = {}
     images = _Images() if vision else None
-    held_out = _eval_ids([_base_id(q, document) for q in chosen], seed, eval_fraction)
+    held_out = _eval_spans(chosen, document, seed, eval_fraction)
     specs: list[TaskSpec] = []
     for q in chosen:
         if q.page.page_no not in contexts:
             contexts[q.page.page_no] = page_context(by_page[q.page.page_no])
-        split = "eval" if _base_id(q, document) in held_out else "train"
+        split = "eval" if _span_id(q, document) in held_out else "train"
         specs += _specs_for(q, document, contexts[q.page.page_no], images, split)
     return specs
 

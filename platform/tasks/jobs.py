@@ -17,7 +17,7 @@ from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
-from posttrain.platform.tasks.domains import generate, list_domains
+from posttrain.platform.tasks.domains import generate, list_domains, prompt_space
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
 from posttrain.platform.tasks.importers import TaskImportError, import_humaneval, import_jsonl
 from posttrain.platform.verifiers import TaskSpec, VerifierSpecError, validate_task
@@ -90,7 +90,8 @@ def procedural_specs(src: ProceduralSource) -> list[TaskSpec]:
     for name in dict.fromkeys(names):
         try:
             specs += generate(name, src.per_domain, seed=src.seed, difficulty=src.difficulty, split="train")
-            if src.eval_per_domain:
+            # a domain too small to hold out an eval split gets none (``run`` names them)
+            if src.eval_per_domain and prompt_space(name, src.difficulty).has_held_out_split:
                 specs += generate(name, src.eval_per_domain, seed=src.seed + 1_000_003, difficulty=src.difficulty, split="eval")
         except UnknownDomainError as exc:
             raise BadInput(str(exc)) from None
@@ -141,7 +142,15 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
     )
     domains = sorted({s.domain for s in specs})
     ctx.log.info("task set %s (%d): %d tasks over %d domains", config.task_set, set_id, len(specs), len(domains))
-    return {"task_set_id": set_id, "tasks": len(specs), "domains": len(domains)}
+    result: dict[str, Any] = {"task_set_id": set_id, "tasks": len(specs), "domains": len(domains)}
+    if isinstance(config.source, ProceduralSource) and config.source.eval_per_domain:
+        with_eval = {s.domain for s in specs if s.split == "eval"}
+        if missing := [d for d in domains if d not in with_eval]:
+            ctx.log.warning("%d domain(s) have too few distinct prompts at difficulty %d to hold out an eval split and got "
+                            "no eval tasks: %s (build at a higher difficulty to evaluate them)",
+                            len(missing), config.source.difficulty, ", ".join(missing))  # fmt: skip
+            result["domains_without_eval_split"] = missing
+    return result
 
 
 register(

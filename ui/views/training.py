@@ -104,7 +104,7 @@ def template(kind: str, presets: dict[str, Preset]) -> str:
     examples: dict[str, dict[str, Any]] = {
         "train_sft": {"model": "var/models/tiny", "domains": ["arith.add.int"], "max_steps": 50, "lr": 1e-4},
         "train_grpo": {"model": "var/models/tiny", "domains": ["arith.add.int"], "max_steps": 50, "group_size": 8},
-        "evaluate": {"model": "var/models/tiny", "domains": ["arith.add.int"], "tasks_per_domain": 32},
+        "evaluate": {"model": "var/models/tiny", "domains": ["arith.add.int"], "difficulty": 2, "tasks_per_domain": 32},
     }
     return yaml.safe_dump(examples[kind], sort_keys=False)
 
@@ -306,14 +306,19 @@ def evaluate_config(job: Job) -> dict[str, Any]:
     result = job.result or {}
     if job.kind == "train_preset":
         return {"preset": job.config.get("preset", DEMO_PRESET), "models": list(result.get("models", []))}
-    config = {"model": run_model(job), "domains": run_domains(job)}
+    config: dict[str, Any] = {"model": run_model(job), "domains": run_domains(job)}
+    levels = {d.get("difficulty", 1) if isinstance(d, dict) else 1 for d in job.config.get("domains", []) if d}
+    if len(levels) == 1:  # evaluate at the level it trained on (the eval split of that level)
+        config["difficulty"] = levels.pop()
     return config | {k: job.config[k] for k in ("device", "max_new_tokens") if k in job.config}
 
 
 def eval_labels(job: Job) -> list[str]:
     """The model behind each step of a job's ``eval/`` metrics."""
     if job.kind == "train_preset":
-        return list((job.result or {}).get("models") or ["before GRPO (SFT model)", "after GRPO"])
+        result = job.result or {}
+        control = [f"{result['control_model']} (SFT control)"] if result.get("control_model") else []
+        return [*(result.get("models") or ["before GRPO (SFT model)", "after GRPO"]), *control]
     return list(job.config.get("models") or [job.config.get("model") or "model"])
 
 
@@ -413,8 +418,15 @@ def gain_line(job: Job) -> None:
     labels = eval_labels(job)
     if 0 in points and 1 in points and len(labels) >= 2:
         before, after = points[0], points[1]
-        st.success(f"Held-out pass@1: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
-                   f"({100 * (after - before):+.1f} points)")  # fmt: skip
+        result = job.result or {}
+        unseen = result.get("eval_unseen_fraction")
+        scope = f" on {result.get('eval_tasks')} eval tasks, {unseen:.0%} unseen in training" if unseen is not None else ""
+        control = ""
+        if 2 in points and result.get("control_steps"):
+            control = (f"; SFT control ({result['control_steps']} more SFT steps from the same warm-up) {points[2]:.1%}, "
+                       f"GRPO {100 * (after - points[2]):+.1f} points over it")
+        st.success(f"Held-out pass@1{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
+                   f"({100 * (after - before):+.1f} points){control}")  # fmt: skip
     elif 0 in points and job.kind == "train_preset":
         st.info(f"Held-out pass@1 before GRPO: {points[0]:.1%}; evaluated again when GRPO finishes.")
 
