@@ -36,6 +36,7 @@ import pytest
 from sqlmodel import select
 
 from conftest import Reliability, start_worker, stop_worker, wait_for
+from required_parts import fail_missing
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Document, Job, JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -478,7 +479,7 @@ def kill_sandbox_part(pid: int, victim: str) -> list[psutil.Process]:
     return [target]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make system-deps)")
+@pytest.mark.requires("bubblewrap")
 def test_sandbox_killed_mid_call_or_idle_fails_cleanly_and_is_replaced(rng: SeededRandom, reliability: Reliability) -> None:
     """At random moments, SIGKILL the interpreter, the zygote or the whole bubblewrap sandbox, during
     a tool call or while the sandbox waits in the pool. A call in flight ends at once with a clear
@@ -758,12 +759,15 @@ def test_console_killed_under_a_running_job(
 
 @contextlib.contextmanager
 def small_disk(path: Path, size_mb: int) -> Iterator[Path]:
-    """A size-limited filesystem (tmpfs) mounted at ``path``, unmounted afterwards whatever happens."""
+    """A size-limited filesystem (tmpfs) mounted at ``path``, unmounted afterwards whatever happens.
+
+    Mounting needs root (CAP_SYS_ADMIN), which the suite has in its container and under ``sudo``;
+    without it the test fails with that fix, never skips (the README counts this fault as survived)."""
     path.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs", str(path)],
                              capture_output=True, text=True)  # fmt: skip
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+        fail_missing("mount rights", f"mount -t tmpfs at {path} failed: {mounted.stderr.strip() or mounted.returncode}")
     try:
         yield path
     finally:
