@@ -353,10 +353,31 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=no_constants)
 
 
-def check_turn(message: Any) -> str:
+# A turn's parse time is judged against a peer measured in the same test: an ordinary turn whose one
+# tool call carries a 100,000-character argument (decoding it is the most work a legitimate turn
+# asks for: 6 ms here). The slowest hostile turn measured (20,000 opening tags, 220,000 characters)
+# took 4.4x that, the rest far less; a backtracking or quadratic parse takes thousands of times longer.
+PEER_TURN = {"content": "Let me run it.", "tool_calls": [{"function": {
+    "name": "python", "arguments": json.dumps({"code": "x = 1\n" * 16_667})}}]}
+PARSE_WITHIN = 100  # times the peer's parse
+
+
+def peer_parse_s() -> float:
+    """The best of five parses of PEER_TURN, in seconds."""
+    took = []
+    for _ in range(5):
+        started = time.perf_counter()
+        turn = parse_tool_calls(PEER_TURN)
+        took.append(time.perf_counter() - started)
+        assert [c.name for c in turn.calls] == ["python"] and not turn.calls[0].error, turn
+    return min(took)
+
+
+def check_turn(message: Any, limit_s: float) -> str:
     started = time.perf_counter()
     turn = parse_tool_calls(message)
-    assert time.perf_counter() - started < 1.0, "parsing one turn took over a second"
+    took = time.perf_counter() - started
+    assert took < limit_s, f"parsing one turn took {took:.3f} s, over {PARSE_WITHIN}x the peer's ({limit_s:.3f} s)"
     assert isinstance(turn, ParsedTurn) and isinstance(turn.content, str)
     for call in turn.calls:
         assert isinstance(call.name, str) and isinstance(call.arguments, dict)
@@ -383,9 +404,10 @@ HOSTILE_TURNS: list[Any] = [
 
 def test_tool_call_parser_fuzz(reliability: Reliability) -> None:
     """Model output of any shape: parsed, or calls carrying an error for the model; never an exception,
-    never slower than a second, and what goes back out is always valid JSON."""
-    outcomes = Counter(check_turn(m) for m in HOSTILE_TURNS)
-    outcomes += fuzz(st.one_of(hermes_text, st.text(), openai_messages), check_turn, reliability.budget(4, 120),
+    never slower than PARSE_WITHIN times an ordinary turn's parse, and what goes back out is always valid JSON."""
+    limit_s = PARSE_WITHIN * peer_parse_s()
+    outcomes = Counter(check_turn(m, limit_s) for m in HOSTILE_TURNS)
+    outcomes += fuzz(st.one_of(hermes_text, st.text(), openai_messages), lambda m: check_turn(m, limit_s), reliability.budget(4, 120),
                      batch=100)
     record(reliability, "tool_call_parser", outcomes)
 
@@ -402,10 +424,11 @@ ATHERIS_TARGET = textwrap.dedent("""
         for message in (text, {"content": text}, {"tool_calls": [{"function": {"name": "f", "arguments": text}}]}):
             started = time.perf_counter()
             turn = parse_tool_calls(message)
-            assert time.perf_counter() - started < 1.0, len(text)
+            assert time.perf_counter() - started < LIMIT_S, len(text)
             for call in turn.calls:
                 json.loads(json.dumps(call.to_openai(), allow_nan=False))
 
+    LIMIT_S = float(sys.argv.pop(1))  # PARSE_WITHIN times the peer's parse, measured by the test
     atheris.Setup(sys.argv, one)
     atheris.Fuzz()
 """)
@@ -422,8 +445,9 @@ def test_tool_call_parser_atheris(tmp_path: Path, reliability: Reliability) -> N
         (corpus / f"seed{i}").write_text(seed_text)
     script = tmp_path / "fuzz_parser.py"
     script.write_text(ATHERIS_TARGET)
+    limit_s = PARSE_WITHIN * peer_parse_s()  # inputs of at most 4 KiB: well under the peer's 100,000 characters
     proc = subprocess.run(
-        [sys.executable, str(script), f"-max_total_time={seconds}", "-max_len=4096", "-rss_limit_mb=2048",
+        [sys.executable, str(script), str(limit_s), f"-max_total_time={seconds}", "-max_len=4096", "-rss_limit_mb=2048",
          f"-artifact_prefix={tmp_path}/", str(corpus)],
         capture_output=True, text=True, timeout=seconds + 60, cwd=tmp_path,
     )

@@ -410,8 +410,8 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
     platform_env: dict[str, str], reliability: Reliability
 ) -> None:
     """A run with 100,000 steps of three series (300,000 points): the server-side downsampled read
-    stays under 2 s and at least 5x faster than reading every point (the peer, same run), and the
-    run view renders the downsampled charts within a bound."""
+    is at least 5x faster than reading every point, and the run view renders the downsampled charts
+    in about the time of a 1,000-step run's view plus that read (the peers, measured in the same test)."""
     from streamlit.testing.v1 import AppTest
 
     from posttrain.platform import metrics
@@ -440,16 +440,25 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
                      insert_s=round(insert_s, 2), raw_read_s=round(raw_s, 2))  # fmt: skip
 
     page = str(REPO_ROOT / "ui" / "views" / "training.py")
-    at = login_as(AppTest.from_file(page, default_timeout=120))
-    at.run()  # cold: imports and the first render
-    assert not at.exception, at.exception
-    at.selectbox(key="run_id").set_value(job)
-    renders = []
-    for _ in range(5):
-        start = time.perf_counter()
-        at.run()
-        renders.append(time.perf_counter() - start)
+
+    def render(run: int) -> tuple[AppTest, list[float]]:
+        at = login_as(AppTest.from_file(page, default_timeout=120))
+        at.run()  # cold: imports and the first render
         assert not at.exception, at.exception
+        at.selectbox(key="run_id").set_value(run)
+        took = []
+        for _ in range(5):
+            start = time.perf_counter()
+            at.run()
+            took.append(time.perf_counter() - start)
+            assert not at.exception, at.exception
+        return at, took
+
+    # the render's peer, in the same run: the view of a run of 1,000 steps of the same series
+    small = queue.submit("train_grpo", {"model": "m", "domains": ["arith.add.int"], "max_steps": 1000})
+    _bulk_insert_metrics(small, 1000)
+    _, small_renders = render(small)
+    at, renders = render(job)
     charts = at.get("vega_lite_chart")
     plotted = {name: n for c in charts for name, n in _plotted(c).items()}
     assert plotted == {name: -(-steps // width) for name in SERIES}, plotted  # downsampled, not 300,000 points
@@ -457,11 +466,17 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
     assert step_tile.value == f"{steps - 1:,}"
     reliability.load("metrics.run_view_render", renders, errors=0, backend=backend, steps=steps)
     print(f"\n{steps:,} steps x {len(SERIES)} series ({backend}): insert {insert_s:.1f}s, read p50 "
-          f"{sorted(reads)[len(reads) // 2] * 1000:.0f} ms (point for point {raw_s * 1000:.0f} ms), render {', '.join(f'{r * 1000:.0f}' for r in renders)} ms")
-    # timings on a shared 2-core machine are noisy: against the peer, with a generous absolute bound
+          f"{sorted(reads)[len(reads) // 2] * 1000:.0f} ms (point for point {raw_s * 1000:.0f} ms), render "
+          f"{', '.join(f'{r * 1000:.0f}' for r in renders)} ms (1,000 steps: {', '.join(f'{r * 1000:.0f}' for r in small_renders)} ms)")
+    # timings on a shared 2-core machine are noisy: each against its peer from this run, no absolute bound
     read_p50 = sorted(reads)[len(reads) // 2]
-    assert read_p50 < 2.0 and read_p50 * 5 < raw_s, f"downsampled read took {reads} s, the point-for-point read {raw_s:.2f} s"
-    assert min(renders) < 2.5 and sorted(renders)[len(renders) // 2] < 4.0, f"run view renders took {renders} s"
+    assert read_p50 * 5 < raw_s, f"downsampled read took {reads} s, the point-for-point read {raw_s:.2f} s"
+    # a render of the big run is a small run's render plus the downsampled read (measured: 0.45-0.75 s
+    # against 0.25 + 0.3-0.45 s); drawing every point would cost the point-for-point read, 10x more
+    median = sorted(renders)[len(renders) // 2]
+    small_median = sorted(small_renders)[len(small_renders) // 2]
+    assert median < 2 * (small_median + read_p50), \
+        f"run view renders took {renders} s; a 1,000-step run's {small_renders} s, the downsampled read {read_p50:.2f} s"
 
 
 def _plotted(chart) -> dict[str, int]:  # type: ignore[no-untyped-def]
