@@ -1,7 +1,7 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
-A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract or the right to mount a small file
-system never skips when that part is missing: it fails, naming the part and its install command.
+A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents or the
+right to mount a small file system never skips when that part is missing: it fails, naming the part and its install command.
 Say what a test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a
 module's ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while
 using it with :func:`fail_missing`.
@@ -54,6 +54,20 @@ def _file(path: str) -> Callable[[], str | None]:
     return probe
 
 
+def _files(*paths: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        missing = [p for p in paths if not Path(p).exists()]
+        return f"missing: {', '.join(missing)}" if missing else None
+
+    return probe
+
+
+# the real documents the preprocess and task-builder tests read (Debian's documentation packages)
+SAMPLE_DOCUMENTS = ("/usr/share/doc/texlive-doc/latex/base/ltnews30.pdf", "/usr/share/doc/texlive-doc/latex/base/ltnews07.pdf",
+                    "/usr/share/doc/python-reportlab-doc/reportlab-userguide.pdf",
+                    "/usr/share/doc/opencv-doc/examples/data/imageTextN.png")  # fmt: skip
+
+
 def _postgres() -> str | None:
     import psycopg
 
@@ -86,6 +100,8 @@ PARTS: dict[str, RequiredPart] = {
         RequiredPart("chromium", f"apt-get install chromium (or {SYSTEM_DEPS})", ("chromium",), _file("/usr/bin/chromium")),
         RequiredPart("tesseract", f"apt-get install tesseract-ocr tesseract-ocr-eng (or {SYSTEM_DEPS})", ("tesseract",),
                      _program("tesseract")),  # fmt: skip
+        RequiredPart("document samples", f"apt-get install texlive-latex-base-doc python-reportlab-doc opencv-doc (or {SYSTEM_DEPS})",
+                     ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
     )

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from conftest import wait_for
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.tuning import ChatExample, memorize
 from posttrain.platform.serving import (
@@ -171,14 +171,14 @@ def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
     script = tmp_path / "dying.py"
     script.write_text(DYING_SERVER)
     proc = subprocess.Popen([sys.executable, str(script), str(port)])
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_for(healthy, timeout=30, message="the dying deployment to answer /health")  # fails the test if it never does
         app = create_gateway_app(GatewayConfig(deployments=[
             Deployment(model="dying", tier="standard", base_url=f"http://127.0.0.1:{port}")]))
         with serve_in_thread(app) as gateway:

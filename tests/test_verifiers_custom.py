@@ -23,6 +23,10 @@ def hang(task, completion, params):
     time.sleep(60)
     return 1.0
 
+def slow(task, completion, params):
+    time.sleep(params["seconds"])
+    return 1.0
+
 def crash(task, completion, params):
     os._exit(3)
 
@@ -41,7 +45,7 @@ def plugin_service(tmp_path_factory):
     dist = root / "pt_test_rubrics-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pt-test-rubrics\nVersion: 0.1\n")
-    names = ["length_ratio", "strict", "hang", "crash", "boom", "out_of_range"]
+    names = ["length_ratio", "strict", "hang", "slow", "crash", "boom", "out_of_range"]
     (dist / "entry_points.txt").write_text(
         "[posttrain.verifiers]\n" + "".join(f"{n} = pt_test_rubrics:{n}\n" for n in names)
     )
@@ -70,12 +74,18 @@ def test_unknown_entry_point_is_a_spec_error(plugin_service):
 
 
 def test_hanging_verifier_times_out_as_infra_error_and_pool_recovers(plugin_service):
+    assert plugin_service.verify(custom("strict"), "ok").passed  # the workers are up
     before = set(plugin_service.worker_pids)
+    assert before
+    # the peer: a check that takes 1 s of its 1.5 s and passes
+    peer = plugin_service.verify(custom("slow", seconds=1.0), "x", timeout_s=1.5)
+    assert peer.passed and not peer.is_infra_error, peer
     verdict = plugin_service.verify(custom("hang"), "x", timeout_s=1.5)
     assert verdict.is_infra_error and "did not finish within 1.5 s" in verdict.infra_error
-    assert verdict.elapsed_s < 10
+    # given up at the limit (1.5x the peer), not after the 60 s the check would take
+    assert 1.5 <= verdict.elapsed_s < 3 * peer.elapsed_s, (verdict.elapsed_s, peer.elapsed_s)
     assert plugin_service.verify(custom("strict"), "ok").passed
-    assert set(plugin_service.worker_pids) != before or not before
+    assert set(plugin_service.worker_pids) != before  # the hung worker was replaced
 
 
 def test_crashing_and_raising_verifiers_are_infra_errors(plugin_service):
