@@ -1,7 +1,7 @@
 """Shared fixtures: real SQLite files and a real PostgreSQL database, never mocks.
 
-Required parts (bubblewrap, PostgreSQL, Chromium, Tesseract, mount rights) fail a test, never skip
-it: ``@pytest.mark.requires("bubblewrap")`` or ``require(...)``; see ``required_parts``.
+Required parts (bubblewrap, PostgreSQL, Chromium, Tesseract, sample documents, mount rights, the
+dev install's Ray, atheris and peft) fail a test, never skip it: ``@pytest.mark.requires("bubblewrap")`` or ``require(...)``; see ``required_parts``.
 
 PostgreSQL: the server on 127.0.0.1:5432 (override with POSTTRAIN_TEST_PG_URL).
 One fresh database is created per test session, migrated once, emptied between
@@ -32,6 +32,7 @@ from posttrain.platform.settings import get_settings
 from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
     fail_missing,
     pytest_configure,
+    pytest_make_collect_report,
     pytest_runtest_makereport,
     pytest_runtest_setup,
     pytest_sessionfinish,

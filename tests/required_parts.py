@@ -1,7 +1,7 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
-A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents or the
-right to mount a small file system never skips when that part is missing: it fails, naming the part and its install command.
+A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, the
+right to mount a small file system, or a package of the dev install (Ray, atheris, peft) never skips when that part is missing: it fails, naming the part and its install command.
 Say what a test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a
 module's ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while
 using it with :func:`fail_missing`.
@@ -28,6 +28,7 @@ import pytest
 from _pytest.outcomes import Failed
 
 SYSTEM_DEPS = "make system-deps"
+DEV_INSTALL = '.venv/bin/pip install -e ".[dev]" (or make venv)'
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ def _program(name: str) -> Callable[[], str | None]:
 def _file(path: str) -> Callable[[], str | None]:
     def probe() -> str | None:
         return None if Path(path).exists() else f"{path} does not exist"
+
+    return probe
+
+
+def _module(name: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec(name) else f"the Python package {name!r} is not installed"
 
     return probe
 
@@ -102,6 +112,7 @@ PARTS: dict[str, RequiredPart] = {
                      _program("tesseract")),  # fmt: skip
         RequiredPart("document samples", f"apt-get install texlive-latex-base-doc python-reportlab-doc opencv-doc (or {SYSTEM_DEPS})",
                      ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
+        *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft")),
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
     )
@@ -181,6 +192,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.outcome = "failed"
     report.longrepr = missing_message(part.name, f"the test skipped: {reason}")
     missed.append((part.name, item.nodeid))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """A module skipped whole for a missing part (``pytest.importorskip("ray")`` at its top) is a
+    collection error instead: the run stops and says what to install."""
+    outcome = yield
+    report: pytest.CollectReport = outcome.get_result()
+    if not report.skipped:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    part = part_named_in(reason)
+    if part is None:
+        return
+    report.outcome = "failed"
+    report.longrepr = missing_message(part.name, f"the module skipped: {reason}")
+    collector.config.stash[_MISSED].append((part.name, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:

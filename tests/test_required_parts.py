@@ -51,6 +51,7 @@ def test_requires_tesseract_in_its_body():
 CONFTEST = """
 from required_parts import (  # noqa: F401
     pytest_configure,
+    pytest_make_collect_report,
     pytest_runtest_makereport,
     pytest_runtest_setup,
     pytest_sessionfinish,
@@ -59,10 +60,10 @@ from required_parts import (  # noqa: F401
 """
 
 
-def run_suite(tmp_path: Path, suite: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_suite(tmp_path: Path, suite: str, env: dict[str, str] | None = None, name: str = "test_small.py") -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the small suite's own root, not this repository's
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_small.py").write_text(textwrap.dedent(suite))
+    (tmp_path / name).write_text(textwrap.dedent(suite))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -108,3 +109,22 @@ def test_a_suite_with_only_other_skips_passes(tmp_path: Path) -> None:
     out = run.stdout + run.stderr
     assert run.returncode == pytest.ExitCode.OK, out
     assert "1 passed, 1 skipped" in out and "required parts missing" not in out, out
+
+
+def test_a_module_skipped_for_a_missing_package_stops_the_run(tmp_path: Path) -> None:
+    run = run_suite(tmp_path, """
+        import pytest
+
+        pytest.importorskip("ray_is_not_this")  # a plain missing module: still a skip
+        """, name="test_other.py")
+    out = run.stdout + run.stderr
+    assert run.returncode == pytest.ExitCode.NO_TESTS_COLLECTED and "1 skipped" in out, out
+    run = run_suite(tmp_path, """
+        import pytest
+
+        pytest.skip("could not import 'ray': No module named 'ray'", allow_module_level=True)  # what importorskip says
+        """)
+    out = run.stdout + run.stderr
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "ERROR test_small.py" in out and "ray is required and missing" in out, out
+    assert 'install it: .venv/bin/pip install -e ".[dev]" (or make venv)' in out, out

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from required_parts import require
 from test_training_tiny import char_tokenizer, tiny_policy_dir
 
 from posttrain.training.config import LoRAConfig, SFTConfig
@@ -110,7 +111,7 @@ def _stop_after(n: int):  # type: ignore[no-untyped-def]
 
 
 def test_lora_trains_only_the_adapters(tiny_dir: Path) -> None:
-    pytest.importorskip("peft")
+    require("peft")
     base_model, tokenizer = load_policy(tiny_dir)
     before = {k: v.clone() for k, v in base_model.state_dict().items()}
     examples = [chat_example(tokenizer, CHAT)] * 4

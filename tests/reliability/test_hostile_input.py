@@ -436,7 +436,7 @@ ATHERIS_TARGET = textwrap.dedent("""
 
 def test_tool_call_parser_atheris(tmp_path: Path, reliability: Reliability) -> None:
     """Coverage-guided fuzzing of the parser with atheris (libFuzzer), in a child process."""
-    pytest.importorskip("atheris")
+    require("atheris")
     seconds = int(reliability.budget(5, 120))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -695,7 +695,7 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
     """The sandbox issue's escape list (``test_sandbox_bad_inputs.BAD_INPUTS`` and its host checks),
     shared, not copied, against a RaySandboxPool on a local Ray head (``tests/ray_cluster.py``): one
     Ray session for the whole list."""
-    pytest.importorskip("ray")
+    require("ray")
     require("bubblewrap")
     import test_sandbox_ray as ray_tests
     from ray_cluster import local_cluster
