@@ -1,17 +1,20 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
 A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, the
-right to mount a small file system, or a package of the dev install (Ray, atheris, peft) never skips when that part is missing: it fails, naming the part and its install command.
-Say what a test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a
-module's ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while
-using it with :func:`fail_missing`.
+right to mount a small file system, or a package of the dev install (Ray, atheris, peft) never
+skips when that part is missing: it fails, naming the part and its install command. Say what a
+test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a module's
+``pytestmark``) or call :func:`require` in a fixture; report a part found broken while using it
+with :func:`fail_missing`.
 
 A skip slipped in anyway (``pytest.skip("bubblewrap is not installed")``, a ``skipif`` whose reason
-names a part) is caught by :func:`pytest_runtest_makereport`: the skip becomes a failure, the
-summary lists the missing parts with their install commands, and the run exits non-zero.
+names a part, ``pytest.importorskip("ray")``) is caught by :func:`pytest_runtest_makereport` and,
+for a whole module, :func:`pytest_make_collect_report`: the skip becomes a failure (a collection
+error for a module), the summary lists the missing parts with their install commands, and the
+run exits non-zero.
 
-``tests/conftest.py`` imports the hooks; ``tests/test_required_parts.py`` runs a small suite that
-skips for a missing part and checks that the run fails.
+``tests/conftest.py`` imports the hooks; ``tests/test_required_parts.py`` runs small suites that
+skip for a missing part and checks that each run fails.
 """
 
 from __future__ import annotations
