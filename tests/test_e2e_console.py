@@ -12,6 +12,7 @@ missing, not only when a page errors.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -199,11 +200,15 @@ def test_one_click_demo_trains_live_and_shows_the_gain(browser_page, console) ->
     page.get_by_test_id("stVegaLiteChart").first.wait_for()
     page.get_by_text("Reward", exact=True).first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "07-demo-training.png"))
-    gain = page.get_by_text("Held-out pass@1:")
+    gain = page.get_by_text("Held-out pass@1 on")
     gain.first.wait_for(timeout=400_000)
     text = gain.first.inner_text()
-    points = float(text.rsplit("(", 1)[1].split(" points")[0])
-    assert points > 0, f"the demo run did not improve held-out pass@1: {text}"
+    # what was measured, said exactly: unseen prompts, the gain, and the SFT control beside it
+    assert "eval tasks, 100% unseen in training" in text, text
+    found = re.search(r"→ \S+ [\d.]+% \(([+-][\d.]+) points\); SFT control \((\d+) more SFT steps", text)
+    assert found, f"no gain and control in the result line: {text}"
+    assert float(found.group(1)) >= 5, f"the demo run did not improve held-out pass@1 by 5 points (measured +13): {text}"
+    assert int(found.group(2)) == 60, text
     page.get_by_text("Evaluation", exact=True).first.wait_for()
     gain.first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "08-demo-gain.png"))
@@ -216,12 +221,14 @@ def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # t
     goto(page, console, "Models & Serving")
     reopen_until(page, console, "Models & Serving", lambda p: p.get_by_test_id("stChatInput").count() > 0, timeout_s=240)
     shot(page, "09-deployed")
-    page.get_by_test_id("stChatInputTextArea").fill("Write 3 in hexadecimal.")
+    page.get_by_test_id("stChatInputTextArea").fill("Pad 512 with zeros to 5 digits.")
     page.get_by_test_id("stChatInputTextArea").press("Enter")
     answer = page.get_by_test_id("stChatMessage").nth(1)
     answer.wait_for(timeout=120_000)
     page.get_by_role("button", name="Clear chat").wait_for(timeout=120_000)  # the script ran to its end: the reply is in
     caption = answer.get_by_test_id("stCaptionContainer").inner_text()
     reply = answer.inner_text().replace(caption, "").strip()
-    assert caption.startswith("cpu-quick-job") and reply, f"no answer from the deployed model: {answer.inner_text()!r}"
+    assert caption.startswith("cpu-quick-job"), f"not the demo's model: {answer.inner_text()!r}"
+    # the demo taught zero-padding: whatever it gets right, it answers with digits only, ending in the number
+    assert re.fullmatch(r"0*512", reply) or re.fullmatch(r"\d{3,6}", reply), f"not a zero-padding answer: {reply!r}"
     shot(page, "10-playground")

@@ -14,6 +14,7 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Model, Trajectory
 from posttrain.platform.jobs import queue
 from posttrain.platform.settings import get_settings
+from posttrain.training.presets import get_preset
 from test_metrics import chart_frame, insert_metrics
 
 TRAINING_PAGE = str(REPO_ROOT / "ui" / "views" / "training.py")
@@ -57,8 +58,6 @@ def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[
 
 
 def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) -> None:
-    from posttrain.training.presets import get_preset
-
     demo = get_preset("cpu-demo")
     at = page()
     assert "No model is registered yet" in at.warning[0].value
@@ -74,7 +73,7 @@ def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) 
     assert not at.exception and not at.error
     (job,) = all_jobs()
     assert job.kind == "train_grpo" and job.config["model"] == "sft-m1"
-    assert job.config["domains"] == demo.grpo.domains and job.config["max_steps"] == demo.grpo.max_steps
+    assert job.config["domains"] == [d if isinstance(d, str) else d.model_dump() for d in demo.grpo.domains] and job.config["max_steps"] == demo.grpo.max_steps
     assert job.config["group_size"] == demo.grpo.group_size and job.config["device"] == "cpu"
 
     # "Edit in the YAML editor" copies the preset's section (and the model) into the editor
@@ -215,7 +214,8 @@ def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env
 
 
 def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> None:
-    run = queue.submit("train_grpo", GRPO)
+    # trained at difficulty 2: evaluated on that level's eval split (difficulty 1 of arith.add.int has none)
+    run = queue.submit("train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]})
     queue.claim("w", 1, 0)
     queue.finish(run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "grpo-run-1", "checkpoint": "/x/step_40"}))
     at = page()
@@ -223,6 +223,7 @@ def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> Non
     assert not at.exception and not at.error
     evaluation = queue.list_jobs(kind="evaluate")[0]
     assert evaluation.config["model"] == "grpo-run-1" and evaluation.config["domains"] == GRPO["domains"]
+    assert evaluation.config["difficulty"] == 2
     at.button(key=f"deploy_{run}").click().run()
     deployment = queue.list_jobs(kind="deploy")[0]
     assert deployment.config["model"] == "grpo-run-1" and deployment.config["tier"] == "fast"
@@ -287,7 +288,7 @@ def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_en
     assert "**SFT warm-up loss**" in [m.value for m in at.markdown]
     insert_metrics(job.id, [(1, "eval/pass@1", 0.78), (2, "eval/pass@1", 0.7)])
     queue.finish(job.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
-        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.thousands"], "gain_points": 38.0,
+        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.zero_pad"], "gain_points": 38.0,
         "eval_tasks": 100, "eval_unseen_fraction": 1.0, "control_model": "q-control", "control_steps": 60}))
     at.run()
     # what was measured, exactly: unseen eval tasks, the gain, and the control that trained as long
@@ -296,7 +297,7 @@ def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_en
                for s in at.success), [s.value for s in at.success]
     at.button(key=f"evaluate_{job.id}").click().run()
     evaluation = queue.list_jobs(kind="evaluate")[0]
-    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == ["format.thousands"]
+    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == get_preset("cpu-quick").eval.domains
     at.button(key=f"deploy_{job.id}").click().run()
     assert queue.list_jobs(kind="deploy")[0].config["model"] == "q"
 

@@ -22,8 +22,8 @@ Presets:
   prompts training never draws. ``bench/learning.py`` measures it against a control that continues
   SFT for as many extra steps from the same warm-up.
 - ``cpu-small``: the same recipe with a slightly larger model and more steps.
-- ``cpu-quick``: cpu-demo cut down to one domain (comma thousands separators), 300 SFT and 60 GRPO
-  steps: about two minutes on a 2-core CPU, for a first look at the console's flow (and its browser test).
+- ``cpu-quick``: cpu-demo cut down to one domain (zero-padding), 300 SFT and 60 GRPO steps: about a
+  minute and a half on a 2-core CPU, for a first look at the console's flow (and its browser test).
 
 The ``train_preset`` job runs a whole preset in one job: build the preset's model (or start
 from a registered one), SFT warm-up, evaluate, GRPO, evaluate again (see :mod:`posttrain.training.jobs`).
@@ -72,7 +72,7 @@ def _cpu_demo() -> RunPreset:
                       micro_batch_size=32, max_seq_len=256, device="cpu", checkpoint_every=140, seed=0),
         grpo=GRPOConfig(domains=[DomainSpec(name=d, difficulty=level) for d in domains],
                         scheduler=SchedulerConfig(batch_size=16, seed=0), group_size=8,
-                        max_new_tokens=6, temperature=1.0, lr=3e-3, max_steps=200, micro_batch_size=64,
+                        max_new_tokens=6, temperature=1.0, lr=3e-4, max_steps=200, micro_batch_size=64,
                         max_rollout_batches_per_step=1, checkpoint_every=50, device="cpu", seed=0,
                         verifier_workers=1),
         eval=EvalConfig(domains=domains, difficulty=level, tasks_per_domain=200, max_new_tokens=6, batch_size=100, device="cpu"),
@@ -89,20 +89,17 @@ def _cpu_small() -> RunPreset:
     })
 
 
-QUICK_DOMAIN = "format.thousands"  # "Write 4821 with comma thousands separators.": 9,000 prompts at difficulty 1
-
-
 def _cpu_quick() -> RunPreset:
     demo = _cpu_demo()
-    domains = [QUICK_DOMAIN]
+    domains = ["format.zero_pad"]  # "Pad 191 with zeros to 5 digits.": about 2,800 prompts at difficulty 3
     return demo.model_copy(update={
         "name": "cpu-quick",
-        "description": "cpu-demo on one domain (comma thousands separators in four-digit numbers), a 300-step SFT warm-up "
-                       "and 60 GRPO steps, evaluated on unseen numbers: about two minutes on a 2-core CPU",
-        "sft": demo.sft.model_copy(update={"domains": domains, "difficulty": 1, "max_steps": 300, "checkpoint_every": 100}),
-        "grpo": demo.grpo.model_copy(update={"domains": [DomainSpec(name=QUICK_DOMAIN, difficulty=1)], "max_steps": 60,
-                                             "checkpoint_every": 20}),
-        "eval": demo.eval.model_copy(update={"domains": domains, "difficulty": 1, "tasks_per_domain": 100}),
+        "description": "cpu-demo on one domain (zero-padding three-digit numbers), a 300-step SFT warm-up and 60 GRPO "
+                       "steps, evaluated on prompts it never trained on: about a minute and a half on a 2-core CPU",
+        "sft": demo.sft.model_copy(update={"domains": domains, "max_steps": 300, "checkpoint_every": 100}),
+        "grpo": demo.grpo.model_copy(update={"domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
+                                             "max_steps": 60, "lr": 1e-3, "checkpoint_every": 20}),
+        "eval": demo.eval.model_copy(update={"domains": domains, "tasks_per_domain": 200}),
     })
 
 
