@@ -13,14 +13,16 @@ figures, f1, table_recall and ``peer`` (the peer's setting).
 - peer_pages_per_s: pymupdf4llm.to_markdown on the same pages in the same run
   (its classic mode, which runs find_tables on every page; the ONNX layout mode
   is far slower still), in as many processes as ours, the pages split the same
-  way: per document, that many forked processes take one page at a time from a
-  shared queue. The document's header scan (pymupdf4llm's IdentifyHeaders, which
-  every to_markdown call would otherwise repeat over the whole document) runs
-  once per document in the parent and is timed; the output is the same text
-  one to_markdown call over all the pages gives.
+  way: per document, the processes take one page at a time from a shared queue.
+  The document's header scan (pymupdf4llm's IdentifyHeaders, which every
+  to_markdown call would otherwise repeat over the whole document) runs once per
+  document and is timed; the text is the same one to_markdown call over all the
+  pages gives. The peer's processes are spawned and warmed up before its clock
+  starts (forking after pymupdf4llm's use_layout(False) hangs the children in MuPDF); ours
+  are forked per document, inside our clock.
 - pages_per_s_1_process / peer_pages_per_s_1_process: both again in one process
-  (ours: one worker; the peer: one to_markdown call per document, in-process).
-- Warm-up, both sides alike: one page of the first document, untimed.
+  (ours: one worker; the peer: one to_markdown call per document).
+- Warm-up, both sides alike: one page of the first document in every process, untimed.
 - f1: word-level F1 of our page words against pdftotext (poppler-utils).
 - table_recall: of the tables find_tables(use_layout=False) finds on every
   page, the share our pipeline (which runs it only on cued pages) finds.
@@ -38,13 +40,16 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse
 import glob
+import importlib.metadata
 import io
 import json
+import pickle
 import subprocess
 import time
 import unicodedata
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 CORPUS_GLOBS = [
     "/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf",  # two-column newsletters
@@ -104,46 +109,86 @@ def iou(a, b) -> float:
     return inter / union if union > 0 else 0.0
 
 
-_PEER_DOC = None  # the document a peer worker process has open
-_PEER_HEADERS = None  # its IdentifyHeaders, computed once in the parent
+# The peer runs in its own spawned processes: after pymupdf4llm.use_layout(False) (its classic mode),
+# processes forked from that one hang inside MuPDF (seen on 2 cores: find_tables and get_text never
+# return, our workers' pages time out), so neither its workers nor ours may fork from a process that
+# switched it. This one never does; its pymupdf4llm (which ``import pymupdf`` imports) stays as loaded.
+_PEER_DOCS: dict[str, Any] = {}  # the document a peer process has open
+_PEER_HEADERS: dict[str, Any] = {}  # its IdentifyHeaders
+_PEER_BARRIER: Any = None
 
 
-def _peer_worker_init(path: str, headers: object) -> None:
-    import pymupdf
-
-    global _PEER_DOC, _PEER_HEADERS
-    _PEER_DOC, _PEER_HEADERS = pymupdf.open(path), headers
-
-
-def _peer_page(index: int) -> str:
+def _peer_init(barrier: Any) -> None:
     import pymupdf4llm
 
-    return pymupdf4llm.to_markdown(_PEER_DOC, pages=[index], hdr_info=_PEER_HEADERS, show_progress=False)
+    global _PEER_BARRIER
+    pymupdf4llm.use_layout(False)
+    _PEER_BARRIER = barrier
+
+
+def _peer_doc(path: str) -> Any:
+    import pymupdf
+
+    if path not in _PEER_DOCS:
+        for doc in _PEER_DOCS.values():
+            doc.close()
+        _PEER_DOCS.clear()
+        _PEER_HEADERS.clear()
+        _PEER_DOCS[path] = pymupdf.open(path)
+    return _PEER_DOCS[path]
+
+
+def _peer_warmup(path: str) -> None:
+    import pymupdf4llm
+
+    pymupdf4llm.to_markdown(_peer_doc(path), pages=[0], show_progress=False)
+    _PEER_BARRIER.wait(300)  # one warm-up task per process: each is started and warm before timing
+
+
+def _peer_headers(path: str) -> bytes:
+    """pymupdf4llm's header scan of the whole document, which every to_markdown call starts with."""
+    from pymupdf4llm.helpers.pymupdf_rag import IdentifyHeaders
+
+    return pickle.dumps(IdentifyHeaders(_peer_doc(path)))
+
+
+def _peer_page(task: tuple[str, int, bytes]) -> str:
+    import pymupdf4llm
+
+    path, index, headers = task
+    doc = _peer_doc(path)
+    if path not in _PEER_HEADERS:
+        _PEER_HEADERS[path] = pickle.loads(headers)
+    return pymupdf4llm.to_markdown(doc, pages=[index], hdr_info=_PEER_HEADERS[path], show_progress=False)
+
+
+def _peer_document(path: str, n: int) -> str:
+    import pymupdf4llm
+
+    return pymupdf4llm.to_markdown(_peer_doc(path), pages=list(range(n)), show_progress=False)
 
 
 def run_peer(files: list[tuple[Path, int]], processes: int) -> tuple[float, int]:
-    """(seconds, markdown characters) of pymupdf4llm over ``files``: one to_markdown call per document
-    in this process when ``processes`` is 1, else ``processes`` forked workers per document taking
-    one page at a time (as our pipeline's workers do), the header scan done once in the parent."""
+    """(seconds, markdown characters) of pymupdf4llm over ``files`` in ``processes`` processes, started
+    and warmed up (one page each) before the clock starts. One process: one to_markdown call per
+    document. More: per document, the header scan once, then the processes take one page at a time,
+    as our pipeline's workers do; the text is the same one to_markdown call gives."""
     import multiprocessing
 
-    import pymupdf
-    import pymupdf4llm
-    from pymupdf4llm.helpers.pymupdf_rag import IdentifyHeaders
-
+    ctx = multiprocessing.get_context("spawn")
     chars = 0
-    started = time.perf_counter()
-    for path, n in files:
-        if processes == 1:
-            with pymupdf.open(path) as doc:
-                chars += len(pymupdf4llm.to_markdown(doc, pages=list(range(n)), show_progress=False))
-            continue
-        with pymupdf.open(path) as doc:
-            headers = IdentifyHeaders(doc)  # what each to_markdown call does first, over the whole document
-        ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(min(processes, n), initializer=_peer_worker_init, initargs=(str(path), headers)) as pool:
-            chars += sum(len(text) for text in pool.imap(_peer_page, range(n), chunksize=1))
-    return time.perf_counter() - started, chars
+    with ctx.Pool(processes, initializer=_peer_init, initargs=(ctx.Barrier(processes),)) as pool:
+        pool.map(_peer_warmup, [str(files[0][0])] * processes, chunksize=1)
+        started = time.perf_counter()
+        for path, n in files:
+            if processes == 1:
+                chars += len(pool.apply(_peer_document, (str(path), n)))
+                continue
+            headers = pool.apply(_peer_headers, (str(path),))
+            tasks = [(str(path), i, headers) for i in range(n)]
+            chars += sum(len(text) for text in pool.imap(_peer_page, tasks, chunksize=1))
+        seconds = time.perf_counter() - started
+    return seconds, chars
 
 
 def run_ours(files: list[tuple[Path, int]], options: object) -> tuple[float, dict[tuple[str, int], tuple]]:
@@ -177,29 +222,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     # 1. our full extraction pipeline and the peer, in --workers processes each, then in one process each.
-    # Warm-up, the same for both: one page of the first document (imports, our worker start-up).
-    import pymupdf4llm
-
-    pymupdf4llm.use_layout(False)
+    # Warm-up, the same for both: one page of the first document (imports, worker start-up), untimed.
     options = PreprocessOptions(workers=args.workers, render_dpi=None, tables="auto", encodings=True)
     t0 = time.perf_counter()
     list(process_document(files[0][0], options, pages=[1]))
     emit({"figure": "startup", "seconds": round(time.perf_counter() - t0, 2)})
     import pymupdf
 
-    with pymupdf.open(files[0][0]) as doc:
-        pymupdf4llm.to_markdown(doc, pages=[0], show_progress=False)
-
     ours_s, ours = run_ours(files, options)
     peer_s, peer_chars = run_peer(files, args.workers)
     ours_1_s, _ = run_ours(files, options.model_copy(update={"workers": 1}))
+    assert pymupdf._get_layout is not None, "this process forks our workers: it must not switch pymupdf4llm's mode"
     peer_1_s, _ = run_peer(files, 1)
     pages_per_s, peer_pages_per_s = n_pages / ours_s, n_pages / peer_s
     pages_per_s_1, peer_pages_per_s_1 = n_pages / ours_1_s, n_pages / peer_1_s
     peer = {
-        "name": "pymupdf4llm.to_markdown", "version": pymupdf4llm.__version__, "mode": "classic (use_layout(False))",
-        "processes": args.workers, "split": "per document, forked workers take one page at a time (as ours)",
-        "warmup": "one page of the first document (as ours)", "rounds": 1,
+        "name": "pymupdf4llm.to_markdown", "version": importlib.metadata.version("pymupdf4llm"),
+        "mode": "classic (use_layout(False))", "processes": args.workers,
+        "split": "per document, the processes take one page at a time (as ours)",
+        "warmup": "one page of the first document in each process, untimed (as ours)", "rounds": 1,
     }
     emit({"figure": "extraction", "pages": n_pages, "processes": args.workers, "seconds": round(ours_s, 2),
           "pages_per_s": round(pages_per_s, 2), "peer_pages_per_s": round(peer_pages_per_s, 2),
@@ -207,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     emit({"figure": "extraction_1_process", "pages": n_pages, "processes": 1, "seconds": round(ours_1_s, 2),
           "pages_per_s": round(pages_per_s_1, 2), "peer_pages_per_s": round(peer_pages_per_s_1, 2),
           "speedup": round(pages_per_s_1 / peer_pages_per_s_1, 2),
-          "peer": {**peer, "processes": 1, "split": "one to_markdown call per document, in-process"}})
+          "peer": {**peer, "processes": 1, "split": "one to_markdown call per document"}})
 
     # 2. renders and OCR, timed apart
     from posttrain.preprocess.ocr import ocr_image

@@ -1,8 +1,9 @@
 """Benchmark results: each run's summary with where and when it ran, and README's figures table made from them.
 
     .venv/bin/python bench/results.py record NAME -- CMD...  run CMD (its output streams through), save its
-                                                              last JSON line to bench/results/NAME.json with
-                                                              date, commit and machine, then rewrite README's table
+                                                              summary (its last JSON line with "figure": NAME)
+                                                              to bench/results/NAME.json with date, commit and
+                                                              machine, then rewrite README's table
     .venv/bin/python bench/results.py table                  print the table the results make
     .venv/bin/python bench/results.py readme                 rewrite README's table between the markers
     .venv/bin/python bench/results.py check                  exit 1 when README's table is not what the results make
@@ -188,13 +189,15 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
 
 
-def last_json_object(lines: list[str]) -> Summary | None:
+def summary_of(name: str, lines: list[str]) -> Summary | None:
+    """The run's summary: the last JSON object it printed whose ``figure`` is the benchmark's name (a
+    run that died part-way printed figures but no summary)."""
     for line in reversed(lines):
         try:
             obj = json.loads(line)
         except ValueError:
             continue
-        if isinstance(obj, dict):
+        if isinstance(obj, dict) and obj.get("figure") == name:
             return obj
     return None
 
@@ -207,7 +210,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def record(name: str, command: list[str], results: Path = RESULTS) -> int:
-    """Run ``command``, passing its output through, and save its summary (its last JSON line) as
+    """Run ``command``, passing its output through, and save its summary (see ``summary_of``) as
     ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing)."""
     if not command:
         raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
@@ -220,9 +223,10 @@ def record(name: str, command: list[str], results: Path = RESULTS) -> int:
             sys.stdout.write(line)
             sys.stdout.flush()
             lines.append(line)
-    summary = last_json_object(lines)
+    summary = summary_of(name, lines)
     if summary is None:
-        print(f"record {name}: {shlex.join(command)} printed no JSON summary (exit {proc.returncode}); nothing saved",
+        print(f"record {name}: {shlex.join(command)} printed no summary (no JSON line with figure {name!r}; "
+              f"exit {proc.returncode}); nothing saved",
               file=sys.stderr)
         return proc.returncode or 1
     result = {

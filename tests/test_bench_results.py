@@ -72,6 +72,7 @@ def test_record_saves_the_last_json_line_with_provenance_and_rewrites_the_table(
     assert results.write_readme(tmp_path, readme) is False
 
 
-def test_record_saves_nothing_when_the_command_prints_no_summary(tmp_path: Path) -> None:
-    status = results.record("queue", [sys.executable, "-c", "print('no json'); raise SystemExit(3)"], results=tmp_path)
-    assert status == 3 and not (tmp_path / "queue.json").exists()
+def test_record_saves_nothing_when_the_run_dies_before_its_summary(tmp_path: Path) -> None:
+    script = "import json; print(json.dumps({'figure': 'sqlite_claims_per_s', 'value': 1})); raise SystemExit(3)"
+    assert results.record("queue", [sys.executable, "-c", script], results=tmp_path) == 3
+    assert not (tmp_path / "queue.json").exists()
