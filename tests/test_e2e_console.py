@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from conftest import REPO_ROOT
+from required_parts import require
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +69,7 @@ def launch_chromium(p):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def console() -> Iterator[dict[str, str]]:
     """``posttrain up`` on a fresh data directory, with a bootstrapped admin."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is required (make test installs it)")
+    require("chromium")
     data = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
     data.chmod(0o755)
     port, gateway = free_port(), free_port()

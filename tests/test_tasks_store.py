@@ -80,5 +80,9 @@ def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> Non
     at.multiselect(key="build_families").set_value(["strings"])
     at.text_input(key="build_set_name").set_value("from-console")
     at.button(key="FormSubmitter:build_procedural-Build").click().run()
+    # the form says which domains get no eval tasks at this difficulty, and why
+    small = [d.name for d in list_domains("strings") if not d.prompt_space(1).has_held_out_split]
+    caption = next(c.value for c in at.caption if "domains selected" in c.value)
+    assert small and f"{len(small)} of them have too few distinct prompts at difficulty 1" in caption and small[0] in caption
     job = queue.list_jobs(limit=1)[0]
     assert job.kind == "build_tasks" and job.config["source"]["families"] == ["strings"]

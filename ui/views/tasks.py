@@ -78,8 +78,12 @@ with build:
         eval_per_domain = c2.number_input("Eval tasks per domain", 0, 10_000, 8, key="build_eval_per_domain")
         difficulty = c3.slider("Difficulty", 1, 5, 1, key="build_difficulty")
         seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="build_seed")
-        n_domains = sum(len(list_domains(f)) for f in chosen)
-        st.caption(f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain)} tasks.")
+        picked_domains = [d for f in chosen for d in list_domains(f)]
+        small = [d.name for d in picked_domains if not d.prompt_space(int(difficulty)).has_held_out_split] if eval_per_domain else []
+        n_domains = len(picked_domains)
+        st.caption(f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
+                   + (f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
+                      f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}." if small else ""))
         if st.form_submit_button("Build", type="primary", disabled=not operator):
             submit_build(
                 {
