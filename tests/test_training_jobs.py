@@ -173,9 +173,13 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
         queue.submit("train_preset", {"preset": "nope"})
     with pytest.raises(JobConfigError, match="group_size"):
         queue.submit("train_preset", {"grpo": {"group_size": 1}})
-    job_id = queue.submit("train_preset", {"preset": "cpu-quick", "name": "quick"})
+    # cpu-quick with shorter stages: this test is about the stages and their resumption; the gain itself
+    # is checked on the whole preset by test_training_learning and the browser test
+    sft_steps, grpo_steps = 100, 40
+    job_id = queue.submit("train_preset", {"preset": "cpu-quick", "name": "quick", "sft": {"max_steps": sft_steps},
+                                           "grpo": {"max_steps": grpo_steps}})  # fmt: skip
     preset = get_preset("cpu-quick")
-    crash_after_steps_and_rerun(platform_env, db_url, job_id, 25, preset.grpo.max_steps)
+    crash_after_steps_and_rerun(platform_env, db_url, job_id, 25, grpo_steps)  # GRPO checkpoints every 20
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
     assert job.attempts == 2
@@ -184,19 +188,17 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     assert "resumes from checkpoint" in log  # GRPO continues from its checkpoint
     result = job.result or {}
     # every stage's metrics exactly once per step
-    assert _metric_steps(db_url, job_id, "sft/loss") == list(range(1, preset.sft.max_steps + 1))
-    assert _metric_steps(db_url, job_id, "rollout/reward_mean") == list(range(1, preset.grpo.max_steps + 1))
+    assert _metric_steps(db_url, job_id, "sft/loss") == list(range(1, sft_steps + 1))
+    assert _metric_steps(db_url, job_id, "rollout/reward_mean") == list(range(1, grpo_steps + 1))
     assert _metric_steps(db_url, job_id, "eval/pass@1") == [0, 1, 2]  # before (the SFT model), after (GRPO), the control
-    assert _metric_steps(db_url, job_id, "control/loss") == list(range(preset.sft.max_steps + 1, preset.sft.max_steps + preset.grpo.max_steps + 1))
+    assert _metric_steps(db_url, job_id, "control/loss") == list(range(sft_steps + 1, sft_steps + grpo_steps + 1))
     # the models, with their lineage
     assert result["model"] == "quick" and result["sft_model"] == "quick-sft" and result["base_model"] == "quick-base"
     assert [m.name for m in lineage("quick")] == ["quick", "quick-sft", "quick-base"]
     assert [m.name for m in lineage("quick-control")] == ["quick-control", "quick-sft", "quick-base"]
-    # and it learned: the held-out pass@1 of the GRPO model beats the warmed-up one
     assert result["gain_points"] == pytest.approx(100 * (result["pass_after"] - result["pass_before"]), abs=0.01)
-    assert result["gain_points"] >= 5, result  # measured in-process: +13 points on 200 unseen prompts
     # on prompts no training step drew (GRPO: the steps of the attempt that finished), beside the control
     assert result["eval_tasks"] == preset.eval.tasks_per_domain and result["eval_unseen_fraction"] == 1.0
-    assert 0 < result["grpo_steps_checked"] < preset.grpo.max_steps  # killed part-way: the rerun checked its own steps
-    assert result["control_model"] == "quick-control" and result["control_steps"] == preset.grpo.max_steps
+    assert 0 < result["grpo_steps_checked"] < grpo_steps  # killed part-way: the rerun checked its own steps
+    assert result["control_model"] == "quick-control" and result["control_steps"] == grpo_steps
     assert result["gain_over_control_points"] == pytest.approx(100 * (result["pass_after"] - result["control_after"]), abs=0.01)
