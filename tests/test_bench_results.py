@@ -43,10 +43,11 @@ def test_every_benchmark_has_a_results_file_with_its_peer(name: str) -> None:
     assert isinstance(peer, dict) and peer.get("name"), f"{name}'s summary states no peer setting"
 
 
-def test_readme_table_is_generated_from_the_results() -> None:
+@pytest.mark.parametrize("block", sorted(results.BLOCKS))
+def test_readme_tables_are_generated_from_the_results(block: str) -> None:
     readme = (ROOT / "README.md").read_text()
-    assert results.readme_section(readme) == results.table(), (
-        "README.md's figures table is stale: run .venv/bin/python bench/results.py readme")
+    assert results.readme_section(readme, block) == results.BLOCKS[block](results.RESULTS), (
+        f"README.md's {block} block is stale: run .venv/bin/python bench/results.py readme")
 
 
 def test_record_saves_the_last_json_line_with_provenance_and_rewrites_the_table(tmp_path: Path) -> None:
@@ -61,15 +62,19 @@ def test_record_saves_the_last_json_line_with_provenance_and_rewrites_the_table(
 
     table = results.table(tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| job queue"))
-    assert "SQLite 12.5, PostgreSQL 10 claims/s" in row and "SQLite 25 (0.5×), PostgreSQL 5 (2×)" in row
+    assert "SQLite 12.5, PostgreSQL 10 claims/s" in row and "SQLite 25 (0.50×), PostgreSQL 5 (2.00×)" in row
     assert "no result recorded yet" in table  # the other benchmarks, which have no file here
 
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{results.BEGIN}\nold table\n{results.END}\nafter\n")
+    (begin, end), (rbegin, rend) = results.markers("figures"), results.markers("reliability")
+    readme.write_text(f"# x\n\nbefore\n{begin}\nold table\n{end}\nbetween\n{rbegin}\n{rend}\nafter\n")
+    assert results.stale_blocks(tmp_path, readme) == ["figures", "reliability"]
     assert results.write_readme(tmp_path, readme) is True
     assert results.readme_section(readme.read_text()) == table
-    assert readme.read_text().startswith("# x\n\nbefore\n") and readme.read_text().endswith(f"{results.END}\nafter\n")
-    assert results.write_readme(tmp_path, readme) is False
+    assert "No reliability run recorded yet" in results.readme_section(readme.read_text(), "reliability")
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n") and f"{end}\nbetween\n" in text and text.endswith(f"{rend}\nafter\n")
+    assert results.stale_blocks(tmp_path, readme) == [] and results.write_readme(tmp_path, readme) is False
 
 
 def test_record_saves_nothing_when_the_run_dies_before_its_summary(tmp_path: Path) -> None:
