@@ -189,19 +189,21 @@ def test_build_tasks_from_the_document(browser_page, console) -> None:  # type: 
     shot(page, "06-tasks")
 
 
+@pytest.mark.timeout(1500)  # the whole cpu-quick recipe runs inside: on a loaded 2-core machine, several times its quiet 2 min
 def test_one_click_demo_trains_live_and_shows_the_gain(browser_page, console) -> None:  # type: ignore[no-untyped-def]
     page = browser_page
     goto(page, console, "Training")
     page.get_by_role("button", name="Run the demo").click()
     page.get_by_text("Launched the whole 'cpu-quick' recipe as job").wait_for()
     # the run view follows it live (no reload): SFT loss first, then the GRPO reward chart
-    page.get_by_text("SFT warm-up loss").first.wait_for(timeout=180_000)
-    page.get_by_text("Reward", exact=True).first.wait_for(timeout=240_000)
+    # (the timeouts only catch a hang: the stages take what the machine's load makes them take)
+    page.get_by_text("SFT warm-up loss").first.wait_for(timeout=300_000)
+    page.get_by_text("Reward", exact=True).first.wait_for(timeout=600_000)
     page.get_by_test_id("stVegaLiteChart").first.wait_for()
     page.get_by_text("Reward", exact=True).first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "07-demo-training.png"))
     gain = page.get_by_text("Held-out pass@1 on")
-    gain.first.wait_for(timeout=400_000)
+    gain.first.wait_for(timeout=600_000)
     text = gain.first.inner_text()
     # what was measured, said exactly: unseen prompts, the gain, and the SFT control beside it
     assert "eval tasks, 100% unseen in training" in text, text

@@ -775,9 +775,9 @@ def small_disk(path: Path, size_mb: int) -> Iterator[Path]:
 
 
 def fill(path: Path) -> Path:
-    """Write one file under ``path`` until the disk says no more."""
+    """Grow one file under ``path`` until the disk says no more (again: tops it up)."""
     filler = path / "filler.bin"
-    with filler.open("wb", buffering=0) as fh:
+    with filler.open("ab", buffering=0) as fh:
         for chunk in (1 << 20, 1 << 12, 1):
             try:
                 while True:
@@ -826,7 +826,9 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
             assert clear, (job.status, job.error_cause, job.error)
             assert job.attempts == 1, "a full disk was retried"
             assert running_jobs(db_url) == []
-            # an upload meanwhile is refused with the cause and the fix, and leaves no partial file
+            # an upload meanwhile is refused with the cause and the fix, and leaves no partial file (the failed
+            # job cleaned its half-written checkpoint up, freeing a little: fill that too)
+            fill(data)
             with pytest.raises(StorageFull, match=f"(?s)no space left.*free space in {data}"):
                 add_document(_png(seed + 1000), filename="while-full.png", url=db_url)
             assert not list((data / "documents" / "incoming").glob(".ingest-*"))
