@@ -22,8 +22,8 @@ Presets:
   prompts training never draws. ``bench/learning.py`` measures it against a control that continues
   SFT for as many extra steps from the same warm-up.
 - ``cpu-small``: the same recipe with a slightly larger model and more steps.
-- ``cpu-quick``: cpu-demo cut down to one domain (zero-padding), 300 SFT and 60 GRPO steps: about a
-  minute and a half on a 2-core CPU, for a first look at the console's flow (and its browser test).
+- ``cpu-quick``: cpu-demo cut down to one domain (zero-padding), 300 SFT and 60 GRPO steps: two to
+  three minutes on a 2-core CPU, for a first look at the console's flow (and its browser test).
 
 The ``train_preset`` job runs a whole preset in one job: build the preset's model (or start
 from a registered one), SFT warm-up, evaluate, GRPO, evaluate again (see :mod:`posttrain.training.jobs`).
@@ -95,7 +95,7 @@ def _cpu_quick() -> RunPreset:
     return demo.model_copy(update={
         "name": "cpu-quick",
         "description": "cpu-demo on one domain (zero-padding three-digit numbers), a 300-step SFT warm-up and 60 GRPO "
-                       "steps, evaluated on prompts it never trained on: about a minute and a half on a 2-core CPU",
+                       "steps, evaluated on prompts it never trained on: two to three minutes on a 2-core CPU",
         "sft": demo.sft.model_copy(update={"domains": domains, "max_steps": 300, "checkpoint_every": 100}),
         "grpo": demo.grpo.model_copy(update={"domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
                                              "max_steps": 60, "lr": 1e-3, "checkpoint_every": 20}),

@@ -164,7 +164,7 @@ if presets:
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
         names = list(presets)
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
-                            key="demo_preset", help="cpu-quick finishes in about a minute and a half on a 2-core CPU, with its SFT control")  # fmt: skip
+                            key="demo_preset", help="cpu-quick finishes in two to three minutes on a 2-core CPU, with its SFT control")  # fmt: skip
         if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", disabled=not operator):
             launch("train_preset", {"preset": demo}, f"the whole {demo!r} recipe")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
