@@ -184,17 +184,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         missed.append((call.excinfo.value.part, item.nodeid))
         report.longrepr = call.excinfo.value.msg  # the message alone, also in the short summary
         return
-    if not report.skipped or hasattr(report, "wasxfail"):
+    if hasattr(report, "wasxfail"):
         return
+    # A required part is never skipped: the skip becomes a failure that says how to install the part.
+    if (name := _fail_skip_for_missing_part(report, "test")) is not None:
+        missed.append((name, item.nodeid))
+
+
+def _fail_skip_for_missing_part(report: pytest.TestReport | pytest.CollectReport, what: str) -> str | None:
+    """Turn ``report``, a skip whose reason names a required part, into a failure saying how to install
+    the part; the part's name, or None when the report is no such skip."""
+    if not report.skipped:
+        return None
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     reason = reason.removeprefix("Skipped: ")
     part = part_named_in(reason)
     if part is None:
-        return
-    # A required part is never skipped: the skip becomes a failure that says how to install the part.
+        return None
     report.outcome = "failed"
-    report.longrepr = missing_message(part.name, f"the test skipped: {reason}")
-    missed.append((part.name, item.nodeid))
+    report.longrepr = missing_message(part.name, f"the {what} skipped: {reason}")
+    return part.name
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -203,16 +212,8 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     collection error instead: the run stops and says what to install."""
     outcome = yield
     report: pytest.CollectReport = outcome.get_result()
-    if not report.skipped:
-        return
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    reason = reason.removeprefix("Skipped: ")
-    part = part_named_in(reason)
-    if part is None:
-        return
-    report.outcome = "failed"
-    report.longrepr = missing_message(part.name, f"the module skipped: {reason}")
-    collector.config.stash[_MISSED].append((part.name, report.nodeid))
+    if (name := _fail_skip_for_missing_part(report, "module")) is not None:
+        collector.config.stash[_MISSED].append((name, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
