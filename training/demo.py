@@ -25,7 +25,7 @@ import torch
 from posttrain.platform.models.factory import build_tiny_model
 from posttrain.platform.tasks.heldout import HeldOutCheck, check_held_out
 from posttrain.platform.verifiers.models import TaskSpec
-from posttrain.training.evaluate import eval_tasks, evaluate_policy
+from posttrain.training.evaluate import all_eval_tasks, evaluate_policy
 from posttrain.training.loop import train_grpo
 from posttrain.training.presets import RunPreset, get_preset
 from posttrain.training.rollout import RolloutGroup
@@ -124,7 +124,7 @@ def run_preset(
         t = time.perf_counter()
         control_report = evaluate_policy(eval_config, str(control_model))
         timings["eval_control_s"] = time.perf_counter() - t
-    held_out = check_held_out(trained, [task for d in eval_config.domains for task in eval_tasks(eval_config, d)])
+    held_out = check_held_out(trained, all_eval_tasks(eval_config))
     return DemoResult(
         pass_before=before["eval/pass@1"], pass_after=after["eval/pass@1"], minutes=(time.perf_counter() - started) / 60,
         before=before, after=after, control_after=control_report.get("eval/pass@1"), control=control_report,

@@ -66,6 +66,11 @@ def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
     return generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
 
 
+def all_eval_tasks(config: EvalConfig) -> list[TaskSpec]:
+    """Every task ``config`` evaluates, domain after domain."""
+    return [task for domain in config.domains for task in eval_tasks(config, domain)]
+
+
 def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None) -> dict[str, float]:
     """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy."""
     sources = config.model_list

@@ -283,7 +283,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.platform.tasks.heldout import check_held_out
-    from posttrain.training.evaluate import eval_tasks
+    from posttrain.training.evaluate import all_eval_tasks
     from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 
     sft_config, grpo_config, eval_config = config.sections()
@@ -345,7 +345,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         ctx.log_metrics(0, before)
         finish("eval_before", before)
 
-    held_out = [task for d in eval_config.domains for task in eval_tasks(eval_config, d)]
+    held_out = all_eval_tasks(eval_config)
     if "grpo" not in state:
         grpo_config = grpo_config.model_copy(update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name})
         write_trajectories = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
