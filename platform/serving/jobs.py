@@ -1,4 +1,4 @@
-"""Job kinds for models and serving: ``build_model`` and ``deploy``.
+"""Job kinds for models and serving: ``build_model``, ``import_model`` and ``deploy``.
 
 ``deploy`` is a long-running job: it starts a server for a registered model
 (the embedded engine, or ``vllm serve`` on a GPU host), waits for ``/health``,
@@ -23,6 +23,7 @@ from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Deployment, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 
 HEALTH_INTERVAL_S = 2.0
@@ -55,6 +56,36 @@ def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
         path = build_tiny_model(out, spec)
     row = register_model(config.name, path, produced_by_job_id=ctx.job_id, meta={"built": config.model_dump()}, url=ctx.url)
     return {"model": row.name, "path": row.path}
+
+
+class ImportModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(
+        default="builtin:smollm2-135m-instruct",
+        min_length=1,
+        description="builtin:NAME, or a GGUF file or Hugging Face directory inside the data directory",
+    )
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
+    from posttrain.platform.models.importer import BUILTIN_PREFIX
+    from posttrain.platform.models.importer import import_model as run_import
+
+    if not config.source.startswith(BUILTIN_PREFIX):
+        source, data_dir = Path(config.source), Path(ctx.settings.data_dir).resolve()
+        source = (source if source.is_absolute() else data_dir / source).resolve()
+        if not source.is_relative_to(data_dir):
+            raise BadInput(f"source {config.source} is outside the data directory {data_dir}; copy it there "
+                           "(or import it from the command line: posttrain models import PATH)")  # fmt: skip
+        config = config.model_copy(update={"source": str(source)})
+    try:
+        row = run_import(config.source, name=config.name, dtype=config.dtype, by=f"job:{ctx.job_id}", url=ctx.url,
+                         produced_by_job_id=ctx.job_id, progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
+    except ModelDirError as exc:
+        raise BadInput(str(exc)) from None
+    return {"model": row.name, "path": row.path, **{k: row.meta.get(k) for k in ("parameters", "sha256", "check_answer")}}
 
 
 class DeployConfig(BaseModel):
@@ -193,6 +224,14 @@ register(
         config_model=BuildModelConfig,
         run=build_model,
         description="Build a small model locally (tokenizer + Qwen2/Llama/Qwen2-VL) and register it.",
+    )
+)
+register(
+    JobKind(
+        name="import_model",
+        config_model=ImportModelConfig,
+        run=import_model,
+        description="Import real weights (a GGUF file, a Hugging Face directory or a built-in model) and register them.",
     )
 )
 register(
