@@ -558,7 +558,93 @@ def models_import(
             raise typer.Exit(2) from None
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
-              f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}")  # fmt: skip
+              f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
+
+
+@models_app.command("export")
+@user_errors
+def models_export(
+    name: Annotated[str, typer.Argument(help="Registered model to export")],
+    format: Annotated[str, typer.Option("--format", help="hf (a Hugging Face directory) or gguf (llama.cpp, Ollama)")] = "gguf",
+    outtype: Annotated[str, typer.Option(help="GGUF weights: q8_0 or f16")] = "q8_0",
+) -> None:
+    """Export a model's full weights (a LoRA run merged) into <data_dir>/exports/<name>/."""
+    from pydantic import ValidationError
+
+    from posttrain.platform.jobs.registry import BadInput
+    from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
+
+    require_schema()
+    try:
+        config = ExportModelConfig(model=name, format=format, outtype=outtype)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise JobConfigError("; ".join(f"--{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
+    with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.fields[message]}"), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("export", total=1.0, message="")
+        try:
+            entry = export_registered(config, get_settings(), by=os.environ.get("USER", "cli"),
+                                      progress=lambda f, m: bar.update(task, completed=f, message=m))  # fmt: skip
+        except BadInput as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+    out.print(f"exported {name} ({entry['bytes'] / 1e6:.0f} MB) to {entry['path']}", soft_wrap=True)
+
+
+def _print_arena(result: dict[str, Any], show: int) -> None:
+    """A stored comparison: pass@1 side by side per domain, the paired difference with its 95% CI,
+    B's wins/ties/losses, then the first ``show`` tasks where their verdicts differ."""
+    arena = result.get("arena")
+    if not arena:
+        raise JobConfigError("that job holds no head-to-head comparison (it evaluated one model, or sampled)")
+    a, b = arena["a"], arena["b"]
+    table = Table("domain", "tasks", a, b, f"{b} - {a} (95% CI)", "wins/ties/losses")
+    for domain, row in arena["domains"].items():
+        table.add_row(domain, str(row["tasks"]), f"{row['a']:.1%}", f"{row['b']:.1%}",
+                      f"{row['delta']:+.1%} ({row['ci_low']:+.1%} .. {row['ci_high']:+.1%})",
+                      f"{row['wins']}/{row['ties']}/{row['losses']}")  # fmt: skip
+    out.print(table)
+    shown = arena["disagreements"][:show]
+    if shown:
+        detail = Table("domain", "prompt", "reference", a, b, show_lines=True)
+        mark = {True: "[green]pass[/]", False: "[red]fail[/]"}
+        for d in shown:
+            detail.add_row(d["domain"], d["prompt"][-200:], str(d["reference"] or "")[:80],
+                           f"{mark[d['a_passed']]} {d['a'][:120]}", f"{mark[d['b_passed']]} {d['b'][:120]}")  # fmt: skip
+        out.print(detail)
+    out.print(f"{arena['disagreements_total']} tasks where they disagree; {len(shown)} shown")
+
+
+@models_app.command("compare")
+@user_errors
+def models_compare(
+    a: Annotated[str | None, typer.Argument(help="Baseline model (registered name)")] = None,
+    b: Annotated[str | None, typer.Argument(help="Model compared with it")] = None,
+    tasks: Annotated[str | None, typer.Option(help="Stored task set whose eval split both answer")] = None,
+    domain: Annotated[list[str] | None, typer.Option(help="Procedural domain (repeat); default: all of --tasks")] = None,
+    difficulty: Annotated[int, typer.Option(help="Procedural difficulty")] = 1,
+    limit: Annotated[int, typer.Option(help="Tasks per domain")] = 50,
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length limit")] = 64,
+    show: Annotated[int, typer.Option(help="Disagreements to print")] = 10,
+    job: Annotated[int | None, typer.Option(help="Reopen the comparison stored by this evaluate job")] = None,
+) -> None:
+    """The same held-out tasks through two models: pass@1 per domain with the difference and its
+    confidence interval, and the tasks where they disagree (an evaluate job; a worker runs it)."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    if job is None:
+        if not (a and b):
+            raise JobConfigError("name two models, A and B (or reopen a stored comparison with --job ID)")
+        config = {"models": [a, b], "task_set": tasks, "domains": domain or [], "difficulty": difficulty,
+                  "tasks_per_domain": limit, "max_new_tokens": max_new_tokens}  # fmt: skip
+        job = queue.submit("evaluate", config, submitted_by=os.environ.get("USER", "cli"))
+        out.print(f"queued evaluate job {job}: {a} vs {b}; a worker runs it (posttrain up, or posttrain worker)")
+        _follow(job, stream_log=False)
+    found = queue.get_job(job)
+    if found.kind != "evaluate" or found.status != JobStatus.succeeded:
+        raise JobConfigError(f"job {job} is a {found.status.value} {found.kind} job, not a finished evaluate job")
+    _print_arena(found.result or {}, show)
 
 
 # --- users ------------------------------------------------------------------------------

@@ -30,17 +30,17 @@ def test_registry_forms_and_tiers(platform_env: dict[str, str], tiny_model) -> N
     assert not at.exception and "No models yet" in at.info[0].value
     at.text_input(key="register_name").set_value("mine")
     at.text_input(key="register_path").set_value(str(tiny_model))
-    at.button[1].click().run()  # Register
+    at.button[2].click().run()  # Register (after Import and Build)
     assert any("Registered mine" in s.value for s in at.success), [e.value for e in at.error]
     assert list(at.dataframe[0].value["model"]) == ["mine"]
 
     at.text_input(key="register_name").set_value("bad")
     at.text_input(key="register_path").set_value("/nonexistent/dir")
-    at.button[1].click().run()
+    at.button[2].click().run()
     assert any("/nonexistent/dir" in e.value for e in at.error)
 
     at.selectbox(key="deploy_model").set_value("mine")
-    at.button[2].click().run()  # Deploy
+    at.button[3].click().run()  # Deploy
     assert not at.error, [e.value for e in at.error]
     job = queue.list_jobs(limit=1)[0]
     assert job.kind == "deploy" and job.config["model"] == "mine"

@@ -140,7 +140,9 @@ class EvalConfig(BaseModel):
 
     model: str | None = Field(default=None, description="a registered model name or a model directory")
     models: list[str] = Field(default_factory=list, description="several models to compare (the first is the baseline)")
-    domains: list[str] = Field(min_length=1)
+    task_set: str | None = Field(default=None, description="a stored task set to draw tasks from (its eval split); "
+                                 "unset: the procedural domains generate them")
+    domains: list[str] = Field(default_factory=list, description="domains to evaluate; with a task_set, empty means all of its")
     tasks_per_domain: int = Field(default=32, ge=1)
     difficulty: int = Field(default=1, ge=1)
     seed: int = 0
@@ -166,7 +168,9 @@ class EvalConfig(BaseModel):
             raise ValueError("set either model (one model) or models (a comparison), not both")
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"models lists a model twice: {self.models}")
-        if self.split == "eval":
+        if not self.domains and self.task_set is None:
+            raise ValueError("name the domains to evaluate, or a task_set to take them from")
+        if self.split == "eval" and self.task_set is None:
             self._check_held_out()
         return self
 

@@ -10,8 +10,12 @@
     table = compare_reports({"before": report_a, "after": report_b}, domains)
     table["compare.larger.int"] == {"before": 0.41, "after": 0.78, "delta": 0.37}
 
+    out = evaluate_models(EvalConfig(models=["base", "tuned"], task_set="manuals"), resolve)
+    out["arena"]["domains"]["all"]   # {"a": .., "b": .., "delta": .., "ci_low": .., "wins": .., ...}
+    out["arena"]["disagreements"]    # tasks where one passed and the other did not, both answers
+
 Tasks come from the ``eval`` split of each domain (held out from training, which draws
-``train``). ``samples == 1`` decodes greedily; ``samples = n > 1`` samples ``n`` completions
+``train``), generated procedurally or read from a stored task set (``task_set``). ``samples == 1`` decodes greedily; ``samples = n > 1`` samples ``n`` completions
 per task at ``temperature`` and reports ``pass@k = 1 - C(n - c, k) / C(n, k)`` (Chen et al.
 2021) averaged over tasks, for every ``k`` in ``ks``. ``pass_rate`` is ``pass@1``.
 """
@@ -59,8 +63,31 @@ def sampled_completions(model: torch.nn.Module, tokenizer, tasks: list[TaskSpec]
     return [[t.text for t in g.trajectories] for g in groups]
 
 
+def eval_domains(config: EvalConfig) -> list[str]:
+    """The domains ``config`` evaluates: as named, else every domain of its task set with tasks in its split."""
+    if config.domains or config.task_set is None:
+        return list(config.domains)
+    from posttrain.platform.tasks.store import domain_stats
+
+    stats = domain_stats(task_set=config.task_set)
+    if not stats:
+        raise ValueError(f"no task set named {config.task_set!r} holds tasks; `posttrain tasks list` shows the task sets")
+    domains = [d.name for d in stats if (d.eval if config.split == "eval" else d.train)]
+    if not domains:
+        raise ValueError(f"task set {config.task_set!r} has no {config.split} tasks; rebuild it with an eval fraction above 0")
+    return domains
+
+
 def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
-    """The tasks ``config`` evaluates ``domain`` on (its ``split``, ``eval`` unless set otherwise)."""
+    """The tasks ``config`` evaluates ``domain`` on: from its task set (its ``split``), else generated
+    procedurally in the ``eval`` split unless set otherwise."""
+    if config.task_set is not None:
+        from posttrain.platform.tasks.store import load_tasks
+
+        stored = load_tasks(task_set=config.task_set, domains=[domain], split=config.split, limit=config.tasks_per_domain)
+        if not stored:
+            raise ValueError(f"task set {config.task_set!r} has no {config.split} tasks in domain {domain!r}")
+        return [t.spec for t in stored]
     from posttrain.platform.tasks.domains import generate
 
     return generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
@@ -68,11 +95,15 @@ def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
 
 def all_eval_tasks(config: EvalConfig) -> list[TaskSpec]:
     """Every task ``config`` evaluates, domain after domain."""
-    return [task for domain in config.domains for task in eval_tasks(config, domain)]
+    return [task for domain in eval_domains(config) for task in eval_tasks(config, domain)]
 
 
-def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None) -> dict[str, float]:
-    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy."""
+def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None,
+                    records: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy.
+
+    ``records``, when given, receives one row per task (its first completion and verdict), the
+    material of a head-to-head comparison (:func:`head_to_head`)."""
     sources = config.model_list
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
@@ -83,7 +114,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     n = config.samples
     report: dict[str, float] = {}
     totals: dict[str, list[float]] = {}
-    for domain in config.domains:
+    for domain in eval_domains(config):
         tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
         for i in range(0, len(tasks), config.batch_size):
@@ -96,6 +127,13 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
         flat_tasks = [t for t, outs in zip(tasks, per_task) for _ in outs]
         verdicts = service.verify_batch(flat_tasks, [c for outs in per_task for c in outs])
         passes = [sum(v.passed for v in verdicts[j * n : (j + 1) * n]) for j in range(len(tasks))]
+        if records is not None:
+            records += [
+                {"domain": domain, "task_id": t.task_id or f"{domain}#{j}", "prompt": t.prompt_text, "reference": t.reference,
+                 "completion": outs[0], "passed": verdicts[j * n].passed, "score": verdicts[j * n].score,
+                 "details": verdicts[j * n].details[:300]}
+                for j, (t, outs) in enumerate(zip(tasks, per_task))
+            ]  # fmt: skip
         figures: dict[str, float] = {}
         for k in sorted(set(config.ks) | {1}):
             figures[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in passes) / len(tasks)
@@ -124,12 +162,58 @@ def compare_reports(reports: Mapping[str, Mapping[str, float]], domains: Sequenc
     return table
 
 
-def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: VerifierService | None = None) -> dict[str, Any]:
-    """Evaluate every model of ``config`` (``resolve(name) -> path`` maps registered names) and compare them."""
+Z95 = 1.959964  # two-sided 95% normal quantile
+MAX_DISAGREEMENTS = 200  # kept in a stored comparison, newest job results stay small
+
+
+def _paired(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
+    """pass@1 of A and B on the same tasks, ``delta`` = B - A with a 95% confidence interval from
+    the paired per-task differences (normal approximation), and B's wins, ties and losses."""
+    n = len(a)
+    diffs = [int(y) - int(x) for x, y in zip(a, b)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    half = Z95 * math.sqrt(var / n)
+    return {"tasks": n, "a": sum(a) / n, "b": sum(b) / n, "delta": mean, "ci_low": mean - half, "ci_high": mean + half,
+            "wins": diffs.count(1), "ties": diffs.count(0), "losses": diffs.count(-1)}  # fmt: skip
+
+
+def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Two models' per-task records on the same tasks (:func:`evaluate_policy`'s ``records``): per
+    domain and overall the paired figures of :func:`_paired`, and the tasks where their verdicts differ."""
+    if [r["task_id"] for r in a] != [r["task_id"] for r in b]:
+        raise ValueError("head_to_head needs both models' records on the same tasks in the same order")
+    domains = list(dict.fromkeys(r["domain"] for r in a))
+    table = {d: _paired([x["passed"] for x in a if x["domain"] == d], [y["passed"] for y in b if y["domain"] == d])
+             for d in domains}  # fmt: skip
+    table["all"] = _paired([x["passed"] for x in a], [y["passed"] for y in b])
+    differ = [
+        {"domain": x["domain"], "task_id": x["task_id"], "prompt": x["prompt"], "reference": x["reference"],
+         "a": x["completion"], "a_passed": x["passed"], "b": y["completion"], "b_passed": y["passed"]}
+        for x, y in zip(a, b) if x["passed"] != y["passed"]
+    ]  # fmt: skip
+    return {"domains": table, "disagreements": differ[:MAX_DISAGREEMENTS], "disagreements_total": len(differ)}
+
+
+def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: VerifierService | None = None,
+                    on_model: Any = None) -> dict[str, Any]:
+    """Evaluate every model of ``config`` (``resolve(name) -> path`` maps registered names) on the
+    same tasks and compare them; two models greedily also get a :func:`head_to_head` (``arena``).
+    ``on_model(index, name)`` is called as each model finishes."""
     reports: dict[str, dict[str, float]] = {}
-    for name in config.model_list:
+    records: dict[str, list[dict[str, Any]]] = {}
+    for index, name in enumerate(config.model_list):
         source = resolve(name) if resolve is not None else name
-        reports[name] = evaluate_policy(config.model_copy(update={"model": None, "models": []}), source, service=service)
+        records[name] = []
+        reports[name] = evaluate_policy(config.model_copy(update={"model": None, "models": []}), source, service=service,
+                                        records=records[name])  # fmt: skip
+        if on_model is not None:
+            on_model(index, name)
     metrics = sorted({key.rsplit("/", 1)[-1] for r in reports.values() for key in r if key.startswith("eval/")})
-    comparison = {m: compare_reports(reports, config.domains, m) for m in metrics if m.startswith("pass@")}
-    return {"models": reports, "comparison": comparison}
+    domains = eval_domains(config)
+    comparison = {m: compare_reports(reports, domains, m) for m in metrics if m.startswith("pass@")}
+    out: dict[str, Any] = {"models": reports, "comparison": comparison, "domains": domains}
+    names = config.model_list
+    if len(names) == 2 and config.samples == 1:
+        out["arena"] = {"a": names[0], "b": names[1], **head_to_head(records[names[0]], records[names[1]])}
+    return out

@@ -221,14 +221,22 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> dict[str, Any]:
     if not names:
         raise BadInput("the evaluate config names no model: set model, or models: [before, after] to compare")
     paths = {name: resolve_model(ctx, name)[0] for name in names}
-    out = evaluate_models(config, paths.__getitem__)
+    ctx.progress(0.0, f"evaluating {names[0]}", force=True)
+    try:
+        out = evaluate_models(config, paths.__getitem__,
+                              on_model=lambda i, name: ctx.progress((i + 1) / len(names), f"evaluated {name}", force=True))
+    except ValueError as exc:  # a task set without the split's tasks: the input's fault
+        raise BadInput(str(exc)) from None
     for index, name in enumerate(names):
         ctx.log_metrics(index, out["models"][name])
-        ctx.progress((index + 1) / len(names), f"evaluated {name}")
     if len(names) >= 2:
         log_comparison(ctx, out["comparison"])
     summary = {name: out["models"][name]["eval/pass@1"] for name in names}
-    return {"models": names, "paths": paths, "pass@1": summary, "reports": out["models"], "comparison": out["comparison"]}
+    result = {"models": names, "paths": paths, "pass@1": summary, "reports": out["models"], "comparison": out["comparison"],
+              "domains": out["domains"], "task_set": config.task_set}  # fmt: skip
+    if "arena" in out:
+        result["arena"] = out["arena"]
+    return result
 
 
 class PresetRunConfig(BaseModel):

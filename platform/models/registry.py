@@ -75,3 +75,19 @@ def lineage(name: str, *, url: str | None = None) -> list[Model]:
                 break
             chain.append(parent)
     return chain
+
+
+def record_export(name: str, entry: dict[str, Any], *, by: str = "system", url: str | None = None) -> Model:
+    """Add an export (format, path, bytes, sha256, when) to the model's ``meta["exports"]``, newest first;
+    an export to the same path replaces the older entry."""
+    with session(url) as s:
+        row = s.exec(select(Model).where(Model.name == name)).first()
+        if row is None:
+            raise ModelNotFound(f"no model named {name!r}; `posttrain models list` shows the registered ones")
+        exports = [e for e in (row.meta or {}).get("exports", []) if e.get("path") != entry.get("path")]
+        row.meta = {**(row.meta or {}), "exports": [entry, *exports]}
+        s.add(row)
+        s.add(AuditLog(username=by, action="model.export", target=name, details={"path": entry.get("path"), "format": entry.get("format")}))
+        s.flush()
+        s.refresh(row)
+        return row

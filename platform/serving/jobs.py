@@ -1,4 +1,4 @@
-"""Job kinds for models and serving: ``build_model``, ``import_model`` and ``deploy``.
+"""Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model`` and ``deploy``.
 
 ``deploy`` is a long-running job: it starts a server for a registered model
 (the embedded engine, or ``vllm serve`` on a GPU host), waits for ``/health``,
@@ -11,6 +11,7 @@ cleanly when the job is cancelled. Its log is the server's log.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 import time
@@ -86,6 +87,60 @@ def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
     except ModelDirError as exc:
         raise BadInput(str(exc)) from None
     return {"model": row.name, "path": row.path, **{k: row.meta.get(k) for k in ("parameters", "sha256", "check_answer")}}
+
+
+class ExportModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="a registered model name")
+    format: Literal["hf", "gguf"] = "gguf"
+    outtype: Literal["f16", "q8_0"] = Field(default="q8_0", description="GGUF weight type")
+
+
+def export_path(settings: Any, config: ExportModelConfig) -> Path:
+    """Where an export goes: ``<data_dir>/exports/<model>/<model>.<TYPE>.gguf`` or ``.../<model>-hf``."""
+    folder = Path(settings.data_dir) / "exports" / config.model
+    return folder / (f"{config.model}.{config.outtype.upper()}.gguf" if config.format == "gguf" else f"{config.model}-hf")
+
+
+def export_registered(config: ExportModelConfig, settings: Any, *, by: str, url: str | None = None,
+                      progress: Any = None) -> dict[str, Any]:
+    """Export a registered model (replacing an older export of the same kind) and record it in its meta."""
+    from posttrain.platform.models.exporter import ExportError, export_model
+    from posttrain.platform.models.importer import sha256_file
+    from posttrain.platform.models.registry import record_export
+
+    try:
+        row = get_model(config.model, url=url)
+    except ModelNotFound as exc:
+        raise BadInput(str(exc)) from None
+    out = export_path(settings, config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    previous = out.with_name(out.name + ".previous")
+    if out.exists():
+        out.rename(previous)  # kept until the new export is in place
+    try:
+        export_model(row.path, out, config.format, outtype=config.outtype, progress=progress)
+    except (ExportError, ModelDirError) as exc:
+        if previous.exists():
+            previous.rename(out)
+        raise BadInput(str(exc)) from None
+    except BaseException:
+        if previous.exists():
+            previous.rename(out)
+        raise
+    if previous.exists():
+        shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
+    files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()]
+    entry = {"format": config.format, "outtype": config.outtype if config.format == "gguf" else None, "path": str(out),
+             "bytes": sum(p.stat().st_size for p in files), "sha256": sha256_file(out) if out.is_file() else None,
+             "at": utcnow().isoformat(timespec="seconds")}  # fmt: skip
+    record_export(config.model, entry, by=by, url=url)
+    return entry
+
+
+def export_job(ctx: JobContext, config: ExportModelConfig) -> dict[str, Any]:
+    return export_registered(config, ctx.settings, by=f"job:{ctx.job_id}", url=ctx.url,
+                             progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
 
 
 class DeployConfig(BaseModel):
@@ -232,6 +287,14 @@ register(
         config_model=ImportModelConfig,
         run=import_model,
         description="Import real weights (a GGUF file, a Hugging Face directory or a built-in model) and register them.",
+    )
+)
+register(
+    JobKind(
+        name="export_model",
+        config_model=ExportModelConfig,
+        run=export_job,
+        description="Export a registered model as a Hugging Face directory or a GGUF file (F16, Q8_0) for llama.cpp.",
     )
 )
 register(

@@ -1,4 +1,5 @@
-"""Models & Serving: the registry, deployments in speed tiers with health and metrics, and a playground."""
+"""Models & Serving: the registry (import, build, register, export, compare), deployments in speed tiers
+with health and metrics, and a playground."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from pydantic import ValidationError
 from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Deployment, Model, Role
+from posttrain.platform.db.models import Deployment, JobStatus, Model, Role
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
 from posttrain.platform.serving.client import ChatError, prometheus_values, stream_chat
 from posttrain.platform.serving.jobs import tier_catalog, tiers_path
 from posttrain.platform.serving.profiles import TierCatalog
 from posttrain.platform.settings import get_settings
+from posttrain.platform.tasks.domains import list_domains
+from posttrain.platform.tasks.store import task_sets
 from posttrain.ui.common import can, flash, guard_platform, show_flash, username
 
 METRICS = (
@@ -66,9 +70,36 @@ if models:
         width="stretch",
     )
 else:
-    st.info("No models yet: build a small one locally, or register a Hugging Face model directory.")
+    st.info("No models yet: import the built-in SmolLM2-135M-Instruct (make run does), a GGUF file or a Hugging Face "
+            "directory, or build a small one locally.")
 
-build_tab, register_tab, deploy_tab, tiers_tab = st.tabs(["Build a small model", "Register a directory", "Deploy", "Tiers"])
+model_names = [m.name for m in models]
+
+
+def first_choice(options: list[str], preferred: str = DEFAULT_MODEL) -> int:
+    return options.index(preferred) if preferred in options else 0
+
+
+import_tab, build_tab, register_tab, deploy_tab, export_tab, compare_tab, tiers_tab = st.tabs(
+    ["Import real weights", "Build a small model", "Register a directory", "Deploy", "Export", "Compare", "Tiers"]
+)
+with import_tab, st.form("import_model"):
+    st.caption(f"The built-in model is {BUILTIN_MODELS[DEFAULT_MODEL].description}. A GGUF file is dequantised into a "
+               "Hugging Face directory; either is checked (loads, answers one prompt) and registered with its sha256.")  # fmt: skip
+    source_kind = st.radio("Source", ["Built-in SmolLM2-135M-Instruct", "A GGUF file or Hugging Face directory on the server"],
+                           key="import_kind")  # fmt: skip
+    import_path = st.text_input("Path (inside the data directory)", key="import_path",
+                                placeholder=str(get_settings().data_dir / "uploads" / "model.Q8_0.gguf"))  # fmt: skip
+    c1, c2 = st.columns(2)
+    import_name = c1.text_input("Name (empty: from the source)", key="import_name")
+    import_dtype = c2.selectbox("Weights", ["float32", "bfloat16"], key="import_dtype")
+    if st.form_submit_button("Import", disabled=not operator):
+        builtin = source_kind.startswith("Built-in")
+        if not builtin and not import_path.strip():
+            st.error("Give the path of a GGUF file or Hugging Face directory, or pick the built-in model.")
+        else:
+            submit("import_model", {"source": f"builtin:{DEFAULT_MODEL}" if builtin else import_path.strip(),
+                                    "name": import_name.strip() or None, "dtype": import_dtype})  # fmt: skip
 with build_tab, st.form("build_model"):
     c1, c2, c3 = st.columns(3)
     name = c1.text_input("Name", value="tiny", key="build_model_name")
@@ -91,7 +122,7 @@ with register_tab, st.form("register_model"):
             flash(f"Registered {row.name} ({row.architecture}).")
 with deploy_tab, st.form("deploy"):
     c1, c2, c3 = st.columns(3)
-    dep_model = c1.selectbox("Model", [m.name for m in models], key="deploy_model")
+    dep_model = c1.selectbox("Model", model_names, index=first_choice(model_names), key="deploy_model")
     catalog = tier_catalog(get_settings())
     dep_tier = c2.selectbox("Tier", sorted(catalog.tiers), key="deploy_tier")
     dep_engine = c3.selectbox("Engine", ["embedded", "vllm"], key="deploy_engine", help="vllm needs a GPU host")
@@ -101,6 +132,71 @@ with deploy_tab, st.form("deploy"):
         if max_len:
             config["max_model_len"] = int(max_len)
         submit("deploy", config)
+with export_tab:
+    with st.form("export_model"):
+        c1, c2, c3 = st.columns(3)
+        exp_model = c1.selectbox("Model", model_names, index=first_choice(model_names), key="export_model")
+        exp_format = c2.selectbox("Format", ["gguf", "hf"], key="export_format",
+                                  help="gguf: one file for llama.cpp and Ollama; hf: a Hugging Face directory")
+        exp_type = c3.selectbox("GGUF weights", ["q8_0", "f16"], key="export_outtype")
+        if st.form_submit_button("Export", disabled=not operator or not models) and exp_model:
+            submit("export_model", {"model": exp_model, "format": exp_format, "outtype": exp_type})
+    exports = [{"model": m.name, **e} for m in models for e in (m.meta or {}).get("exports", [])]
+    if exports:
+        st.dataframe(pd.DataFrame(exports)[["model", "format", "outtype", "bytes", "at", "path"]], hide_index=True, width="stretch")
+    else:
+        st.caption("No exports yet.")
+with compare_tab:
+    with st.form("compare_models"):
+        st.caption("The same held-out tasks through two models, greedy: pass@1 per domain, the difference with its "
+                   "95% confidence interval, wins/ties/losses, and the tasks where they disagree.")  # fmt: skip
+        c1, c2 = st.columns(2)
+        query = st.query_params
+        cmp_a = c1.selectbox("A (baseline)", model_names, key="compare_a",
+                             index=first_choice(model_names, query.get("compare_a", DEFAULT_MODEL)))  # fmt: skip
+        cmp_b = c2.selectbox("B", model_names, key="compare_b", index=first_choice(model_names, query.get("compare_b", "")))
+        sets = [ts.name for ts, count in task_sets() if count]
+        cmp_set = st.selectbox("Task set (its eval split)", ["(procedural domains)", *sets], key="compare_set")
+        cmp_domains = st.multiselect("Procedural domains (without a task set)", [d.name for d in list_domains()],
+                                     key="compare_domains")  # fmt: skip
+        c1, c2, c3 = st.columns(3)
+        cmp_difficulty = c1.number_input("Difficulty", 1, 5, 1, key="compare_difficulty")
+        cmp_limit = c2.number_input("Tasks per domain", 1, 2000, 50, key="compare_limit")
+        cmp_tokens = c3.number_input("Max new tokens", 1, 4096, 64, key="compare_tokens")
+        if st.form_submit_button("Compare", disabled=not operator or len(models) < 2):
+            if cmp_a == cmp_b:
+                st.error("Pick two different models.")
+            else:
+                submit("evaluate", {"models": [cmp_a, cmp_b], "task_set": None if cmp_set.startswith("(") else cmp_set,
+                                    "domains": cmp_domains, "difficulty": int(cmp_difficulty),
+                                    "tasks_per_domain": int(cmp_limit), "max_new_tokens": int(cmp_tokens)})  # fmt: skip
+    compared = [j for j in queue.list_jobs(kind="evaluate", status=JobStatus.succeeded, limit=100) if (j.result or {}).get("arena")]
+    if compared:
+        chosen = st.selectbox("Comparisons", compared, key="compare_open", format_func=lambda j: (
+            f"job {j.id}: {j.result['arena']['a']} vs {j.result['arena']['b']} on "
+            f"{j.result.get('task_set') or ', '.join(j.result.get('domains', []))}"))  # fmt: skip
+        arena = chosen.result["arena"]
+        a_name, b_name = arena["a"], arena["b"]
+        st.dataframe(pd.DataFrame([
+            {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
+             "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "wins/ties/losses": f"{r['wins']}/{r['ties']}/{r['losses']}"}
+            for d, r in arena["domains"].items()
+        ]), hide_index=True, width="stretch", column_config={
+            a_name: st.column_config.NumberColumn(format="percent"), b_name: st.column_config.NumberColumn(format="percent"),
+            "difference": st.column_config.NumberColumn(format="percent")})  # fmt: skip
+        differ = arena["disagreements"]
+        st.caption(f"{arena['disagreements_total']} tasks where they disagree" +
+                   (f" ({len(differ)} kept)" if len(differ) < arena["disagreements_total"] else ""))  # fmt: skip
+        if differ:
+            domain_filter = st.selectbox("Domain", ["(all)", *sorted({d["domain"] for d in differ})], key="compare_domain_filter")
+            shown = [d for d in differ if domain_filter == "(all)" or d["domain"] == domain_filter]
+            st.dataframe(pd.DataFrame([
+                {"domain": d["domain"], "prompt": d["prompt"], "reference": d["reference"],
+                 f"{a_name}": ("✓ " if d["a_passed"] else "✗ ") + d["a"], f"{b_name}": ("✓ " if d["b_passed"] else "✗ ") + d["b"]}
+                for d in shown
+            ]), hide_index=True, width="stretch")  # fmt: skip
+    else:
+        st.caption("No comparisons yet.")
 with tiers_tab:
     st.caption("Named speed tiers; every deployment started after a change uses the edited profile.")
     text = st.text_area("Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json")

@@ -1,0 +1,120 @@
+"""Compare two models on the same held-out tasks: the real model against a from-scratch one, through
+the head-to-head figures, an evaluate job run by a worker, the CLI and the Models page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import REPO_ROOT, ImportedRealModel, login_as, start_worker, stop_worker
+from test_cli import cli
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.models.registry import register_model
+from posttrain.platform.tasks.domains import generate
+from posttrain.platform.tasks.store import save_tasks
+from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.config import EvalConfig
+from posttrain.training.evaluate import _paired, evaluate_models
+
+pytestmark = pytest.mark.requires("real model")
+
+# one worked example before each question: zero-shot, this 135M model explains instead of answering
+SHOTS = {"compare.larger.int": ("Which is larger: 31 or 7?", "31"), "compare.smaller.int": ("Which is smaller: 31 or 7?", "7")}
+DOMAINS = tuple(SHOTS)
+PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from posttrain.platform.models import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("cmp") / "tiny", TinyModelSpec(
+        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
+
+
+def _task_set(url: str | None = None) -> None:
+    """A stored set of held-out questions, each after one worked example (a JSONL import's shape)."""
+    specs = []
+    for domain, (question, answer) in SHOTS.items():
+        for task in generate(domain, 10, seed=3, difficulty=2, split="eval"):
+            shot = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            specs.append(TaskSpec.model_validate({**task.model_dump(), "prompt": shot + [m.model_dump() for m in task.prompt]}))
+    save_tasks("numbers", specs, source="jsonl", url=url)
+
+
+def test_paired_figures() -> None:
+    row = _paired([True, True, False, False, True], [True, False, True, True, True])
+    assert (row["wins"], row["ties"], row["losses"]) == (2, 2, 1)
+    assert row["delta"] == pytest.approx(0.2) and row["a"] == pytest.approx(0.6) and row["b"] == pytest.approx(0.8)
+    assert row["ci_low"] < 0.2 < row["ci_high"]
+    same = _paired([True, False], [True, False])
+    assert same["delta"] == same["ci_low"] == same["ci_high"] == 0.0
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_head_to_head_of_the_real_model_and_a_tiny_one(platform_env: dict[str, str], real_model_dir: ImportedRealModel,
+                                                      tiny_dir: Path) -> None:
+    _task_set()
+    config = EvalConfig(models=["tiny", "smol"], task_set="numbers", max_new_tokens=24, device="cpu")
+    out = evaluate_models(config, {"tiny": str(tiny_dir), "smol": str(real_model_dir.path)}.__getitem__)
+    arena = out["arena"]
+    assert (arena["a"], arena["b"]) == ("tiny", "smol") and set(out["domains"]) == set(DOMAINS)
+    for domain in DOMAINS:
+        row = arena["domains"][domain]
+        assert row["tasks"] == 10
+        assert row["a"] == out["models"]["tiny"][f"eval/{domain}/pass@1"]
+        assert row["b"] == out["models"]["smol"][f"eval/{domain}/pass@1"]
+        assert row["wins"] - row["losses"] == round(row["delta"] * 10) and row["wins"] + row["ties"] + row["losses"] == 10
+    total = arena["domains"]["all"]
+    assert total["b"] > total["a"], total  # a real model beats a random two-layer one
+    assert arena["disagreements_total"] == total["wins"] + total["losses"] == len(arena["disagreements"])
+    for d in arena["disagreements"]:
+        assert d["a_passed"] != d["b_passed"] and d["prompt"] and d["reference"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
+    register_model("tiny", tiny_dir)
+    register_model("smollm2-135m-instruct", real_model_dir.path)
+    _task_set()
+    job_id = queue.submit("evaluate", {"models": ["tiny", "smollm2-135m-instruct"], "task_set": "numbers",
+                                       "max_new_tokens": 24, "device": "cpu"})  # fmt: skip
+    worker = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert worker.wait(timeout=300) == 0
+    finally:
+        stop_worker(worker)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    arena = job.result["arena"]
+    assert arena["domains"]["all"]["tasks"] == 20
+
+    shown = cli({**platform_env, "COLUMNS": "250"}, "models", "compare", "--job", str(job_id), "--show", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert "compare.smaller.int" in shown.stdout and "wins/ties/losses" in shown.stdout
+    assert f"{arena['disagreements_total']} tasks where they disagree" in shown.stdout
+    refused = cli(platform_env, "models", "compare", "tiny")
+    assert refused.returncode == 2 and "name two models" in refused.stderr
+
+    at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
+    assert not at.exception
+    assert at.selectbox(key="compare_open").index == 0  # the newest comparison opens first
+    tables = [df.value for df in at.dataframe]
+    figures = next(t for t in tables if "wins/ties/losses" in t.columns)
+    assert list(figures["domain"]) == [*arena["domains"]]
+    assert list(figures["smollm2-135m-instruct"]) == [r["b"] for r in arena["domains"].values()]
+    if arena["disagreements"]:
+        listed = next(t for t in tables if "reference" in t.columns)
+        assert len(listed) == len(arena["disagreements"])
+
+    # the compare form queues an evaluate job of the two picked models on the task set
+    at.selectbox(key="compare_a").set_value("tiny")
+    at.selectbox(key="compare_b").set_value("smollm2-135m-instruct")
+    at.selectbox(key="compare_set").set_value("numbers")
+    next(b for b in at.button if b.label == "Compare").click().run()
+    queued = queue.list_jobs(limit=1)[0]
+    assert queued.kind == "evaluate" and queued.config["models"] == ["tiny", "smollm2-135m-instruct"]
+    assert queued.config["task_set"] == "numbers"
