@@ -1,24 +1,28 @@
-"""Serving benchmark: fast tier vs standard tier, and the gateway's added latency.
+"""Serving benchmark: fast tier vs standard tier, time to first token, the gateway's added latency,
+and for a real model throughput at 16 streams and memory.
 
     .venv/bin/python bench/serving.py [--prompts 12] [--max-tokens 64] [--tune-steps 500 | 0]
+    .venv/bin/python bench/serving.py --model smollm2-135m-instruct [--prompts 12] [--max-tokens 64]
 
-Builds a small Qwen2 model locally (hidden 128, 2 layers) and teaches it to
-quote from documents (platform/models/tuning.py ``teach_quoting``: a copy
-drill that forms induction heads, then a stream of fresh random documents
-with "quote the sentence that begins with ..." questions; a few minutes of
-CPU). The benchmark prompts are documents generated with another seed and
-checked to be absent from the training stream: the model has never seen
-them, so an answer copied from its document is the model reading it. The
-same weights serve in the fast tier (prompt-lookup speculation) and the
-standard tier, with a gateway in front. Prints one JSON object per figure,
-with its peer measured in the same run; the last line holds every figure, with
-``peer`` (the standard tier's setting) and ``gateway_peer`` (direct requests).
-Both tiers get the same warm-up (one 4-token request) and the same prompts,
-one request at a time; gateway and direct requests alternate.
+Default workload: builds a small Qwen2 model locally (hidden 128, 2 layers) and teaches it to
+quote from documents (platform/models/tuning.py ``teach_quoting``: a copy drill that forms
+induction heads, then a stream of fresh random documents with "quote the sentence that begins
+with ..." questions; a few minutes of CPU). The benchmark prompts are documents generated with
+another seed and checked to be absent from the training stream: the model has never seen them,
+so an answer copied from its document is the model reading it. ``--tune-steps 0`` skips the
+teaching: the random-init model's greedy output loops, and prompt lookup then drafts from its
+own repetition rather than from the document (quick, but not a document-QA workload; labelled so).
 
-``--tune-steps 0`` skips the teaching: the random-init model's greedy output
-loops, and prompt lookup then drafts from its own repetition rather than
-from the document (quick, but not a document-QA workload; labelled so).
+``--model REF`` (a registered model, a model directory, or a built-in name, imported for the run
+when it is not registered): the real model answers the document-QA tasks the platform builds from
+Debian's LaTeX news PDFs (``ltnews*.pdf``, preprocessed and turned into tasks in process by the
+task builder: the page's text in the prompt, a question about it), so prompt lookup drafts from
+a real document. The summary is then ``serving-real``.
+
+Both tiers serve the same weights in the same process, get the same warm-up and the same prompts,
+one streamed request at a time; gateway and direct requests alternate. Prints one JSON object per
+figure, with its peer measured in the same run; the last line holds every figure, with ``peer``
+(the standard tier's setting) and ``gateway_peer`` (direct requests).
 """
 
 from __future__ import annotations
@@ -32,14 +36,18 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 import argparse
+import hashlib
 import json
 import socket
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
 from posttrain.platform.models.tuning import QuotingRecipe, QuotingRun, quote_cases, teach_quoting
@@ -55,6 +63,7 @@ from posttrain.platform.serving import (
 )
 
 EVAL_SEED = 1_000_003  # the benchmark's documents; the training stream draws from QuotingRecipe.seed (+1)
+DOCUMENTS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"))
 
 
 def free_port() -> int:
@@ -63,87 +72,234 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def chat(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int,
+def chat(client: httpx.Client, url: str, model: str, messages: list[dict], max_tokens: int,
          headers: dict[str, str] | None = None) -> dict:
     r = client.post(f"{url}/v1/chat/completions", headers=headers, json={
-        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": 0})
+        "model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
     r.raise_for_status()
     return r.json()
 
 
+@dataclass
+class Streamed:
+    text: str
+    tokens: int
+    ttft_s: float
+    seconds: float
+
+
+def stream_chat(client: httpx.Client, url: str, model: str, messages: list[dict], max_tokens: int) -> Streamed:
+    """One streamed greedy chat request: its text, completion tokens, time to first content and total time."""
+    start, first, parts, usage = time.perf_counter(), None, [], {}
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    parts.append(choice["delta"]["content"])
+    end = time.perf_counter()
+    return Streamed("".join(parts), int(usage.get("completion_tokens", 0)), (first or end) - start, end - start)
+
+
+@dataclass
+class Case:
+    messages: list[dict]
+    answer: str | None  # the reference answer
+    task: object | None = None  # the TaskSpec whose verifier judges the answer (document QA)
+
+
+@dataclass
+class Workload:
+    path: str
+    name: str
+    cases: list[Case]
+    description: str
+    figures: dict = field(default_factory=dict)  # what building the workload measured (teaching, import)
+
+
+def tiny_workload(args: argparse.Namespace, tmp: Path) -> Workload:
+    """The taught quoting model on unseen generated documents (or the random-init one)."""
+    cases = quote_cases(args.prompts, seed=EVAL_SEED)
+    recipe = QuotingRecipe(quote_steps=args.tune_steps) if args.tune_steps > 0 else None
+    path = build_tiny_model(tmp / "bench-qwen2", TinyModelSpec(
+        hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256))
+    t0 = time.perf_counter()
+    run: QuotingRun | None = None
+    seen: set[str] = set()
+    if recipe is not None:
+        def progress(step: int, loss: float) -> None:
+            if step % 100 == 0:
+                print(f"tune step {step + 1} loss {loss:.3f} {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+        run = teach_quoting(path, recipe, on_step=progress, seen_documents=seen)
+    tune: dict[str, object] = {"tune_steps": len(run.losses) if run else 0, "tune_seconds": round(time.perf_counter() - t0, 1),
+                               "prompts_unseen_in_training": sum(c.document not in seen for c in cases)}
+    if run is not None:
+        tune.update({
+            "tune_drill_steps": len(run.drill_losses), "tune_drill_mastered": run.drill_mastered,
+            "tune_quote_steps": len(run.quote_losses),
+            "tune_quote_loss_first_last": [round(run.quote_losses[0], 3), round(statistics.fmean(run.quote_losses[-20:]), 3)]})
+    description = ("document QA on unseen documents, model taught to quote" if recipe is not None
+                   else "random-init model: drafts come from its own repetitive output, not the document")
+    return Workload(str(path), "bench", [Case([{"role": "user", "content": c.prompt}], c.answer) for c in cases],
+                    description, tune)
+
+
+def document_cases(count: int, seed: int = 0) -> list[Case]:
+    """Document-QA tasks built from Debian's LaTeX news PDFs by the platform's task builder, in
+    process (preprocess, pages, questions): text questions, at most two per page, taking turns
+    across documents."""
+    from posttrain.platform.db.models import Document, Page
+    from posttrain.platform.documents import _layout_json
+    from posttrain.platform.tasks.builders import build_from_pages
+    from posttrain.preprocess.options import PreprocessOptions
+    from posttrain.preprocess.pipeline import process_document
+
+    if not DOCUMENTS:
+        raise SystemExit("no /usr/share/doc/texlive-doc/latex/base/ltnews*.pdf: install texlive-latex-base-doc (make system-deps)")
+    per_document: list[list[Case]] = []
+    for number, pdf in enumerate(DOCUMENTS[: max(2, count // 3)], start=1):
+        pages = [Page(document_id=number, page_no=p.page_number - 1, width=p.width, height=p.height, text=p.text,
+                      markdown=p.markdown or "", layout=_layout_json(p)) for p in process_document(pdf, PreprocessOptions())]
+        document = Document(id=number, sha256=hashlib.sha256(pdf.read_bytes()).hexdigest(), filename=pdf.name,
+                            storage_path=str(pdf))  # fmt: skip
+        cases, pages_used = [], []
+        for spec in build_from_pages(document, pages, max_per_document=24, seed=seed):
+            page = spec.provenance.get("page")
+            if spec.verifier.kind == "doc_qa" and pages_used.count(page) < 2:
+                pages_used.append(page)
+                cases.append(Case([m.model_dump(exclude_none=True) for m in spec.prompt], spec.reference, spec))
+        per_document.append(cases)
+    out: list[Case] = []
+    while len(out) < count and any(per_document):
+        for cases in per_document:
+            if cases and len(out) < count:
+                out.append(cases.pop(0))
+    return out
+
+
+def real_workload(args: argparse.Namespace, tmp: Path) -> Workload:
+    """The named model (imported for this run into ``tmp`` when it is not registered) on document QA."""
+    from posttrain.platform.db import migrate
+    from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
+    from posttrain.platform.models.registry import get_model
+
+    t0, ref = time.perf_counter(), args.model
+    if Path(ref).is_dir():
+        path, name = str(Path(ref).resolve()), Path(ref).name
+    else:
+        name = ref.removeprefix(BUILTIN_PREFIX)
+        try:
+            path = get_model(name).path
+        except Exception:  # not registered, or no platform database here: import it for this run only
+            url = f"sqlite:///{tmp / 'bench.db'}"
+            migrate.upgrade(url)
+            path = import_model(f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path
+    return Workload(path, name, document_cases(args.prompts),
+                    "document QA: questions about Debian's LaTeX news PDFs (tasks built by the platform)",
+                    {"model_ready_seconds": round(time.perf_counter() - t0, 1)})
+
+
+def answers_correct(cases: list[Case], texts: list[str]) -> tuple[int, str]:
+    """How many answers are right: by the task's verifier (document QA), else the quoted sentence
+    verbatim and nothing else."""
+    if all(c.task is not None for c in cases):
+        from posttrain.platform.verifiers import default_service
+
+        return sum(v.passed for v in default_service().verify_batch([c.task for c in cases], texts)), "the doc_qa verifier"
+    for c, t in zip(cases, texts):
+        if t.strip() != c.answer:
+            print(f"not quoted verbatim: wanted {c.answer!r}, got {t!r}", file=sys.stderr)
+    return sum(t.strip() == c.answer for c, t in zip(cases, texts)), "quoted verbatim"
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def concurrent_streams(client: httpx.Client, url: str, model: str, cases: list[Case], streams: int, max_tokens: int) -> dict:
+    """``streams`` requests at once (prompts cycled): completion tokens per second over the wall time."""
+    picked = [cases[i % len(cases)] for i in range(streams)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        done = list(pool.map(lambda c: stream_chat(client, url, model, c.messages, max_tokens), picked))
+    elapsed = time.perf_counter() - start
+    tokens = sum(d.tokens for d in done)
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None, help="a registered model, a model directory or a built-in name "
+                        "(smollm2-135m-instruct); default: the taught tiny quoting model")
     parser.add_argument("--prompts", type=int, default=12)
     recipe = QuotingRecipe()
     parser.add_argument("--tune-steps", type=int, default=recipe.quote_steps,
-                        help=f"document-question steps after a copy drill of at most {recipe.max_drill_steps} steps "
-                             "(two to four minutes of CPU in all). 0 skips teaching and serves the random-init model, "
+                        help=f"(tiny model) document-question steps after a copy drill of at most {recipe.max_drill_steps} "
+                             "steps (two to four minutes of CPU in all). 0 skips teaching and serves the random-init model, "
                              "whose greedy output loops: its drafts then come from its own repeated output, not from "
                              "the document")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--overhead-requests", type=int, default=60)
+    parser.add_argument("--streams", type=int, default=16, help="(--model) concurrent streams for the throughput figure")
     args = parser.parse_args()
 
-    cases = quote_cases(args.prompts, seed=EVAL_SEED)
-    taught = args.tune_steps > 0
-    recipe = QuotingRecipe(quote_steps=args.tune_steps) if taught else None
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "bench-qwen2", TinyModelSpec(
-            hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256))
-        t0 = time.perf_counter()
-        run: QuotingRun | None = None
-        seen: set[str] = set()
-        if recipe is not None:
-            def progress(step: int, loss: float) -> None:
-                if step % 100 == 0:
-                    print(f"tune step {step + 1} loss {loss:.3f} {time.perf_counter() - t0:.0f}s", file=sys.stderr,
-                          flush=True)
-            run = teach_quoting(path, recipe, on_step=progress, seen_documents=seen)
-        tune_s = time.perf_counter() - t0
-        unseen = sum(c.document not in seen for c in cases)
-        loaded = load_model(path)
+        work = real_workload(args, Path(tmp)) if args.model else tiny_workload(args, Path(tmp))
+        cases, model = work.cases, work.name
+        rss_before = rss_mb()
+        loaded = load_model(work.path)
+        params = sum(p.numel() for p in loaded.model.parameters())
         engines = {
-            tier: EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="bench",
-                                              tier=DEFAULT_TIERS[tier], max_model_len=2048), loaded=loaded).start()
+            tier: EmbeddedEngine(EngineConfig(model_path=work.path, served_model_name=model, tier=DEFAULT_TIERS[tier],
+                                              max_model_len=None if args.model else 2048), loaded=loaded).start()
             for tier in ("fast", "standard")
         }
         servers = {tier: serve_in_thread(create_engine_app(e)) for tier, e in engines.items()}
         # the gateway runs in its own process, as deployed, so it does not share the engines' GIL
         config_file = Path(tmp) / "gateway.json"
         config_file.write_text(GatewayConfig(deployments=[
-            Deployment(model="bench", tier=t, base_url=s.base_url) for t, s in servers.items()]).model_dump_json())
+            Deployment(model=model, tier=t, base_url=s.base_url) for t, s in servers.items()]).model_dump_json())
         port = free_port()
         gateway = ServerProcess([sys.executable, "-m", "posttrain.platform.serving.gateway", "--config",
                                  str(config_file), "--port", str(port)], f"http://127.0.0.1:{port}").start(120)
-        client = httpx.Client(timeout=600)
+        client = httpx.Client(timeout=1800)
+        many: dict | None = None
         try:
-            for tier, server in servers.items():  # warm-up
-                chat(client, server.base_url, "bench", cases[0].prompt, 4)
+            for server in servers.values():  # warm-up
+                chat(client, server.base_url, model, cases[0].messages, 4)
             results: dict[str, dict] = {}
             for tier in ("standard", "fast"):
-                texts, tokens, start = [], 0, time.perf_counter()
-                for case in cases:
-                    out = chat(client, servers[tier].base_url, "bench", case.prompt, args.max_tokens)
-                    texts.append(out["choices"][0]["message"]["content"])
-                    tokens += out["usage"]["completion_tokens"]
-                elapsed = time.perf_counter() - start
-                results[tier] = {"texts": texts, "tokens": tokens, "seconds": elapsed,
-                                 "tokens_per_s": tokens / elapsed}
+                runs = [stream_chat(client, servers[tier].base_url, model, c.messages, args.max_tokens) for c in cases]
+                tokens, elapsed = sum(r.tokens for r in runs), sum(r.seconds for r in runs)
+                decoding = sum(r.seconds - r.ttft_s for r in runs)  # after the first token: what speculation speeds up
+                results[tier] = {"texts": [r.text for r in runs], "tokens": tokens, "seconds": elapsed,
+                                 "tokens_per_s": tokens / elapsed, "ttft_ms": [r.ttft_s * 1000 for r in runs],
+                                 "decode_tokens_per_s": sum(max(0, r.tokens - 1) for r in runs) / decoding}
+            if args.model:
+                many = concurrent_streams(client, servers["standard"].base_url, model, cases, args.streams, args.max_tokens)
+            peak_rss = rss_mb()
             fast_m, std = engines["fast"].metrics, results["standard"]
-            # an answer counts when it is the quoted sentence, verbatim, and nothing else
-            copied = sum(t.strip() == c.answer for c, t in zip(cases, std["texts"]))
-            for c, t in zip(cases, std["texts"]):
-                if t.strip() != c.answer:
-                    print(f"not quoted verbatim: wanted {c.answer!r}, got {t!r}", file=sys.stderr)
+            correct, judged_by = answers_correct(cases, std["texts"])
 
             direct, via_gateway = [], []
-            q = "What is the total?"
+            q = [{"role": "user", "content": "What is the total?"}]
             for i in range(args.overhead_requests):
                 for target in (("direct", servers["standard"].base_url, None),
                                ("gateway", gateway.base_url, {"x-task-type": "batch"}))[:: 1 if i % 2 else -1]:
                     t = time.perf_counter()
-                    chat(client, target[1], "bench", q, 1, target[2])
+                    chat(client, target[1], model, q, 1, target[2])
                     (direct if target[0] == "direct" else via_gateway).append((time.perf_counter() - t) * 1000)
         finally:
             client.close()
@@ -154,44 +310,55 @@ def main() -> None:
                 e.stop()
 
     fast_tps, std_tps = results["fast"]["tokens_per_s"], std["tokens_per_s"]
+    fast_dec, std_dec = results["fast"]["decode_tokens_per_s"], std["decode_tokens_per_s"]
     identical = results["fast"]["texts"] == std["texts"]
+    same = sum(a == b for a, b in zip(results["fast"]["texts"], std["texts"]))
     p50_direct, p50_gateway = statistics.median(direct), statistics.median(via_gateway)
     overhead = p50_gateway - p50_direct
     acceptance = fast_m.accepted_tokens / fast_m.draft_tokens if fast_m.draft_tokens else 0.0
-    workload = ("document QA on unseen documents, model taught to quote" if taught
-                else "random-init model: drafts come from its own repetitive output, not the document")
-    tune: dict[str, object] = {"tune_steps": len(run.losses) if run else 0, "tune_seconds": round(tune_s, 1)}
-    if run is not None:
-        tune.update({
-            "tune_drill_steps": len(run.drill_losses), "tune_drill_mastered": run.drill_mastered,
-            "tune_quote_steps": len(run.quote_losses),
-            "tune_quote_loss_first_last": [round(run.quote_losses[0], 3), round(statistics.fmean(run.quote_losses[-20:]), 3)]})
+    ttft = std["ttft_ms"]
+    ttft_p50, ttft_p95 = round(statistics.median(ttft), 1), round(percentile(ttft, 0.95), 1)
     figures = [
         {"figure": "fast_tokens_per_s", "value": round(fast_tps, 1), "peer": "standard_tokens_per_s",
          "peer_value": round(std_tps, 1), "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical,
-         "workload": workload},
+         "outputs_identical_count": f"{same}/{len(cases)}", "workload": work.description,
+         "note": "whole requests, prompt processing included (the same in both tiers)"},
+        {"figure": "fast_decode_tokens_per_s", "value": round(fast_dec, 1), "peer": "standard_decode_tokens_per_s",
+         "peer_value": round(std_dec, 1), "speedup": round(fast_dec / std_dec, 2),
+         "note": "after the first token, where speculative decoding acts"},
         {"figure": "gateway_p50_ms", "value": round(p50_gateway, 2), "peer": "direct_p50_ms",
          "peer_value": round(p50_direct, 2), "overhead_p50_ms": round(overhead, 2)},
         {"figure": "fast_tier_draft_acceptance", "value": round(acceptance, 3),
-         "answers_copied_from_document": f"{copied}/{len(cases)}", "prompts_unseen_in_training": f"{unseen}/{len(cases)}",
-         **tune},
+         "answers_correct": f"{correct}/{len(cases)}", "answers_judged_by": judged_by, **work.figures},
+        {"figure": "ttft_ms", "p50": ttft_p50, "p95": ttft_p95, "tier": "standard", "concurrency": 1},
     ]
+    if many is not None:
+        figures.append({"figure": f"tokens_per_s_{args.streams}_streams", "value": round(many["tokens_per_s"], 1),
+                        "peer": "standard_tokens_per_s (one stream)", "peer_value": round(std_tps, 1),
+                        "ratio": round(many["tokens_per_s"] / std_tps, 2), "tier": "standard"})
     for f in figures:
         print(json.dumps(f))
     peer = {"name": "standard tier (same weights and engine, no speculative decoding)", "warmup_requests": 1,
             "prompts": len(cases), "max_tokens": args.max_tokens, "concurrency": 1, "rounds": 1}
     gateway_peer = {"name": "direct to the deployment (no gateway)", "requests": args.overhead_requests,
                     "order": "alternating with the gateway's", "max_tokens": 1}
-    print(json.dumps({
-        "figure": "serving",
+    summary = {
+        "figure": "serving-real" if args.model else "serving", "model": model, "model_params": params,
         "fast_tokens_per_s": round(fast_tps, 1), "standard_tokens_per_s": round(std_tps, 1),
-        "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical,
+        "speedup": round(fast_tps / std_tps, 2), "outputs_identical": identical, "outputs_identical_count": same,
+        "fast_decode_tokens_per_s": round(fast_dec, 1), "standard_decode_tokens_per_s": round(std_dec, 1),
+        "decode_speedup": round(fast_dec / std_dec, 2),
+        "ttft_p50_ms": ttft_p50, "ttft_p95_ms": ttft_p95,
         "gateway_overhead_p50_ms": round(overhead, 2), "gateway_p50_ms": round(p50_gateway, 2),
         "direct_p50_ms": round(p50_direct, 2), "completion_tokens": results["fast"]["tokens"],
-        "prompts": len(cases), "draft_acceptance": round(acceptance, 3),
-        "answers_copied_from_document": copied, "prompts_unseen_in_training": unseen, "workload": workload, **tune,
-        "peer": peer, "gateway_peer": gateway_peer,
-    }))
+        "prompts": len(cases), "draft_acceptance": round(acceptance, 3), "answers_correct": correct, "answers_judged_by": judged_by,
+        "rss_mb": round(peak_rss), "rss_before_model_mb": round(rss_before), "workload": work.description,
+        **work.figures, "peer": peer, "gateway_peer": gateway_peer,
+    }
+    if many is not None:
+        summary[f"tokens_per_s_{args.streams}_streams"] = round(many["tokens_per_s"], 1)
+        summary["streams"] = args.streams
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

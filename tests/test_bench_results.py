@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,11 +25,17 @@ def load_results_module():
 
 
 results = load_results_module()
-BENCHMARKS = sorted(p.stem for p in BENCH.glob("*.py") if p.name != "results.py")
+MAKEFILE = (ROOT / "Makefile").read_text()
+# what `make bench` runs: BENCHMARKS, each bench/<name>.py unless BENCH_<name> gives the command
+BENCHMARKS = sorted(re.search(r"^BENCHMARKS \?= (.+)$", MAKEFILE, re.M).group(1).split())  # type: ignore[union-attr]
+COMMANDS = {name: (re.search(rf"^BENCH_{re.escape(name)} := (.+)$", MAKEFILE, re.M) or [None, f"bench/{name}.py"])[1]
+            for name in BENCHMARKS}  # fmt: skip
 
 
-def test_every_benchmark_has_a_row_function() -> None:
+def test_every_benchmark_has_a_row_function_and_make_bench_runs_it() -> None:
     assert sorted(results.ROWS) == BENCHMARKS
+    scripts = sorted(p.name for p in BENCH.glob("*.py") if p.name != "results.py")
+    assert sorted({c.split()[0].removeprefix("bench/") for c in COMMANDS.values()}) == scripts
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -36,7 +43,7 @@ def test_every_benchmark_has_a_results_file_with_its_peer(name: str) -> None:
     path = BENCH / "results" / f"{name}.json"
     assert path.exists(), f"no {path.relative_to(ROOT)}: run `make bench BENCHMARKS={name}`"
     result = json.loads(path.read_text())
-    assert result["benchmark"] == name and f"bench/{name}.py" in result["command"]
+    assert result["benchmark"] == name and COMMANDS[name] in result["command"]
     assert len(result["commit"]) == 40 and result["date"]
     assert {"cores", "memory_gib", "cpu", "python", "torch"} <= set(result["machine"])
     peer = result["summary"].get("peer")

@@ -6,14 +6,26 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from dataclasses import dataclass
+
 import openai
 import pytest
+from streamlit.testing.v1 import AppTest
 
-from conftest import ImportedRealModel
+from conftest import REPO_ROOT, ImportedRealModel, login_as, start_worker, stop_worker
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Deployment as Deployment_
+from posttrain.platform.models.registry import register_model
+from posttrain.platform.tasks.store import save_tasks
+from posttrain.platform.verifiers import TaskSpec
+from test_compare import tiny_dir  # noqa: F401 - the fixture
 from test_cli import cli, one_error_line
 from posttrain.platform.db import migrate
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL, import_model
@@ -50,6 +62,9 @@ ONE_SHOT = [{"role": "user", "content": "What is the weather in Rome?"}, _call("
             {"role": "assistant", "content": "It is 18 C and cloudy in Rome."}]
 
 
+ONE_SHOT_COMPARE = [{"role": "user", "content": "Which is larger: 31 or 7?"}, {"role": "assistant", "content": "31"}]
+
+
 # --- import ---------------------------------------------------------------------------------
 def test_builtin_imports_from_the_wheel(real_model_dir: ImportedRealModel) -> None:
     gguf_file = BUILTIN_MODELS[DEFAULT_MODEL].locate()
@@ -58,6 +73,7 @@ def test_builtin_imports_from_the_wheel(real_model_dir: ImportedRealModel) -> No
     assert meta["source"] == f"builtin:{DEFAULT_MODEL}" and meta["source_format"] == "gguf"
     assert meta["sha256"] == hashlib.sha256(gguf_file.read_bytes()).hexdigest()
     assert meta["gguf"]["architecture"] == "llama" and meta["gguf"]["quantization"] == "Q4_1"
+    assert meta["gguf"]["pre_tokenizer"] == "smollm"  # llama.cpp's name: digits split one by one
     assert meta["parameters"] == 134_515_008  # tied embeddings: counted once
     assert meta["check_answer"] == "The capital of France is Paris."
     assert meta["max_position_embeddings"] == 8192
@@ -153,19 +169,67 @@ def test_cli_import_refusal_is_one_line(platform_env: dict[str, str], tmp_path: 
     assert f"{bad} is not a GGUF file" in line
 
 
+def _run_worker(env: dict[str, str]) -> None:
+    worker = start_worker(env, "--exit-when-idle")
+    try:
+        assert worker.wait(timeout=600) == 0
+    finally:
+        stop_worker(worker)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: ImportedRealModel) -> None:
+    """The console's path: an import_model job takes a source inside the data directory (and refuses
+    one outside it), an export_model job writes a Q8_0 GGUF into exports/ and records it; the Models
+    page lists the export."""
+    data = Path(platform_env["POSTTRAIN_DATA_DIR"])
+    shutil.copytree(real_model_dir.path, data / "uploads" / "smol")
+    inside = queue.submit("import_model", {"source": "uploads/smol", "name": "smol"})
+    outside = queue.submit("import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
+    _run_worker(platform_env)
+    exported = queue.submit("export_model", {"model": "smol", "format": "gguf", "outtype": "q8_0"})
+    _run_worker(platform_env)
+    job = queue.get_job(inside)
+    assert job.status is JobStatus.succeeded, job.error
+    assert job.result["parameters"] == 134_515_008 and job.result["check_answer"] == "The capital of France is Paris."
+    refused = queue.get_job(outside)
+    assert refused.status is JobStatus.failed and "outside the data directory" in (refused.error or "")
+    assert [m.name for m in list_models()] == ["smol"]
+    done = queue.get_job(exported)
+    assert done.status is JobStatus.succeeded, done.error
+    gguf_file = data / "exports" / "smol" / "smol.Q8_0.gguf"
+    assert done.result["path"] == str(gguf_file) and gguf_file.read_bytes()[:4] == b"GGUF"
+    assert get_model("smol").meta["exports"][0]["sha256"] == hashlib.sha256(gguf_file.read_bytes()).hexdigest()
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=60)).run()
+    assert not at.exception
+    exports = next(df.value for df in at.dataframe if "outtype" in df.value.columns)
+    assert list(exports["path"]) == [str(gguf_file)]
+
+
 # --- serving ---------------------------------------------------------------------------------
+@dataclass
+class Served:
+    engine_url: str
+    client: openai.OpenAI  # through the gateway
+
+
 @pytest.fixture(scope="module")
-def gateway(real_model, real_model_dir: ImportedRealModel) -> Iterator[openai.OpenAI]:  # type: ignore[no-untyped-def]
+def served(real_model, real_model_dir: ImportedRealModel) -> Iterator[Served]:  # type: ignore[no-untyped-def]
     """The real model in the embedded engine (standard tier) behind the gateway."""
     engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name=DEFAULT_MODEL,
                                          tier=DEFAULT_TIERS["standard"]), loaded=real_model).start()
     server = serve_in_thread(create_engine_app(engine))
     gw = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
         Deployment(model=DEFAULT_MODEL, tier="standard", base_url=server.base_url)])))
-    yield openai.OpenAI(base_url=gw.base_url + "/v1", api_key="unused", max_retries=0)
+    yield Served(server.base_url, openai.OpenAI(base_url=gw.base_url + "/v1", api_key="unused", max_retries=0))
     gw.stop()
     server.stop()
     engine.stop()
+
+
+@pytest.fixture
+def gateway(served: Served) -> openai.OpenAI:
+    return served.client
 
 
 def test_real_model_chats_through_the_gateway(gateway: openai.OpenAI) -> None:
@@ -221,3 +285,31 @@ def test_engine_uses_the_models_context_length(real_model, real_model_dir: Impor
     engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name="x",
                                          tier=DEFAULT_TIERS["fast"]), loaded=real_model)
     assert engine.max_model_len == 8192
+
+
+def test_console_asks_the_deployed_real_model_a_task(platform_env: dict[str, str], served: Served,
+                                                     real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
+    """Tasks page: "Try a model" sends the task to the running deployment (the real model listed
+    first) and shows its answer with the verifier's verdict; the playground opens on it too."""
+    smol = register_model(DEFAULT_MODEL, real_model_dir.path)
+    tiny = register_model("tiny", tiny_dir)
+    with session() as s:
+        s.add(Deployment_(model_id=tiny.id, tier="fast", url="http://127.0.0.1:9", status="running", healthy=True))
+        s.add(Deployment_(model_id=smol.id, tier="standard", url=served.engine_url, status="running", healthy=True))
+    task = TaskSpec(domain="compare.larger.int", prompt=ONE_SHOT_COMPARE + [{"role": "user", "content": "Which is larger: 12 or 93?"}],
+                    verifier={"kind": "exact", "spec": {"answer": "93"}}, reference="93", split="eval")
+    save_tasks("numbers", [task])
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=120)).run()
+    assert not at.exception
+    assert at.selectbox(key="try_model").value[0] == DEFAULT_MODEL
+    at.button(key="try_model_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    direct = served.client.chat.completions.create(model=DEFAULT_MODEL, messages=task.model_dump()["prompt"],
+                                                   temperature=0, max_tokens=256).choices[0].message.content
+    assert at.code[-1].value == direct  # the deployment's greedy answer, shown as it came
+    shown = [m.value for m in (at.success if direct.strip() == "93" else at.warning)]
+    assert any(("not passed" in v) != (direct.strip() == "93") for v in shown), shown
+
+    page = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=120)).run()
+    assert not page.exception
+    assert page.multiselect(key="pg_targets").value[0].startswith(f"{DEFAULT_MODEL} · standard")

@@ -125,6 +125,11 @@ def load_full_model(model_dir: Path, report: Progress) -> Any:
     from posttrain.platform.models.loader import load_model
 
     config_dir = model_config_dir(model_dir)
+    if inspect_model_dir(config_dir).is_vision:
+        raise ExportError(
+            f"{model_dir} is a vision-language model; exporting those (processor included) is not supported yet; "
+            "copy the directory as it is"
+        )
     dtype = _declared_dtype(config_dir)
     report(0.05, f"loading {config_dir.name} ({str(dtype).removeprefix('torch.')})")
     model = load_model(config_dir, dtype=dtype).model
@@ -140,13 +145,13 @@ def load_full_model(model_dir: Path, report: Progress) -> Any:
 def _check_out(out: Path) -> None:
     if out.exists():
         raise ExportError(f"{out} exists already; remove it or choose another output path")
-    out.parent.mkdir(parents=True, exist_ok=True)
 
 
 @contextmanager
 def staged_path(out: Path, *, directory: bool) -> Iterator[Path]:
     """A temporary file or directory next to ``out``, renamed to ``out`` when the block succeeds."""
     _check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if directory:
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     else:
@@ -273,11 +278,12 @@ def pre_tokenizer_name(model_dir: Path, backend: dict[str, Any]) -> str:
 
 
 def bpe_merges(model_dir: Path, backend: dict[str, Any]) -> list[str]:
-    """Merges as "a b" strings; a space inside a piece is written as U+0120+256, as gguf-py does."""
+    """Merges as "a b" strings; a space inside a piece is written as U+0120, as gguf-py does."""
     model = backend.get("model") or {}
     if model.get("type") != "BPE":
         raise ExportError(
-            f"{model_dir}: its tokenizer is {model.get('type')!r}; GGUF export writes byte-level BPE tokenizers only; use fmt='hf'"
+            f"{model_dir}: its tokenizer is {model.get('type')!r}; GGUF export writes byte-level BPE "
+            "tokenizers only; use fmt='hf'"
         )
     merges = model.get("merges") or []
     if merges and isinstance(merges[0], str):
@@ -296,7 +302,10 @@ def token_table(model_dir: Path, tokenizer: Any, vocab_size: int) -> tuple[list[
 
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
     if reverse and max(reverse) >= vocab_size:
-        raise ExportError(f"{model_dir}: the tokenizer has id {max(reverse)} but the model only {vocab_size} embeddings; fix vocab_size")
+        raise ExportError(
+            f"{model_dir}: the tokenizer has id {max(reverse)} but the model only {vocab_size} embeddings; "
+            "fix vocab_size in config.json"
+        )
     added = tokenizer.added_tokens_decoder
     tokens: list[str] = []
     types: list[int] = []
@@ -306,7 +315,8 @@ def token_table(model_dir: Path, tokenizer: Any, vocab_size: int) -> tuple[list[
             types.append(gguf.TokenType.UNUSED)
         elif i in added:
             tokens.append(reverse[i])
-            types.append(gguf.TokenType.CONTROL if added[i].special or _looks_special(reverse[i]) else gguf.TokenType.USER_DEFINED)
+            control = added[i].special or _looks_special(reverse[i])
+            types.append(gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED)
         else:
             tokens.append(reverse[i])
             types.append(gguf.TokenType.NORMAL)
@@ -319,6 +329,16 @@ def _first_id(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def special_ids(tokenizer: Any, config: Any) -> dict[str, int | None]:
+    """bos/eos/unk/pad ids, from the tokenizer first and the model config where it has none."""
+
+    def pick(kind: str) -> int | None:
+        own = getattr(tokenizer, f"{kind}_token_id", None)
+        return _first_id(own if own is not None else getattr(config, f"{kind}_token_id", None))
+
+    return {kind: pick(kind) for kind in ("bos", "eos", "unk", "pad")}
+
+
 def add_tokenizer(writer: Any, model_dir: Path, tokenizer: Any, config: Any) -> None:
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     merges = bpe_merges(model_dir, backend)
@@ -328,17 +348,12 @@ def add_tokenizer(writer: Any, model_dir: Path, tokenizer: Any, config: Any) -> 
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
-    ids = {
-        "bos": _first_id(tokenizer.bos_token_id if tokenizer.bos_token_id is not None else config.bos_token_id),
-        "eos": _first_id(tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id),
-        "unk": _first_id(tokenizer.unk_token_id),
-        "pad": _first_id(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(config, "pad_token_id", None)),
-    }
+    ids = special_ids(tokenizer, config)
     for kind, token_id in ids.items():
         if token_id is not None:
             getattr(writer, f"add_{kind}_token_id")(token_id)
     plain, marked = tokenizer.encode("a", add_special_tokens=False), tokenizer.encode("a", add_special_tokens=True)
-    extra = len(marked) > len(plain)
+    extra = len(marked) > len(plain)  # what encoding adds around the text, as llama.cpp must
     writer.add_add_bos_token(extra and ids["bos"] is not None and marked[0] == ids["bos"])
     writer.add_add_eos_token(extra and ids["eos"] is not None and marked[-1] == ids["eos"])
     writer.add_add_space_prefix(False)
@@ -381,7 +396,10 @@ def plan_tensors(model_dir: Path, state: dict[str, Any], config: Any, arch: Gguf
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ExportError(f"{model_dir}: tensor {hf_name!r} has no GGUF name for {arch.name}; this model is not a plain {arch.name}; use fmt='hf'")
+            raise ExportError(
+                f"{model_dir}: tensor {hf_name!r} has no GGUF name for {arch.name}; "
+                f"this is not a plain {arch.name} model; use fmt='hf'"
+            )
         shape = tuple(int(d) for d in tensor.shape)
         planned.append(PlannedTensor(hf_name, name, shape, tensor_qtype(name, shape, outtype)))
     return planned
@@ -418,39 +436,58 @@ def declare_tensor(writer: Any, planned: PlannedTensor) -> None:
 
 
 # --- GGUF: the file ------------------------------------------------------------------------------
-def export_gguf(model_dir: Path, out: Path, outtype: GgufType, report: Progress) -> Path:
+@dataclass(frozen=True)
+class GgufSource:
+    """What one GGUF file is written from: the full model's config, state and tokenizer."""
+
+    model_dir: Path
+    arch: GgufArch
+    config: Any
+    state: dict[str, Any]
+    tokenizer: Any
+
+
+def add_metadata(writer: Any, source: GgufSource, outtype: GgufType) -> None:
+    import gguf
+
+    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(source.model_dir.name)
+    writer.add_file_type(int(file_type))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_hparams(writer, source.model_dir, source.config)
+    add_tokenizer(writer, source.model_dir, source.tokenizer, source.config)
+
+
+def write_gguf(path: Path, source: GgufSource, planned: list[PlannedTensor], outtype: GgufType, report: Progress) -> None:
+    """Metadata and tensor infos first, then each tensor converted and written on its own."""
     import gguf
     import torch
 
+    writer = gguf.GGUFWriter(path, source.arch.name)
+    try:
+        add_metadata(writer, source, outtype)
+        for item in planned:
+            declare_tensor(writer, item)
+        writer.write_header_to_file(path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        with torch.inference_mode():
+            for index, item in enumerate(planned):
+                writer.write_tensor_data(tensor_data(item, source.state, source.config, source.arch))
+                report(0.3 + 0.65 * (index + 1) / len(planned), f"wrote {item.name} ({item.qtype.name})")
+    finally:
+        writer.close()
+
+
+def export_gguf(model_dir: Path, out: Path, outtype: GgufType, report: Progress) -> Path:
     _check_out(out)
-    config_dir = model_config_dir(model_dir)
-    arch = gguf_arch(model_dir, config_dir)
+    arch = gguf_arch(model_dir, model_config_dir(model_dir))  # refuses before any weights are read
     model = load_full_model(model_dir, report)
-    config = model.config
-    tokenizer = load_tokenizer_for(model_dir)
-    state = model.state_dict()
-    planned = plan_tensors(model_dir, state, config, arch, outtype)
-    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16
+    source = GgufSource(model_dir, arch, model.config, model.state_dict(), load_tokenizer_for(model_dir))
+    planned = plan_tensors(model_dir, source.state, source.config, arch, outtype)
     with staged_path(out, directory=False) as work:
-        writer = gguf.GGUFWriter(work, arch.name)
-        try:
-            writer.add_type(gguf.GGUFType.MODEL)
-            writer.add_name(model_dir.name)
-            writer.add_file_type(int(file_type))
-            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-            add_hparams(writer, model_dir, config)
-            add_tokenizer(writer, model_dir, tokenizer, config)
-            for item in planned:
-                declare_tensor(writer, item)
-            writer.write_header_to_file(work)
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            with torch.inference_mode():
-                for index, item in enumerate(planned):
-                    writer.write_tensor_data(tensor_data(item, state, config, arch))
-                    report(0.3 + 0.65 * (index + 1) / len(planned), f"wrote {item.name} ({item.qtype.name})")
-        finally:
-            writer.close()
+        write_gguf(work, source, planned, outtype, report)
     return out
 
 

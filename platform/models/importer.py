@@ -173,31 +173,39 @@ def describe_gguf(path: Path) -> dict[str, Any]:
     for t in reader.tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     quantization = max(counts, key=lambda k: counts[k]) if counts else "none"
-    return {"architecture": architecture, "quantization": quantization, "tensor_types": counts, "tensors": len(reader.tensors)}
+    pre = reader.get_field("tokenizer.ggml.pre")
+    return {"architecture": architecture, "quantization": quantization, "tensor_types": counts, "tensors": len(reader.tensors),
+            "pre_tokenizer": pre.contents() if pre is not None else None}
 
 
-def _fix_pre_tokenizer(tokenizer: Any) -> None:
-    """GGUF files name their pre-tokenizer (``tokenizer.ggml.pre``, e.g. ``smollm``) by a llama.cpp
-    name transformers does not know, so it falls back to a plain byte-level split that lets BPE
-    merge digits. The original SmolLM2 / Llama-3 style tokenizers split every digit on its own
-    first; restore that, so arithmetic prompts tokenise as the model was trained."""
+# llama.cpp pre-tokenizer names (``tokenizer.ggml.pre``) whose split puts every digit on its own;
+# transformers does not know these names and falls back to a plain byte-level split
+DIGIT_SPLITTING_PRE_TOKENIZERS = ("smollm",)
+
+
+def _fix_pre_tokenizer(tokenizer: Any, pre: str | None) -> None:
+    """A GGUF names its pre-tokenizer by a llama.cpp name (``smollm`` for SmolLM2) that transformers
+    does not know, so it falls back to a plain byte-level split that lets BPE merge digits. For the
+    pre-tokenizers that split every digit on its own, restore that first step, so arithmetic
+    prompts tokenise as the model was trained; others (``gpt-2``, Llama-3's ``llama-bpe``, which
+    groups up to three digits) are left as transformers reads them."""
     from tokenizers import pre_tokenizers
 
     backend = tokenizer.backend_tokenizer
     current = backend.pre_tokenizer
-    if current is None or "Digits" in repr(current):
+    if pre not in DIGIT_SPLITTING_PRE_TOKENIZERS or current is None or "Digits" in repr(current):
         return
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), current])
 
 
-def _dequantise_gguf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:
+def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progress: Progress) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder, name = str(path.parent), path.name
     progress(0.1, "reading the tokenizer and chat template")
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    _fix_pre_tokenizer(tokenizer)
+    _fix_pre_tokenizer(tokenizer, pre)
     if tokenizer.chat_template:
         tokenizer.chat_template = with_tool_support(tokenizer.chat_template)
     tokenizer.model_max_length = int(getattr(config, "max_position_embeddings", 0) or 2048)
@@ -326,7 +334,7 @@ def import_model(
     work = Path(tempfile.mkdtemp(prefix=f".import-{name}-", dir=root))
     try:
         if resolved.kind == "gguf":
-            _dequantise_gguf(resolved.path, work, torch_dtype, report)
+            _dequantise_gguf(resolved.path, work, torch_dtype, described.get("pre_tokenizer"), report)
         else:
             _copy_hf(resolved.path, work, torch_dtype, report)
         checked = check_model(work, report)

@@ -269,7 +269,8 @@ route = st.radio(
     "Send requests", ["through the gateway", "straight to the deployment"], horizontal=True, key="pg_route",
     help=f"The gateway ({gateway_url}) is what API clients use; it routes by model and tier.",
 )  # fmt: skip
-choices = {f"{name} · {d.tier} (#{d.id})": (name, d) for d, name in serving}
+# the built-in real model first: it is what a newcomer deployed
+choices = {f"{name} · {d.tier} (#{d.id})": (name, d) for d, name in sorted(serving, key=lambda r: (r[1] != DEFAULT_MODEL, -(r[0].id or 0)))}
 side_by_side = st.toggle("Two models side by side", key="pg_two")
 picked = st.multiselect(
     "Deployments", list(choices), default=list(choices)[: 2 if side_by_side else 1], max_selections=2 if side_by_side else 1,

@@ -1,4 +1,4 @@
-"""Tasks: build task sets, browse domains with pass rates, open a task, try its verifier."""
+"""Tasks: build task sets, browse domains with pass rates, open a task, ask a deployed model, try its verifier."""
 
 from __future__ import annotations
 
@@ -201,6 +201,52 @@ if "document_id" in spec.provenance and "page" in spec.provenance:
     with st.expander("Source page", expanded=True):
         show_source_page(spec.provenance)
 
+def running_deployments() -> list[tuple[str, str, str]]:
+    """(model, tier, url) of every running deployment, the built-in real model first."""
+    from sqlmodel import col, select
+
+    from posttrain.platform.db.engine import session
+    from posttrain.platform.db.models import Deployment, Model
+    from posttrain.platform.models.importer import DEFAULT_MODEL
+
+    with session(read_only=True) as s:
+        rows = s.exec(select(Deployment, Model.name).join(Model, col(Model.id) == col(Deployment.model_id))
+                      .where(Deployment.status == "running")).all()  # fmt: skip
+    return sorted(((name, d.tier, d.url) for d, name in rows), key=lambda r: (r[0] != DEFAULT_MODEL, r[0], r[1]))
+
+
+def show_verdict(verdict) -> None:  # type: ignore[no-untyped-def]
+    if verdict.is_infra_error:
+        st.error(f"The verifier itself failed: {verdict.infra_error}")
+    else:
+        (st.success if verdict.passed else st.warning)(f"score {verdict.score:.2f}, {'passed' if verdict.passed else 'not passed'}")
+    if verdict.details:
+        st.caption(verdict.details)
+
+
+st.markdown("**Try a model**")
+serving = running_deployments()
+if not serving:
+    st.caption("Deploy a model on the Models & Serving page (the built-in SmolLM2 first) to ask it this task here.")
+else:
+    from posttrain.platform.serving.client import ChatError
+    from posttrain.platform.serving.client import stream_chat as chat_stream
+
+    c1, c2 = st.columns([3, 1])
+    target = c1.selectbox("Deployment", serving, format_func=lambda r: f"{r[0]} · {r[1]}", key="try_model")
+    limit = c2.number_input("Max tokens", 1, 4096, 256, key="try_model_tokens")
+    if st.button("Ask the model", key="try_model_go"):
+        messages = [m.model_dump(exclude_none=True) for m in spec.prompt]
+        try:
+            reply = "".join(d.get("content") or "" for d in chat_stream(target[2], target[0], messages, max_tokens=int(limit)))
+            verdict = verify(spec, reply)
+        except (ChatError, OSError, VerifierError) as exc:
+            st.error(str(exc))
+        else:
+            st.markdown(f"**{target[0]} answers**")
+            st.code(reply or "(nothing)", language="text")
+            show_verdict(verdict)
+
 st.markdown("**Try the verifier**")
 answer = st.text_area("Answer", key="try_answer", height=100)
 if st.button("Verify", key="try_verify"):
@@ -209,11 +255,4 @@ if st.button("Verify", key="try_verify"):
     except VerifierError as exc:
         st.error(str(exc))
     else:
-        if verdict.is_infra_error:
-            st.error(f"The verifier itself failed: {verdict.infra_error}")
-        else:
-            (st.success if verdict.passed else st.warning)(
-                f"score {verdict.score:.2f}, {'passed' if verdict.passed else 'not passed'}"
-            )
-        if verdict.details:
-            st.caption(verdict.details)
+        show_verdict(verdict)
