@@ -223,15 +223,29 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def concurrent_streams(client: httpx.Client, url: str, model: str, cases: list[Case], streams: int, max_tokens: int) -> dict:
-    """``streams`` requests at once (prompts cycled): completion tokens per second over the wall time."""
-    picked = [cases[i % len(cases)] for i in range(streams)]
+# short chat requests for the concurrency figure: long document prompts would measure prompt processing
+CHAT_PROMPTS = [
+    "What is the capital of France?", "Name three primary colours.", "Write a haiku about the sea.",
+    "Explain what a CPU does in one sentence.", "Give me a synonym for happy.", "What is 7 times 8?",
+    "List the days of the week.", "What does HTML stand for?", "Suggest a name for a black cat.",
+    "Why is the sky blue?", "Translate 'good morning' into Spanish.", "What is the boiling point of water?",
+    "Describe a rainbow in two sentences.", "Who wrote Romeo and Juliet?", "What is photosynthesis?",
+    "Give one tip for sleeping well.",
+]
+
+
+def concurrent_streams(client: httpx.Client, url: str, model: str, streams: int, max_tokens: int) -> dict:
+    """The chat prompts one at a time, then ``streams`` at once: completion tokens per second over
+    the wall time of each."""
+    picked = [[{"role": "user", "content": CHAT_PROMPTS[i % len(CHAT_PROMPTS)]}] for i in range(streams)]
+    start = time.perf_counter()
+    one = sum(stream_chat(client, url, model, m, max_tokens).tokens for m in picked)
+    one_s = time.perf_counter() - start
     start = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
-        done = list(pool.map(lambda c: stream_chat(client, url, model, c.messages, max_tokens), picked))
-    elapsed = time.perf_counter() - start
-    tokens = sum(d.tokens for d in done)
-    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+        many = sum(d.tokens for d in pool.map(lambda m: stream_chat(client, url, model, m, max_tokens), picked))
+    many_s = time.perf_counter() - start
+    return {"one_stream_tokens_per_s": one / one_s, "tokens_per_s": many / many_s, "tokens": many}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -252,7 +266,8 @@ def main() -> None:
                              "the document")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--overhead-requests", type=int, default=60)
-    parser.add_argument("--streams", type=int, default=16, help="(--model) concurrent streams for the throughput figure")
+    parser.add_argument("--streams", type=int, default=16, help="(--model) concurrent short chat streams for the "
+                        "throughput figure, against the same prompts one at a time")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,7 +303,7 @@ def main() -> None:
                                  "tokens_per_s": tokens / elapsed, "ttft_ms": [r.ttft_s * 1000 for r in runs],
                                  "decode_tokens_per_s": sum(max(0, r.tokens - 1) for r in runs) / decoding}
             if args.model:
-                many = concurrent_streams(client, servers["standard"].base_url, model, cases, args.streams, args.max_tokens)
+                many = concurrent_streams(client, servers["standard"].base_url, model, args.streams, args.max_tokens)
             peak_rss = rss_mb()
             fast_m, std = engines["fast"].metrics, results["standard"]
             correct, judged_by = answers_correct(cases, std["texts"])
@@ -334,8 +349,10 @@ def main() -> None:
     ]
     if many is not None:
         figures.append({"figure": f"tokens_per_s_{args.streams}_streams", "value": round(many["tokens_per_s"], 1),
-                        "peer": "standard_tokens_per_s (one stream)", "peer_value": round(std_tps, 1),
-                        "ratio": round(many["tokens_per_s"] / std_tps, 2), "tier": "standard"})
+                        "peer": "tokens_per_s_1_stream (the same short chat prompts one at a time)",
+                        "peer_value": round(many["one_stream_tokens_per_s"], 1),
+                        "ratio": round(many["tokens_per_s"] / many["one_stream_tokens_per_s"], 2), "tier": "standard",
+                        "workload": f"{len(CHAT_PROMPTS)} short chat prompts, {args.max_tokens} tokens at most"})
     for f in figures:
         print(json.dumps(f))
     peer = {"name": "standard tier (same weights and engine, no speculative decoding)", "warmup_requests": 1,
@@ -357,6 +374,7 @@ def main() -> None:
     }
     if many is not None:
         summary[f"tokens_per_s_{args.streams}_streams"] = round(many["tokens_per_s"], 1)
+        summary["tokens_per_s_1_stream"] = round(many["one_stream_tokens_per_s"], 1)
         summary["streams"] = args.streams
     print(json.dumps(summary))
 

@@ -23,6 +23,9 @@ from posttrain.platform.db.models import AuditLog, Role, User, utcnow
 
 MIN_PASSWORD_LENGTH = 10
 FREE_FAILURES = 3  # failures before an account is locked for a while
+# Every refused login gets this one message: a locked account, a wrong password and a name that
+# does not exist read the same, so the message tells nobody which usernames exist.
+REFUSED = "wrong username or password (after repeated failures, logins are refused for a while: try again later)"
 MAX_LOCK_S = 900
 FAILURE_DELAY_S = 0.5  # every failed attempt also costs the caller this long
 
@@ -156,13 +159,13 @@ def authenticate(username: str, password: str, *, url: str | None = None) -> Ide
         _hasher.hash("not the password")  # same cost as a real attempt
         audit(_shown(username), "login.failed", details={"reason": "malformed"}, url=url)
         time.sleep(FAILURE_DELAY_S)
-        raise AuthError("wrong username or password")
+        raise AuthError(REFUSED)
     with session(url) as s:
         user = s.exec(select(User).where(User.username == username)).first()
         if user is not None and user.locked_until is not None and user.locked_until > now:
             wait = (user.locked_until - now).total_seconds()
             s.add(AuditLog(username=username, action="login.locked", details={"wait_s": round(wait, 1)}))
-            refused = f"too many failed logins: try again in {wait:.0f} s"
+            refused = REFUSED
         else:
             ok = False
             if user is not None and not user.disabled and user.password_hash:
@@ -187,7 +190,7 @@ def authenticate(username: str, password: str, *, url: str | None = None) -> Ide
                 user.locked_until = now + timedelta(seconds=lock) if lock else None
                 s.add(user)
             s.add(AuditLog(username=username[:128], action="login.failed"))
-            refused = "wrong username or password"
+            refused = REFUSED
     time.sleep(FAILURE_DELAY_S)
     raise AuthError(refused)
 

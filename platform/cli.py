@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -36,7 +35,7 @@ from posttrain.platform.auth import AuthError
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs.queue import JobNotFound
-from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.jobs.registry import JobConfigError, parse_config_text
 from posttrain.platform.settings import SettingsError, get_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
@@ -282,18 +281,14 @@ def _load_config(config: str | None, config_file: Path | None) -> dict[str, Any]
     if config_file is not None:
         if not config_file.is_file():
             raise FileNotFoundError(f"config file {config_file} does not exist")
-        text = config_file.read_text()
         try:
-            data = yaml.safe_load(text) if text.strip() else {}
-        except yaml.YAMLError as exc:
-            raise JobConfigError(f"config file {config_file} is not valid YAML/JSON: {exc}") from None
-        except RecursionError:
-            raise JobConfigError(f"config file {config_file} nests too deeply to read; write it out flatter") from None
+            text = config_file.read_text()
+        except UnicodeDecodeError:
+            raise JobConfigError(f"config file {config_file} is not UTF-8 text; give a YAML or JSON file") from None
+        data = parse_config_text(text, f"config file {config_file}")
+        data = {} if data is None else data
     elif config:
-        try:
-            data = json.loads(config)
-        except json.JSONDecodeError as exc:
-            raise JobConfigError(f"--config is not valid JSON ({exc.msg} at column {exc.colno}); e.g. --config '{{\"steps\": 5}}'") from None
+        data = parse_config_text(config, "--config", json_only=True)
     else:
         data = {}
     if not isinstance(data, dict):

@@ -54,6 +54,11 @@ class Settings(BaseSettings):
         default=Path("var"),
         description="Where documents, job logs, checkpoints and models are stored.",
     )
+    path_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories besides data_dir that job configs may name (a team's model store); "
+        "every path in a job config must lie inside data_dir or one of these.",
+    )
     database_url: str = Field(
         default="",
         description="SQLAlchemy URL: sqlite:///path.db or postgresql+psycopg://user:pw@host/db. "

@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import REPO_ROOT, ImportedRealModel, login_as, start_worker, stop_worker
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment as Deployment_
 from posttrain.platform.models.registry import register_model
@@ -185,15 +186,14 @@ def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: Im
     data = Path(platform_env["POSTTRAIN_DATA_DIR"])
     shutil.copytree(real_model_dir.path, data / "uploads" / "smol")
     inside = queue.submit("import_model", {"source": "uploads/smol", "name": "smol"})
-    outside = queue.submit("import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
+    with pytest.raises(JobConfigError, match="source: .* is outside the data directory"):
+        queue.submit("import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
     _run_worker(platform_env)
     exported = queue.submit("export_model", {"model": "smol", "format": "gguf", "outtype": "q8_0"})
     _run_worker(platform_env)
     job = queue.get_job(inside)
     assert job.status is JobStatus.succeeded, job.error
     assert job.result["parameters"] == 134_515_008 and job.result["check_answer"] == "The capital of France is Paris."
-    refused = queue.get_job(outside)
-    assert refused.status is JobStatus.failed and "outside the data directory" in (refused.error or "")
     assert [m.name for m in list_models()] == ["smol"]
     done = queue.get_job(exported)
     assert done.status is JobStatus.succeeded, done.error

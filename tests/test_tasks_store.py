@@ -35,7 +35,8 @@ def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path
         "build_tasks",
         {"task_set": "arith", "source": {"type": "procedural", "families": ["arithmetic"], "per_domain": 2, "eval_per_domain": 1}},
     )
-    bad_file = tmp_path / "bad.jsonl"
+    bad_file = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "bad.jsonl"  # job configs name files in the data dir
+    bad_file.parent.mkdir(parents=True)
     bad_file.write_text(json.dumps({"prompt": "hi", "answer": "x", "verifier": {"kind": "numeric", "spec": {}}}) + "\n")
     bad = queue.submit("build_tasks", {"task_set": "bad", "source": {"type": "jsonl", "path": str(bad_file)}})
     proc = start_worker(platform_env, "--exit-when-idle")

@@ -77,6 +77,14 @@ def test_numeric_without_a_number_scores_zero_with_reason(service):
     assert verdict.score == 0 and "no number" in verdict.details
 
 
+def test_a_math_check_that_runs_out_of_time_is_not_judged_wrong(service):
+    """A comparison math-verify cannot finish in time says nothing about the answer: an
+    infrastructure-error verdict (never a reward), not a 0 that would punish a slow correct answer."""
+    slow = service.verify(task("math", {"answer": "1", "step_timeout_s": 1}), "$(10^{8})!$")
+    assert slow.is_infra_error and "the answer was not judged" in slow.details, slow
+    assert not service.verify(task("math", {"answer": "1", "step_timeout_s": 1}), "$2$").is_infra_error
+
+
 def test_math_equivalence(service):
     half = task("math", {"answer": "\\frac{1}{2}"})
     assert service.verify(half, "so the result is $\\boxed{0.5}$").passed

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import pickle
 import random
 import shutil
 import uuid
@@ -44,9 +45,11 @@ def checkpoint_due(config: TrainConfig, steps_done: int) -> bool:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain values, so ``trainer.pt`` loads with ``weights_only``."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -56,7 +59,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -205,6 +209,16 @@ def load_model_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
         )
 
 
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """``trainer.pt`` of the checkpoint at ``path``, tensors and plain values only (``weights_only``):
+    a file planted in a checkpoint directory cannot run code when a run resumes from it."""
+    try:
+        return torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{Path(path) / 'trainer.pt'} holds more than tensors and plain values, which a "
+                              f"checkpoint never does ({str(exc).splitlines()[0][:200]}); it was not loaded") from None
+
+
 def load_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
@@ -216,8 +230,7 @@ def load_checkpoint(
     """Restore model, optimizer, LR scheduler and RNG from ``path``; return its ``state.json``."""
     path = Path(path)
     load_model_weights(model, path / "model")
-    # our own file, holding numpy's RNG state (arrays) besides tensors: not weights-only
-    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer = read_trainer_state(path)
     if optimizer is not None:
         optimizer.load_state_dict(trainer["optimizer"])
     if lr_scheduler is not None and trainer["lr_scheduler"] is not None:

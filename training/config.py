@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.platform.jobs.registry import JOB_PATH
+
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 
@@ -38,11 +40,13 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     preset_section: ClassVar[str] = ""
 
-    model: str | None = Field(default=None, description="a model directory or, in a job, a registered model name")
+    model: str | None = Field(default=None, description="a model directory or, in a job, a registered model name",
+                              json_schema_extra=JOB_PATH)
     register_as: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
                                     description="in a job: register the final model under this name "
                                     "(default '<kind>-job<id>'); a plain name, it is a directory under models/")
-    output_dir: str | None = Field(default=None, description="checkpoints go to <output_dir>/checkpoints")
+    output_dir: str | None = Field(default=None, description="checkpoints go to <output_dir>/checkpoints",
+                                   json_schema_extra=JOB_PATH)
     device: str = Field(default="auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:1'")
     bf16: bool | None = Field(default=None, description="bf16 autocast; None: on a bf16-capable GPU only")
     seed: int = 0
@@ -73,7 +77,8 @@ class SFTConfig(TrainConfig):
     domains: list[str] = Field(default_factory=list, description="procedural domains whose references are the targets")
     tasks_per_domain: int = Field(default=256, ge=1)
     difficulty: int = Field(default=1, ge=1)
-    jsonl_path: str | None = Field(default=None, description='chat JSONL, one {"messages": [...]} per line')
+    jsonl_path: str | None = Field(default=None, description='chat JSONL, one {"messages": [...]} per line',
+                                   json_schema_extra=JOB_PATH)
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
@@ -138,8 +143,9 @@ class EvalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(default=None, description="a registered model name or a model directory")
-    models: list[str] = Field(default_factory=list, description="several models to compare (the first is the baseline)")
+    model: str | None = Field(default=None, description="a registered model name or a model directory", json_schema_extra=JOB_PATH)
+    models: list[str] = Field(default_factory=list, description="several models to compare (the first is the baseline)",
+                              json_schema_extra=JOB_PATH)
     task_set: str | None = Field(default=None, description="a stored task set to draw tasks from (its eval split); "
                                  "unset: the procedural domains generate them")
     domains: list[str] = Field(default_factory=list, description="domains to evaluate; with a task_set, empty means all of its")

@@ -63,6 +63,7 @@ from posttrain.training.checkpoint import (
     latest_checkpoint,
     load_latest_checkpoint,
     load_model_weights,
+    read_trainer_state,
     save_checkpoint,
 )
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
@@ -226,7 +227,7 @@ def _sharded_learner(config: TrainConfig, r: _Ranks, *, with_initial: bool = Fal
     lr_scheduler = make_lr_scheduler(optimizer, config)
     if loaded:
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-        trainer = torch.load(loaded[0] / "trainer.pt", map_location="cpu", weights_only=False)
+        trainer = read_trainer_state(loaded[0])
         by_name = _optimizer_state_by_name(trainer["optimizer"], trainable)
         set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
         if trainer["lr_scheduler"] is not None:

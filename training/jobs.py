@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
 
 if TYPE_CHECKING:
@@ -254,8 +254,10 @@ class PresetRunConfig(BaseModel):
     preset: str = Field(default="cpu-quick", description="a preset name (posttrain.training.presets)")
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
                              description="register the models as <name>-base, <name>-sft and <name> (default '<preset>-job<id>')")
-    model: str | None = Field(default=None, description="start from this registered model (or directory) instead of building one")
-    output_dir: str | None = Field(default=None, description="checkpoints and stage state (default: the job's workdir)")
+    model: str | None = Field(default=None, description="start from this registered model (or directory) instead of building one",
+                              json_schema_extra=JOB_PATH)
+    output_dir: str | None = Field(default=None, description="checkpoints and stage state (default: the job's workdir)",
+                                   json_schema_extra=JOB_PATH)
     sft: dict[str, Any] = Field(default_factory=dict)
     grpo: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)

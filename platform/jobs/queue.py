@@ -23,7 +23,7 @@ from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Job, JobStatus, utcnow
-from posttrain.platform.jobs.registry import get_kind, validate_config
+from posttrain.platform.jobs.registry import JobConfigError, get_kind, validate_config
 
 HOSTNAME = socket.gethostname()
 
@@ -39,6 +39,16 @@ def _job(s, job_id: int) -> Job:  # type: ignore[no-untyped-def]
     return job
 
 
+PRIORITIES = range(-1_000_000, 1_000_001)  # what a job's priority may be (the column is a 32-bit integer)
+
+
+def check_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
+        raise JobConfigError(f"priority {priority!r} is out of range; give a whole number from {PRIORITIES.start} "
+                             f"to {PRIORITIES.stop - 1} (higher runs first)")  # fmt: skip
+    return priority
+
+
 def submit(
     kind: str,
     config: dict[str, Any] | None = None,
@@ -52,6 +62,7 @@ def submit(
     """Validate and enqueue a job; returns its id. Nothing is written when validation fails."""
     job_kind = get_kind(kind)
     validated = validate_config(kind, config)
+    check_priority(priority)
     with session(url) as s:
         job = Job(
             kind=kind,
@@ -77,7 +88,7 @@ def submit_many(kind: str, configs: list[dict[str, Any]], priorities: list[int],
         Job(
             kind=kind,
             config=validate_config(kind, cfg).model_dump(mode="json"),
-            priority=prio,
+            priority=check_priority(prio),
             cpu_slots=job_kind.cpu_slots,
             gpu_slots=job_kind.gpu_slots,
             max_attempts=job_kind.max_attempts,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -137,6 +138,111 @@ def _not_plain_json(config: Any) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """A rejected value as an error shows it: short (an unknown key's value is never shown at all)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+JOB_PATH: dict[str, Any] = {"job_path": True}
+"""``Field(json_schema_extra=JOB_PATH)`` marks a config field that names a file or directory (or a
+list of them; a plain registered name, without a slash, is not a path): :func:`validate_config`
+resolves it (a relative path against the data directory) and refuses one outside the data
+directory and ``settings.path_roots``."""
+
+
+def _names_a_path(value: str) -> bool:
+    return "/" in value or value in (".", "..") or value.startswith("~")
+
+
+def _allowed_roots() -> list[Path]:
+    from posttrain.platform.settings import get_settings
+
+    settings = get_settings()
+    return [Path(root).expanduser().resolve() for root in (settings.data_dir, *settings.path_roots)]
+
+
+def _confined(value: str, where: str, roots: list[Path]) -> str:
+    path = Path(value).expanduser()
+    resolved = (path if path.is_absolute() else roots[0] / path).resolve()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(r) for r in roots)
+        raise JobConfigError(f"{where}: {value} is outside the data directory ({allowed}); put it there, "
+                             "or add its folder to POSTTRAIN_PATH_ROOTS")  # fmt: skip
+    return str(resolved)
+
+
+def confine_paths(config: BaseModel, roots: list[Path] | None = None, where: str = "") -> None:
+    """Resolve every :data:`JOB_PATH` field of ``config`` (and of the models nested in it) in place,
+    refusing a path outside the allowed roots with :class:`JobConfigError` naming the field."""
+    roots = roots if roots is not None else _allowed_roots()
+    for name, field in type(config).model_fields.items():
+        value, at = getattr(config, name), f"{where}{name}"
+        marked = isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("job_path")
+        if marked and isinstance(value, str) and _names_a_path(value):
+            setattr(config, name, _confined(value, at, roots))
+        elif marked and isinstance(value, list):
+            setattr(config, name, [_confined(v, f"{at}[{i}]", roots) if isinstance(v, str) and _names_a_path(v) else v
+                                   for i, v in enumerate(value)])  # fmt: skip
+        elif isinstance(value, BaseModel):
+            confine_paths(value, roots, f"{at}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    confine_paths(item, roots, f"{at}[{i}].")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[Any, Any]], where: Callable[[int], str] | None = None) -> dict[Any, Any]:
+    seen: dict[Any, Any] = {}
+    for index, (key, value) in enumerate(pairs):
+        if key in seen:
+            raise _DuplicateKey(f"key {key!r} appears twice{where(index) if where else ''}; keep one")
+        seen[key] = value
+    return seen
+
+
+def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any:
+    """A job config written as YAML (or JSON, ``json_only``) by a person: a duplicate key is refused,
+    not silently the last one, and an error names ``source``, the line and the problem, never a
+    line of the text itself (a config file can be anything on disk)."""
+    import json
+
+    import yaml
+
+    if json_only:
+        try:
+            return json.loads(text, object_pairs_hook=_refuse_duplicates)
+        except json.JSONDecodeError as exc:
+            raise JobConfigError(f"{source} is not valid JSON ({exc.msg} at column {exc.colno}); "
+                                 "e.g. --config '{\"steps\": 5}'") from None  # fmt: skip
+        except _DuplicateKey as exc:
+            raise JobConfigError(f"{source}: {exc}") from None
+
+    class UniqueKeys(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        loader.flatten_mapping(node)
+        pairs = [(loader.construct_object(k, deep=deep), loader.construct_object(v, deep=deep)) for k, v in node.value]
+        return _refuse_duplicates(pairs, lambda i: f" (line {node.value[i][0].start_mark.line + 1})")
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        return yaml.load(text, Loader=UniqueKeys) if text.strip() else None  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as exc:
+        raise JobConfigError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise JobConfigError(f"{source}: YAML syntax error{at}: {getattr(exc, 'problem', None) or 'unreadable'}") from None
+    except RecursionError:
+        raise JobConfigError(f"{source} nests too deeply to read; write it out flatter") from None
+
+
 def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
     """Validate ``config`` for ``kind_name``; :class:`JobConfigError` names each bad field."""
     kind = get_kind(kind_name)
@@ -147,11 +253,16 @@ def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
     if problem := _not_plain_json(config or {}):
         raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problem}")
     try:
-        return kind.config_model.model_validate(config or {})
+        validated = kind.config_model.model_validate(config or {})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg']}"
-            + ("" if e["type"] == "missing" else f" (got {e.get('input')!r})")
+            + ("" if e["type"] in ("missing", "extra_forbidden") else f" (got {_shown(e.get('input'))})")
             for e in exc.errors()
         )
         raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problems}") from None
+    try:
+        confine_paths(validated)
+    except JobConfigError as exc:
+        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {exc}") from None
+    return validated

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Deployment, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 
@@ -65,6 +65,7 @@ class ImportModelConfig(BaseModel):
         default="builtin:smollm2-135m-instruct",
         min_length=1,
         description="builtin:NAME, or a GGUF file or Hugging Face directory inside the data directory",
+        json_schema_extra=JOB_PATH,
     )
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -74,13 +75,8 @@ def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
     from posttrain.platform.models.importer import BUILTIN_PREFIX
     from posttrain.platform.models.importer import import_model as run_import
 
-    if not config.source.startswith(BUILTIN_PREFIX):
-        source, data_dir = Path(config.source), Path(ctx.settings.data_dir).resolve()
-        source = (source if source.is_absolute() else data_dir / source).resolve()
-        if not source.is_relative_to(data_dir):
-            raise BadInput(f"source {config.source} is outside the data directory {data_dir}; copy it there "
-                           "(or import it from the command line: posttrain models import PATH)")  # fmt: skip
-        config = config.model_copy(update={"source": str(source)})
+    if not config.source.startswith(BUILTIN_PREFIX):  # a bare file name: in the data directory
+        config = config.model_copy(update={"source": str(Path(ctx.settings.data_dir).resolve() / config.source)})
     try:
         row = run_import(config.source, name=config.name, dtype=config.dtype, by=f"job:{ctx.job_id}", url=ctx.url,
                          produced_by_job_id=ctx.job_id, progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
@@ -151,7 +147,7 @@ class DeployConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     max_model_len: int | None = Field(default=None, ge=16)
-    tiers_file: str | None = None
+    tiers_file: str | None = Field(default=None, json_schema_extra=JOB_PATH)
     start_timeout_s: float = Field(default=600.0, gt=0)
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
 

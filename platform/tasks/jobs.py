@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from posttrain.platform.jobs.context import JobContext
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
@@ -43,7 +43,7 @@ class ProceduralSource(BaseModel):
 class JsonlSource(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["jsonl"] = "jsonl"
-    path: str
+    path: str = Field(json_schema_extra=JOB_PATH)
     domain: str | None = Field(default=None, description="domain for lines that name none")
 
 

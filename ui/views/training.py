@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from posttrain.platform import metrics
 from posttrain.platform.db.models import Job, JobStatus, Role
 from posttrain.platform.jobs import queue
-from posttrain.platform.jobs.registry import JobConfigError, get_kind
+from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, guard_platform, job_table, status_label, username
@@ -112,12 +112,9 @@ def template(kind: str, presets: dict[str, Preset]) -> str:
 def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]]:
     """YAML text to a config for ``kind`` that validates: (config, []) or (None, the problems, one per line)."""
     try:
-        data = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        return None, [f"YAML syntax error{where}: {problem}"]
+        data = parse_config_text(text, "config")
+    except JobConfigError as exc:
+        return None, [str(exc)]
     if not isinstance(data, dict):
         got = "nothing" if data is None else f"a {type(data).__name__}"
         return None, [f"The config must be a YAML mapping of fields (`max_steps: 50`), got {got}."]
