@@ -103,13 +103,3 @@ def test_sequences_joining_and_leaving_a_running_batch_keep_greedy_output(tiny: 
     assert {id(s) for s in finished} == {id(s) for s in seqs}
     assert all(s.finish_reason in ("stop", "length") for s in seqs)
     assert len(batch) == 0 and batch.cache is None
-
-
-def test_draft_length_adapts_to_acceptance() -> None:
-    from posttrain.platform.serving.generation import next_draft_limit
-
-    assert next_draft_limit(10, 10, 10, 10) == 10  # all kept: stays at the tier's most
-    assert next_draft_limit(10, 10, 0, 10) == 1  # all thrown away: one draft token next time
-    assert next_draft_limit(1, 1, 1, 10) == 2 and next_draft_limit(2, 2, 2, 10) == 4  # copying again: doubles back up
-    assert next_draft_limit(8, 8, 3, 10) == 3
-    assert next_draft_limit(4, 0, 0, 10) == 4  # no n-gram matched: nothing learnt

@@ -163,6 +163,7 @@ class EmbeddedEngine:
         self.spec = SpeculationConfig(
             num_speculative_tokens=config.tier.prompt_lookup_num_tokens,
             max_ngram=config.tier.prompt_lookup_max_ngram,
+            min_ngram=config.tier.prompt_lookup_min_ngram,
         )
         gen = self.loaded.model.generation_config
         self.default_temperature = float(gen.temperature or 1.0) if gen.do_sample else 0.0

@@ -7,11 +7,6 @@ A greedy row keeps the drafts the model itself would have produced and one
 more token, so the output equals plain greedy decoding; rejected drafts are
 cropped from the KV cache (or masked out when other rows kept more). Rows that
 sample never draft.
-
-How many tokens a row drafts adapts to how its drafts fare (``next_draft_limit``): it doubles
-after a draft accepted whole and drops to what was accepted otherwise (at least one). Verifying
-ten drafts costs a real model on a CPU several times one decode step, so a row whose answer
-does not copy from its prompt must stop paying for drafts that are thrown away.
 """
 
 from __future__ import annotations
@@ -51,7 +46,6 @@ class Sequence:
     finish_reason: str | None = None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
-    draft_limit: int | None = None  # drafts to propose next step (None: the tier's num_speculative_tokens)
     generator: torch.Generator | None = None
 
     @property
@@ -82,15 +76,6 @@ def prompt_lookup_draft(tokens: list[int], cfg: SpeculationConfig) -> list[int]:
                 if follow:
                     return follow
     return []
-
-
-def next_draft_limit(limit: int, drafted: int, accepted: int, most: int) -> int:
-    """Drafts to propose after ``accepted`` of ``drafted`` were kept: twice as many after a whole
-    draft was right, as many as were right otherwise (at least one, so a row whose output starts
-    copying again is noticed); no change when nothing was drafted."""
-    if drafted == 0:
-        return limit
-    return min(most, 2 * max(1, limit)) if accepted == drafted else max(1, accepted)
 
 
 def _choose(logits: torch.Tensor, seq: Sequence) -> int:
@@ -241,9 +226,7 @@ class DecodeBatch:
             return
         assert self.cache is not None
         seqs, spec = self.seqs, self.spec
-        most = spec.num_speculative_tokens
-        drafts = [prompt_lookup_draft(s.prompt_ids + s.generated, spec)[: most if s.draft_limit is None else s.draft_limit]
-                  if s.params.greedy else [] for s in seqs]  # fmt: skip
+        drafts = [prompt_lookup_draft(s.prompt_ids + s.generated, spec) if s.params.greedy else [] for s in seqs]
         k = max(len(d) for d in drafts)
         step_ids = torch.full((len(seqs), 1 + k), self.pad_token_id, dtype=torch.long)
         step_mask = torch.zeros((len(seqs), 1 + k), dtype=torch.long)
@@ -268,7 +251,6 @@ class DecodeBatch:
                 n, new_ids = 0, [_choose(logits[i, 0], seq)]
             seq.draft_tokens += len(draft)
             seq.accepted_draft_tokens += n
-            seq.draft_limit = next_draft_limit(most if seq.draft_limit is None else seq.draft_limit, len(draft), n, most)
             kept_per_row.append(1 + n)  # last input token + accepted drafts now valid in the cache
             self.pending[i] = new_ids[-1]
             accept_tokens(seq, new_ids)

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class TierProfile(BaseModel):
@@ -20,13 +20,23 @@ class TierProfile(BaseModel):
     description: str = ""
     # embedded engine
     prompt_lookup_num_tokens: int = Field(0, ge=0, le=64, description="n-gram draft tokens per step; 0 disables")
-    prompt_lookup_max_ngram: int = Field(3, ge=1, le=8)
+    prompt_lookup_max_ngram: int = Field(4, ge=1, le=8)
+    prompt_lookup_min_ngram: int = Field(
+        3, ge=1, le=8, description="draft only after a match this long: on a CPU, verifying drafts costs a real "
+        "model about twice a plain step, so a one-token match's guesses lose time")
     max_num_seqs: int = Field(8, ge=1, description="largest batch decoded together")
     batch_wait_ms: float = Field(2.0, ge=0, description="how long the scheduler waits to fill a batch")
     # vLLM
     vllm_speculative_ngram_tokens: int = Field(0, ge=0, description="vLLM n-gram speculative tokens; 0 disables")
     vllm_max_num_seqs: int | None = None
     vllm_max_num_batched_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> TierProfile:
+        if self.prompt_lookup_min_ngram > self.prompt_lookup_max_ngram:
+            raise ValueError(f"tier {self.name!r}: prompt_lookup_min_ngram={self.prompt_lookup_min_ngram} is above "
+                             f"prompt_lookup_max_ngram={self.prompt_lookup_max_ngram}")  # fmt: skip
+        return self
 
 
 DEFAULT_TIERS: dict[str, TierProfile] = {
