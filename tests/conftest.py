@@ -163,6 +163,15 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
             proc.wait()
 
 
+def run_worker_until_idle(env: dict[str, str], timeout: float = 600) -> None:
+    """A worker that runs every queued job and exits when the queue is empty."""
+    worker = start_worker(env, "--exit-when-idle")
+    try:
+        assert worker.wait(timeout=timeout) == 0
+    finally:
+        stop_worker(worker)
+
+
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message: str = "condition"):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

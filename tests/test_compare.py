@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, ImportedRealModel, login_as, start_worker, stop_worker
+from conftest import REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
 from test_cli import cli
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
@@ -82,11 +82,7 @@ def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_di
     _task_set()
     job_id = queue.submit("evaluate", {"models": ["tiny", "smollm2-135m-instruct"], "task_set": "numbers",
                                        "max_new_tokens": 24, "device": "cpu"})  # fmt: skip
-    worker = start_worker(platform_env, "--exit-when-idle")
-    try:
-        assert worker.wait(timeout=300) == 0
-    finally:
-        stop_worker(worker)
+    run_worker_until_idle(platform_env, timeout=300)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
     arena = job.result["arena"]

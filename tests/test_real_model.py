@@ -17,7 +17,7 @@ import openai
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, ImportedRealModel, login_as, start_worker, stop_worker
+from conftest import REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
@@ -170,14 +170,6 @@ def test_cli_import_refusal_is_one_line(platform_env: dict[str, str], tmp_path: 
     assert f"{bad} is not a GGUF file" in line
 
 
-def _run_worker(env: dict[str, str]) -> None:
-    worker = start_worker(env, "--exit-when-idle")
-    try:
-        assert worker.wait(timeout=600) == 0
-    finally:
-        stop_worker(worker)
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: ImportedRealModel) -> None:
     """The console's path: an import_model job takes a source inside the data directory (and refuses
@@ -188,9 +180,9 @@ def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: Im
     inside = queue.submit("import_model", {"source": "uploads/smol", "name": "smol"})
     with pytest.raises(JobConfigError, match="source: .* is outside the data directory"):
         queue.submit("import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
-    _run_worker(platform_env)
+    run_worker_until_idle(platform_env)
     exported = queue.submit("export_model", {"model": "smol", "format": "gguf", "outtype": "q8_0"})
-    _run_worker(platform_env)
+    run_worker_until_idle(platform_env)
     job = queue.get_job(inside)
     assert job.status is JobStatus.succeeded, job.error
     assert job.result["parameters"] == 134_515_008 and job.result["check_answer"] == "The capital of France is Paris."

@@ -22,6 +22,7 @@ from posttrain.platform.serving import (
     create_engine_app,
     serve_in_thread,
 )
+from posttrain.platform.serving.app import TEXT_REQUEST_BYTES, default_max_request_bytes
 
 SMALL = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -183,4 +184,10 @@ def test_vision_model_image_question(tmp_path: Path) -> None:
             ask(_png((0, 0, 255)), [{"type": "image_url", "image_url": {"url": _png((0, 255, 0))}}])
         with pytest.raises(openai.BadRequestError, match="only data: URLs"):
             ask("http://example.com/cat.png")
+        big = io.BytesIO()
+        Image.new("L", (6000, 6000)).save(big, format="PNG")  # 36 megapixels, a small file
+        with pytest.raises(openai.BadRequestError, match="image 0 is 6000x6000 = 36000000 pixels, over"):
+            ask("data:image/png;base64," + base64.b64encode(big.getvalue()).decode())
+    # room in the body for the one image this deployment accepts, on top of the text's
+    assert default_max_request_bytes(engine) == EngineConfig(model_path="x").max_image_bytes * 4 // 3 + TEXT_REQUEST_BYTES
     engine.stop()

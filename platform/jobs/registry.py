@@ -199,6 +199,8 @@ class _DuplicateKey(ValueError):
 def _refuse_duplicates(pairs: list[tuple[Any, Any]], where: Callable[[int], str] | None = None) -> dict[Any, Any]:
     seen: dict[Any, Any] = {}
     for index, (key, value) in enumerate(pairs):
+        if not isinstance(key, (str, int, float, bool, type(None))):
+            raise _DuplicateKey(f"a key is a {type(key).__name__}{where(index) if where else ''}; keys are plain names")
         if key in seen:
             raise _DuplicateKey(f"key {key!r} appears twice{where(index) if where else ''}; keep one")
         seen[key] = value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -72,10 +73,16 @@ def _usage(h: RequestHandle) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+TEXT_REQUEST_BYTES = 1024 * 1024  # a body's room for text: JSON-escaped, far more than any context window holds
+
+
 def default_max_request_bytes(engine: EmbeddedEngine) -> int:
-    """Room for the images a prompt may carry (base64: 4/3 of their bytes) plus 16 MiB of text."""
-    images = engine.config.max_images_per_prompt * engine.config.max_image_bytes
-    return images * 4 // 3 + 16 * 1024 * 1024
+    """``max_request_bytes`` when the deployment sets it, else 1 MiB of text plus, for a vision
+    model only, room for the images a prompt may carry (base64: 4/3 of their bytes)."""
+    if engine.config.max_request_bytes:
+        return engine.config.max_request_bytes
+    images = engine.config.max_images_per_prompt * engine.config.max_image_bytes if engine.is_vision else 0
+    return images * 4 // 3 + TEXT_REQUEST_BYTES
 
 
 def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = None) -> FastAPI:
@@ -118,7 +125,9 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
     async def chat(request: Request) -> Response:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await body_of(request))
         check_model(req.model)
-        handle = engine.submit(engine.prepare_chat(req))
+        # templating and tokenising are proportional to the prompt: off the event loop, so /health and
+        # every other request keep being answered meanwhile
+        handle = engine.submit(await asyncio.to_thread(engine.prepare_chat, req))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_chat_stream(engine, handle, include_usage), media_type="text/event-stream")
@@ -128,7 +137,7 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse_request(CompletionRequest, await body_of(request))
         check_model(req.model)
-        handle = engine.submit(engine.prepare_completion(req))
+        handle = engine.submit(await asyncio.to_thread(engine.prepare_completion, req))
         if req.stream:
             return StreamingResponse(_completion_stream(engine, handle), media_type="text/event-stream")
         return await _completion_full(engine, handle)

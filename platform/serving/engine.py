@@ -12,6 +12,7 @@ accepted. Vision models decode whole batches through ``generate`` instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import queue
 import threading
@@ -104,7 +105,7 @@ class RequestHandle:
                 return
 
 
-def _template_messages(messages: list[ChatMessage], vision: bool, max_images: int, max_bytes: int
+def _template_messages(messages: list[ChatMessage], vision: bool, max_images: int, max_bytes: int, max_pixels: int
                        ) -> tuple[list[dict[str, Any]], list[Image.Image]]:
     """Messages as chat-template dicts, plus the decoded images in order."""
     out: list[dict[str, Any]] = []
@@ -132,7 +133,7 @@ def _template_messages(messages: list[ChatMessage], vision: bool, max_images: in
                     raise bad_request(
                         f"too many images: at most {max_images} per prompt are allowed by this deployment "
                         f"(limit_mm_per_prompt)", param="messages")
-                images.append(decode_image_url(part.image_url.url, len(images), max_bytes))
+                images.append(decode_image_url(part.image_url.url, len(images), max_bytes, max_pixels))
                 content.append({"type": "image"})
         item: dict[str, Any] = {"role": role, "content": content}
         if msg.tool_calls:
@@ -203,9 +204,27 @@ class EmbeddedEngine:
         temp = self.default_temperature if temperature is None else temperature
         return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (its vocabulary string is at least as long)."""
+        return max((len(t) for t in self.tokenizer.get_vocab()), default=1) or 1
+
+    def refuse_long_text(self, chars: int) -> None:
+        """Refuse text that cannot fit ``max_model_len`` however it tokenises, before tokenising it:
+        work proportional to a prompt's size is done only for prompts that may fit."""
+        at_least = chars // self.max_token_chars
+        if at_least >= self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has at "
+                f"least {at_least} input tokens ({chars} characters). Please reduce the length of the input messages.",
+                param="messages")  # fmt: skip
+
     def prepare_chat(self, req: ChatCompletionRequest) -> PreparedRequest:
+        """Render and tokenise a chat request (call it off the event loop: it is proportional to the prompt)."""
+        self.refuse_long_text(sum(m.text_chars for m in req.messages))
         messages, images = _template_messages(
-            req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes)
+            req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes,
+            self.config.max_image_pixels)
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
         renderer = self.loaded.processor if self.is_vision else self.tokenizer
         try:
@@ -224,6 +243,7 @@ class EmbeddedEngine:
                                images=images, has_tools=tools is not None)
 
     def prepare_completion(self, req: CompletionRequest) -> PreparedRequest:
+        """Tokenise a completion request (off the event loop, like :meth:`prepare_chat`)."""
         if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
             if len(req.prompt) != 1:
                 raise bad_request("this server takes one prompt per request", param="prompt")
@@ -231,6 +251,7 @@ class EmbeddedEngine:
         else:
             prompt = req.prompt  # type: ignore[assignment]
         if isinstance(prompt, str):
+            self.refuse_long_text(len(prompt))
             prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             text = prompt
         else:

@@ -60,7 +60,8 @@ class GatewayConfig(BaseModel):
     policy: RoutingPolicy = Field(default_factory=RoutingPolicy)
     health_interval_s: float = Field(2.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
-    max_request_bytes: int = Field(128 * 1024 * 1024, ge=1024, description="larger request bodies get a 413")
+    max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger request bodies get a 413 (each "
+                                   "deployment bounds its own too: 1 MiB of text, more for images on vision models)")
 
 
 class RequestRecord(BaseModel):

@@ -11,7 +11,7 @@ from PIL import Image, UnidentifiedImageError
 from posttrain.platform.serving.errors import bad_request
 
 
-def decode_image_url(url: str, index: int, max_bytes: int) -> Image.Image:
+def decode_image_url(url: str, index: int, max_bytes: int, max_pixels: int) -> Image.Image:
     """Decode a ``data:image/...;base64,`` URL into an RGB image or raise a 400 naming the image."""
     if not url.startswith("data:"):
         raise bad_request(
@@ -28,7 +28,11 @@ def decode_image_url(url: str, index: int, max_bytes: int) -> Image.Image:
     if len(raw) > max_bytes:
         raise bad_request(f"image {index}: {len(raw)} bytes exceeds the limit of {max_bytes} bytes", param="messages")
     try:
-        image = Image.open(io.BytesIO(raw))
+        image = Image.open(io.BytesIO(raw))  # reads the header only
+        width, height = image.size
+        if width * height > max_pixels:
+            raise bad_request(f"image {index} is {width}x{height} = {width * height} pixels, over this deployment's "
+                              f"limit of {max_pixels}; send a smaller image", param="messages")  # fmt: skip
         image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise bad_request(f"image {index} is not a valid image: {exc}", param="messages") from None

@@ -93,6 +93,10 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=16, description="prompt + completion tokens; default: the model's")
     max_images_per_prompt: int = Field(4, ge=0)
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_image_pixels: int = Field(16 * 1024 * 1024, ge=1024, description="width x height of one image, checked "
+                                  "from its header before it is decoded (a small file can decode to gigabytes)")
+    max_request_bytes: int | None = Field(None, ge=1024, description="larger request bodies get a 413; default: "
+                                          "1 MiB of text plus room for the images a vision model accepts")
     seed: int = 0
 
     @property

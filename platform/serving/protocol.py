@@ -42,6 +42,15 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of text the message carries (content and tool-call arguments; images not counted)."""
+        if isinstance(self.content, str):
+            chars = len(self.content)
+        else:
+            chars = sum(len(p.text or "") for p in self.content or [] if p.type == "text")
+        return chars + sum(len(c.function.arguments or "") for c in self.tool_calls or [])
+
 
 class FunctionDef(BaseModel):
     model_config = ConfigDict(extra="allow")
