@@ -28,7 +28,11 @@ def decode_image_url(url: str, index: int, max_bytes: int, max_pixels: int) -> I
     if len(raw) > max_bytes:
         raise bad_request(f"image {index}: {len(raw)} bytes exceeds the limit of {max_bytes} bytes", param="messages")
     try:
-        image = Image.open(io.BytesIO(raw))  # reads the header only
+        try:
+            image = Image.open(io.BytesIO(raw))  # reads the header only
+        except Image.DecompressionBombError:  # over Pillow's process-wide limit (preprocessing sets it)
+            raise bad_request(f"image {index} decodes to more pixels than this deployment's limit of {max_pixels}; "
+                              "send a smaller image", param="messages") from None  # fmt: skip
         width, height = image.size
         if width * height > max_pixels:
             raise bad_request(f"image {index} is {width}x{height} = {width * height} pixels, over this deployment's "

@@ -96,7 +96,8 @@ def test_a_thousand_queued_jobs_across_kinds_each_run_exactly_once(
 
     total = int(reliability.budget(1000, 5000))
     marks = tmp_path / "executions.txt"
-    jsonl = tmp_path / "qa.jsonl"
+    jsonl = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "qa.jsonl"  # job configs name files in the data dir
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
     jsonl.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i),
                                          "verifier": {"kind": "numeric", "spec": {"value": 2 * i}}}) + "\n"
                              for i in range(8)))  # fmt: skip
