@@ -120,11 +120,16 @@ def claim(worker_id: str, free_cpu: int, free_gpu: int, *, url: str | None = Non
         job = s.exec(stmt).first()
         if job is None:
             return None
+        # Stamped now that the claim holds its lock (SQLite's write lock, PostgreSQL's row lock), not
+        # when the call began: a worker that waited for the lock behind others would otherwise date
+        # its claim before theirs, and the claim order read back from claimed_at would show
+        # priority inversions that never happened.
+        claimed = utcnow()
         job.status = JobStatus.running
         job.attempts += 1
-        job.claimed_at = now
-        job.started_at = now
-        job.heartbeat_at = now
+        job.claimed_at = claimed
+        job.started_at = claimed
+        job.heartbeat_at = claimed
         job.finished_at = None
         job.worker_id = worker_id
         job.host = HOSTNAME
