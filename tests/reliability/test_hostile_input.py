@@ -449,9 +449,13 @@ def test_tool_call_parser_atheris(tmp_path: Path, reliability: Reliability) -> N
     script = tmp_path / "fuzz_parser.py"
     script.write_text(ATHERIS_TARGET)
     limit_s = PARSE_WITHIN * peer_parse_s()  # inputs of at most 4 KiB: well under the peer's 100,000 characters
+    # Started through a small intermediate process: Linux carries a process's peak RSS across exec,
+    # so a child forked straight from this test process (gigabytes once the real model is loaded)
+    # would start with this process's peak, and libFuzzer's -rss_limit_mb would count it.
+    fresh = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
     proc = subprocess.run(
-        [sys.executable, str(script), str(limit_s), f"-max_total_time={seconds}", "-max_len=4096", "-rss_limit_mb=2048",
-         f"-artifact_prefix={tmp_path}/", str(corpus)],
+        [sys.executable, "-c", fresh, sys.executable, str(script), str(limit_s), f"-max_total_time={seconds}",
+         "-max_len=4096", "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}/", str(corpus)],
         capture_output=True, text=True, timeout=seconds + 60, cwd=tmp_path,
     )
     out = proc.stdout + proc.stderr
