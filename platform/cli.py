@@ -13,6 +13,7 @@ with status 2.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -35,7 +36,9 @@ from posttrain.platform.auth import AuthError
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs.queue import JobNotFound
-from posttrain.platform.jobs.registry import JobConfigError, parse_config_text
+from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text
+from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.registry import ModelNotFound
 from posttrain.platform.settings import SettingsError, get_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
@@ -55,7 +58,8 @@ err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (SettingsError, DatabaseUnavailable, JobConfigError, JobNotFound, FileNotFoundError, AuthError)
+USER_ERRORS = (SettingsError, DatabaseUnavailable, BadInput, JobNotFound, FileNotFoundError, AuthError, ModelDirError,
+               ModelNotFound)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -516,16 +520,20 @@ def models_register(
     base: Annotated[str | None, typer.Option(help="Registered model it derives from")] = None,
 ) -> None:
     """Register a model directory (checked: config, tokenizer and weights must be there)."""
-    from posttrain.platform.models.inspect import ModelDirError
-    from posttrain.platform.models.registry import ModelNotFound, register_model
+    from posttrain.platform.models.registry import register_model
 
     require_schema()
-    try:
-        row = register_model(name, path, base=base, by=os.environ.get("USER", "cli"))
-    except (ModelDirError, ModelNotFound) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    row = register_model(name, path, base=base, by=os.environ.get("USER", "cli"))
     out.print(f"registered {row.name} ({row.architecture}) at {row.path}")
+
+
+@contextlib.contextmanager
+def _progress_line(label: str) -> Iterator[Callable[[float, str], None]]:
+    """A transient progress bar on stderr for work done in this process; yields ``progress(fraction, message)``."""
+    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.fields[message]}"), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task(label, total=1.0, message="")
+        yield lambda fraction, message: bar.update(task, completed=fraction, message=message)
 
 
 @models_app.command("import")
@@ -537,20 +545,12 @@ def models_import(
 ) -> None:
     """Import real weights into the data directory and register them (a built-in model twice is a no-op)."""
     from posttrain.platform.models.importer import import_model
-    from posttrain.platform.models.inspect import ModelDirError
 
     require_schema()
     if dtype not in ("float32", "bfloat16"):
         raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
-    with Progress(TextColumn("import"), BarColumn(), TextColumn("{task.fields[message]}"), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:  # fmt: skip
-        task = bar.add_task("import", total=1.0, message="")
-        try:
-            row = import_model(source, name=name, dtype=dtype, by=os.environ.get("USER", "cli"),  # type: ignore[arg-type]
-                               progress=lambda f, m: bar.update(task, completed=f, message=m))  # fmt: skip
-        except ModelDirError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+    with _progress_line("import") as progress:
+        row = import_model(source, name=name, dtype=dtype, by=os.environ.get("USER", "cli"), progress=progress)  # type: ignore[arg-type]
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
@@ -566,7 +566,6 @@ def models_export(
     """Export a model's full weights (a LoRA run merged) into <data_dir>/exports/<name>/."""
     from pydantic import ValidationError
 
-    from posttrain.platform.jobs.registry import BadInput
     from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
 
     require_schema()
@@ -574,15 +573,8 @@ def models_export(
         config = ExportModelConfig(model=name, format=format, outtype=outtype)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise JobConfigError("; ".join(f"--{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
-    with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.fields[message]}"), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:  # fmt: skip
-        task = bar.add_task("export", total=1.0, message="")
-        try:
-            entry = export_registered(config, get_settings(), by=os.environ.get("USER", "cli"),
-                                      progress=lambda f, m: bar.update(task, completed=f, message=m))  # fmt: skip
-        except BadInput as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+    with _progress_line("export") as progress:
+        entry = export_registered(config, get_settings(), by=os.environ.get("USER", "cli"), progress=progress)
     out.print(f"exported {name} ({entry['bytes'] / 1e6:.0f} MB) to {entry['path']}", soft_wrap=True)
 
 

@@ -11,7 +11,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from posttrain.platform.jobs.registry import JOB_PATH
-
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 

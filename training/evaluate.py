@@ -200,17 +200,17 @@ def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: Verifie
     """Evaluate every model of ``config`` (``resolve(name) -> path`` maps registered names) on the
     same tasks and compare them; two models greedily also get a :func:`head_to_head` (``arena``).
     ``on_model(index, name)`` is called as each model finishes."""
+    domains = eval_domains(config)  # once: every model answers the same domains
+    each = config.model_copy(update={"model": None, "models": [], "domains": domains})
     reports: dict[str, dict[str, float]] = {}
     records: dict[str, list[dict[str, Any]]] = {}
     for index, name in enumerate(config.model_list):
         source = resolve(name) if resolve is not None else name
         records[name] = []
-        reports[name] = evaluate_policy(config.model_copy(update={"model": None, "models": []}), source, service=service,
-                                        records=records[name])  # fmt: skip
+        reports[name] = evaluate_policy(each, source, service=service, records=records[name])
         if on_model is not None:
             on_model(index, name)
     metrics = sorted({key.rsplit("/", 1)[-1] for r in reports.values() for key in r if key.startswith("eval/")})
-    domains = eval_domains(config)
     comparison = {m: compare_reports(reports, domains, m) for m in metrics if m.startswith("pass@")}
     out: dict[str, Any] = {"models": reports, "comparison": comparison, "domains": domains}
     names = config.model_list

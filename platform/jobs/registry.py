@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 import threading
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -192,17 +192,17 @@ def confine_paths(config: BaseModel, roots: list[Path] | None = None, where: str
                     confine_paths(item, roots, f"{at}[{i}].")
 
 
-class _DuplicateKey(ValueError):
+class _BadKey(ValueError):
     pass
 
 
-def _refuse_duplicates(pairs: list[tuple[Any, Any]], where: Callable[[int], str] | None = None) -> dict[Any, Any]:
+def _plain_unique_keys(pairs: list[tuple[Any, Any]], where: Callable[[int], str] | None = None) -> dict[Any, Any]:
     seen: dict[Any, Any] = {}
     for index, (key, value) in enumerate(pairs):
         if not isinstance(key, (str, int, float, bool, type(None))):
-            raise _DuplicateKey(f"a key is a {type(key).__name__}{where(index) if where else ''}; keys are plain names")
+            raise _BadKey(f"a key is a {type(key).__name__}{where(index) if where else ''}; keys are plain names")
         if key in seen:
-            raise _DuplicateKey(f"key {key!r} appears twice{where(index) if where else ''}; keep one")
+            raise _BadKey(f"key {key!r} appears twice{where(index) if where else ''}; keep one")
         seen[key] = value
     return seen
 
@@ -217,11 +217,11 @@ def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any
 
     if json_only:
         try:
-            return json.loads(text, object_pairs_hook=_refuse_duplicates)
+            return json.loads(text, object_pairs_hook=_plain_unique_keys)
         except json.JSONDecodeError as exc:
             raise JobConfigError(f"{source} is not valid JSON ({exc.msg} at column {exc.colno}); "
                                  "e.g. --config '{\"steps\": 5}'") from None  # fmt: skip
-        except _DuplicateKey as exc:
+        except _BadKey as exc:
             raise JobConfigError(f"{source}: {exc}") from None
 
     class UniqueKeys(yaml.SafeLoader):
@@ -230,12 +230,12 @@ def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         loader.flatten_mapping(node)
         pairs = [(loader.construct_object(k, deep=deep), loader.construct_object(v, deep=deep)) for k, v in node.value]
-        return _refuse_duplicates(pairs, lambda i: f" (line {node.value[i][0].start_mark.line + 1})")
+        return _plain_unique_keys(pairs, lambda i: f" (line {node.value[i][0].start_mark.line + 1})")
 
     UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
         return yaml.load(text, Loader=UniqueKeys) if text.strip() else None  # noqa: S506 - a SafeLoader
-    except _DuplicateKey as exc:
+    except _BadKey as exc:
         raise JobConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

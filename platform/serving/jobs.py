@@ -116,13 +116,11 @@ def export_registered(config: ExportModelConfig, settings: Any, *, by: str, url:
         out.rename(previous)  # kept until the new export is in place
     try:
         export_model(row.path, out, config.format, outtype=config.outtype, progress=progress)
-    except (ExportError, ModelDirError) as exc:
+    except BaseException as exc:  # the older export comes back; the input's fault is a BadInput
         if previous.exists():
             previous.rename(out)
-        raise BadInput(str(exc)) from None
-    except BaseException:
-        if previous.exists():
-            previous.rename(out)
+        if isinstance(exc, (ExportError, ModelDirError)):
+            raise BadInput(str(exc)) from None
         raise
     if previous.exists():
         shutil.rmtree(previous) if previous.is_dir() else previous.unlink()

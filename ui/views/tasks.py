@@ -202,17 +202,12 @@ if "document_id" in spec.provenance and "page" in spec.provenance:
         show_source_page(spec.provenance)
 
 def running_deployments() -> list[tuple[str, str, str]]:
-    """(model, tier, url) of every running deployment, the built-in real model first."""
-    from sqlmodel import col, select
-
-    from posttrain.platform.db.engine import session
-    from posttrain.platform.db.models import Deployment, Model
+    """(model, tier, url) of every healthy deployment, the built-in real model first."""
     from posttrain.platform.models.importer import DEFAULT_MODEL
+    from posttrain.platform.serving.jobs import registered_deployments
 
-    with session(read_only=True) as s:
-        rows = s.exec(select(Deployment, Model.name).join(Model, col(Model.id) == col(Deployment.model_id))
-                      .where(Deployment.status == "running")).all()  # fmt: skip
-    return sorted(((name, d.tier, d.url) for d, name in rows), key=lambda r: (r[0] != DEFAULT_MODEL, r[0], r[1]))
+    serving = [(r.model, r.tier, r.base_url) for r in registered_deployments() if r.healthy]
+    return sorted(serving, key=lambda r: (r[0] != DEFAULT_MODEL, r[0], r[1]))
 
 
 def show_verdict(verdict) -> None:  # type: ignore[no-untyped-def]
