@@ -1,18 +1,91 @@
-"""One GRPO update from verified rollout groups: advantages, micro-batched loss, optimizer step."""
+"""The learner: the model being trained, its optimizer, LR schedule and checkpoints, and the two updates.
+
+    ctx = local_context(config)                     # world 1; under torchrun: fsdp.process_group(config)
+    learner = Learner(config, ctx)                  # resumes from the latest checkpoint in output_dir
+    metrics = learner.sft_step(rows)                # one optimizer step over a step's SFT rows
+    metrics = learner.grpo_update(trajectories, advantages)
+    path = learner.save(step, {"data_position": step})
+
+With ``ctx.world > 1`` the same learner is one rank of an FSDP job: the model is loaded on the CPU,
+resumed, then sharded (:mod:`posttrain.training.fsdp`); every rank takes its share of a step's rows
+or trajectories, with the step's global normaliser and the same number of passes (a rank short of
+work runs a pass with weight 0, so the collectives match), and the loss is scaled by ``world``
+because FSDP averages the ranks' gradients: the update is the one-process update. The loops
+(:mod:`~posttrain.training.sft`, :mod:`~posttrain.training.loop`) are the same on every rank.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from posttrain.training.config import GRPOConfig
+from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, read_trainer_state, save_checkpoint
+from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
+from posttrain.training.data import IGNORE, PackedBatch, SFTExample, collate
 from posttrain.training.grpo import group_advantages, grpo_loss
-from posttrain.training.modeling import autocast, token_logprobs
+from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device, token_logprobs
+from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.rollout import RolloutGroup, Trajectory
 
 
+# --- where this learner runs --------------------------------------------------------------
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the training job: rank ``rank`` of ``world`` on ``device``.
+
+    ``amp``: bf16 autocast inside the learner (``TrainConfig.bf16``; FSDP's own bf16 replaces it on a
+    GPU). ``mesh`` and ``mp_policy``: the FSDP device mesh and mixed-precision policy (world > 1).
+    """
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+    amp: bool | None = None
+    mesh: Any = None
+    mp_policy: Any = None
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the rank that draws rollouts, reports metrics and writes checkpoints."""
+        return self.rank == 0
+
+    def broadcast(self, payload: list[Any]) -> list[Any]:
+        """Rank 0's ``payload`` on every rank (no communication with one process)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(payload, src=0)
+        return payload
+
+    def sum(self, value: float) -> float:
+        """``value`` summed over the ranks."""
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        total = torch.tensor(value, dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return float(total)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def local_context(config: TrainConfig) -> DistContext:
+    """One process on the config's device."""
+    return DistContext(device=resolve_device(config.device), amp=config.bf16)
+
+
+# --- the losses ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CompletionBatch:
     input_ids: torch.Tensor  # (B, P+L) prompt + completion, right-padded
@@ -58,95 +131,232 @@ def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[l
     return [t for t, _ in kept], [a for _, a in kept], zero_variance
 
 
-def grpo_update(
-    model: torch.nn.Module,
-    ref_model: torch.nn.Module | None,
-    optimizer: torch.optim.Optimizer,
-    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
-    trajectories: Sequence[Trajectory],
-    advantages: Sequence[float],
-    config: GRPOConfig,
-    pad_id: int,
-    *,
-    rank: int = 0,
-    world: int = 1,
-) -> dict[str, float]:
-    """``updates_per_batch`` optimizer steps over the trajectories, each accumulated over micro-batches.
+def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.device) -> torch.Tensor:
+    """Summed NLL of the labelled tokens (packed rows: positions restart, no cross-example attention)."""
+    ids = batch.input_ids.to(device)
+    logprobs = token_logprobs(model, ids, None, position_ids=batch.position_ids.to(device))
+    mask = (batch.labels[:, 1:] != IGNORE).to(device)
+    return -(logprobs * mask).sum()
 
-    With ``world > 1`` this is one rank of an FSDP learner (:mod:`posttrain.training.fsdp`): every
-    rank gets all trajectories and trains on ``rank, rank + world, ...`` of each mini-batch, with the
-    mini-batch's global normaliser, in the same number of passes (a rank short of trajectories runs
-    a pass with weight 0, so the collectives match); the loss is scaled by ``world`` because FSDP
-    averages the ranks' gradients, so the update is the one-process update. Metrics are reduced
-    over the ranks.
+
+def sft_metrics(loss: float, lr: float, grad_norm: float, tokens: int, elapsed_s: float) -> dict[str, float]:
+    """What an SFT step reports."""
+    return {
+        "train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
+        "train/tokens": float(tokens), "train/tokens_per_s": tokens / max(elapsed_s, 1e-9),
+    }  # fmt: skip
+
+
+def _passes(items: int, world: int, micro_batch_size: int) -> int:
+    """Forward/backward passes per rank for ``items`` rows split over ``world`` ranks: the same on every rank."""
+    return math.ceil(math.ceil(items / world) / micro_batch_size)
+
+
+# --- the learner --------------------------------------------------------------------------
+class Learner:
+    """The trained model (LoRA-wrapped when configured; FSDP-sharded when ``ctx.world > 1``) with its
+    tokenizer, optimizer, LR schedule and checkpoints, resumed from the latest checkpoint under
+    ``<output_dir>/checkpoints`` when ``config.resume`` and one exists.
+
+    ``reference``: also keep a frozen copy of the starting policy (before any resume: the KL
+    reference). ``policy``: a model directory or ``(model, tokenizer)`` pair instead of ``config.model``.
     """
-    device = next(model.parameters()).device
-    model.train()
-    n = len(trajectories)
-    per_update = -(-n // config.updates_per_batch)
-    totals: dict[str, float] = {}
-    token_count = 0
-    for start in range(0, n, per_update):
-        mini = list(range(start, min(n, start + per_update)))
-        tokens = sum(len(trajectories[i].completion_ids) for i in mini)
-        normalizer = float(tokens) if config.aggregation == "token" else float(len(mini))
-        mine = mini[rank::world]
-        passes = -(-(-(-len(mini) // world)) // config.micro_batch_size)  # the same on every rank
+
+    def __init__(self, config: TrainConfig, ctx: DistContext, policy: PolicySource | None = None, *,
+                 reference: bool = False) -> None:
+        self.config, self.ctx = config, ctx
+        source = policy if policy is not None else config.model
+        if source is None:
+            raise ValueError(f"no model: set {type(config).__name__}.model to a model directory or pass a (model, tokenizer) pair")
+        torch.manual_seed(config.seed)
+        sharded = ctx.world > 1
+        model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device)  # shards move to the device
+        if config.lora is not None:
+            model = apply_lora(model, config.lora)
+        model.train()
+        self.reference = frozen_copy(model) if reference else None
+        self.ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
+        loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.resume else None
+        self.start = int(loaded[1]["step"]) if loaded else 0  # the step the run continues from
+        self.state: dict[str, Any] = loaded[1] if loaded else {}  # the checkpoint's state.json
+        self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
+        self._tied: set[str] = set()
+        if sharded:
+            from posttrain.training import fsdp
+
+            fsdp.agree_on_start(ctx, self.start, self.ckpt_root)
+            self._mirror = frozen_copy(model) if ctx.main else None
+            fsdp.shard(model, ctx)
+            if self.reference is not None:
+                fsdp.shard(self.reference, ctx)
+            self._tied = fsdp.aliases(model)
+        self.model = model
+        self.optimizer = make_optimizer(model, config)
+        self.lr_scheduler = make_lr_scheduler(self.optimizer, config)
+        if loaded:
+            self._restore_optimizer(loaded[0])
+
+    def _restore_optimizer(self, checkpoint: Path) -> None:
+        trainer = read_trainer_state(checkpoint)
+        if self.ctx.world > 1:
+            from posttrain.training import fsdp
+
+            fsdp.load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
+        else:
+            self.optimizer.load_state_dict(trainer["optimizer"])
+        if trainer["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(trainer["lr_scheduler"])
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    # --- the updates ----------------------------------------------------------------------
+    def _clip_and_step(self) -> tuple[float, float]:
+        """Clip the gradient norm (global over the shards), step the optimizer, clear the gradients;
+        ``(grad_norm, lr)``."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm), lr
+
+    def _sync_gradients(self, last_pass: bool) -> None:
+        if self.ctx.world > 1:
+            self.model.set_requires_gradient_sync(last_pass)  # type: ignore[operator]
+
+    def sft_step(self, rows: Sequence[list[SFTExample]]) -> dict[str, float]:
+        """One optimizer step over a step's rows, in micro-batches of ``micro_batch_size`` (this rank's
+        share: rows ``rank, rank + world, ...``); the loss is the summed token NLL over the step's
+        trained tokens (all ranks)."""
+        assert isinstance(self.config, SFTConfig)
+        started = time.perf_counter()
+        rank, world, micro = self.ctx.rank, self.ctx.world, self.config.micro_batch_size
+        pad = self.tokenizer.pad_token_id
+        total_tokens = int((collate(list(rows), pad).labels[:, 1:] != IGNORE).sum())
+        mine = list(rows)[rank::world]
+        passes = _passes(len(rows), world, micro)
+        loss_value = 0.0
         for k in range(passes):
-            idx = mine[k * config.micro_batch_size : (k + 1) * config.micro_batch_size]
-            weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
-            idx = idx or mini[:1]
-            if world > 1:
-                model.set_requires_gradient_sync(k == passes - 1)  # type: ignore[operator]
-            batch = completion_batch([trajectories[i] for i in idx], [advantages[i] for i in idx], pad_id)
-            with autocast(device, config.bf16):
-                logprobs = completion_logprobs(model, batch, device, config.temperature)
-                ref = None
-                if ref_model is not None and config.kl_coef > 0:
-                    with torch.no_grad():
-                        ref = completion_logprobs(ref_model, batch, device, config.temperature)
-            out = grpo_loss(
-                logprobs,
-                batch.old_logprobs.to(device),
-                batch.advantages.to(device),
-                batch.mask.to(device),
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                ref_logprobs=ref,
-                kl_coef=config.kl_coef,
-                aggregation=config.aggregation,
-                normalizer=normalizer,
-            )
-            (out.loss * (weight * world)).backward()
-            if not weight:
-                continue
-            totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
-            for key in ("kl", "ratio_mean", "clip_frac_low", "clip_frac_high"):  # token-weighted means
-                totals[key] = totals.get(key, 0.0) + getattr(out.stats, key) * out.stats.tokens
-            totals["ratio_max"] = max(totals.get("ratio_max", 0.0), out.stats.ratio_max)
-            token_count += out.stats.tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-        totals["grad_norm"] = max(totals.get("grad_norm", 0.0), float(grad_norm))
-        totals["lr"] = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    lr_scheduler.step()
-    if world > 1:
-        totals, token_count = _reduce_over_ranks(totals, token_count, device)
-    updates = -(-n // per_update)
-    metrics = {
-        "train/loss": totals["loss"] / updates,
-        "train/kl": totals["kl"] / max(1, token_count),
-        "train/ratio_mean": totals["ratio_mean"] / max(1, token_count),
-        "train/ratio_max": totals["ratio_max"],
-        "train/clip_frac_low": totals["clip_frac_low"] / max(1, token_count),
-        "train/clip_frac_high": totals["clip_frac_high"] / max(1, token_count),
-        "train/grad_norm": totals["grad_norm"],
-        "train/lr": totals["lr"],
-        "train/tokens": float(token_count),
-    }
-    return metrics
+            part = mine[k * micro : (k + 1) * micro]
+            weight = 1.0 if part else 0.0  # a pass with no rows of its own: the collectives still run
+            batch = collate(part or list(rows[:1]), pad)
+            self._sync_gradients(k == passes - 1)
+            with autocast(self.device, self.ctx.amp):
+                loss = sft_loss_sum(self.model, batch, self.device) * (weight / max(1, total_tokens))
+            (loss * world).backward()  # FSDP averages the ranks' gradients; the loss is their sum
+            loss_value += float(loss.detach())
+        loss_value = self.ctx.sum(loss_value)
+        grad_norm, lr = self._clip_and_step()
+        self.lr_scheduler.step()
+        return sft_metrics(loss_value, lr, grad_norm, total_tokens, time.perf_counter() - started)
+
+    def grpo_update(self, trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
+        """``updates_per_batch`` optimizer steps over the trajectories, each accumulated over micro-batches
+        (this rank's share of each mini-batch, with the mini-batch's global normaliser); metrics are
+        reduced over the ranks. Then one LR-schedule step."""
+        config = self.config
+        assert isinstance(config, GRPOConfig)
+        rank, world, device = self.ctx.rank, self.ctx.world, self.device
+        self.model.train()
+        n = len(trajectories)
+        per_update = -(-n // config.updates_per_batch)
+        totals: dict[str, float] = {}
+        token_count = 0
+        for start in range(0, n, per_update):
+            mini = list(range(start, min(n, start + per_update)))
+            tokens = sum(len(trajectories[i].completion_ids) for i in mini)
+            normalizer = float(tokens) if config.aggregation == "token" else float(len(mini))
+            mine = mini[rank::world]
+            passes = _passes(len(mini), world, config.micro_batch_size)
+            for k in range(passes):
+                idx = mine[k * config.micro_batch_size : (k + 1) * config.micro_batch_size]
+                weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
+                idx = idx or mini[:1]
+                self._sync_gradients(k == passes - 1)
+                batch = completion_batch([trajectories[i] for i in idx], [advantages[i] for i in idx],
+                                         self.tokenizer.pad_token_id)
+                with autocast(device, self.ctx.amp):
+                    logprobs = completion_logprobs(self.model, batch, device, config.temperature)
+                    ref = None
+                    if self.reference is not None and config.kl_coef > 0:
+                        with torch.no_grad():
+                            ref = completion_logprobs(self.reference, batch, device, config.temperature)
+                out = grpo_loss(logprobs, batch.old_logprobs.to(device), batch.advantages.to(device), batch.mask.to(device),
+                                clip_low=config.clip_low, clip_high=config.clip_high, ref_logprobs=ref,
+                                kl_coef=config.kl_coef, aggregation=config.aggregation, normalizer=normalizer)
+                (out.loss * (weight * world)).backward()
+                if not weight:
+                    continue
+                totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
+                for key in ("kl", "ratio_mean", "clip_frac_low", "clip_frac_high"):  # token-weighted means
+                    totals[key] = totals.get(key, 0.0) + getattr(out.stats, key) * out.stats.tokens
+                totals["ratio_max"] = max(totals.get("ratio_max", 0.0), out.stats.ratio_max)
+                token_count += out.stats.tokens
+            grad_norm, totals["lr"] = self._clip_and_step()
+            totals["grad_norm"] = max(totals.get("grad_norm", 0.0), grad_norm)
+        self.lr_scheduler.step()
+        if world > 1:
+            totals, token_count = _reduce_over_ranks(totals, token_count, device)
+        updates = -(-n // per_update)
+        return {
+            "train/loss": totals["loss"] / updates,
+            "train/kl": totals["kl"] / max(1, token_count),
+            "train/ratio_mean": totals["ratio_mean"] / max(1, token_count),
+            "train/ratio_max": totals["ratio_max"],
+            "train/clip_frac_low": totals["clip_frac_low"] / max(1, token_count),
+            "train/clip_frac_high": totals["clip_frac_high"] / max(1, token_count),
+            "train/grad_norm": totals["grad_norm"],
+            "train/lr": totals["lr"],
+            "train/tokens": float(token_count),
+        }
+
+    def skip_step(self) -> dict[str, float]:
+        """A step with nothing to learn from: the LR schedule still advances with the step count."""
+        self.lr_scheduler.step()
+        return {}
+
+    # --- weights out ------------------------------------------------------------------------
+    def rollout_policy(self) -> torch.nn.Module | None:
+        """The unsharded model rollouts sample from: the model itself in one process, rank 0's mirror
+        of the shards otherwise (None on the other ranks)."""
+        return self.model if self.ctx.world == 1 else self._mirror
+
+    def refresh_rollout_policy(self) -> torch.nn.Module | None:
+        """After an update: the rollout policy with the new weights (every rank calls it: with
+        ``world > 1`` it gathers the shards into rank 0's mirror)."""
+        if self.ctx.world == 1:
+            return self.model
+        from posttrain.training import fsdp
+
+        weights = fsdp.full_state(self.model)
+        if self._mirror is not None:
+            self._mirror.load_state_dict(weights)
+        return self._mirror
+
+    def save(self, step: int, state: dict[str, Any]) -> Path | None:
+        """A checkpoint of step ``step`` with ``state`` in its state.json (every rank calls it; rank 0
+        writes, full state dicts gathered from the shards); its path on rank 0, else None. Nothing
+        without an output_dir."""
+        if self.ckpt_root is None:
+            return None
+        full: dict[str, Any] = {}
+        if self.ctx.world > 1:
+            from posttrain.training import fsdp
+
+            full = fsdp.full_states(self.model, self.optimizer, self._tied)
+        if not self.ctx.main:
+            return None
+        return save_checkpoint(self.ckpt_root, step, self.model, self.tokenizer, self.optimizer, self.lr_scheduler, state,
+                               keep=self.config.keep_checkpoints, **full)
+
+    def last_checkpoint(self, saved: Path | None) -> Path | None:
+        """The run's final checkpoint (``saved``, else the latest on disk); no rank leaves before rank 0 wrote it."""
+        self.ctx.barrier()
+        if saved is None and self.ckpt_root is not None:
+            return latest_checkpoint(self.ckpt_root)
+        return saved
 
 
 _SUMMED = ("loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high")

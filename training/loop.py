@@ -47,19 +47,17 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService
-from posttrain.training.checkpoint import checkpoint_due, load_latest_checkpoint, save_checkpoint
+from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
-from posttrain.training.learner import grpo_update, select_groups
-from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, resolve_device, snapshot_state
-from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
+from posttrain.training.learner import DistContext, Learner, local_context, select_groups
+from posttrain.training.modeling import PolicySource, frozen_copy, load_policy, snapshot_state
 from posttrain.training.rollout import (
     RolloutGroup, SamplingConfig, Trajectory, collect_verification, generate_groups, submit_verification,
 )
 from posttrain.training.scheduler import Scheduler
+from posttrain.training.sft import MetricsFn, StartFn, StopFn
 
-MetricsFn = Callable[[int, dict[str, float]], None]
 GroupsFn = Callable[[int, list[RolloutGroup]], None]
-StopFn = Callable[[], bool]
 
 
 @dataclass
@@ -355,51 +353,50 @@ def train_grpo(
     on_metrics: MetricsFn | None = None,
     on_groups: GroupsFn | None = None,
     should_stop: StopFn | None = None,
+    on_start: StartFn | None = None,
+    ctx: DistContext | None = None,
 ) -> GRPOResult:
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    source = policy if policy is not None else config.model
-    if source is None:
-        raise ValueError("no model: set GRPOConfig.model to a model directory or pass a (model, tokenizer) pair")
-    model, tokenizer = load_policy(source, device=device)
-    if config.lora is not None:
-        model = apply_lora(model, config.lora)
-    ref_model = frozen_copy(model) if config.kl_coef > 0 else None
-    scheduler = scheduler or Scheduler(config.scheduler)
-    scheduler.set_domains(config.domains)
-    optimizer = make_optimizer(model, config)
-    lr_scheduler = make_lr_scheduler(optimizer, config)
-
-    ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
-    start = 0
-    if ckpt_root is not None and config.resume and (loaded := load_latest_checkpoint(ckpt_root, model, optimizer, lr_scheduler)):
-        state = loaded[1]
-        start = int(state["step"])
-        scheduler.load_state_dict(state["scheduler"])
-
-    result = GRPOResult(steps=start, checkpoint=None, model=model, resumed_from=start)
-    with rollout_source(config, model, tokenizer, scheduler, version=start, source=source, service=service) as rollouts:
+    """GRPO in this process or, with ``ctx`` from :func:`posttrain.training.fsdp.process_group`, as one rank
+    of an FSDP job: the same loop on every rank; rank 0 draws the rollouts and broadcasts the step's
+    trajectories (``on_groups`` is called there only)."""
+    ctx = ctx or local_context(config)
+    learner = Learner(config, ctx, policy, reference=config.kl_coef > 0)
+    result = GRPOResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
+    with contextlib.ExitStack() as stack:
+        rollouts: RolloutSource | None = None
+        if ctx.main:
+            scheduler = scheduler or Scheduler(config.scheduler)
+            scheduler.set_domains(config.domains)
+            if learner.state:
+                scheduler.load_state_dict(learner.state["scheduler"])
+            source = policy if policy is not None else config.model
+            assert source is not None and (rollout_policy := learner.rollout_policy()) is not None
+            rollouts = stack.enter_context(rollout_source(config, rollout_policy, learner.tokenizer, scheduler,
+                                                          version=learner.start, source=source, service=service))
+        if on_start is not None:
+            on_start(learner.start)
         last_end = time.perf_counter()
-        for step in range(start, config.max_steps):
+        for step in range(learner.start, config.max_steps):
             if should_stop is not None and should_stop():
                 break
-            batch, trajectories, advantages, metrics = draw_step(rollouts, step, config)
+            batch, payload = None, [None, None, None]
+            if rollouts is not None:
+                batch, *payload = draw_step(rollouts, step, config)  # trajectories, advantages, rollout metrics
+            trajectories, advantages, metrics = ctx.broadcast(payload)
             t_learn = time.perf_counter()
-            if trajectories:
-                metrics |= grpo_update(model, ref_model, optimizer, lr_scheduler, trajectories, advantages, config, tokenizer.pad_token_id)
-            else:
-                lr_scheduler.step()  # keep the schedule in step with the step count
-            rollouts.publish(model, version=step + 1)
+            metrics |= learner.grpo_update(trajectories, advantages) if trajectories else learner.skip_step()
+            updated = learner.refresh_rollout_policy()  # every rank takes part when the learner is sharded
+            if rollouts is not None and updated is not None:
+                rollouts.publish(updated, version=step + 1)
             last_end = time_step(metrics, t_learn, last_end)
             result.metrics.append(metrics)
             result.steps = step + 1
-            if on_groups is not None:
+            if on_groups is not None and batch is not None:
                 on_groups(step + 1, batch.groups)
             if on_metrics is not None:
                 on_metrics(step + 1, metrics)
-            if ckpt_root is not None and checkpoint_due(config, step + 1):
-                result.checkpoint = save_checkpoint(
-                    ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler,
-                    {"scheduler": scheduler.state_dict(), "data_position": step + 1}, keep=config.keep_checkpoints,
-                )
+            if checkpoint_due(config, step + 1):
+                state = {"scheduler": scheduler.state_dict() if scheduler is not None else None, "data_position": step + 1}
+                result.checkpoint = learner.save(step + 1, state) or result.checkpoint
+    result.checkpoint = learner.last_checkpoint(result.checkpoint)
     return result

@@ -3,30 +3,32 @@
     result = train_sft(SFTConfig(model="path/to/model", domains=["str.copy.letters"], max_steps=50,
                                  output_dir="runs/sft1"))
 
-Read top to bottom: data -> packed rows -> (resume) -> for each step: micro-batches with
-gradient accumulation, loss = summed token NLL / trained tokens of the whole step ->
-clip, step, schedule -> metrics -> checkpoint. The data order is a seeded permutation per
-epoch, so the step number alone is the data position.
+Read top to bottom: the learner (model, optimizer, schedule; resumed from the latest
+checkpoint) -> data -> packed rows -> for each step: the step's rows -> ``Learner.sft_step``
+(micro-batches with gradient accumulation, loss = summed token NLL / trained tokens of the
+whole step; clip, step, schedule) -> metrics -> checkpoint. The data order is a seeded
+permutation per epoch, so the step number alone is the data position. The same loop runs
+on every rank of an FSDP job.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from posttrain.training.checkpoint import checkpoint_due, checkpoint_step, load_latest_checkpoint, save_checkpoint
 from posttrain.platform.verifiers.models import TaskSpec
+from posttrain.training.checkpoint import checkpoint_due, checkpoint_step
 from posttrain.training.config import SFTConfig
-from posttrain.training.data import IGNORE, PackedBatch, SFTExample, chat_example, collate, pack, read_chat_jsonl, task_examples
-from posttrain.training.modeling import PolicySource, autocast, load_policy, resolve_device, token_logprobs
-from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
+from posttrain.training.data import SFTExample, chat_example, pack, read_chat_jsonl, task_examples
+from posttrain.training.learner import DistContext, Learner, local_context
+from posttrain.training.modeling import PolicySource
 
 MetricsFn = Callable[[int, dict[str, float]], None]
 StopFn = Callable[[], bool]
+StartFn = Callable[[int], None]  # called once with the step the run starts from (0, or a resumed checkpoint's)
 
 
 @dataclass
@@ -56,14 +58,6 @@ def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: i
     return examples
 
 
-def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.device) -> torch.Tensor:
-    """Summed NLL of the labelled tokens (packed rows: positions restart, no cross-example attention)."""
-    ids = batch.input_ids.to(device)
-    logprobs = token_logprobs(model, ids, None, position_ids=batch.position_ids.to(device))
-    mask = (batch.labels[:, 1:] != IGNORE).to(device)
-    return -(logprobs * mask).sum()
-
-
 def _rows_for_step(num_rows: int, step: int, per_step: int, seed: int) -> list[int]:
     out = []
     for i in range(step * per_step, (step + 1) * per_step):
@@ -84,14 +78,6 @@ def step_rows(rows: Sequence[list[SFTExample]], step: int, config: SFTConfig) ->
     return [rows[i] for i in _rows_for_step(len(rows), step, per_step, config.seed)]
 
 
-def step_metrics(loss: float, lr: float, grad_norm: float, tokens: int, elapsed_s: float) -> dict[str, float]:
-    """What an SFT step reports (one process or many)."""
-    return {
-        "train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-        "train/tokens": float(tokens), "train/tokens_per_s": tokens / max(elapsed_s, 1e-9),
-    }  # fmt: skip
-
-
 def train_sft(
     config: SFTConfig,
     policy: PolicySource | None = None,
@@ -99,57 +85,28 @@ def train_sft(
     *,
     on_metrics: MetricsFn | None = None,
     should_stop: StopFn | None = None,
+    on_start: StartFn | None = None,
+    ctx: DistContext | None = None,
 ) -> SFTResult:
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    source = policy if policy is not None else config.model
-    if source is None:
-        raise ValueError("no model: set SFTConfig.model to a model directory or pass a (model, tokenizer) pair")
-    model, tokenizer = load_policy(source, device=device)
-    if config.lora is not None:
-        model = apply_lora(model, config.lora)
-    model.train()
-    data = list(examples) if examples is not None else build_examples(config, tokenizer)
+    """SFT on ``config``'s data (or ``examples``), in this process or, with ``ctx`` from
+    :func:`posttrain.training.fsdp.process_group`, as one rank of an FSDP job (the same loop on every rank)."""
+    learner = Learner(config, ctx or local_context(config), policy)
+    data = list(examples) if examples is not None else build_examples(config, learner.tokenizer)
     rows = training_rows(config, data)
-    optimizer = make_optimizer(model, config)
-    lr_scheduler = make_lr_scheduler(optimizer, config)
-
-    ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
-    start = 0
-    if ckpt_root is not None and config.resume and (loaded := load_latest_checkpoint(ckpt_root, model, optimizer, lr_scheduler)):
-        start = int(loaded[1]["step"])
-
-    per_step = config.micro_batch_size * config.grad_accum_steps
-    result = SFTResult(steps=start, checkpoint=None, model=model, resumed_from=start)
-    for step in range(start, config.max_steps):
+    result = SFTResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
+    if on_start is not None:
+        on_start(learner.start)
+    for step in range(learner.start, config.max_steps):
         if should_stop is not None and should_stop():
             break
-        t0 = time.perf_counter()
-        chosen = step_rows(rows, step, config)
-        micro = [chosen[i : i + config.micro_batch_size] for i in range(0, per_step, config.micro_batch_size)]
-        batches = [collate(m, tokenizer.pad_token_id) for m in micro]
-        total_tokens = sum(int((b.labels[:, 1:] != IGNORE).sum()) for b in batches)
-        loss_value = 0.0
-        for batch in batches:
-            with autocast(device, config.bf16):
-                loss = sft_loss_sum(model, batch, device) / max(1, total_tokens)
-            loss.backward()
-            loss_value += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf"))
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
-        metrics = step_metrics(loss_value, lr, float(grad_norm), total_tokens, elapsed)
+        metrics = learner.sft_step(step_rows(rows, step, config))
         result.metrics.append(metrics)
         result.steps = step + 1
         if on_metrics is not None:
             on_metrics(step + 1, metrics)
-        if ckpt_root is not None and checkpoint_due(config, step + 1):
-            result.checkpoint = save_checkpoint(
-                ckpt_root, step + 1, model, tokenizer, optimizer, lr_scheduler, {"data_position": step + 1}, keep=config.keep_checkpoints
-            )
+        if checkpoint_due(config, step + 1):
+            result.checkpoint = learner.save(step + 1, {"data_position": step + 1}) or result.checkpoint
+    result.checkpoint = learner.last_checkpoint(result.checkpoint)
     return result
 
 
