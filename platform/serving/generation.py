@@ -7,6 +7,12 @@ A greedy row keeps the drafts the model itself would have produced and one
 more token, so the output equals plain greedy decoding; rejected drafts are
 cropped from the KV cache (or masked out when other rows kept more). Rows that
 sample never draft.
+
+Rollouts use the same loop: sequences can record the log-prob of every token they accept
+(``SamplingParams.logprobs``: log-softmax of the logits over the temperature, the untruncated
+distribution; off by default, so serving computes nothing extra), and :meth:`DecodeBatch.add_groups`
+adds groups of sequences that share a prompt, prefilled once with the KV cache repeated for each
+member. Sampling rows that share a generator and settings draw their tokens in one batched call.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    logprobs: bool = False  # record each accepted token's log-prob in Sequence.logprobs
 
     @property
     def greedy(self) -> bool:
@@ -47,6 +54,7 @@ class Sequence:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     generator: torch.Generator | None = None
+    logprobs: list[float] = field(default_factory=list)  # one per generated token when params.logprobs
 
     @property
     def finished(self) -> bool:
@@ -78,20 +86,81 @@ def prompt_lookup_draft(tokens: list[int], cfg: SpeculationConfig) -> list[int]:
     return []
 
 
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of each row of ``probs`` beyond the smallest head whose mass reaches ``top_p``
+    (the nucleus ``generate``'s top-p warper keeps: a token stays when the mass before it is below ``top_p``)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+
+
 def _choose(logits: torch.Tensor, seq: Sequence) -> int:
     if seq.params.greedy:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / seq.params.temperature, dim=-1)
-    if seq.params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < seq.params.top_p
-        sorted_probs = sorted_probs * keep
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    probs = _top_p_filter(torch.softmax(logits.float() / seq.params.temperature, dim=-1), seq.params.top_p)
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
-def accept_tokens(seq: Sequence, new_ids: list[int]) -> None:
-    """Append tokens up to a stop token or the length limit and emit them."""
+def choose_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """The next token of each sequence from its row of ``logits`` (rows, vocab): argmax for greedy
+    rows; sampled rows that share a generator, temperature and top-p draw in one batched call."""
+    chosen = [0] * len(seqs)
+    together: dict[tuple[int, float, float], list[int]] = {}
+    for row, seq in enumerate(seqs):
+        if seq.params.greedy:
+            chosen[row] = int(torch.argmax(logits[row]))
+        else:
+            together.setdefault((id(seq.generator), seq.params.temperature, seq.params.top_p), []).append(row)
+    for rows in together.values():
+        first = seqs[rows[0]]
+        if len(rows) == 1:
+            chosen[rows[0]] = _choose(logits[rows[0]], first)
+            continue
+        probs = _top_p_filter(torch.softmax(logits[rows].float() / first.params.temperature, dim=-1), first.params.top_p)
+        for row, tok in zip(rows, _draw(probs, first.generator)):
+            chosen[row] = tok
+    return chosen
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
+    """One index per row of ``probs`` (unnormalised), drawn in proportion to it by inverse-CDF
+    sampling: one uniform per row against the row's float64 running sums (a zero-probability index
+    is never picked). Drawing one number per row instead of one per vocabulary entry makes this a
+    fraction of ``torch.multinomial``'s cost on CPU for a large vocabulary."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=generator)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return index.clamp(max=probs.shape[-1] - 1).squeeze(-1).tolist()
+
+
+def chosen_logprobs(logits: torch.Tensor, ids: list[int], temperatures: list[float]) -> list[float]:
+    """``log_softmax(logits[j] / temperatures[j])[ids[j]]`` for each row ``j``: the log-prob of the chosen
+    token under the untruncated sampling distribution (temperature 1 for greedy rows)."""
+    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)[:, None]
+    logprobs = torch.log_softmax(logits.float() / scale, dim=-1)
+    return logprobs.gather(1, torch.tensor(ids, device=logits.device)[:, None]).squeeze(1).tolist()
+
+
+def _logprobs_of(logits: torch.Tensor, new_ids: list[list[int]], seqs: list[Sequence]) -> list[list[float] | None]:
+    """The log-probs of ``new_ids[i]`` (token ``j`` scored by ``logits[i, j]``; logits are rows, positions,
+    vocab) for each sequence that records them; None for the others."""
+    out: list[list[float] | None] = [None] * len(seqs)
+    wanted = [i for i, s in enumerate(seqs) if s.params.logprobs]
+    if not wanted:
+        return out
+    rows = [i for i in wanted for _ in new_ids[i]]
+    cols = [j for i in wanted for j in range(len(new_ids[i]))]
+    flat = chosen_logprobs(logits[rows, cols], [t for i in wanted for t in new_ids[i]],
+                           [seqs[r].params.temperature for r in rows])
+    for i in wanted:
+        out[i], flat = flat[: len(new_ids[i])], flat[len(new_ids[i]) :]
+    return out
+
+
+def accept_tokens(seq: Sequence, new_ids: list[int], logprobs: list[float] | None = None) -> None:
+    """Append tokens up to a stop token or the length limit and emit them (and their log-probs, when given)."""
     kept: list[int] = []
     for tok in new_ids:
         kept.append(tok)
@@ -102,6 +171,8 @@ def accept_tokens(seq: Sequence, new_ids: list[int]) -> None:
             seq.finish_reason = "length"
             break
     seq.generated.extend(kept)
+    if logprobs is not None:
+        seq.logprobs.extend(logprobs[: len(kept)])
     if kept:
         seq.emit(kept)
 
@@ -157,42 +228,64 @@ class DecodeBatch:
     @torch.inference_mode()
     def add(self, seqs: list[Sequence]) -> None:
         """Prefill ``seqs`` and add them to the batch; each gets its first token (and may finish at once)."""
-        seqs = [s for s in seqs if not s.finished]
-        if not seqs:
+        self.add_groups([[s] for s in seqs])
+
+    @torch.inference_mode()
+    def add_groups(self, groups: list[list[Sequence]]) -> None:
+        """Add groups of sequences whose members share one prompt (the samples of a rollout group):
+        each group's prompt is prefilled once and its KV cache repeated for every member, which then
+        draws its own first token from the shared logits."""
+        groups = [live for g in groups if (live := [s for s in g if not s.finished])]
+        if not groups:
             return
+        for group in groups:
+            if any(s.prompt_ids != group[0].prompt_ids for s in group[1:]):
+                raise ValueError("add_groups: every sequence of a group must have the same prompt_ids")
+        seqs = [s for g in groups for s in g]
         for seq in seqs:
             if seq.params.seed is not None and not seq.params.greedy:
                 seq.generator = torch.Generator().manual_seed(seq.params.seed)
-        lengths = [len(s.prompt_ids) for s in seqs]
+        cache, mask, logits = self._prefill([g[0].prompt_ids for g in groups])
+        valid = mask.sum(-1)
+        if len(seqs) > len(groups):  # repeat each group's prefilled row for its members
+            index = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+            cache.batch_select_indices(index.to(self.device))
+            mask, valid, logits = mask[index], valid[index], logits[index.to(logits.device)]
+        pending = choose_tokens(logits, seqs)
+        for seq, tok, logprobs in zip(seqs, pending, _logprobs_of(logits[:, None], [[t] for t in pending], seqs)):
+            accept_tokens(seq, [tok], logprobs)
+        self._splice(cache, mask, valid)
+        self.seqs += seqs
+        self.pending += pending
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Run the left-padded prompts through the model: their cache, mask and last-position logits."""
+        lengths = [len(p) for p in prompts]
         width = max(lengths)
-        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - lengths[row] :] = torch.tensor(prompt)
             mask[row, width - lengths[row] :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = _forward(self.model, cache, input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                        position_ids=positions.to(self.device))
-        pending = []
-        for row, seq in enumerate(seqs):
-            tok = _choose(out.logits[row, -1], seq)
-            pending.append(tok)
-            accept_tokens(seq, [tok])
-        valid = torch.tensor(lengths)
+        return cache, mask, out.logits[:, -1]
+
+    def _splice(self, cache: DynamicCache, mask: torch.Tensor, valid: torch.Tensor) -> None:
+        """Append newly prefilled rows to the running batch, left-padding whichever side is shorter."""
         if self.cache is None:
             self.cache, self.mask, self.valid = cache, mask, valid
-        else:
-            if not (_mergeable(self.cache) and _mergeable(cache)):
-                raise RuntimeError("this model's cache layout does not allow joining a running batch")
-            total = max(self.mask.shape[1], width)
-            for mine, theirs in zip(self.cache.layers, cache.layers):
-                mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
-                mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
-            self.mask = torch.cat([_left_pad(self.mask, total, -1), _left_pad(mask, total, -1)], dim=0)
-            self.valid = torch.cat([self.valid, valid])
-        self.seqs += seqs
-        self.pending += pending
+            return
+        if not (_mergeable(self.cache) and _mergeable(cache)):
+            raise RuntimeError("this model's cache layout does not allow joining a running batch")
+        total = max(self.mask.shape[1], mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
+            mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
+        self.mask = torch.cat([_left_pad(self.mask, total, -1), _left_pad(mask, total, -1)], dim=0)
+        self.valid = torch.cat([self.valid, valid])
 
     def pop_finished(self) -> list[Sequence]:
         """Remove finished sequences (stopped, or aborted by their caller) from the batch and return them."""
@@ -238,7 +331,10 @@ class DecodeBatch:
         out = _forward(self.model, self.cache, input_ids=step_ids.to(self.device), attention_mask=mask.to(self.device),
                        position_ids=step_pos.to(self.device))
         logits = out.logits
+        sampling = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        sampled = dict(zip(sampling, choose_tokens(logits[sampling, 0], [seqs[i] for i in sampling]))) if sampling else {}
         kept_per_row: list[int] = []
+        new_per_row: list[list[int]] = []
         for i, seq in enumerate(seqs):
             draft = drafts[i]
             if seq.params.greedy:
@@ -248,12 +344,14 @@ class DecodeBatch:
                     n += 1
                 new_ids = draft[:n] + [preds[n]]
             else:
-                n, new_ids = 0, [_choose(logits[i, 0], seq)]
+                n, new_ids = 0, [sampled[i]]
             seq.draft_tokens += len(draft)
             seq.accepted_draft_tokens += n
             kept_per_row.append(1 + n)  # last input token + accepted drafts now valid in the cache
             self.pending[i] = new_ids[-1]
-            accept_tokens(seq, new_ids)
+            new_per_row.append(new_ids)
+        for seq, new_ids, logprobs in zip(seqs, new_per_row, _logprobs_of(logits, new_per_row, seqs)):
+            accept_tokens(seq, new_ids, logprobs)
         # rejected drafts: crop what no row kept, mask out the rest
         crop = 1 + k - max(kept_per_row)
         if crop:
@@ -287,3 +385,27 @@ def generate_batch(
         batch.step()
         batch.pop_finished()
     batch.abort()
+
+
+def decode_groups(
+    model: PreTrainedModel,
+    groups: list[list[Sequence]],
+    pad_token_id: int = 0,
+    max_num_seqs: int | None = None,
+) -> None:
+    """Decode groups of sequences that share a prompt (see :meth:`DecodeBatch.add_groups`) until each
+    stops. Rows leave the batch as they finish; waiting groups join, in order, while the batch has
+    room for a whole group (``max_num_seqs`` rows; None: every group at once; a group larger than
+    that joins an empty batch alone)."""
+    batch = DecodeBatch(model, SpeculationConfig(0), pad_token_id)
+    waiting = list(groups)
+    while waiting or len(batch):
+        room = max_num_seqs - len(batch) if max_num_seqs else sum(len(g) for g in waiting)
+        joining: list[list[Sequence]] = []
+        while waiting and batch.can_join and (len(waiting[0]) <= room or not (len(batch) or joining)):
+            room -= len(waiting[0])
+            joining.append(waiting.pop(0))
+        batch.add_groups(joining)
+        batch.pop_finished()
+        batch.step()
+        batch.pop_finished()

@@ -1,0 +1,451 @@
+"""The inference engine protocol rollouts sample through, its two engines, and the log-prob agreement check.
+
+    engine = EmbeddedRolloutEngine.from_dir("var/models/tiny")           # CPU: serving's decode loop
+    groups = rollout_groups(engine, engine.tokenizer, tasks, group_size=8, sampling=SamplingConfig())
+    ... learner update ...
+    engine.load_weights(snapshot_state(model), version=step)             # every update
+    check_logprob_mismatch(measure_logprob_mismatch(model, trajectories, pad_id=pad, temperature=1.0))
+
+An :class:`InferenceEngine` samples ``n`` completions of each token-id prompt with one sampling
+config and returns, per completion, the exact token ids, the behaviour log-prob of every sampled
+token and whether it ended with a stop token. Log-probs follow :mod:`posttrain.training.rollout`'s
+convention: ``log_softmax(logits / temperature)`` of the untruncated distribution (``top_p`` only
+shapes what is drawn). :func:`rollout_groups` turns any engine's output into the
+:class:`~posttrain.training.rollout.RolloutGroup` s that :func:`~posttrain.training.rollout.generate_groups`
+makes, tagged with the engine's policy version.
+
+- :class:`EmbeddedRolloutEngine` runs the embedded serving engine's continuous-batching loop
+  (:func:`~posttrain.platform.serving.generation.decode_groups`): each prompt is prefilled once and
+  its KV cache repeated for its group, and finished rows leave the batch as they finish, where
+  ``generate`` keeps them until the longest completion ends.
+- :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in-process on a GPU host and pushes the learner's
+  weights into it after every update.
+
+Behaviour and learner log-probs of the same tokens should agree up to numerics (fp32 CPU: about
+1e-6; bf16 engines: about 1e-2 mean absolute difference); :func:`measure_logprob_mismatch` and
+:func:`check_logprob_mismatch` catch an engine that samples from weights other than the learner's.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.platform.models.loader import load_model
+from posttrain.platform.serving.generation import SamplingParams
+from posttrain.platform.serving.generation import Sequence as DecodeSequence
+from posttrain.platform.serving.generation import decode_groups
+from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.learner import completion_batch, completion_logprobs
+from posttrain.training.modeling import autocast, eval_mode
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, prompt_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: its exact token ids, the behaviour log-prob of each, and whether it
+    ended with a stop token (False: cut at ``max_new_tokens``)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """What rollouts sample through; ``version`` is the policy version of the weights it holds."""
+
+    version: int
+
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
+    ) -> list[list[Completion]]:
+        """``n`` completions of each prompt, in prompt order."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Take the learner's weights (a full state dict) as policy ``version``."""
+        ...
+
+
+def rollout_groups(
+    engine: InferenceEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[TaskSpec],
+    group_size: int,
+    sampling: SamplingConfig,
+    *,
+    seed: int | None = None,
+) -> list[RolloutGroup]:
+    """``group_size`` completions of each task through ``engine``: the groups
+    :func:`~posttrain.training.rollout.generate_groups` makes, tagged with ``engine.version``."""
+    prompts = [prompt_ids(tokenizer, t) for t in tasks]
+    version = engine.version
+    completions = engine.generate(prompts, group_size, sampling, seed=seed)
+    return [
+        RolloutGroup(task=task, trajectories=[_trajectory(tokenizer, prompt, c) for c in group], policy_version=version)
+        for task, prompt, group in zip(tasks, prompts, completions)
+    ]
+
+
+def _trajectory(tokenizer: PreTrainedTokenizerBase, prompt: list[int], completion: Completion) -> Trajectory:
+    return Trajectory(
+        prompt_ids=prompt,
+        completion_ids=completion.token_ids,
+        behaviour_logprobs=completion.logprobs,
+        text=tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+        finished=completion.finished,
+    )
+
+
+# ----------------------------------------------------------------------------- the embedded engine
+
+
+class EmbeddedRolloutEngine:
+    """Rollouts on the embedded serving engine's decode loop, on CPU or one torch device.
+
+    Stops at ``stop_token_ids`` (default: the tokenizer's end-of-turn token, as ``generate_groups``).
+    ``max_num_seqs`` caps the rows decoded together (None: every group of a call at once); waiting
+    groups join as rows leave. With ``seed`` a call draws from one generator of its own, so the same
+    prompts, weights and seed give the same completions.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        stop_token_ids: Iterable[int] | None = None,
+        max_num_seqs: int | None = None,
+        version: int = 0,
+    ) -> None:
+        eos = tokenizer.eos_token_id
+        self.model, self.tokenizer, self.max_num_seqs, self.version = model, tokenizer, max_num_seqs, version
+        self.stop_token_ids = frozenset(stop_token_ids if stop_token_ids is not None else [eos])
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
+
+    @classmethod
+    def from_dir(
+        cls, path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs: Any
+    ) -> EmbeddedRolloutEngine:
+        """An engine on a model directory, loaded the way serving loads it (stops at its end-of-turn tokens)."""
+        loaded = load_model(path, dtype=dtype, device=device)
+        kwargs.setdefault("stop_token_ids", loaded.eos_token_ids)
+        return cls(loaded.model, loaded.tokenizer, **kwargs)
+
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
+    ) -> list[list[Completion]]:
+        params = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, logprobs=True)
+        generator = None if seed is None else torch.Generator(device=self.model.device).manual_seed(seed)
+        groups = [[DecodeSequence(list(p), params, self.stop_token_ids, generator=generator) for _ in range(n)]
+                  for p in prompts]
+        with eval_mode(self.model):
+            decode_groups(self.model, groups, pad_token_id=self.pad_token_id, max_num_seqs=self.max_num_seqs)
+        return [[Completion(s.generated, s.logprobs, s.finish_reason == "stop") for s in group] for group in groups]
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(dict(state_dict))
+        self.version = version
+
+
+# ----------------------------------------------------------------------------- the vLLM engine
+
+
+@dataclass(frozen=True)
+class VLLMEngineArgs:
+    """What ``vllm.LLM`` is built with besides the model; the defaults suit one GPU shared with the learner.
+
+    ``logprobs_mode="processed_logprobs"`` makes vLLM report log-probs after temperature scaling
+    (its default, ``raw_logprobs``, ignores the temperature); with ``top_p < 1`` vLLM's processed
+    log-probs are those of the truncated distribution, unlike the embedded engine's.
+    """
+
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    seed: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def llm_kwargs(self, model: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": model, "dtype": self.dtype, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enable_prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager,
+            "seed": self.seed, "logprobs_mode": "processed_logprobs",
+        }  # fmt: skip
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        return kwargs | dict(self.extra)
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+class VLLMRolloutEngine:
+    """Rollouts through vLLM in-process (``vllm.LLM``) on a GPU host.
+
+    Sampling: one ``SamplingParams(n=..., temperature, top_p, max_tokens, logprobs=0, seed)`` per
+    call, prompts given as token ids; ``logprobs=0`` returns the sampled token's log-prob only.
+
+    Weights (:meth:`load_weights`, after every update) go the first way that works:
+
+    1. ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)``: the model
+       object in this process (TRL's colocate path; vLLM's engine core runs in-process because
+       ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before vLLM is imported, unless already set);
+    2. ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``: current vLLM
+       workers' in-place reload;
+    3. the state saved as a model directory under ``weights_dir`` and a new ``LLM`` built on it.
+
+    Each is followed by ``llm.reset_prefix_cache()`` (cached prefixes hold the old weights' keys
+    and values); ``weight_sync`` says which way the last update went.
+
+    What ran where: no GPU was lent while this was written, so vLLM itself has not run here. The
+    tests drive this class with a fake ``LLM`` that records its calls: the arguments built, the
+    outputs read back, each weight path and the version tags. The paths follow TRL's
+    ``trl/generation/vllm_generation.py`` and vLLM's worker API as published, untried on a GPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        args: VLLMEngineArgs = VLLMEngineArgs(),
+        weights_dir: str | os.PathLike[str] | None = None,
+        version: int = 0,
+        llm_class: Any = None,
+        sampling_params_class: Any = None,
+    ) -> None:
+        if llm_class is None or sampling_params_class is None:
+            vllm = _import_vllm()
+            llm_class, sampling_params_class = llm_class or vllm.LLM, sampling_params_class or vllm.SamplingParams
+        self.model_path, self.args, self.version = Path(model_path), args, version
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))
+        self._llm_class, self._sampling_params_class = llm_class, sampling_params_class
+        self.llm = llm_class(**args.llm_kwargs(str(self.model_path)))
+        self.weight_sync: str | None = None
+
+    def sampling_params(self, n: int, sampling: SamplingConfig, seed: int | None) -> Any:
+        return self._sampling_params_class(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                           max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed)
+
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
+    ) -> list[list[Completion]]:
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                    sampling_params=self.sampling_params(n, sampling, seed), use_tqdm=False)
+        return [[_vllm_completion(o) for o in out.outputs] for out in outputs]
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        weights = list(state_dict.items())
+        model = _in_process_model(self.llm)
+        if model is not None:
+            model.load_weights(weights)
+            self.weight_sync = "in_process"
+        elif not self._reload_through_rpc(weights):
+            self._rebuild_from(save_weights(state_dict, self.model_path, self.weights_dir, version))
+            self.weight_sync = "reload_from_dir"
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def _reload_through_rpc(self, weights: list[tuple[str, torch.Tensor]]) -> bool:
+        if not hasattr(self.llm, "collective_rpc"):
+            return False
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        except Exception as exc:  # older workers have no in-place reload: save and rebuild instead
+            log.warning("vLLM collective_rpc('reload_weights') failed (%s); reloading from a saved directory", exc)
+            return False
+        self.weight_sync = "collective_rpc"
+        return True
+
+    def _rebuild_from(self, path: Path) -> None:
+        self.llm = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.llm = self._llm_class(**self.args.llm_kwargs(str(path)))
+
+
+def _import_vllm() -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: weight path 1
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError("VLLMRolloutEngine needs vLLM, which a GPU host installs with the gpu extra: "
+                          "pip install 'posttrain[gpu]'; on CPU use EmbeddedRolloutEngine") from exc
+    return vllm
+
+
+def _in_process_model(llm: Any) -> Any | None:
+    """The vLLM model object when its worker runs in this process, else None."""
+    try:
+        return llm.llm_engine.model_executor.driver_worker.model_runner.model
+    except AttributeError:
+        return None
+
+
+def _vllm_completion(output: Any) -> Completion:
+    """A vLLM ``CompletionOutput`` (token ids, per-token ``{token_id: Logprob}``, finish reason) as a Completion."""
+    ids = list(output.token_ids)
+    steps = output.logprobs or []
+    if len(steps) != len(ids):
+        raise RuntimeError(f"vLLM returned log-probs for {len(steps)} of {len(ids)} sampled tokens; "
+                           "sample with SamplingParams(logprobs=0)")
+    return Completion(ids, [float(step[tok].logprob) for step, tok in zip(steps, ids)], output.finish_reason == "stop")
+
+
+def save_weights(state_dict: Mapping[str, torch.Tensor], source: Path, weights_dir: Path, version: int) -> Path:
+    """``state_dict`` as a model directory ``weights_dir/version-N`` (the source directory's config and
+    tokenizer files, one ``model.safetensors``), written to a temporary name and renamed; older
+    versions are removed."""
+    from safetensors.torch import save_file
+
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".version-", dir=weights_dir))
+    for item in source.iterdir():
+        if item.is_file() and not item.name.endswith(WEIGHT_FILES):
+            shutil.copy2(item, staging / item.name)
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()},
+              str(staging / "model.safetensors"), metadata={"format": "pt"})
+    final = weights_dir / f"version-{version}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    for old in weights_dir.glob("version-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# ----------------------------------------------------------------------------- behaviour vs learner log-probs
+
+
+@dataclass(frozen=True)
+class LogprobMismatch:
+    """How far the behaviour log-probs recorded at sampling are from the learner's for the same tokens.
+
+    With ``d = learner - behaviour`` per completion token: ``mean_abs_diff`` and ``max_abs_diff`` of
+    ``|d|`` (slime's ``train_rollout_logprob_abs_diff``), ``kl_k1 = mean(-d)`` and
+    ``kl_k3 = mean(exp(d) - d - 1)``, estimates of KL(behaviour || learner) from the sampled tokens
+    (verl's ``rollout_corr/kl`` and ``k3_kl``; k3 is never negative), the importance ratio
+    ``exp(d)``'s mean, min and max (TRL's ``importance_sampling_ratio``) and the mean absolute
+    difference of the probabilities (verl's ``rollout_probs_diff_mean``).
+    """
+
+    tokens: int
+    mean_abs_diff: float
+    max_abs_diff: float
+    kl_k1: float
+    kl_k3: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    prob_abs_diff_mean: float
+
+    def metrics(self, prefix: str = "rollout/logprob_") -> dict[str, float]:
+        return {f"{prefix}{name}": float(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+_EXP_BOUND = 20.0  # |d| beyond this is clamped before exp (verl's SAFETY_BOUND)
+
+
+def logprob_mismatch(behaviour: torch.Tensor, learner: torch.Tensor, mask: torch.Tensor) -> LogprobMismatch:
+    """The mismatch over the tokens where ``mask`` is 1 (all three tensors: completions x tokens)."""
+    keep = mask.bool()
+    if not keep.any():
+        raise ValueError("logprob_mismatch: the mask selects no tokens")
+    b, lp = behaviour.detach().double()[keep], learner.detach().double()[keep]
+    d = lp - b
+    ratio = torch.exp(d.clamp(-_EXP_BOUND, _EXP_BOUND))
+    return LogprobMismatch(
+        tokens=int(keep.sum()),
+        mean_abs_diff=float(d.abs().mean()),
+        max_abs_diff=float(d.abs().max()),
+        kl_k1=float((-d).mean()),
+        kl_k3=float((ratio - d - 1).mean()),
+        ratio_mean=float(ratio.mean()),
+        ratio_min=float(ratio.min()),
+        ratio_max=float(ratio.max()),
+        prob_abs_diff_mean=float((lp.exp() - b.exp()).abs().mean()),
+    )
+
+
+def measure_logprob_mismatch(
+    model: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_id: int,
+    temperature: float,
+    bf16: bool | None = False,
+) -> LogprobMismatch:
+    """Recompute the trajectories' completion log-probs with the learner's ``model`` (its own batch
+    layout, :func:`~posttrain.training.learner.completion_logprobs`) and compare them with the
+    behaviour log-probs recorded at sampling."""
+    device = next(model.parameters()).device
+    batch = completion_batch(trajectories, [0.0] * len(trajectories), pad_id)
+    with eval_mode(model), torch.no_grad(), autocast(device, bf16):
+        learner = completion_logprobs(model, batch, device, temperature).float().cpu()
+    return logprob_mismatch(batch.old_logprobs, learner, batch.mask)
+
+
+@dataclass(frozen=True)
+class MismatchTolerance:
+    """How far behaviour log-probs may drift from the learner's before training stops.
+
+    The defaults let a bf16 engine through (about 0.01 mean absolute difference is usual) and stop
+    one sampling from other weights (a missed weight push, another temperature); an fp32 engine on
+    the same device agrees to about 1e-6. ``max_abs_diff`` is off by default: single tokens of a
+    bf16 engine can differ by more than 1.
+    """
+
+    mean_abs_diff: float = 0.05
+    kl_k3: float = 0.01
+    max_abs_diff: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("mean_abs_diff", "kl_k3", "max_abs_diff"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"MismatchTolerance.{name} must be > 0, got {value}")
+
+
+class LogprobMismatchError(RuntimeError):
+    """Behaviour and learner log-probs disagree beyond the tolerance; ``mismatch`` holds the figures."""
+
+    def __init__(self, message: str, mismatch: LogprobMismatch) -> None:
+        super().__init__(message)
+        self.mismatch = mismatch
+
+
+def check_logprob_mismatch(mismatch: LogprobMismatch, tolerance: MismatchTolerance = MismatchTolerance()) -> None:
+    """Raise :class:`LogprobMismatchError` naming each figure past its tolerance."""
+    limits = {"mean_abs_diff": tolerance.mean_abs_diff, "kl_k3": tolerance.kl_k3, "max_abs_diff": tolerance.max_abs_diff}
+    over = [f"{name} {getattr(mismatch, name):.4g} > {limit:g}" for name, limit in limits.items()
+            if limit is not None and getattr(mismatch, name) > limit]
+    if not over:
+        return
+    raise LogprobMismatchError(
+        f"behaviour log-probs (recorded at sampling) and the learner's disagree over {mismatch.tokens} tokens: "
+        f"{'; '.join(over)} (mean |d| {mismatch.mean_abs_diff:.4g}, max |d| {mismatch.max_abs_diff:.4g}, "
+        f"k3 KL {mismatch.kl_k3:.4g}). The rollout engine is not sampling from the learner's weights as the "
+        "learner scores them: check that load_weights ran after the last update, that both use the same "
+        "temperature and no top_p truncation in the engine's log-probs; if a low-precision engine is expected "
+        "to drift this far, raise MismatchTolerance.",
+        mismatch,
+    )
