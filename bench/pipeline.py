@@ -10,8 +10,8 @@ number of steps, the same staleness bound and queue size.
   count: every pair (rollout threads, update threads) from 1 to the core count is measured (the
   stage's count is set as it starts) and the best pair is the baseline.
 - Pipelined runs rollout, verification and update at once, measured with each backend and
-  thread setting: the rollout thread in the learner's process (``rollout_processes: 0``) with
-  every torch thread count, and rollout worker processes (``rollout_processes`` 1 and 2) with
+  thread setting: the rollout thread in the learner's process (``rollout: {backend: thread}``) with
+  every torch thread count, and rollout worker processes (``backend: process``, 1 and 2 workers) with
   every split of the cores between the workers and the learner that does not ask for more torch
   threads than there are cores. The best is reported.
 
@@ -51,7 +51,8 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
     """Lock-step only: each stage of the loop sets its own torch thread count as it starts."""
     import torch
 
-    from posttrain.training import loop
+    from posttrain.training.learner import Learner
+    from posttrain.training.rollouts import sync
 
     def pinned(fn: Callable[..., Any], threads: int) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -60,12 +61,12 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
             return fn(*args, **kwargs)
         return call
 
-    saved = loop.generate_groups, loop.grpo_update
-    loop.generate_groups, loop.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)
+    saved = sync.generate_groups, Learner.grpo_update
+    sync.generate_groups, Learner.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        loop.generate_groups, loop.grpo_update = saved
+        sync.generate_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
 
 
 def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,
@@ -74,19 +75,28 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
 
+    from posttrain.training.config import GRPOConfig
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.training.scheduler import SchedulerConfig
 
     mode = variant["mode"]
+    bound = {"queue_size": 2, "max_off_policy_steps": 1}
+    if mode == "lockstep":
+        rollout: dict[str, Any] = {"backend": "sync"}
+    elif variant.get("rollout_workers"):
+        rollout = {"backend": "ray", "workers": variant["rollout_workers"], "address": ray_address, **bound}
+    elif variant.get("rollout_processes"):
+        rollout = {"backend": "process", "workers": variant["rollout_processes"], "threads": variant.get("rollout_threads"),
+                   "learner_threads": variant.get("learner_threads"), **bound}
+    else:
+        rollout = {"backend": "thread", **bound}
     update: dict[str, Any] = {
-        "model": model, "max_steps": steps, "pipeline": mode != "lockstep", "output_dir": None, "checkpoint_every": 0,
-        "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "queue_size": 2,
-        "max_off_policy_steps": 1, "verifier_workers": 1, "rollout_workers": variant.get("rollout_workers", 0),
-        "ray_address": ray_address, "rollout_processes": variant.get("rollout_processes", 0),
-        "rollout_threads": variant.get("rollout_threads"), "learner_threads": variant.get("learner_threads"),
+        "model": model, "max_steps": steps, "output_dir": None, "checkpoint_every": 0,
+        "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "verifier_workers": 1,
+        "rollout": rollout,
     }
-    config = get_preset("cpu-demo").grpo.model_copy(update=update)
+    config = GRPOConfig.model_validate(get_preset("cpu-demo").grpo.model_dump() | update)
     threads = variant.get("threads", (os.cpu_count() or 1,))
     torch.set_num_threads(threads[-1])
     pinned = stage_threads(*threads) if mode == "lockstep" else contextlib.nullcontext()

@@ -17,16 +17,17 @@ from posttrain.platform.models.tuning import (
     ChatExample,
     QuotingRecipe,
     TokenExample,
-    _encode,
-    completion_loss,
     copy_drill_batches,
-    lr_at,
     memorize,
     quote_batches,
     quote_cases,
+    sft_example,
     teach,
     teach_quoting,
 )
+from posttrain.training.data import collate
+from posttrain.training.learner import sft_loss_sum
+from posttrain.training.optim import lr_at
 
 SPEC = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -37,14 +38,19 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def test_completion_loss_equals_the_model_loss(tiny: Path) -> None:
+    """The SFT loop's loss (the output projection only where there is a label) is the model's own loss."""
     loaded = load_model(tiny)
-    batch = _encode(loaded.tokenizer, [*next(quote_batches(seed=3, batch_size=2)), TokenExample.completion([5, 9, 11], [12, 13])])
+    examples = [*next(quote_batches(seed=3, batch_size=2)), TokenExample.completion([5, 9, 11], [12, 13])]
+    rows = [[sft_example(loaded.tokenizer, ex)] for ex in examples]
+    batch = collate(rows, loaded.tokenizer.pad_token_id)
+    mask = torch.tensor([[1] * len(r[0].input_ids) + [0] * (batch.input_ids.shape[1] - len(r[0].input_ids)) for r in rows])
+    tokens = int((batch.labels[:, 1:] != -100).sum())
     with torch.no_grad():
-        expected = loaded.model(**batch).loss
-        got = completion_loss(loaded.model, batch)
+        expected = loaded.model(input_ids=batch.input_ids, attention_mask=mask, labels=batch.labels).loss
+        got = sft_loss_sum(loaded.model, batch, torch.device("cpu")) / tokens
     assert torch.allclose(got, expected, rtol=1e-5), (float(got), float(expected))
     # labels only on the completions: the prompt of every row is masked
-    assert int((batch["labels"] != -100).sum()) < int(batch["attention_mask"].sum()) // 3
+    assert int((batch.labels != -100).sum()) < int(mask.sum()) // 3
 
 
 def test_quote_cases_quote_one_sentence_of_their_own_document() -> None:

@@ -1,12 +1,13 @@
 """Trainer configurations: one pydantic model per trainer (TRL style), validated at the edge.
 
     SFTConfig(model="var/models/tiny", domains=["str.copy.letters"], max_steps=50)
-    GRPOConfig(model=..., domains=[...], group_size=8, clip_low=0.2, clip_high=0.28, pipeline=True)
+    GRPOConfig(model=..., domains=[...], group_size=8, clip_low=0.2, clip_high=0.28,
+               rollout={"backend": "process", "workers": 2})
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,7 +55,10 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(default=0, ge=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine", "wsd"] = Field(default="constant", description="after the "
+                                                                       "warm-up: constant; linear or cosine decay to min_lr_ratio * lr; wsd: constant, then "
+                                                                       "a cosine decay over the last quarter")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="where a decaying schedule ends, as a fraction of lr")
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     lora: LoRAConfig | None = None
     checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints (0: only at the end)")
@@ -84,6 +88,59 @@ class SFTConfig(TrainConfig):
     grad_accum_steps: int = Field(default=1, ge=1)
 
 
+class SyncRollout(BaseModel):
+    """Sample with the learner's own model, verify, update: on-policy, one thing at a time."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["sync"] = "sync"
+
+
+class PipelinedRollout(BaseModel):
+    """What every pipelined backend shares: rollouts and verification overlap the update, within a staleness
+    bound that also caps the work in flight (nothing is sampled that the learner would have to drop)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_off_policy_steps: int = Field(default=1, ge=0, description="train on rollouts at most this many policy "
+                                      "versions old; no more batches are out than can be taken within it")
+    queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner, at most")
+
+
+class ThreadRollout(PipelinedRollout):
+    """A rollout thread in the learner's process, with its own copy of the policy."""
+
+    backend: Literal["thread"] = "thread"
+
+
+class ProcessRollout(PipelinedRollout):
+    """Local rollout worker processes, each with its own copy of the policy and torch threads
+    (:mod:`posttrain.training.rollouts.process`)."""
+
+    backend: Literal["process"] = "process"
+    workers: int = Field(default=1, ge=1, le=256, description="rollout worker processes")
+    threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads of each rollout process "
+                                "(None: the cores split evenly between the rollout processes and the learner)")
+    learner_threads: int | None = Field(default=None, ge=1, le=1024, description="the learner's torch threads "
+                                        "(None: the cores the rollout processes leave, at least 1)")
+
+
+class RayRollout(PipelinedRollout):
+    """Rollout workers and verifiers as Ray actors (:mod:`posttrain.training.rollouts.ray`)."""
+
+    backend: Literal["ray"] = "ray"
+    workers: int = Field(default=1, ge=1, description="Ray actors that generate rollouts, each with a copy of the policy")
+    verifier_actors: int = Field(default=1, ge=1, description="Ray actors that verify, each running a verifier pool "
+                                 "of verifier_workers processes")
+    worker_gpus: float = Field(default=0, ge=0, description="GPUs each rollout actor claims (0: it samples on CPU)")
+    address: str | None = Field(default=None, description="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS; "
+                                "neither set: a local Ray started for the run)")
+
+
+RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout, Field(discriminator="backend")]
+# the flat keys earlier versions named the rollout side with (GRPOConfig maps them to ``rollout``)
+LEGACY_ROLLOUT_KEYS = ("pipeline", "rollout_processes", "rollout_threads", "learner_threads", "max_off_policy_steps",
+                       "queue_size", "rollout_workers", "verifier_actors", "rollout_worker_gpus", "ray_address")
+
+
 class GRPOConfig(TrainConfig):
     preset_section: ClassVar[str] = "grpo"
     lr: float = Field(default=1e-6, gt=0)
@@ -101,29 +158,39 @@ class GRPOConfig(TrainConfig):
     micro_batch_size: int = Field(default=8, ge=1, description="completions per forward/backward in the update")
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
     max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace zero-variance groups")
-    pipeline: bool = Field(default=False, description="rollout and verification overlap the update "
-                           "(rollout_processes says where the rollouts run)")
-    rollout_processes: int = Field(default=1, ge=0, le=256, description="with pipeline (and no rollout_workers): local "
-                                   "rollout worker processes, each with its own copy of the policy (0: a rollout "
-                                   "thread in the learner's process)")
-    rollout_threads: int | None = Field(default=None, ge=1, le=1024, description="with rollout_processes: torch threads "
-                                        "of each rollout process (None: the cores split evenly between the rollout "
-                                        "processes and the learner)")
-    learner_threads: int | None = Field(default=None, ge=1, le=1024, description="with rollout_processes: the learner's "
-                                        "torch threads (None: the cores the rollout processes leave, at least 1)")
-    max_off_policy_steps: int = Field(default=1, ge=0, description="drop trajectories from policies older than this")
-    queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner")
+    rollout: RolloutConfig = Field(default_factory=lambda: SyncRollout(), description="where rollouts are sampled: "
+                                   "rollout: {backend: sync | thread | process | ray, ...}")
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
-    rollout_workers: int = Field(default=0, ge=0, description="Ray actors that generate rollouts, each with a copy of "
-                                 "the policy (0: rollouts in this process, sync or pipelined)")
-    verifier_actors: int = Field(default=1, ge=1, description="with rollout_workers: Ray actors that verify, each "
-                                 "running a verifier pool of verifier_workers processes")
-    rollout_worker_gpus: float = Field(default=0, ge=0, description="GPUs each rollout actor claims (0: it samples on CPU)")
-    ray_address: str | None = Field(default=None, description="with rollout_workers: the Ray cluster "
-                                    "(default: POSTTRAIN_RAY_ADDRESS; neither set: a local Ray started for the run)")
     trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
                                        "of each step go to the database (0: none)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_rollout_keys(cls, values: Any) -> Any:
+        """Stored configs name the rollout side with the flat keys of earlier versions: map them."""
+        if not isinstance(values, dict) or not (old := {k: values[k] for k in LEGACY_ROLLOUT_KEYS if k in values}):
+            return values
+        if "rollout" in values:
+            raise ValueError(f"set the rollout side either as rollout: {{backend: ...}} or with the older flat keys "
+                             f"{sorted(old)}, not both")
+        given = {k: v for k, v in old.items() if v is not None}
+        bound = {k: given[k] for k in ("max_off_policy_steps", "queue_size") if k in given}
+        renamed = {"rollout_threads": "threads", "learner_threads": "learner_threads", "verifier_actors": "verifier_actors",
+                   "rollout_worker_gpus": "worker_gpus", "ray_address": "address"}
+        extra = {renamed[k]: v for k, v in given.items() if k in renamed}
+        rollout: dict[str, Any]
+        if given.get("rollout_workers"):
+            rollout = {"backend": "ray", "workers": given["rollout_workers"], **bound,
+                       **{k: v for k, v in extra.items() if k in RayRollout.model_fields}}
+        elif given.get("pipeline") and given.get("rollout_processes", 1):
+            rollout = {"backend": "process", "workers": given.get("rollout_processes", 1), **bound,
+                       **{k: v for k, v in extra.items() if k in ProcessRollout.model_fields}}
+        elif given.get("pipeline"):
+            rollout = {"backend": "thread", **bound}
+        else:
+            rollout = {"backend": "sync"}  # the pipelined knobs meant nothing without pipeline
+        return {k: v for k, v in values.items() if k not in old} | {"rollout": rollout}
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

@@ -23,39 +23,31 @@ There is no second trainer here: every rank runs the one-process loops
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import torch
 
+from posttrain.platform.supervise import Supervised, die_with_parent
 from posttrain.training.checkpoint import load_model_weights
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
-from posttrain.training.learner import DistContext
+from posttrain.training.learner import DistContext, TrainResult
 from posttrain.training.modeling import load_policy, resolve_device
 from posttrain.training.optim import apply_lora
-
-if TYPE_CHECKING:
-    from posttrain.training.loop import GRPOResult
-    from posttrain.training.sft import SFTResult
 
 log = logging.getLogger(__name__)
 
 MetricsFn = Callable[[int, dict[str, float]], None]
 StopFn = Callable[[], bool]
-PR_SET_PDEATHSIG = 1
 _TRAJECTORY_URL_ENV = "POSTTRAIN_FSDP_TRAJECTORY_DB"  # the database rank 0 writes GRPO trajectories to
 
 
@@ -64,15 +56,6 @@ class DistributedRunError(RuntimeError):
 
 
 # --- inside each rank ----------------------------------------------------------------
-def _die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """torchrun starts each rank in its own session: make it end when torchrun ends, however it ends."""
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)  # the launcher is already gone
-
-
 def _optimizer_state_by_index(named: dict[str, Any]) -> dict[str, Any]:
     """An optimizer state dict keyed by parameter names (torch.distributed.checkpoint) in the form
     ``optimizer.state_dict()`` has in one process: parameters numbered in param-group order."""
@@ -197,15 +180,6 @@ def check_launch(config: SFTConfig | GRPOConfig) -> None:
                          "lower nproc_per_node or set device: cpu")
 
 
-def _pdeathsig() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its launcher dies (libc resolved here, before the fork)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class _Follower:
     """Complete JSON lines appended to a file since the last call."""
 
@@ -246,7 +220,7 @@ def launch(
     weights are the last checkpoint's (:func:`trained_model`). torchrun's output goes to
     ``output`` (default: stderr). ``trajectories=(database_url, job_id, limit)`` (GRPO in a job): rank 0
     writes up to ``limit`` trajectories of each step to the job's rows (the URL reaches the ranks in
-    their environment, not on a command line). Returns an ``SFTResult`` or a ``GRPOResult``.
+    their environment, not on a command line). Returns a ``TrainResult``.
     """
     check_launch(config)
     assert config.output_dir is not None
@@ -267,29 +241,14 @@ def launch(
         env[_TRAJECTORY_URL_ENV] = trajectories[0]
         command += ["--trajectories-job", str(trajectories[1]), "--trajectories-limit", str(trajectories[2])]
     sink = output if output is not None else sys.stderr
-    tail: collections.deque[str] = collections.deque(maxlen=40)
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            preexec_fn=_pdeathsig(), text=True, errors="replace")  # noqa: PLW1509 - prctl only
 
-    def pump() -> None:  # torchrun's and the ranks' output into ours, keeping the last lines for an error
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            tail.append(line.rstrip("\n"))
-            with contextlib.suppress(Exception):
-                sink.write(line)
-                sink.flush()
+    def forward(line: str) -> None:  # torchrun's and the ranks' output into ours
+        sink.write(line + "\n")
+        sink.flush()
 
-    reader = threading.Thread(target=pump, name="torchrun-output", daemon=True)
-    reader.start()
+    child = Supervised(command, env=env, on_line=forward, tail_lines=40)  # in our process group: a job's kill reaches it
     follower = _Follower(metrics_file)
-    if isinstance(config, GRPOConfig):
-        from posttrain.training.loop import GRPOResult
-
-        result: Any = GRPOResult(steps=0, checkpoint=None, metrics=[], model=None)
-    else:
-        from posttrain.training.sft import SFTResult
-
-        result = SFTResult(steps=0, checkpoint=None, metrics=[], model=None)
+    result = TrainResult(steps=0, checkpoint=None, metrics=[], model=None)
     ended = stopped = False
 
     def consume() -> None:
@@ -308,34 +267,22 @@ def launch(
                     on_metrics(result.steps, record["metrics"])
 
     try:
-        while proc.poll() is None:
+        while child.poll() is None:
             consume()
             if not stopped and should_stop is not None and should_stop():
                 stopped = True
-                proc.terminate()
-                try:
-                    proc.wait(timeout=stop_grace_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                child.stop(stop_grace_s)
             time.sleep(poll_s)
-    finally:
-        if proc.poll() is None:  # our caller is unwinding (an exception, an interrupt): take the run down with it
-            proc.terminate()
-            try:
-                proc.wait(timeout=stop_grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        reader.join(timeout=5)
+    finally:  # our caller may be unwinding (an exception, an interrupt): take the run down with it
+        child.stop(stop_grace_s)
     consume()
     config_file.unlink(missing_ok=True)
     if stopped:
         return result
-    if proc.returncode != 0 or not ended:
-        last = "\n".join(tail)
+    if child.proc.returncode != 0 or not ended:
         raise DistributedRunError(
-            f"the {config.nproc_per_node}-process FSDP learner failed (torchrun exit status {proc.returncode}) "
-            f"after step {result.steps}; the end of its output:\n{last}"
+            f"the {config.nproc_per_node}-process FSDP learner failed (torchrun exit status {child.proc.returncode}) "
+            f"after step {result.steps}; the end of its output:\n{child.last_lines(40)}"
         )
     return result
 
@@ -362,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trajectories-job", type=int, help="GRPO: write each step's trajectories to this job's rows")
     parser.add_argument("--trajectories-limit", type=int, default=64, help="at most this many trajectories a step")
     args = parser.parse_args(argv)
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        _die_with_parent()
+    if "TORCHELASTIC_RUN_ID" in os.environ and not die_with_parent(signal.SIGKILL):
+        os._exit(1)  # torchrun starts each rank in its own session: end with it, however it ends; it is gone
     rank = os.environ.get("RANK", "?")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     raw = yaml.safe_load(Path(args.config).read_text())
@@ -372,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> SFTResult | GRPOResult:
+def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> TrainResult:
     """This rank's share of the run: the one-process loop with this rank's context; rank 0 appends a
     ``start`` record, one record per step and an ``end`` record to the metrics file."""
     from posttrain.training.loop import train_grpo
@@ -403,7 +350,7 @@ def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> SFTRe
 
                     url = os.environ.get(_TRAJECTORY_URL_ENV) or get_settings().resolved_database_url
                     on_groups = TrajectoryWriter(url, args.trajectories_job, args.trajectories_limit)
-                result: SFTResult | GRPOResult = train_grpo(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics,
+                result = train_grpo(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics,
                                                             on_groups=on_groups)
             else:
                 result = train_sft(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics)

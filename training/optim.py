@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
@@ -26,15 +27,27 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
 
 
+Schedule = Literal["constant", "linear", "cosine", "wsd"]
+
+
+def lr_at(step: int, steps: int, lr: float, warmup_steps: int, schedule: Schedule, min_lr_ratio: float = 0.1,
+          decay_fraction: float = 0.25) -> float:
+    """The learning rate of step ``step`` (0-based) of ``steps``: a linear warm-up over ``warmup_steps``, then
+    ``constant``; ``linear`` or ``cosine`` decay to ``min_lr_ratio * lr``; or ``wsd`` (warm-up, stable,
+    decay): constant, then a cosine decay over the last ``decay_fraction`` of the steps."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    start = max(warmup_steps, int(steps * (1 - decay_fraction))) if schedule == "wsd" else warmup_steps
+    if step < start:
+        return lr
+    progress = min(1.0, (step - start) / max(1, steps - start))
+    shape = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * shape)
+
+
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup, total, shape = config.warmup_steps, config.max_steps, config.lr_schedule
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if shape == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 1.0 - progress if shape == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    """The config's schedule (:func:`lr_at`) as a factor on the optimizer's learning rate, one step per update."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_at(step, config.max_steps, 1.0, config.warmup_steps, config.lr_schedule, config.min_lr_ratio))

@@ -13,8 +13,8 @@ on every rank of an FSDP job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -23,21 +23,12 @@ from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.training.checkpoint import checkpoint_due, checkpoint_step
 from posttrain.training.config import SFTConfig
 from posttrain.training.data import SFTExample, chat_example, pack, read_chat_jsonl, task_examples
-from posttrain.training.learner import DistContext, Learner, local_context
+from posttrain.training.learner import DistContext, Learner, TrainResult, local_context
 from posttrain.training.modeling import PolicySource
 
 MetricsFn = Callable[[int, dict[str, float]], None]
 StopFn = Callable[[], bool]
 StartFn = Callable[[int], None]  # called once with the step the run starts from (0, or a resumed checkpoint's)
-
-
-@dataclass
-class SFTResult:
-    steps: int
-    checkpoint: Path | None
-    metrics: list[dict[str, float]] = field(default_factory=list)
-    model: torch.nn.Module | None = None
-    resumed_from: int = 0  # the step of the checkpoint the run continued from (0: a fresh start)
 
 
 def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
@@ -83,23 +74,32 @@ def train_sft(
     policy: PolicySource | None = None,
     examples: Sequence[SFTExample] | None = None,
     *,
+    batches: Iterable[Sequence[list[SFTExample]]] | None = None,
     on_metrics: MetricsFn | None = None,
     should_stop: StopFn | None = None,
     on_start: StartFn | None = None,
     ctx: DistContext | None = None,
-) -> SFTResult:
+) -> TrainResult:
     """SFT on ``config``'s data (or ``examples``), in this process or, with ``ctx`` from
-    :func:`posttrain.training.fsdp.process_group`, as one rank of an FSDP job (the same loop on every rank)."""
+    :func:`posttrain.training.fsdp.process_group`, as one rank of an FSDP job (the same loop on every rank).
+
+    ``batches``: a stream of each step's rows instead (fresh data every step; no data position to resume)."""
     learner = Learner(config, ctx or local_context(config), policy)
-    data = list(examples) if examples is not None else build_examples(config, learner.tokenizer)
-    rows = training_rows(config, data)
-    result = SFTResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
+    if batches is None:
+        data = list(examples) if examples is not None else build_examples(config, learner.tokenizer)
+        rows = training_rows(config, data)
+        batches = (step_rows(rows, step, config) for step in itertools.count(learner.start))
+    stream = iter(batches)
+    result = TrainResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
     if on_start is not None:
         on_start(learner.start)
     for step in range(learner.start, config.max_steps):
         if should_stop is not None and should_stop():
             break
-        metrics = learner.sft_step(step_rows(rows, step, config))
+        chosen = next(stream, None)
+        if chosen is None:
+            raise ValueError(f"the batch stream ended after {step} of {config.max_steps} steps")
+        metrics = learner.sft_step(chosen)
         result.metrics.append(metrics)
         result.steps = step + 1
         if on_metrics is not None:
@@ -118,7 +118,7 @@ def continue_sft(
     *,
     on_metrics: MetricsFn | None = None,
     should_stop: StopFn | None = None,
-) -> SFTResult:
+) -> TrainResult:
     """The control arm of a comparison: SFT continued from ``warm_checkpoint`` (model, optimizer,
     scheduler and data position) for ``extra_steps`` more steps, in ``output_dir``. Resumes from
     ``output_dir``'s own checkpoints when it has some."""

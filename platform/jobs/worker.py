@@ -11,7 +11,6 @@ limits, and re-queues jobs that lost their worker.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import gc
 import json
@@ -36,13 +35,13 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, TransientError, get_kind, validate_config
 from posttrain.platform.settings import Settings, get_settings
+from posttrain.platform.supervise import die_with_parent
 
 log = logging.getLogger("posttrain.worker")
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: the job stopped because it was asked to
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 28  # errno ENOSPC: the job ran out of disk space (perhaps with no room left to say more)
-PR_SET_PDEATHSIG = 1
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.json"
 
@@ -362,11 +361,7 @@ def _child_main(job: Job, workdir: Path, log_path: Path, parent: int, settings: 
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     for sig in (signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
+    if not die_with_parent(signal.SIGTERM, parent):
         return EXIT_STOPPED  # the worker died before we were set up
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)

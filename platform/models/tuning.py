@@ -2,7 +2,7 @@
 
 Randomly initialised models emit noise; tests and benchmarks that need a
 behaviour (a tool call, an answer quoted from a document) teach it here, then
-the server generates for real. One training loop, :func:`teach`, reads a
+the server generates for real. :func:`teach` runs the platform's one SFT loop on a
 stream of batches:
 
 - :func:`memorize` feeds it the same few examples every step (the model learns
@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import random
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from posttrain.platform.models.loader import load_model, load_tokenizer
+from posttrain.platform.models.loader import load_tokenizer
+from posttrain.training.data import IGNORE, SFTExample
+from posttrain.training.optim import Schedule
 
 
 @dataclass
@@ -61,62 +62,14 @@ class TokenExample:
 Example = ChatExample | TokenExample
 
 
-def _encode(tok: Any, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-    """Prompt + completion (+ EOS for chat examples) per row, right-padded; labels only on the completion."""
-    rows: list[TokenExample] = []
-    for ex in examples:
-        if isinstance(ex, TokenExample):
-            rows.append(ex)
-            continue
-        prompt = tok.apply_chat_template(ex.messages, tools=ex.tools, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        answer_ids = tok(ex.completion + tok.eos_token, add_special_tokens=False)["input_ids"]
-        rows.append(TokenExample.completion(prompt_ids, answer_ids))
-    width = max(len(row.ids) for row in rows)
-    input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids = torch.tensor(row.ids)
-        input_ids[i, : len(ids)] = ids
-        labels[i, : len(ids)] = torch.where(torch.tensor(row.targets), ids, -100)
-        mask[i, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
-
-
-def completion_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled (completion) positions.
-
-    The same value as ``model(**batch).loss``, but the output projection runs only at the labelled
-    positions rather than over the whole prompt: a large share of a small model's compute.
-    """
-    body = getattr(model, model.base_model_prefix, None)
-    head = model.get_output_embeddings()
-    if body is None or body is model or head is None:
-        return model(**batch).loss
-    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    targets = batch["labels"][:, 1:]
-    keep = targets != -100
-    logits = head(hidden[:, :-1][keep])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
-
-
-Schedule = Literal["constant", "cosine", "wsd"]
-
-
-def lr_at(step: int, steps: int, lr: float, warmup_steps: int, schedule: Schedule, min_lr_ratio: float = 0.1,
-          decay_fraction: float = 0.25) -> float:
-    """Linear warm-up over ``warmup_steps``, then: ``constant``; ``cosine`` decay to ``min_lr_ratio * lr``;
-    or ``wsd`` (warm-up, stable, decay): constant, then a cosine decay over the last ``decay_fraction`` of steps."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    if schedule == "constant":
-        return lr
-    start = warmup_steps if schedule == "cosine" else max(warmup_steps, int(steps * (1 - decay_fraction)))
-    if step < start:
-        return lr
-    progress = (step - start) / max(1, steps - start)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+def sft_example(tok: Any, example: Example) -> SFTExample:
+    """``example`` as the SFT loop's row: prompt + completion (+ EOS for a chat example), labels on the completion."""
+    if isinstance(example, TokenExample):
+        return SFTExample(example.ids, [i if t else IGNORE for i, t in zip(example.ids, example.targets)])
+    prompt = tok.apply_chat_template(example.messages, tools=example.tools, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tok(example.completion + tok.eos_token, add_special_tokens=False)["input_ids"]
+    return SFTExample(prompt_ids + answer_ids, [IGNORE] * len(prompt_ids) + answer_ids)
 
 
 def teach(
@@ -136,43 +89,38 @@ def teach(
 ) -> list[float]:
     """Fine-tune the text model in ``model_dir`` on ``steps`` batches from ``batches`` and save it back.
 
-    Loss is on completions only; each completion ends with the tokenizer's EOS token so that generation
+    The platform's one SFT loop (:func:`posttrain.training.sft.train_sft`), one batch a step, loss on
+    completions only; each chat completion ends with the tokenizer's EOS token so that generation
     stops. ``batches`` may repeat the same examples (:func:`memorize`) or draw new ones every step
-    (:func:`quote_batches`). Returns the loss per step; ``on_step(step, loss)`` reports progress, and
-    ``stop_when(losses)``, asked after every step, may end training early (a skill learned).
-    ``num_threads`` sets torch's intra-op threads for the duration (restored after): a small model's
-    many small operations run several times faster on one thread than on two cores shared with other work.
+    (:func:`quote_batches`). Returns the loss per step; ``on_step(step, loss)`` (0-based) reports
+    progress, and ``stop_when(losses)``, asked after every step, may end training early (a skill
+    learned). A decaying ``schedule`` ends at a tenth of ``lr``. ``num_threads`` sets torch's
+    intra-op threads for the duration (restored after): a small model's many small operations run
+    several times faster on one thread than on two cores shared with other work.
     """
+    from posttrain.training.config import SFTConfig
+    from posttrain.training.sft import train_sft
+
     if steps < 1:
         raise ValueError(f"steps={steps}: teach needs at least one step")
-    loaded = load_model(model_dir)
-    tok, model = loaded.tokenizer, loaded.model
-    torch.manual_seed(seed)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    tok = load_tokenizer(model_dir)
+    rows = ([[sft_example(tok, ex)] for ex in batch] for batch in batches)
+    config = SFTConfig(model=str(model_dir), max_steps=steps, lr=lr, warmup_steps=warmup_steps, lr_schedule=schedule,
+                       min_lr_ratio=0.1, max_grad_norm=max_grad_norm, weight_decay=weight_decay, seed=seed,
+                       micro_batch_size=1 << 20, packing=False, device="cpu", resume=False)
     losses: list[float] = []
-    stream = iter(batches)
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        losses.append(metrics["train/loss"])
+        if on_step is not None:
+            on_step(step - 1, losses[-1])
+
     with _intra_op_threads(num_threads):
-        for step in range(steps):
-            try:
-                examples = next(stream)
-            except StopIteration:
-                raise ValueError(f"the batch stream ended after {step} of {steps} steps") from None
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, steps, lr, warmup_steps, schedule)
-            loss = completion_loss(model, _encode(tok, examples))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            if on_step is not None:
-                on_step(step, losses[-1])
-            if stop_when is not None and stop_when(losses):
-                break
-    model.eval()
-    model.save_pretrained(model_dir)
+        result = train_sft(config, batches=rows, on_metrics=on_metrics,
+                           should_stop=lambda: bool(losses) and stop_when is not None and stop_when(losses))
+    assert result.model is not None
+    result.model.eval()
+    result.model.save_pretrained(model_dir)
     return losses
 
 

@@ -1,16 +1,17 @@
-"""Pipelined GRPO rollouts in local worker processes (``pipeline: true``, ``rollout_processes >= 1``).
+"""``rollout: {backend: process, workers: N}``: pipelined GRPO rollouts in local worker processes.
 
-    train_grpo(GRPOConfig(model="runs/sft/model", domains=["str.copy.letters"], pipeline=True,
-                          rollout_processes=1))   # rollout_threads / learner_threads: default an even split
+    train_grpo(GRPOConfig(model="runs/sft/model", domains=["str.copy.letters"],
+                          rollout={"backend": "process", "workers": 1}))  # threads / learner_threads: an even split
 
-A rollout thread in the learner's process (:class:`~posttrain.training.loop.PipelinedRollouts`)
-competes with the update for the interpreter lock and shares torch's thread pool with it; Ray
-actors (:mod:`~posttrain.training.distributed`) bring daemons of their own. :class:`ProcessRollouts`
+A rollout thread in the learner's process (:mod:`~posttrain.training.rollouts.thread`) competes
+with the update for the interpreter lock and shares torch's thread pool with it; Ray actors
+(:mod:`~posttrain.training.rollouts.ray`) bring daemons of their own. :class:`ProcessRollouts`
 is the local middle: the same contract (``next_batch``, ``publish``, ``close``) and the same
-staleness accounting (:func:`~posttrain.training.loop.assemble_batch`), with
+staleness accounting (:func:`~posttrain.training.rollouts.base.assemble_batch`), with
 
-- ``rollout_processes`` worker processes (from a ``forkserver`` that imported torch once: forking
-  the learner after torch started its threads is unsafe), each a :class:`~posttrain.training.loop.PolicySampler` with its own frozen copy of the
+- ``workers`` worker processes (from a ``forkserver`` that imported torch once: forking the learner
+  after torch started its threads is unsafe), each a
+  :class:`~posttrain.training.rollouts.base.PolicySampler` with its own frozen copy of the
   policy (loaded from the model directory, or the learner's model shipped once at start when no
   directory holds it, e.g. with LoRA) and its own torch thread count (:func:`thread_split`);
 - :class:`SharedWeights`: after every update the learner copies its weights into shared memory,
@@ -19,8 +20,8 @@ staleness accounting (:func:`~posttrain.training.loop.assemble_batch`), with
 - a pump thread in the learner's process that hands task batches from the scheduler to the
   workers, receives the generated groups (token ids and behaviour log-probs) and submits each group
   to the learner's VerifierService at once. It asks for no more batches than the learner can take
-  before they go stale (``max_off_policy_steps``, see :meth:`ProcessRollouts._limit`), at most
-  ``rollout_processes + queue_size`` and two per worker (one sampling, one waiting): a worker that
+  before they go stale (``max_off_policy_steps``, see :func:`~posttrain.training.rollouts.base.in_flight_limit`),
+  at most ``workers + queue_size`` and two per worker (one sampling, one waiting): a worker that
   ran further ahead would only sample batches the learner drops, on cores the learner needs;
 - a worker process that dies (killed, out of memory) is replaced and its batches go to its
   successor, a few times at most (then the run fails with the exit code); an exception inside a
@@ -39,7 +40,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -47,15 +47,15 @@ from typing import Any
 
 import torch
 import torch.multiprocessing  # registers the shared-memory reductions of tensors
-from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.spawn import neutral_main
-from posttrain.platform.verifiers import TaskSpec, VerifierService
-from posttrain.training.config import GRPOConfig
-from posttrain.training.loop import Generated, PolicySampler, RolloutBatch, _sampling, assemble_batch
-from posttrain.training.modeling import PolicySource, frozen_copy
+from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.config import GRPOConfig, ProcessRollout
+from posttrain.training.modeling import frozen_copy
 from posttrain.training.rollout import SamplingConfig, submit_verification
-from posttrain.training.scheduler import Scheduler
+from posttrain.training.rollouts.base import (
+    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, sampling_config,
+)
 
 BATCHES_PER_WORKER = 2  # one sampling, one waiting behind it
 LOCK_TIMEOUT_S = 30.0  # the weights' lock is held for a few integer operations; longer means a holder died
@@ -74,9 +74,11 @@ def thread_split(config: GRPOConfig, cores: int | None = None) -> tuple[int, int
     """``(torch threads of each rollout process, the learner's)``: the config's, else the cores split evenly
     between the learner and the rollout processes (at least one each; 2 cores, 1 process: 1 and 1)."""
     cores = cores or available_cores()
-    processes = max(1, config.rollout_processes)
-    rollout = config.rollout_threads or max(1, cores // (processes + 1))
-    learner = config.learner_threads or max(1, cores - processes * rollout)
+    spec = config.rollout
+    assert isinstance(spec, ProcessRollout), "thread_split is for the process backend"
+    processes = spec.workers
+    rollout = spec.threads or max(1, cores // (processes + 1))
+    learner = spec.learner_threads or max(1, cores - processes * rollout)
     return rollout, learner
 
 
@@ -231,12 +233,13 @@ class ProcStats:
 class ProcessRollouts:
     """Rollout worker processes fed from shared-memory weights; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
-                 service: VerifierService, executor: ThreadPoolExecutor, config: GRPOConfig, version: int,
-                 source: PolicySource) -> None:
-        if config.rollout_processes < 1:
-            raise ValueError("ProcessRollouts needs GRPOConfig.rollout_processes >= 1")
-        self.scheduler, self.service, self.executor, self.config = scheduler, service, executor, config
+    def __init__(self, setup: RolloutSetup) -> None:
+        config, model, source = setup.config, setup.model, setup.source
+        if not isinstance(config.rollout, ProcessRollout):
+            raise ValueError("ProcessRollouts needs rollout: {backend: process}")
+        assert setup.service is not None and setup.executor is not None
+        self.scheduler, self.service, self.executor, self.config = setup.scheduler, setup.service, setup.executor, config
+        self.bound = config.rollout
         self.stats = ProcStats()
         self.rollout_threads, self.learner_threads = thread_split(config)
         self._context = _context()
@@ -244,10 +247,10 @@ class ProcessRollouts:
         if isinstance(source, (str, Path)) and config.lora is None:
             self._recipe: str | tuple[Any, Any] = str(Path(source).resolve())
         else:  # no directory holds these weights' architecture (a given model, LoRA): ship the model once
-            self._recipe = (frozen_copy(model).to("cpu"), tokenizer)
+            self._recipe = (frozen_copy(model).to("cpu"), setup.tokenizer)
         self.weights = SharedWeights(model.state_dict(), self._context.Lock())
-        self.weights.publish(model.state_dict(), version)
-        self._max_replacements = max(4, 2 * config.rollout_processes)
+        self.weights.publish(model.state_dict(), setup.version)
+        self._max_replacements = max(4, 2 * self.bound.workers)
         self._ids = itertools.count()
         self._ready: deque[Generated] = deque()  # sampled, verification submitted, not yet taken
         self._cond = threading.Condition()
@@ -261,7 +264,7 @@ class ProcessRollouts:
         self._previous_threads = torch.get_num_threads()
         torch.set_num_threads(self.learner_threads)
         try:
-            self._workers = [self._spawn(slot, 0) for slot in range(config.rollout_processes)]
+            self._workers = [self._spawn(slot, 0) for slot in range(self.bound.workers)]
         except BaseException:
             self.close()
             raise
@@ -274,7 +277,7 @@ class ProcessRollouts:
         tasks = self._context.Queue()
         process = self._context.Process(
             target=_worker_main, name=f"posttrain-rollout-{slot}.{incarnation}", daemon=True,
-            args=(child, tasks, self.weights, self._recipe, self.config.group_size, _sampling(self.config),
+            args=(child, tasks, self.weights, self._recipe, self.config.group_size, sampling_config(self.config),
                   self._device, self.config.seed + 1 + slot + 1000 * incarnation, self.rollout_threads))
         with neutral_main():  # a console page or a script must not re-run in the worker
             process.start()
@@ -313,18 +316,8 @@ class ProcessRollouts:
         self._workers[worker.slot] = self._spawn(worker.slot, worker.incarnation + 1)
 
     def _limit(self) -> int:
-        """How many batches may be out (asked for and not yet taken) now.
-
-        A batch asked for now gets the latest published weights or newer ones, and the learner takes
-        batches in order, at least one per step: while it waits for a batch, the ``n``-th batch out is
-        taken ``n - 1`` steps later at most; otherwise (it updates, or has what it needs) ``n`` steps
-        later. So with ``max_off_policy_steps + 1`` batches out while it waits and
-        ``max_off_policy_steps`` otherwise, none goes stale before it is taken: no sampling is spent on
-        batches the learner would drop, on cores the learner needs (``max_off_policy_steps: 0``: nothing
-        is sampled during an update, the next batch needs its weights). ``rollout_processes + queue_size``
-        bounds it too."""
-        ahead = self.config.max_off_policy_steps + (1 if self._waiting else 0)
-        return min(ahead, len(self._workers) + self.config.queue_size)
+        """How many batches may be out now (:func:`~posttrain.training.rollouts.base.in_flight_limit`)."""
+        return in_flight_limit(self.bound, self._waiting, len(self._workers) + self.bound.queue_size)
 
     def _fill(self) -> None:
         """Hand out task batches, up to :meth:`_limit` and two per worker."""

@@ -1,27 +1,29 @@
 """GRPO rollouts on a Ray cluster: rollout worker actors and verifier actors.
 
-    train_grpo(GRPOConfig(model="/shared/models/base", domains=["str.copy.letters"], rollout_workers=4,
-                          verifier_actors=2, ray_address="ray://head:10001"))   # or POSTTRAIN_RAY_ADDRESS
+    train_grpo(GRPOConfig(model="/shared/models/base", domains=["str.copy.letters"],
+                          rollout={"backend": "ray", "workers": 4, "verifier_actors": 2,
+                                   "address": "ray://head:10001"}))   # or POSTTRAIN_RAY_ADDRESS
 
 :class:`RayRollouts` is the third rollout source of the loop, beside ``SyncRollouts`` and
 ``PipelinedRollouts``, with the same contract (``next_batch``, ``publish``, ``close``) and the
 same staleness accounting:
 
-- ``rollout_workers`` :class:`RolloutWorker` actors each hold a frozen copy of the policy (loaded
+- ``workers`` :class:`RolloutWorker` actors each hold a frozen copy of the policy (loaded
   from the model directory, or shipped through the object store when the learner's model has no
   directory of its own, e.g. with LoRA) and turn a task batch into rollout groups, token ids and
   behaviour log-probs included;
 - after every update the learner puts the new weights into the object store once (``ray.put``)
   and hands the reference, tagged with the policy version, to a small
-  :class:`~posttrain.training.ray_actors.WeightStore` actor;
+  :class:`~posttrain.training.rollouts.ray_actors.WeightStore` actor;
   each worker loads the latest weights before its next batch and tags its groups with the version
   it really loaded;
 - every generated batch's tasks and completion texts go straight from the worker (object
   reference to object reference, not through the learner) to one of ``verifier_actors``
-  :class:`~posttrain.training.ray_actors.VerifierActor` actors, each running an ordinary
+  :class:`~posttrain.training.rollouts.ray_actors.VerifierActor` actors, each running an ordinary
   :class:`~posttrain.platform.verifiers.VerifierService`: the same checks, timeouts and
   infrastructure-error verdicts as in one process;
-- the learner keeps up to ``rollout_workers + queue_size`` batches outstanding, two per worker at
+- the learner keeps up to ``workers + queue_size`` batches outstanding, and no more than can be taken
+  within the staleness bound (:func:`~posttrain.training.rollouts.base.in_flight_limit`), two per worker at
   most (one sampling, one queued, so a worker never waits for the learner), takes verified batches
   in the order they were asked for as soon as they are ready, and drops those more than
   ``max_off_policy_steps`` versions old, exactly as the pipelined loop does.
@@ -52,22 +54,22 @@ from typing import Any
 try:
     import ray
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("rollout_workers > 0 runs rollouts on Ray, which is not installed: pip install 'posttrain[ray]' "
-                      "(or set rollout_workers: 0)") from exc
+    raise ImportError("rollout: {backend: ray} runs rollouts on Ray, which is not installed: pip install 'posttrain[ray]' "
+                      "(or choose another rollout backend)") from exc
 import torch
 from ray.exceptions import (
     GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError, RayTaskError, WorkerCrashedError,
 )
-from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import TaskSpec, Verdict
-from posttrain.training.config import GRPOConfig
-from posttrain.training.loop import Generated, PolicySampler, RolloutBatch, _sampling, assemble_batch
-from posttrain.training.modeling import PolicySource, frozen_copy, snapshot_state
-from posttrain.training.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
+from posttrain.training.config import RayRollout
+from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import RolloutGroup, SamplingConfig
-from posttrain.training.scheduler import Scheduler
+from posttrain.training.rollouts.base import (
+    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, sampling_config,
+)
+from posttrain.training.rollouts.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
 
 ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
 START_TIMEOUT_S = 600.0  # actors import torch and load the model before they answer
@@ -81,7 +83,7 @@ _LOST = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)
 
 # ===================================================================== actors
 class RolloutWorker:
-    """A :class:`~posttrain.training.loop.PolicySampler` in a Ray actor: before each batch it loads the latest
+    """A :class:`~posttrain.training.rollouts.base.PolicySampler` in a Ray actor: before each batch it loads the latest
     weights the learner put into the object store."""
 
     def __init__(self, recipe: str | tuple[Any, Any], store: Any, group_size: int, sampling: SamplingConfig,
@@ -150,24 +152,25 @@ class RayStats:
 class RayRollouts:
     """Rollout workers and verifiers as Ray actors; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
-                 config: GRPOConfig, version: int, source: PolicySource) -> None:
-        if config.rollout_workers < 1:
-            raise ValueError("RayRollouts needs GRPOConfig.rollout_workers >= 1")
-        self.scheduler, self.config = scheduler, config
+    def __init__(self, setup: RolloutSetup) -> None:
+        config, model, tokenizer, source, version = setup.config, setup.model, setup.tokenizer, setup.source, setup.version
+        if not isinstance(config.rollout, RayRollout):
+            raise ValueError("RayRollouts needs rollout: {backend: ray}")
+        self.bound = spec = config.rollout
+        self.scheduler, self.config = setup.scheduler, config
         self.stats = RayStats()
         self._flights: list[_Flight] = []
         self._retry: deque[list[TaskSpec]] = deque()
         self._workers: list[_Slot] = []
         self._verifiers: list[_Slot] = []
         self._next_verifier = 0
-        self._limit = config.rollout_workers + config.queue_size
-        self._max_replacements = max(4, 2 * (config.rollout_workers + config.verifier_actors))
+        self._waiting = False  # the learner waits for a batch
+        self._max_replacements = max(4, 2 * (spec.workers + spec.verifier_actors))
         self._closed = False
         self._owns_ray = False
         self.run_id = os.urandom(4).hex()
-        address = config.ray_address or get_settings().ray_address
-        cpus = config.rollout_workers + config.verifier_actors  # one each
+        address = spec.address or get_settings().ray_address
+        cpus = spec.workers + spec.verifier_actors  # one each
         if not ray.is_initialized():
             # a Ray started here (no address) gets enough logical CPUs for the actors even on a small host
             local = {} if address else {"num_cpus": max(os.cpu_count() or 1, cpus)}
@@ -175,7 +178,7 @@ class RayRollouts:
                      **local)
             self._owns_ray = True
         try:
-            self._check_resources(cpus, config.rollout_workers * config.rollout_worker_gpus)
+            self._check_resources(cpus, spec.workers * spec.worker_gpus)
             self._store = _remote(WeightStore).options(
                 num_cpus=0, max_restarts=-1, name=f"posttrain-weights-{self.run_id}").remote()
             self._put_weights(model, version)
@@ -183,8 +186,8 @@ class RayRollouts:
                 self._recipe: Any = str(Path(source).resolve())
             else:  # no directory holds these weights' architecture (a given model, LoRA): ship the model
                 self._recipe = ray.put((frozen_copy(model).to("cpu"), tokenizer))
-            self._workers = [self._spawn_worker(i, 0) for i in range(config.rollout_workers)]
-            self._verifiers = [self._spawn_verifier(i, 0) for i in range(config.verifier_actors)]
+            self._workers = [self._spawn_worker(i, 0) for i in range(spec.workers)]
+            self._verifiers = [self._spawn_verifier(i, 0) for i in range(spec.verifier_actors)]
             self._wait_ready()
         except BaseException:
             self.close()
@@ -199,13 +202,14 @@ class RayRollouts:
             raise ValueError(
                 f"the Ray cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; the run's actors need "
                 f"{cpus:g} CPUs (one per rollout worker and per verifier actor) and {gpus:g} GPUs "
-                "(rollout_workers * rollout_worker_gpus): lower rollout_workers / verifier_actors or add nodes")
+                "(workers * worker_gpus): lower rollout_workers / verifier_actors (rollout.workers / "
+                "rollout.verifier_actors) or add nodes")
 
     def _spawn_worker(self, slot: int, incarnation: int) -> _Slot:
         name = f"posttrain-rollout-{self.run_id}-{slot}.{incarnation}"
-        gpus = self.config.rollout_worker_gpus
+        gpus = self.bound.worker_gpus
         actor = _remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus, max_restarts=0, name=name).remote(
-            self._recipe, self._store, self.config.group_size, _sampling(self.config), "cuda" if gpus > 0 else "cpu",
+            self._recipe, self._store, self.config.group_size, sampling_config(self.config), "cuda" if gpus > 0 else "cpu",
             self.config.seed + 1 + slot + 1000 * incarnation)
         return _Slot(actor, incarnation, name)
 
@@ -249,7 +253,7 @@ class RayRollouts:
 
     def _fill(self) -> None:
         """Keep every worker busy, up to the bound on outstanding batches."""
-        while len(self._flights) < self._limit:
+        while len(self._flights) < in_flight_limit(self.bound, self._waiting, len(self._workers) + self.bound.queue_size):
             busy = Counter(f.slot for f in self._flights if f.result is None)
             slot = min(range(len(self._workers)), key=lambda s: busy[s])
             if busy[slot] >= BATCHES_PER_WORKER:
@@ -318,18 +322,22 @@ class RayRollouts:
         return None
 
     def _take(self) -> Generated:
-        while True:
-            self._fill()
-            checked = self._checked()
-            if checked is not None:
-                flight, verdicts = checked
-                self._flights.remove(flight)
-                assert flight.result is not None
-                for group, row in zip(flight.result.groups, verdicts):
-                    group.verify_futures = [_done(v) for v in row]
+        self._waiting = True  # one more batch may be out while the learner waits
+        try:
+            while True:
                 self._fill()
-                return flight.result
-            self._poll(timeout=0.5)
+                checked = self._checked()
+                if checked is not None:
+                    flight, verdicts = checked
+                    self._flights.remove(flight)
+                    assert flight.result is not None
+                    for group, row in zip(flight.result.groups, verdicts):
+                        group.verify_futures = [_done(v) for v in row]
+                    return flight.result
+                self._poll(timeout=0.5)
+        finally:
+            self._waiting = False
+            self._fill()
 
     # ------------------------------------------------------------ the loop's interface
     def next_batch(self, version: int) -> RolloutBatch:

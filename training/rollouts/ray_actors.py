@@ -1,4 +1,4 @@
-"""The light Ray actors of :mod:`posttrain.training.distributed`: the weight store and the verifiers.
+"""The light Ray actors of :mod:`posttrain.training.rollouts.ray`: the weight store and the verifiers.
 
 They import neither torch nor transformers, so their processes start in a fraction of the time a
 rollout worker takes, and a lost verifier is back quickly.

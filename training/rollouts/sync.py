@@ -1,0 +1,46 @@
+"""``rollout: {backend: sync}``: sample with the learner's own model, verify, return (on-policy)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from posttrain.training.rollout import collect_verification, generate_groups, submit_verification
+from posttrain.training.rollouts.base import RolloutBatch, RolloutSetup, has_signal, record, sampling_config
+
+
+class SyncRollouts:
+    """On-policy: generate with the learner's model, verify, return; extra draws replace groups without
+    a learning signal (``max_rollout_batches_per_step``)."""
+
+    def __init__(self, setup: RolloutSetup) -> None:
+        assert setup.service is not None and setup.executor is not None
+        self.setup = setup
+
+    def next_batch(self, version: int) -> RolloutBatch:
+        s, config = self.setup, self.setup.config
+        out = RolloutBatch()
+        useful = 0
+        for _ in range(config.max_rollout_batches_per_step):
+            t0 = time.perf_counter()
+            groups = generate_groups(s.model, s.tokenizer, s.scheduler.next_batch(), config.group_size,
+                                     sampling_config(config), policy_version=version)
+            out.generation_s += time.perf_counter() - t0
+            out.generated_tokens += sum(len(t.completion_ids) for g in groups for t in g.trajectories)
+            for group in groups:
+                submit_verification(s.executor, s.service, group, config.verifier_timeout_s)  # type: ignore[arg-type]
+            for group in groups:
+                collect_verification(group)
+                record(s.scheduler, group)
+            out.groups += groups
+            useful += sum(has_signal(g) for g in groups)
+            if useful >= config.scheduler.batch_size:
+                break
+        return out
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        pass  # the same model object
+
+    def close(self) -> None:
+        pass
