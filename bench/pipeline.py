@@ -61,12 +61,12 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
             return fn(*args, **kwargs)
         return call
 
-    saved = sync.generate_groups, Learner.grpo_update
-    sync.generate_groups, Learner.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)  # type: ignore[method-assign]
+    saved = sync.rollout_groups, Learner.grpo_update
+    sync.rollout_groups, Learner.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        sync.generate_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
+        sync.rollout_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
 
 
 def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import Future
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.loop import train_grpo
 from posttrain.training.rollout import RolloutGroup, Trajectory
-from posttrain.training.rollouts.base import Generated, RolloutBatch, assemble_batch
+from posttrain.training import inference
+from posttrain.training.inference import EmbeddedRolloutEngine, LogprobMismatchError
+from posttrain.training.rollouts.base import Generated, PolicySampler, RolloutBatch, assemble_batch
 from posttrain.training.modeling import load_policy
 from posttrain.training.rollout import SamplingConfig, generate_groups
 from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
@@ -175,3 +178,68 @@ def test_stored_configs_with_the_flat_rollout_keys_load_as_a_backend() -> None:
         _config(rollout={"backend": "gpu"})
     with pytest.raises(ValueError, match="workers"):
         _config(rollout={"backend": "process", "workers": 0})
+
+
+def test_the_learner_rescores_what_the_engine_sampled_and_fails_a_run_that_drifts(
+        tiny_dir: Path, service: VerifierService, monkeypatch: pytest.MonkeyPatch) -> None:
+    strict = {"mean_abs_diff": 1e-3, "kl_k3": 1e-4}
+    seen: dict[int, dict[str, float]] = {}
+    train_grpo(_config(max_steps=2, logprob_check=strict), str(tiny_dir), service=service, on_metrics=seen.__setitem__)
+    for metrics in seen.values():  # the engine's recorded log-probs are the learner's, to float precision
+        assert metrics["rollout/logprob_tokens"] > 0 and metrics["rollout/logprob_mean_abs_diff"] < 1e-4, metrics
+    # a rollout worker that tags each new version but keeps sampling from the weights it started with
+    monkeypatch.setattr(PolicySampler, "load", lambda self, state, version: setattr(self, "version", version))
+    with pytest.raises(LogprobMismatchError, match="disagree over .* tokens: mean_abs_diff"):
+        train_grpo(_config(pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, lr=1e-2,
+                           logprob_check=strict), str(tiny_dir), service=service)
+
+
+class ModelLLM:
+    """Stands in for ``vllm.LLM`` and samples for real: its model directory through the embedded engine,
+    answering in vLLM's shapes; weights arrive through vLLM's in-process model path."""
+
+    made: list[ModelLLM] = []
+
+    def __init__(self, **kwargs: object) -> None:
+        ModelLLM.made.append(self)
+        self.kwargs, self.pushes = kwargs, 0
+        self.engine = EmbeddedRolloutEngine.from_dir(str(kwargs["model"]))
+        model = SimpleNamespace(load_weights=self._load)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(model=model))))
+
+    def _load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.pushes += 1
+        self.engine.load_weights(dict(weights), self.engine.version)
+
+    def generate(self, prompts: list[dict[str, list[int]]], sampling_params: dict[str, float], use_tqdm: bool) -> list[object]:
+        sampling = SamplingConfig(max_new_tokens=int(sampling_params["max_tokens"]), temperature=sampling_params["temperature"],
+                                  top_p=sampling_params["top_p"])
+        groups = self.engine.generate([p["prompt_token_ids"] for p in prompts], int(sampling_params["n"]), sampling)
+        return [SimpleNamespace(outputs=[SimpleNamespace(
+            token_ids=c.token_ids, logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(c.token_ids, c.logprobs)],
+            finish_reason="stop" if c.finished else "length") for c in group]) for group in groups]
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def test_the_vllm_backend_samples_through_vllm_and_gets_every_update(
+        tiny_dir: Path, service: VerifierService, monkeypatch: pytest.MonkeyPatch) -> None:
+    ModelLLM.made.clear()
+    monkeypatch.setattr(inference, "_import_vllm", lambda: SimpleNamespace(LLM=ModelLLM, SamplingParams=dict))
+    seen: dict[int, dict[str, float]] = {}
+    groups: dict[int, list[RolloutGroup]] = {}
+    result = train_grpo(_config(rollout={"backend": "vllm", "gpu_memory_utilization": 0.3}, max_steps=3, lr=1e-2,
+                                logprob_check={"mean_abs_diff": 1e-3, "kl_k3": 1e-4}),
+                        str(tiny_dir), service=service, on_metrics=seen.__setitem__, on_groups=groups.__setitem__)
+    assert result.steps == 3 and len(ModelLLM.made) == 1
+    llm = ModelLLM.made[0]
+    assert llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert llm.pushes == 3  # after every update
+    assert [sorted({g.policy_version for g in groups[s]}) for s in (1, 2, 3)] == [[0], [1], [2]]
+    # what vLLM recorded is what the learner scores: each update reached it (a missed one fails the check)
+    assert all(m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), seen
+    with pytest.raises(ValueError, match="loads the policy from its model directory"):
+        load = load_policy(tiny_dir)
+        train_grpo(_config(rollout={"backend": "vllm"}, max_steps=1), load, service=service)

@@ -135,10 +135,38 @@ class RayRollout(PipelinedRollout):
                                 "neither set: a local Ray started for the run)")
 
 
-RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout, Field(discriminator="backend")]
+class VLLMRollout(BaseModel):
+    """A vLLM engine in the learner's process, on its GPU, sampling on-policy; the learner's weights are
+    pushed into it after every update (:mod:`posttrain.training.rollouts.vllm`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["vllm"] = "vllm"
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="the share of the GPU vLLM takes "
+                                          "(the learner needs the rest)")
+    dtype: str = Field(default="auto", description="vLLM's weight dtype ('auto': the model's; bf16 drifts from an "
+                       "fp32 learner by about 0.01 in log-prob, which the log-prob check allows)")
+    max_model_len: int | None = Field(default=None, ge=16, description="None: the model's own")
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs (slower decoding, faster start)")
+
+
+RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout | VLLMRollout,
+                          Field(discriminator="backend")]
 # the flat keys earlier versions named the rollout side with (GRPOConfig maps them to ``rollout``)
 LEGACY_ROLLOUT_KEYS = ("pipeline", "rollout_processes", "rollout_threads", "learner_threads", "max_off_policy_steps",
                        "queue_size", "rollout_workers", "verifier_actors", "rollout_worker_gpus", "ray_address")
+
+
+class LogprobCheck(BaseModel):
+    """Every ``every`` steps, the learner rescores up to ``trajectories`` completions sampled with its current
+    weights and compares with the log-probs the inference engine recorded; a drift past a tolerance fails
+    the run (train/inference log-prob mismatch: an engine sampling from other weights than the learner's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    every: int = Field(default=1, ge=0, description="steps between checks (0: off)")
+    trajectories: int = Field(default=16, ge=1, description="completions rescored per check, at most")
+    mean_abs_diff: float = Field(default=0.05, gt=0, description="fail above this mean |learner - behaviour| log-prob")
+    kl_k3: float = Field(default=0.01, gt=0, description="fail above this k3 estimate of KL(behaviour || learner)")
+    max_abs_diff: float | None = Field(default=None, gt=0, description="fail above this largest |difference| (None: off)")
 
 
 class GRPOConfig(TrainConfig):
@@ -160,6 +188,7 @@ class GRPOConfig(TrainConfig):
     max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace zero-variance groups")
     rollout: RolloutConfig = Field(default_factory=lambda: SyncRollout(), description="where rollouts are sampled: "
                                    "rollout: {backend: sync | thread | process | ray, ...}")
+    logprob_check: LogprobCheck = Field(default_factory=LogprobCheck)
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
     trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "

@@ -30,8 +30,9 @@ import torch
 
 from posttrain.platform.verifiers import TaskSpec, VerifierService, default_service
 from posttrain.training.config import EvalConfig
-from posttrain.training.modeling import PolicySource, eval_mode, load_policy, resolve_device
-from posttrain.training.rollout import SamplingConfig, generate_groups, prompt_ids
+from posttrain.training.modeling import PolicySource, load_policy, resolve_device
+from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
+from posttrain.training.rollout import SamplingConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,23 +45,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-@torch.no_grad()
-def greedy_completions(model: torch.nn.Module, tokenizer, tasks: list[TaskSpec], max_new_tokens: int) -> list[str]:  # type: ignore[no-untyped-def]
-    device = next(model.parameters()).device
-    prompts = [prompt_ids(tokenizer, t) for t in tasks]
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    with eval_mode(model):
-        out = model.generate(input_ids=ids, attention_mask=attention, do_sample=False, max_new_tokens=max_new_tokens,  # type: ignore[operator]
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
-    return [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
-
-
-def sampled_completions(model: torch.nn.Module, tokenizer, tasks: list[TaskSpec], n: int, config: EvalConfig) -> list[list[str]]:  # type: ignore[no-untyped-def]
-    groups = generate_groups(model, tokenizer, tasks, n, SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature))
-    return [[t.text for t in g.trajectories] for g in groups]
+def completions(engine: EmbeddedRolloutEngine, tasks: list[TaskSpec], n: int, config: EvalConfig) -> list[list[str]]:
+    """``n`` completions of each task through the inference engine: greedy when ``n == 1``, else sampled at
+    ``config.temperature``."""
+    sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature if n > 1 else 0.0)
+    return [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, sampling)]
 
 
 def eval_domains(config: EvalConfig) -> list[str]:
@@ -109,6 +98,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     if source is None:
         raise ValueError("no model: set EvalConfig.model or pass a (model, tokenizer) pair")
     model, tokenizer = load_policy(source, device=resolve_device(config.device))
+    engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
     generator = torch.Generator().manual_seed(config.seed)
     n = config.samples
@@ -118,12 +108,9 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
         tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
         for i in range(0, len(tasks), config.batch_size):
-            chunk = tasks[i : i + config.batch_size]
-            if n == 1:
-                per_task += [[c] for c in greedy_completions(model, tokenizer, chunk, config.max_new_tokens)]
-            else:
+            if n > 1:
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-                per_task += sampled_completions(model, tokenizer, chunk, n, config)
+            per_task += completions(engine, tasks[i : i + config.batch_size], n, config)
         flat_tasks = [t for t, outs in zip(tasks, per_task) for _ in outs]
         verdicts = service.verify_batch(flat_tasks, [c for outs in per_task for c in outs])
         passes = [sum(v.passed for v in verdicts[j * n : (j + 1) * n]) for j in range(len(tasks))]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from posttrain.platform.verifiers import VerifierService
 from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
+from posttrain.training.inference import MismatchTolerance, check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context, select_groups
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import RolloutGroup, Trajectory
@@ -77,6 +78,24 @@ def draw_step(rollouts: RolloutBackend, step: int, config: GRPOConfig
     return batch, trajectories, advantages, batch_metrics(batch, step, used)
 
 
+def check_due(config: GRPOConfig, step: int) -> bool:
+    return bool(config.logprob_check.every) and step % config.logprob_check.every == 0
+
+
+def check_logprobs(learner: Learner, batch: RolloutBatch, step: int, config: GRPOConfig) -> dict[str, float]:
+    """Rescore the step's completions sampled with the learner's current weights (version ``step``) and
+    compare with the behaviour log-probs the engine recorded; raise past the tolerance (rank 0)."""
+    check = config.logprob_check
+    fresh = [t for g in batch.groups if g.policy_version == step for t in g.trajectories if t.completion_ids]
+    policy = learner.rollout_policy()
+    if not fresh or policy is None:
+        return {}
+    mismatch = measure_logprob_mismatch(policy, fresh[: check.trajectories], pad_id=learner.tokenizer.pad_token_id,
+                                        temperature=config.temperature, bf16=learner.ctx.amp)
+    check_logprob_mismatch(mismatch, MismatchTolerance(check.mean_abs_diff, check.kl_k3, check.max_abs_diff))
+    return mismatch.metrics()
+
+
 def train_grpo(
     config: GRPOConfig,
     policy: PolicySource | None = None,
@@ -115,6 +134,8 @@ def train_grpo(
             batch, payload = None, [None, None, None]
             if rollouts is not None:
                 batch, *payload = draw_step(rollouts, step, config)  # trajectories, advantages, rollout metrics
+            if batch is not None and check_due(config, step):  # the engine samples what the learner scores
+                payload[2] |= check_logprobs(learner, batch, step, config)
             trajectories, advantages, metrics = ctx.broadcast(payload)
             t_learn = time.perf_counter()
             metrics |= learner.grpo_update(trajectories, advantages) if trajectories else learner.skip_step()

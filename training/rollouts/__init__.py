@@ -9,12 +9,14 @@ sync       the learner's own model, then verification, then the update (on-polic
 thread     a rollout thread in the learner's process with its own copy of the policy
 process    local rollout worker processes fed from shared-memory weights (:mod:`.process`)
 ray        rollout worker and verifier actors on a Ray cluster (:mod:`.ray`)
+vllm       vLLM in the learner's process on its GPU, weights pushed after every update (:mod:`.vllm`)
 =========  =========================================================================================
 
 Every backend has the :class:`~posttrain.training.rollouts.base.RolloutBackend` contract
 (``next_batch(version)``, ``publish(model, version)``, ``close()``), is built from one
 :class:`~posttrain.training.rollouts.base.RolloutSetup`, and tags every group with the policy version
-that sampled it; the pipelined ones take batches with
+that sampled it; every one samples through an inference engine
+(:mod:`posttrain.training.inference`: the embedded engine, or vLLM); the pipelined ones take batches with
 :func:`~posttrain.training.rollouts.base.assemble_batch` and keep no more out than the staleness bound
 lets the learner take (:func:`~posttrain.training.rollouts.base.in_flight_limit`).
 """
@@ -41,6 +43,7 @@ BACKENDS: dict[str, tuple[str, str, bool]] = {
     "thread": ("posttrain.training.rollouts.thread", "ThreadRollouts", True),
     "process": ("posttrain.training.rollouts.process", "ProcessRollouts", True),
     "ray": ("posttrain.training.rollouts.ray", "RayRollouts", False),  # verifier actors on the cluster
+    "vllm": ("posttrain.training.rollouts.vllm", "VLLMRollouts", True),
 }
 
 

@@ -15,7 +15,8 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.platform.verifiers import TaskSpec, VerifierService
 from posttrain.training.config import GRPOConfig, PipelinedRollout
 from posttrain.training.modeling import PolicySource, load_policy
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification, generate_groups
+from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification
 from posttrain.training.scheduler import Scheduler
 
 
@@ -86,15 +87,25 @@ class Generated:
 
 
 class PolicySampler:
-    """A frozen copy of the policy that samples rollout groups and tags them with the policy version
-    it holds: the body of every rollout worker (the rollout thread, a rollout process, a Ray actor)."""
+    """A frozen copy of the policy behind an inference engine that samples rollout groups and tags them
+    with the policy version it holds: the body of every rollout worker (the rollout thread, a rollout
+    process, a Ray actor)."""
 
     def __init__(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, group_size: int,
                  sampling: SamplingConfig, version: int = -1) -> None:
         self.policy, self.tokenizer, self.group_size, self.sampling = policy, tokenizer, group_size, sampling
         self.policy.eval()
         self.policy.requires_grad_(False)
-        self.version = version  # -1: not the learner's weights yet
+        self.engine = EmbeddedRolloutEngine(policy, tokenizer, version=version)  # type: ignore[arg-type]
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights it holds (-1: not the learner's weights yet)."""
+        return self.engine.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
 
     @classmethod
     def from_recipe(cls, recipe: str | tuple[Any, Any], group_size: int, sampling: SamplingConfig, device: str,
@@ -105,13 +116,11 @@ class PolicySampler:
         return cls(policy, tokenizer, group_size, sampling)
 
     def load(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.policy.load_state_dict(state)
-        self.version = version
+        self.engine.load_weights(state, version)
 
     def sample(self, tasks: Sequence[TaskSpec]) -> Generated:
         started = time.perf_counter()
-        groups = generate_groups(self.policy, self.tokenizer, tasks, self.group_size, self.sampling,
-                                 policy_version=self.version)
+        groups = rollout_groups(self.engine, self.tokenizer, tasks, self.group_size, self.sampling)
         tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
         return Generated(groups, self.version, tokens, time.perf_counter() - started)
 

@@ -1,4 +1,5 @@
-"""``rollout: {backend: sync}``: sample with the learner's own model, verify, return (on-policy)."""
+"""``rollout: {backend: sync}``: sample with the learner's own model (through the embedded inference
+engine), verify, return (on-policy)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,19 @@ import time
 
 import torch
 
-from posttrain.training.rollout import collect_verification, generate_groups, submit_verification
+from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
+from posttrain.training.rollout import collect_verification, submit_verification
 from posttrain.training.rollouts.base import RolloutBatch, RolloutSetup, has_signal, record, sampling_config
 
 
 class SyncRollouts:
-    """On-policy: generate with the learner's model, verify, return; extra draws replace groups without
-    a learning signal (``max_rollout_batches_per_step``)."""
+    """On-policy: sample through ``engine`` (default: the embedded engine on the learner's own model),
+    verify, return; extra draws replace groups without a learning signal (``max_rollout_batches_per_step``)."""
 
-    def __init__(self, setup: RolloutSetup) -> None:
+    def __init__(self, setup: RolloutSetup, engine: InferenceEngine | None = None) -> None:
         assert setup.service is not None and setup.executor is not None
         self.setup = setup
+        self.engine = engine or EmbeddedRolloutEngine(setup.model, setup.tokenizer, version=setup.version)  # type: ignore[arg-type]
 
     def next_batch(self, version: int) -> RolloutBatch:
         s, config = self.setup, self.setup.config
@@ -24,8 +27,8 @@ class SyncRollouts:
         useful = 0
         for _ in range(config.max_rollout_batches_per_step):
             t0 = time.perf_counter()
-            groups = generate_groups(s.model, s.tokenizer, s.scheduler.next_batch(), config.group_size,
-                                     sampling_config(config), policy_version=version)
+            groups = rollout_groups(self.engine, s.tokenizer, s.scheduler.next_batch(), config.group_size,
+                                    sampling_config(config))
             out.generation_s += time.perf_counter() - t0
             out.generated_tokens += sum(len(t.completion_ids) for g in groups for t in g.trajectories)
             for group in groups:
@@ -40,7 +43,7 @@ class SyncRollouts:
         return out
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        pass  # the same model object
+        self.engine.version = version  # the learner's own model: the new weights are in it already
 
     def close(self) -> None:
         pass
