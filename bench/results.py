@@ -173,6 +173,19 @@ def pipeline_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def rollout_rows(s: Summary) -> list[Row]:
+    e, peer = s["engine_lengths"], s["peer"]
+    return [Row(
+        f"GRPO rollouts through the inference engine ({s['model']}, embedded, CPU)",
+        f"{_n(s['engine_traj_per_s'])} trajectories/s ({_n(s['engine_tokens_per_s'])} tokens/s): {s['prompts']} task prompts "
+        f"× {s['group']}, temperature {s['temperature']}, at most {s['max_new_tokens']} tokens (lengths {e['min']} to "
+        f"{e['max']}, median {_n(e['p50'])}); behaviour vs learner log-probs: mean abs diff "
+        f"{s['logprob_mismatch']['mean_abs_diff']:.1e}",
+        f"`generate_groups` (one batched `generate`), same model, prompts and sampling, {_of(peer['threads'], 'torch thread')}, "
+        f"{_of(s['rounds'], 'round')} alternating: {_n(s['generate_traj_per_s'])} trajectories/s ({_x(s['speedup'])})",
+    )]  # fmt: skip
+
+
 def queue_rows(s: Summary) -> list[Row]:
     sq, pg, sq1, pg1 = (s[k] for k in ("sqlite_claims_per_s", "postgres_claims_per_s",
                                        "sqlite_claims_per_s_1_worker", "postgres_claims_per_s_1_worker"))
@@ -195,7 +208,8 @@ def reliability_rows(s: Summary) -> list[Row]:
 
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
-    "learning": learning_rows, "pipeline": pipeline_rows, "queue": queue_rows, "reliability": reliability_rows,
+    "learning": learning_rows, "pipeline": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "reliability": reliability_rows,
 }  # fmt: skip
 
 
