@@ -75,7 +75,6 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
 
-    from posttrain.training.config import GRPOConfig
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.training.scheduler import SchedulerConfig
@@ -96,7 +95,7 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
         "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "verifier_workers": 1,
         "rollout": rollout,
     }
-    config = GRPOConfig.model_validate(get_preset("cpu-demo").grpo.model_dump() | update)
+    config = get_preset("cpu-demo").grpo.updated(**update)
     threads = variant.get("threads", (os.cpu_count() or 1,))
     torch.set_num_threads(threads[-1])
     pinned = stage_threads(*threads) if mode == "lockstep" else contextlib.nullcontext()
@@ -154,8 +153,8 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="posttrain-pipeline-"))
         demo = get_preset("cpu-demo")
         base = build_tiny_model(work / "base", demo.model)
-        sft = demo.sft.model_copy(update={"model": str(base), "output_dir": str(work / "sft"),
-                                          **({"max_steps": args.sft_steps} if args.sft_steps else {})})
+        sft = demo.sft.updated(model=str(base), output_dir=str(work / "sft"),
+                               **({"max_steps": args.sft_steps} if args.sft_steps else {}))
         result = train_sft(sft)
         assert result.checkpoint is not None
         model = str(result.checkpoint / "model")

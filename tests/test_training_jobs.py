@@ -137,7 +137,7 @@ def test_yaml_config_with_a_preset_validates_and_overrides(tmp_path: Path) -> No
     assert isinstance(config, GRPOConfig)
     demo = get_preset("cpu-demo").grpo
     assert config.max_steps == 7 and config.model == "demo-sft" and config.scheduler.batch_size == 4
-    assert config.domains == demo.domains and config.lr == demo.lr and config.group_size == demo.group_size
+    assert config.domains == demo.domains and config.optim.lr == demo.optim.lr and config.algorithm.group_size == demo.algorithm.group_size
     with pytest.raises(JobConfigError, match="unknown preset 'nope'"):
         validate_config("train_grpo", {"preset": "nope"})
     with pytest.raises(JobConfigError, match="trajectories_per_step"):

@@ -52,7 +52,7 @@ def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[
     (job,) = all_jobs()
     assert any(f"job {job.id}" in s.value for s in at.success)
     assert job.kind == "train_sft" and job.submitted_by == "tester"
-    assert job.config["domains"] == ["str.copy.letters"] and job.config["max_steps"] == 7 and job.config["lr"] == 0.001
+    assert job.config["domains"] == ["str.copy.letters"] and job.config["max_steps"] == 7 and job.config["optim"]["lr"] == 0.001
     assert job.config["micro_batch_size"] == 4  # stored with every default filled in by SFTConfig
     assert at.selectbox(key="run_id").value == job.id  # the new run opens in the run view
 
@@ -74,7 +74,7 @@ def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) 
     (job,) = all_jobs()
     assert job.kind == "train_grpo" and job.config["model"] == "sft-m1"
     assert job.config["domains"] == [d if isinstance(d, str) else d.model_dump() for d in demo.grpo.domains] and job.config["max_steps"] == demo.grpo.max_steps
-    assert job.config["group_size"] == demo.grpo.group_size and job.config["device"] == "cpu"
+    assert job.config["algorithm"]["group_size"] == demo.grpo.algorithm.group_size and job.config["device"] == "cpu"
 
     # "Edit in the YAML editor" copies the preset's section (and the model) into the editor
     at.selectbox(key="preset_kind").set_value("train_sft").run()
@@ -87,7 +87,7 @@ def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) 
     assert not at.exception and not at.error
     sft = all_jobs()[0]
     assert sft.kind == "train_sft" and sft.config["model"] == "sft-m1" and sft.config["max_steps"] == 3
-    assert sft.config["lr"] == demo.sft.lr
+    assert sft.config["optim"]["lr"] == demo.sft.optim.lr
 
 
 def test_invalid_yaml_shows_a_clear_error_and_creates_nothing(platform_env: dict[str, str]) -> None:
@@ -207,7 +207,7 @@ def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env
     resumed = all_jobs()[0]
     assert resumed.id not in (queued, running) and resumed.kind == "train_grpo"
     assert resumed.config["output_dir"] == str(get_settings().jobs_dir / str(queued) / "run")
-    assert resumed.config["resume"] is True
+    assert resumed.config["checkpoint"]["resume"] is True
     assert {k: v for k, v in resumed.config.items() if k != "output_dir"} == {
         k: v for k, v in queue.get_job(queued).config.items() if k != "output_dir"
     }

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 def checkpoint_due(config: TrainConfig, steps_done: int) -> bool:
     """Whether a run that has finished ``steps_done`` steps checkpoints now: every
-    ``checkpoint_every`` steps (0: never in between) and always at the last step."""
-    return steps_done == config.max_steps or bool(config.checkpoint_every and steps_done % config.checkpoint_every == 0)
+    ``checkpoint.every`` steps (0: never in between) and always at the last step."""
+    every = config.checkpoint.every
+    return steps_done == config.max_steps or bool(every and steps_done % every == 0)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,13 +1,22 @@
-"""Trainer configurations: one pydantic model per trainer (TRL style), validated at the edge.
+"""Trainer configurations: one pydantic model per trainer, fields grouped by purpose, validated at the edge.
 
-    SFTConfig(model="var/models/tiny", domains=["str.copy.letters"], max_steps=50)
-    GRPOConfig(model=..., domains=[...], group_size=8, clip_low=0.2, clip_high=0.28,
-               rollout={"backend": "process", "workers": 2})
+    SFTConfig(model="var/models/tiny", domains=["str.copy.letters"], max_steps=50, optim={"lr": 1e-4})
+    GRPOConfig(model=..., domains=[...], optim={"lr": 1e-6}, algorithm={"group_size": 8, "clip_high": 0.28},
+               sampling={"max_new_tokens": 256, "temperature": 1.0}, rollout={"backend": "process", "workers": 2},
+               checkpoint={"every": 50})
+
+The groups: ``optim`` (optimizer and LR schedule), ``checkpoint`` (when to write, how many to keep,
+whether to resume), and for GRPO ``algorithm`` (the objective and its batching), ``sampling`` (how
+completions are drawn), ``rollout`` (which backend samples), ``scheduler`` (which tasks, in what
+mix) and ``logprob_check``. The run's own fields (model, output_dir, device, seed, max_steps, ...)
+stay at the top. A group's field may also be given by its flat name at the top (``lr: 1e-4``,
+``group_size: 8``, ``checkpoint_every: 50``: the form configs stored by earlier versions have), and
+the older rollout keys (``pipeline``, ``rollout_processes``, ...) map to ``rollout``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,10 +33,88 @@ class LoRAConfig(BaseModel):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
-def _with_preset(values: Any, section: str) -> Any:
+class OptimConfig(BaseModel):
+    """AdamW and its learning-rate schedule."""
+
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")
+    lr_schedule: Literal["constant", "linear", "cosine", "wsd"] = Field(
+        default="constant", description="after the warm-up: constant; linear or cosine decay to min_lr_ratio * lr; "
+        "wsd: constant, then a cosine decay over the last quarter")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="where a decaying schedule ends, as a fraction of lr")
+    max_grad_norm: float | None = Field(default=1.0, gt=0, description="clip the gradient norm to this (None: no clipping)")
+
+
+class CheckpointConfig(BaseModel):
+    """When a run writes checkpoints under ``<output_dir>/checkpoints``, and whether it resumes from them."""
+
+    model_config = ConfigDict(extra="forbid")
+    every: int = Field(default=0, ge=0, description="steps between checkpoints (0: only at the end)")
+    keep: int = Field(default=2, ge=1, description="checkpoints kept (older ones are removed)")
+    resume: bool = Field(default=True, description="continue from the latest checkpoint in output_dir")
+
+
+class AlgorithmConfig(BaseModel):
+    """The GRPO objective and how an update is batched (:mod:`posttrain.training.grpo`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(default=8, ge=2, description="completions sampled per prompt")
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_high: float = Field(default=0.28, ge=0)
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL to the initial policy; 0: no reference model")
+    scale_by_std: bool = Field(default=True, description="False: Dr. GRPO advantages (no std division)")
+    aggregation: Literal["token", "sequence"] = "token"
+    micro_batch_size: int = Field(default=8, ge=1, description="completions per forward/backward in the update")
+    updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
+    max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace "
+                                              "zero-variance groups")
+
+
+class SamplingConfig(BaseModel):
+    """How completions are drawn, by every inference engine: rollouts, evaluation, the bench."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, ge=0, description="0: greedy")
+    top_p: float = Field(default=1.0, gt=0, le=1)
+
+
+# group -> its model and the flat names its fields had at the top of a config (name in the group: flat name)
+_GROUPS: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
+    "optim": (OptimConfig, {k: k for k in OptimConfig.model_fields}),
+    "checkpoint": (CheckpointConfig, {"every": "checkpoint_every", "keep": "keep_checkpoints", "resume": "resume"}),
+    "algorithm": (AlgorithmConfig, {k: k for k in AlgorithmConfig.model_fields}),
+    "sampling": (SamplingConfig, {k: k for k in SamplingConfig.model_fields}),
+}
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else dict(value)
+
+
+def _nest(values: dict[str, Any], groups: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` with each group's flat names moved into the group (the group's own entries win)."""
+    out = dict(values)
+    for group in groups:
+        flat = {inner: out.pop(outer) for inner, outer in _GROUPS[group][1].items() if outer in out}
+        if flat:
+            out[group] = flat | (_as_dict(out[group]) if out.get(group) is not None else {})
+    return out
+
+
+def _with_preset(values: dict[str, Any], section: str, groups: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` over the preset it names (a group merges field by field; anything else replaces)."""
     from posttrain.training.presets import apply_preset  # presets import this module
 
-    return apply_preset(values, section)
+    merged = apply_preset(values, section)
+    for group in groups:
+        base = apply_preset({"preset": values["preset"]}, section).get(group)
+        if base is not None and values.get(group) is not None:
+            merged[group] = _as_dict(base) | _as_dict(values[group])
+    return merged
 
 
 class TrainConfig(BaseModel):
@@ -51,32 +138,46 @@ class TrainConfig(BaseModel):
     bf16: bool | None = Field(default=None, description="bf16 autocast; None: on a bf16-capable GPU only")
     seed: int = 0
     max_steps: int = Field(default=100, ge=1)
-    lr: float = Field(default=1e-5, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(default=0, ge=0)
-    lr_schedule: Literal["constant", "linear", "cosine", "wsd"] = Field(default="constant", description="after the "
-                                                                       "warm-up: constant; linear or cosine decay to min_lr_ratio * lr; wsd: constant, then "
-                                                                       "a cosine decay over the last quarter")
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="where a decaying schedule ends, as a fraction of lr")
-    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: LoRAConfig | None = None
-    checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints (0: only at the end)")
-    keep_checkpoints: int = Field(default=2, ge=1)
-    resume: bool = Field(default=True, description="continue from the latest checkpoint in output_dir")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
                                 "with FSDP; 1: train in the job's own process. A step's global batch is the one "
                                 "process's, split across the processes")
 
+    groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint")
+    optim_defaults: ClassVar[dict[str, Any]] = {}  # this trainer's own defaults within optim
+
     @model_validator(mode="before")
     @classmethod
-    def _apply_preset(cls, values: Any) -> Any:
-        return _with_preset(values, cls.preset_section) if cls.preset_section else values
+    def _prepare(cls, values: Any) -> Any:
+        """Flat names into their groups, then the preset under what is given, then this trainer's defaults."""
+        if not isinstance(values, dict):
+            return values
+        values = _nest(cls._map_older_keys(values), cls.groups)
+        if cls.preset_section and "preset" in values:
+            values = _with_preset(values, cls.preset_section, cls.groups)
+        if cls.optim_defaults:
+            values["optim"] = cls.optim_defaults | (_as_dict(values["optim"]) if values.get("optim") is not None else {})
+        return values
+
+    @classmethod
+    def _map_older_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
+        return values
+
+    def updated(self, **changes: Any) -> Self:
+        """A validated copy with ``changes`` (flat names allowed: ``lr=1e-3`` changes ``optim.lr`` only)."""
+        base = self.model_dump(exclude_unset=True)
+        changes = _nest(type(self)._map_older_keys(changes), self.groups)
+        for group in self.groups:
+            if isinstance(changes.get(group), dict) and isinstance(base.get(group), dict):
+                changes[group] = base[group] | changes[group]
+        return type(self).model_validate(base | changes)
 
 
 class SFTConfig(TrainConfig):
     preset_section: ClassVar[str] = "sft"
-    lr: float = Field(default=1e-4, gt=0)
+    optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-4}
     domains: list[str] = Field(default_factory=list, description="procedural domains whose references are the targets")
     tasks_per_domain: int = Field(default=256, ge=1)
     difficulty: int = Field(default=1, ge=1)
@@ -171,21 +272,12 @@ class LogprobCheck(BaseModel):
 
 class GRPOConfig(TrainConfig):
     preset_section: ClassVar[str] = "grpo"
-    lr: float = Field(default=1e-6, gt=0)
+    groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint", "algorithm", "sampling")
+    optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-6}
     domains: list[str | DomainSpec] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="batch_size = prompts per step")
-    group_size: int = Field(default=8, ge=2, description="completions sampled per prompt")
-    max_new_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    clip_low: float = Field(default=0.2, ge=0, lt=1)
-    clip_high: float = Field(default=0.28, ge=0)
-    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL to the initial policy; 0: no reference model")
-    scale_by_std: bool = Field(default=True, description="False: Dr. GRPO advantages (no std division)")
-    aggregation: Literal["token", "sequence"] = "token"
-    micro_batch_size: int = Field(default=8, ge=1, description="completions per forward/backward in the update")
-    updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
-    max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace zero-variance groups")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout: RolloutConfig = Field(default_factory=lambda: SyncRollout(), description="where rollouts are sampled: "
                                    "rollout: {backend: sync | thread | process | ray, ...}")
     logprob_check: LogprobCheck = Field(default_factory=LogprobCheck)
@@ -194,11 +286,10 @@ class GRPOConfig(TrainConfig):
     trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
                                        "of each step go to the database (0: none)")
 
-    @model_validator(mode="before")
     @classmethod
-    def _flat_rollout_keys(cls, values: Any) -> Any:
+    def _map_older_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
         """Stored configs name the rollout side with the flat keys of earlier versions: map them."""
-        if not isinstance(values, dict) or not (old := {k: values[k] for k in LEGACY_ROLLOUT_KEYS if k in values}):
+        if not (old := {k: values[k] for k in LEGACY_ROLLOUT_KEYS if k in values}):
             return values
         if "rollout" in values:
             raise ValueError(f"set the rollout side either as rollout: {{backend: ...}} or with the older flat keys "
@@ -225,6 +316,8 @@ class GRPOConfig(TrainConfig):
     def _check(self) -> GRPOConfig:
         if not self.domains:
             raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on")
+        if self.sampling.temperature <= 0:
+            raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
         return self
 
 
@@ -258,7 +351,7 @@ class EvalConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, values: Any) -> Any:
-        return _with_preset(values, "eval")
+        return _with_preset(values, "eval", ()) if isinstance(values, dict) and "preset" in values else values
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

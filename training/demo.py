@@ -77,7 +77,7 @@ def run_preset(
 
     t = time.perf_counter()
     base = build_tiny_model(workdir / "base", run.model, overwrite=True)
-    sft_config = run.sft.model_copy(update={"model": str(base), "output_dir": str(workdir / "sft"), **(sft or {})})
+    sft_config = run.sft.updated(model=str(base), output_dir=str(workdir / "sft"), **(sft or {}))
     sft_result = train_sft(sft_config)
     assert sft_result.checkpoint is not None
     sft_model = sft_result.checkpoint / "model"
@@ -103,7 +103,7 @@ def run_preset(
         trained.extend(g.task for g in groups)
 
     t = time.perf_counter()
-    grpo_config = run.grpo.model_copy(update={"model": str(sft_model), "output_dir": str(workdir / "grpo"), **(grpo or {})})
+    grpo_config = run.grpo.updated(model=str(sft_model), output_dir=str(workdir / "grpo"), **(grpo or {}))
     grpo_result = train_grpo(grpo_config, on_metrics=record, on_groups=seen)
     assert grpo_result.checkpoint is not None
     grpo_model = grpo_result.checkpoint / "model"

@@ -29,10 +29,9 @@ from typing import Any
 import torch
 
 from posttrain.platform.verifiers import TaskSpec, VerifierService, default_service
-from posttrain.training.config import EvalConfig
+from posttrain.training.config import EvalConfig, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy, resolve_device
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
-from posttrain.training.rollout import SamplingConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
+from posttrain.platform import metric_names
 
 if TYPE_CHECKING:
     import torch
@@ -205,7 +206,7 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
     last = result.metrics[-1] if result.metrics else {}
     return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": result.resumed_from,
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-            "final_reward_mean": last.get("rollout/reward_mean")}
+            "final_reward_mean": last.get(metric_names.REWARD_MEAN)}
 
 
 def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -272,8 +273,7 @@ class PresetRunConfig(BaseModel):
         from posttrain.training.presets import get_preset
 
         run = get_preset(self.preset)
-        sft = SFTConfig.model_validate({**run.sft.model_dump(exclude_unset=True), **self.sft})
-        grpo = GRPOConfig.model_validate({**run.grpo.model_dump(exclude_unset=True), **self.grpo})
+        sft, grpo = run.sft.updated(**self.sft), run.grpo.updated(**self.grpo)
         evaluation = EvalConfig.model_validate({**run.eval.model_dump(exclude_unset=True), **self.eval})
         return sft, grpo, evaluation
 
@@ -337,7 +337,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         sft_config = sft_config.model_copy(update={"model": base["path"], "output_dir": str(out / "sft"), "register_as": f"{name}-sft"})
 
         def on_sft(step: int, metrics: dict[str, float]) -> None:
-            ctx.log_metrics(step, {("sft/" + k.removeprefix("train/")): v for k, v in metrics.items()})
+            ctx.log_metrics(step, metric_names.renamed(metrics, metric_names.SFT_PREFIX))
             stage_progress("sft", sft_config.max_steps, step, f"SFT warm-up step {step}/{sft_config.max_steps}")
 
         result = train_sft(sft_config, on_metrics=on_sft, should_stop=lambda: ctx.should_stop)
@@ -367,7 +367,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
 
         def on_grpo(step: int, metrics: dict[str, float]) -> None:
             ctx.log_metrics(step, metrics)
-            reward = metrics.get("rollout/reward_mean", float("nan"))
+            reward = metrics.get(metric_names.REWARD_MEAN, float("nan"))
             stage_progress("grpo", grpo_config.max_steps, step, f"GRPO step {step}/{grpo_config.max_steps} reward {reward:.3f}")
 
         result = train_grpo(grpo_config, on_metrics=on_grpo, on_groups=writer, should_stop=lambda: ctx.should_stop)
@@ -391,7 +391,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         control_config = sft_config.model_copy(update={"model": base["path"], "register_as": f"{name}-control"})
 
         def on_control(step: int, metrics: dict[str, float]) -> None:
-            ctx.log_metrics(step, {("control/" + k.removeprefix("train/")): v for k, v in metrics.items()})
+            ctx.log_metrics(step, metric_names.renamed(metrics, metric_names.CONTROL_PREFIX))
             stage_progress("control", grpo["steps"], step - sft_config.max_steps, f"SFT control step {step}")
 
         result = continue_sft(control_config, Path(sft["checkpoint"]), grpo["steps"], out / "control",

@@ -32,6 +32,7 @@ from posttrain.training.grpo import group_advantages, grpo_loss
 from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device, token_logprobs
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.rollout import RolloutGroup, Trajectory
+from posttrain.platform import metric_names as names
 
 
 # --- where this learner runs --------------------------------------------------------------
@@ -124,10 +125,10 @@ def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[l
     if not groups:
         return [], [], 0
     rewards = torch.tensor([r for g in groups for r in g.rewards])
-    adv, keep = group_advantages(rewards, config.group_size, scale_by_std=config.scale_by_std)
+    adv, keep = group_advantages(rewards, config.algorithm.group_size, scale_by_std=config.algorithm.scale_by_std)
     trajectories = [t for g in groups for t in g.trajectories]
     kept = [(t, float(a)) for t, a, k in zip(trajectories, adv, keep) if k]
-    zero_variance = len(groups) - len(kept) // config.group_size
+    zero_variance = len(groups) - len(kept) // config.algorithm.group_size
     return [t for t, _ in kept], [a for _, a in kept], zero_variance
 
 
@@ -160,8 +161,8 @@ def _is_sharded(model: torch.nn.Module) -> bool:
 def sft_metrics(loss: float, lr: float, grad_norm: float, tokens: int, elapsed_s: float) -> dict[str, float]:
     """What an SFT step reports."""
     return {
-        "train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-        "train/tokens": float(tokens), "train/tokens_per_s": tokens / max(elapsed_s, 1e-9),
+        names.LOSS: loss, names.LR: lr, names.GRAD_NORM: grad_norm,
+        names.TRAINED_TOKENS: float(tokens), names.TRAIN_TOKENS_PER_S: tokens / max(elapsed_s, 1e-9),
     }  # fmt: skip
 
 
@@ -185,7 +186,7 @@ class TrainResult:
 class Learner:
     """The trained model (LoRA-wrapped when configured; FSDP-sharded when ``ctx.world > 1``) with its
     tokenizer, optimizer, LR schedule and checkpoints, resumed from the latest checkpoint under
-    ``<output_dir>/checkpoints`` when ``config.resume`` and one exists.
+    ``<output_dir>/checkpoints`` when ``config.checkpoint.resume`` and one exists.
 
     ``reference``: also keep a frozen copy of the starting policy (before any resume: the KL
     reference). ``policy``: a model directory or ``(model, tokenizer)`` pair instead of ``config.model``.
@@ -205,7 +206,7 @@ class Learner:
         model.train()
         self.reference = frozen_copy(model) if reference else None
         self.ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
-        loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.resume else None
+        loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.checkpoint.resume else None
         self.start = int(loaded[1]["step"]) if loaded else 0  # the step the run continues from
         self.state: dict[str, Any] = loaded[1] if loaded else {}  # the checkpoint's state.json
         self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
@@ -244,7 +245,7 @@ class Learner:
     def _clip_and_step(self) -> tuple[float, float]:
         """Clip the gradient norm (global over the shards), step the optimizer, clear the gradients;
         ``(grad_norm, lr)``."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.max_grad_norm or float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -285,36 +286,36 @@ class Learner:
         """``updates_per_batch`` optimizer steps over the trajectories, each accumulated over micro-batches
         (this rank's share of each mini-batch, with the mini-batch's global normaliser); metrics are
         reduced over the ranks. Then one LR-schedule step."""
-        config = self.config
-        assert isinstance(config, GRPOConfig)
+        assert isinstance(self.config, GRPOConfig)
+        algo, temperature = self.config.algorithm, self.config.sampling.temperature
         rank, world, device = self.ctx.rank, self.ctx.world, self.device
         self.model.train()
         n = len(trajectories)
-        per_update = -(-n // config.updates_per_batch)
+        per_update = -(-n // algo.updates_per_batch)
         totals: dict[str, float] = {}
         token_count = 0
         for start in range(0, n, per_update):
             mini = list(range(start, min(n, start + per_update)))
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
-            normalizer = float(tokens) if config.aggregation == "token" else float(len(mini))
+            normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            passes = _passes(len(mini), world, config.micro_batch_size)
+            passes = _passes(len(mini), world, algo.micro_batch_size)
             for k in range(passes):
-                idx = mine[k * config.micro_batch_size : (k + 1) * config.micro_batch_size]
+                idx = mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
                 weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
                 idx = idx or mini[:1]
                 self._sync_gradients(k == passes - 1)
                 batch = completion_batch([trajectories[i] for i in idx], [advantages[i] for i in idx],
                                          self.tokenizer.pad_token_id)
                 with autocast(device, self.ctx.amp):
-                    logprobs = completion_logprobs(self.model, batch, device, config.temperature)
+                    logprobs = completion_logprobs(self.model, batch, device, temperature)
                     ref = None
-                    if self.reference is not None and config.kl_coef > 0:
+                    if self.reference is not None and algo.kl_coef > 0:
                         with torch.no_grad():
-                            ref = completion_logprobs(self.reference, batch, device, config.temperature)
+                            ref = completion_logprobs(self.reference, batch, device, temperature)
                 out = grpo_loss(logprobs, batch.old_logprobs.to(device), batch.advantages.to(device), batch.mask.to(device),
-                                clip_low=config.clip_low, clip_high=config.clip_high, ref_logprobs=ref,
-                                kl_coef=config.kl_coef, aggregation=config.aggregation, normalizer=normalizer)
+                                clip_low=algo.clip_low, clip_high=algo.clip_high, ref_logprobs=ref,
+                                kl_coef=algo.kl_coef, aggregation=algo.aggregation, normalizer=normalizer)
                 (out.loss * (weight * world)).backward()
                 if not weight:
                     continue
@@ -330,15 +331,15 @@ class Learner:
             totals, token_count = _reduce_over_ranks(totals, token_count, device)
         updates = -(-n // per_update)
         return {
-            "train/loss": totals["loss"] / updates,
-            "train/kl": totals["kl"] / max(1, token_count),
-            "train/ratio_mean": totals["ratio_mean"] / max(1, token_count),
-            "train/ratio_max": totals["ratio_max"],
-            "train/clip_frac_low": totals["clip_frac_low"] / max(1, token_count),
-            "train/clip_frac_high": totals["clip_frac_high"] / max(1, token_count),
-            "train/grad_norm": totals["grad_norm"],
-            "train/lr": totals["lr"],
-            "train/tokens": float(token_count),
+            names.LOSS: totals["loss"] / updates,
+            names.KL: totals["kl"] / max(1, token_count),
+            names.RATIO_MEAN: totals["ratio_mean"] / max(1, token_count),
+            names.RATIO_MAX: totals["ratio_max"],
+            names.CLIP_FRAC_LOW: totals["clip_frac_low"] / max(1, token_count),
+            names.CLIP_FRAC_HIGH: totals["clip_frac_high"] / max(1, token_count),
+            names.GRAD_NORM: totals["grad_norm"],
+            names.LR: totals["lr"],
+            names.TRAINED_TOKENS: float(token_count),
         }
 
     def skip_step(self) -> dict[str, float]:
@@ -378,7 +379,7 @@ class Learner:
         if not self.ctx.main:
             return None
         return save_checkpoint(self.ckpt_root, step, self.model, self.tokenizer, self.optimizer, self.lr_scheduler, state,
-                               keep=self.config.keep_checkpoints, **full)
+                               keep=self.config.checkpoint.keep, **full)
 
     def last_checkpoint(self, saved: Path | None) -> Path | None:
         """The run's final checkpoint (``saved``, else the latest on disk); no rank leaves before rank 0 wrote it."""

@@ -33,6 +33,7 @@ from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
 from posttrain.training.scheduler import Scheduler
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
+from posttrain.platform import metric_names as names
 
 GroupsFn = Callable[[int, list[RolloutGroup]], None]
 
@@ -43,19 +44,19 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
     latencies = [g.verify_latency_s for g in batch.groups if g.verify_latency_s is not None]
     staleness = [version - g.policy_version for g in used] or [0]
     return {
-        "rollout/reward_mean": sum(rewards) / max(1, len(rewards)),
-        "rollout/pass_rate": sum(bool(t.passed) for t in trajectories) / max(1, len(trajectories)),
-        "rollout/completion_len_mean": sum(len(t.completion_ids) for t in trajectories) / max(1, len(trajectories)),
-        "rollout/truncated_frac": sum(not t.finished for t in trajectories) / max(1, len(trajectories)),
-        "rollout/tokens_per_s": batch.generated_tokens / max(batch.generation_s, 1e-9),
-        "rollout/groups": float(len(batch.groups)),
-        "rollout/groups_used": float(len(used)),
-        "rollout/groups_stale_dropped": float(batch.stale_dropped),
-        "verifier/latency_s": sum(latencies) / max(1, len(latencies)),
-        "verifier/infra_errors": float(sum(g.infra_errors for g in batch.groups)),
-        "pipeline/queue_depth": float(batch.queue_depth),
-        "pipeline/staleness_mean": sum(staleness) / len(staleness),
-        "pipeline/staleness_max": float(max(staleness)),
+        names.REWARD_MEAN: sum(rewards) / max(1, len(rewards)),
+        names.PASS_RATE: sum(bool(t.passed) for t in trajectories) / max(1, len(trajectories)),
+        names.COMPLETION_LEN_MEAN: sum(len(t.completion_ids) for t in trajectories) / max(1, len(trajectories)),
+        names.TRUNCATED_FRAC: sum(not t.finished for t in trajectories) / max(1, len(trajectories)),
+        names.ROLLOUT_TOKENS_PER_S: batch.generated_tokens / max(batch.generation_s, 1e-9),
+        names.GROUPS: float(len(batch.groups)),
+        names.GROUPS_USED: float(len(used)),
+        names.GROUPS_STALE_DROPPED: float(batch.stale_dropped),
+        names.VERIFIER_LATENCY_S: sum(latencies) / max(1, len(latencies)),
+        names.VERIFIER_INFRA_ERRORS: float(sum(g.infra_errors for g in batch.groups)),
+        names.QUEUE_DEPTH: float(batch.queue_depth),
+        names.STALENESS_MEAN: sum(staleness) / len(staleness),
+        names.STALENESS_MAX: float(max(staleness)),
     } | batch.extra
 
 
@@ -63,8 +64,8 @@ def time_step(metrics: dict[str, float], learn_started: float, last_end: float) 
     """Add the step's wall time and the learner's busy fraction (update and publish over the whole
     step) to ``metrics``; return now, the end of this step."""
     now = time.perf_counter()
-    metrics["pipeline/learner_busy_frac"] = (now - learn_started) / max(now - last_end, 1e-9)
-    metrics["time/step_s"] = now - last_end
+    metrics[names.LEARNER_BUSY_FRAC] = (now - learn_started) / max(now - last_end, 1e-9)
+    metrics[names.STEP_S] = now - last_end
     return now
 
 
@@ -91,9 +92,9 @@ def check_logprobs(learner: Learner, batch: RolloutBatch, step: int, config: GRP
     if not fresh or policy is None:
         return {}
     mismatch = measure_logprob_mismatch(policy, fresh[: check.trajectories], pad_id=learner.tokenizer.pad_token_id,
-                                        temperature=config.temperature, bf16=learner.ctx.amp)
+                                        temperature=config.sampling.temperature, bf16=learner.ctx.amp)
     check_logprob_mismatch(mismatch, MismatchTolerance(check.mean_abs_diff, check.kl_k3, check.max_abs_diff))
-    return mismatch.metrics()
+    return mismatch.metrics(names.LOGPROB_PREFIX)
 
 
 def train_grpo(
@@ -112,7 +113,7 @@ def train_grpo(
     of an FSDP job: the same loop on every rank; rank 0 draws the rollouts and broadcasts the step's
     trajectories (``on_groups`` is called there only)."""
     ctx = ctx or local_context(config)
-    learner = Learner(config, ctx, policy, reference=config.kl_coef > 0)
+    learner = Learner(config, ctx, policy, reference=config.algorithm.kl_coef > 0)
     result = TrainResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
     with contextlib.ExitStack() as stack:
         rollouts: RolloutBackend | None = None

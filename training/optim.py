@@ -24,7 +24,8 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+    optim = config.optim
+    return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas)
 
 
 Schedule = Literal["constant", "linear", "cosine", "wsd"]
@@ -50,4 +51,5 @@ def lr_at(step: int, steps: int, lr: float, warmup_steps: int, schedule: Schedul
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """The config's schedule (:func:`lr_at`) as a factor on the optimizer's learning rate, one step per update."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_at(step, config.max_steps, 1.0, config.warmup_steps, config.lr_schedule, config.min_lr_ratio))
+        optimizer, lambda step: lr_at(step, config.max_steps, 1.0, config.optim.warmup_steps, config.optim.lr_schedule,
+                                      config.optim.min_lr_ratio))

@@ -2,7 +2,7 @@
 
     from posttrain.training.presets import get_preset, preset_names
     run = get_preset("cpu-demo")            # RunPreset(model=TinyModelSpec, sft=SFTConfig, grpo=GRPOConfig, eval=EvalConfig)
-    run.grpo.model_copy(update={"model": "my-sft-model"})
+    run.grpo.updated(model="my-sft-model")
 
 A job config may name a preset and override any of its fields (YAML for
 ``posttrain jobs submit train_grpo --config-file run.yaml``)::
@@ -85,7 +85,7 @@ def _cpu_small() -> RunPreset:
         "name": "cpu-small",
         "description": "cpu-demo with a larger model (hidden 128, 4 layers) and more GRPO steps",
         "model": demo.model.model_copy(update={"hidden_size": 128, "num_layers": 4, "intermediate_size": 512}),
-        "grpo": demo.grpo.model_copy(update={"max_steps": 300}),
+        "grpo": demo.grpo.updated(max_steps=300),
     })
 
 
@@ -96,9 +96,9 @@ def _cpu_quick() -> RunPreset:
         "name": "cpu-quick",
         "description": "cpu-demo on one domain (zero-padding three-digit numbers), a 300-step SFT warm-up and 60 GRPO "
                        "steps, evaluated on prompts it never trained on: two to three minutes on a 2-core CPU",
-        "sft": demo.sft.model_copy(update={"domains": domains, "max_steps": 300, "checkpoint_every": 100}),
-        "grpo": demo.grpo.model_copy(update={"domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
-                                             "max_steps": 60, "lr": 1e-3, "checkpoint_every": 20}),
+        "sft": demo.sft.updated(domains=domains, max_steps=300, checkpoint_every=100),
+        "grpo": demo.grpo.updated(domains=[DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
+                                  max_steps=60, lr=1e-3, checkpoint_every=20),
         "eval": demo.eval.model_copy(update={"domains": domains, "tasks_per_domain": 200}),
     })
 

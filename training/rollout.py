@@ -23,6 +23,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from posttrain.platform.models.loader import cache_keyword
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
+from posttrain.training.config import SamplingConfig
 from posttrain.training.modeling import eval_mode
 
 
@@ -57,13 +58,6 @@ class RolloutGroup:
     @property
     def verified(self) -> bool:
         return all(t.verdict is not None for t in self.trajectories)
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> list[int]:

@@ -129,6 +129,5 @@ def continue_sft(
     if not any(ckpt_root.glob("step_*")):
         ckpt_root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(warm_checkpoint, ckpt_root / Path(warm_checkpoint).name)
-    control = config.model_copy(update={"output_dir": str(output_dir), "max_steps": warm_steps + extra_steps, "resume": True,
-                                        "register_as": None})  # fmt: skip
+    control = config.updated(output_dir=str(output_dir), max_steps=warm_steps + extra_steps, resume=True, register_as=None)
     return train_sft(control, on_metrics=on_metrics, should_stop=should_stop)

@@ -13,10 +13,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import TaskSpec, VerifierService
-from posttrain.training.config import GRPOConfig, PipelinedRollout
+from posttrain.training.config import GRPOConfig, PipelinedRollout, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, collect_verification
+from posttrain.training.rollout import RolloutGroup, collect_verification
 from posttrain.training.scheduler import Scheduler
 
 
@@ -55,10 +55,6 @@ class RolloutSetup:
     source: PolicySource
     service: VerifierService | None = None
     executor: ThreadPoolExecutor | None = None
-
-
-def sampling_config(config: GRPOConfig) -> SamplingConfig:
-    return SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
 
 
 def usable(group: RolloutGroup) -> bool:
@@ -147,7 +143,7 @@ def assemble_batch(out: RolloutBatch, take: Callable[[], Generated], version: in
     recorded in the scheduler."""
     assert isinstance(config.rollout, PipelinedRollout)
     useful = fresh = 0
-    while useful < config.scheduler.batch_size and fresh < config.max_rollout_batches_per_step:
+    while useful < config.scheduler.batch_size and fresh < config.algorithm.max_rollout_batches_per_step:
         item = take()
         if version - item.version > config.rollout.max_off_policy_steps:
             out.stale_dropped += len(item.groups)

@@ -48,13 +48,14 @@ from typing import Any
 import torch
 import torch.multiprocessing  # registers the shared-memory reductions of tensors
 
+from posttrain.platform import metric_names as names
 from posttrain.platform.spawn import neutral_main
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import GRPOConfig, ProcessRollout
 from posttrain.training.modeling import frozen_copy
 from posttrain.training.rollout import SamplingConfig, submit_verification
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, sampling_config,
+    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
 )
 
 BATCHES_PER_WORKER = 2  # one sampling, one waiting behind it
@@ -277,7 +278,7 @@ class ProcessRollouts:
         tasks = self._context.Queue()
         process = self._context.Process(
             target=_worker_main, name=f"posttrain-rollout-{slot}.{incarnation}", daemon=True,
-            args=(child, tasks, self.weights, self._recipe, self.config.group_size, sampling_config(self.config),
+            args=(child, tasks, self.weights, self._recipe, self.config.algorithm.group_size, self.config.sampling,
                   self._device, self.config.seed + 1 + slot + 1000 * incarnation, self.rollout_threads))
         with neutral_main():  # a console page or a script must not re-run in the worker
             process.start()
@@ -399,10 +400,10 @@ class ProcessRollouts:
         out = RolloutBatch(queue_depth=len(self._ready))
         assemble_batch(out, self._take, version, self.config, self.scheduler)
         out.extra = {
-            "pipeline/batches_in_flight": float(sum(len(w.pending) for w in self._workers)),
-            "pipeline/publish_s": self.stats.publish_s,
-            "pipeline/workers_replaced": float(self.stats.replaced_workers),
-            "pipeline/batches_redone": float(self.stats.requeued_batches),
+            names.BATCHES_IN_FLIGHT: float(sum(len(w.pending) for w in self._workers)),
+            names.PUBLISH_S: self.stats.publish_s,
+            names.WORKERS_REPLACED: float(self.stats.replaced_workers),
+            names.BATCHES_REDONE: float(self.stats.requeued_batches),
         }
         return out
 

@@ -67,9 +67,10 @@ from posttrain.training.config import RayRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import RolloutGroup, SamplingConfig
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, sampling_config,
+    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
 )
 from posttrain.training.rollouts.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
+from posttrain.platform import metric_names as names
 
 ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
 START_TIMEOUT_S = 600.0  # actors import torch and load the model before they answer
@@ -209,7 +210,7 @@ class RayRollouts:
         name = f"posttrain-rollout-{self.run_id}-{slot}.{incarnation}"
         gpus = self.bound.worker_gpus
         actor = _remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus, max_restarts=0, name=name).remote(
-            self._recipe, self._store, self.config.group_size, sampling_config(self.config), "cuda" if gpus > 0 else "cpu",
+            self._recipe, self._store, self.config.algorithm.group_size, self.config.sampling, "cuda" if gpus > 0 else "cpu",
             self.config.seed + 1 + slot + 1000 * incarnation)
         return _Slot(actor, incarnation, name)
 
@@ -346,10 +347,10 @@ class RayRollouts:
         out = RolloutBatch(queue_depth=sum(f.result is not None for f in self._flights))
         assemble_batch(out, self._take, version, self.config, self.scheduler)
         out.extra = {
-            "pipeline/batches_in_flight": float(len(self._flights)),
-            "pipeline/publish_s": self.stats.publish_s,
-            "pipeline/actors_replaced": float(self.stats.replaced_workers + self.stats.replaced_verifiers),
-            "pipeline/batches_redone": float(self.stats.requeued_batches),
+            names.BATCHES_IN_FLIGHT: float(len(self._flights)),
+            names.PUBLISH_S: self.stats.publish_s,
+            names.ACTORS_REPLACED: float(self.stats.replaced_workers + self.stats.replaced_verifiers),
+            names.BATCHES_REDONE: float(self.stats.requeued_batches),
         }
         return out
 

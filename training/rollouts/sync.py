@@ -9,7 +9,7 @@ import torch
 
 from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
 from posttrain.training.rollout import collect_verification, submit_verification
-from posttrain.training.rollouts.base import RolloutBatch, RolloutSetup, has_signal, record, sampling_config
+from posttrain.training.rollouts.base import RolloutBatch, RolloutSetup, has_signal, record
 
 
 class SyncRollouts:
@@ -25,10 +25,10 @@ class SyncRollouts:
         s, config = self.setup, self.setup.config
         out = RolloutBatch()
         useful = 0
-        for _ in range(config.max_rollout_batches_per_step):
+        for _ in range(config.algorithm.max_rollout_batches_per_step):
             t0 = time.perf_counter()
-            groups = rollout_groups(self.engine, s.tokenizer, s.scheduler.next_batch(), config.group_size,
-                                    sampling_config(config))
+            groups = rollout_groups(self.engine, s.tokenizer, s.scheduler.next_batch(), config.algorithm.group_size,
+                                    config.sampling)
             out.generation_s += time.perf_counter() - t0
             out.generated_tokens += sum(len(t.completion_ids) for g in groups for t in g.trajectories)
             for group in groups:

@@ -18,7 +18,7 @@ from posttrain.training.config import ThreadRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import submit_verification
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, sampling_config,
+    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
 )
 
 
@@ -29,7 +29,7 @@ class ThreadRollouts:
         assert isinstance(setup.config.rollout, ThreadRollout) and setup.service is not None and setup.executor is not None
         self.setup, self.bound = setup, setup.config.rollout
         config = setup.config
-        self.sampler = PolicySampler(frozen_copy(setup.model), setup.tokenizer, config.group_size, sampling_config(config),
+        self.sampler = PolicySampler(frozen_copy(setup.model), setup.tokenizer, config.algorithm.group_size, config.sampling,
                                      setup.version)
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
         self._ready: deque[Generated] = deque()

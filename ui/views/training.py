@@ -20,6 +20,7 @@ from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_con
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, guard_platform, job_table, status_label, username
+from posttrain.platform import metric_names
 
 TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -30,26 +31,27 @@ DEMO_PRESET = "cpu-quick"  # the one-click demo's default
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Reward", ("rollout/reward_mean", "rollout/pass_rate")),
-    ("SFT warm-up loss", ("sft/loss",)),
-    ("Loss", ("train/loss",)),
-    ("KL to the initial policy", ("train/kl",)),
-    ("Clip fraction", ("train/clip_frac_low", "train/clip_frac_high")),
-    ("Learner busy fraction", ("pipeline/learner_busy_frac",)),
-    ("Throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
-    ("Pipeline", ("pipeline/queue_depth", "pipeline/staleness_mean")),
-    ("Step time (s) and verifier latency (s)", ("time/step_s", "verifier/latency_s")),
-    ("Gradient norm", ("train/grad_norm",)),
-    ("Learning rate", ("train/lr",)),
+    ("Reward", (metric_names.REWARD_MEAN, metric_names.PASS_RATE)),
+    ("SFT warm-up loss", (metric_names.SFT_LOSS,)),
+    ("Loss", (metric_names.LOSS,)),
+    ("KL to the initial policy", (metric_names.KL,)),
+    ("Clip fraction", (metric_names.CLIP_FRAC_LOW, metric_names.CLIP_FRAC_HIGH)),
+    ("Learner busy fraction", (metric_names.LEARNER_BUSY_FRAC,)),
+    ("Throughput (tokens/s)", (metric_names.ROLLOUT_TOKENS_PER_S, metric_names.TRAIN_TOKENS_PER_S)),
+    ("Pipeline", (metric_names.QUEUE_DEPTH, metric_names.STALENESS_MEAN)),
+    ("Step time (s) and verifier latency (s)", (metric_names.STEP_S, metric_names.VERIFIER_LATENCY_S)),
+    ("Gradient norm", (metric_names.GRAD_NORM,)),
+    ("Learning rate", (metric_names.LR,)),
+    ("Train/inference log-prob gap", (metric_names.LOGPROB_PREFIX + "mean_abs_diff",)),
 )
 TILES = (
-    ("Reward", "rollout/reward_mean"),
-    ("Pass rate", "rollout/pass_rate"),
-    ("Loss", "train/loss"),
-    ("KL", "train/kl"),
-    ("Tokens/s", "rollout/tokens_per_s"),
-    ("Eval pass@1", "eval/pass@1"),
-    ("Eval pass rate", "eval/pass_rate"),
+    ("Reward", metric_names.REWARD_MEAN),
+    ("Pass rate", metric_names.PASS_RATE),
+    ("Loss", metric_names.LOSS),
+    ("KL", metric_names.KL),
+    ("Tokens/s", metric_names.ROLLOUT_TOKENS_PER_S),
+    ("Eval pass@1", metric_names.EVAL_PASS_AT_1),
+    ("Eval pass rate", metric_names.EVAL_PASS_RATE),
 )
 
 st.title("Training")
@@ -281,7 +283,13 @@ def output_dir(job: Job) -> str:
 def resume_config(job: Job) -> dict[str, Any]:
     """The stopped run's config, pointed at its checkpoints so the new job continues from them."""
     fields = get_kind(job.kind).config_model.model_fields
-    return {**job.config, "output_dir": output_dir(job), **({"resume": True} if "resume" in fields else {})}
+    config = {**job.config, "output_dir": output_dir(job)}
+    if "checkpoint" in fields:  # a trainer: resume from them whatever the stopped run said
+        config.pop("resume", None)  # a config stored before the groups had it at the top
+        config["checkpoint"] = {**(config.get("checkpoint") or {}), "resume": True}
+    elif "resume" in fields:
+        config["resume"] = True
+    return config
 
 
 def run_model(job: Job) -> str | None:
@@ -308,7 +316,10 @@ def evaluate_config(job: Job) -> dict[str, Any]:
     levels = {d.get("difficulty", 1) if isinstance(d, dict) else 1 for d in job.config.get("domains", []) if d}
     if len(levels) == 1:  # evaluate at the level it trained on (the eval split of that level)
         config["difficulty"] = levels.pop()
-    return config | {k: job.config[k] for k in ("device", "max_new_tokens") if k in job.config}
+    sampling = job.config.get("sampling") or {}  # a config stored before the groups had it at the top
+    tokens = sampling.get("max_new_tokens", job.config.get("max_new_tokens"))
+    return config | ({"device": job.config["device"]} if "device" in job.config else {}) | (
+        {"max_new_tokens": tokens} if tokens is not None else {})
 
 
 def eval_labels(job: Job) -> list[str]:
@@ -412,7 +423,7 @@ def evaluation_table(job: Job, names: list[str]) -> None:
 
 def gain_line(job: Job) -> None:
     """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1)."""
-    points = dict(metrics.series(int(job.id or 0), ["eval/pass@1"], max_points=MAX_POINTS).get("eval/pass@1", []))
+    points = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
     labels = eval_labels(job)
     if 0 in points and 1 in points and len(labels) >= 2:
         before, after = points[0], points[1]
