@@ -3,7 +3,9 @@ staleness rules (which batches the learner takes, and how many may be out at onc
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -119,6 +121,50 @@ class PolicySampler:
         groups = rollout_groups(self.engine, self.tokenizer, tasks, self.group_size, self.sampling)
         tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
         return Generated(groups, self.version, tokens, time.perf_counter() - started)
+
+
+class ReadyBatches:
+    """Generated batches waiting for the learner, put here by a backend's own thread (the rollout thread, a
+    pump), and whether the learner waits for one (what :func:`in_flight_limit` reads). ``producer`` names
+    that thread in errors; ``alive`` says whether it still runs."""
+
+    def __init__(self, producer: str, alive: Callable[[], bool]) -> None:
+        self.items: deque[Generated] = deque()
+        self.cond = threading.Condition()
+        self.waiting = False
+        self.error: BaseException | None = None
+        self._producer, self._alive = producer, alive
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, item: Generated) -> None:
+        with self.cond:
+            self.items.append(item)
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """The producer failed: the learner raises ``exc`` when it next waits."""
+        with self.cond:
+            self.error = exc
+            self.cond.notify_all()
+
+    def take(self, on_waiting: Callable[[], None] = lambda: None) -> Generated:
+        """The oldest ready batch, waiting for one (``on_waiting`` runs once the learner counts as waiting)."""
+        with self.cond:
+            self.waiting = True
+            on_waiting()
+            self.cond.notify_all()  # one more batch may be out now
+            try:
+                while not self.items:
+                    if self.error is not None:
+                        raise RuntimeError(f"{self._producer} failed: {self.error}") from self.error
+                    if not self._alive():
+                        raise RuntimeError(f"{self._producer} stopped")
+                    self.cond.wait(timeout=0.2)
+                return self.items.popleft()
+            finally:
+                self.waiting = False
 
 
 def in_flight_limit(bound: PipelinedRollout, waiting: bool, capacity: int) -> int:

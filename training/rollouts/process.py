@@ -55,7 +55,7 @@ from posttrain.training.config import GRPOConfig, ProcessRollout
 from posttrain.training.modeling import frozen_copy
 from posttrain.training.rollout import SamplingConfig, submit_verification
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
+    Generated, PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
 )
 
 BATCHES_PER_WORKER = 2  # one sampling, one waiting behind it
@@ -253,13 +253,11 @@ class ProcessRollouts:
         self.weights.publish(model.state_dict(), setup.version)
         self._max_replacements = max(4, 2 * self.bound.workers)
         self._ids = itertools.count()
-        self._ready: deque[Generated] = deque()  # sampled, verification submitted, not yet taken
-        self._cond = threading.Condition()
-        self._waiting = False  # the learner waits for a batch
+        # sampled, verification submitted, not yet taken
+        self.ready = ReadyBatches("the rollout worker processes", lambda: self._pump_thread.is_alive())
         self._retry: deque[list[TaskSpec]] = deque()
         self._wake_r, self._wake_w = self._context.Pipe(duplex=False)
         self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._closed = False
         self._workers: list[_Worker] = []
         self._previous_threads = torch.get_num_threads()
@@ -318,12 +316,12 @@ class ProcessRollouts:
 
     def _limit(self) -> int:
         """How many batches may be out now (:func:`~posttrain.training.rollouts.base.in_flight_limit`)."""
-        return in_flight_limit(self.bound, self._waiting, len(self._workers) + self.bound.queue_size)
+        return in_flight_limit(self.bound, self.ready.waiting, len(self._workers) + self.bound.queue_size)
 
     def _fill(self) -> None:
         """Hand out task batches, up to :meth:`_limit` and two per worker."""
-        with self._cond:  # the learner's state and the ready batches as one
-            while sum(len(w.pending) for w in self._workers) + len(self._ready) < self._limit():
+        with self.ready.cond:  # the learner's state and the ready batches as one
+            while sum(len(w.pending) for w in self._workers) + len(self.ready) < self._limit():
                 worker = min(self._workers, key=lambda w: len(w.pending))
                 if len(worker.pending) >= BATCHES_PER_WORKER:
                     return
@@ -347,9 +345,7 @@ class ProcessRollouts:
             worker.version = generated.version
             for group in generated.groups:
                 submit_verification(self.executor, self.service, group, self.config.verifier_timeout_s)
-            with self._cond:
-                self._ready.append(generated)
-                self._cond.notify()
+            self.ready.put(generated)
         elif message[0] == "error":
             raise RuntimeError(f"a rollout worker process ({worker.process.name}) failed:\n{message[1]}")
 
@@ -372,7 +368,7 @@ class ProcessRollouts:
                             self._receive(worker)  # what it sent before it died
                         self._lost(worker)
         except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
-            self._error = exc
+            self.ready.fail(exc)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -380,24 +376,12 @@ class ProcessRollouts:
 
     # ------------------------------------------------------------ the loop's interface (learner thread)
     def _take(self) -> Generated:
-        with self._cond:
-            self._waiting = True
-            self._wake()  # one more batch may be out now
-            try:
-                while not self._ready:
-                    if self._error is not None:
-                        raise RuntimeError(f"the rollout worker processes failed: {self._error}") from self._error
-                    if not self._pump_thread.is_alive():
-                        raise RuntimeError("the rollout pump thread stopped")
-                    self._cond.wait(timeout=0.2)
-                item = self._ready.popleft()
-            finally:
-                self._waiting = False
+        item = self.ready.take(on_waiting=self._wake)
         self._wake()  # the next batch may be asked for
         return item
 
     def next_batch(self, version: int) -> RolloutBatch:
-        out = RolloutBatch(queue_depth=len(self._ready))
+        out = RolloutBatch(queue_depth=len(self.ready))
         assemble_batch(out, self._take, version, self.config, self.scheduler)
         out.extra = {
             names.BATCHES_IN_FLIGHT: float(sum(len(w.pending) for w in self._workers)),

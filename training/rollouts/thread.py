@@ -10,7 +10,6 @@ update (the process backend does not).
 from __future__ import annotations
 
 import threading
-from collections import deque
 
 import torch
 
@@ -18,7 +17,7 @@ from posttrain.training.config import ThreadRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import submit_verification
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
+    PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
 )
 
 
@@ -32,24 +31,21 @@ class ThreadRollouts:
         self.sampler = PolicySampler(frozen_copy(setup.model), setup.tokenizer, config.algorithm.group_size, config.sampling,
                                      setup.version)
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._ready: deque[Generated] = deque()
-        self._cond = threading.Condition()
-        self._waiting = False  # the learner waits for a batch
+        self.ready = ReadyBatches("the rollout thread", lambda: self._thread.is_alive())
         self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="posttrain-rollout", daemon=True)
         self._thread.start()
 
     # --- rollout thread -------------------------------------------------------
     def _may_sample(self) -> bool:
-        return len(self._ready) < in_flight_limit(self.bound, self._waiting, self.bound.queue_size)
+        return len(self.ready) < in_flight_limit(self.bound, self.ready.waiting, self.bound.queue_size)
 
     def _run(self) -> None:
         s = self.setup
         try:
             while not self._stop.is_set():
-                with self._cond:
-                    if not self._cond.wait_for(lambda: self._stop.is_set() or self._may_sample(), timeout=0.2):
+                with self.ready.cond:
+                    if not self.ready.cond.wait_for(lambda: self._stop.is_set() or self._may_sample(), timeout=0.2):
                         continue
                     snapshot, self._snapshot = self._snapshot, None
                 if self._stop.is_set():
@@ -59,42 +55,23 @@ class ThreadRollouts:
                 item = self.sampler.sample(s.scheduler.next_batch())
                 for group in item.groups:
                     submit_verification(s.executor, s.service, group, s.config.verifier_timeout_s)  # type: ignore[arg-type]
-                with self._cond:
-                    self._ready.append(item)
-                    self._cond.notify_all()
+                self.ready.put(item)
         except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
-            self._error = exc
-            with self._cond:
-                self._cond.notify_all()
+            self.ready.fail(exc)
 
     # --- learner side ---------------------------------------------------------
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """Offer the learner's new weights; the rollout thread loads them before its next batch."""
         state = snapshot_state(model)
-        with self._cond:
+        with self.ready.cond:
             self._snapshot = (version, state)
 
-    def _take(self) -> Generated:
-        with self._cond:
-            self._waiting = True
-            self._cond.notify_all()  # one more batch may be out now
-            try:
-                while not self._ready:
-                    if self._error is not None:
-                        raise RuntimeError(f"the rollout thread failed: {self._error!r}") from self._error
-                    if not self._thread.is_alive():
-                        raise RuntimeError("the rollout thread stopped")
-                    self._cond.wait(timeout=0.2)
-                return self._ready.popleft()
-            finally:
-                self._waiting = False
-
     def next_batch(self, version: int) -> RolloutBatch:
-        out = RolloutBatch(queue_depth=len(self._ready))
-        return assemble_batch(out, self._take, version, self.setup.config, self.setup.scheduler)
+        out = RolloutBatch(queue_depth=len(self.ready))
+        return assemble_batch(out, self.ready.take, version, self.setup.config, self.setup.scheduler)
 
     def close(self) -> None:
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        with self.ready.cond:
+            self.ready.cond.notify_all()
         self._thread.join(timeout=60)
