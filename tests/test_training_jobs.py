@@ -202,3 +202,21 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     assert 0 < result["grpo_steps_checked"] < grpo_steps  # killed part-way: the rerun checked its own steps
     assert result["control_model"] == "quick-control" and result["control_steps"] == grpo_steps
     assert result["gain_over_control_points"] == pytest.approx(100 * (result["pass_after"] - result["control_after"]), abs=0.01)
+
+
+def test_job_kinds_store_typed_results_that_read_back_typed() -> None:
+    from pydantic import ValidationError
+
+    from posttrain.platform.jobs.registry import get_kind, read_result, result_json
+    from posttrain.training.jobs import EvalJobResult, TrainJobResult
+
+    made = TrainJobResult(steps=3, model="m", base_model="b", checkpoint="/runs/x/checkpoints/step_00000003")
+    stored = result_json(get_kind("train_grpo"), made)
+    assert stored["model"] == "m" and read_result("train_grpo", stored) == made
+    evaluation = EvalJobResult(models=["a", "b"], paths={"a": "/a", "b": "/b"}, pass_at_1={"a": 0.5, "b": 0.75},
+                               reports={"a": {"eval/pass@1": 0.5}, "b": {"eval/pass@1": 0.75}})
+    stored = result_json(get_kind("evaluate"), evaluation)
+    assert stored["pass@1"] == {"a": 0.5, "b": 0.75}  # the key results have always been stored under
+    assert read_result("evaluate", stored) == evaluation and read_result("evaluate", None) is None
+    with pytest.raises(ValidationError, match="steps"):  # a kind's plain-dict result is checked against its model
+        result_json(get_kind("train_sft"), {"steps": "many", "model": "m"})

@@ -48,6 +48,58 @@ if TYPE_CHECKING:
     from posttrain.training.rollout import RolloutGroup
 
 
+# --- what each job kind returns (stored as the job's result; the console reads it back typed) --------
+class TrainJobResult(BaseModel):
+    """``train_sft`` and ``train_grpo``: the registered final model and the run that made it."""
+
+    steps: int
+    model: str = Field(description="the registered name of the final model")
+    base_model: str | None = Field(default=None, description="the registered model it started from")
+    resumed_from: int = 0
+    checkpoint: str | None = Field(default=None, description="the final checkpoint's directory")
+    final_reward_mean: float | None = Field(default=None, description="GRPO: the last step's mean reward")
+
+
+class EvalJobResult(BaseModel):
+    """``evaluate``: each model's report, and with several models the comparison (and a greedy arena for two)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    models: list[str]
+    paths: dict[str, str]
+    pass_at_1: dict[str, float] = Field(alias="pass@1")
+    reports: dict[str, dict[str, float]]
+    comparison: dict[str, Any] = Field(default_factory=dict)
+    domains: list[str] = Field(default_factory=list)
+    task_set: str | None = None
+    arena: dict[str, Any] | None = None
+
+
+class PresetJobResult(BaseModel):
+    """``train_preset``: the recipe's models and the held-out gain of GRPO over its SFT warm-up (and the control).
+    What a result stored by an earlier version may lack is None."""
+
+    model: str
+    sft_model: str
+    models: list[str]
+    domains: list[str]
+    gain_points: float
+    eval_tasks: int
+    eval_unseen_fraction: float
+    preset: str | None = None
+    base_model: str | None = None
+    difficulty: int | None = None
+    steps: int | None = None
+    pass_before: float | None = None
+    pass_after: float | None = None
+    comparison: dict[str, Any] = Field(default_factory=dict)
+    grpo_steps_checked: int | None = None
+    control_model: str | None = None
+    control_steps: int | None = None
+    control_after: float | None = None
+    gain_over_control_points: float | None = None
+
+
 # --- models in and out ------------------------------------------------------------
 def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
     """``(directory, registered name or None)`` for a config's ``model`` (a name or a directory)."""
@@ -173,7 +225,7 @@ def _launch_fsdp(ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: 
 
 
 # --- kinds --------------------------------------------------------------------------
-def run_sft(ctx: JobContext, config: SFTConfig) -> dict[str, Any]:
+def run_sft(ctx: JobContext, config: SFTConfig) -> TrainJobResult:
     from posttrain.training.sft import train_sft
 
     path, base = resolve_model(ctx, config.model)
@@ -185,11 +237,11 @@ def run_sft(ctx: JobContext, config: SFTConfig) -> dict[str, Any]:
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
-    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": result.resumed_from,
-            "checkpoint": str(result.checkpoint) if result.checkpoint else None}
+    return TrainJobResult(steps=result.steps, model=name, base_model=base, resumed_from=result.resumed_from,
+                          checkpoint=str(result.checkpoint) if result.checkpoint else None)
 
 
-def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
+def run_grpo(ctx: JobContext, config: GRPOConfig) -> TrainJobResult:
     from posttrain.training.loop import train_grpo
 
     path, base = resolve_model(ctx, config.model)
@@ -204,9 +256,9 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> dict[str, Any]:
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
     last = result.metrics[-1] if result.metrics else {}
-    return {"steps": result.steps, "model": name, "base_model": base, "resumed_from": result.resumed_from,
-            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-            "final_reward_mean": last.get(metric_names.REWARD_MEAN)}
+    return TrainJobResult(steps=result.steps, model=name, base_model=base, resumed_from=result.resumed_from,
+                          checkpoint=str(result.checkpoint) if result.checkpoint else None,
+                          final_reward_mean=last.get(metric_names.REWARD_MEAN))
 
 
 def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -215,7 +267,7 @@ def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, fl
                         for metric, table in comparison.items() for domain, row in table.items()})  # fmt: skip
 
 
-def run_evaluate(ctx: JobContext, config: EvalConfig) -> dict[str, Any]:
+def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
     from posttrain.training.evaluate import evaluate_models
 
     names = config.model_list
@@ -233,11 +285,8 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> dict[str, Any]:
     if len(names) >= 2:
         log_comparison(ctx, out["comparison"])
     summary = {name: out["models"][name]["eval/pass@1"] for name in names}
-    result = {"models": names, "paths": paths, "pass@1": summary, "reports": out["models"], "comparison": out["comparison"],
-              "domains": out["domains"], "task_set": config.task_set}  # fmt: skip
-    if "arena" in out:
-        result["arena"] = out["arena"]
-    return result
+    return EvalJobResult(models=names, paths=paths, pass_at_1=summary, reports=out["models"], comparison=out["comparison"],
+                         domains=out["domains"], task_set=config.task_set, arena=out.get("arena"))
 
 
 class PresetRunConfig(BaseModel):
@@ -282,7 +331,7 @@ class PresetRunConfig(BaseModel):
 _STAGE_SHARES = {"base": 0.02, "sft": 0.23, "eval_before": 0.05, "grpo": 0.5, "eval_after": 0.05, "control": 0.1, "eval_control": 0.05}
 
 
-def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
+def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     """Each finished stage is recorded in ``<output_dir>/stages.json``: a retried or resumed job
     skips the stages it finished and continues SFT or GRPO from their checkpoints."""
     import json
@@ -422,11 +471,15 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> dict[str, Any]:
         controlled = state["eval_control"]["eval/pass@1"]
         result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],
                           "control_after": controlled, "gain_over_control_points": round(100 * (after["eval/pass@1"] - controlled), 2)}
-    return result_fields
+    return PresetJobResult.model_validate(result_fields)
 
 
-TRAIN_SFT = register(JobKind("train_sft", SFTConfig, run_sft, "supervised fine-tuning", resumable=True, retryable=True))
-TRAIN_GRPO = register(JobKind("train_grpo", GRPOConfig, run_grpo, "GRPO reinforcement learning", resumable=True, retryable=True))
-EVALUATE = register(JobKind("evaluate", EvalConfig, run_evaluate, "pass@1 / pass@k on held-out tasks; compares models", retryable=True))
+TRAIN_SFT = register(JobKind("train_sft", SFTConfig, run_sft, "supervised fine-tuning", resumable=True, retryable=True,
+                             result_model=TrainJobResult))
+TRAIN_GRPO = register(JobKind("train_grpo", GRPOConfig, run_grpo, "GRPO reinforcement learning", resumable=True, retryable=True,
+                              result_model=TrainJobResult))
+EVALUATE = register(JobKind("evaluate", EvalConfig, run_evaluate, "pass@1 / pass@k on held-out tasks; compares models",
+                            retryable=True, result_model=EvalJobResult))
 TRAIN_PRESET = register(JobKind("train_preset", PresetRunConfig, run_preset_job,
-                                "a preset's whole recipe: build, SFT, evaluate, GRPO, evaluate", resumable=True, retryable=True))
+                                "a preset's whole recipe: build, SFT, evaluate, GRPO, evaluate", resumable=True, retryable=True,
+                                result_model=PresetJobResult))

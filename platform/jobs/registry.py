@@ -49,8 +49,9 @@ class JobConfigError(BadInput):
 class JobKind:
     name: str
     config_model: type[BaseModel]
-    run: Callable[["JobContext", Any], dict[str, Any] | None]
+    run: Callable[["JobContext", Any], BaseModel | dict[str, Any] | None]
     description: str = ""
+    result_model: type[BaseModel] | None = None  # what ``run`` returns, stored as JSON; read back with read_result
     resumable: bool = False
     retryable: bool = False
     cpu_slots: int = 1
@@ -61,6 +62,23 @@ class JobKind:
 _kinds: dict[str, JobKind] = {}
 _loaded = False
 _lock = threading.Lock()
+
+
+def result_json(kind: JobKind, result: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
+    """A job's return value as the JSON object its row stores (checked against the kind's result model)."""
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json", by_alias=True)
+    if kind.result_model is not None and result is not None:
+        return kind.result_model.model_validate(result).model_dump(mode="json", by_alias=True)
+    return dict(result or {})
+
+
+def read_result(kind_name: str, result: dict[str, Any] | None) -> BaseModel | None:
+    """A finished job's stored result as its kind's typed result (None: no result, or a kind without a model)."""
+    kind = get_kind(kind_name)
+    if kind.result_model is None or not result:
+        return None
+    return kind.result_model.model_validate(result)
 
 
 def register(kind: JobKind) -> JobKind:

@@ -33,7 +33,9 @@ from posttrain.platform.db.engine import is_transient, reset_engines, retry_tran
 from posttrain.platform.db.models import Job, JobStatus, Worker as WorkerRow, utcnow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, TransientError, get_kind, validate_config
+from posttrain.platform.jobs.registry import (
+    BadInput, JobConfigError, TransientError, get_kind, result_json, validate_config,
+)
 from posttrain.platform.settings import Settings, get_settings
 from posttrain.platform.supervise import die_with_parent
 
@@ -446,7 +448,7 @@ def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logg
     if ctx.should_stop:
         return EXIT_STOPPED
     tmp = workdir / f".{RESULT_FILE}.tmp"
-    tmp.write_text(json.dumps(result or {}, default=str))
+    tmp.write_text(json.dumps(result_json(kind, result), default=str))
     os.replace(tmp, workdir / RESULT_FILE)
     logger.info("succeeded")
     return 0

@@ -14,7 +14,7 @@ from sqlmodel import col, select
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus, Model, Role
 from posttrain.platform.jobs import queue
-from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.jobs.registry import JobConfigError, read_result
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
@@ -170,12 +170,13 @@ with compare_tab:
                 submit("evaluate", {"models": [cmp_a, cmp_b], "task_set": None if cmp_set.startswith("(") else cmp_set,
                                     "domains": cmp_domains, "difficulty": int(cmp_difficulty),
                                     "tasks_per_domain": int(cmp_limit), "max_new_tokens": int(cmp_tokens)})  # fmt: skip
-    compared = [j for j in queue.list_jobs(kind="evaluate", status=JobStatus.succeeded, limit=100) if (j.result or {}).get("arena")]
+    results = {j.id: read_result(j.kind, j.result) for j in queue.list_jobs(kind="evaluate", status=JobStatus.succeeded, limit=100)}
+    compared = {job_id: r for job_id, r in results.items() if r is not None and getattr(r, "arena", None)}
     if compared:
-        chosen = st.selectbox("Comparisons", compared, key="compare_open", format_func=lambda j: (
-            f"job {j.id}: {j.result['arena']['a']} vs {j.result['arena']['b']} on "
-            f"{j.result.get('task_set') or ', '.join(j.result.get('domains', []))}"))  # fmt: skip
-        arena = chosen.result["arena"]
+        chosen = st.selectbox("Comparisons", list(compared), key="compare_open", format_func=lambda job_id: (
+            f"job {job_id}: {compared[job_id].arena['a']} vs {compared[job_id].arena['b']} on "
+            f"{compared[job_id].task_set or ', '.join(compared[job_id].domains)}"))  # fmt: skip
+        arena = compared[chosen].arena
         a_name, b_name = arena["a"], arena["b"]
         st.dataframe(pd.DataFrame([
             {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],

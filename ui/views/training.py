@@ -13,14 +13,13 @@ import streamlit as st
 import yaml
 from pydantic import ValidationError
 
-from posttrain.platform import metrics
+from posttrain.platform import metric_names, metrics
 from posttrain.platform.db.models import Job, JobStatus, Role
 from posttrain.platform.jobs import queue
-from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text
+from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, guard_platform, job_table, status_label, username
-from posttrain.platform import metric_names
 
 TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -292,26 +291,34 @@ def resume_config(job: Job) -> dict[str, Any]:
     return config
 
 
+def job_result(job: Job) -> Any:
+    """The finished job's typed result (its kind's result model, validated), or None: none yet, or one that
+    does not fit (the raw JSON still shows below the run)."""
+    try:
+        return read_result(job.kind, job.result)
+    except ValidationError:
+        return None
+
+
 def run_model(job: Job) -> str | None:
     """The model a finished run produced: its registered name, else its final checkpoint's model directory."""
-    result = job.result or {}
-    if result.get("model"):
-        return str(result["model"])
-    if result.get("checkpoint"):
-        return f"{result['checkpoint']}/model"
+    result = job_result(job)
+    if getattr(result, "model", None):
+        return str(result.model)
+    if getattr(result, "checkpoint", None):
+        return f"{result.checkpoint}/model"
     return None
 
 
 def run_domains(job: Job) -> list[str]:
-    domains = (job.result or {}).get("domains") or job.config.get("domains", [])
+    domains = getattr(job_result(job), "domains", None) or job.config.get("domains", [])
     return [d if isinstance(d, str) else str(d.get("name")) for d in domains if d]
 
 
 def evaluate_config(job: Job) -> dict[str, Any]:
     """An evaluation of what ``job`` produced: a whole-recipe run compares its model before and after GRPO."""
-    result = job.result or {}
     if job.kind == "train_preset":
-        return {"preset": job.config.get("preset", DEMO_PRESET), "models": list(result.get("models", []))}
+        return {"preset": job.config.get("preset", DEMO_PRESET), "models": list(getattr(job_result(job), "models", []))}
     config: dict[str, Any] = {"model": run_model(job), "domains": run_domains(job)}
     levels = {d.get("difficulty", 1) if isinstance(d, dict) else 1 for d in job.config.get("domains", []) if d}
     if len(levels) == 1:  # evaluate at the level it trained on (the eval split of that level)
@@ -325,9 +332,9 @@ def evaluate_config(job: Job) -> dict[str, Any]:
 def eval_labels(job: Job) -> list[str]:
     """The model behind each step of a job's ``eval/`` metrics."""
     if job.kind == "train_preset":
-        result = job.result or {}
-        control = [f"{result['control_model']} (SFT control)"] if result.get("control_model") else []
-        return [*(result.get("models") or ["before GRPO (SFT model)", "after GRPO"]), *control]
+        result = job_result(job)
+        control = [f"{result.control_model} (SFT control)"] if getattr(result, "control_model", None) else []
+        return [*(getattr(result, "models", None) or ["before GRPO (SFT model)", "after GRPO"]), *control]
     return list(job.config.get("models") or [job.config.get("model") or "model"])
 
 
@@ -348,7 +355,7 @@ def act(action: str, job: Job) -> None:
             new = queue.submit("evaluate", evaluate_config(job), submitted_by=username())
             what = f"Queued evaluation job {new}."
         elif action == "deploy":
-            model = (job.result or {}).get("model")
+            model = getattr(job_result(job), "model", None)
             new = queue.submit("deploy", {"model": model, "tier": "fast"}, submitted_by=username())
             what = f"Queued deployment job {new} of {model!r} (fast tier)."
         else:
@@ -375,7 +382,7 @@ def actions(job: Job) -> None:
         why = None if model and domains else "the run left no model or names no domains"
         if cols[2].button("Evaluate", key=f"evaluate_{job.id}", icon=":material/fact_check:", disabled=why is not None, help=why):
             act("evaluate", job)
-        registered = (job.result or {}).get("model")
+        registered = getattr(job_result(job), "model", None)
         why = None if registered else "the run registered no model"
         if cols[3].button("Deploy", key=f"deploy_{job.id}", icon=":material/rocket_launch:", disabled=why is not None, help=why):
             act("deploy", job)
@@ -427,12 +434,12 @@ def gain_line(job: Job) -> None:
     labels = eval_labels(job)
     if 0 in points and 1 in points and len(labels) >= 2:
         before, after = points[0], points[1]
-        result = job.result or {}
-        unseen = result.get("eval_unseen_fraction")
-        scope = f" on {result.get('eval_tasks')} eval tasks, {unseen:.0%} unseen in training" if unseen is not None else ""
+        result = job_result(job)
+        unseen = getattr(result, "eval_unseen_fraction", None)
+        scope = f" on {result.eval_tasks} eval tasks, {unseen:.0%} unseen in training" if unseen is not None else ""
         control = ""
-        if 2 in points and result.get("control_steps"):
-            control = (f"; SFT control ({result['control_steps']} more SFT steps from the same warm-up) {points[2]:.1%}, "
+        if 2 in points and getattr(result, "control_steps", None):
+            control = (f"; SFT control ({result.control_steps} more SFT steps from the same warm-up) {points[2]:.1%}, "
                        f"GRPO {100 * (after - points[2]):+.1f} points over it")
         st.success(f"Held-out pass@1{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
                    f"({100 * (after - before):+.1f} points){control}")  # fmt: skip
