@@ -4,9 +4,8 @@
                           rollout={"backend": "ray", "workers": 4, "verifier_actors": 2,
                                    "address": "ray://head:10001"}))   # or POSTTRAIN_RAY_ADDRESS
 
-:class:`RayRollouts` is the third rollout source of the loop, beside ``SyncRollouts`` and
-``PipelinedRollouts``, with the same contract (``next_batch``, ``publish``, ``close``) and the
-same staleness accounting:
+:class:`RayRollouts` is the ``ray`` rollout backend (:mod:`posttrain.training.rollouts`), with the
+contract and the staleness accounting of the others:
 
 - ``workers`` :class:`RolloutWorker` actors each hold a frozen copy of the policy (loaded
   from the model directory, or shipped through the object store when the learner's model has no
