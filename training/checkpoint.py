@@ -23,7 +23,7 @@ import random
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -153,13 +153,15 @@ class CheckpointError(RuntimeError):
     """Checkpoints exist under a root but none of them can be loaded."""
 
 
-def load_latest_checkpoint(
-    root: str | Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    lr_scheduler: Any | None = None,
-) -> tuple[Path, dict[str, Any]] | None:
-    """Restore the newest checkpoint under ``root`` that loads; ``(path, state)``, or None when there is none.
+class LoadedCheckpoint(NamedTuple):
+    path: Path
+    state: dict[str, Any]  # state.json
+    trainer: dict[str, Any]  # trainer.pt: optimizer, LR scheduler and RNG states (the RNG already restored)
+
+
+def load_latest_checkpoint(root: str | Path, model: torch.nn.Module) -> LoadedCheckpoint | None:
+    """Restore the model weights and RNG of the newest checkpoint under ``root`` that loads, or None when
+    there is none; its optimizer and scheduler states come back in ``trainer`` for the caller to load.
 
     A checkpoint that fails to load (a torn or garbled file: a crash, a full disk, bad storage) is
     logged and skipped for the one before it, which is then loaded over whatever the bad one had
@@ -169,7 +171,7 @@ def load_latest_checkpoint(
     errors: list[str] = []
     for path in reversed(found):
         try:
-            state = load_checkpoint(path, model, optimizer, lr_scheduler)
+            state, trainer = load_checkpoint(path, model)
         except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises: try the previous checkpoint
             reason = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
             errors.append(f"{path.name}: {reason}")
@@ -179,7 +181,7 @@ def load_latest_checkpoint(
             log.warning("the run resumes from checkpoint %s (step %s) after skipping %d corrupt one(s)", path, state.get("step"), len(errors))
         else:
             log.info("the run resumes from checkpoint %s (step %s)", path, state.get("step"))
-        return path, state
+        return LoadedCheckpoint(path, state, trainer)
     if errors:
         raise CheckpointError(
             f"no checkpoint under {root} can be loaded ({'; '.join(errors)}); "
@@ -220,22 +222,11 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
                               f"checkpoint never does ({str(exc).splitlines()[0][:200]}); it was not loaded") from None
 
 
-def load_checkpoint(
-    path: str | Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    lr_scheduler: Any | None = None,
-    *,
-    restore_rng: bool = True,
-) -> dict[str, Any]:
-    """Restore model, optimizer, LR scheduler and RNG from ``path``; return its ``state.json``."""
+def load_checkpoint(path: str | Path, model: torch.nn.Module, *, restore_rng: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restore the model weights and RNG from ``path``; return its ``state.json`` and ``trainer.pt`` (read once)."""
     path = Path(path)
     load_model_weights(model, path / "model")
     trainer = read_trainer_state(path)
-    if optimizer is not None:
-        optimizer.load_state_dict(trainer["optimizer"])
-    if lr_scheduler is not None and trainer["lr_scheduler"] is not None:
-        lr_scheduler.load_state_dict(trainer["lr_scheduler"])
     if restore_rng:
         set_rng_state(trainer["rng"])
-    return json.loads((path / "state.json").read_text())
+    return json.loads((path / "state.json").read_text()), trainer

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from posttrain.platform.jobs.registry import JOB_PATH
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
@@ -106,15 +106,9 @@ def _nest(values: dict[str, Any], groups: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _with_preset(values: dict[str, Any], section: str, groups: tuple[str, ...]) -> dict[str, Any]:
-    """``values`` over the preset it names (a group merges field by field; anything else replaces)."""
     from posttrain.training.presets import apply_preset  # presets import this module
 
-    merged = apply_preset(values, section)
-    for group in groups:
-        base = apply_preset({"preset": values["preset"]}, section).get(group)
-        if base is not None and values.get(group) is not None:
-            merged[group] = _as_dict(base) | _as_dict(values[group])
-    return merged
+    return apply_preset(values, section, groups)
 
 
 class TrainConfig(BaseModel):
@@ -257,17 +251,36 @@ LEGACY_ROLLOUT_KEYS = ("pipeline", "rollout_processes", "rollout_threads", "lear
                        "queue_size", "rollout_workers", "verifier_actors", "rollout_worker_gpus", "ray_address")
 
 
-class LogprobCheck(BaseModel):
+class MismatchTolerance(BaseModel):
+    """How far behaviour log-probs (recorded by the inference engine) may drift from the learner's before
+    training stops (:func:`posttrain.training.inference.check_logprob_mismatch`).
+
+    The defaults let a bf16 engine through (about 0.01 mean absolute difference is usual) and stop
+    one sampling from other weights (a missed weight push, another temperature); an fp32 engine on
+    the same device agrees to about 1e-6. ``max_abs_diff`` is off by default: single tokens of a
+    bf16 engine can differ by more than 1.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mean_abs_diff: float = Field(default=0.05, description="fail above this mean |learner - behaviour| log-prob")
+    kl_k3: float = Field(default=0.01, description="fail above this k3 estimate of KL(behaviour || learner)")
+    max_abs_diff: float | None = Field(default=None, description="fail above this largest |difference| (None: off)")
+
+    @field_validator("mean_abs_diff", "kl_k3", "max_abs_diff")
+    @classmethod
+    def _positive(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(f"MismatchTolerance.{info.field_name} must be > 0, got {value}")
+        return value
+
+
+class LogprobCheck(MismatchTolerance):
     """Every ``every`` steps, the learner rescores up to ``trajectories`` completions sampled with its current
-    weights and compares with the log-probs the inference engine recorded; a drift past a tolerance fails
+    weights and compares with the log-probs the inference engine recorded; a drift past the tolerance fails
     the run (train/inference log-prob mismatch: an engine sampling from other weights than the learner's)."""
 
-    model_config = ConfigDict(extra="forbid")
     every: int = Field(default=1, ge=0, description="steps between checks (0: off)")
     trajectories: int = Field(default=16, ge=1, description="completions rescored per check, at most")
-    mean_abs_diff: float = Field(default=0.05, gt=0, description="fail above this mean |learner - behaviour| log-prob")
-    kl_k3: float = Field(default=0.01, gt=0, description="fail above this k3 estimate of KL(behaviour || learner)")
-    max_abs_diff: float | None = Field(default=None, gt=0, description="fail above this largest |difference| (None: off)")
 
 
 class GRPOConfig(TrainConfig):

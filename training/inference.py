@@ -46,6 +46,7 @@ from posttrain.platform.serving.generation import SamplingParams
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
 from posttrain.platform.serving.generation import decode_groups
 from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.modeling import autocast, eval_mode
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, prompt_ids
@@ -402,27 +403,6 @@ def measure_logprob_mismatch(
     with eval_mode(model), torch.no_grad(), autocast(device, bf16):
         learner = completion_logprobs(model, batch, device, temperature).float().cpu()
     return logprob_mismatch(batch.old_logprobs, learner, batch.mask)
-
-
-@dataclass(frozen=True)
-class MismatchTolerance:
-    """How far behaviour log-probs may drift from the learner's before training stops.
-
-    The defaults let a bf16 engine through (about 0.01 mean absolute difference is usual) and stop
-    one sampling from other weights (a missed weight push, another temperature); an fp32 engine on
-    the same device agrees to about 1e-6. ``max_abs_diff`` is off by default: single tokens of a
-    bf16 engine can differ by more than 1.
-    """
-
-    mean_abs_diff: float = 0.05
-    kl_k3: float = 0.01
-    max_abs_diff: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("mean_abs_diff", "kl_k3", "max_abs_diff"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"MismatchTolerance.{name} must be > 0, got {value}")
 
 
 class LogprobMismatchError(RuntimeError):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, read_trainer_state, save_checkpoint
+from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, collate
 from posttrain.training.grpo import group_advantages, grpo_loss
@@ -207,8 +207,8 @@ class Learner:
         self.reference = frozen_copy(model) if reference else None
         self.ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
         loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.checkpoint.resume else None
-        self.start = int(loaded[1]["step"]) if loaded else 0  # the step the run continues from
-        self.state: dict[str, Any] = loaded[1] if loaded else {}  # the checkpoint's state.json
+        self.start = int(loaded.state["step"]) if loaded else 0  # the step the run continues from
+        self.state: dict[str, Any] = loaded.state if loaded else {}  # the checkpoint's state.json
         self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
         self._tied: set[str] = set()
         if sharded:
@@ -224,10 +224,9 @@ class Learner:
         self.optimizer = make_optimizer(model, config)
         self.lr_scheduler = make_lr_scheduler(self.optimizer, config)
         if loaded:
-            self._restore_optimizer(loaded[0])
+            self._restore_optimizer(loaded.trainer)
 
-    def _restore_optimizer(self, checkpoint: Path) -> None:
-        trainer = read_trainer_state(checkpoint)
+    def _restore_optimizer(self, trainer: dict[str, Any]) -> None:
         if self.ctx.world > 1:
             from posttrain.training import fsdp
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from posttrain.platform.verifiers import VerifierService
 from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
-from posttrain.training.inference import MismatchTolerance, check_logprob_mismatch, measure_logprob_mismatch
+from posttrain.training.inference import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context, select_groups
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import RolloutGroup, Trajectory
@@ -93,7 +93,7 @@ def check_logprobs(learner: Learner, batch: RolloutBatch, step: int, config: GRP
         return {}
     mismatch = measure_logprob_mismatch(policy, fresh[: check.trajectories], pad_id=learner.tokenizer.pad_token_id,
                                         temperature=config.sampling.temperature, bf16=learner.ctx.amp)
-    check_logprob_mismatch(mismatch, MismatchTolerance(check.mean_abs_diff, check.kl_k3, check.max_abs_diff))
+    check_logprob_mismatch(mismatch, check)
     return mismatch.metrics(names.LOGPROB_PREFIX)
 
 

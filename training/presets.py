@@ -124,8 +124,9 @@ def preset_section(name: str, section: str) -> dict[str, Any]:
     return config.model_dump(exclude_unset=True, exclude_defaults=False)
 
 
-def apply_preset(values: Any, section: str) -> Any:
-    """``values`` with a ``preset`` key: that preset's ``section`` fields, overridden by ``values``."""
+def apply_preset(values: Any, section: str, groups: tuple[str, ...] = ()) -> Any:
+    """``values`` with a ``preset`` key: that preset's ``section`` fields, overridden by ``values``; a field
+    in ``groups`` (a config's nested groups: ``optim``, ...) merges field by field, anything else replaces."""
     if not isinstance(values, dict) or "preset" not in values:
         return values
     values = dict(values)
@@ -134,4 +135,10 @@ def apply_preset(values: Any, section: str) -> Any:
         return values
     if not isinstance(name, str):
         raise ValueError(f"preset must be a name ({', '.join(preset_names())}), got {name!r}")
-    return {**preset_section(name, section), **values}
+    base = preset_section(name, section)
+    merged = {**base, **values}
+    for group in groups:
+        given = values.get(group)
+        if isinstance(base.get(group), dict) and given is not None:
+            merged[group] = base[group] | (given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given))
+    return merged
