@@ -281,6 +281,10 @@ def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
             for e in exc.errors()
         )
         raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problems}") from None
+    # A value can turn non-finite in validation ("Infinity" or "nan" as text read as a float): the
+    # stored config must still be plain JSON, so the validated form is checked as the input was.
+    if problem := _not_plain_json(validated.model_dump(mode="json")):
+        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problem}")
     try:
         confine_paths(validated)
     except JobConfigError as exc:

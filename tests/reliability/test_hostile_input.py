@@ -550,6 +550,8 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
         ("deploy", ("yaml", laughs())), ("selftest", {"steps": math.nan}), ("train_sft", {"model": "m", "lr": math.inf}),
         ("train_grpo", {"model": "m", "domains": ["a"], "temperature": math.inf}),  # would be stored as null
         ("train_sft", {"model": "m", "max_grad_norm": math.inf}),  # null: clipping silently off
+        ("train_grpo", ("yaml", '{"preset": "cpu-demo", "lr": Infinity}')),  # text read as a float: inf
+        ("train_sft", {"model": "m", "lr": "nan"}),
         ("train_sft", {"model": "m", "register_as": "../../../etc/evil"}),  # a directory under models/
         ("train_sft", {"model": "m", "register_as": ".."}),
         ("deploy", {"model": "m", "vllm_overrides": {"x": math.nan}}),
