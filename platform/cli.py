@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +39,7 @@ from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_con
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound
 from posttrain.platform.settings import SettingsError, get_settings
+from posttrain.platform.supervise import Supervised
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -229,7 +229,10 @@ def up(
         "gateway": [sys.executable, "-m", "posttrain.platform.cli", "gateway"],
         "console": console_command(host, port),
     }
-    procs = {name: subprocess.Popen(cmd) for name, cmd in commands.items()}
+    def start(name: str) -> Supervised:  # its lines go to our terminal, named; it dies with us
+        return Supervised(commands[name], on_line=lambda line: print(f"[{name}] {line}", flush=True))
+
+    procs = {name: start(name) for name in commands}
     exits: dict[str, list[float]] = {name: [] for name in commands}
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
     out.print(
@@ -251,27 +254,24 @@ def up(
         for name, proc in list(procs.items()):
             if stopping or proc.poll() is None:
                 continue
+            proc.join_output()
             now = time.monotonic()
             exits[name] = [t for t in exits[name] if now - t < UP_RESTART_WINDOW_S] + [now]
             if len(exits[name]) > UP_MAX_RESTARTS:
-                err.print(f"[bold red]{name} exited with code {proc.returncode}, {len(exits[name])} times within "
+                err.print(f"[bold red]{name} exited with code {proc.poll()}, {len(exits[name])} times within "
                           f"{UP_RESTART_WINDOW_S:.0f}s; stopping the rest[/]")  # fmt: skip
-                code = proc.returncode or 1
+                code = proc.poll() or 1
                 stopping = True
                 break
-            err.print(f"[bold yellow]{name} exited with code {proc.returncode}; starting it again[/]")
-            procs[name] = subprocess.Popen(commands[name])
+            err.print(f"[bold yellow]{name} exited with code {proc.poll()}; starting it again[/]")
+            procs[name] = start(name)
         time.sleep(0.2)
     for proc in procs.values():
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.proc.send_signal(signal.SIGTERM)  # all at once; then each gets what is left of the grace
     deadline = time.monotonic() + settings.cancel_grace_s + 5
     for proc in procs.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stop(grace_s=max(0.1, deadline - time.monotonic()))
     out.print("posttrain stopped")
     raise typer.Exit(code)
 

@@ -1,15 +1,27 @@
-"""Child processes, started and supervised one way: the job runner's torchrun, serving launches, jobs.
+"""Child processes, started and supervised one way: commands (torchrun, serving engines, sandboxes)
+and Python worker processes (rollout, verifier and preprocessing workers).
 
     child = Supervised(["torchrun", ...], on_line=print, log_path="run.log", own_group=True)
     child.wait(timeout=5)        # None while it runs
     child.stop(grace_s=15)       # SIGTERM (its process group, with own_group), SIGKILL after the grace
     child.tail                   # its last output lines, for an error message
 
+    context = worker_context("posttrain.training.rollouts.process")   # forkserver, that module preloaded
+    process = start_worker(context, worker_main, (conn, ...), name="posttrain-rollout-0")
+
 - every child gets SIGTERM or SIGKILL when the process that started it dies (``PR_SET_PDEATHSIG``,
-  set before exec by :func:`death_signal_preexec`, or in a forked child by :func:`die_with_parent`);
+  set before exec by :func:`death_signal_preexec`, or in a forked child by :func:`die_with_parent`;
+  a worker started by :func:`start_worker` watches its parent);
 - stdout and stderr arrive as one stream of lines on a reader thread, go to a log file and/or a
   callback, and the last ``tail_lines`` are kept;
 - stopping is SIGTERM, a grace period, then SIGKILL.
+
+Start methods, one each for one reason: a job is ``os.fork`` of the single-threaded job worker
+(it shares the worker's frozen objects); Python workers come from a fork server
+(:func:`worker_context`: safe beside threads, and the heavy imports are paid once in the server;
+preprocessing forks its caller directly when that runs one thread);
+verifier workers are ``spawn`` (:func:`clean_context`), a fresh interpreter, so the address-space
+limit they set bounds the check and not libraries the server preloaded; commands are ``Popen``.
 """
 
 from __future__ import annotations
@@ -17,12 +29,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -58,11 +75,13 @@ class Supervised:
 
     ``own_group``: the child leads a new session, and :meth:`stop` signals its whole process group
     (a server's workers end with it); else it stays in ours (a job's cancel reaches it too).
-    ``death_signal``: what it gets when this process dies."""
+    ``death_signal``: what it gets when this process dies. ``pass_fds``: descriptors it inherits;
+    ``run_as``: the (uid, gid) it runs as, with no supplementary groups."""
 
     def __init__(self, command: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                  log_path: str | os.PathLike[str] | None = None, on_line: Callable[[str], None] | None = None,
-                 own_group: bool = False, death_signal: int | None = signal.SIGTERM, tail_lines: int = 200) -> None:
+                 own_group: bool = False, death_signal: int | None = signal.SIGTERM, tail_lines: int = 200,
+                 pass_fds: Sequence[int] = (), run_as: tuple[int, int] | None = None) -> None:
         self.command = command
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._own_group = own_group
@@ -72,7 +91,9 @@ class Supervised:
             self._log.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(  # noqa: PLW1509 - the preexec_fn only calls prctl
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", env=env, cwd=cwd, start_new_session=own_group,
+            errors="replace", env=env, cwd=cwd, start_new_session=own_group, pass_fds=tuple(pass_fds),
+            user=run_as[0] if run_as else None, group=run_as[1] if run_as else None,
+            extra_groups=[] if run_as else None,
             preexec_fn=death_signal_preexec(death_signal) if death_signal is not None else None)
         self._reader = threading.Thread(target=self._pump, name=f"output-of-{Path(command[0]).name}", daemon=True)
         self._reader.start()
@@ -111,6 +132,14 @@ class Supervised:
             else:
                 self.proc.send_signal(sig)
 
+    def kill(self, timeout_s: float = 10.0) -> int | None:
+        """SIGKILL at once (its process group, with own_group); the exit code, None if it outlives ``timeout_s``."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout_s)
+        return self.proc.returncode
+
     def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s``; waits for the output to drain; the exit code."""
         if self.proc.poll() is None:
@@ -125,3 +154,72 @@ class Supervised:
 
     def join_output(self, timeout_s: float = 5.0) -> None:
         self._reader.join(timeout=timeout_s)
+
+
+# ------------------------------------------------------------------ Python worker processes
+
+_preload: set[str] = set()
+_main_lock = threading.Lock()
+
+
+def worker_context(*preload: str) -> BaseContext:
+    """The start method of Python worker processes: a fork server that has imported ``preload``
+    (with what earlier callers asked for; it takes effect when the server starts, at the first
+    worker), so each worker forks from it in milliseconds; ``spawn`` where there is no fork server."""
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:  # pragma: no cover - platforms without forkserver
+        return multiprocessing.get_context("spawn")
+    _preload.update(preload)
+    context.set_forkserver_preload(sorted(_preload))
+    return context
+
+
+def clean_context() -> BaseContext:
+    """A fresh interpreter per worker (``spawn``): for workers whose limits must measure only their own work."""
+    return multiprocessing.get_context("spawn")
+
+
+@contextlib.contextmanager
+def neutral_main() -> Iterator[None]:
+    """While active, ``__main__`` is an empty module, so a started worker imports nothing of the
+    parent's script (Streamlit swaps ``__main__`` for the page being run, which spawn and the fork
+    server would otherwise run again in every worker)."""
+    with _main_lock:
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None) and getattr(getattr(main, "__spec__", None), "name", None) is None
+        if script:
+            sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if script and main is not None:
+                sys.modules["__main__"] = main
+
+
+def _watch_parent(parent: Any, death_signal: int) -> None:
+    parent.join()  # returns when the process that started us is gone (its end of our pipe closed)
+    os.kill(os.getpid(), death_signal)
+
+
+def _worker_entry(target: Callable[..., Any], death_signal: int, *args: Any) -> None:
+    # The parent's sentinel, not PR_SET_PDEATHSIG: that fires when the parent *thread* ends (workers
+    # are started from whichever thread first needs one, a console page's script thread), and a fork
+    # server's child would watch the server, which outlives the caller while any child runs.
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        if not parent.is_alive():
+            return
+        threading.Thread(target=_watch_parent, args=(parent, death_signal), name="posttrain-watch-parent", daemon=True).start()
+    target(*args)
+
+
+def start_worker(context: BaseContext, target: Callable[..., Any], args: tuple[Any, ...], *, name: str,
+                 death_signal: int = signal.SIGKILL) -> Any:
+    """Start ``target(*args)`` as a daemon worker process of ``context``, which gets ``death_signal``
+    as soon as the process that started it dies, even of SIGKILL; returns the started process (keep
+    it: dropping it closes the pipe the worker watches)."""
+    process = context.Process(target=_worker_entry, args=(target, death_signal, *args), name=name, daemon=True)  # type: ignore[attr-defined]
+    with neutral_main():
+        process.start()
+    return process

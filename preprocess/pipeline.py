@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from posttrain.platform.supervise import start_worker, worker_context
 from posttrain.preprocess.errors import (
     CorruptDocument,
     FileTooLarge,
@@ -32,11 +33,10 @@ from posttrain.preprocess.errors import (
 from posttrain.preprocess.models import DocumentInfo, FileKind, PageResult, Progress
 from posttrain.preprocess.options import PreprocessOptions
 from posttrain.preprocess.sniff import HEAD_BYTES, describe_unknown, sniff
-from posttrain.preprocess.worker import DONE, ERROR, START, worker_main
+from posttrain.preprocess.worker import ERROR, START, worker_main
 
 ProgressCallback = Callable[[Progress], None]
 _POLL_S = 0.05
-_context: mp.context.BaseContext | None = None
 
 
 def _single_threaded() -> bool:
@@ -56,19 +56,11 @@ def _forked_worker(*args: object) -> None:
 def _mp_context() -> mp.context.BaseContext:
     """Fork when this process runs a single Python thread (a worker's job process): the workers then
     share the PyMuPDF already imported here instead of starting an interpreter that imports it
-    again (one to two seconds a document). Otherwise a forkserver context: safe beside threads, and
-    workers fork from a server that preloaded PyMuPDF."""
-    global _context
+    again (one to two seconds a document). Otherwise the platform's worker context: a fork server,
+    safe beside threads, that preloaded PyMuPDF."""
     if _single_threaded() and "fork" in mp.get_all_start_methods():
         return mp.get_context("fork")
-    if _context is None:
-        try:
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["posttrain.preprocess.worker", "posttrain.preprocess.pdf"])
-        except ValueError:  # platforms without forkserver
-            ctx = mp.get_context("spawn")
-        _context = ctx
-    return _context
+    return worker_context("posttrain.preprocess.worker", "posttrain.preprocess.pdf")
 
 
 def detect_kind(path: Path | str, options: PreprocessOptions | None = None) -> FileKind:
@@ -152,15 +144,7 @@ def _run(
     results = ctx.Queue()
     n_workers = max(1, min(options.workers, len(indices)))
     window = 4 * n_workers  # pages issued ahead of the next one to yield: bounds buffered results
-    procs = [
-        ctx.Process(
-            target=_forked_worker if ctx.get_start_method() == "fork" else worker_main,
-            args=(str(path), kind.value, options.model_dump_json(), tasks, results, wid),
-            daemon=True,
-            name=f"posttrain-preprocess-{wid}",
-        )
-        for wid in range(n_workers)
-    ]
+    procs: list = []
     started = time.monotonic()
     busy: dict[int, tuple[int, float]] = {}  # worker -> (page index, start time)
     buffered: dict[int, PageResult] = {}
@@ -168,8 +152,10 @@ def _run(
     yielded = 0
     finished = False
     try:
-        for proc in procs:
-            proc.start()
+        for wid in range(n_workers):
+            target = _forked_worker if ctx.get_start_method() == "fork" else worker_main
+            args = (str(path), kind.value, options.model_dump_json(), tasks, results, wid)
+            procs.append(start_worker(ctx, target, args, name=f"posttrain-preprocess-{wid}"))
         while yielded < len(indices):
             while issued < len(indices) and issued - yielded < window:
                 tasks.put(indices[issued])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -21,7 +22,14 @@ from typing import Any
 from posttrain.platform.sandbox import _server as wire
 from posttrain.platform.sandbox.backends import launch_spec
 from posttrain.platform.sandbox.config import SandboxConfig
-from posttrain.platform.sandbox.result import CallError, CallStatus, ToolMethods, ToolResult, infra_failure
+from posttrain.platform.sandbox.result import (
+    CallError,
+    CallStatus,
+    ToolMethods,
+    ToolResult,
+    infra_failure,
+)
+from posttrain.platform.supervise import Supervised
 
 RESET_TIMEOUT_S = 15.0
 RESTARTED = "the interpreter was restarted: variables from earlier calls are lost, files in the work directory are kept"
@@ -60,7 +68,7 @@ class Sandbox(ToolMethods):
         self.slot_dir = slot_dir
         self._server = server
         self._on_call = on_call
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: Supervised | None = None
         self._ctrl: socket.socket | None = None
         self._data: socket.socket | None = None
         self._next_id = 0
@@ -82,25 +90,13 @@ class Sandbox(ToolMethods):
         if spec.run_as is not None:
             for sub in ("work", "tmp"):
                 os.chown(self.slot_dir / sub, *spec.run_as)
-        log_path = self.slot_dir / "server.log"
-        with open(log_path, "wb") as log:
-            try:
-                self._proc = subprocess.Popen(
-                    spec.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(ctrl_box.fileno(), data_box.fileno()),
-                    env=spec.env,
-                    cwd=self.slot_dir,
-                    start_new_session=True,
-                    user=spec.run_as[0] if spec.run_as else None,
-                    group=spec.run_as[1] if spec.run_as else None,
-                    extra_groups=[] if spec.run_as else None,
-                )
-            finally:
-                ctrl_box.close()
-                data_box.close()
+        try:
+            self._child = Supervised(spec.argv, env=spec.env, cwd=str(self.slot_dir), log_path=self.slot_dir / "server.log",
+                                     own_group=True, death_signal=signal.SIGKILL, run_as=spec.run_as,
+                                     pass_fds=(ctrl_box.fileno(), data_box.fileno()))
+        finally:
+            ctrl_box.close()
+            data_box.close()
         self._ctrl, self._data = ctrl_host, data_host
         try:
             msg = self._recv_ctrl(self.config.start_timeout_s)
@@ -110,8 +106,9 @@ class Sandbox(ToolMethods):
         else:
             reason = "it exited" if msg is None else f"unexpected message {msg}"
         if msg is None or msg.get("event") != "ready":
-            self.close()
-            log = log_path.read_text(errors="replace")[-2000:]
+            child = self._child
+            self.close()  # its output drained, so the log below ends where it did
+            log = child.last_lines() if child is not None else ""
             raise SandboxStartError(
                 f"sandbox {self.slot} ({self.config.backend}) did not start: {reason}; its log says:\n{log}"
             )
@@ -143,7 +140,7 @@ class Sandbox(ToolMethods):
     def intact(self) -> bool:
         """Whether the sandbox is as the pool left it: its process running and no event pending on
         its control channel (an interpreter that exited, a zygote that died) since its last reset."""
-        if not self.alive or self._ctrl is None or self._proc is None or self._proc.poll() is not None:
+        if not self.alive or self._ctrl is None or self._child is None or self._child.poll() is not None:
             return False
         try:
             readable, _, _ = select.select([self._ctrl], [], [], 0)
@@ -154,18 +151,8 @@ class Sandbox(ToolMethods):
     def kill(self) -> None:
         """Kill the whole sandbox at once (process group and PID namespace)."""
         self.alive = False
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, 9)
-            except OSError:
-                pass
-            proc.kill()
-        if proc is not None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        if self._child is not None:
+            self._child.kill()
         if self.config.backend == "process":
             self._kill_strays()
 
@@ -196,8 +183,8 @@ class Sandbox(ToolMethods):
         if self._ctrl is not None and self.alive:
             try:
                 wire.send(self._ctrl, {"cmd": "exit"})
-                if self._proc is not None:
-                    self._proc.wait(timeout=2)
+                if self._child is not None:
+                    self._child.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
@@ -205,7 +192,9 @@ class Sandbox(ToolMethods):
             if sock is not None:
                 sock.close()
         self._ctrl = self._data = None
-        self._proc = None
+        if self._child is not None:
+            self._child.join_output()
+        self._child = None
 
     def remove_files(self) -> None:
         shutil.rmtree(self.slot_dir, ignore_errors=True)
@@ -213,7 +202,7 @@ class Sandbox(ToolMethods):
     @property
     def pid(self) -> int | None:
         """Host pid of the launched process (bwrap, or the zygote for the process backend)."""
-        return None if self._proc is None else self._proc.pid
+        return None if self._child is None else self._child.pid
 
     # -------------------------------------------------------------- protocol
     def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> ToolResult:

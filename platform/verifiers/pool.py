@@ -10,7 +10,6 @@ and never as a stuck caller.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import queue
 import signal
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from posttrain.platform.spawn import neutral_main
+from posttrain.platform.supervise import clean_context, start_worker
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
 from posttrain.platform.verifiers.registry import CheckFn
 
@@ -94,11 +93,7 @@ class WorkerLost(Exception):
 class _Worker:
     def __init__(self, context: Any, memory_limit_bytes: int | None) -> None:
         parent, child = context.Pipe(duplex=True)
-        self.process = context.Process(
-            target=_worker_main, args=(child, memory_limit_bytes), daemon=True, name="posttrain-verifier"
-        )
-        with neutral_main():  # a console page must not re-run in the worker
-            self.process.start()
+        self.process = start_worker(context, _worker_main, (child, memory_limit_bytes), name="posttrain-verifier")
         child.close()
         self.conn: Connection = parent
         if not parent.poll(_STARTUP_TIMEOUT_S):
@@ -148,7 +143,7 @@ class ProcessPool:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.size = config.workers or max(1, min(4, os.cpu_count() or 1))
-        self._context = multiprocessing.get_context("spawn")
+        self._context = clean_context()  # the memory limit bounds the check, not preloaded libraries
         self._slots: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         for _ in range(self.size):
             self._slots.put(None)

@@ -49,7 +49,7 @@ import torch
 import torch.multiprocessing  # registers the shared-memory reductions of tensors
 
 from posttrain.platform import metric_names as names
-from posttrain.platform.spawn import neutral_main
+from posttrain.platform.supervise import start_worker, worker_context
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import GRPOConfig, ProcessRollout
 from posttrain.training.modeling import frozen_copy
@@ -207,9 +207,7 @@ def _context() -> Any:
     """Worker processes come from a fork server that has imported torch, transformers and this module once:
     forking the learner itself after torch started its threads is unsafe, and a fresh interpreter per
     worker (``spawn``) pays those imports, seconds, for every worker and every replacement."""
-    context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
+    return worker_context(__name__)
 
 
 @dataclass
@@ -274,12 +272,10 @@ class ProcessRollouts:
     def _spawn(self, slot: int, incarnation: int) -> _Worker:
         parent, child = self._context.Pipe(duplex=True)
         tasks = self._context.Queue()
-        process = self._context.Process(
-            target=_worker_main, name=f"posttrain-rollout-{slot}.{incarnation}", daemon=True,
+        process = start_worker(
+            self._context, _worker_main, name=f"posttrain-rollout-{slot}.{incarnation}",
             args=(child, tasks, self.weights, self._recipe, self.config.algorithm.group_size, self.config.sampling,
                   self._device, self.config.seed + 1 + slot + 1000 * incarnation, self.rollout_threads))
-        with neutral_main():  # a console page or a script must not re-run in the worker
-            process.start()
         child.close()
         return _Worker(slot, incarnation, process, parent, tasks)
 
