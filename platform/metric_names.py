@@ -1,7 +1,7 @@
 """The names of a training run's metrics: the trainers write them, the console charts them, from here.
 
 Per step of a run (``Metric`` rows at step ``n``): the learner's ``train/*``, the rollout side's
-``rollout/*``, ``verifier/*`` and ``pipeline/*``, and ``time/step_s``. A whole-recipe job logs its SFT
+``rollout/*``, ``verifier/*`` and ``pipeline/*``, a multi-turn environment's ``env/*``, and ``time/step_s``. A whole-recipe job logs its SFT
 warm-up and control arm under :data:`SFT_PREFIX` and :data:`CONTROL_PREFIX` (the same ``train/``
 names, renamed), and evaluations under ``eval/`` (``eval/pass@1``, ``eval/<domain>/pass@1``, ...).
 """
@@ -42,6 +42,16 @@ WORKERS_REPLACED = "pipeline/workers_replaced"
 ACTORS_REPLACED = "pipeline/actors_replaced"
 BATCHES_REDONE = "pipeline/batches_redone"
 STEP_S = "time/step_s"
+
+# --- a multi-turn environment's episodes (per step)
+ENV_TURNS_MEAN = "env/turns_mean"
+ENV_TOOL_CALLS_MEAN = "env/tool_calls_mean"
+ENV_TOOL_ERRORS = "env/tool_errors"
+ENV_TOOL_LATENCY_S = "env/tool_latency_s"
+ENV_EPISODE_S = "env/episode_s"
+ENV_INFRA_REDONE = "env/infra_redone"
+ENV_UNSCORED = "env/unscored"
+ENV_ANSWERED_FRAC = "env/answered_frac"
 
 # --- evaluation and the stages of a whole-recipe job
 EVAL_PREFIX = "eval/"

@@ -283,6 +283,53 @@ class LogprobCheck(MismatchTolerance):
     trajectories: int = Field(default=16, ge=1, description="completions rescored per check, at most")
 
 
+class EnvironmentConfig(BaseModel):
+    """What each rollout is: an environment (:mod:`posttrain.training.environments`) run per episode.
+
+    ``single_turn``: one completion per task (every domain; today's rollouts). ``tool_use``: the policy
+    may call the sandbox tools over several turns before it answers; ``code_repair``: it fixes a small
+    project in a sandbox. Others come from plugins (the ``posttrain.environments`` entry-point group)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="single_turn", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
+                      description="single_turn, tool_use, code_repair, or a plugin's name")
+    max_turns: int = Field(default=4, ge=1, le=64, description="policy turns per episode, at most")
+    max_episode_tokens: int = Field(default=2048, ge=16, description="prompt, policy and tool tokens of one episode, at most")
+    episode_timeout_s: float = Field(default=120.0, gt=0, description="wall clock of one episode, tools included")
+    tool_timeout_s: float = Field(default=10.0, gt=0, description="wall clock of one tool call")
+    tool_output_chars: int = Field(default=2000, ge=64, description="what the policy sees of one tool result, at most")
+    tools: list[str] | None = Field(default=None, description="the tools offered (None: the environment's own)")
+    concurrency: int = Field(default=8, ge=1, le=256, description="episodes run at once (and sandboxes kept warm)")
+    infra_retries: int = Field(default=2, ge=0, le=10, description="times an episode whose sandbox failed is redone")
+    options: dict[str, Any] = Field(default_factory=dict, description="the environment's own settings")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from posttrain.training.environments import environment_names
+
+        if name not in (known := environment_names()):
+            raise ValueError(f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
+                             "the entry-point group 'posttrain.environments')")
+        return name
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[str] | None) -> list[str] | None:
+        from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
+
+        if tools is not None and (unknown := [t for t in tools if t not in TOOL_SCHEMAS]):
+            raise ValueError(f"unknown tools {unknown}; the sandbox has {', '.join(TOOL_SCHEMAS)}")
+        return tools
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name != "single_turn"
+
+
+MULTI_TURN_BACKENDS = ("sync", "thread")  # where multi-turn episodes run today
+
+
 class GRPOConfig(TrainConfig):
     preset_section: ClassVar[str] = "grpo"
     groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint", "algorithm", "sampling")
@@ -294,6 +341,8 @@ class GRPOConfig(TrainConfig):
     rollout: RolloutConfig = Field(default_factory=lambda: SyncRollout(), description="where rollouts are sampled: "
                                    "rollout: {backend: sync | thread | process | ray, ...}")
     logprob_check: LogprobCheck = Field(default_factory=LogprobCheck)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="what one rollout is: "
+                                           "environment: {name: single_turn | tool_use | code_repair | <plugin>, ...}")
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
     trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
@@ -331,6 +380,9 @@ class GRPOConfig(TrainConfig):
             raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on")
         if self.sampling.temperature <= 0:
             raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
+        if self.environment.multi_turn and self.rollout.backend not in MULTI_TURN_BACKENDS:
+            raise ValueError(f"environment {self.environment.name!r} runs episodes on the rollout backends "
+                             f"{', '.join(MULTI_TURN_BACKENDS)}; set rollout: {{backend: thread}} (pipelined) or sync")
         return self
 
 

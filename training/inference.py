@@ -33,7 +33,9 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -42,9 +44,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.models.loader import load_model
-from posttrain.platform.serving.generation import SamplingParams
+from posttrain.platform.serving.generation import DecodeBatch, SamplingParams, SpeculationConfig, decode_groups
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
-from posttrain.platform.serving.generation import decode_groups
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
@@ -163,6 +164,91 @@ class EmbeddedRolloutEngine:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(dict(state_dict))
         self.version = version
+
+
+class ContinuousBatcher:
+    """Token-in, token-out completions for many callers at once on an embedded engine's model: the
+    episodes of an environment, each in a thread of its own, call :meth:`complete` while others wait on
+    their tools. A driver thread keeps one running decode batch: requests join it between decode steps
+    and leave as they finish (continuous batching), and requests pending together with the same prompt
+    (the first turns of a rollout group) share one prefill. Each completion is tagged with the engine's
+    policy version when it was asked for; load weights only while no request is out.
+
+        batcher = ContinuousBatcher(engine)
+        completion = batcher.complete(prompt_ids, sampling)     # blocks; thread-safe
+        batcher.close()
+    """
+
+    def __init__(self, engine: EmbeddedRolloutEngine, *, seed: int = 0) -> None:
+        self.engine = engine
+        self._generator = torch.Generator(device=engine.model.device).manual_seed(seed)
+        self._cond = threading.Condition()
+        self._pending: list[tuple[DecodeSequence, Future[Completion]]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._drive, name="posttrain-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+        """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
+        params = SamplingParams(max_new_tokens=max_new_tokens or sampling.max_new_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, logprobs=True)
+        seq = DecodeSequence(list(prompt_ids), params, self.engine.stop_token_ids, generator=self._generator)
+        future: Future[Completion] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._pending.append((seq, future))
+            self._cond.notify_all()
+        return future.result()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def _drive(self) -> None:
+        batch = DecodeBatch(self.engine.model, SpeculationConfig(0), self.engine.pad_token_id)
+        out: dict[int, Future[Completion]] = {}
+        limit = self.engine.max_num_seqs
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self._pending or len(batch))
+                if self._closed:
+                    for seq, future in self._pending:
+                        future.set_exception(RuntimeError("the batcher closed"))
+                    for future in out.values():
+                        future.set_exception(RuntimeError("the batcher closed"))
+                    return
+                room = (limit - len(batch)) if limit else len(self._pending)
+                joining = self._pending[:room] if batch.can_join else []
+                self._pending = self._pending[len(joining):]
+            try:
+                with eval_mode(self.engine.model):
+                    if joining:
+                        same: dict[tuple[int, ...], list[DecodeSequence]] = {}
+                        for seq, future in joining:
+                            same.setdefault(tuple(seq.prompt_ids), []).append(seq)
+                            out[id(seq)] = future
+                        batch.add_groups(list(same.values()))
+                    self._resolve(batch.pop_finished(), out)
+                    batch.step()
+                    self._resolve(batch.pop_finished(), out)
+            except BaseException as exc:  # noqa: BLE001 - every caller in the batch gets it
+                for future in out.values():
+                    future.set_exception(exc)
+                out.clear()
+                batch = DecodeBatch(self.engine.model, SpeculationConfig(0), self.engine.pad_token_id)
+
+    def _resolve(self, finished: list[DecodeSequence], out: dict[int, Future[Completion]]) -> None:
+        for seq in finished:
+            future = out.pop(id(seq), None)
+            if future is not None:
+                future.set_result(Completion(seq.generated, seq.logprobs, seq.finish_reason == "stop"))
 
 
 # ----------------------------------------------------------------------------- the vLLM engine

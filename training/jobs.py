@@ -180,15 +180,20 @@ class TrajectoryWriter:
 
         from posttrain.platform.db.engine import retry_transient, session
         from posttrain.platform.db.models import Trajectory
+        from posttrain.training.environments.runner import stored_episode
 
         rows = []
         for group, j in pick_trajectories(groups, self.limit):
             t = group.trajectories[j]
             verdict: dict[str, Any] = t.verdict.model_dump() if t.verdict is not None else {}
             verdict |= {"task_id": group.task.task_id, "policy_version": group.policy_version, "finished": t.finished}
+            episode = stored_episode(t.episode) if t.episode is not None else None
+            if episode is not None:
+                verdict |= {k: episode[k] for k in ("stop_reason", "error", "attempts", "elapsed_s")}
             rows.append({
                 "job_id": self.job_id, "step": step, "domain": group.task.domain,
                 "prompt": [m.model_dump() for m in group.task.prompt], "completion": t.text,
+                "tool_calls": episode["turns"] if episode is not None else [],
                 "reward": float(t.reward or 0.0), "verdict": verdict,
             })
 

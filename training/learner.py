@@ -108,7 +108,7 @@ def completion_batch(trajectories: Sequence[Trajectory], advantages: Sequence[fl
         n = len(t.completion_ids)
         # token_logprobs[:, k] scores input_ids[:, k + 1]: completion token j sits at P + j
         index.append([len(t.prompt_ids) - 1 + j for j in range(n)] + [0] * (lmax - n))
-        mask.append([1.0] * n + [0.0] * (lmax - n))
+        mask.append([float(m) for m in (t.loss_mask or [1] * n)] + [0.0] * (lmax - n))
         old.append(t.behaviour_logprobs + [0.0] * (lmax - n))
     return CompletionBatch(
         torch.tensor(ids), torch.tensor(attn), torch.tensor(index), torch.tensor(mask), torch.tensor(old), torch.tensor(list(advantages))

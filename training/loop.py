@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from posttrain.platform.verifiers import VerifierService
 from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
+from posttrain.training.environments.runner import episode_metrics
 from posttrain.training.inference import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context, select_groups
 from posttrain.training.modeling import PolicySource
@@ -57,7 +58,7 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
         names.QUEUE_DEPTH: float(batch.queue_depth),
         names.STALENESS_MEAN: sum(staleness) / len(staleness),
         names.STALENESS_MAX: float(max(staleness)),
-    } | batch.extra
+    } | episode_metrics([t.episode for t in trajectories if t.episode is not None]) | batch.extra
 
 
 def time_step(metrics: dict[str, float], learn_started: float, last_end: float) -> float:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,10 @@ class Trajectory:
     reward: float | None = None
     passed: bool | None = None
     verdict: Verdict | None = None
+    # multi-turn episodes: 1 on the policy's own tokens, 0 on what the environment put between its
+    # turns (tool output, the template's turn markers), which carry no loss; None: all the policy's
+    loss_mask: list[int] | None = None
+    episode: Any = None  # the environments.Episode it came from (turns, tool calls, stop reason)
 
 
 @dataclass
@@ -149,6 +154,8 @@ def submit_verification(
 
     ``executor`` only waits on the service's worker processes; size it like the pool.
     """
+    if group.verified:  # an environment verified its episodes where they ran (the sandbox still theirs)
+        return
     started = time.monotonic()
     futures = [executor.submit(service.verify, group.task, t.text, timeout_s=timeout_s) for t in group.trajectories]
     group.verify_futures = futures

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from posttrain.platform.sandbox.parser import parse_tool_calls
 from posttrain.platform.sandbox.result import ToolResult
 from posttrain.platform.sandbox.sandbox import Sandbox
-from posttrain.platform.sandbox.tools import execute_tool_call, tool_schemas
+from posttrain.platform.sandbox.tools import execute_turn, tool_schemas
 
 Message = dict[str, Any]
 ModelFn = Callable[[list[Message], list[dict[str, Any]]], Mapping[str, Any] | str]
@@ -79,16 +79,14 @@ def run_agent(
         history.append(assistant)
         if not parsed.calls:
             return finish(parsed.content, "answer")
-        for call in parsed.calls:
-            remaining = time_budget_s - (time.monotonic() - started)
-            if remaining <= 0:
-                return finish(None, "time_budget")
-            timeout = min(tool_timeout_s or sandbox.config.call_timeout_s, remaining)
-            result = execute_tool_call(sandbox, call, allowed=allowed, timeout=timeout)
+        ran = execute_turn(sandbox, parsed.calls, allowed=allowed, deadline=started + time_budget_s, timeout=tool_timeout_s)
+        for call, result in ran:
             results.append(result)
             history.append(
                 {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()}
             )
-            if result.is_infrastructure_failure:
-                return finish(None, "infrastructure_failure")
+        if ran and ran[-1][1].is_infrastructure_failure:
+            return finish(None, "infrastructure_failure")
+        if len(ran) < len(parsed.calls):
+            return finish(None, "time_budget")
     return finish(None, "max_turns")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from posttrain.platform.sandbox.parser import ToolCall
@@ -116,3 +117,21 @@ def execute_tool_call(
     if call.name == "write_file":
         return sandbox.write_file(args["path"], args["content"], bool(args.get("append", False)))
     return sandbox.list_dir(args.get("path", "."))
+
+
+def execute_turn(
+    sandbox: Sandbox, calls: list[ToolCall], *, allowed: list[str], deadline: float, timeout: float | None = None
+) -> list[tuple[ToolCall, ToolResult]]:
+    """Run one turn's tool calls in order, each within ``timeout`` (default: the sandbox's call limit)
+    and what is left until ``deadline`` (``time.monotonic()``); stops after an infrastructure failure
+    and before a call with no time left (the calls not run are not returned)."""
+    done: list[tuple[ToolCall, ToolResult]] = []
+    for call in calls:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        result = execute_tool_call(sandbox, call, allowed=allowed, timeout=min(timeout or sandbox.config.call_timeout_s, remaining))
+        done.append((call, result))
+        if result.is_infrastructure_failure:
+            break
+    return done

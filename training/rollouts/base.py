@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -20,6 +20,9 @@ from posttrain.training.modeling import PolicySource, load_policy
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
 from posttrain.training.rollout import RolloutGroup, collect_verification
 from posttrain.training.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from posttrain.training.environments.runner import EpisodeRunner
 
 
 @dataclass
@@ -95,6 +98,7 @@ class PolicySampler:
         self.policy.eval()
         self.policy.requires_grad_(False)
         self.engine = EmbeddedRolloutEngine(policy, tokenizer, version=version)  # type: ignore[arg-type]
+        self.episodes: EpisodeRunner | None = None  # set by open_episodes for a multi-turn environment
 
     @property
     def version(self) -> int:
@@ -118,9 +122,41 @@ class PolicySampler:
 
     def sample(self, tasks: Sequence[TaskSpec]) -> Generated:
         started = time.perf_counter()
-        groups = rollout_groups(self.engine, self.tokenizer, tasks, self.group_size, self.sampling)
-        tokens = sum(len(t.completion_ids) for g in groups for t in g.trajectories)
-        return Generated(groups, self.version, tokens, time.perf_counter() - started)
+        groups = sample_groups(self.engine, self.episodes, self.tokenizer, tasks, self.group_size, self.sampling)
+        return Generated(groups, self.version, generated_tokens(groups), time.perf_counter() - started)
+
+    def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close()
+
+
+def open_episodes(config: GRPOConfig, engine: Any, tokenizer: PreTrainedTokenizerBase,
+                  service: VerifierService | None) -> EpisodeRunner | None:
+    """The episode runner of ``config.environment`` over ``engine`` (None for ``single_turn``, whose
+    rollouts the engine batches itself); raises EnvironmentLoadError when the environment does not load."""
+    if not config.environment.multi_turn:
+        return None
+    from posttrain.training.environments import load_environment
+    from posttrain.training.environments.runner import EpisodeRunner
+
+    if not isinstance(engine, EmbeddedRolloutEngine):
+        raise ValueError(f"environment {config.environment.name!r} runs its episodes on the embedded engine, "
+                         f"not {type(engine).__name__}")
+    environment = load_environment(config.environment, tokenizer, config.sampling)
+    return EpisodeRunner(environment, engine, config, service or VerifierService())
+
+
+def sample_groups(engine: Any, episodes: EpisodeRunner | None, tokenizer: PreTrainedTokenizerBase,
+                  tasks: Sequence[TaskSpec], group_size: int, sampling: SamplingConfig) -> list[RolloutGroup]:
+    """``group_size`` rollouts of each task: episodes of the environment, else single completions."""
+    if episodes is not None:
+        return episodes.groups(tasks)
+    return rollout_groups(engine, tokenizer, tasks, group_size, sampling)
+
+
+def generated_tokens(groups: Sequence[RolloutGroup]) -> int:
+    """Tokens the policy sampled (an episode's environment tokens not counted)."""
+    return sum(len(t.completion_ids) if t.loss_mask is None else sum(t.loss_mask) for g in groups for t in g.trajectories)
 
 
 class ReadyBatches:

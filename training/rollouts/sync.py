@@ -1,5 +1,5 @@
 """``rollout: {backend: sync}``: sample with the learner's own model (through the embedded inference
-engine), verify, return (on-policy)."""
+engine; a multi-turn environment's episodes through its runner), verify, return (on-policy)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import time
 
 import torch
 
-from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
+from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine
 from posttrain.training.rollout import collect_verification, submit_verification
-from posttrain.training.rollouts.base import RolloutBatch, RolloutSetup, has_signal, record
+from posttrain.training.rollouts.base import (
+    RolloutBatch, RolloutSetup, generated_tokens, has_signal, open_episodes, record, sample_groups,
+)
 
 
 class SyncRollouts:
@@ -20,6 +22,7 @@ class SyncRollouts:
         assert setup.service is not None and setup.executor is not None
         self.setup = setup
         self.engine = engine or EmbeddedRolloutEngine(setup.model, setup.tokenizer, version=setup.version)  # type: ignore[arg-type]
+        self.episodes = open_episodes(setup.config, self.engine, setup.tokenizer, setup.service)
 
     def next_batch(self, version: int) -> RolloutBatch:
         s, config = self.setup, self.setup.config
@@ -27,10 +30,10 @@ class SyncRollouts:
         useful = 0
         for _ in range(config.algorithm.max_rollout_batches_per_step):
             t0 = time.perf_counter()
-            groups = rollout_groups(self.engine, s.tokenizer, s.scheduler.next_batch(), config.algorithm.group_size,
-                                    config.sampling)
+            groups = sample_groups(self.engine, self.episodes, s.tokenizer, s.scheduler.next_batch(),
+                                   config.algorithm.group_size, config.sampling)
             out.generation_s += time.perf_counter() - t0
-            out.generated_tokens += sum(len(t.completion_ids) for g in groups for t in g.trajectories)
+            out.generated_tokens += generated_tokens(groups)
             for group in groups:
                 submit_verification(s.executor, s.service, group, config.verifier_timeout_s)  # type: ignore[arg-type]
             for group in groups:
@@ -46,4 +49,5 @@ class SyncRollouts:
         self.engine.version = version  # the learner's own model: the new weights are in it already
 
     def close(self) -> None:
-        pass
+        if self.episodes is not None:
+            self.episodes.close()

@@ -17,7 +17,7 @@ from posttrain.training.config import ThreadRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import submit_verification
 from posttrain.training.rollouts.base import (
-    PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
+    PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, open_episodes,
 )
 
 
@@ -30,6 +30,7 @@ class ThreadRollouts:
         config = setup.config
         self.sampler = PolicySampler(frozen_copy(setup.model), setup.tokenizer, config.algorithm.group_size, config.sampling,
                                      setup.version)
+        self.sampler.episodes = open_episodes(config, self.sampler.engine, setup.tokenizer, setup.service)
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
         self.ready = ReadyBatches("the rollout thread", lambda: self._thread.is_alive())
         self._stop = threading.Event()
@@ -75,3 +76,4 @@ class ThreadRollouts:
         with self.ready.cond:
             self.ready.cond.notify_all()
         self._thread.join(timeout=60)
+        self.sampler.close()

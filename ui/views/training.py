@@ -564,7 +564,24 @@ with left:
     for message in trajectory.prompt:
         with st.chat_message(str(message.get("role", "user"))):
             st.text(message_text(message))
-    st.markdown("**Completion**")
+    turns = [t for t in trajectory.tool_calls if isinstance(t, dict) and "role" in t]  # an environment's episode
+    if turns:
+        stop = trajectory.verdict.get("stop_reason", "?")
+        st.markdown(f"**Episode** · {sum(t['role'] == 'assistant' for t in turns)} policy turns · stopped: {stop}")
+        for turn in turns:
+            if turn["role"] == "assistant":
+                with st.chat_message("assistant"):
+                    st.text(turn.get("content") or "(empty)")
+                    for call in turn.get("tool_calls", []):
+                        st.caption(f"called {call.get('name')} · {call.get('status')} · {float(call.get('elapsed_s', 0)):.2f} s")
+            else:
+                with st.expander(f"{turn['role']} output · {len(str(turn.get('content', '')))} chars", expanded=False):
+                    st.text(turn.get("content") or "(empty)")
+        if trajectory.verdict.get("error"):
+            st.error(f"The episode was not scored: {trajectory.verdict['error']}")
+        st.markdown("**Answer**")
+    else:
+        st.markdown("**Completion**")
     st.code(trajectory.completion or "(empty)", language="text")
 with right:
     verdict = trajectory.verdict
@@ -575,6 +592,6 @@ with right:
         st.caption(str(verdict["details"]))
     st.markdown("**Verdict**")
     st.json(verdict, expanded=False)
-    if trajectory.tool_calls:
+    if trajectory.tool_calls and not turns:
         st.markdown("**Tool calls**")
         st.json(json.loads(json.dumps(trajectory.tool_calls, default=str)), expanded=False)

@@ -1,0 +1,278 @@
+"""Environments: multi-turn episodes token-in, token-out on the real model's template, sandboxes
+acquired per episode (a killed one redone, never scored), the model's tool mistakes as data, plugins
+that fail, and a GRPO run on tool_use through the real worker whose episodes the console browses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+from transformers import AutoTokenizer
+
+from conftest import REPO_ROOT, login_as, start_worker, stop_worker
+from posttrain.platform import metric_names as names
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import JobStatus, Metric, Trajectory
+from posttrain.platform.jobs import queue
+from posttrain.platform.models.registry import register_model
+from posttrain.platform.sandbox import Sandbox, SandboxConfig, SandboxPool
+from posttrain.platform.tasks.domains.registry import generate
+from posttrain.platform.verifiers import TaskSpec, VerifierService
+from posttrain.training.config import GRPOConfig, SamplingConfig
+from posttrain.training.environments import EnvironmentLoadError, load_environment
+from posttrain.training.environments.runner import EpisodeRunner, episode_metrics
+from posttrain.training.environments.tool_use import ToolUse
+from posttrain.training.inference import Completion, ContinuousBatcher, EmbeddedRolloutEngine, measure_logprob_mismatch
+from posttrain.training.rollouts import has_signal
+from required_parts import require
+from test_sandbox_pool import reachable_dir
+from test_training_tiny import tiny_policy_dir
+
+PY = '<tool_call>{{"name": "python", "arguments": {{"code": {code}}}}}</tool_call>'
+
+
+def tool_call(code: str) -> str:
+    import json
+
+    return PY.format(code=json.dumps(code))
+
+
+class ScriptedClient:
+    """A policy whose first turns are given (their log-probs scored by ``model`` as a sampler records
+    them, or 0 without one); after the script, ``then`` samples (the real batcher) or the episode answers."""
+
+    def __init__(self, tokenizer: Any, script: Sequence[str], model: Any = None, then: ContinuousBatcher | None = None) -> None:
+        self.tokenizer, self.script, self.model, self.then = tokenizer, list(script), model, then
+        self.version = 0
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+        if not self.script and self.then is not None:
+            return self.then.complete(prompt_ids, sampling, max_new_tokens=max_new_tokens)
+        text = self.script.pop(0) if self.script else "done"
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
+        logprobs = [0.0] * len(ids)
+        if self.model is not None:
+            with torch.no_grad():
+                logits = self.model(torch.tensor([list(prompt_ids) + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
+            logprobs = torch.gather(F.log_softmax(logits / sampling.temperature, -1), 1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        return Completion(ids, logprobs, True)
+
+
+@pytest.fixture(scope="module")
+def pool() -> SandboxPool:
+    require("bubblewrap")
+    root = reachable_dir()
+    with SandboxPool(SandboxConfig(pool_size=2, call_timeout_s=5), data_dir=root) as p:
+        yield p
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _config(**environment: Any) -> GRPOConfig:
+    return GRPOConfig(model="m", domains=["arith.add.int"], algorithm={"group_size": 2}, sampling={"max_new_tokens": 48},
+                      environment={"name": "tool_use", "concurrency": 2, **environment}, rollout={"backend": "thread"})
+
+
+def _task() -> TaskSpec:
+    return generate("arith.add.int", 1, seed=3)[0]
+
+
+def test_three_turns_token_in_token_out_on_the_real_template(real_model: Any, pool: SandboxPool) -> None:
+    """Two tool turns, then the real model samples its answer: every policy token is kept as sampled,
+    the learner's recomputed log-probs equal the behaviour ones on each of them, the tool tokens carry
+    no loss weight, and the episode's ids are exactly the template's rendering of its messages."""
+    model, tokenizer = real_model.model, real_model.tokenizer
+    config = _config(max_turns=3)
+    env = ToolUse(config.environment, tokenizer, config.sampling)
+    engine = EmbeddedRolloutEngine(model, tokenizer, stop_token_ids=[tokenizer.eos_token_id])
+    batcher = ContinuousBatcher(engine, seed=1)
+    try:
+        client = ScriptedClient(tokenizer, [tool_call("x = 20 + 22\nprint(x)"), tool_call("print(x * 2)")], model, batcher)
+        with pool.acquire() as sandbox:
+            episode = env.rollout(client, _task(), sandbox)
+    finally:
+        batcher.close()
+    assert [t.role for t in episode.turns] == ["assistant", "tool", "assistant", "tool", "assistant"], episode.turns
+    assert episode.stop_reason in ("answer", "length") and episode.policy_turns == 3
+    assert [c.output.strip() for c in episode.tool_calls] == ["42", "84"]  # globals persist within the episode
+
+    mask = episode.loss_mask
+    assert len(mask) == len(episode.token_ids) == len(episode.logprobs)
+    policy = [i for i, m in zip(episode.token_ids, mask) if m]
+    environment = tokenizer.decode([i for i, m in zip(episode.token_ids, mask) if not m])
+    assert "42" in environment and "84" in environment and "<|im_start|>" in environment  # tool output, turn markers
+    assert "42" not in tokenizer.decode(policy).replace("20 + 22", "")  # the policy never wrote the tool output
+    assert all(lp == 0.0 for lp, m in zip(episode.logprobs, mask) if not m)
+
+    # the template renders the episode's messages to exactly its ids (no drift between turns)
+    messages = env.messages(episode.task)
+    for turn in episode.turns:
+        messages.append({"role": turn.role, "content": turn.content} | ({"name": "python"} if turn.role == "tool" else {}))
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    decoded = tokenizer.decode(episode.all_ids)
+    assert rendered.startswith(decoded) and rendered[len(decoded):].strip() == "", (rendered[-200:], decoded[-200:])
+
+    from posttrain.training.environments.runner import trajectory
+
+    mismatch = measure_logprob_mismatch(model, [trajectory(episode)], pad_id=tokenizer.pad_token_id, temperature=1.0)
+    assert mismatch.tokens == sum(mask) == len(policy)  # scored on the policy's tokens only
+    assert mismatch.max_abs_diff < 1e-3, mismatch
+
+    # the learner's update weighs only the policy's tokens
+    from posttrain.training.learner import completion_batch
+
+    batch = completion_batch([trajectory(episode)], [1.0], tokenizer.pad_token_id)
+    assert batch.mask[0, : len(mask)].tolist() == [float(m) for m in mask]
+
+
+class KillsItsSandbox(ToolUse):
+    """Kills the sandbox from outside before the first tool call of its first ``kills`` episodes."""
+
+    kills = 1
+
+    def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
+        if KillsItsSandbox.kills > 0 and sandbox is not None and sandbox.pid is not None:
+            KillsItsSandbox.kills -= 1
+            os.killpg(sandbox.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10  # its processes inside die with it, a moment later
+            while sandbox.intact() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _tokenizer(real_model_dir: Any) -> Any:
+    return AutoTokenizer.from_pretrained(real_model_dir.path)
+
+
+def _runner(env: Any, tokenizer: Any, pool: SandboxPool, config: GRPOConfig, script: list[str]) -> EpisodeRunner:
+    runner = EpisodeRunner.__new__(EpisodeRunner)  # the scripted client instead of a batcher on a model
+    runner.environment, runner.config, runner.env_config, runner.service = env, config, config.environment, VerifierService()
+    runner.client, runner.pool, runner._own_pool = ScriptedClient(tokenizer, script), pool, False
+    from concurrent.futures import ThreadPoolExecutor
+
+    runner._threads = ThreadPoolExecutor(max_workers=1)
+    return runner
+
+
+def test_an_episode_whose_sandbox_is_killed_is_redone_and_never_scored(real_model_dir: Any, pool: SandboxPool) -> None:
+    tokenizer = _tokenizer(real_model_dir)
+    config = _config(infra_retries=1)
+    task = _task()
+    answer = task.reference or "0"
+    KillsItsSandbox.kills = 1
+    # the first attempt's call meets a dead sandbox; the redone episode calls again and answers; then the
+    # two episodes of a group, each killed on both its attempts
+    runner = _runner(KillsItsSandbox(config.environment, tokenizer, config.sampling), tokenizer, pool, config,
+                     [tool_call("print(1)"), tool_call("print(1)"), answer] + [tool_call("print(1)")] * 4)
+    episode = runner.episode(task)
+    assert episode.attempts == 2 and episode.scored and episode.stop_reason == "answer"
+    assert episode.verdict is not None and episode.verdict.passed and [c.status for c in episode.tool_calls] == ["ok"]
+
+    KillsItsSandbox.kills = 4  # more than its retries: kept unscored, and its group has no learning signal
+    groups = runner.groups([task])
+    failed = [t.episode for t in groups[0].trajectories]
+    assert all(e.stop_reason == "infrastructure_failure" and e.attempts == 2 for e in failed), [(e.stop_reason, e.attempts, e.error, [(t.role, t.content[:60]) for t in e.turns]) for e in failed]
+    assert all(t.reward is None for t in groups[0].trajectories) and groups[0].infra_errors == 2
+    assert not has_signal(groups[0])
+    metrics = episode_metrics(failed)
+    assert metrics[names.ENV_INFRA_REDONE] >= 1 and metrics[names.ENV_UNSCORED] >= 1
+    KillsItsSandbox.kills = 0
+    runner._threads.shutdown()
+
+
+def test_tool_mistakes_are_tool_errors_the_model_reads_next_turn(real_model_dir: Any, pool: SandboxPool) -> None:
+    tokenizer = _tokenizer(real_model_dir)
+    config = _config(max_turns=6, tool_output_chars=300, tool_timeout_s=1)
+    env = ToolUse(config.environment, tokenizer, config.sampling)
+    script = ['<tool_call>{"name": "python", "arguments": {"code": </tool_call>',  # does not parse
+              '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',  # no such tool
+              '<tool_call>{"name": "python", "arguments": {"source": "1"}}</tool_call>',  # bad arguments
+              tool_call("import time\ntime.sleep(30)"),  # past its timeout
+              tool_call("print('x' * 100000)"),  # floods its output
+              "4"]
+    with pool.acquire() as sandbox:
+        episode = env.rollout(ScriptedClient(tokenizer, script), _task(), sandbox)
+    assert episode.stop_reason == "answer" and episode.answer == "4" and episode.policy_turns == 6
+    calls = episode.tool_calls
+    assert [c.failed for c in calls] == [True] * 5, calls
+    assert calls[3].status == "timeout" and len(calls[4].output) < 400 and "output cut at 300" in calls[4].output
+    tool_turns = [t.content for t in episode.turns if t.role == "tool"]
+    assert "unknown tool 'rm_rf'" in tool_turns[1] and "needs the argument(s) ['code']" in tool_turns[2]
+    environment_text = tokenizer.decode([i for i, m in zip(episode.token_ids, episode.loss_mask) if not m])
+    assert "unknown tool 'rm_rf'" in environment_text  # what the model reads in its next turn
+    assert episode_metrics([episode])[names.ENV_TOOL_ERRORS] >= 4
+
+
+class Raises(ToolUse):
+    name = "raises"
+
+    def rollout(self, client: Any, task: TaskSpec, sandbox: Sandbox | None) -> Any:
+        raise KeyError("the plugin's own bug")
+
+
+def test_a_plugin_that_raises_fails_its_episode_and_one_that_cannot_load_fails_at_start(
+        real_model_dir: Any, pool: SandboxPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = _tokenizer(real_model_dir)
+    config = _config()
+    episode = _runner(Raises(config.environment, tokenizer, config.sampling), tokenizer, pool, config, []).episode(_task())
+    assert episode.stop_reason == "environment_error" and not episode.scored
+    assert "environment 'raises' raised KeyError" in (episode.error or "") and "the plugin's own bug" in (episode.error or "")
+
+    # plugins published under the entry-point group: one that loads, one whose module is broken
+    (tmp_path / "pt_envs.py").write_text("from posttrain.training.environments.tool_use import ToolUse\n"
+                                         "class Mine(ToolUse):\n    name = 'mine'\n")
+    (tmp_path / "pt_broken_env.py").write_text("raise ImportError('needs a package that is not installed')\n")
+    dist = tmp_path / "pt_envs-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pt-envs\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[posttrain.environments]\nmine = pt_envs:Mine\nbroken = pt_broken_env:Env\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = load_environment(_config().environment.model_copy(update={"name": "mine"}), tokenizer, config.sampling)
+    assert mine.name == "mine" and mine.needs_sandbox
+    broken = GRPOConfig(model="m", domains=["a"], environment={"name": "broken"}, rollout={"backend": "thread"}).environment
+    with pytest.raises(EnvironmentLoadError, match=r"^environment 'broken' does not load: ImportError: needs a package"):
+        load_environment(broken, tokenizer, config.sampling)
+    with pytest.raises(ValueError, match="no environment 'nope'; known: broken, mine, single_turn, tool_use"):
+        GRPOConfig(model="m", domains=["a"], environment={"name": "nope"})
+    del sys.modules["pt_envs"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_grpo_on_tool_use_through_the_worker_stores_episodes_the_console_browses(
+        platform_env: dict[str, str], db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sandboxes = reachable_dir()  # the sandbox uid cannot enter pytest's private tmp_path
+    monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", str(sandboxes))
+    platform_env = {**platform_env, "POSTTRAIN_SANDBOX__ROOT_DIR": str(sandboxes)}
+    register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
+    job_id = queue.submit("train_grpo", {
+        "model": "tiny", "domains": ["format.to_hex"], "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 2,
+        "max_new_tokens": 8, "lr": 1e-3, "max_steps": 2, "device": "cpu", "verifier_workers": 1, "trajectories_per_step": 4,
+        "environment": {"name": "tool_use", "max_turns": 2, "concurrency": 2}, "rollout": {"backend": "thread"},
+    })
+    worker = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert worker.wait(timeout=400) == 0
+    finally:
+        stop_worker(worker)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    with session(db_url, read_only=True) as s:
+        rows = s.exec(select(Trajectory).where(Trajectory.job_id == job_id)).all()
+        metric_names = {m.name for m in s.exec(select(Metric).where(Metric.job_id == job_id))}
+    assert len(rows) == 8 and all(r.tool_calls and r.tool_calls[0]["role"] == "assistant" for r in rows)
+    assert all(r.verdict["stop_reason"] in ("answer", "length", "max_turns", "context") for r in rows)
+    assert {names.ENV_TURNS_MEAN, names.ENV_TOOL_CALLS_MEAN, names.ENV_INFRA_REDONE} <= metric_names
+
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "training.py"), default_timeout=60), "viewer").run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("**Episode** ·") for m in at.markdown)
+    assert any(m.value == "**Answer**" for m in at.markdown)

@@ -1,0 +1,93 @@
+"""``environment: {name: tool_use}``: the policy may call sandbox tools over several turns before it answers.
+
+Each turn the policy either calls tools, written as Hermes ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`` blocks, whose results come back as ``tool`` messages before its next turn, or
+answers without a call, which ends the episode; the task's own verifier scores that answer, with the
+episode's sandbox in its context (a ``tool_use`` task checks the files the policy left). Whatever the
+policy gets wrong about tools (a call that does not parse, an unknown tool, bad arguments, a tool that
+times out or floods its output) is a tool error it reads in its next turn, never a failed episode; a
+sandbox that fails is an infrastructure failure, which the runner redoes and never scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from posttrain.platform.sandbox import Sandbox, parse_tool_calls, tool_schemas
+from posttrain.platform.sandbox.tools import execute_turn
+from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.config import EnvironmentConfig, SamplingConfig
+from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn, task_messages
+
+TOOLS_PROMPT = """You can use tools. To call one, write on a line of its own:
+<tool_call>{{"name": "<tool name>", "arguments": {{<its arguments>}}}}</tool_call>
+Its result comes back in the next message. When you know the answer, reply with the answer alone, without a tool call.
+Tools:
+{tools}"""
+
+
+def clipped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[output cut at {limit} of {len(text)} characters]"
+
+
+class ToolUse(EnvironmentBase):
+    name = "tool_use"
+    needs_sandbox = True
+    default_tools = ["python", "bash"]
+
+    def __init__(self, config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig) -> None:
+        super().__init__(config, tokenizer, sampling)
+        self.tools = list(config.tools if config.tools is not None else self.default_tools)
+        self.schemas = tool_schemas(self.tools)
+
+    def system_prompt(self) -> str:
+        return TOOLS_PROMPT.format(tools="\n".join(json.dumps(s["function"], ensure_ascii=False) for s in self.schemas))
+
+    def messages(self, task: TaskSpec) -> list[dict[str, Any]]:
+        """The task's messages with the tools described in the system message (after the task's own)."""
+        messages = task_messages(task)
+        if messages and messages[0]["role"] == "system":
+            return [{"role": "system", "content": messages[0]["content"] + "\n\n" + self.system_prompt()}, *messages[1:]]
+        return [{"role": "system", "content": self.system_prompt()}, *messages]
+
+    def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
+        """Lay out what the task needs in the sandbox before the first turn (nothing here)."""
+
+    def rollout(self, client: PolicyClient, task: TaskSpec, sandbox: Sandbox | None) -> Episode:
+        assert sandbox is not None
+        episode = self.start(client, task, self.messages(task))
+        self.prepare(task, sandbox)
+        deadline = episode.started + self.config.episode_timeout_s
+        for _ in range(self.config.max_turns):
+            if time.monotonic() >= deadline:
+                return episode.end("time_budget")
+            sampled = self.policy_turn(client, episode)
+            if sampled is None:
+                return episode  # out of room: ended as "context"
+            completion, text = sampled
+            if not completion.finished:
+                return episode.end("length")
+            parsed = parse_tool_calls(text)
+            if not parsed.calls:
+                return episode.end("answer", answer=parsed.content.strip())
+            ran = execute_turn(sandbox, parsed.calls, allowed=self.tools, deadline=deadline, timeout=self.config.tool_timeout_s)
+            if ran and ran[-1][1].is_infrastructure_failure:
+                return episode.end("infrastructure_failure", error=ran[-1][1].to_message_content())
+            if len(ran) < len(parsed.calls):
+                return episode.end("time_budget")
+            turns, messages = [], []
+            for call, result in ran:
+                output = clipped(result.to_message_content(), self.config.tool_output_chars)
+                record = ToolCallRecord(call.name, call.arguments, "error" if call.error else result.status.value, output,
+                                        result.duration_ms / 1000)
+                episode.turns[-1].tool_calls.append(record)
+                messages.append({"role": "tool", "name": call.name, "content": output})
+                turns.append(Turn("tool", output, 0, elapsed_s=record.elapsed_s))
+            episode.add_environment(self.chat.between_turns(messages), turns)
+        return episode.end("max_turns")
