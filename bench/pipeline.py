@@ -1,6 +1,12 @@
 """GRPO throughput: lock-step (rollout, then verify, then update) against the pipelined loop, in one run.
 
     .venv/bin/python bench/pipeline.py [--model DIR] [--steps 20] [--batch 16] [--group 8] [--ray 2 [--ray-address ADDR]]
+    .venv/bin/python bench/pipeline.py --env code_repair     # multi-turn episodes in sandboxes
+
+``--env code_repair`` (or ``tool_use``) measures the same way on an environment's episodes: each
+rollout lays a project into a sandbox from the warm pool, runs its turns and is graded by the hidden
+tests in a fresh sandbox (the ``repair.*`` domains), every episode of a step at once; the lock-step
+peer is the sync backend, the pipelined side the rollout thread (the backends episodes run on).
 
 The same workload every way: the ``cpu-demo`` preset's GRPO config (a tiny model warmed up
 by a short SFT, so groups have reward variance and the learner really updates), the same
@@ -61,16 +67,19 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
             return fn(*args, **kwargs)
         return call
 
-    saved = sync.rollout_groups, Learner.grpo_update
-    sync.rollout_groups, Learner.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)  # type: ignore[method-assign]
+    saved = sync.sample_groups, Learner.grpo_update
+    sync.sample_groups, Learner.grpo_update = pinned(saved[0], rollout), pinned(saved[1], update)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        sync.rollout_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
+        sync.sample_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
+
+
+REPAIR_DOMAINS = ["repair.off_by_one", "repair.wrong_operator", "repair.missing_case", "repair.wrong_return"]
 
 
 def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,
-            ray_address: str | None = None) -> dict[str, Any]:
+            ray_address: str | None = None, env: str | None = None) -> dict[str, Any]:
     """One run of ``variant``: ``mode`` lockstep (``threads``: rollout and update), pipelined (``backend``
     thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
@@ -95,6 +104,9 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
         "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "verifier_workers": 1,
         "rollout": rollout,
     }
+    if env:  # episodes of an environment: every episode of a step at once, each with its own sandbox
+        update |= {"environment": {"name": env, "max_turns": 3, "concurrency": min(64, batch * group)},
+                   **({"domains": REPAIR_DOMAINS} if env == "code_repair" else {})}
     config = get_preset("cpu-demo").grpo.updated(**update)
     threads = variant.get("threads", (os.cpu_count() or 1,))
     torch.set_num_threads(threads[-1])
@@ -117,11 +129,14 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     }
 
 
-def variants(cores: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(lock-step variants, pipelined variants) for a machine with ``cores`` cores."""
+def variants(cores: int, env: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(lock-step variants, pipelined variants) for a machine with ``cores`` cores (an environment's
+    episodes run on the sync and thread backends only)."""
     counts = sorted({1, max(1, cores // 2), cores})
     lockstep = [{"mode": "lockstep", "threads": (r, u)} for r in counts for u in counts]
     pipelined: list[dict[str, Any]] = [{"mode": "pipelined", "backend": "thread", "threads": (t,)} for t in counts]
+    if env:
+        return lockstep, pipelined
     for processes in (1, 2):
         for rollout_threads in counts:
             for learner_threads in counts:
@@ -146,6 +161,8 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--ray", type=int, default=0, metavar="N", help="also measure with N rollout worker actors on Ray")
     parser.add_argument("--ray-address", default=None, help="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS or a local Ray)")
+    parser.add_argument("--env", default=None, choices=["tool_use", "code_repair"],
+                        help="episodes of this environment (code_repair: the repair.* domains) instead of single completions")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     model = args.model
@@ -159,10 +176,10 @@ def main() -> None:
         assert result.checkpoint is not None
         model = str(result.checkpoint / "model")
     work = Path(tempfile.mkdtemp(prefix="posttrain-pipeline-runs-"))
-    lockstep_variants, pipelined_variants = variants(cores)
+    lockstep_variants, pipelined_variants = variants(cores, args.env)
     runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "pipelined": []}
     for variant in [*lockstep_variants, *pipelined_variants]:
-        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work))
+        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work, env=args.env))
         print(json.dumps(runs[variant["mode"]][-1]), flush=True)
     lock = max(runs["lockstep"], key=lambda m: m["traj_per_s"])
     best = max(runs["pipelined"], key=lambda m: m["traj_per_s"])
@@ -174,7 +191,8 @@ def main() -> None:
         on_ray = {"ray_rollout_workers": args.ray, "ray_traj_per_s": ray_run["traj_per_s"], "ray_learner_busy": ray_run["learner_busy"]}
     setting = {k: best[k] for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads") if k in best}
     print(json.dumps({
-        "figure": "pipeline", "cores": cores, "steps": args.steps, "lockstep_traj_per_s": lock["traj_per_s"],
+        "figure": "pipeline", "workload": args.env or "single_turn", "cores": cores, "steps": args.steps,
+        "lockstep_traj_per_s": lock["traj_per_s"],
         "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
         "lockstep_learner_busy": lock["learner_busy"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,

@@ -246,17 +246,72 @@ def test_a_plugin_that_raises_fails_its_episode_and_one_that_cannot_load_fails_a
     del sys.modules["pt_envs"]
 
 
+def _call(name: str, **arguments: Any) -> str:
+    import json
+
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def test_code_repair_grades_the_final_module_and_nothing_else_the_episode_wrote(real_model_dir: Any, pool: SandboxPool) -> None:
+    """The project is laid out; a repair scores 1; an episode that plants fake tests, a conftest, a
+    sitecustomize, a rewritten visible test and a process left running, without touching the bug,
+    still scores what the planted module scores (0): the hidden tests run elsewhere, on the module alone."""
+    from posttrain.platform.verifiers import VerifyContext
+
+    tokenizer = _tokenizer(real_model_dir)
+    config = GRPOConfig(model="m", domains=["repair.off_by_one"], environment={"name": "code_repair", "max_turns": 8},
+                        rollout={"backend": "thread"})
+    env = load_environment(config.environment, tokenizer, config.sampling)
+    task = generate("repair.off_by_one", 1, seed=0, difficulty=1)[0]
+    files = task.metadata["files"]
+    service = VerifierService()
+    from posttrain.platform.verifiers.sandboxes import set_shared_pool
+
+    previous = set_shared_pool(pool)  # the hidden tests' sandboxes come from the verifier's pool
+    try:
+        scripts = {
+            "looks": [_call("list_dir"), _call("bash", command="python3 test_visible.py"), "DONE"],
+            "repairs": [_call("write_file", path="solution.py", content=task.reference),
+                        _call("bash", command="python3 test_visible.py"), "DONE"],
+            "games": [_call("write_file", path="test_hidden.py", content="print('6/6 tests passed')"),
+                      _call("write_file", path="conftest.py", content="import os\nos._exit(0)\n"),
+                      _call("write_file", path="sitecustomize.py", content="import os\nos._exit(0)\n"),
+                      _call("write_file", path="test_visible.py", content="print('all visible tests pass')\n"),
+                      _call("bash", command="nohup sleep 600 >/dev/null 2>&1 &"), "DONE"],
+        }
+        verdicts = {}
+        for name, script in scripts.items():
+            with pool.acquire() as sandbox:
+                episode = env.rollout(ScriptedClient(tokenizer, script), task, sandbox)
+                verdicts[name] = env.score(episode, service, sandbox)
+                if name == "looks":
+                    listing = episode.tool_calls[0].output
+                    assert "solution.py" in listing and "test_visible.py" in listing
+                    assert "AssertionError" in episode.tool_calls[1].output  # the model reads the failing test
+    finally:
+        set_shared_pool(previous)
+        service.close()
+    assert verdicts["repairs"].score == 1.0 and verdicts["repairs"].passed, verdicts["repairs"]
+    planted = VerifierService().verify(task, files["solution.py"], context=VerifyContext(sandbox_pool=pool))
+    assert planted.score < 1.0
+    assert verdicts["games"].score == verdicts["looks"].score == planted.score, (verdicts, planted)
+    assert not verdicts["games"].passed
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_grpo_on_tool_use_through_the_worker_stores_episodes_the_console_browses(
-        platform_env: dict[str, str], db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("environment, domain", [("tool_use", "format.to_hex"), ("code_repair", "repair.off_by_one")])
+def test_grpo_on_an_environment_through_the_worker_stores_episodes_the_console_browses(
+        platform_env: dict[str, str], db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        environment: str, domain: str) -> None:
     sandboxes = reachable_dir()  # the sandbox uid cannot enter pytest's private tmp_path
     monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", str(sandboxes))
     platform_env = {**platform_env, "POSTTRAIN_SANDBOX__ROOT_DIR": str(sandboxes)}
     register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
     job_id = queue.submit("train_grpo", {
-        "model": "tiny", "domains": ["format.to_hex"], "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 2,
+        "model": "tiny", "domains": [domain], "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 2,
         "max_new_tokens": 8, "lr": 1e-3, "max_steps": 2, "device": "cpu", "verifier_workers": 1, "trajectories_per_step": 4,
-        "environment": {"name": "tool_use", "max_turns": 2, "concurrency": 2}, "rollout": {"backend": "thread"},
+        "environment": {"name": environment, "max_turns": 2, "concurrency": 2, "max_episode_tokens": 4096},
+        "rollout": {"backend": "thread"},
     })
     worker = start_worker(platform_env, "--exit-when-idle")
     try:
@@ -268,8 +323,10 @@ def test_grpo_on_tool_use_through_the_worker_stores_episodes_the_console_browses
     with session(db_url, read_only=True) as s:
         rows = s.exec(select(Trajectory).where(Trajectory.job_id == job_id)).all()
         metric_names = {m.name for m in s.exec(select(Metric).where(Metric.job_id == job_id))}
-    assert len(rows) == 8 and all(r.tool_calls and r.tool_calls[0]["role"] == "assistant" for r in rows)
-    assert all(r.verdict["stop_reason"] in ("answer", "length", "max_turns", "context") for r in rows)
+    assert len(rows) == 8 and all(r.tool_calls and r.tool_calls[0]["role"] == "assistant" for r in rows), [r.tool_calls for r in rows]
+    assert all(r.verdict["stop_reason"] in ("answer", "length", "max_turns", "context") for r in rows), [r.verdict for r in rows]
+    if environment == "code_repair":  # the hidden tests graded the final module, stored as the episode's answer
+        assert all(r.verdict["kind"] == "code" and "def " in r.completion for r in rows), [r.verdict for r in rows]
     assert {names.ENV_TURNS_MEAN, names.ENV_TOOL_CALLS_MEAN, names.ENV_INFRA_REDONE} <= metric_names
 
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "training.py"), default_timeout=60), "viewer").run()

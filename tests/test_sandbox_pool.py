@@ -310,3 +310,11 @@ def test_unreadable_root_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailableError, match="cannot enter"), pytest.warns(ProcessBackendWarning):
         SandboxPool(SandboxConfig(pool_size=1, backend="process"), data_dir=private / "data")
     assert not (private / "data").exists()
+
+
+@needs_bwrap
+def test_a_relative_data_directory_works(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default data directory is relative (``var``): the sandboxes' mounts must not be."""
+    monkeypatch.chdir(data_dir)
+    with SandboxPool(SandboxConfig(pool_size=1), data_dir=Path("var")) as pool, pool.acquire() as sandbox:
+        assert sandbox.run_python("6 * 7").value == "42"

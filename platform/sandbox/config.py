@@ -64,9 +64,10 @@ class SandboxConfig(BaseModel):
     latency_history: int = Field(2048, ge=1, description="recent calls kept for the console")
 
     def resolved_root(self, data_dir: Path | None) -> Path | None:
-        """The work-directory root: ``root_dir``, else ``data_dir/sandboxes``, else None."""
+        """The work-directory root, absolute (bubblewrap mounts it from the sandbox's own directory):
+        ``root_dir``, else ``data_dir/sandboxes``, else None."""
         if self.root_dir is not None:
-            return Path(self.root_dir)
+            return Path(self.root_dir).absolute()
         if data_dir is not None:
-            return Path(data_dir) / "sandboxes"
+            return (Path(data_dir) / "sandboxes").absolute()
         return None

@@ -11,6 +11,9 @@ single_turn  one completion of the task's prompt, scored by its verifier (every 
              the backends batch themselves, a group's prompt prefilled once)
 tool_use     up to ``max_turns`` turns of tool calls (python and bash in a sandbox from the warm pool)
              before an answer, which the task's verifier scores (:mod:`.tool_use`)
+code_repair  a small project with a planted defect laid into the sandbox (the ``repair.*`` domains); the
+             policy reads, edits and tests it over up to ``max_turns`` turns; the hidden tests run on
+             the final module in a fresh sandbox (:mod:`.code_repair`)
 <plugin>     a class published under the ``posttrain.environments`` entry-point group
 ===========  ==========================================================================================
 
@@ -39,6 +42,7 @@ from posttrain.training.environments.base import Environment, Episode, PolicyCli
 ENTRY_POINT_GROUP = "posttrain.environments"
 BUILT_IN: dict[str, tuple[str, str]] = {
     "tool_use": ("posttrain.training.environments.tool_use", "ToolUse"),
+    "code_repair": ("posttrain.training.environments.code_repair", "CodeRepair"),
 }
 
 

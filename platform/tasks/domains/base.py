@@ -15,11 +15,13 @@ MAX_DIFFICULTY = 5
 
 @dataclass(frozen=True)
 class Problem:
-    """One generated problem: a short prompt, the reference answer, and how to check answers."""
+    """One generated problem: a short prompt, the reference answer, how to check answers, and the
+    files an environment lays out for it (``TaskSpec.metadata["files"]``)."""
 
     prompt: str
     answer: str
     verifier: VerifierRef
+    files: dict[str, str] = field(default_factory=dict)  # laid into the episode's sandbox (code repair)
 
 
 Maker = Callable[[random.Random, int], Problem]

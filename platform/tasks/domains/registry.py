@@ -34,6 +34,7 @@ FAMILY_MODULES = (
     "json_restructure",
     "regex_extract",
     "code_tasks",
+    "repair_tasks",
 )
 GENERATOR_VERSION = 2  # 2: splits by prompt hash (1: two random streams over the same prompts)
 _MAX_TRIES_PER_TASK = 20  # draws spent looking for an unseen prompt of the split before repeating one
@@ -259,7 +260,8 @@ def generate(
                 reference=problem.answer,
                 split=split,
                 task_id=f"{domain}/d{difficulty}/s{seed}/{split}/{index}",
-                metadata={"family": spec.family, "difficulty": difficulty, "seed": seed, "index": index, "params": dict(spec.params)},
+                metadata={"family": spec.family, "difficulty": difficulty, "seed": seed, "index": index, "params": dict(spec.params)}
+                | ({"files": dict(problem.files)} if problem.files else {}),
                 provenance={"source": "procedural", "generator": domain, "version": GENERATOR_VERSION},
             )
         )
