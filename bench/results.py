@@ -164,8 +164,9 @@ def pipeline_rows(s: Summary) -> list[Row]:
            f"{_of(setting['rollout_processes'], 'rollout process')} of {_of(setting['rollout_threads'], 'torch thread')}, "
            f"learner {_of(setting['learner_threads'], 'thread')}")
     rollout, update = s["peer"]["threads"]
+    workload = s.get("workload", "single_turn")
     return [Row(
-        "pipelined GRPO",
+        "pipelined GRPO" + ("" if workload == "single_turn" else f", {workload} episodes in sandboxes"),
         f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}); "
         f"best of {s['pipelined_variants_tried']} settings on {s['cores']} cores",
         f"lock-step, best of {s['peer']['variants_tried']} thread settings (rollout {rollout}, update {update}): "
@@ -208,7 +209,7 @@ def reliability_rows(s: Summary) -> list[Row]:
 
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
-    "learning": learning_rows, "pipeline": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "learning": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
     "reliability": reliability_rows,
 }  # fmt: skip
 

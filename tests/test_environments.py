@@ -20,7 +20,7 @@ from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 from transformers import AutoTokenizer
 
-from conftest import REPO_ROOT, login_as, start_worker, stop_worker
+from conftest import REPO_ROOT, login_as, run_worker_until_idle
 from posttrain.platform import metric_names as names
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
@@ -241,7 +241,7 @@ def test_a_plugin_that_raises_fails_its_episode_and_one_that_cannot_load_fails_a
     broken = GRPOConfig(model="m", domains=["a"], environment={"name": "broken"}, rollout={"backend": "thread"}).environment
     with pytest.raises(EnvironmentLoadError, match=r"^environment 'broken' does not load: ImportError: needs a package"):
         load_environment(broken, tokenizer, config.sampling)
-    with pytest.raises(ValueError, match="no environment 'nope'; known: broken, mine, single_turn, tool_use"):
+    with pytest.raises(ValueError, match="no environment 'nope'; known: broken, code_repair, mine, single_turn, tool_use"):
         GRPOConfig(model="m", domains=["a"], environment={"name": "nope"})
     del sys.modules["pt_envs"]
 
@@ -313,11 +313,7 @@ def test_grpo_on_an_environment_through_the_worker_stores_episodes_the_console_b
         "environment": {"name": environment, "max_turns": 2, "concurrency": 2, "max_episode_tokens": 4096},
         "rollout": {"backend": "thread"},
     })
-    worker = start_worker(platform_env, "--exit-when-idle")
-    try:
-        assert worker.wait(timeout=400) == 0
-    finally:
-        stop_worker(worker)
+    run_worker_until_idle(platform_env, timeout=400)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
     with session(db_url, read_only=True) as s:

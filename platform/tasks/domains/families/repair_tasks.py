@@ -136,8 +136,10 @@ def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
             hidden += _asserts(name, reference, kept)
         if broken:
             break
+    else:  # pragma: no cover - every defect is checked to be catchable by tests/test_repair_domains.py
+        raise RuntimeError(f"repair.{kind}: no planted module that a visible and a hidden test catch in 200 draws")
     module = "\n\n".join(planted_sources)
-    visible_file = f"from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
+    visible_file = "from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT}\n\n{MODULE}:\n```python\n{module}```"
     spec = {"language": "python", "tests": "\n".join(hidden) + "\n"}
     return Problem(prompt, "\n\n".join(sources), VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file})
