@@ -141,7 +141,7 @@ def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
     module = "\n\n".join(planted_sources)
     visible_file = "from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT}\n\n{MODULE}:\n```python\n{module}```"
-    spec = {"language": "python", "tests": "\n".join(hidden) + "\n"}
+    spec = {"language": "python", "tests": "\n".join(hidden) + "\n", "entry_point": defective[0]}
     return Problem(prompt, "\n\n".join(sources), VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file})
 
 
