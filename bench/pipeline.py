@@ -75,6 +75,7 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
         sync.sample_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
 
 
+FIGURES = {None: "pipeline", "code_repair": "pipeline-repair", "tool_use": "pipeline-tool-use"}  # names in bench/results.py
 REPAIR_DOMAINS = ["repair.off_by_one", "repair.wrong_operator", "repair.missing_case", "repair.wrong_return"]
 
 
@@ -191,7 +192,7 @@ def main() -> None:
         on_ray = {"ray_rollout_workers": args.ray, "ray_traj_per_s": ray_run["traj_per_s"], "ray_learner_busy": ray_run["learner_busy"]}
     setting = {k: best[k] for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads") if k in best}
     print(json.dumps({
-        "figure": "pipeline", "workload": args.env or "single_turn", "cores": cores, "steps": args.steps,
+        "figure": FIGURES[args.env], "workload": args.env or "single_turn", "cores": cores, "steps": args.steps,
         "lockstep_traj_per_s": lock["traj_per_s"],
         "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
