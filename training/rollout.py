@@ -65,8 +65,14 @@ class RolloutGroup:
         return all(t.verdict is not None for t in self.trajectories)
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec) -> list[int]:
-    messages = [{"role": m.role, "content": m.content} for m in task.prompt]
+def chat_messages(task: TaskSpec) -> list[dict[str, Any]]:
+    """The task's prompt as chat-template messages."""
+    return [{"role": m.role, "content": m.content} for m in task.prompt]
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec | list[dict[str, Any]]) -> list[int]:
+    """The ids of the task's prompt (or of ``messages``) with the generation prompt, as rollouts sample from."""
+    messages = chat_messages(task) if isinstance(task, TaskSpec) else task
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -23,6 +23,7 @@ from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.platform.verifiers.registry import VerifyContext
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.inference import Completion
+from posttrain.training.rollout import prompt_ids
 
 StopReason = Literal[
     "answer",  # the policy answered without calling a tool
@@ -133,7 +134,7 @@ class Episode:
 
 
 class ChatTokens:
-    """The chat template, used token-in, token-out: the prompt's ids once, then the ids of what the
+    """The chat template, used token-in, token-out: after the prompt's ids (:func:`prompt_ids`), the ids of what the
     environment adds between two policy turns, from the template's rendering of those messages alone
     (the template's text after an assistant turn's end marker, which the policy sampled itself, and the
     added messages with the next generation prompt)."""
@@ -151,9 +152,6 @@ class ChatTokens:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(self._render(messages, True))
 
     def between_turns(self, messages: list[dict[str, Any]]) -> list[int]:
         """The ids that follow a policy turn ended by its end-of-turn token: ``messages`` (tool results,
@@ -199,7 +197,7 @@ class EnvironmentBase:
         self.config, self.chat, self.sampling = config, ChatTokens(tokenizer), sampling
 
     def start(self, client: PolicyClient, task: TaskSpec, messages: list[dict[str, Any]]) -> Episode:
-        return Episode(task=task, prompt_ids=self.chat.prompt(messages), policy_version=client.version)
+        return Episode(task=task, prompt_ids=prompt_ids(self.chat.tokenizer, messages), policy_version=client.version)
 
     def policy_turn(self, client: PolicyClient, episode: Episode) -> tuple[Completion, str] | None:
         """Sample the policy's next turn into ``episode``; None (the episode ended) when no room is left."""
@@ -217,6 +215,3 @@ class EnvironmentBase:
         context = VerifyContext(sandbox=sandbox) if sandbox is not None else None
         return service.verify(episode.task, episode.answer or "", context=context)
 
-
-def task_messages(task: TaskSpec) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.content} for m in task.prompt]

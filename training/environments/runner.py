@@ -47,7 +47,7 @@ class EpisodeRunner:
             episodes = [f.result() for f in members]
             group = RolloutGroup(task=task, trajectories=[trajectory(e) for e in episodes],
                                  policy_version=min(e.policy_version for e in episodes))
-            group.infra_errors = sum(not e.scored or (e.verdict is not None and e.verdict.is_infra_error) for e in episodes)
+            group.infra_errors = sum(not e.scored for e in episodes)  # a verdict that failed made its episode unscored
             elapsed = [e.verdict.elapsed_s or 0.0 for e in episodes if e.verdict is not None]
             group.verify_latency_s = max(elapsed, default=0.0)
             groups.append(group)
@@ -119,7 +119,7 @@ def _failed(task: TaskSpec, version: int, reason: Any, error: str) -> Episode:
 def trajectory(episode: Episode) -> Trajectory:
     """The trajectory the learner trains on: the whole episode after the prompt, the environment's tokens masked."""
     verdict = episode.verdict
-    scored = episode.scored and verdict is not None and not verdict.is_infra_error
+    scored = episode.scored and verdict is not None  # an infrastructure verdict left it unscored (EpisodeRunner)
     return Trajectory(
         prompt_ids=episode.prompt_ids, completion_ids=episode.token_ids, behaviour_logprobs=episode.logprobs,
         text=episode.answer or "", finished=episode.finished, loss_mask=episode.loss_mask, episode=episode,

@@ -21,7 +21,8 @@ from posttrain.platform.sandbox import Sandbox, parse_tool_calls, tool_schemas
 from posttrain.platform.sandbox.tools import execute_turn
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
-from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn, task_messages
+from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn
+from posttrain.training.rollout import chat_messages
 
 TOOLS_PROMPT = """You can use tools. To call one, write on a line of its own:
 <tool_call>{{"name": "<tool name>", "arguments": {{<its arguments>}}}}</tool_call>
@@ -51,7 +52,7 @@ class ToolUse(EnvironmentBase):
 
     def messages(self, task: TaskSpec) -> list[dict[str, Any]]:
         """The task's messages with the tools described in the system message (after the task's own)."""
-        messages = task_messages(task)
+        messages = chat_messages(task)
         if messages and messages[0]["role"] == "system":
             return [{"role": "system", "content": messages[0]["content"] + "\n\n" + self.system_prompt()}, *messages[1:]]
         return [{"role": "system", "content": self.system_prompt()}, *messages]
