@@ -59,6 +59,23 @@ def death_signal_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None
     return lambda: prctl(PR_SET_PDEATHSIG, sig)  # type: ignore[misc]
 
 
+def child_setup(death_signal: int | None, cgroup_procs: Sequence[int] = ()) -> Callable[[], None] | None:
+    """A ``preexec_fn``: join the cgroups whose ``cgroup.procs`` files are open as ``cgroup_procs`` (so the
+    child and all it starts are inside before it executes), then ask for ``death_signal`` when the parent dies."""
+    die = death_signal_preexec(death_signal) if death_signal is not None else None
+    if not cgroup_procs:
+        return die
+    fds = tuple(cgroup_procs)
+
+    def setup() -> None:
+        for fd in fds:
+            os.write(fd, b"0")
+        if die is not None:
+            die()
+
+    return setup
+
+
 def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> bool:
     """In a started child: get ``sig`` when the parent dies. False when the parent (``parent``, else the
     current one) is already gone, so the caller can exit at once."""
@@ -76,12 +93,14 @@ class Supervised:
     ``own_group``: the child leads a new session, and :meth:`stop` signals its whole process group
     (a server's workers end with it); else it stays in ours (a job's cancel reaches it too).
     ``death_signal``: what it gets when this process dies. ``pass_fds``: descriptors it inherits;
-    ``run_as``: the (uid, gid) it runs as, with no supplementary groups."""
+    ``run_as``: the (uid, gid) it runs as, with no supplementary groups; ``cgroup_procs``: open ``cgroup.procs``
+    files of the cgroups it joins before it executes."""
 
     def __init__(self, command: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
                  log_path: str | os.PathLike[str] | None = None, on_line: Callable[[str], None] | None = None,
                  own_group: bool = False, death_signal: int | None = signal.SIGTERM, tail_lines: int = 200,
-                 pass_fds: Sequence[int] = (), run_as: tuple[int, int] | None = None) -> None:
+                 pass_fds: Sequence[int] = (), run_as: tuple[int, int] | None = None,
+                 cgroup_procs: Sequence[int] = ()) -> None:
         self.command = command
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._own_group = own_group
@@ -94,7 +113,7 @@ class Supervised:
             errors="replace", env=env, cwd=cwd, start_new_session=own_group, pass_fds=tuple(pass_fds),
             user=run_as[0] if run_as else None, group=run_as[1] if run_as else None,
             extra_groups=[] if run_as else None,
-            preexec_fn=death_signal_preexec(death_signal) if death_signal is not None else None)
+            preexec_fn=child_setup(death_signal, cgroup_procs))
         self._reader = threading.Thread(target=self._pump, name=f"output-of-{Path(command[0]).name}", daemon=True)
         self._reader.start()
 

@@ -339,7 +339,8 @@ class Zygote:
             prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the episode come back to us
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         mb = 1 << 20
-        set_limit(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
+        if cfg["max_processes"] is not None:  # else the sandbox's cgroup bounds its processes
+            set_limit(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
         set_limit(resource.RLIMIT_NOFILE, int(cfg["open_files"]))
         set_limit(resource.RLIMIT_FSIZE, int(cfg["file_size_mb"]) * mb)
         set_limit(resource.RLIMIT_CORE, 0)

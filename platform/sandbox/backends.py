@@ -2,8 +2,9 @@
 
 ``bwrap``: user, PID, network, IPC, UTS and mount namespaces; the host's /usr
 and /etc read-only, a private writable /work and a size-capped /tmp, no
-network, a scrubbed environment, ``--die-with-parent``, and the zygote as
-PID 1 so that model code can neither kill it nor leave a process behind.
+network, a scrubbed environment, ``--die-with-parent``, the zygote as PID 1
+so that model code can neither kill it nor leave a process behind, and the
+seccomp filter of seccomp.py (``--seccomp FD``).
 
 ``process``: rlimits and a scrubbed environment only. Model code runs with
 the host's file system view, network and process table (as an unprivileged
@@ -92,8 +93,11 @@ def system_mounts() -> list[str]:
     return args
 
 
-def bwrap_argv(config: SandboxConfig, server: Path, work: Path, command: list[str]) -> list[str]:
-    """A bwrap command line that runs ``command`` in a fresh sandbox (also used by the benchmark's peer)."""
+def bwrap_argv(
+    config: SandboxConfig, server: Path, work: Path, command: list[str], seccomp_fd: int | None = None
+) -> list[str]:
+    """A bwrap command line that runs ``command`` in a fresh sandbox (also used by the benchmark's peer),
+    under the seccomp program bwrap reads from the inherited descriptor ``seccomp_fd``."""
     argv = [
         bwrap_path(),
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -114,28 +118,37 @@ def bwrap_argv(config: SandboxConfig, server: Path, work: Path, command: list[st
     ]
     for key, value in sandbox_env(WORK_IN_SANDBOX, TMP_IN_SANDBOX).items():
         argv += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--", *command]
 
 
-def server_config(config: SandboxConfig, work: str, tmp: str, ctrl_fd: int, data_fd: int) -> str:
+def server_config(config: SandboxConfig, work: str, tmp: str, ctrl_fd: int, data_fd: int, in_cgroup: bool) -> str:
     return json.dumps({
         "ctrl_fd": ctrl_fd, "data_fd": data_fd, "work_dir": work, "tmp_dir": tmp,
         "memory_mb": config.memory_mb, "cpu_seconds": config.cpu_seconds,
-        "max_processes": config.max_processes, "file_size_mb": config.file_size_mb,
+        # RLIMIT_NPROC counts every process of the uid, other sandboxes' too: only without a cgroup.
+        "max_processes": None if in_cgroup else config.max_processes, "file_size_mb": config.file_size_mb,
         "open_files": config.open_files, "output_limit_bytes": config.output_limit_bytes,
     })
 
 
-def launch_spec(config: SandboxConfig, server: Path, slot_dir: Path, ctrl_fd: int, data_fd: int) -> LaunchSpec:
-    """Command line, environment and uid of one sandbox's zygote."""
+def launch_spec(
+    config: SandboxConfig, server: Path, slot_dir: Path, ctrl_fd: int, data_fd: int,
+    *, seccomp_fd: int | None = None, in_cgroup: bool = False,
+) -> LaunchSpec:
+    """Command line, environment and uid of one sandbox's zygote (``in_cgroup``: it runs in a cgroup
+    of its own, which bounds its processes; ``seccomp_fd``: the filter for bwrap)."""
     work = slot_dir / "work"
     if config.backend == "bwrap":
-        cfg = server_config(config, WORK_IN_SANDBOX, TMP_IN_SANDBOX, ctrl_fd, data_fd)
-        argv = bwrap_argv(config, server, work, [config.python_executable, "-I", "-B", SERVER_IN_SANDBOX, cfg])
+        cfg = server_config(config, WORK_IN_SANDBOX, TMP_IN_SANDBOX, ctrl_fd, data_fd, in_cgroup)
+        argv = bwrap_argv(
+            config, server, work, [config.python_executable, "-I", "-B", SERVER_IN_SANDBOX, cfg], seccomp_fd
+        )
         return LaunchSpec(argv, sandbox_env(WORK_IN_SANDBOX, TMP_IN_SANDBOX), work, run_as(config))
     if config.backend == "process":
         tmp = slot_dir / "tmp"
-        cfg = server_config(config, str(work), str(tmp), ctrl_fd, data_fd)
+        cfg = server_config(config, str(work), str(tmp), ctrl_fd, data_fd, in_cgroup)
         argv = [config.python_executable, "-I", "-B", str(server), cfg]
         return LaunchSpec(argv, sandbox_env(str(work), str(tmp)), work, run_as(config))
     raise SandboxUnavailableError(f"backend {config.backend!r} has no local launcher; use RayPool for 'ray'")

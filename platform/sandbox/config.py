@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["bwrap", "process", "ray"]
 
@@ -30,13 +30,31 @@ class SandboxConfig(BaseModel):
     backend: Backend = "bwrap"
     pool_size: int = Field(4, ge=1, le=256, description="pre-started sandboxes kept warm")
 
-    # Limits applied inside every sandbox (rlimits), per process unless noted.
-    memory_mb: int = Field(1024, ge=64, description="address space (RLIMIT_AS) per process")
+    # Limits of every sandbox. The budget of memory and processes is the sandbox's own cgroup where
+    # the host allows one (see limits.py; the pool's status says which holds), else rlimits per process.
+    memory_mb: int = Field(
+        1024, ge=64,
+        description="memory of the whole sandbox, its tmpfs files included (cgroup); also the address space "
+        "of each process (RLIMIT_AS)",
+    )
     cpu_seconds: int = Field(10, ge=1, description="CPU seconds per tool call (RLIMIT_CPU)")
-    max_processes: int = Field(64, ge=4, description="processes per sandbox (RLIMIT_NPROC)")
+    max_processes: int = Field(
+        64, ge=4, description="processes and threads of the whole sandbox (cgroup; RLIMIT_NPROC per uid without one)"
+    )
     file_size_mb: int = Field(64, ge=1, description="largest file a sandbox may write (RLIMIT_FSIZE)")
     open_files: int = Field(256, ge=16, description="open file descriptors (RLIMIT_NOFILE)")
-    tmp_size_mb: int = Field(64, ge=1, description="size of the private /tmp (bwrap tmpfs)")
+    tmp_size_mb: int = Field(64, ge=1, description="size of the private /tmp and /dev/shm (bwrap tmpfs)")
+    work_size_mb: int = Field(
+        256, ge=1, description="size of the work directory (a tmpfs of its own where the host lets us mount one)"
+    )
+    use_cgroups: bool = Field(
+        True, description="one memory and process budget per sandbox in a cgroup where the host allows; "
+        "False: rlimits per process only",
+    )
+    cgroup_parent: Path | None = Field(
+        None, description="a delegated cgroup v2 directory (memory and pids available, no processes of its own) "
+        "to make the sandboxes' cgroups in; default: this process's own cgroup",
+    )
 
     # Limits enforced from outside.
     call_timeout_s: float = Field(10.0, gt=0, description="wall-clock limit of one tool call")
@@ -62,6 +80,16 @@ class SandboxConfig(BaseModel):
     sandbox_uid: int = Field(65534, description="uid the sandbox runs as when the host process is root")
     sandbox_gid: int = Field(65534, description="gid the sandbox runs as when the host process is root")
     latency_history: int = Field(2048, ge=1, description="recent calls kept for the console")
+
+    @model_validator(mode="after")
+    def _tmpfs_fits_in_memory(self) -> SandboxConfig:
+        tmpfs_mb = self.work_size_mb + 2 * self.tmp_size_mb  # /work, /tmp and /dev/shm
+        if tmpfs_mb >= self.memory_mb:
+            raise ValueError(
+                f"work_size_mb + 2 * tmp_size_mb ({tmpfs_mb} MB) must stay below memory_mb ({self.memory_mb} MB): "
+                "files in the sandbox's tmpfs count toward its memory; lower them or raise memory_mb"
+            )
+        return self
 
     def resolved_root(self, data_dir: Path | None) -> Path | None:
         """The work-directory root, absolute (bubblewrap mounts it from the sandbox's own directory):

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from posttrain.platform.sandbox import _server
+from posttrain.platform.sandbox import _server, workdir
 from posttrain.platform.sandbox.backends import (
     SandboxUnavailableError,
     bwrap_path,
@@ -37,6 +37,7 @@ from posttrain.platform.sandbox.backends import (
     warn_if_weak,
 )
 from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.sandbox.limits import confinement
 from posttrain.platform.sandbox.result import CallRecord, CallStatus, PoolStatus, ToolResult
 from posttrain.platform.sandbox.sandbox import Sandbox, SandboxStartError
 
@@ -69,6 +70,7 @@ class SandboxPool:
         python_prefixes(config.python_executable)
         warn_if_weak(config)
         self.config = config
+        self._limits = dict(confinement(config).limits)  # found out (and any fallback logged) once
         self._root = config.resolved_root(data_dir)
         self._dir = self._make_dir()
         self._server = self._dir / "server.py"
@@ -214,6 +216,7 @@ class SandboxPool:
             episodes=self._episodes,
             calls=self._ncalls,
             last_error=self._last_error,
+            limits=self._limits,
             latency_ms={
                 "call_p50": percentile(calls, 0.5),
                 "call_p99": percentile(calls, 0.99),
@@ -297,19 +300,18 @@ class SandboxPool:
                         f"the sandbox user (uid {owner[0]}) cannot enter {parent}: set sandbox.root_dir "
                         "(or the data directory) to a place whose parent directories are world-executable"
                     )
-        if self._root is None:
-            directory = Path(tempfile.mkdtemp(prefix="posttrain-sandboxes-"))
-        else:
-            self._root.mkdir(parents=True, exist_ok=True)
-            self._sweep_stale(self._root)
-            directory = Path(tempfile.mkdtemp(prefix=f"pool-{os.getpid()}-", dir=self._root))
+        prefix = "posttrain-sandboxes-" if self._root is None else "pool-"
+        base.mkdir(parents=True, exist_ok=True)
+        self._sweep_stale(base, prefix)
+        directory = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
         directory.chmod(0o755)
         return directory
 
     @staticmethod
-    def _sweep_stale(root: Path) -> None:
-        """Remove pool directories left behind by processes that no longer exist."""
-        for entry in root.glob("pool-*-*"):
-            pid = entry.name.split("-")[1]
+    def _sweep_stale(base: Path, prefix: str) -> None:
+        """Remove pool directories (``<prefix><pid>-...``) left behind by processes that no longer exist."""
+        for entry in base.glob(f"{prefix}*-*"):
+            pid = entry.name[len(prefix):].split("-")[0]
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                workdir.unmount_under(entry)  # its sandboxes' work directories, still mounted
                 shutil.rmtree(entry, ignore_errors=True)

@@ -114,6 +114,9 @@ class PoolStatus:
     calls: int
     last_error: str = ""
     latency_ms: dict[str, float] = field(default_factory=dict)
+    # What confines each sandbox: memory_and_processes, work_dir, syscalls; a line starting with
+    # "weaker: " says what the host does not allow and why (limits.py).
+    limits: dict[str, str] = field(default_factory=dict)
 
 
 class ToolMethods:

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.platform.sandbox import _server as wire
-from posttrain.platform.sandbox.backends import launch_spec
+from posttrain.platform.sandbox import seccomp, workdir
+from posttrain.platform.sandbox.backends import launch_spec, run_as
+from posttrain.platform.sandbox.cgroups import SandboxCgroup
 from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.sandbox.limits import confinement
 from posttrain.platform.sandbox.result import (
     CallError,
     CallStatus,
@@ -73,6 +76,9 @@ class Sandbox(ToolMethods):
         self._data: socket.socket | None = None
         self._next_id = 0
         self._episode_pid = 0
+        self._cgroup: SandboxCgroup | None = None  # this start's memory and process budget
+        self._oom_seen = 0  # OOM kills in the cgroup already accounted for
+        self._work_mounted = False
         self.alive = False
         self.work_dir = slot_dir / "work"
 
@@ -86,18 +92,15 @@ class Sandbox(ToolMethods):
             (self.slot_dir / sub).mkdir()
         ctrl_host, ctrl_box = socket.socketpair()
         data_host, data_box = socket.socketpair()
-        spec = launch_spec(self.config, self._server, self.slot_dir, ctrl_box.fileno(), data_box.fileno())
-        if spec.run_as is not None:
-            for sub in ("work", "tmp"):
-                os.chown(self.slot_dir / sub, *spec.run_as)
+        self._ctrl, self._data = ctrl_host, data_host
         try:
-            self._child = Supervised(spec.argv, env=spec.env, cwd=str(self.slot_dir), log_path=self.slot_dir / "server.log",
-                                     own_group=True, death_signal=signal.SIGKILL, run_as=spec.run_as,
-                                     pass_fds=(ctrl_box.fileno(), data_box.fileno()))
+            self._launch(ctrl_box.fileno(), data_box.fileno())
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.close()
+            raise SandboxStartError(f"sandbox {self.slot} ({self.config.backend}) could not be launched: {exc}") from exc
         finally:
             ctrl_box.close()
             data_box.close()
-        self._ctrl, self._data = ctrl_host, data_host
         try:
             msg = self._recv_ctrl(self.config.start_timeout_s)
         except (OSError, ValueError) as exc:
@@ -114,6 +117,45 @@ class Sandbox(ToolMethods):
             )
         self._episode_pid = int(msg["episode"])
         self.alive = True
+
+    def _launch(self, ctrl_fd: int, data_fd: int) -> None:
+        """Confine the slot (work tmpfs, cgroup, seccomp filter) and start its process inside."""
+        confined = confinement(self.config)
+        owner = run_as(self.config)
+        if confined.work_tmpfs:
+            workdir.mount_tmpfs(self.work_dir, self.config.work_size_mb, owner)
+            self._work_mounted = True
+        if owner is not None:
+            for sub in ("work", "tmp"):
+                os.chown(self.slot_dir / sub, *owner)
+        if confined.cgroups is not None:
+            self._cgroup = confined.cgroups.create(self.config.memory_mb << 20, self.config.max_processes)
+            self._oom_seen = 0
+        opened: list[int] = []
+        try:
+            filter_fd = seccomp.program_fd(confined.seccomp) if confined.seccomp is not None else None
+            if filter_fd is not None:
+                opened.append(filter_fd)
+            joins = self._cgroup.open_procs() if self._cgroup is not None else []
+            opened += joins
+            spec = launch_spec(self.config, self._server, self.slot_dir, ctrl_fd, data_fd,
+                               seccomp_fd=filter_fd, in_cgroup=self._cgroup is not None)
+            passed = (ctrl_fd, data_fd) if filter_fd is None else (ctrl_fd, data_fd, filter_fd)
+            self._child = Supervised(spec.argv, env=spec.env, cwd=str(self.slot_dir), log_path=self.slot_dir / "server.log",
+                                     own_group=True, death_signal=signal.SIGKILL, run_as=spec.run_as,
+                                     pass_fds=passed, cgroup_procs=joins)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _release_confinement(self) -> None:
+        """Remove the cgroup and unmount the work tmpfs (its files go with it)."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+        if self._work_mounted:
+            workdir.unmount(self.work_dir)
+            self._work_mounted = False
 
     def reset(self, wipe: bool = True) -> bool:
         """Kill every process of the sandbox, optionally wipe /work and /tmp, fork a fresh
@@ -134,6 +176,7 @@ class Sandbox(ToolMethods):
             self.kill()
             return False
         self._episode_pid = int(msg["episode"])
+        self._oom_killed()  # kills of the previous episode are not the next one's
         self._drain_data()
         return True
 
@@ -153,12 +196,14 @@ class Sandbox(ToolMethods):
         self.alive = False
         if self._child is not None:
             self._child.kill()
-        if self.config.backend == "process":
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        elif self.config.backend == "process":
             self._kill_strays()
 
     def _kill_strays(self) -> None:
-        """Best effort for the process backend, where no PID namespace holds the sandbox's
-        processes: kill whatever still runs inside this sandbox's directory."""
+        """Best effort for the process backend without a cgroup, where no PID namespace holds the
+        sandbox's processes: kill whatever still runs inside this sandbox's directory."""
         prefix = str(self.slot_dir.resolve()) + os.sep
         for _ in range(3):
             strays = []
@@ -195,6 +240,7 @@ class Sandbox(ToolMethods):
         if self._child is not None:
             self._child.join_output()
         self._child = None
+        self._release_confinement()
 
     def remove_files(self) -> None:
         shutil.rmtree(self.slot_dir, ignore_errors=True)
@@ -268,11 +314,21 @@ class Sandbox(ToolMethods):
             sig = int(event["signal"])
             status = SIGNAL_STATUS.get(sig, CallStatus.KILLED)
             why = f"the interpreter was killed by signal {sig}"
-            if sig == 9:
+            if sig == 9 and self._oom_killed():
+                status = CallStatus.MEMORY
+                why += f" (out of memory: the sandbox's {self.config.memory_mb} MB, all its processes together)"
+            elif sig == 9:
                 why += " (SIGKILL: the memory limit or the model's own code)"
         else:
             status, why = CallStatus.KILLED, f"the interpreter exited with code {event.get('code')}"
         return self._restart(op, started, status, why)
+
+    def _oom_killed(self) -> bool:
+        """Whether the OOM killer stopped a process of this sandbox since the last time asked."""
+        if self._cgroup is None:
+            return False
+        seen, self._oom_seen = self._oom_seen, self._cgroup.oom_kills()
+        return self._oom_seen > seen
 
     def _restart(self, op: str, started: float, status: CallStatus, why: str) -> ToolResult:
         """Kill the episode's processes (not its files) and fork a fresh interpreter."""
