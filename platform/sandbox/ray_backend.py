@@ -49,6 +49,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayEr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.sandbox.limits import WEAKER
 from posttrain.platform.sandbox.pool import PoolClosedError, PoolExhaustedError, SandboxPool, percentile
 from posttrain.platform.sandbox.result import PoolStatus, ToolMethods, ToolResult, infra_failure
 from posttrain.platform.sandbox.sandbox import RESET_TIMEOUT_S, Sandbox, SandboxStartError
@@ -456,6 +457,7 @@ class RaySandboxPool:
         ready = busy = failures = infra = episodes = 0
         node_calls: list[float] = []
         last_error = self._last_error
+        limits: dict[str, str] = {}
         for member, ref in zip(members, refs, strict=True):
             try:
                 local, durations, reaped = ray.get(ref, timeout=RPC_TIMEOUT_S)
@@ -470,6 +472,9 @@ class RaySandboxPool:
                 last_error = last_error or f"{reaped} lease(s) released after {self._lease_idle_s:g} s idle"
             node_calls += durations
             last_error = last_error or local.last_error
+            for part, line in local.limits.items():  # a node that is weaker than the others shows
+                if part not in limits or line.startswith(WEAKER):
+                    limits[part] = line
         size = sum(m.size for m in members)
         trips, acquires = list(self._round_trip_ms), list(self._acquire_ms)
         return PoolStatus(
@@ -483,6 +488,7 @@ class RaySandboxPool:
             episodes=episodes,
             calls=self._calls,
             last_error=last_error,
+            limits=limits,
             latency_ms={
                 "call_p50": percentile(trips, 0.5),
                 "call_p99": percentile(trips, 0.99),
