@@ -61,6 +61,8 @@ def model_dir(ref: str, tmp: Path) -> tuple[str, str]:
     """(path, name) of ``ref``: ``tiny`` builds one; a directory is itself; a name is the registered
     model, else the built-in imported for this run, else (no built-in wheel) the tiny model."""
     from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db.models import Role
     from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
     from posttrain.platform.models.registry import get_model
 
@@ -76,7 +78,7 @@ def model_dir(ref: str, tmp: Path) -> tuple[str, str]:
             url = f"sqlite:///{tmp / 'bench.db'}"
             migrate.upgrade(url)
             try:
-                return import_model(f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path, name
+                return import_model(Identity("bench", Role.operator), f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path, name
             except ModelDirError as exc:
                 print(f"{ref}: {exc}; measuring the tiny model instead", file=sys.stderr)
     return str(build_tiny_model(tmp / "tiny", TinyModelSpec())), "tiny"

@@ -187,6 +187,8 @@ def document_cases(count: int, seed: int = 0) -> list[Case]:
 def real_workload(args: argparse.Namespace, tmp: Path) -> Workload:
     """The named model (imported for this run into ``tmp`` when it is not registered) on document QA."""
     from posttrain.platform.db import migrate
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db.models import Role
     from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
     from posttrain.platform.models.registry import get_model
 
@@ -200,7 +202,7 @@ def real_workload(args: argparse.Namespace, tmp: Path) -> Workload:
         except Exception:  # not registered, or no platform database here: import it for this run only
             url = f"sqlite:///{tmp / 'bench.db'}"
             migrate.upgrade(url)
-            path = import_model(f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path
+            path = import_model(Identity("bench", Role.operator), f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path
     return Workload(path, name, document_cases(args.prompts),
                     "document QA: questions about Debian's LaTeX news PDFs (tasks built by the platform)",
                     {"model_ready_seconds": round(time.perf_counter() - t0, 1)})
@@ -288,7 +290,8 @@ def main() -> None:
             Deployment(model=model, tier=t, base_url=s.base_url) for t, s in servers.items()]).model_dump_json())
         port = free_port()
         gateway = ServerProcess([sys.executable, "-m", "posttrain.platform.serving.gateway", "--config",
-                                 str(config_file), "--port", str(port)], f"http://127.0.0.1:{port}").start(120)
+                                 str(config_file), "--port", str(port), "--no-api-keys"],  # no database here
+                                f"http://127.0.0.1:{port}").start(120)
         client = httpx.Client(timeout=1800)
         many: dict | None = None
         try:

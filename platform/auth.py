@@ -1,18 +1,34 @@
-"""Users, roles, password login and the audit log.
+"""Users, roles, password login, the audit log, and the role check of every action.
 
 Passwords are hashed with argon2id (salted, deliberately slow). Repeated
 failures lock an account for a growing delay, and every login, failure and
 change is written to the audit log. Roles are ordered: a viewer reads, an
-operator also uploads, launches and stops, an admin also manages users and
-settings.
+operator also uploads, launches, stops, verifies and runs snippets, an admin
+also manages users, API keys and settings.
+
+Roles are enforced here, in the platform, not in the pages: every function a
+page or the command line calls to change something is an :func:`action`. It
+takes the acting :class:`Identity` as its first argument, checks the role
+(against the database, so a role changed or a user disabled since the login
+counts at once), audits a refusal, and audits what it did::
+
+    @action("job.cancel", Role.operator)
+    def cancel(identity: Identity, job_id: int, *, url: str | None = None) -> JobStatus: ...
+
+    cancel(Identity("ann", Role.viewer), 7)   # PermissionDenied, audited as "denied"
 """
 
 from __future__ import annotations
 
+import functools
+import getpass
+import ipaddress
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -38,6 +54,10 @@ class AuthError(ValueError):
     """A login or user change was refused; the message says why (never which part was wrong)."""
 
 
+class PermissionDenied(PermissionError):
+    """An action was refused for the acting user's role; the message names the action and the role it needs."""
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who is logged in, as pages and commands see it."""
@@ -47,6 +67,94 @@ class Identity:
 
     def can(self, needed: Role) -> bool:
         return ROLE_RANK[self.role] >= ROLE_RANK[needed]
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+AUDITED_CHARS = 2000  # how much of a snippet or answer an action's audit entry keeps
+ACTIONS: dict[str, Role] = {}  # every action's name and the role it needs (filled by @action as modules load)
+
+
+def require(identity: Identity, needed: Role, *, action: str, url: str | None = None) -> Identity:
+    """The acting identity as the database has it now, when it holds ``needed``; else the refusal is
+    audited (action ``denied``, the refused action as its target) and :class:`PermissionDenied` raised.
+
+    A user disabled since the login is refused; an identity with no user row behind it (the command
+    line's, a job's) keeps the role it was given."""
+    if not isinstance(identity, Identity):
+        raise TypeError(f"the action {action!r} takes the acting Identity as its first argument, got {identity!r}")
+    current = refresh_identity(identity, url=url)
+    if current is not None and current.can(needed):
+        return current
+    role = "disabled" if current is None else current.role.value
+    audit(_shown(identity.username), "denied", target=action, details={"needed": needed.value, "role": role}, url=url)
+    raise PermissionDenied(f"{identity.username} ({role}) may not {action}: it needs the {needed.value} role; "
+                           "ask an admin for it")
+
+
+def action(name: str, needed: Role) -> Callable[[Callable[Concatenate[Identity, P], R]], Callable[Concatenate[Identity, P], R]]:
+    """Mark a platform function as an action ``name`` that needs ``needed``: its first argument is the
+    acting identity, checked by :func:`require` before the function runs (with the ``url`` keyword the
+    function was given, if any). The function audits what it did, in the transaction that did it."""
+
+    def wrap(fn: Callable[Concatenate[Identity, P], R]) -> Callable[Concatenate[Identity, P], R]:
+        @functools.wraps(fn)
+        def checked(identity: Identity, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            url = kwargs.get("url")
+            require(identity, needed, action=name, url=url if isinstance(url, str) else None)
+            return fn(identity, *args, **kwargs)
+
+        checked.action = name  # type: ignore[attr-defined]
+        checked.needed = needed  # type: ignore[attr-defined]
+        ACTIONS[name] = needed
+        return checked
+
+    return wrap
+
+
+def job_identity(job_id: int) -> Identity:
+    """Who a running job acts as: submitting it needed an operator, so the job acts with that role."""
+    return Identity(f"job:{job_id}", Role.operator)
+
+
+def command_line_identity(*, url: str | None = None) -> Identity:
+    """Who the ``posttrain`` command acts as. With ``POSTTRAIN_CLI_USER`` set: that console user, with
+    the role the database gives it (an unknown or disabled name is refused). Unset: the local
+    administrator ``cli:<login name>``, since whoever runs the command holds the database's
+    credentials (the SQLite file or the PostgreSQL URL) and could change any row directly."""
+    from posttrain.platform.settings import get_settings
+
+    name = get_settings().cli_user
+    if name is None:
+        return Identity(f"cli:{_login_name()}", Role.admin)
+    with session(url, read_only=True) as s:
+        user = s.exec(select(User).where(User.username == name)).first()
+    if user is None or user.disabled:
+        state = "does not exist" if user is None else "is disabled"
+        raise AuthError(f"POSTTRAIN_CLI_USER={name!r} {state}: name an enabled console user, or unset it to act as "
+                        "the local administrator")
+    return Identity(user.username, user.role)
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return f"uid{os.getuid()}"
+
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listening address) is reachable from this machine only."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def audit(username: str, action: str, target: str = "", details: dict[str, Any] | None = None, *, url: str | None = None) -> None:
@@ -60,10 +168,26 @@ def hash_password(password: str) -> str:
     return _hasher.hash(password)
 
 
-def create_user(username: str, password: str, role: Role = Role.viewer, *, by: str = "system", url: str | None = None) -> Identity:
+@action("user.create", Role.admin)
+def create_user(identity: Identity, username: str, password: str, role: Role = Role.viewer, *,
+                url: str | None = None) -> Identity:
+    """Add a console user (admins)."""
+    return _create_user(identity.username, username, password, role, url=url)
+
+
+def bootstrap_admin(username: str, password: str, *, url: str | None = None) -> Identity:
+    """Create the first admin: the one user creation nobody needs a role for, refused once an admin exists."""
+    if has_admin(url=url):
+        raise AuthError("an admin exists already: an admin adds users with `posttrain users add` or in the console")
+    return _create_user("bootstrap", username, password, Role.admin, url=url)
+
+
+def _create_user(by: str, username: str, password: str, role: Role, *, url: str | None) -> Identity:
     username = username.strip()
     if not username or len(username) > 128 or any(c.isspace() for c in username):
         raise AuthError("a username is 1-128 characters without spaces")
+    if ":" in username:  # cli:<login>, job:<id>: the platform's own identities, never a user's
+        raise AuthError(f"a username has no ':' (names such as cli:... and job:... are the platform's own); got {username!r}")
     digest = hash_password(password)
     with session(url) as s:
         if s.exec(select(User).where(User.username == username)).first() is not None:
@@ -73,7 +197,9 @@ def create_user(username: str, password: str, role: Role = Role.viewer, *, by: s
     return Identity(username, role)
 
 
-def set_password(username: str, password: str, *, by: str = "system", url: str | None = None) -> None:
+@action("user.password", Role.admin)
+def set_password(identity: Identity, username: str, password: str, *, url: str | None = None) -> None:
+    """Set a user's password and unlock the account (admins)."""
     digest = hash_password(password)
     with session(url) as s:
         user = _user(s, username)
@@ -81,17 +207,19 @@ def set_password(username: str, password: str, *, by: str = "system", url: str |
         user.failed_logins = 0
         user.locked_until = None
         s.add(user)
-        s.add(AuditLog(username=by, action="user.password", target=username))
+        s.add(AuditLog(username=identity.username, action="user.password", target=username))
 
 
-def set_role(username: str, role: Role, *, by: str = "system", url: str | None = None) -> None:
+@action("user.role", Role.admin)
+def set_role(identity: Identity, username: str, role: Role, *, url: str | None = None) -> None:
+    """Change a user's role (admins); the last admin keeps theirs."""
     with session(url) as s:
         user = _user(s, username)
         if user.role is Role.admin and role is not Role.admin and _admin_count(s) <= 1:
             raise AuthError("the last admin cannot lose the admin role")
         user.role = role
         s.add(user)
-        s.add(AuditLog(username=by, action="user.role", target=username, details={"role": role.value}))
+        s.add(AuditLog(username=identity.username, action="user.role", target=username, details={"role": role.value}))
 
 
 def list_users(*, url: str | None = None) -> list[User]:

@@ -5,10 +5,16 @@
     posttrain console               serve the Streamlit console
     posttrain up                    worker + console together (what ``make run`` starts)
     posttrain jobs submit|list|show|cancel|logs|kinds
+    posttrain keys create|list|revoke   API keys of the OpenAI-compatible API (admins)
 
 Errors a user can cause (bad settings, an unreachable database, an unknown job
-kind, a malformed config) print one line naming the input and the fix, and exit
-with status 2.
+kind, a malformed config, a role that may not do that) print one line naming the
+input and the fix, and exit with status 2.
+
+Every command that changes something calls a platform action with the identity
+the command acts as (:func:`posttrain.platform.auth.command_line_identity`): the
+local administrator ``cli:<login name>``, or the console user named by
+``POSTTRAIN_CLI_USER`` with that user's role.
 """
 
 from __future__ import annotations
@@ -31,13 +37,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import posttrain
-from posttrain.platform.auth import AuthError
+from posttrain.platform.api_keys import ApiKeyError
+from posttrain.platform.auth import AuthError, Identity, PermissionDenied, command_line_identity, is_loopback
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs.queue import JobNotFound
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound
+from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
 from posttrain.platform.settings import SettingsError, get_settings
 from posttrain.platform.supervise import Supervised
 
@@ -45,11 +53,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: p
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Submit, follow and cancel jobs.")
 users_app = typer.Typer(no_args_is_help=True, help="Console users and roles.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the OpenAI-compatible API (admins).")
 models_app = typer.Typer(no_args_is_help=True, help="The model registry.")
 docs_app = typer.Typer(no_args_is_help=True, help="Documents: add and list.")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(users_app, name="users")
+app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
 app.add_typer(docs_app, name="docs")
 
@@ -59,8 +69,7 @@ err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 USER_ERRORS = (SettingsError, DatabaseUnavailable, BadInput, JobNotFound, FileNotFoundError, AuthError, ModelDirError,
-               ModelNotFound)
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+               ModelNotFound, PermissionDenied, ApiKeyError, OpenServerRefused)
 
 
 class SchemaOutOfDate(RuntimeError):
@@ -142,11 +151,16 @@ def worker(
     Worker(cpu_slots=cpu_slots, gpu_slots=gpu_slots, exit_when_idle=exit_when_idle).run()
 
 
+def me() -> Identity:
+    """Who this command acts as (checked against the database when it names a console user)."""
+    return command_line_identity()
+
+
 def refuse_open_console(host: str) -> None:
     """The console may listen beyond loopback only once an admin (with a password) exists."""
     from posttrain.platform import auth
 
-    if host not in LOOPBACK_HOSTS and not auth.has_admin():
+    if not is_loopback(host) and not auth.has_admin():
         raise AuthError(
             f"refusing to serve the console on {host} while no admin password is set: "
             "run `posttrain users bootstrap-admin NAME` first, or listen on 127.0.0.1"
@@ -195,7 +209,8 @@ def gateway(
     host: Annotated[str | None, typer.Option(help="Address (default: settings)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: settings)")] = None,
 ) -> None:
-    """Serve the OpenAI-compatible gateway in front of every running deployment."""
+    """Serve the OpenAI-compatible gateway in front of every running deployment, checking API keys
+    (on loopback: everyone is served until the first key exists; elsewhere a key must exist first)."""
     import uvicorn
 
     from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
@@ -204,8 +219,11 @@ def gateway(
     _setup_logging()
     settings = get_settings()
     require_schema()
-    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments)
-    uvicorn.run(app_, host=host or settings.gateway_host, port=port or settings.gateway_port, log_level="warning")
+    host = host or settings.gateway_host
+    auth = ApiAuth(host)
+    refuse_open_server("gateway", host, auth)
+    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments, auth=auth)
+    uvicorn.run(app_, host=host, port=port or settings.gateway_port, log_level="warning")
 
 
 UP_MAX_RESTARTS = 5  # `posttrain up` restarts a part that exits, unless it exits more often than this ...
@@ -224,6 +242,7 @@ def up(
     require_schema()
     host, port = host or settings.console_host, port or settings.console_port
     refuse_open_console(host)
+    refuse_open_server("gateway", settings.gateway_host, ApiAuth(settings.gateway_host))
     commands = {
         "worker": [sys.executable, "-m", "posttrain.platform.cli", "worker"],
         "gateway": [sys.executable, "-m", "posttrain.platform.cli", "gateway"],
@@ -327,7 +346,7 @@ def jobs_submit(
 
     data = _load_config(config, config_file)
     require_schema()
-    job_id = queue.submit(kind, data, priority=priority, timeout_s=timeout, submitted_by=os.environ.get("USER", "cli"))
+    job_id = queue.submit(me(), kind, data, priority=priority, timeout_s=timeout)
     out.print(f"queued job {job_id} ({kind}, priority {priority})")
     if follow:
         _follow(job_id)
@@ -388,7 +407,7 @@ def jobs_cancel(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
     from posttrain.platform.jobs import queue
 
     require_schema()
-    status = queue.cancel(job_id, username=os.environ.get("USER", "cli"))
+    status = queue.cancel(me(), job_id)
     if status == JobStatus.running:
         out.print(f"job {job_id}: stop requested; its worker stops it within the grace period")
     else:
@@ -460,11 +479,12 @@ def docs_add(
     from posttrain.preprocess.errors import PreprocessError
 
     require_schema()
+    identity = me()
     failed = 0
     jobs = []
     for path in files:
         try:
-            added = add_document(path, password=password, submitted_by=os.environ.get("USER", "cli"))
+            added = add_document(identity, path, password=password)
         except PreprocessError as exc:
             err.print(f"[bold red]error:[/] {path}: {exc}", highlight=False, soft_wrap=True)
             failed += 1
@@ -523,7 +543,7 @@ def models_register(
     from posttrain.platform.models.registry import register_model
 
     require_schema()
-    row = register_model(name, path, base=base, by=os.environ.get("USER", "cli"))
+    row = register_model(me(), name, path, base=base)
     out.print(f"registered {row.name} ({row.architecture}) at {row.path}")
 
 
@@ -550,7 +570,7 @@ def models_import(
     if dtype not in ("float32", "bfloat16"):
         raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
     with _progress_line("import") as progress:
-        row = import_model(source, name=name, dtype=dtype, by=os.environ.get("USER", "cli"), progress=progress)  # type: ignore[arg-type]
+        row = import_model(me(), source, name=name, dtype=dtype, progress=progress)  # type: ignore[arg-type]
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
@@ -574,7 +594,7 @@ def models_export(
     except ValidationError as exc:
         raise JobConfigError("; ".join(f"--{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
     with _progress_line("export") as progress:
-        entry = export_registered(config, get_settings(), by=os.environ.get("USER", "cli"), progress=progress)
+        entry = export_registered(me(), config, get_settings(), progress=progress)
     out.print(f"exported {name} ({entry['bytes'] / 1e6:.0f} MB) to {entry['path']}", soft_wrap=True)
 
 
@@ -625,7 +645,7 @@ def models_compare(
             raise JobConfigError("name two models, A and B (or reopen a stored comparison with --job ID)")
         config = {"models": [a, b], "task_set": tasks, "domains": domain or [], "difficulty": difficulty,
                   "tasks_per_domain": limit, "max_new_tokens": max_new_tokens}  # fmt: skip
-        job = queue.submit("evaluate", config, submitted_by=os.environ.get("USER", "cli"))
+        job = queue.submit(me(), "evaluate", config)
         out.print(f"queued evaluate job {job}: {a} vs {b}; a worker runs it (posttrain up, or posttrain worker)")
         _follow(job, stream_log=False)
     found = queue.get_job(job)
@@ -658,9 +678,9 @@ def users_bootstrap_admin(
     from posttrain.platform import auth
 
     require_schema()
-    if auth.has_admin():
+    if auth.has_admin():  # before the password prompt; bootstrap_admin checks again
         raise AuthError("an admin exists already: an admin adds users with `posttrain users add` or in the console")
-    auth.create_user(username, _read_password(password_stdin), Role.admin, by="bootstrap")
+    auth.bootstrap_admin(username, _read_password(password_stdin))
     out.print(f"admin {username} created; log in at the console")
 
 
@@ -675,7 +695,8 @@ def users_add(
     from posttrain.platform import auth
 
     require_schema()
-    auth.create_user(username, _read_password(password_stdin), role, by=os.environ.get("USER", "cli"))
+    identity = me()
+    auth.create_user(identity, username, _read_password(password_stdin), role)
     out.print(f"user {username} ({role.value}) created")
 
 
@@ -689,7 +710,8 @@ def users_passwd(
     from posttrain.platform import auth
 
     require_schema()
-    auth.set_password(username, _read_password(password_stdin), by=os.environ.get("USER", "cli"))
+    identity = me()
+    auth.set_password(identity, username, _read_password(password_stdin))
     out.print(f"password of {username} changed")
 
 
@@ -705,6 +727,51 @@ def users_list() -> None:
         last = u.last_login_at.strftime("%Y-%m-%d %H:%M") if u.last_login_at else ""
         table.add_row(u.username, u.role.value, str(u.disabled), str(u.failed_logins), last)
     out.print(table)
+
+
+# --- API keys ---------------------------------------------------------------------------
+
+
+@keys_app.command("create")
+@user_errors
+def keys_create(
+    name: Annotated[str, typer.Argument(help="Who or what uses the key, e.g. ci-bot")],
+    model: Annotated[list[str] | None, typer.Option("--model", help="A registered model it may use (repeat); none: every model")] = None,
+) -> None:
+    """Create an API key and print it: the only time it is shown (only a hash of it is kept)."""
+    from posttrain.platform.api_keys import create_key, shown
+
+    require_schema()
+    made = create_key(me(), name, model or [])
+    err.print(f"API key {shown(made.key.key_id)} ({made.key.name}) for "
+              f"{', '.join(made.key.models) or 'every model'}; copy it now, it is not shown again:")  # fmt: skip
+    sys.stdout.write(made.secret + "\n")
+
+
+@keys_app.command("list")
+@user_errors
+def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False) -> None:
+    """List API keys (their public ids; never the secrets)."""
+    from posttrain.platform.api_keys import list_keys, shown
+
+    require_schema()
+    table = Table("key", "name", "models", "created (UTC)", "by", "last used (UTC)", "revoked (UTC)")
+    when = lambda t: t.strftime("%Y-%m-%d %H:%M") if t else ""  # noqa: E731
+    for k in list_keys(me(), include_revoked=all_):
+        table.add_row(shown(k.key_id), k.name, ", ".join(k.models) or "all", when(k.created_at), k.created_by,
+                      when(k.last_used_at), when(k.revoked_at))  # fmt: skip
+    out.print(table)
+
+
+@keys_app.command("revoke")
+@user_errors
+def keys_revoke(key: Annotated[str, typer.Argument(help="The key's id (pt-<12 hex digits>, as `posttrain keys list` shows)")]) -> None:
+    """Revoke an API key: every request with it is refused from now on."""
+    from posttrain.platform.api_keys import revoke_key, shown
+
+    require_schema()
+    row = revoke_key(me(), key)
+    out.print(f"revoked {shown(row.key_id)} ({row.name})")
 
 
 def main() -> None:

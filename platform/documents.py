@@ -25,12 +25,13 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
+from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import AuditLog, Chunk, Document, DocumentStatus, Page, utcnow
+from posttrain.platform.db.models import AuditLog, Chunk, Document, DocumentStatus, Page, Role, utcnow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
-from posttrain.platform.settings import Settings, get_settings
+from posttrain.platform.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,6 @@ class Added:
     document: Document
     job_id: int | None
     created: bool  # False when the same content was stored before
-
-
-def _secrets_dir(settings: Settings) -> Path:
-    path = settings.data_dir / "secrets"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
 
 
 def _record_failure(data: bytes | None, filename: str, message: str, url: str | None) -> Document:
@@ -77,13 +72,14 @@ def _record_failure(data: bytes | None, filename: str, message: str, url: str | 
         return row
 
 
+@action("document.upload", Role.operator)
 def add_document(
+    identity: Identity,
     source: Path | str | bytes | BinaryIO,
     *,
     filename: str | None = None,
     password: str | None = None,
     render_dpi: int = 96,
-    submitted_by: str = "system",
     url: str | None = None,
 ) -> Added:
     """Store a document and queue its preprocessing.
@@ -128,7 +124,7 @@ def add_document(
             row.error = None
             row.updated_at = utcnow()
             s.add(row)
-            s.add(AuditLog(username=submitted_by, action="document.upload", target=stored.filename, details={"sha256": stored.sha256}))
+            s.add(AuditLog(username=identity.username, action="document.upload", target=stored.filename, details={"sha256": stored.sha256}))
             s.flush()
             s.refresh(row)
     except IntegrityError:
@@ -140,12 +136,12 @@ def add_document(
     config: dict[str, Any] = {"document_id": row.id, "render_dpi": render_dpi}
     if password:
         # The password never goes into the database: a 0600 file the job reads and deletes.
-        secret = _secrets_dir(settings) / f"document-{row.id}.password"
+        secret = settings.secrets_dir() / f"document-{row.id}.password"
         fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(password)
         config["password_file"] = str(secret)
-    job_id = queue.submit("preprocess", config, submitted_by=submitted_by, url=url)
+    job_id = queue.submit(identity, "preprocess", config, url=url)
     return Added(row, job_id, True)
 
 

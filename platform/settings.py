@@ -83,6 +83,11 @@ class Settings(BaseSettings):
 
     gateway_host: str = Field(default="127.0.0.1")
     gateway_port: int = Field(default=8000, ge=1, le=65535, description="the OpenAI-compatible endpoint")
+    cli_user: str | None = Field(
+        default=None,
+        description="The console user the posttrain command acts as, with that user's role; unset: the local "
+        "administrator cli:<login name> (whoever runs the command holds the database's credentials).",
+    )
 
     ray_address: str | None = Field(default=None, description="Ray cluster address; unset runs everything locally.")
     oidc: OIDCConfig | None = Field(
@@ -132,6 +137,12 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    def secrets_dir(self) -> Path:
+        """``<data_dir>/secrets`` (mode 0700), made when missing: files only the platform's processes read."""
+        path = self.data_dir / "secrets"
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
 
     def ensure_dirs(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

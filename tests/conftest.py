@@ -27,8 +27,10 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import SQLModel
 
+from posttrain.platform.auth import Identity
 from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import get_engine, reset_engines
+from posttrain.platform.db.models import Role
 from posttrain.platform.settings import get_settings
 from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
     fail_missing,
@@ -42,6 +44,9 @@ from required_parts import (  # noqa: F401 - the hooks that fail a run missing a
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Who a test acts as when it calls the platform's actions (no user row: they keep these roles).
+OPERATOR = Identity("test-operator", Role.operator)
+ADMIN = Identity("test-admin", Role.admin)
 PG_ADMIN_URL = os.environ.get("POSTTRAIN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -303,7 +308,7 @@ def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealMode
     root = tmp_path_factory.mktemp("real-model")
     url = f"sqlite:///{root / 'models.db'}"
     migrate.upgrade(url)
-    row = import_model(f"builtin:{DEFAULT_MODEL}", url=url, dest_root=root / "models")
+    row = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=url, dest_root=root / "models")
     return ImportedRealModel(name=row.name, path=Path(row.path), meta=dict(row.meta or {}), url=url)
 
 

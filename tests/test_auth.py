@@ -8,7 +8,7 @@ import pytest
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as
+from conftest import ADMIN, OPERATOR, REPO_ROOT, login_as
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Role, User
@@ -19,19 +19,19 @@ PASSWORD = "correct horse battery"
 
 
 def test_passwords_are_salted_slow_hashes(platform_env: dict[str, str], db_url: str) -> None:
-    auth.create_user("ann", PASSWORD, Role.operator)
-    auth.create_user("bob", PASSWORD, Role.viewer)
+    auth.create_user(ADMIN, "ann", PASSWORD, Role.operator)
+    auth.create_user(ADMIN, "bob", PASSWORD, Role.viewer)
     with session(db_url, read_only=True) as s:
         hashes = [u.password_hash for u in s.exec(select(User))]
     assert all(h.startswith("$argon2id$") for h in hashes)
     assert hashes[0] != hashes[1]  # same password, different salts
     assert PASSWORD not in "".join(hashes)
     with pytest.raises(auth.AuthError, match="at least 10 characters"):
-        auth.create_user("cy", "short")
+        auth.create_user(ADMIN, "cy", "short")
 
 
 def test_login_and_lockout_grows(platform_env: dict[str, str]) -> None:
-    auth.create_user("ann", PASSWORD, Role.operator)
+    auth.create_user(ADMIN, "ann", PASSWORD, Role.operator)
     assert auth.authenticate("ann", PASSWORD) == auth.Identity("ann", Role.operator)
     started = time.monotonic()
     for _ in range(auth.FREE_FAILURES):
@@ -50,14 +50,14 @@ def test_login_and_lockout_grows(platform_env: dict[str, str]) -> None:
 
 
 def test_last_admin_keeps_the_role(platform_env: dict[str, str]) -> None:
-    auth.create_user("root", PASSWORD, Role.admin)
+    auth.create_user(ADMIN, "root", PASSWORD, Role.admin)
     with pytest.raises(auth.AuthError, match="last admin"):
-        auth.set_role("root", Role.viewer)
+        auth.set_role(ADMIN, "root", Role.viewer)
 
 
 def test_console_shows_nothing_before_login(platform_env: dict[str, str]) -> None:
-    auth.create_user("ann", PASSWORD, Role.viewer)
-    queue.submit("selftest", {"steps": 1})
+    auth.create_user(ADMIN, "ann", PASSWORD, Role.viewer)
+    queue.submit(OPERATOR, "selftest", {"steps": 1})
     at = AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30).run()
     assert [t.value for t in at.title] == ["posttrain"] and not at.dataframe and not at.metric
     at.text_input(key="login_username").set_value("ann")
@@ -70,7 +70,7 @@ def test_console_shows_nothing_before_login(platform_env: dict[str, str]) -> Non
 
 
 def test_viewer_cannot_launch_or_cancel(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 1})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 1})
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "jobs.py"), default_timeout=30), "viewer").run()
     assert at.button[0].disabled
     # A click that reaches the server anyway (a crafted message, or a role revoked while the page
@@ -85,7 +85,7 @@ def test_viewer_cannot_launch_or_cancel(platform_env: dict[str, str]) -> None:
 
 
 def test_admin_page_is_for_admins(platform_env: dict[str, str]) -> None:
-    auth.create_user("root", PASSWORD, Role.admin)
+    auth.create_user(ADMIN, "root", PASSWORD, Role.admin)
     page = str(REPO_ROOT / "ui" / "views" / "admin.py")
     at = login_as(AppTest.from_file(page, default_timeout=30), "operator").run()
     assert "Only admins" in at.error[0].value

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import OPERATOR
 from posttrain.platform.jobs import queue
 from test_jobs import job_count
 
@@ -81,6 +82,6 @@ def test_submit_follow_list_show_cancel(platform_env: dict[str, str], tmp_path) 
     assert "selftest" in listed.stdout and "succeeded" in listed.stdout
     shown = cli(platform_env, "jobs", "show", "1")
     assert '"counter": 2' in shown.stdout
-    second = queue.submit("selftest", {"steps": 1})
+    second = queue.submit(OPERATOR, "selftest", {"steps": 1})
     cancelled = cli(platform_env, "jobs", "cancel", str(second))
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
+from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from test_cli import cli
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
@@ -77,10 +77,10 @@ def test_head_to_head_of_the_real_model_and_a_tiny_one(platform_env: dict[str, s
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
-    register_model("tiny", tiny_dir)
-    register_model("smollm2-135m-instruct", real_model_dir.path)
+    register_model(OPERATOR, "tiny", tiny_dir)
+    register_model(OPERATOR, "smollm2-135m-instruct", real_model_dir.path)
     _task_set()
-    job_id = queue.submit("evaluate", {"models": ["tiny", "smollm2-135m-instruct"], "task_set": "numbers",
+    job_id = queue.submit(OPERATOR, "evaluate", {"models": ["tiny", "smollm2-135m-instruct"], "task_set": "numbers",
                                        "max_new_tokens": 24, "device": "cpu"})  # fmt: skip
     run_worker_until_idle(platform_env, timeout=300)
     job = queue.get_job(job_id)

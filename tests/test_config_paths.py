@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import OPERATOR
 from test_cli import cli, one_error_line
 from test_jobs import job_count
 from posttrain.platform.jobs import queue
@@ -37,7 +38,7 @@ def test_a_path_outside_the_data_dir_is_refused_at_submit(platform_env: dict[str
                                                           config: dict, field: str) -> None:
     before = job_count(db_url)
     with pytest.raises(JobConfigError, match=re.escape(field) + ": .* is outside the data directory"):
-        queue.submit(kind, config)
+        queue.submit(OPERATOR, kind, config)
     assert job_count(db_url) == before
 
 

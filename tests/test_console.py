@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 
@@ -14,7 +14,7 @@ JOBS_PAGE = str(REPO_ROOT / "ui" / "views" / "jobs.py")
 
 
 def test_jobs_page_lists_submits_and_cancels(platform_env: dict[str, str]) -> None:
-    done = queue.submit("selftest", {"steps": 1})
+    done = queue.submit(OPERATOR, "selftest", {"steps": 1})
     queue.claim("w", 1, 0)
     queue.finish(done, queue.Outcome(exit_code=1, error="boom: it broke", cause="error"))
 
@@ -46,8 +46,8 @@ def test_app_shell_opens_on_overview(platform_env: dict[str, str]) -> None:
 
 
 def test_overview_counts_and_failures(platform_env: dict[str, str]) -> None:
-    ok = queue.submit("selftest", {"steps": 1})
-    bad = queue.submit("selftest", {"steps": 1})
+    ok = queue.submit(OPERATOR, "selftest", {"steps": 1})
+    bad = queue.submit(OPERATOR, "selftest", {"steps": 1})
     queue.claim("w", 2, 0)
     queue.claim("w", 2, 0)
     queue.finish(bad, queue.Outcome(exit_code=-9, error="killed by SIGKILL", cause="oom"))

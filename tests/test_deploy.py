@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import start_worker, stop_worker, wait_for
+from conftest import OPERATOR, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
 from posttrain.platform.jobs import queue
@@ -27,9 +27,9 @@ def test_worker_imports_no_torch() -> None:
 
 def test_register_refuses_what_is_not_a_model(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ModelDirError, match="config.json"):
-        register_model("x", tmp_path)
+        register_model(OPERATOR, "x", tmp_path)
     with pytest.raises(JobConfigError, match="name"):
-        queue.submit("build_model", {"name": "has spaces"})
+        queue.submit(OPERATOR, "build_model", {"name": "has spaces"})
 
 
 def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]) -> None:
@@ -39,7 +39,7 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
     from posttrain.platform.serving.jobs import registered_deployments
     from posttrain.platform.serving.server import serve_in_thread
 
-    built = queue.submit("build_model", {"name": "tiny", "hidden_size": 64, "num_layers": 2})
+    built = queue.submit(OPERATOR, "build_model", {"name": "tiny", "hidden_size": 64, "num_layers": 2})
     worker = start_worker(platform_env)
     try:
         wait_for(lambda: queue.get_job(built).status.finished, timeout=300, message="model built")
@@ -47,7 +47,7 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
         model = get_model("tiny")
         assert model.produced_by_job_id == built and [m.name for m in lineage("tiny")] == ["tiny"]
 
-        deployed = queue.submit("deploy", {"model": "tiny", "tier": "fast"})
+        deployed = queue.submit(OPERATOR, "deploy", {"model": "tiny", "tier": "fast"})
         wait_for(lambda: registered_deployments() and registered_deployments()[0].healthy, timeout=300, message="healthy")
         (route,) = registered_deployments()
         assert route.model == "tiny" and route.tier == "fast"
@@ -69,7 +69,7 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
             if "posttrain.platform.serving" in " ".join(p.info["cmdline"] or []) and "--served-model-name" in (p.info["cmdline"] or []):
                 server_pid = p.pid
         assert server_pid is not None
-        queue.cancel(deployed)
+        queue.cancel(OPERATOR, deployed)
         wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
         with session(read_only=True) as s:
             row = s.get(Deployment, 1)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import delete
 from sqlmodel import col
 
-from conftest import start_worker
+from conftest import OPERATOR, start_worker
 from required_parts import require
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Chunk, Document, JobStatus, Page
@@ -54,8 +54,8 @@ def wrong_answer(spec) -> str:  # type: ignore[no-untyped-def]
 def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     platform_env: dict[str, str], tmp_path: Path
 ) -> None:
-    guide = add_document(guide_excerpt(tmp_path))
-    news = add_document(LTNEWS07)
+    guide = add_document(OPERATOR, guide_excerpt(tmp_path))
+    news = add_document(OPERATOR, LTNEWS07)
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=300) == 0
     for added in (guide, news):
@@ -103,6 +103,7 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
 
     # the build_tasks job with the documents source, through a real worker; a deleted document fails clearly
     good = queue.submit(
+        OPERATOR,
         "build_tasks",
         {"task_set": "docs", "source": {"type": "documents", "document_ids": [guide.document.id, news.document.id],
                                         "kinds": ["table_lookup", "field_extraction", "span_recovery"],
@@ -112,7 +113,7 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
         s.exec(delete(Chunk).where(col(Chunk.document_id) == news.document.id))
         s.exec(delete(Page).where(col(Page.document_id) == news.document.id))
         s.exec(delete(Document).where(col(Document.id) == news.document.id))
-    gone = queue.submit("build_tasks", {"task_set": "gone", "source": {"type": "documents", "document_ids": [news.document.id]}})
+    gone = queue.submit(OPERATOR, "build_tasks", {"task_set": "gone", "source": {"type": "documents", "document_ids": [news.document.id]}})
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=300) == 0
     job = queue.get_job(good)
@@ -123,6 +124,7 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     assert store.task_sets() == []  # nothing half-written
 
     ok = queue.submit(
+        OPERATOR,
         "build_tasks",
         {"task_set": "docs", "source": {"type": "documents", "document_ids": [guide.document.id], "vision": True,
                                         "max_per_document": 10, "eval_fraction": 0.3, "seed": 1}},
@@ -145,11 +147,11 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
 
 def test_documents_source_is_validated_and_unready_documents_are_refused(platform_env: dict[str, str], tmp_path: Path) -> None:
     with pytest.raises(JobConfigError, match="document_ids"):
-        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": []}})
+        queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": []}})
     with pytest.raises(JobConfigError, match="kinds"):
-        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": [1], "kinds": ["poems"]}})
+        queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": [1], "kinds": ["poems"]}})
     with pytest.raises(DocumentBuildError, match="does not exist"):
         build_document_tasks(12345)
-    queued = add_document(LTNEWS07)  # no worker: still 'uploaded'
+    queued = add_document(OPERATOR, LTNEWS07)  # no worker: still 'uploaded'
     with pytest.raises(DocumentBuildError, match="preprocess job has succeeded"):
         build_document_tasks(queued.document.id)  # type: ignore[arg-type]

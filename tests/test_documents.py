@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_worker
+from conftest import OPERATOR, start_worker
 from posttrain.platform.db.models import DocumentStatus, JobStatus
 from posttrain.platform.documents import add_document, get_chunks, get_document, get_pages, list_documents
 from posttrain.platform.jobs import queue
@@ -21,10 +21,10 @@ SCAN = Path("/usr/share/doc/opencv-doc/examples/data/imageTextN.png")
 @pytest.mark.requires("tesseract")
 def test_pdf_and_scan_end_to_end(platform_env: dict[str, str], tmp_path: Path) -> None:
     assert LTNEWS and SCAN.is_file(), "Debian packages texlive-latex-base-doc and opencv-doc are required (make test installs them)"
-    pdf = add_document(LTNEWS[0])
-    again = add_document(LTNEWS[0].read_bytes(), filename="copy.pdf")
+    pdf = add_document(OPERATOR, LTNEWS[0])
+    again = add_document(OPERATOR, LTNEWS[0].read_bytes(), filename="copy.pdf")
     assert pdf.created and not again.created and again.document.id == pdf.document.id  # same content, one document
-    scan = add_document(SCAN)
+    scan = add_document(OPERATOR, SCAN)
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=600) == 0
     for added in (pdf, scan):
@@ -45,14 +45,14 @@ def test_pdf_and_scan_end_to_end(platform_env: dict[str, str], tmp_path: Path) -
 
 
 def test_bad_input_is_a_failed_document_and_touches_nothing_else(platform_env: dict[str, str], tmp_path: Path) -> None:
-    good = add_document(SCAN)
+    good = add_document(OPERATOR, SCAN)
     bogus = tmp_path / "report.pdf"
     bogus.write_bytes(b"this is not a pdf at all, just text pretending")
     with pytest.raises(PreprocessError):
-        add_document(bogus)
+        add_document(OPERATOR, bogus)
     truncated = tmp_path / "cut.pdf"
     truncated.write_bytes(LTNEWS[0].read_bytes()[:3000])
-    cut = add_document(truncated)
+    cut = add_document(OPERATOR, truncated)
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=600) == 0
     docs = {d.filename: d for d in list_documents()}

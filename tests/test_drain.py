@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _truncate_pg
+from conftest import OPERATOR, _truncate_pg
 from posttrain.platform.jobs.loadtest import drain
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_a_claim_is_dated_when_it_holds_the_lock(sqlite_url: str) -> None:
     from posttrain.platform.db.models import utcnow
     from posttrain.platform.jobs import queue
 
-    queue.submit("selftest", {"steps": 0}, url=sqlite_url)
+    queue.submit(OPERATOR, "selftest", {"steps": 0}, url=sqlite_url)
     holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
     claimed: dict[str, object] = {}

@@ -20,7 +20,7 @@ from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 from transformers import AutoTokenizer
 
-from conftest import REPO_ROOT, login_as, run_worker_until_idle
+from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from posttrain.platform import metric_names as names
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
@@ -306,8 +306,8 @@ def test_grpo_on_an_environment_through_the_worker_stores_episodes_the_console_b
     sandboxes = reachable_dir()  # the sandbox uid cannot enter pytest's private tmp_path
     monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", str(sandboxes))
     platform_env = {**platform_env, "POSTTRAIN_SANDBOX__ROOT_DIR": str(sandboxes)}
-    register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
-    job_id = queue.submit("train_grpo", {
+    register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny"))
+    job_id = queue.submit(OPERATOR, "train_grpo", {
         "model": "tiny", "domains": [domain], "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 2,
         "max_new_tokens": 8, "lr": 1e-3, "max_steps": 2, "device": "cpu", "verifier_workers": 1, "trajectories_per_step": 4,
         "environment": {"name": environment, "max_turns": 2, "concurrency": 2, "max_episode_tokens": 4096},

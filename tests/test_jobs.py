@@ -11,7 +11,7 @@ import psutil
 import pytest
 from sqlmodel import func, select
 
-from conftest import start_worker, stop_worker, wait_for
+from conftest import OPERATOR, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus
 from posttrain.platform.jobs import queue
@@ -30,25 +30,25 @@ def status_of(job_id: int) -> JobStatus:
 def test_bad_submissions_change_nothing(platform_env: dict[str, str], db_url: str) -> None:
     before = job_count(db_url)
     with pytest.raises(JobConfigError, match="unknown job kind 'nope'; known kinds: .*selftest"):
-        queue.submit("nope", {})
+        queue.submit(OPERATOR, "nope", {})
     with pytest.raises(JobConfigError, match=r"selftest.*steps: .*integer.*'many'"):
-        queue.submit("selftest", {"steps": "many"})
+        queue.submit(OPERATOR, "selftest", {"steps": "many"})
     with pytest.raises(JobConfigError, match="bogus: Extra inputs are not permitted"):
-        queue.submit("selftest", {"bogus": 1})
+        queue.submit(OPERATOR, "selftest", {"bogus": 1})
     with pytest.raises(JobConfigError, match="expected a JSON object"):
-        queue.submit("selftest", [1, 2])  # type: ignore[arg-type]
+        queue.submit(OPERATOR, "selftest", [1, 2])  # type: ignore[arg-type]
     # found by the job-config fuzzer: a lone surrogate failed later, inside pydantic's JSON dump
     with pytest.raises(JobConfigError, match=r"message: the value is not valid Unicode text"):
-        queue.submit("selftest", {"message": "\ud800"})
+        queue.submit(OPERATOR, "selftest", {"message": "\ud800"})
     with pytest.raises(JobConfigError, match=r"a key is not valid Unicode text"):
-        queue.submit("build_tasks", {"task_set": "t", "source": {"\udfff": 1}})
+        queue.submit(OPERATOR, "build_tasks", {"task_set": "t", "source": {"\udfff": 1}})
     assert job_count(db_url) == before
 
 
 def test_claim_order_is_priority_then_age(platform_env: dict[str, str]) -> None:
-    low = queue.submit("selftest", {"steps": 0}, priority=0)
-    high_old = queue.submit("selftest", {"steps": 0}, priority=5)
-    high_new = queue.submit("selftest", {"steps": 0}, priority=5)
+    low = queue.submit(OPERATOR, "selftest", {"steps": 0}, priority=0)
+    high_old = queue.submit(OPERATOR, "selftest", {"steps": 0}, priority=5)
+    high_new = queue.submit(OPERATOR, "selftest", {"steps": 0}, priority=5)
     order = [queue.claim("w", 4, 0).id for _ in range(3)]  # type: ignore[union-attr]
     assert order == [high_old, high_new, low]
     assert queue.claim("w", 4, 0) is None
@@ -57,7 +57,7 @@ def test_claim_order_is_priority_then_age(platform_env: dict[str, str]) -> None:
 
 
 def test_claim_respects_resource_slots(platform_env: dict[str, str], db_url: str) -> None:
-    job_id = queue.submit("selftest", {"steps": 0})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 0})
     with session(db_url) as s:
         job = s.get(Job, job_id)
         job.gpu_slots = 1
@@ -67,13 +67,13 @@ def test_claim_respects_resource_slots(platform_env: dict[str, str], db_url: str
 
 
 def test_cancel_queued_job(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 1})
-    assert queue.cancel(job_id) is JobStatus.cancelled
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 1})
+    assert queue.cancel(OPERATOR, job_id) is JobStatus.cancelled
     assert queue.claim("w", 4, 0) is None
 
 
 def test_worker_runs_job_with_progress_log_and_result(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 3, "sleep_s": 0.05})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 3, "sleep_s": 0.05})
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()  # type: ignore[union-attr]
     job = queue.get_job(job_id)
@@ -86,7 +86,7 @@ def test_worker_runs_job_with_progress_log_and_result(platform_env: dict[str, st
 
 
 def test_failure_is_recorded_with_cause_and_log(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 5, "sleep_s": 0, "fail_at_step": 2})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 5, "sleep_s": 0, "fail_at_step": 2})
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=60) == 0
     job = queue.get_job(job_id)
@@ -97,7 +97,7 @@ def test_failure_is_recorded_with_cause_and_log(platform_env: dict[str, str]) ->
 
 
 def test_wall_clock_timeout(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 100, "sleep_s": 1}, timeout_s=1.0)
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 100, "sleep_s": 1}, timeout_s=1.0)
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=60) == 0
     job = queue.get_job(job_id)
@@ -123,14 +123,14 @@ def test_cancel_running_job_kills_whole_group(platform_env: dict[str, str], igno
         # The peer, same worker, same run: a one-step job from submission to its recorded end (the
         # worker notices it, starts it, sees it exit and writes the outcome: what a cancel does too).
         started = time.monotonic()
-        quick = queue.submit("selftest", {"steps": 1, "sleep_s": 0})
+        quick = queue.submit(OPERATOR, "selftest", {"steps": 1, "sleep_s": 0})
         wait_for(lambda: status_of(quick) is JobStatus.succeeded, timeout=60, interval=0.02, message="the one-step job")
         peer = time.monotonic() - started
-        job_id = queue.submit("selftest", {"steps": 1000, "sleep_s": 0.2, "spawn_children": 2, "ignore_sigterm": ignore_sigterm})
+        job_id = queue.submit(OPERATOR, "selftest", {"steps": 1000, "sleep_s": 0.2, "spawn_children": 2, "ignore_sigterm": ignore_sigterm})
         job = wait_for(lambda: (j := queue.get_job(job_id)).pid and j.progress and j, message="job running")
         pgid = job.pid
         wait_for(lambda: len(_group_members(pgid)) >= 3, message="children started")
-        queue.cancel(job_id)
+        queue.cancel(OPERATOR, job_id)
         requested = time.monotonic()
         wait_for(lambda: status_of(job_id) is JobStatus.cancelled, timeout=grace + 10 + 3 * peer, interval=0.02, message="cancelled")
         took = time.monotonic() - requested
@@ -146,7 +146,7 @@ def test_cancel_running_job_kills_whole_group(platform_env: dict[str, str], igno
 
 def test_killed_worker_job_resumes_from_checkpoint(platform_env: dict[str, str], tmp_path: Path) -> None:
     marks = tmp_path / "marks.txt"
-    job_id = queue.submit("selftest", {"steps": 30, "sleep_s": 0.1, "mark_file": str(marks)})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 30, "sleep_s": 0.1, "mark_file": str(marks)})
     first = start_worker(platform_env)
     wait_for(lambda: (queue.get_job(job_id).checkpoint or {}).get("counter", 0) >= 5, message="5 steps done")
     first.send_signal(signal.SIGKILL)
@@ -170,7 +170,7 @@ def test_killed_worker_job_resumes_from_checkpoint(platform_env: dict[str, str],
 
 
 def test_stopping_worker_requeues_resumable_job(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 200, "sleep_s": 0.05})
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 200, "sleep_s": 0.05})
     proc = start_worker(platform_env)
     wait_for(lambda: (queue.get_job(job_id).checkpoint or {}).get("counter", 0) >= 3, message="3 steps")
     proc.send_signal(signal.SIGINT)
@@ -180,8 +180,8 @@ def test_stopping_worker_requeues_resumable_job(platform_env: dict[str, str]) ->
 
 
 def test_transient_failures_are_retried_with_backoff(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 2}, max_attempts=3)
-    hopeless = queue.submit("selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 5}, max_attempts=2)
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 2}, max_attempts=3)
+    hopeless = queue.submit(OPERATOR, "selftest", {"steps": 2, "sleep_s": 0, "transient_failures": 5}, max_attempts=2)
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=60) == 0
     job = queue.get_job(job_id)

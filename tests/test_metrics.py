@@ -12,7 +12,7 @@ from sqlalchemy import insert
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform import metrics
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Metric
@@ -46,8 +46,8 @@ def test_bucket_width_is_the_smallest_power_of_two_that_fits() -> None:
 
 
 def test_downsampling_known_data(platform_env: dict[str, str]) -> None:
-    job = queue.submit("train_grpo", GRPO)
-    other = queue.submit("train_grpo", GRPO)
+    job = queue.submit(OPERATOR, "train_grpo", GRPO)
+    other = queue.submit(OPERATOR, "train_grpo", GRPO)
     insert_metrics(
         job,
         [(step, "train/loss", float(step)) for step in range(1000)]
@@ -106,14 +106,14 @@ def test_large_run_queries_and_renders_like_a_small_one(platform_env: dict[str, 
     """A run of 100,000 points (50,000 steps of loss and of reward): the downsampled query is far
     faster than reading every point, and the page renders in about the time of a 1,000-point run's
     page plus that query (the peers, measured in the same test)."""
-    job = queue.submit("train_grpo", GRPO)
+    job = queue.submit(OPERATOR, "train_grpo", GRPO)
     n = 50_000
     insert_metrics(
         job,
         [(s, "train/loss", 2.0 * math.exp(-s / 20_000)) for s in range(n)]
         + [(s, "rollout/reward_mean", min(1.0, s / n)) for s in range(n)],
     )
-    small = queue.submit("train_grpo", GRPO)
+    small = queue.submit(OPERATOR, "train_grpo", GRPO)
     insert_metrics(small, [(s, "train/loss", 2.0 - s / 500) for s in range(500)] + [(s, "rollout/reward_mean", s / 500) for s in range(500)])
     query_times = []
     for _ in range(3):

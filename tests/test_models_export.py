@@ -15,6 +15,7 @@ from typing import Any, Literal
 import pytest
 import torch
 
+from conftest import OPERATOR
 from posttrain.platform.models.exporter import ExportError, export_model
 from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.loader import LoadedModel, load_model
@@ -84,7 +85,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Any) -> di
 
 
 def reimport(path: Path, suffix: str, real_model_dir: Any, tmp_path: Path) -> LoadedModel:
-    row = import_model(path, name=f"{real_model_dir.name}-export-{suffix}", url=real_model_dir.url, dest_root=tmp_path / "models")
+    row = import_model(OPERATOR, path, name=f"{real_model_dir.name}-export-{suffix}", url=real_model_dir.url, dest_root=tmp_path / "models")
     return load_model(row.path)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment
 from posttrain.platform.jobs import queue
@@ -60,7 +60,7 @@ def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str],
     from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
     from posttrain.platform.serving.profiles import DEFAULT_TIERS
 
-    model = register_model("tiny", tiny_model)
+    model = register_model(OPERATOR, "tiny", tiny_model)
     engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["fast"])).start()
     try:
         with serve_in_thread(create_engine_app(engine)) as server:

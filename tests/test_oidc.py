@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from sqlmodel import select
 
 from required_parts import require
+from conftest import ADMIN
 from test_e2e_console import ARTIFACTS, free_port, launch_chromium, wait_for_console
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
@@ -49,7 +50,7 @@ def test_claims_map_to_users_and_refusals_are_clear(platform_env: dict[str, str]
     sso = config(allowed_domains=["example.com"])
     first = oidc_login({"sub": "1", "email": "Alice@Example.com", "email_verified": True}, sso)
     assert first == auth.Identity("alice@example.com", Role.viewer)  # first login: the default role
-    auth.set_role("alice@example.com", Role.operator, by="admin")
+    auth.set_role(ADMIN, "alice@example.com", Role.operator)
     assert oidc_login({"sub": "1", "email": "alice@example.com"}, sso).role is Role.operator  # a role set by an admin stays
     logins = audit_rows("login")
     assert [r.details["via"] for r in logins] == ["oidc", "oidc"] and logins[0].details["sub"] == "1"

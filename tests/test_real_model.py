@@ -17,7 +17,7 @@ import openai
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
+from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
@@ -86,7 +86,7 @@ def test_builtin_imports_from_the_wheel(real_model_dir: ImportedRealModel) -> No
 
 def test_importing_the_builtin_again_is_a_no_op(real_model_dir: ImportedRealModel) -> None:
     before = get_model(DEFAULT_MODEL, url=real_model_dir.url)
-    again = import_model(f"builtin:{DEFAULT_MODEL}", url=real_model_dir.url, dest_root=real_model_dir.path.parent)
+    again = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=real_model_dir.url, dest_root=real_model_dir.path.parent)
     assert (again.id, again.path) == (before.id, before.path)
     assert sorted(p.name for p in real_model_dir.path.parent.iterdir()) == [DEFAULT_MODEL]
 
@@ -105,7 +105,7 @@ def test_tokenizer_splits_digits_and_keeps_chatml(real_model) -> None:  # type: 
 
 
 def test_import_copies_a_hugging_face_directory_in_bfloat16(real_model_dir: ImportedRealModel, tmp_path: Path) -> None:
-    row = import_model(real_model_dir.path, name="smol-bf16", dtype="bfloat16", url=real_model_dir.url,
+    row = import_model(OPERATOR, real_model_dir.path, name="smol-bf16", dtype="bfloat16", url=real_model_dir.url,
                        dest_root=tmp_path / "models")
     meta = row.meta
     assert meta["source_format"] == "hf" and meta["dtype"] == "bfloat16" and meta["parameters"] == 134_515_008
@@ -152,7 +152,7 @@ def test_bad_sources_fail_with_one_line_and_register_nothing(tmp_path: Path) -> 
     dest = tmp_path / "models"
     for source, expected in cases.items():
         with pytest.raises(ModelDirError) as caught:
-            import_model(source, name="bad", url=url, dest_root=dest)
+            import_model(OPERATOR, source, name="bad", url=url, dest_root=dest)
         message = str(caught.value)
         assert expected in message and "\n" not in message, message
         if isinstance(source, Path):
@@ -177,11 +177,11 @@ def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: Im
     page lists the export."""
     data = Path(platform_env["POSTTRAIN_DATA_DIR"])
     shutil.copytree(real_model_dir.path, data / "uploads" / "smol")
-    inside = queue.submit("import_model", {"source": "uploads/smol", "name": "smol"})
+    inside = queue.submit(OPERATOR, "import_model", {"source": "uploads/smol", "name": "smol"})
     with pytest.raises(JobConfigError, match="source: .* is outside the data directory"):
-        queue.submit("import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
+        queue.submit(OPERATOR, "import_model", {"source": str(real_model_dir.path), "name": "elsewhere"})
     run_worker_until_idle(platform_env)
-    exported = queue.submit("export_model", {"model": "smol", "format": "gguf", "outtype": "q8_0"})
+    exported = queue.submit(OPERATOR, "export_model", {"model": "smol", "format": "gguf", "outtype": "q8_0"})
     run_worker_until_idle(platform_env)
     job = queue.get_job(inside)
     assert job.status is JobStatus.succeeded, job.error
@@ -283,8 +283,8 @@ def test_console_asks_the_deployed_real_model_a_task(platform_env: dict[str, str
                                                      real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
     """Tasks page: "Try a model" sends the task to the running deployment (the real model listed
     first) and shows its answer with the verifier's verdict; the playground opens on it too."""
-    smol = register_model(DEFAULT_MODEL, real_model_dir.path)
-    tiny = register_model("tiny", tiny_dir)
+    smol = register_model(OPERATOR, DEFAULT_MODEL, real_model_dir.path)
+    tiny = register_model(OPERATOR, "tiny", tiny_dir)
     with session() as s:
         s.add(Deployment_(model_id=tiny.id, tier="fast", url="http://127.0.0.1:9", status="running", healthy=True))
         s.add(Deployment_(model_id=smol.id, tier="standard", url=served.engine_url, status="running", healthy=True))

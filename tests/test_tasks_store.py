@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as, start_worker
+from conftest import OPERATOR, REPO_ROOT, login_as, start_worker
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
@@ -32,13 +32,14 @@ def test_round_trip_and_statistics(platform_env: dict[str, str]) -> None:
 
 def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path) -> None:
     good = queue.submit(
+        OPERATOR,
         "build_tasks",
         {"task_set": "arith", "source": {"type": "procedural", "families": ["arithmetic"], "per_domain": 2, "eval_per_domain": 1}},
     )
     bad_file = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "bad.jsonl"  # job configs name files in the data dir
     bad_file.parent.mkdir(parents=True)
     bad_file.write_text(json.dumps({"prompt": "hi", "answer": "x", "verifier": {"kind": "numeric", "spec": {}}}) + "\n")
-    bad = queue.submit("build_tasks", {"task_set": "bad", "source": {"type": "jsonl", "path": str(bad_file)}})
+    bad = queue.submit(OPERATOR, "build_tasks", {"task_set": "bad", "source": {"type": "jsonl", "path": str(bad_file)}})
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=120) == 0
     job = queue.get_job(good)
@@ -56,9 +57,9 @@ def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path
 
 def test_build_tasks_config_is_validated_at_submit(platform_env: dict[str, str]) -> None:
     with pytest.raises(JobConfigError, match="name at least one domain or family"):
-        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "procedural"}})
+        queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "procedural"}})
     with pytest.raises(JobConfigError, match="source"):
-        queue.submit("build_tasks", {"task_set": "x", "source": {"type": "csv"}})
+        queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "csv"}})
 
 
 def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> None:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from sqlmodel import select
 from test_training_tiny import tiny_policy_dir
 
-from conftest import LOWERCASE_CHECK, start_worker, stop_worker
+from conftest import LOWERCASE_CHECK, OPERATOR, start_worker, stop_worker
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -130,8 +130,8 @@ def test_a_failing_rank_fails_the_launch_and_a_stop_ends_every_process(tiny_dir:
 def test_train_sft_job_with_two_processes_through_the_worker(
     platform_env: dict[str, str], db_url: str, tiny_dir: Path, reference: dict[str, Any]
 ) -> None:
-    register_model("tiny", tiny_dir)
-    job_id = queue.submit("train_sft", {**SFT, "model": "tiny", "register_as": "tiny-fsdp", "nproc_per_node": 2})
+    register_model(OPERATOR, "tiny", tiny_dir)
+    job_id = queue.submit(OPERATOR, "train_sft", {**SFT, "model": "tiny", "register_as": "tiny-fsdp", "nproc_per_node": 2})
     worker = start_worker(platform_env, "--exit-when-idle")
     try:
         assert worker.wait(timeout=240) == 0
@@ -220,10 +220,10 @@ def test_grpo_on_two_processes_trains_as_one_process_and_resumes_across_process_
 def test_train_grpo_job_with_two_processes_through_the_worker(
     platform_env: dict[str, str], db_url: str, tiny_dir: Path, lowercase_plugin: Path, tmp_path: Path
 ) -> None:
-    register_model("tiny", tiny_dir)
+    register_model(OPERATOR, "tiny", tiny_dir)
     config = _grpo(tiny_dir, tmp_path / "unused", max_steps=2, nproc_per_node=2).model_dump(mode="json")
     config |= {"model": "tiny", "register_as": "tiny-grpo-fsdp", "output_dir": None}
-    job_id = queue.submit("train_grpo", config)
+    job_id = queue.submit(OPERATOR, "train_grpo", config)
     worker = start_worker(platform_env, "--exit-when-idle")  # the verifier plugin: on PYTHONPATH
     try:
         assert worker.wait(timeout=300) == 0

@@ -14,7 +14,7 @@ import yaml
 from sqlmodel import select
 from test_training_tiny import tiny_policy_dir
 
-from conftest import start_worker, stop_worker, wait_for
+from conftest import OPERATOR, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -68,8 +68,8 @@ def _grpo_config(**overrides: object) -> dict[str, object]:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:
-    register_model("tiny", tiny_policy_dir(tmp_path / "tiny"))
-    job_id = queue.submit("train_grpo", _grpo_config())
+    register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny"))
+    job_id = queue.submit(OPERATOR, "train_grpo", _grpo_config())
     done_at_kill = crash_after_steps_and_rerun(platform_env, db_url, job_id, 4, STEPS)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error
@@ -103,7 +103,7 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
     assert (Path(produced.path) / "config.json").is_file() and (Path(produced.path) / "tokenizer.json").is_file()
 
     # evaluate both, before and after, as a job
-    eval_id = queue.submit("evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "difficulty": 3,
+    eval_id = queue.submit(OPERATOR, "evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "difficulty": 3,
                                         "tasks_per_domain": 4, "samples": 2, "ks": [1, 2], "max_new_tokens": 3, "device": "cpu"})
     third = start_worker(platform_env, "--exit-when-idle")
     try:
@@ -122,7 +122,7 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_unknown_model_fails_as_bad_input(platform_env: dict[str, str]) -> None:
-    job_id = queue.submit("train_grpo", _grpo_config(model="no-such-model", max_steps=1))
+    job_id = queue.submit(OPERATOR, "train_grpo", _grpo_config(model="no-such-model", max_steps=1))
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=120) == 0
     job = queue.get_job(job_id)
@@ -170,13 +170,13 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     """The console's one-click demo: build, SFT, evaluate, GRPO, evaluate in one job; killed during
     GRPO, the next attempt skips the finished stages and continues GRPO from its checkpoint."""
     with pytest.raises(JobConfigError, match="unknown preset 'nope'"):
-        queue.submit("train_preset", {"preset": "nope"})
+        queue.submit(OPERATOR, "train_preset", {"preset": "nope"})
     with pytest.raises(JobConfigError, match="group_size"):
-        queue.submit("train_preset", {"grpo": {"group_size": 1}})
+        queue.submit(OPERATOR, "train_preset", {"grpo": {"group_size": 1}})
     # cpu-quick with shorter stages: this test is about the stages and their resumption; the gain itself
     # is checked on the whole preset by test_training_learning and the browser test
     sft_steps, grpo_steps = 100, 40
-    job_id = queue.submit("train_preset", {"preset": "cpu-quick", "name": "quick", "sft": {"max_steps": sft_steps},
+    job_id = queue.submit(OPERATOR, "train_preset", {"preset": "cpu-quick", "name": "quick", "sft": {"max_steps": sft_steps},
                                            "grpo": {"max_steps": grpo_steps}})  # fmt: skip
     preset = get_preset("cpu-quick")
     crash_after_steps_and_rerun(platform_env, db_url, job_id, 25, grpo_steps)  # GRPO checkpoints every 20

@@ -9,7 +9,7 @@ from sqlalchemy import insert
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
 
-from conftest import REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Model, Trajectory
 from posttrain.platform.jobs import queue
@@ -113,7 +113,7 @@ def test_invalid_yaml_shows_a_clear_error_and_creates_nothing(platform_env: dict
 
 
 def _synthetic_run() -> int:
-    job = queue.submit("train_grpo", GRPO)
+    job = queue.submit(OPERATOR, "train_grpo", GRPO)
     points: list[tuple[int, str, float]] = []
     for step in range(300):
         points += [
@@ -182,8 +182,8 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
 
 
 def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env: dict[str, str]) -> None:
-    queued = queue.submit("train_grpo", GRPO)
-    running = queue.submit("train_grpo", GRPO, priority=5)
+    queued = queue.submit(OPERATOR, "train_grpo", GRPO)
+    running = queue.submit(OPERATOR, "train_grpo", GRPO, priority=5)
     assert queue.claim("w", 1, 0).id == running  # type: ignore[union-attr]
 
     at = page()
@@ -215,7 +215,7 @@ def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env
 
 def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> None:
     # trained at difficulty 2: evaluated on that level's eval split (difficulty 1 of arith.add.int has none)
-    run = queue.submit("train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]})
+    run = queue.submit(OPERATOR, "train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]})
     queue.claim("w", 1, 0)
     queue.finish(run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "grpo-run-1", "checkpoint": "/x/step_40"}))
     at = page()
@@ -230,7 +230,7 @@ def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> Non
 
 
 def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
-    job = queue.submit("evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"], "difficulty": 2})
+    job = queue.submit(OPERATOR, "evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"], "difficulty": 2})
     insert_metrics(job, [(0, "eval/arith.add.int/pass@1", 0.25), (0, "eval/pass@1", 0.25),
                          (1, "eval/arith.add.int/pass@1", 0.75), (1, "eval/pass@1", 0.75)])  # fmt: skip
     at = page()
@@ -241,7 +241,7 @@ def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
 
 
 def test_viewer_cannot_launch_or_stop(platform_env: dict[str, str]) -> None:
-    queued = queue.submit("train_grpo", GRPO)
+    queued = queue.submit(OPERATOR, "train_grpo", GRPO)
     at = page("viewer")
     assert any("viewer" in i.value for i in at.info)
     assert at.button(key="yaml_launch").disabled

@@ -140,7 +140,7 @@ def register_final_model(ctx: JobContext, config: TrainConfig, model: torch.nn.M
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    register_model(name, final, base=base, produced_by_job_id=ctx.job_id, meta={"job_kind": ctx.kind, **meta},
+    register_model(ctx.identity, name, final, base=base, produced_by_job_id=ctx.job_id, meta={"job_kind": ctx.kind, **meta},
                    replace=True, url=ctx.url)
     return name
 
@@ -382,7 +382,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
             base_name = f"{name}-base"
             path = str(build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, get_preset(config.preset).model,
                                         overwrite=True))  # fmt: skip
-            register_model(base_name, path, produced_by_job_id=ctx.job_id, replace=True, url=ctx.url,
+            register_model(ctx.identity, base_name, path, produced_by_job_id=ctx.job_id, replace=True, url=ctx.url,
                            meta={"job_kind": ctx.kind, "preset": config.preset})  # fmt: skip
         finish("base", {"path": path, "model": base_name})
     base = state["base"]

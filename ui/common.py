@@ -47,14 +47,15 @@ def refreshed_identity() -> Identity | None:
 
 
 def can(role: Role) -> bool:
-    """Whether the logged-in user has at least ``role`` (checked again wherever an action runs)."""
+    """Whether the logged-in user has at least ``role``: what a page shows and enables. The platform's
+    action checks the role again (``posttrain.platform.auth.action``); a page never decides alone."""
     identity = current_identity()
     return identity is not None and identity.can(role)
 
 
-def username() -> str:
-    identity = current_identity()
-    return identity.username if identity else "anonymous"
+def me() -> Identity:
+    """The logged-in identity, which every platform action takes first (pages run only after the login)."""
+    return require_login()
 
 
 def require_login() -> Identity:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
@@ -57,9 +58,10 @@ def downgrade(url: str | None = None, revision: str = "base") -> None:
     _run(url, command.downgrade, revision)
 
 
-def autogenerate(message: str, url: str) -> None:
-    """Write a new revision from the difference between the models and ``url`` (developers only)."""
-    _run(url, command.revision, message)
+def autogenerate(message: str, url: str, rev_id: str | None = None) -> None:
+    """Write a new revision (id ``rev_id``, e.g. ``0003``) from the difference between the models and
+    ``url``, a database at the current head (developers only; tidy the file it writes by hand)."""
+    _run(url, functools.partial(command.revision, autogenerate=True, rev_id=rev_id), message)
 
 
 def is_up_to_date(url: str | None = None) -> bool:

@@ -65,6 +65,22 @@ class AuditLog(SQLModel, table=True):
     details: dict[str, Any] = _json()
 
 
+class ApiKey(SQLModel, table=True):
+    """A key for the OpenAI-compatible API (posttrain.platform.api_keys): only a hash of its secret is kept."""
+
+    __tablename__ = "api_key"
+    id: int | None = Field(default=None, primary_key=True)
+    key_id: str = Field(index=True, unique=True, max_length=32, description="public part: the key reads pt-<key_id>_<secret>")
+    name: str = Field(max_length=128)
+    secret_sha256: str = Field(max_length=64, description="hex SHA-256 of the secret part")
+    models: list[str] = _json(list)  # the models it may call; empty: every model
+    created_by: str = Field(max_length=128)
+    created_at: datetime = Field(default_factory=utcnow)
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = Field(default=None, index=True)
+    revoked_by: str | None = Field(default=None, max_length=128)
+
+
 # --- documents ----------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from sqlalchemy import update
 from sqlmodel import select
 
+from posttrain.platform.auth import Identity, job_identity
 from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Job, Metric
 from posttrain.platform.settings import Settings
@@ -55,6 +56,11 @@ class JobContext:
         self.log = logging.getLogger(f"posttrain.job.{job_id}")
         self._stop = threading.Event()
         self._last_progress = 0.0
+
+    @property
+    def identity(self) -> Identity:
+        """Who the job acts as in the platform's actions (registering what it built, ...)."""
+        return job_identity(self.job_id)
 
     # --- stopping ---------------------------------------------------------------
     def request_stop(self) -> None:

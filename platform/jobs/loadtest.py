@@ -17,9 +17,12 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
+from posttrain.platform.auth import Identity
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Job, JobStatus
+from posttrain.platform.db.models import Job, JobStatus, Role
 from posttrain.platform.jobs import queue
+
+LOADTEST = Identity("loadtest", Role.operator)  # who queues the load
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ def drain(
     marks.unlink(missing_ok=True)
     rng = random.Random(seed)
     cfg = {"steps": 0, "sleep_s": 0, "mark_file": str(marks)}
-    ids = queue.submit_many("selftest", [cfg] * jobs, [rng.randrange(priorities) for _ in range(jobs)], url=url)
+    ids = queue.submit_many(LOADTEST, "selftest", [cfg] * jobs, [rng.randrange(priorities) for _ in range(jobs)], url=url)
     env = {
         **os.environ,
         "POSTTRAIN_DATABASE_URL": url,

@@ -21,8 +21,9 @@ import psutil
 from sqlalchemy import func, update
 from sqlmodel import col, select
 
+from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import AuditLog, Job, JobStatus, utcnow
+from posttrain.platform.db.models import AuditLog, Job, JobStatus, Role, utcnow
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, validate_config
 
 HOSTNAME = socket.gethostname()
@@ -49,17 +50,19 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
+@action("job.submit", Role.operator)
 def submit(
+    identity: Identity,
     kind: str,
     config: dict[str, Any] | None = None,
     *,
     priority: int = 0,
     max_attempts: int | None = None,
     timeout_s: float | None = None,
-    submitted_by: str = "system",
     url: str | None = None,
 ) -> int:
-    """Validate and enqueue a job; returns its id. Nothing is written when validation fails."""
+    """Validate and enqueue a job submitted by ``identity``; returns its id. Nothing is written when
+    validation fails."""
     job_kind = get_kind(kind)
     validated = validate_config(kind, config)
     check_priority(priority)
@@ -72,16 +75,18 @@ def submit(
             gpu_slots=job_kind.gpu_slots,
             max_attempts=max_attempts or job_kind.max_attempts,
             timeout_s=timeout_s,
-            submitted_by=submitted_by,
+            submitted_by=identity.username,
         )
         s.add(job)
         s.flush()
-        s.add(AuditLog(username=submitted_by, action="job.submit", target=f"job:{job.id}", details={"kind": kind}))
+        s.add(AuditLog(username=identity.username, action="job.submit", target=f"job:{job.id}", details={"kind": kind}))
         assert job.id is not None
         return job.id
 
 
-def submit_many(kind: str, configs: list[dict[str, Any]], priorities: list[int], *, url: str | None = None) -> list[int]:
+@action("job.submit_many", Role.operator)
+def submit_many(identity: Identity, kind: str, configs: list[dict[str, Any]], priorities: list[int], *,
+                url: str | None = None) -> list[int]:
     """Enqueue many jobs of one kind in one transaction (bulk loads, benchmarks, tests)."""
     job_kind = get_kind(kind)
     rows = [
@@ -92,12 +97,14 @@ def submit_many(kind: str, configs: list[dict[str, Any]], priorities: list[int],
             cpu_slots=job_kind.cpu_slots,
             gpu_slots=job_kind.gpu_slots,
             max_attempts=job_kind.max_attempts,
+            submitted_by=identity.username,
         )
         for cfg, prio in zip(configs, priorities, strict=True)
     ]
     with session(url) as s:
         s.add_all(rows)
         s.flush()
+        s.add(AuditLog(username=identity.username, action="job.submit_many", target=kind, details={"jobs": len(rows)}))
         return [r.id for r in rows if r.id is not None]
 
 
@@ -242,7 +249,8 @@ def finish(
         return status
 
 
-def cancel(job_id: int, *, username: str = "system", url: str | None = None) -> JobStatus:
+@action("job.cancel", Role.operator)
+def cancel(identity: Identity, job_id: int, *, url: str | None = None) -> JobStatus:
     """Cancel a job: a queued one at once; a running one is stopped by its worker."""
     with session(url) as s:
         job = _job(s, job_id)
@@ -254,7 +262,7 @@ def cancel(job_id: int, *, username: str = "system", url: str | None = None) -> 
         elif job.status == JobStatus.running:
             job.cancel_requested = True
         s.add(job)
-        s.add(AuditLog(username=username, action="job.cancel", target=f"job:{job_id}"))
+        s.add(AuditLog(username=identity.username, action="job.cancel", target=f"job:{job_id}"))
         return job.status
 
 

@@ -1,9 +1,11 @@
 """Import real weights: a GGUF file, a Hugging Face directory, or the built-in SmolLM2.
 
     from posttrain.platform.models.importer import import_model
-    row = import_model("builtin:smollm2-135m-instruct")          # idempotent
-    row = import_model("/data/my-model.Q8_0.gguf", name="mine")   # dequantised to fp32
-    row = import_model("/data/hf-dir", name="mine-hf", dtype="bfloat16")
+    row = import_model(operator, "builtin:smollm2-135m-instruct")          # idempotent
+    row = import_model(operator, "/data/my-model.Q8_0.gguf", name="mine")   # dequantised to fp32
+    row = import_model(operator, "/data/hf-dir", name="mine-hf", dtype="bfloat16")
+
+(``operator``: the acting :class:`~posttrain.platform.auth.Identity`; importing needs the operator role.)
 
 Every import ends as an ordinary Hugging Face directory under ``<data_dir>/models/<name>``
 (written to a temporary directory and renamed into place, so a failed import leaves
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.platform.auth import Identity, action
+from posttrain.platform.db.models import Role
 from posttrain.platform.models.chat_template import with_tool_support
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 
@@ -299,12 +303,13 @@ def default_name(source: Source) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in stem.lower()).strip("-.") or "imported"
 
 
+@action("model.import", Role.operator)
 def import_model(
+    identity: Identity,
     source: str | os.PathLike[str],
     *,
     name: str | None = None,
     dtype: Dtype = "float32",
-    by: str = "system",
     url: str | None = None,
     produced_by_job_id: int | None = None,
     progress: Progress | None = None,
@@ -350,7 +355,7 @@ def import_model(
         **({"gguf": described} if described else {}), **checked,
     }  # fmt: skip
     try:
-        row = register_model(name, final, meta=meta, by=by, url=url, produced_by_job_id=produced_by_job_id)
+        row = register_model(identity, name, final, meta=meta, url=url, produced_by_job_id=produced_by_job_id)
     except Exception:
         shutil.rmtree(final, ignore_errors=True)
         raise

@@ -7,8 +7,9 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import AuditLog, Model
+from posttrain.platform.db.models import AuditLog, Model, Role
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 
 
@@ -16,14 +17,15 @@ class ModelNotFound(LookupError):
     pass
 
 
+@action("model.register", Role.operator)
 def register_model(
+    identity: Identity,
     name: str,
     path: str | Path,
     *,
     base: str | None = None,
     produced_by_job_id: int | None = None,
     meta: dict[str, Any] | None = None,
-    by: str = "system",
     replace: bool = False,
     url: str | None = None,
 ) -> Model:
@@ -46,7 +48,7 @@ def register_model(
         row.produced_by_job_id = produced_by_job_id
         row.meta = {**(meta or {}), "is_vision": info.is_vision, "max_position_embeddings": info.max_position_embeddings}
         s.add(row)
-        s.add(AuditLog(username=by, action="model.register", target=name, details={"path": row.path}))
+        s.add(AuditLog(username=identity.username, action="model.register", target=name, details={"path": row.path}))
         s.flush()
         s.refresh(row)
         return row

@@ -1,4 +1,8 @@
-"""The OpenAI-compatible HTTP API over one :class:`EmbeddedEngine`."""
+"""The OpenAI-compatible HTTP API over one :class:`EmbeddedEngine`.
+
+Given an ``auth`` (:mod:`posttrain.platform.serving.auth`; the engine command gives one when it
+listens beyond loopback), every request's API key is checked against the database first.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from posttrain.platform.serving.auth import ApiAuth, allow_model, visible
 from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle, TokensEvent
 from posttrain.platform.serving.errors import APIError, model_not_found
 from posttrain.platform.serving.protocol import (
@@ -85,18 +90,23 @@ def default_max_request_bytes(engine: EmbeddedEngine) -> int:
     return images * 4 // 3 + TEXT_REQUEST_BYTES
 
 
-def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = None) -> FastAPI:
+def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = None, auth: ApiAuth | None = None) -> FastAPI:
     """Routes: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics.
 
-    A request body over ``max_request_bytes`` (default :func:`default_max_request_bytes`) gets a 413."""
+    A request body over ``max_request_bytes`` (default :func:`default_max_request_bytes`) gets a 413;
+    ``auth`` checks API keys on the /v1 routes (none: everyone is served)."""
     app = FastAPI(title=f"posttrain engine: {engine.name}")
     app.state.engine = engine
+    app.state.auth = auth
     limit = max_request_bytes or default_max_request_bytes(engine)
 
-    async def body_of(request: Request) -> Any:
-        return (await read_json_body(request, limit))[1]
+    async def body_of(request: Request) -> tuple[Any, Any]:
+        """The request's key grant (checked before the body is read), then its parsed JSON body."""
+        granted = None if auth is None else await auth.grant(request)
+        return granted, (await read_json_body(request, limit))[1]
 
-    def check_model(model: str) -> None:
+    def check_model(model: str, granted: Any) -> None:
+        allow_model(granted, model)
         if model != engine.name:
             raise model_not_found(model, [engine.name])
 
@@ -115,16 +125,18 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        granted = None if auth is None else await auth.grant(request)
         return {"object": "list", "data": [{
-            "id": engine.name, "object": "model", "created": 0, "owned_by": "posttrain",
+            "id": name, "object": "model", "created": 0, "owned_by": "posttrain",
             "root": engine.loaded.info.path, "max_model_len": engine.max_model_len,
-        }]}
+        } for name in visible(granted, [engine.name])]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await body_of(request))
-        check_model(req.model)
+        granted, body = await body_of(request)
+        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body)
+        check_model(req.model, granted)
         # templating and tokenising are proportional to the prompt: off the event loop, so /health and
         # every other request keep being answered meanwhile
         handle = engine.submit(await asyncio.to_thread(engine.prepare_chat, req))
@@ -135,8 +147,9 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req: CompletionRequest = parse_request(CompletionRequest, await body_of(request))
-        check_model(req.model)
+        granted, body = await body_of(request)
+        req: CompletionRequest = parse_request(CompletionRequest, body)
+        check_model(req.model, granted)
         handle = engine.submit(await asyncio.to_thread(engine.prepare_completion, req))
         if req.stream:
             return StreamingResponse(_completion_stream(engine, handle), media_type="text/event-stream")

@@ -2,6 +2,8 @@
 
 The official ``openai`` package works against the same endpoints; this one keeps
 the platform's runtime dependencies small and streams deltas as plain dicts.
+:func:`chat_as` is the console's chat: an audited operator action that sends the
+console's own API key once keys exist (:func:`posttrain.platform.api_keys.service_key`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from posttrain.platform.auth import Identity, action, audit
+from posttrain.platform.db.models import Role
 from posttrain.platform.serving.gateway import TIER_HEADER
 
 
@@ -39,6 +43,7 @@ def stream_chat(
     max_tokens: int = 256,
     temperature: float = 0.0,
     timeout_s: float = 300.0,
+    api_key: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield each streamed ``delta`` (content pieces, tool calls), then ``{"finish_reason": ...}``."""
     body: dict[str, Any] = {
@@ -47,6 +52,8 @@ def stream_chat(
     if tools:
         body["tools"] = tools
     headers = {TIER_HEADER: tier} if tier else {}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
     with httpx.stream("POST", f"{base_url.rstrip('/')}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s) as resp:
         _raise_for(resp)
         for line in resp.iter_lines():
@@ -63,6 +70,24 @@ def stream_chat(
                     yield choice["delta"]
                 if choice.get("finish_reason"):
                     yield {"finish_reason": choice["finish_reason"]}
+
+
+CONSOLE_KEY = "console"  # the name of the console's own API key
+
+
+@action("model.chat", Role.operator)
+def chat_as(identity: Identity, base_url: str, model: str, messages: list[dict[str, Any]], *, tier: str | None = None,
+            tools: list[dict[str, Any]] | None = None, max_tokens: int = 256, temperature: float = 0.0,
+            url: str | None = None) -> Iterator[dict[str, Any]]:
+    """:func:`stream_chat` for a console user (the playground, a task's "ask the model"): audited, and
+    sent with the console's own API key once keys exist."""
+    from posttrain.platform.api_keys import service_key
+    from posttrain.platform.settings import get_settings
+
+    audit(identity.username, "model.chat", target=model, details={"url": base_url, "tier": tier}, url=url)
+    key = service_key(CONSOLE_KEY, get_settings().secrets_dir(), url=url)
+    return stream_chat(base_url, model, messages, tier=tier, tools=tools, max_tokens=max_tokens,
+                       temperature=temperature, api_key=key)  # fmt: skip
 
 
 def list_models(base_url: str, *, timeout_s: float = 5.0) -> list[str]:

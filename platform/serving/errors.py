@@ -22,6 +22,8 @@ class APIError(Exception):
 def _default_type(status: int) -> str:
     return {
         400: "BadRequestError",
+        401: "AuthenticationError",
+        403: "PermissionDeniedError",
         404: "NotFoundError",
         422: "BadRequestError",
         429: "RateLimitError",

@@ -7,6 +7,10 @@ streams pass through unchanged; a replica that refuses a connection or fails
 with a 5xx before answering is marked unhealthy and the request is retried on
 another replica of the same model and tier.
 
+Requests are checked against API keys (:mod:`posttrain.platform.serving.auth`) when the app is given
+an ``auth``: every command that starts a gateway gives one; an app built without one serves everyone
+and is for in-process use on loopback (tests, benchmarks).
+
 Upstream calls go through one pooled ``aiohttp`` session (keep-alive connections to every
 replica): measured on this project's 2-core machine, httpx's async client added about
 1.1 ms per proxied request over aiohttp's.
@@ -28,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
 from posttrain.platform.serving.errors import APIError
 from posttrain.platform.serving.protocol import read_json_body
 
@@ -139,9 +144,14 @@ def _error(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status_code)
 
 
-def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None) -> FastAPI:
-    """The gateway app; ``refresh`` (called every health interval) replaces the deployment list."""
+def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None,
+                       auth: ApiAuth | None = None) -> FastAPI:
+    """The gateway app; ``refresh`` (called every health interval) replaces the deployment list;
+    ``auth`` checks API keys (none: everyone is served)."""
     gw = Gateway(config, refresh)
+
+    async def grant(request: Request):  # type: ignore[no-untyped-def]
+        return None if auth is None else await auth.grant(request)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -159,6 +169,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
 
     app = FastAPI(title="posttrain gateway", lifespan=lifespan)
     app.state.gateway = gw
+    app.state.auth = auth
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -169,21 +180,25 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         return Response(status_code=200)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        shown = visible(await grant(request), gw.models())
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "posttrain",
                                              "tiers": sorted({d.tier for d in gw.deployments if d.model == m})}
-                                            for m in gw.models()]}
+                                            for m in shown]}
 
     @app.get("/v1/deployments")
-    async def deployments() -> list[dict[str, Any]]:
-        return [d.model_dump() for d in gw.deployments]
+    async def deployments(request: Request) -> list[dict[str, Any]]:
+        shown = set(visible(await grant(request), gw.models()))
+        return [d.model_dump() for d in gw.deployments if d.model in shown]
 
     async def proxy(request: Request, path: str) -> Response:
         started = time.perf_counter()
+        granted = await grant(request)  # before the body is read: a caller without a key costs nothing more
         raw, body = await read_json_body(request, gw.config.max_request_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise APIError(400, "request body must be a JSON object with a string 'model'", param="model")
         model = body["model"]
+        allow_model(granted, model)
         metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         task_type = request.headers.get(TASK_HEADER) or metadata.get("task_type")
         if task_type is not None and not isinstance(task_type, str):
@@ -273,7 +288,9 @@ async def _pass_stream(gw: Gateway, resp: aiohttp.ClientResponse, replica: Deplo
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m posttrain.platform.serving.gateway --config gateway.json --port 9000``"""
+    """``python -m posttrain.platform.serving.gateway --config gateway.json --port 9000``: a gateway over a
+    fixed list of deployments, checking API keys in the configured database (``--no-api-keys``, on
+    loopback only: serve everyone, with no database at all)."""
     import argparse
     from pathlib import Path
 
@@ -283,11 +300,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="JSON file holding a GatewayConfig")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--no-api-keys", action="store_true", help="serve everyone (loopback only; benchmarks)")
     args = parser.parse_args(argv)
     config = GatewayConfig.model_validate_json(Path(args.config).read_text())
     logging.basicConfig(level=logging.WARNING)
+    auth = None if args.no_api_keys else ApiAuth(args.host)
+    try:
+        refuse_open_server("gateway", args.host, auth)
+    except OpenServerRefused as exc:
+        raise SystemExit(f"error: {exc}") from None
     print(f"gateway on http://{args.host}:{args.port} for {len(config.deployments)} deployment(s)", flush=True)
-    uvicorn.run(create_gateway_app(config), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(create_gateway_app(config, auth=auth), host=args.host, port=args.port, log_level="warning",
+                access_log=False)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.platform.auth import Identity, action, audit, is_loopback
 from posttrain.platform.db.engine import retry_transient, session
-from posttrain.platform.db.models import Deployment, utcnow
+from posttrain.platform.db.models import Deployment, Role, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.platform.models.inspect import ModelDirError
@@ -55,7 +56,8 @@ def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
             architecture=config.architecture, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed
         )
         path = build_tiny_model(out, spec)
-    row = register_model(config.name, path, produced_by_job_id=ctx.job_id, meta={"built": config.model_dump()}, url=ctx.url)
+    row = register_model(ctx.identity, config.name, path, produced_by_job_id=ctx.job_id, meta={"built": config.model_dump()},
+                         url=ctx.url)  # fmt: skip
     return {"model": row.name, "path": row.path}
 
 
@@ -78,7 +80,7 @@ def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
     if not config.source.startswith(BUILTIN_PREFIX):  # a bare file name: in the data directory
         config = config.model_copy(update={"source": str(Path(ctx.settings.data_dir).resolve() / config.source)})
     try:
-        row = run_import(config.source, name=config.name, dtype=config.dtype, by=f"job:{ctx.job_id}", url=ctx.url,
+        row = run_import(ctx.identity, config.source, name=config.name, dtype=config.dtype, url=ctx.url,
                          produced_by_job_id=ctx.job_id, progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
     except ModelDirError as exc:
         raise BadInput(str(exc)) from None
@@ -98,7 +100,8 @@ def export_path(settings: Any, config: ExportModelConfig) -> Path:
     return folder / (f"{config.model}.{config.outtype.upper()}.gguf" if config.format == "gguf" else f"{config.model}-hf")
 
 
-def export_registered(config: ExportModelConfig, settings: Any, *, by: str, url: str | None = None,
+@action("model.export", Role.operator)
+def export_registered(identity: Identity, config: ExportModelConfig, settings: Any, *, url: str | None = None,
                       progress: Any = None) -> dict[str, Any]:
     """Export a registered model (replacing an older export of the same kind) and record it in its meta."""
     from posttrain.platform.models.exporter import ExportError, export_model
@@ -128,12 +131,12 @@ def export_registered(config: ExportModelConfig, settings: Any, *, by: str, url:
     entry = {"format": config.format, "outtype": config.outtype if config.format == "gguf" else None, "path": str(out),
              "bytes": sum(p.stat().st_size for p in files), "sha256": sha256_file(out) if out.is_file() else None,
              "at": utcnow().isoformat(timespec="seconds")}  # fmt: skip
-    record_export(config.model, entry, by=by, url=url)
+    record_export(config.model, entry, by=identity.username, url=url)
     return entry
 
 
 def export_job(ctx: JobContext, config: ExportModelConfig) -> dict[str, Any]:
-    return export_registered(config, ctx.settings, by=f"job:{ctx.job_id}", url=ctx.url,
+    return export_registered(ctx.identity, config, ctx.settings, url=ctx.url,
                              progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
 
 
@@ -142,7 +145,8 @@ class DeployConfig(BaseModel):
     model: str = Field(min_length=1, description="a registered model name")
     tier: str = Field(default="standard", description="tier profile: fast or standard (or one from tiers_file)")
     engine: Literal["embedded", "vllm"] = "embedded"
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="127.0.0.1: reached through the gateway only; another address "
+                      "serves the network, checking API keys (embedded engine only)")
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     max_model_len: int | None = Field(default=None, ge=16)
     tiers_file: str | None = Field(default=None, json_schema_extra=JOB_PATH)
@@ -153,6 +157,18 @@ class DeployConfig(BaseModel):
 def tiers_path(settings: Any) -> Path:
     """Where the operator's edited tier profiles live."""
     return Path(settings.data_dir) / "tiers.json"
+
+
+@action("tiers.save", Role.operator)
+def save_tiers(identity: Identity, text: str, settings: Any, *, url: str | None = None) -> Any:
+    """Replace the operator's tier profiles with ``text`` (a TierCatalog as JSON, validated: pydantic's
+    ValidationError names the field); deployments started afterwards use them."""
+    from posttrain.platform.serving.profiles import TierCatalog
+
+    edited = TierCatalog.model_validate_json(text)
+    edited.save(tiers_path(settings))
+    audit(identity.username, "tiers.save", target=str(tiers_path(settings)), details={"tiers": sorted(edited.tiers)}, url=url)
+    return edited
 
 
 def tier_catalog(settings: Any, path: str | Path | None = None) -> Any:
@@ -178,6 +194,10 @@ def server_command(config: DeployConfig, path: str, port: int, settings: Any) ->
         raise BadInput(f"unknown tier {config.tier!r}; known tiers: {', '.join(sorted(catalog.tiers))}")
     if config.engine == "vllm":
         from posttrain.platform.serving.vllm import VllmProfile
+
+        if not is_loopback(config.host):
+            raise BadInput(f"vLLM cannot check posttrain API keys, so it listens on loopback only: deploy it on "
+                           f"127.0.0.1 (the gateway serves it to the network), not {config.host}")  # fmt: skip
 
         tier = catalog.tiers[config.tier]
         overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}

@@ -4,6 +4,10 @@
         print(server.base_url)
 
     python -m posttrain.platform.serving --model var/models/tiny --port 8001 --tier fast
+
+Beyond loopback a server must check API keys: :class:`ThreadedServer` refuses a non-loopback address
+for an app built without ``auth``, and the engine command checks keys in the configured database
+when told to listen beyond loopback (and refuses to start while no key exists).
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from types import TracebackType
 import uvicorn
 from fastapi import FastAPI
 
+from posttrain.platform.auth import is_loopback
 from posttrain.platform.models.loader import ModelDirError
 from posttrain.platform.serving.app import create_engine_app
+from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
 from posttrain.platform.serving.engine import EmbeddedEngine
 from posttrain.platform.serving.profiles import DEFAULT_TIERS, EngineConfig, TierCatalog
 
 
 class ThreadedServer:
-    """uvicorn in a background thread; ``port=0`` picks a free port."""
+    """uvicorn in a background thread; ``port=0`` picks a free port. An address beyond loopback needs an
+    app that checks API keys (built with ``auth``) and a key to exist."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        auth = getattr(app.state, "auth", None)
+        refuse_open_server(app.title, host, auth, url=auth.url if auth is not None else None)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="auto", access_log=False)
         self.server = uvicorn.Server(config)
         self.host = host
@@ -74,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--max-images-per-prompt", type=int, default=4)
     args = parser.parse_args(argv)
+    auth = None if is_loopback(args.host) else ApiAuth(args.host)  # on loopback: behind the gateway
+    try:
+        refuse_open_server("engine", args.host, auth)
+    except OpenServerRefused as exc:
+        raise SystemExit(f"error: {exc}") from None
     catalog = TierCatalog.load(args.tiers_file) if args.tiers_file else TierCatalog()
     config = EngineConfig(model_path=args.model, served_model_name=args.served_model_name,
                           tier=catalog.get(args.tier), max_model_len=args.max_model_len,
@@ -84,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from None
     print(f"serving {engine.name} ({args.tier}) on http://{args.host}:{args.port}", flush=True)
     try:
-        uvicorn.run(create_engine_app(engine), host=args.host, port=args.port, log_level="info", lifespan="off")
+        uvicorn.run(create_engine_app(engine, auth=auth), host=args.host, port=args.port, log_level="info",
+                    lifespan="off")  # fmt: skip
     finally:
         engine.stop()
 

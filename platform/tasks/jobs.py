@@ -7,13 +7,18 @@ transaction, so a bad input stores nothing.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.platform.auth import Identity, action
+from posttrain.platform.db.models import Role
+from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
+from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
@@ -151,6 +156,20 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
                             len(missing), config.source.difficulty, ", ".join(missing))  # fmt: skip
             result["domains_without_eval_split"] = missing
     return result
+
+
+@action("tasks.import_jsonl", Role.operator)
+def import_jsonl_upload(identity: Identity, data: bytes, task_set: str, *, url: str | None = None) -> int:
+    """Keep an uploaded JSONL file in ``<data_dir>/uploads`` (named by its sha256) and queue the
+    ``build_tasks`` job that imports it into ``task_set``; returns the job's id."""
+    folder = get_settings().data_dir / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(data).hexdigest()}.jsonl"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return queue.submit(identity, "build_tasks", {"task_set": task_set, "source": {"type": "jsonl", "path": str(path)}},
+                        url=url)  # fmt: skip
 
 
 register(

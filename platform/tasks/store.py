@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, update
 from sqlmodel import col, select
 
+from posttrain.platform.auth import AUDITED_CHARS, Identity, action, audit
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Domain, Split, Task, TaskSet
+from posttrain.platform.db.models import Domain, Role, Split, Task, TaskSet
 from posttrain.platform.tasks.domains import get_domain
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
-from posttrain.platform.verifiers import TaskSpec
+from posttrain.platform.verifiers import TaskSpec, Verdict, verify
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,16 @@ def get_task(task_id: int, *, url: str | None = None) -> StoredTask:
         raise LookupError(f"no task with id {task_id}")
     t, d, ts = row
     return StoredTask(t.id, ts, _to_spec(t, d), t.attempts, t.passes)  # type: ignore[arg-type]
+
+
+@action("task.verify", Role.operator)
+def try_answer(identity: Identity, task_id: int, answer: str, *, url: str | None = None) -> Verdict:
+    """Check ``answer`` against stored task ``task_id``'s verifier, as training does: a code task's tests
+    run the answer in a sandbox, which is why this needs an operator. Audited before it runs."""
+    task = get_task(task_id, url=url)
+    audit(identity.username, "task.verify", target=f"task:{task_id}",
+          details={"verifier": task.spec.verifier.kind, "answer": answer[:AUDITED_CHARS], "chars": len(answer)}, url=url)  # fmt: skip
+    return verify(task.spec, answer)
 
 
 def record_results(results: Iterable[tuple[int, bool]], *, url: str | None = None) -> None:

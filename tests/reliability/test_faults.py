@@ -35,7 +35,7 @@ import psutil
 import pytest
 from sqlmodel import select
 
-from conftest import Reliability, start_worker, stop_worker, wait_for
+from conftest import OPERATOR, Reliability, start_worker, stop_worker, wait_for
 from required_parts import fail_missing
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Document, Job, JobStatus, Metric, Trajectory
@@ -88,9 +88,9 @@ def store_documents_and_tasks(url: str, count: int = 3) -> StoredData:
 
     documents = {}
     for i in range(count):
-        added = add_document(_png(i), filename=f"scan-{i}.png", url=url)
+        added = add_document(OPERATOR, _png(i), filename=f"scan-{i}.png", url=url)
         if added.job_id is not None:
-            queue.cancel(added.job_id, url=url)
+            queue.cancel(OPERATOR, added.job_id, url=url)
         documents[int(added.document.id)] = (added.document.sha256, added.document.storage_path)  # type: ignore[arg-type]
     save_tasks("faults", generate("format.to_hex", 4 * count, seed=7), source="reliability", url=url)
     tasks = {t.id: (t.spec.task_id or "", t.spec.prompt[0].content) for t in load_tasks(task_set="faults", url=url)}
@@ -173,7 +173,7 @@ def register_tiny(tmp_path: Path) -> None:
 
     from posttrain.platform.models.registry import register_model
 
-    register_model("tiny", tiny_policy_dir(tmp_path / "tiny", hidden=32, layers=1))
+    register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny", hidden=32, layers=1))
 
 
 def checkpoints_of(job_id: int) -> Path:
@@ -256,7 +256,7 @@ def test_training_run_survives_each_of_its_processes_killed(
     # moment within the step by time; the run is long enough to outlast the last one on either.
     spacing = 6
     steps = spacing * (len(schedule) + 2)
-    job_id = queue.submit("train_grpo", grpo_config(steps), max_attempts=len(schedule) + 1)
+    job_id = queue.submit(OPERATOR, "train_grpo", grpo_config(steps), max_attempts=len(schedule) + 1)
     seed = rng.seed_value
     worker = start_worker(platform_env)
     try:
@@ -339,8 +339,8 @@ def test_worker_killed_at_random_points_leaves_no_job_behind(
     per_kill = 10
     steps = per_kill * (kills + 2)
     config = {"steps": steps, "sleep_s": 0.2, "mark_file": str(marks)}
-    jobs = [queue.submit("selftest", config, max_attempts=kills + 1),
-            queue.submit("selftest", {**config, "ignore_sigterm": True}, max_attempts=kills + 1)]  # fmt: skip
+    jobs = [queue.submit(OPERATOR, "selftest", config, max_attempts=kills + 1),
+            queue.submit(OPERATOR, "selftest", {**config, "ignore_sigterm": True}, max_attempts=kills + 1)]  # fmt: skip
     seed = rng.seed_value
 
     def counter(job_id: int) -> int:
@@ -426,7 +426,7 @@ def test_postgres_restart_under_a_training_job(
     stored = store_documents_and_tasks(db_url)
     register_tiny(tmp_path)
     steps = 24
-    job_id = queue.submit("train_grpo", grpo_config(steps))
+    job_id = queue.submit(OPERATOR, "train_grpo", grpo_config(steps))
     worker = start_worker(platform_env)
     try:
         at = wait_steps(db_url, job_id, rng.randint(1, 4))
@@ -609,7 +609,7 @@ def test_serving_engine_killed_under_traffic_is_noticed_and_restarted(
     stored = store_documents_and_tasks(db_url)
     register_tiny(tmp_path)
     seed = rng.seed_value
-    deploy_id = queue.submit("deploy", {"model": "tiny", "tier": "fast"})
+    deploy_id = queue.submit(OPERATOR, "deploy", {"model": "tiny", "tier": "fast"})
     worker = start_worker(platform_env)
     outcomes: list[tuple[float, float, int, str]] = []  # (sent at, seconds, status, error message)
     stop = threading.Event()
@@ -652,7 +652,7 @@ def test_serving_engine_killed_under_traffic_is_noticed_and_restarted(
         job = queue.get_job(deploy_id)
         servers = [(p.pid, p.create_time()) for p in _serving_processes(job.pid)]  # type: ignore[arg-type]
         assert len(servers) == 1, servers
-        queue.cancel(deploy_id)
+        queue.cancel(OPERATOR, deploy_id)
         wait_for(lambda: queue.get_job(deploy_id).status.finished, timeout=60, message="deploy stopped")
     finally:
         stop.set()
@@ -719,7 +719,7 @@ def test_console_killed_under_a_running_job(
 
     try:
         wait_for(lambda: _console_up(base), timeout=120, interval=0.5, message="the console")
-        job_id = queue.submit("selftest", {"steps": 100, "sleep_s": 0.1})
+        job_id = queue.submit(OPERATOR, "selftest", {"steps": 100, "sleep_s": 0.1})
         job = live_job(db_url, job_id)
         wait_for(lambda: counter() >= 3, timeout=30, message="the job under way")
         before = pace(1.0)
@@ -810,7 +810,7 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
         stored = store_documents_and_tasks(db_url)
         register_tiny(tmp_path)
         steps = 20
-        job_id = queue.submit("train_grpo", grpo_config(steps))
+        job_id = queue.submit(OPERATOR, "train_grpo", grpo_config(steps))
         worker = start_worker(env)
         try:
             at = wait_steps(db_url, job_id, rng.randint(2, 4))
@@ -830,7 +830,7 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
             # job cleaned its half-written checkpoint up, freeing a little: fill that too)
             fill(data)
             with pytest.raises(StorageFull, match=f"(?s)no space left.*free space in {data}"):
-                add_document(_png(seed + 1000), filename="while-full.png", url=db_url)
+                add_document(OPERATOR, _png(seed + 1000), filename="while-full.png", url=db_url)
             assert not list((data / "documents" / "incoming").glob(".ingest-*"))
             check_stored(reliability, stored, db_url, "the disk filling up")
             # what was written before the disk filled is whole: each checkpoint left loads
@@ -849,7 +849,7 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
 
             # space freed: the platform works again, and the run continues from its last good checkpoint
             filler.unlink()
-            again = queue.submit("train_grpo", grpo_config(steps, output_dir=str(checkpoints_of(job_id).parent)))
+            again = queue.submit(OPERATOR, "train_grpo", grpo_config(steps, output_dir=str(checkpoints_of(job_id).parent)))
             wait_for(lambda: queue.get_job(again).status.finished, timeout=240, message="the resumed run")
         finally:
             stop_worker(worker)

@@ -42,7 +42,7 @@ from PIL import Image
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
+from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
 from required_parts import require
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
@@ -161,7 +161,7 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
     """``add_document`` with random and mutated bytes under hostile names: each refused with a
     PreprocessError naming the file, or stored under the data directory; what was stored before stays."""
     data_dir = Path(platform_env["POSTTRAIN_DATA_DIR"])
-    good = add_document(plain_pdf(), filename="good.pdf", submitted_by="ann")
+    good = add_document(OPERATOR, plain_pdf(), filename="good.pdf")
     stored_before = files_under(data_dir / "documents")
     outside_before = sorted(p.name for p in tmp_path.iterdir())
     seeds = [plain_pdf(), png_bytes(), *active_pdfs(tmp_path / "never").values()]
@@ -173,7 +173,7 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
     def target(example: tuple[str, bytes]) -> str:
         name, data = example
         try:
-            added = add_document(data, filename=name, submitted_by="fuzz")
+            added = add_document(OPERATOR, data, filename=name)
         except PreprocessError as exc:
             message = str(exc)
             stored = unicodedata.normalize("NFC", name)  # the name as it is stored (and named in messages)
@@ -209,12 +209,12 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
     oversized stream is refused before it fills the disk."""
     data_dir = Path(platform_env["POSTTRAIN_DATA_DIR"])
     content = plain_pdf("kept safe")
-    good = add_document(content, filename="kept.pdf")
+    good = add_document(OPERATOR, content, filename="kept.pdf")
     outcomes: Counter[str] = Counter()
     for name in HOSTILE_NAMES:
         for data in (content, plain_pdf(f"new {name!r}")):
             try:
-                added = add_document(data, filename=name)
+                added = add_document(OPERATOR, data, filename=name)
             except PreprocessError as exc:
                 assert str(exc), name
                 outcomes["refused"] += 1
@@ -224,7 +224,7 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
             outcomes["accepted"] += 1
     for name in ("../kept.pdf", "sub/../../x.pdf"):
         with pytest.raises(PreprocessError, match="path components"):
-            add_document(content, filename=name)
+            add_document(OPERATOR, content, filename=name)
         outcomes["refused"] += 1
     row = get_document(good.document.id)  # type: ignore[arg-type]
     assert row.status is DocumentStatus.uploaded and row.error is None, (row.status, row.error)
@@ -255,7 +255,7 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
     stream = Endless()
     started = time.monotonic()
     with pytest.raises(PreprocessError, match="over the limit") as info:
-        add_document(io.BufferedReader(stream), filename="huge.pdf")
+        add_document(OPERATOR, io.BufferedReader(stream), filename="huge.pdf")
     assert "huge.pdf" in str(info.value) and stream.sent <= limit + 4 * 1024 * 1024
     outcomes["refused"] += 1
     assert not list((data_dir / "documents" / "incoming").glob(".ingest-*"))  # the partial file is gone
@@ -273,8 +273,8 @@ def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, 
         path = tmp_path / f"{name}.pdf"
         path.write_bytes(data)
         assert inspect_document(path).active_content, name
-    clean = add_document(plain_pdf("no actions here"), filename="clean.pdf")
-    added = {name: add_document(data, filename=f"{name}.pdf") for name, data in pdfs.items()}
+    clean = add_document(OPERATOR, plain_pdf("no actions here"), filename="clean.pdf")
+    added = {name: add_document(OPERATOR, data, filename=f"{name}.pdf") for name, data in pdfs.items()}
     # Damaged files that ingest accepts (they still sniff as PDF) go through the job too.
     rng = random.Random(9)
     damaged = []
@@ -285,7 +285,7 @@ def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, 
             at = rng.randrange(16, len(data))
             data[at : at + rng.randint(1, 40)] = rng.randbytes(rng.randint(0, 40))
         try:
-            damaged.append(add_document(bytes(data), filename=f"damaged-{i}.pdf"))
+            damaged.append(add_document(OPERATOR, bytes(data), filename=f"damaged-{i}.pdf"))
         except PreprocessError:
             outcomes["refused"] += 1
     worker = start_worker(platform_env)
@@ -519,7 +519,7 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
     the field, or queued with a config that reads back exactly as it was validated."""
     from posttrain.platform.cli import _load_config
 
-    keep = queue.submit("selftest", {"steps": 1}, submitted_by="ann")
+    keep = queue.submit(OPERATOR, "selftest", {"steps": 1})
     known = set(kinds())
     assert set(VALID_CONFIGS) <= known, known - set(VALID_CONFIGS)
     path = tmp_path / "config.yaml"
@@ -536,7 +536,7 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
                 return "refused"
         started = time.monotonic()
         try:
-            job_id = queue.submit(kind, config, submitted_by="fuzz")
+            job_id = queue.submit(OPERATOR, kind, config)
         except JobConfigError as exc:
             assert kind in str(exc), exc
             assert time.monotonic() - started < 5, "refusing a config took over 5 s"
@@ -754,10 +754,10 @@ SQLISH = ["admin' --", "' OR '1'='1", "admin'; DROP TABLE users; --", "admin\x00
 def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str, reliability: Reliability) -> None:
     """No page without a login; crafted session states, SQL-ish names and wrong passwords are refused
     (slowly, then locked); a viewer's or a demoted user's forced clicks launch and stop nothing."""
-    auth.create_user("admin", PASSWORD, Role.admin)
-    auth.create_user("viv", PASSWORD, Role.viewer)
-    auth.create_user("otto", PASSWORD, Role.operator)
-    job_id = queue.submit("selftest", {"steps": 1}, submitted_by="otto")
+    auth.create_user(ADMIN, "admin", PASSWORD, Role.admin)
+    auth.create_user(ADMIN, "viv", PASSWORD, Role.viewer)
+    auth.create_user(ADMIN, "otto", PASSWORD, Role.operator)
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 1})
     outcomes: Counter[str] = Counter()
     views = sorted((REPO_ROOT / "ui" / "views").glob("*.py"))
 
@@ -817,7 +817,7 @@ def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str
     # 3. A viewer forcing the actions the pages offer operators; an operator demoted or disabled mid-session.
     jobs_page = str(REPO_ROOT / "ui" / "views" / "jobs.py")
     at = login_as(AppTest.from_file(jobs_page, default_timeout=30), "operator", "otto").run()
-    auth.set_role("otto", Role.viewer, by="admin")  # demoted while the page is open
+    auth.set_role(ADMIN, "otto", Role.viewer)  # demoted while the page is open
     at.button[0].click().run()
     assert not at.success and [j.id for j in queue.list_jobs()] == [job_id], "a demoted operator launched a job"
     outcomes["refused"] += 1

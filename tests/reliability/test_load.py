@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import col, select
 
-from conftest import REPO_ROOT, Reliability, login_as, stop_worker, wait_for
+from conftest import OPERATOR, REPO_ROOT, Reliability, login_as, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus
 
@@ -119,7 +119,7 @@ def test_a_thousand_queued_jobs_across_kinds_each_run_exactly_once(
         n = counters[label]
         counters[label] += 1
         if label == "preprocess":
-            added = add_document(_small_pdf(n), filename=f"load-{n}.pdf")
+            added = add_document(OPERATOR, _small_pdf(n), filename=f"load-{n}.pdf")
             assert added.created and added.job_id is not None
             ids[label].append(added.job_id)
             continue
@@ -137,7 +137,7 @@ def test_a_thousand_queued_jobs_across_kinds_each_run_exactly_once(
             elif label == "selftest.failing":
                 config |= {"steps": 2, "fail_at_step": 1}
             kind = "selftest"
-        ids[label].append(queue.submit(kind, config, priority=n % 3))
+        ids[label].append(queue.submit(OPERATOR, kind, config, priority=n % 3))
     all_ids = [i for v in ids.values() for i in v]
     assert len(all_ids) == len(set(all_ids)) == total
 
@@ -328,7 +328,7 @@ def test_twenty_documents_uploaded_at_once_all_end_ready(
         barrier.wait()
         started = time.perf_counter()
         try:
-            added = add_document(data, filename=name, submitted_by="load")
+            added = add_document(OPERATOR, data, filename=name)
         except Exception as exc:  # noqa: BLE001 - counted and reported below
             return name, time.perf_counter() - started, exc
         return name, time.perf_counter() - started, added
@@ -419,7 +419,7 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
     from posttrain.platform.jobs import queue
 
     steps = int(reliability.budget(100_000, 1_000_000))
-    job = queue.submit("train_grpo", {"model": "m", "domains": ["arith.add.int"], "max_steps": steps})
+    job = queue.submit(OPERATOR, "train_grpo", {"model": "m", "domains": ["arith.add.int"], "max_steps": steps})
     insert_s = _bulk_insert_metrics(job, steps)
     backend = _backend(platform_env)
 
@@ -456,7 +456,7 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
         return at, took
 
     # the render's peer, in the same run: the view of a run of 1,000 steps of the same series
-    small = queue.submit("train_grpo", {"model": "m", "domains": ["arith.add.int"], "max_steps": 1000})
+    small = queue.submit(OPERATOR, "train_grpo", {"model": "m", "domains": ["arith.add.int"], "max_steps": 1000})
     _bulk_insert_metrics(small, 1000)
     _, small_renders = render(small)
     at, renders = render(job)

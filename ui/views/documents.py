@@ -8,7 +8,7 @@ import streamlit as st
 from posttrain.platform.db.models import DocumentStatus, Role
 from posttrain.platform.documents import add_document, get_chunks, get_pages, list_documents
 from posttrain.preprocess.errors import PreprocessError
-from posttrain.ui.common import can, guard_platform, show_flash, username
+from posttrain.ui.common import can, guard_platform, me, show_flash
 from posttrain.ui.page_images import page_image
 
 PAGE_SIZE = 20
@@ -32,12 +32,12 @@ def status_text(status: DocumentStatus) -> str:
 
 def upload(files: list, password: str) -> None:
     """Store each file and queue its preprocessing; one message per file."""
-    if not can(Role.operator):
-        st.error("Only operators can upload documents.")
-        return
     for f in files:
         try:
-            added = add_document(f.getvalue(), filename=f.name, password=password or None, submitted_by=username())
+            added = add_document(me(), f.getvalue(), filename=f.name, password=password or None)
+        except PermissionError as exc:
+            st.error(str(exc))
+            return
         except (PreprocessError, ValueError, OSError) as exc:
             st.error(f"{f.name}: {exc}")
             continue

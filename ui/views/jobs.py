@@ -8,7 +8,7 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, guard_platform, job_table, status_label, username
+from posttrain.ui.common import can, guard_platform, job_table, me, status_label
 
 PAGE_SIZE = 25
 
@@ -54,11 +54,7 @@ with st.form("submit_selftest"):
     priority = c3.number_input("Priority (higher runs first)", min_value=-100, max_value=100, value=0)
     if st.form_submit_button("Submit", type="primary", disabled=not can(Role.operator)):
         try:
-            if not can(Role.operator):
-                raise PermissionError("only operators can launch jobs")
-            job_id = queue.submit(
-                "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority), submitted_by=username()
-            )
+            job_id = queue.submit(me(), "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority))
             st.success(f"Queued job {job_id}.")
         except (JobConfigError, PermissionError) as exc:
             st.error(str(exc))
@@ -82,9 +78,13 @@ def job_detail(job_id: int) -> None:
     if job.result:
         st.json(job.result)
     if job.status in (JobStatus.queued, JobStatus.running) and not job.cancel_requested and can(Role.operator):
-        if st.button("Cancel job", key=f"cancel_{job.id}") and can(Role.operator):
-            queue.cancel(job.id, username=username())
-            st.rerun(scope="fragment")
+        if st.button("Cancel job", key=f"cancel_{job.id}"):
+            try:
+                queue.cancel(me(), job.id)
+            except PermissionError as exc:
+                st.error(str(exc))
+            else:
+                st.rerun(scope="fragment")
     elif job.cancel_requested and job.status == JobStatus.running:
         st.info("Stop requested; the worker stops it within the grace period.")
     with st.expander("Config"):

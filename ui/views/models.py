@@ -18,13 +18,12 @@ from posttrain.platform.jobs.registry import JobConfigError, read_result
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
-from posttrain.platform.serving.client import ChatError, prometheus_values, stream_chat
-from posttrain.platform.serving.jobs import tier_catalog, tiers_path
-from posttrain.platform.serving.profiles import TierCatalog
+from posttrain.platform.serving.client import ChatError, chat_as, prometheus_values
+from posttrain.platform.serving.jobs import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
-from posttrain.ui.common import can, flash, guard_platform, show_flash, username
+from posttrain.ui.common import can, flash, guard_platform, me, show_flash
 
 METRICS = (
     "vllm:num_requests_running",
@@ -43,9 +42,7 @@ show_flash()
 
 def submit(kind: str, config: dict) -> None:
     try:
-        if not can(Role.operator):
-            raise PermissionError("only operators can build, register or deploy models")
-        job_id = queue.submit(kind, config, submitted_by=username())
+        job_id = queue.submit(me(), kind, config)
     except (JobConfigError, PermissionError) as exc:
         st.error(str(exc))
     else:
@@ -113,9 +110,7 @@ with register_tab, st.form("register_model"):
     reg_base = st.selectbox("Derived from", ["(none)", *[m.name for m in models]], key="register_base")
     if st.form_submit_button("Register", disabled=not operator):
         try:
-            if not can(Role.operator):
-                raise PermissionError("only operators can register models")
-            row = register_model(reg_name, reg_path, base=None if reg_base == "(none)" else reg_base, by=username())
+            row = register_model(me(), reg_name, reg_path, base=None if reg_base == "(none)" else reg_base)
         except (ModelDirError, ModelNotFound, PermissionError) as exc:
             st.error(str(exc))
         else:
@@ -203,13 +198,10 @@ with tiers_tab:
     text = st.text_area("Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json")
     if st.button("Save tiers", disabled=not operator, key="tiers_save"):
         try:
-            if not can(Role.operator):
-                raise PermissionError("only operators can edit tiers")
-            edited = TierCatalog.model_validate_json(text)
+            edited = save_tiers(me(), text, get_settings())
         except (ValidationError, PermissionError) as exc:
             st.error(f"Not saved: {exc}")
         else:
-            edited.save(tiers_path(get_settings()))
             st.success(f"Saved {len(edited.tiers)} tiers.")
 
 
@@ -244,10 +236,14 @@ def deployments_panel() -> None:
     live = [(d, m) for d, m in rows if d.status in ("running", "starting", "unhealthy") and d.job_id]
     if live and can(Role.operator):
         stop_id = st.selectbox("Stop a deployment", [d.id for d, _ in live], format_func=lambda i: f"#{i}", key="stop_dep")
-        if st.button("Stop", key="stop_dep_go") and can(Role.operator):
+        if st.button("Stop", key="stop_dep_go"):
             job_id = next(d.job_id for d, _ in live if d.id == stop_id)
-            queue.cancel(int(job_id), username=username())  # type: ignore[arg-type]
-            st.rerun(scope="fragment")
+            try:
+                queue.cancel(me(), int(job_id))  # type: ignore[arg-type]
+            except PermissionError as exc:
+                st.error(str(exc))
+            else:
+                st.rerun(scope="fragment")
 
 
 st.subheader("Deployments")
@@ -263,6 +259,9 @@ with session(read_only=True) as s:
     ).all()
 if not serving:
     st.caption("Deploy a model to chat with it here.")
+    st.stop()
+if not operator:
+    st.caption("Chatting with a deployment needs the operator role.")
     st.stop()
 
 gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
@@ -313,15 +312,15 @@ if prompt and picked:
             calls: list[dict] = []
 
             def pieces():  # type: ignore[no-untyped-def]
-                for delta in stream_chat(base, model_name, messages, tier=deployment.tier, tools=tools,
-                                         max_tokens=int(max_tokens), temperature=float(temperature)):  # fmt: skip
+                for delta in chat_as(me(), base, model_name, messages, tier=deployment.tier, tools=tools,
+                                     max_tokens=int(max_tokens), temperature=float(temperature)):  # fmt: skip
                     if delta.get("content"):
                         yield delta["content"]
                     calls.extend(delta.get("tool_calls") or [])
 
             try:
                 text = st.write_stream(pieces())
-            except (ChatError, OSError) as exc:
+            except (ChatError, OSError, PermissionError) as exc:
                 st.error(str(exc))
                 text = ""
             for call in calls:

@@ -13,10 +13,11 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import SandboxPool as SandboxPoolRow
 from posttrain.platform.db.models import utcnow
 from posttrain.platform.sandbox import SandboxPool, make_pool
+from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.sandbox.status import default_name, publish
 from posttrain.platform.settings import get_settings
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, guard_platform
+from posttrain.ui.common import can, guard_platform, me
 
 LIVE_WITHIN = timedelta(seconds=60)
 
@@ -101,16 +102,16 @@ code = st.text_area(
 )
 if not can(Role.operator):
     st.caption("Running snippets needs the operator role.")
-elif st.button("Run in a sandbox", type="primary", key="snippet_run") and can(Role.operator):
-    pool = console_pool()
+if st.button("Run in a sandbox", type="primary", key="snippet_run", disabled=not can(Role.operator)):
     try:
-        with pool.acquire() as sandbox:
-            result = sandbox.run_python(code) if tool == "python" else sandbox.run_bash(code)
-    except Exception as exc:  # pool could not start: show why, keep the page alive
+        result = run_snippet(me(), console_pool, tool, code)
+    except PermissionError as exc:
+        st.error(str(exc))
+    except Exception as exc:  # the pool could not start or lend a sandbox: show why, keep the page alive
         st.error(f"The sandbox could not run the snippet: {exc}")
     else:
         st.session_state["snippet_result"] = result
-    publish(pool, default_name("console"))
+        publish(console_pool(), default_name("console"))
 
 result = st.session_state.get("snippet_result")
 if result is not None:

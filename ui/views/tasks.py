@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pandas as pd
 import streamlit as st
 
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains import list_domains, list_families
-from posttrain.platform.verifiers import VerifierError, verify
+from posttrain.platform.tasks.jobs import import_jsonl_upload
+from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.db.models import DocumentStatus, Role
 from posttrain.platform.documents import list_documents
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.ui.common import can, guard_platform, username
+from posttrain.ui.common import can, guard_platform, me
 
 PAGE_SIZE = 50
 
@@ -26,11 +24,13 @@ if not guard_platform():
     st.stop()
 
 
-def submit_build(config: dict) -> None:
+def submit_build(config: dict | None = None, *, jsonl: bytes | None = None, task_set: str = "") -> None:
+    """Queue a ``build_tasks`` job from ``config``, or one importing the uploaded ``jsonl`` into ``task_set``."""
     try:
-        if not can(Role.operator):
-            raise PermissionError("only operators can build or import tasks")
-        job_id = queue.submit("build_tasks", config, submitted_by=username())
+        if jsonl is not None:
+            job_id = import_jsonl_upload(me(), jsonl, task_set)
+        else:
+            job_id = queue.submit(me(), "build_tasks", config)
     except (JobConfigError, PermissionError) as exc:
         st.error(str(exc))
     else:
@@ -98,12 +98,7 @@ with imports:
     upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl")
     jsonl_set = st.text_input("Task set name", value="imported", key="import_set_name")
     if upload is not None and st.button("Import JSONL", key="import_jsonl_go", disabled=not operator):
-        data = upload.getvalue()
-        folder = get_settings().data_dir / "uploads"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{hashlib.sha256(data).hexdigest()}.jsonl"
-        path.write_bytes(data)
-        submit_build({"task_set": jsonl_set, "source": {"type": "jsonl", "path": str(path)}})
+        submit_build(jsonl=upload.getvalue(), task_set=jsonl_set)
     if st.button("Import HumanEval (164 code problems)", key="import_humaneval", disabled=not operator):
         submit_build({"task_set": "humaneval", "source": {"type": "humaneval"}})
 
@@ -224,18 +219,18 @@ serving = running_deployments()
 if not serving:
     st.caption("Deploy a model on the Models & Serving page (the built-in SmolLM2 first) to ask it this task here.")
 else:
-    from posttrain.platform.serving.client import ChatError
-    from posttrain.platform.serving.client import stream_chat as chat_stream
+    from posttrain.platform.serving.client import ChatError, chat_as
 
     c1, c2 = st.columns([3, 1])
     target = c1.selectbox("Deployment", serving, format_func=lambda r: f"{r[0]} · {r[1]}", key="try_model")
     limit = c2.number_input("Max tokens", 1, 4096, 256, key="try_model_tokens")
-    if st.button("Ask the model", key="try_model_go"):
+    if st.button("Ask the model", key="try_model_go", disabled=not operator,
+                 help=None if operator else "Asking a model and verifying its answer needs the operator role"):
         messages = [m.model_dump(exclude_none=True) for m in spec.prompt]
         try:
-            reply = "".join(d.get("content") or "" for d in chat_stream(target[2], target[0], messages, max_tokens=int(limit)))
-            verdict = verify(spec, reply)
-        except (ChatError, OSError, VerifierError) as exc:
+            reply = "".join(d.get("content") or "" for d in chat_as(me(), target[2], target[0], messages, max_tokens=int(limit)))
+            verdict = store.try_answer(me(), task.id, reply)
+        except (ChatError, OSError, VerifierError, PermissionError) as exc:
             st.error(str(exc))
         else:
             st.markdown(f"**{target[0]} answers**")
@@ -244,10 +239,11 @@ else:
 
 st.markdown("**Try the verifier**")
 answer = st.text_area("Answer", key="try_answer", height=100)
-if st.button("Verify", key="try_verify"):
+if st.button("Verify", key="try_verify", disabled=not operator,
+             help=None if operator else "Verifying runs the answer (a code task's tests run it in a sandbox): operators only"):
     try:
-        verdict = verify(spec, answer)
-    except VerifierError as exc:
+        verdict = store.try_answer(me(), task.id, answer)
+    except (VerifierError, PermissionError) as exc:
         st.error(str(exc))
     else:
         show_verdict(verdict)
