@@ -8,8 +8,8 @@ with every test recording what it injected and measured into one JSON-lines file
 long variant (bigger loads, longer fuzz budgets, more kill points). Prints one JSON object
 per record kind and the report last: one JSON object with ``faults_injected``,
 ``faults_survived``, ``inputs_tried``, ``inputs_refused_cleanly``, ``inputs_accepted``,
-``inputs_mishandled``, ``data_lost``, the load figures, the suite's pass/fail counts and
-``peer``: there is no outside peer; each figure is counted against what the same run
+``inputs_mishandled``, ``data_lost``, ``categories`` (the distinct ``category`` of the records, such
+as ``reward_integrity``), the load figures, the suite's pass/fail counts and ``peer``: there is no outside peer; each figure is counted against what the same run
 injected, tried or checked.
 """
 
@@ -62,7 +62,23 @@ def summarize(records: list[dict]) -> dict:
         },
         "data_checked": len(data),
         "data_lost": sum(int(r["lost"]) for r in data),
+        "categories": sorted({str(r["category"]) for r in records if r.get("category")}),
     }
+
+
+def final_line(records: list[dict], *, soak: bool, minutes: float, counts: dict[str, int]) -> dict:
+    """The report's last line: every key of :func:`summarize` (``faults_injected``, ``faults_survived``,
+    ``inputs_tried``, ``inputs_refused_cleanly``, ``inputs_mishandled``, ``data_lost``, ``categories``...),
+    the run's size and the suite's pass/fail counts."""
+    summary = {"figure": "reliability", **summarize(records)}
+    summary.update(
+        soak=soak, minutes=round(minutes, 2), tests_passed=counts.get("passed", 0),
+        tests_failed=counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
+        peer={"name": "none: each count is against what the same run injected, tried or checked",
+              "faults_injected": summary["faults_injected"], "inputs_tried": summary["inputs_tried"],
+              "data_checked": summary["data_checked"]},
+    )  # fmt: skip
+    return summary
 
 
 def main() -> None:
@@ -89,14 +105,7 @@ def main() -> None:
         print(proc.stderr[-2000:], file=sys.stderr)
     for r in records:
         print(json.dumps(r, default=str))
-    summary = {"figure": "reliability", **summarize(records)}
-    summary.update(
-        soak=args.soak, minutes=round(minutes, 2), tests_passed=counts.get("passed", 0),
-        tests_failed=counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
-        peer={"name": "none: each count is against what the same run injected, tried or checked",
-              "faults_injected": summary["faults_injected"], "inputs_tried": summary["inputs_tried"],
-              "data_checked": summary["data_checked"]},
-    )  # fmt: skip
+    summary = final_line(records, soak=args.soak, minutes=minutes, counts=counts)
     print(json.dumps(summary))
     sys.exit(0 if proc.returncode == 0 else 1)
 

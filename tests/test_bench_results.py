@@ -88,3 +88,34 @@ def test_record_saves_nothing_when_the_run_dies_before_its_summary(tmp_path: Pat
     script = "import json; print(json.dumps({'figure': 'sqlite_claims_per_s', 'value': 1})); raise SystemExit(3)"
     assert results.record("queue", [sys.executable, "-c", script], results=tmp_path) == 3
     assert not (tmp_path / "queue.json").exists()
+
+
+def load_reliability_module():
+    spec = importlib.util.spec_from_file_location("bench_reliability", BENCH / "reliability.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reliability_report_counts_every_part_and_names_the_categories() -> None:
+    reliability = load_reliability_module()
+    records = [
+        {"test": "t1", "kind": "fault", "name": "kill worker", "survived": True},
+        {"test": "t2", "kind": "inputs", "surface": "reward_integrity.code", "tried": 12, "refused_cleanly": 12, "accepted": 0,
+         "mishandled": 0, "category": "reward_integrity"},
+        {"test": "t3", "kind": "inputs", "surface": "tool_parser", "tried": 5, "refused_cleanly": 3, "accepted": 1, "mishandled": 1},
+        {"test": "t4", "kind": "data", "what": "jobs", "lost": 0, "category": "durability"},
+        {"test": "t5", "kind": "inputs", "surface": "reward_integrity.tool_use", "tried": 2, "refused_cleanly": 2, "accepted": 0,
+         "mishandled": 0, "category": "reward_integrity"},
+    ]
+    summary = reliability.summarize(records)
+    assert summary["categories"] == ["durability", "reward_integrity"]
+    assert summary["inputs_tried"] == 19 and summary["inputs_refused_cleanly"] == 17 and summary["inputs_mishandled"] == 1
+    assert summary["faults_injected"] == 1 and summary["faults_survived"] == 1 and summary["data_lost"] == 0
+    last = reliability.final_line(records, soak=False, minutes=1.5, counts={"passed": 4, "failed": 1})
+    for key in ("faults_injected", "faults_survived", "inputs_tried", "inputs_refused_cleanly", "inputs_mishandled", "data_lost",
+                "categories", "surfaces", "load", "tests_passed", "tests_failed", "peer"):
+        assert key in last, key
+    assert last["categories"] == ["durability", "reward_integrity"] and last["tests_failed"] == 1
+    assert reliability.summarize([])["categories"] == []

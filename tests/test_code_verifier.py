@@ -451,3 +451,20 @@ def test_the_gate_serves_waiters_in_order() -> None:
         thread.join(10)
         assert not thread.is_alive(), "a waiter never got its turn"
     assert order == [0, 1, 2, 3, 4, 99]
+
+
+def test_the_grader_is_sent_along_when_the_sandbox_has_none(pool: SandboxPool) -> None:
+    """A sandbox whose zygote did not preload the grader still grades: the first call says so, and the
+    verifier sends the grader with the program (source or bytecode)."""
+    from posttrain.platform.verifiers.kinds.code import _parse_report, _parse_start, solution_source, start_program
+
+    spec = CodeTestsSpec(tests=THREE_TESTS, entry_point="f")
+    plan = build_plan(spec.tests, None)
+    for bytecode in (False, True):
+        with pool.acquire() as sandbox:
+            assert sandbox.run_python("import sys\ndel sys.modules['posttrain_graded']").ok
+            source = solution_source(spec, "def f(x):\n    return x + 1 if x > 0 else 7\n")
+            assert _parse_start(sandbox.run_python(start_program(source)).value) == ("missing", None)
+            assert _parse_start(sandbox.run_python(start_program(source, ship=True, bytecode=bytecode)).value) == ("started", None)
+            report = _parse_report(sandbox.run_python(plan.program("n" * 32, bytecode=bytecode)).value, "n" * 32, 3)
+            assert report is not None and report[0] == [0, 1] and list(report[1]) == [2], report

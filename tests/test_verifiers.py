@@ -93,6 +93,33 @@ def test_math_equivalence(service):
     assert service.verify(task("math", {"answer": "x^2 + 2x + 1"}), "$(x+1)^2$").passed
 
 
+# Gold answers that a completion may copy verbatim: each must score 1 against itself. A plain comma between
+# digits is a decimal comma ("1,22" is 1.22, as math-verify reads a completion), or a thousands separator
+# ("1,000"); a set is written with braces ("{1, 22}") or as LaTeX ("$1,22$", "\\boxed{1,22}").
+GOLD_ANSWERS = ["1,22", "3,5", "0,5", "-1,5", "1,000", "10,000,000", "12,345.67", "{1, 22}", "\\{1, 22\\}", "$\\{1, 22\\}$",
+                "$1,22$", "\\boxed{1,22}", "1,22,3", "1, 2, 3", "(1, 2)", "1/2", "\\frac{1}{2}", "x^2 + 2x + 1", "1e3", "2^{10}", "7"]
+
+
+@pytest.mark.parametrize("gold", GOLD_ANSWERS)
+def test_a_gold_answer_scores_one_against_itself(service, gold):
+    verdict = service.verify(task("math", {"answer": gold}), gold)
+    assert verdict.passed and verdict.score == 1.0, verdict.details
+
+
+def test_a_plain_gold_is_read_as_a_completion_is():
+    from posttrain.platform.verifiers.kinds.math_expr import MathSpec, check_math, read_answer
+
+    def score(gold: str, completion: str) -> float:
+        return check_math(MathSpec(answer=gold), completion, None).score  # type: ignore[arg-type]
+
+    assert str(read_answer("1,22", gold=True)[0]) == str(read_answer("1,22")[0]) == "1.22000000000000"
+    assert score("1,22", "1.22") == 1 and score("1,22", "the answer is $1.22$") == 1
+    assert score("1,22", "$\\{1, 22\\}$") == 0  # the decimal, not the set
+    assert score("{1, 22}", "$\\{22, 1\\}$") == 1 and score("{1, 22}", "22") == 0  # the set stays a set
+    assert score("3,5", "3.5") == 1 and score("1,000", "1000") == 1 and score("1,22,3", "$\\{3, 22, 1\\}$") == 1
+    assert score("3", "x = 3") == 1 and score("3", "The answer is 3.") == 1  # completions read as before
+
+
 def test_json_schema_partial_credit_by_field(service):
     schema = {
         "type": "object",

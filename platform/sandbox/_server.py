@@ -488,8 +488,39 @@ class Zygote:
                 pass
 
 
+GRADER = "graded.py"
+GRADER_MODULE = "posttrain_graded"
+
+
+def load_grader() -> None:
+    """Preload the code verifier's grader (graded.py beside this file) as ``posttrain_graded``, so that
+    every episode forked from here has it without receiving its code. Optional: without the file (or
+    if it does not load) the verifier sends it with each check."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), GRADER)
+    if not os.path.exists(path):
+        return
+    try:
+        spec = importlib.util.spec_from_file_location(GRADER_MODULE, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return
+    sys.modules[GRADER_MODULE] = module
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    load_grader()
+    try:
+        import typing  # noqa: F401 - most graded programs import it: once here, not in every episode
+    except ImportError:
+        pass
+    import gc
+
+    gc.freeze()  # every episode forks from here: collections there leave these objects (and pages) shared
     Zygote(cfg).run()
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from posttrain.platform.sandbox.config import SandboxConfig
 
 SERVER_IN_SANDBOX = "/opt/posttrain/server.py"
+GRADER_NAME = "graded.py"  # beside the server, preloaded by the zygote (platform/sandbox/graded.py)
 WORK_IN_SANDBOX = "/work"
 TMP_IN_SANDBOX = "/tmp"
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -112,6 +113,11 @@ def bwrap_argv(
         "--size", str(config.tmp_size_mb << 20), "--tmpfs", TMP_IN_SANDBOX,
         "--bind", str(work), WORK_IN_SANDBOX,
         "--ro-bind", str(server), SERVER_IN_SANDBOX,
+    ]
+    grader = server.with_name(GRADER_NAME)
+    if grader.exists():
+        argv += ["--ro-bind", str(grader), str(Path(SERVER_IN_SANDBOX).with_name(GRADER_NAME))]
+    argv += [
         "--size", str(config.tmp_size_mb << 20), "--tmpfs", "/dev/shm",
         "--remount-ro", "/", "--remount-ro", "/dev",
         "--chdir", WORK_IN_SANDBOX, "--clearenv",

@@ -3,11 +3,13 @@ into the episode's sandbox (the task's ``metadata["files"]``: a module with a pl
 visible tests, from the ``repair.*`` domains); over up to ``max_turns`` turns the policy reads and writes
 files and runs the tests with the sandbox tools, reading the errors, until it replies without a tool call.
 
-The rubric reads only the final module (``solution.py``) out of the episode's sandbox and hands its
-text to the task's ``code`` verifier, which runs the hidden tests on it in a fresh sandbox of the
-verifier's own pool, reporting over a channel the graded code cannot forge: nothing else the episode
-wrote (a test file, a ``conftest.py``, a ``sitecustomize.py``, a process left running) reaches the
-grading. The reward is the fraction of hidden tests that pass.
+The rubric settles the episode's sandbox (every process the policy left is killed, a fresh interpreter
+started), reads only the final module (``solution.py``) out of it and hands its text to the task's
+``code`` verifier, which runs the hidden tests on it in a fresh sandbox of the verifier's own pool: the
+module runs in a child process there, the tests in its parent, which the module cannot write into, and
+the score is computed on the host from the raw outcomes (platform/verifiers/kinds/code.py). Nothing
+else the episode wrote (a test file, a ``conftest.py``, a ``sitecustomize.py``, a process left
+running) reaches the grading. The reward is the fraction of hidden tests that pass.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from posttrain.platform.sandbox import CallStatus, Sandbox
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.environments.base import Episode
-from posttrain.training.environments.tool_use import ToolUse
+from posttrain.training.environments.tool_use import ToolUse, settle
 
 MODULE = "solution.py"
 
@@ -37,6 +39,8 @@ class CodeRepair(ToolUse):
 
     def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:
         assert sandbox is not None
+        if (problem := settle(sandbox)) is not None:  # nothing left running rewrites the module as it is read
+            return Verdict.infra(problem)
         final = sandbox.read_file(MODULE)
         if final.is_infrastructure_failure:
             return Verdict.infra(f"could not read {MODULE} back from the episode's sandbox: {final.to_message_content()}")

@@ -7,6 +7,12 @@ episode's sandbox in its context (a ``tool_use`` task checks the files the polic
 policy gets wrong about tools (a call that does not parse, an unknown tool, bad arguments, a tool that
 times out or floods its output) is a tool error it reads in its next turn, never a failed episode; a
 sandbox that fails is an infrastructure failure, which the runner redoes and never scores.
+
+Before the rubric runs, the episode's sandbox is settled (:func:`settle`): every process the policy left
+in it is killed and a fresh interpreter started (its files are kept), so nothing the policy ran, left
+running or patched into its interpreter can answer for the checks or change what they find while they
+run. The ``tool_use`` verifier restarts the interpreter again before each of its checks, and code is
+graded by the ``code`` verifier in a sandbox of its own (see platform/verifiers/kinds/code.py).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.sandbox import Sandbox, parse_tool_calls, tool_schemas
 from posttrain.platform.sandbox.tools import execute_turn
-from posttrain.platform.verifiers import TaskSpec
+from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn
 from posttrain.training.rollout import chat_messages
@@ -35,6 +41,19 @@ def clipped(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[output cut at {limit} of {len(text)} characters]"
+
+
+def settle(sandbox: Sandbox) -> str | None:
+    """Kill everything running in the episode's sandbox and start a fresh interpreter, keeping its files,
+    before anything reads it for the reward; why it could not (None when it did). A sandbox that cannot
+    restart its interpreter in place (a Ray lease) is left as it is: the verifiers that read it restart
+    it themselves where they can."""
+    reset = getattr(sandbox, "reset", None)
+    if reset is None:
+        return None
+    if not reset(wipe=False):
+        return f"the episode's sandbox (slot {getattr(sandbox, 'slot', '?')}) did not restart its interpreter before scoring"
+    return None
 
 
 class ToolUse(EnvironmentBase):
@@ -92,3 +111,9 @@ class ToolUse(EnvironmentBase):
                 turns.append(Turn("tool", output, 0, elapsed_s=record.elapsed_s))
             episode.add_environment(self.chat.between_turns(messages), turns)
         return episode.end("max_turns")
+
+    def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:
+        """The task's verifier on the answer, with the settled sandbox in its context."""
+        if sandbox is not None and (problem := settle(sandbox)) is not None:
+            return Verdict.infra(problem)
+        return super().score(episode, service, sandbox)

@@ -1,21 +1,28 @@
 """Code tasks: unit tests run in a warm sandbox, scored by the fraction of tests that pass.
 
-A task's program is ``prelude + completion's code + tests + test_call`` (``assemble_program``).
-The verifier runs it in one call to a sandbox from a pool (no interpreter is started per
-check: the pool's interpreters are already running), as a harness that:
+A task's program is ``prelude + completion's code``; its tests are ``tests + test_call``
+(``assemble_program`` joins them for reading). The verifier checks one completion in two calls to one
+sandbox from a pool (no interpreter is started per check: the pool's interpreters are already
+running), with the grader of platform/sandbox/graded.py:
 
-* executes ``prelude + code`` first, compiled on its own, so the completion cannot change how
-  the tests parse; a ``sys.exit()`` in it ends only that part, the tests still run;
-* counts each test separately: every top-level statement of ``tests`` that holds an
-  ``assert`` is one test, and so is every such statement of the function ``test_call``
-  calls (HumanEval's ``check(candidate)``), rewritten with ``ast`` so that each one records
-  its own pass or failure; a ``test_call`` that is not such a call is one test itself; tests
-  without any assert count as one test;
-* reports through the value of its last expression, tagged with a fresh random nonce.
+* the first call forks, from the sandbox's fresh interpreter, a child that runs ``prelude + code``
+  and nothing else: it has no channel to the host, its output goes nowhere, and it was forked before
+  the tests were sent, so nothing in its memory says what they expect; a ``sys.exit()`` at its top
+  level ends only that part, the tests still run;
+* the second call runs the tests in the interpreter itself, which the child cannot write into, with
+  the program's names as proxies: a call of the program's function is a request to the child, its
+  result comes back as plain data (see graded.py for what crosses and how a test compares);
+* each test is counted separately: every top-level statement of ``tests`` that holds an ``assert``
+  is one test, and so is every such statement of the function ``test_call`` calls (HumanEval's
+  ``check(candidate)``), rewritten with ``ast`` so that each one records its own pass or failure; a
+  ``test_call`` that is not such a call is one test itself; tests without any assert count as one;
+* the interpreter reports the raw outcomes (which tests passed, which failed and why) as the call's
+  value, and the score is computed here, on the host.
 
-Score: passed tests / tests. Code that times out, runs out of memory, kills its interpreter or
-ends the run before the report scores 0 with the reason. A sandbox that fails (not the
-code's doing) gives an ``infra_error`` verdict. Example::
+Score: passed tests / tests. Code that does not compile or raises at its top level, times out, runs
+out of memory, or ends its process before the tests ran scores 0 with the reason; code that ends its
+process during a test fails that test and every later one. A sandbox that fails (not the code's
+doing) gives an ``infra_error`` verdict. Example::
 
     from posttrain.platform.verifiers import TaskSpec, VerifyContext, verify
 
@@ -25,10 +32,15 @@ code's doing) gives an ``infra_error`` verdict. Example::
     verify(task, "def add(a, b):\\n    return 3\\n")                 # score 0.5, details name the failing test
     verify(task, code, context=VerifyContext(sandbox_pool=pool))   # on your own SandboxPool
 
-Trust: the tests run in the same interpreter as the completion (as in HumanEval). The
-sandbox contains whatever the code does to the host, and the nonce and the checks on the
-report stop accidental or blind forgeries (printing "passed", exiting early); code written
-to read and rewrite this harness from inside the interpreter is not ruled out.
+Trust: the graded code cannot change how its tests are counted. It can patch its own builtins, exit,
+print anything, rewrite files, kill or stop the interpreter, fork, or return objects whose ``__eq__``
+says yes to everything: at most it loses its own tests. The tests compare strictly by value: a result
+is compared as the builtin value it is (a ``bool``, ``int``, ``str``, list, dict...; a subclass of one,
+such as ``Counter``, as that builtin value), with Python's own ``==`` (so ``1 == 1.0 == True`` as in
+Python), and an object of the code's own classes equals only itself, so no method of the graded code
+ever decides a comparison. What it cannot be stopped from is what any program may do: compute its
+answers, or read what a test hands it as arguments. Names the tests use from the program (HumanEval's
+helper functions in the prompt) are the program's own, as in HumanEval.
 """
 
 from __future__ import annotations
@@ -45,11 +57,13 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 
-from posttrain.platform.sandbox import CallStatus, PoolClosedError, PoolExhaustedError, SandboxPool, ToolResult
+from posttrain.platform.sandbox import CallStatus, PoolClosedError, PoolExhaustedError, SandboxPool, ToolResult, graded
+from posttrain.platform.sandbox._server import GRADER_MODULE
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
 from posttrain.platform.verifiers.registry import BaseSpec, VerifierKind, VerifyContext
 
@@ -119,50 +133,41 @@ def assemble_program(spec: CodeTestsSpec, completion: str) -> str:
 
 # --------------------------------------------------------------------------- the harness
 
-_HEAD = '''\
-import builtins as __pt_b
-import traceback as __pt_tb
-__pt_caught = (__pt_b.Exception, __pt_b.SystemExit)
-__pt_ok = []
-__pt_fail = {}
-__pt_state = {"abort": None, "solution_error": None, "solution_exit": None}
-def __pt_why(e):
-    try:
-        if isinstance(e, __pt_b.SystemExit):
-            return "the code called sys.exit(%r)" % (e.code,)
-        text = type(e).__name__ + (": " + __pt_b.str(e) if __pt_b.str(e) else "")
-    except __pt_b.BaseException:
-        text = type(e).__name__
-    return text[:MESSAGE_CHARS]
-def __pt_passed(i):
-    __pt_ok.append(i)
-def __pt_failed(i, e):
-    if len(__pt_fail) < MAX_FAILURES:
-        __pt_fail[i] = __pt_why(e)
-    else:
-        __pt_fail[i] = ""
-def __pt_solution(source):
-    try:
-        code = __pt_b.compile(source, "<solution>", "exec")
-    except __pt_caught as e:
-        __pt_state["solution_error"] = "the code does not compile: " + __pt_why(e)
-        return False
-    try:
-        __pt_b.exec(code, __pt_b.globals())
-    except __pt_b.SystemExit as e:
-        __pt_state["solution_exit"] = __pt_why(e)
-    except __pt_b.Exception as e:
-        lines = __pt_tb.format_exception(type(e), e, e.__traceback__)
-        trace = "".join(line for line in lines if "<solution>" in line or line is lines[-1])
-        __pt_state["solution_error"] = ("the code raised " + __pt_why(e) + "\\n" + trace[-1500:])[:2000]
-        return False
-    return True
-'''
+
+@functools.lru_cache(maxsize=1)
+def _grader_source() -> str:
+    """The in-sandbox grader (platform/sandbox/graded.py), shipped as text into each check's sandbox."""
+    return Path(graded.__file__).read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def _grader_bytecode() -> bytes:
+    return marshal.dumps(compile(_grader_source(), "<grader>", "exec"))
+
+
+def _shipped(source: str, bytecode: bytes | None) -> str:
+    """An expression that yields ``source``'s code in the sandbox: its marshalled bytecode (when the
+    sandbox's interpreter reads ours; bytes.fromhex needs no import there), else the source itself."""
+    if bytecode is not None:
+        return f"__import__('marshal').loads(bytes.fromhex('{bytecode.hex()}'))"
+    return f"compile({source!r}, '<grader>', 'exec')"
+
+
+def start_program(solution: str, *, ship: bool = False, bytecode: bool = False) -> str:
+    """The first call of a check: start the graded program in a child of the fresh interpreter, with the
+    grader the sandbox preloaded (``("missing", None)`` when it has none), or with ``ship`` the grader
+    sent along. Nothing of the tests is in it."""
+    if not ship:
+        return (f"__pt_g = __import__('sys').modules.get({GRADER_MODULE!r})\n"
+                f"('missing', None) if __pt_g is None else __pt_g.start({solution!r})\n")
+    code = _shipped(_grader_source(), _grader_bytecode() if bytecode else None)
+    return (f"__pt_g = type(__import__('sys'))({GRADER_MODULE!r})\nexec({code}, __pt_g.__dict__)\n"
+            f"__pt_g.start({solution!r})\n")
 
 
 @dataclass(frozen=True)
 class TestPlan:
-    """The harness for one spec's tests (minus the solution and the nonce): its source and one
+    """The tests of one spec, rewritten so that each counted test records its own outcome, and one
     label per counted test (the test's code, shortened, for the details)."""
 
     tests_source: str
@@ -170,25 +175,20 @@ class TestPlan:
 
     @functools.cached_property
     def harness_source(self) -> str:
-        """The harness up to the report: it expects the solution's source in ``__pt_src``."""
-        head = _HEAD.replace("MESSAGE_CHARS", str(_MESSAGE_CHARS)).replace("MAX_FAILURES", str(MAX_FAILURES_REPORTED))
-        return head + "if __pt_solution(__pt_src):\n" + _indent(self.tests_source)
+        """What the grader executes in the parent (``__pt_passed`` and the others are its)."""
+        return self.tests_source
 
     @functools.cached_property
     def harness_bytecode(self) -> bytes:
-        """The harness compiled here once (marshal format of this interpreter)."""
+        """The tests compiled here once (marshal format of this interpreter)."""
         return marshal.dumps(compile(self.harness_source, "<tests>", "exec"))
 
-    def program(self, solution: str, nonce: str, *, bytecode: bool = False) -> str:
-        """The source sent to the sandbox. With ``bytecode`` (the sandbox's interpreter reads this
-        one's marshal format) the harness travels compiled, so the sandbox compiles only the
-        solution; the solution is always compiled in the sandbox, never here."""
-        if bytecode:
-            # bytes.fromhex: no module to import in the fresh interpreter (binascii costs ms there).
-            harness = f"exec(__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}')))\n"
-        else:
-            harness = self.harness_source
-        return f"__pt_src = {solution!r}\n" + harness + f"({nonce!r}, {len(self.labels)}, __pt_ok, __pt_fail, __pt_state)\n"
+    def program(self, nonce: str, *, bytecode: bool = False) -> str:
+        """The second call of a check: run the tests against the child started by :func:`start_program`.
+        With ``bytecode`` (the sandbox's interpreter reads this one's marshal format) the tests travel
+        compiled; else as source, compiled in the sandbox's parent interpreter."""
+        tests = f"__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}'))" if bytecode else repr(self.harness_source)
+        return f"__pt_g.run({tests}, {nonce!r}, {len(self.labels)}, {MAX_FAILURES_REPORTED})\n"
 
 
 @functools.lru_cache(maxsize=16)
@@ -349,24 +349,34 @@ def run_code_tests(
     except SyntaxError as error:  # a spec built without validation
         return Verdict.infra(f"the task's tests are not valid Python: {error}", kind="code")
     nonce = secrets.token_hex(16)
-    program = plan.program(solution_source(spec, completion), nonce, bytecode=reads_our_bytecode(pool.config.python_executable))
+    bytecode = reads_our_bytecode(pool.config.python_executable)
     wait = min(pool.config.acquire_timeout_s, ACQUIRE_TIMEOUT_S) if acquire_timeout_s is None else acquire_timeout_s
     deadline = time.monotonic() + wait
     gate = _gate(pool)
     if not gate.acquire(timeout=wait):
         return Verdict.infra(f"no sandbox to run the tests in: none free within {wait:g} s", kind="code")
+    second: ToolResult | None = None
     try:
         try:
             sandbox = pool.checkout(timeout=max(deadline - time.monotonic(), 0.001))
         except (PoolExhaustedError, PoolClosedError) as error:
             return Verdict.infra(f"no sandbox to run the tests in: {error}", kind="code")
         try:
-            result = sandbox.run_python(program, timeout=limit)
+            # Two calls on one freshly reset sandbox: the graded program starts in a child of the sandbox's
+            # interpreter before that interpreter has seen the tests; then the tests run in it.
+            started = time.monotonic()
+            source = solution_source(spec, completion)
+            first = sandbox.run_python(start_program(source), timeout=limit)
+            if first.status is CallStatus.OK and _parse_start(first.value) == ("missing", None):  # a sandbox without it
+                first = sandbox.run_python(start_program(source, ship=True, bytecode=bytecode), timeout=limit)
+            if first.status is CallStatus.OK and _parse_start(first.value) == ("started", None):
+                left = max(limit - (time.monotonic() - started), 0.05)
+                second = sandbox.run_python(plan.program(nonce, bytecode=bytecode), timeout=left)
         finally:
             pool.release(sandbox)
     finally:
         gate.release()
-    return _verdict(result, plan, nonce, limit, pool)
+    return _verdict(first, second, plan, nonce, limit, pool)
 
 
 class _FairGate:
@@ -416,9 +426,9 @@ def _gate(pool: SandboxPool) -> _FairGate:
         return gate
 
 
-def _verdict(result: ToolResult, plan: TestPlan, nonce: str, limit: float, pool: SandboxPool) -> Verdict:
+def _failed_run(result: ToolResult, breakdown: dict[str, Any], limit: float, pool: SandboxPool) -> Verdict | None:
+    """The verdict for a call that did not end normally (None when it did)."""
     status = result.status
-    breakdown: dict[str, Any] = {"tests": len(plan.labels), "passed": 0, "status": status.value, "run_ms": round(result.duration_ms, 3)}
     if status is CallStatus.INFRA:
         return Verdict.infra(f"the sandbox failed: {result.detail or result.error}", kind="code")
     if status is CallStatus.TIMEOUT:
@@ -432,19 +442,53 @@ def _verdict(result: ToolResult, plan: TestPlan, nonce: str, limit: float, pool:
         error = result.error
         what = f"{error.type}: {error.message}" if error else "an error"
         return Verdict.failure(f"the code raised {what[:_MESSAGE_CHARS]} outside any test; no test counted", **breakdown)
-    report = _parse_report(result.value, nonce, len(plan.labels))
+    return None
+
+
+def _parse_start(value: Any) -> tuple[str, str | None] | None:
+    """A grader's ``(kind, message)``: "started" or "missing" (the first call), "error" or "died" (the
+    second, when the code did not get as far as its tests); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        kind, text = ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if kind not in ("started", "error", "died", "missing") or not (text is None or isinstance(text, str)):
+        return None
+    return kind, text
+
+
+def _verdict(first: ToolResult, second: ToolResult | None, plan: TestPlan, nonce: str, limit: float, pool: SandboxPool) -> Verdict:
+    run_ms = first.duration_ms + (second.duration_ms if second is not None else 0.0)
+    breakdown: dict[str, Any] = {"tests": len(plan.labels), "passed": 0, "status": first.status.value, "run_ms": round(run_ms, 3)}
+    failed = _failed_run(first, breakdown, limit, pool)
+    if failed is not None:
+        return failed
+    started = _parse_start(first.value)
+    if started is None or started[0] != "started":  # never the sandbox's doing alone: scored, so no completion earns a redo
+        if started is not None and started[0] == "missing":
+            return Verdict.infra("the sandbox has no code grader, and sending it did not help", kind="code")
+        return Verdict.failure(f"the grader did not start the code (value {str(first.value)[:200]!r}); no test counted", **breakdown)
+    if second is None:  # not reached: a started program always gets its tests
+        return Verdict.failure("the tests were not run after the code started; no test counted", **breakdown)
+    breakdown["status"] = second.status.value
+    failed = _failed_run(second, breakdown, limit, pool)
+    if failed is not None:
+        return failed
+    start = _parse_start(second.value)  # the code did not get as far as its tests
+    if start is not None and start[0] == "error":
+        return Verdict.failure(str(start[1]), **breakdown)
+    if start is not None and start[0] == "died":
+        return Verdict.failure(f"{start[1]} before the tests ran; no test counted", **breakdown)
+    report = _parse_report(second.value, nonce, len(plan.labels))
     if report is None:
-        return Verdict.failure(
-            "the tests did not report: the code ended or replaced the test run before it finished (e.g. sys.exit, "
-            "os._exit, or tampering with the harness); no test counted",
-            **breakdown,
-        )
+        return Verdict.failure(f"the grader's report is missing or does not add up (value {str(second.value)[:200]!r}); no test counted",
+                               **breakdown)
     ok, failures, state = report
-    if state.get("solution_error"):
-        return Verdict.failure(str(state["solution_error"]), **breakdown)
     notes: list[str] = []
-    if state.get("solution_exit"):
-        notes.append(f"{state['solution_exit']} before the tests; they ran anyway")
+    if state.get("exit"):
+        notes.append(f"{state['exit']} before the tests; they ran anyway")
     total = len(plan.labels)
     breakdown["passed"] = len(ok)
     listed = [
@@ -455,13 +499,16 @@ def _verdict(result: ToolResult, plan: TestPlan, nonce: str, limit: float, pool:
     if listed:
         breakdown["failures"] = listed
     not_run = total - len(ok) - len(failures)
+    if state.get("died"):
+        breakdown["died"] = str(state["died"])
+        notes.append(f"{state['died']} during the tests; every test after that failed")
     if state.get("abort"):
         breakdown["aborted"] = state["abort"]
         notes.append(f"the tests stopped early: {state['abort']} ({not_run} not run)")
     summary = f"{len(ok)}/{total} tests passed"
     if listed:
-        first = listed[0]
-        summary += f"; test {first['test'] + 1} failed: `{first['code']}`: {first['error'] or 'failed'}"
+        first_failure = listed[0]
+        summary += f"; test {first_failure['test'] + 1} failed: `{first_failure['code']}`: {first_failure['error'] or 'failed'}"
     verdict = Verdict.of_score(len(ok) / total, "; ".join([summary, *notes]), breakdown=breakdown)
     return verdict.model_copy(update={"passed": len(ok) == total and not state.get("abort")})
 

@@ -1,5 +1,23 @@
 """Math answers checked for equivalence with math-verify (LaTeX or plain expressions).
 
+The gold answer and the completion are read by one rule (:func:`read_answer`), so that a completion
+that writes the gold answer exactly as the task does scores 1:
+
+* text with LaTeX delimiters (``$...$``, ``\\(...\\)``, ``\\[...\\]``, ``\\boxed{}``) is read as math-verify
+  reads it, LaTeX first;
+* plain text is read the way math-verify reads a plain completion. Its reading stands when it accounts
+  for the whole text (every character but spaces and the separators ``,`` and ``.``): ``1,22`` is the
+  decimal 1.22 and ``3,5`` is 3.5 (a comma between digits is a decimal comma), ``1,000`` and
+  ``12,345.67`` are thousands separated, ``-1,5`` is -1.5;
+* plain text that this reading does not account for whole, and that is a bare formula (no word of two
+  or more letters outside a backslash command), is read as LaTeX instead: ``{1, 22}`` is the set
+  {1, 22}, ``1,22,3`` the set {1, 3, 22}, ``(1, 2)`` an interval, ``x^2 + 2x + 1`` a polynomial,
+  ``\\frac12`` one half (a number in scientific notation, ``1e3``, is written as ``1\\times10^{3}`` first);
+* a gold answer neither reading understands is read as LaTeX, as before (``pi/2``: write ``\\pi/2``).
+
+So a set is written with braces (or as LaTeX, ``$1,22$`` and ``\\boxed{1,22}`` read as sets, as
+math-verify reads them), and a plain ``1,22`` means the decimal number.
+
 A parse or comparison that runs out of time gives an infrastructure-error verdict (the
 answer was not judged; a slow correct answer must never be a reward of 0), not a wrong one.
 
@@ -11,6 +29,7 @@ wall-clock limit (which kills the worker) is the bound.
 
 from __future__ import annotations
 
+import re
 import threading
 from functools import lru_cache
 from typing import Any
@@ -69,11 +88,44 @@ def _equivalent(gold: list[Any], predicted: list[Any], spec: MathSpec) -> bool:
     return False
 
 
+_DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_SEPARATORS = re.compile(r"[\s,.]")
+_SCIENTIFIC = re.compile(r"(?<![A-Za-z\\])(\d+(?:\.\d+)?)[eE]([+-]?\d+)\b")
+
+
+def _as_latex(text: str) -> str:
+    return "$" + _SCIENTIFIC.sub(r"\1\\times10^{\2}", text) + "$"
+
+
+def _whole(reading: list[Any], text: str) -> bool:
+    """Whether math-verify's reading of plain ``text`` took all of it (its matched string, against the
+    text, ignoring spaces and the separators it normalises)."""
+    return len(reading) > 1 and _SEPARATORS.sub("", str(reading[-1])) == _SEPARATORS.sub("", text)
+
+
+def read_answer(text: str, seconds: int = 5, *, gold: bool = False) -> list[Any]:
+    """The readings of ``text`` by the rule of the module's docstring (the same for a gold answer and a
+    completion; ``gold`` only adds the last fallback)."""
+    if _DELIMITED.search(text):
+        return _parse(text, seconds)
+    plain = _parse(text, seconds)
+    stripped = text.strip()
+    if _whole(plain, stripped):
+        return plain
+    if stripped and "\n" not in stripped and len(stripped) <= 200 and not _WORD.search(stripped):
+        latex = _parse(_as_latex(stripped), seconds)
+        if latex:
+            return latex
+    if not plain and gold:
+        return _parse(_as_latex(stripped), seconds)
+    return plain
+
+
 @lru_cache(maxsize=4096)
 def _gold_parses(answer: str) -> bool:
-    text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
     try:
-        return bool(_parse(text))
+        return bool(read_answer(answer, gold=True))
     except MathTimeout:
         return False
 
@@ -94,10 +146,9 @@ class MathSpec(BaseSpec):
 
 
 def check_math(spec: MathSpec, completion: str, task: TaskSpec) -> Verdict:
-    gold_text = spec.answer if "$" in spec.answer or "\\boxed" in spec.answer else f"${spec.answer}$"
     try:
-        gold = _parse(gold_text, spec.step_timeout_s)
-        predicted = _parse(completion, spec.step_timeout_s)
+        gold = read_answer(spec.answer, spec.step_timeout_s, gold=True)
+        predicted = read_answer(completion, spec.step_timeout_s)
         if not predicted:
             return Verdict.failure("no mathematical answer found in the completion")
         equal = _equivalent(gold, predicted, spec)

@@ -15,11 +15,13 @@ Spec: one check, or ``{"checks": [...]}`` with several; the score is the fractio
   surrounding whitespace of both) and it exits with ``exit_code`` (default 0; None: any);
 * ``{"check": "answer_contains", "expected": "42"}``: the agent's final answer (the completion).
 
-Before the checks, by default (``fresh_interpreter``), every process the agent left in the
-sandbox is killed and a fresh interpreter started (files are kept), so nothing the agent ran
-or patched in its interpreter can answer for the checks; commands run with a clean
-environment. A command that times out or fails its exit code fails its check. A sandbox that
-fails gives an ``infra_error`` verdict.
+Before each check that reads the sandbox, every process in it is killed and a fresh interpreter
+started (files are kept): nothing the agent ran or patched in its interpreter answers for a check,
+and nothing a checked command started (a process it left behind) can change what a later check
+finds. Commands run with a clean environment; the comparison with the expected text is made here,
+on the host, from the command's raw output and exit code. A command that times out or fails its
+exit code fails its check. A sandbox that fails gives an ``infra_error`` verdict. The agent's own
+interpreter can never be the one that checks: ``fresh_interpreter`` may only be true.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import shlex
 import time
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from posttrain.platform.sandbox import CallStatus, Sandbox
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
@@ -74,11 +76,19 @@ Check = Annotated[Union[FileContains, CommandOutput, AnswerContains], Field(disc
 
 class ToolUseSpec(BaseSpec):
     """``checks``: what must hold in the sandbox after the episode (a single check may be
-    given inline, without ``checks``). ``fresh_interpreter``: kill what the agent left running
-    and start a fresh interpreter before checking (files are kept)."""
+    given inline, without ``checks``). ``fresh_interpreter``: kill what is running in the sandbox
+    and start a fresh interpreter before each check (files are kept); always on."""
 
     checks: list[Check] = Field(min_length=1)
     fresh_interpreter: bool = True
+
+    @field_validator("fresh_interpreter")
+    @classmethod
+    def _always_fresh(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("must be true: with false the agent's own (possibly patched) interpreter would answer "
+                             "for the checks, and what it left running could change their results")
+        return value
 
     _sandbox: Sandbox | None = PrivateAttr(default=None)  # lent by the caller's VerifyContext
 
@@ -153,11 +163,15 @@ def check_tool_use(spec: ToolUseSpec, completion: str, task: TaskSpec) -> Verdic
             kind="tool_use",
         )
     deadline = time.monotonic() + (spec.timeout_s or DEFAULT_TIMEOUT_S)
-    if needs_sandbox and sandbox is not None and spec.fresh_interpreter and not sandbox.reset(wipe=False):
-        return Verdict.infra(f"the episode's sandbox (slot {sandbox.slot}) did not restart its interpreter", kind="tool_use")
     results: list[dict[str, Any]] = []
     try:
         for check in spec.checks:
+            if not isinstance(check, AnswerContains):
+                assert sandbox is not None
+                # Before every check that reads the sandbox: nothing left running (by the agent, or by a
+                # command an earlier check ran) can answer for it or change what it finds.
+                if not sandbox.reset(wipe=False):
+                    return Verdict.infra(f"the episode's sandbox (slot {sandbox.slot}) did not restart its interpreter", kind="tool_use")
             remaining = max(deadline - time.monotonic(), 0.5)
             ok, found = _run_check(check, sandbox, completion, remaining)
             results.append({"check": check.check, "passed": ok, "found": found})
