@@ -43,6 +43,7 @@ from posttrain.platform.sandbox.result import CallRecord, CallStatus, PoolStatus
 from posttrain.platform.sandbox.sandbox import Sandbox, SandboxStartError
 
 MAX_RESTART_DELAY_S = 30.0
+POOL_PREFIXES = ("pool-", "posttrain-sandboxes-")  # <prefix><pid>-<random>: under a root, under the temp dir
 
 
 class PoolExhaustedError(TimeoutError):
@@ -304,8 +305,10 @@ class SandboxPool:
                         f"the sandbox user (uid {owner[0]}) cannot enter {parent}: set sandbox.root_dir "
                         "(or the data directory) to a place whose parent directories are world-executable"
                     )
-        prefix = "posttrain-sandboxes-" if self._root is None else "pool-"
+        prefix = POOL_PREFIXES[1] if self._root is None else POOL_PREFIXES[0]
         base.mkdir(parents=True, exist_ok=True)
+        for stale in workdir.unmount_stale(POOL_PREFIXES):
+            shutil.rmtree(stale, ignore_errors=True)
         self._sweep_stale(base, prefix)
         directory = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
         directory.chmod(0o755)
@@ -317,5 +320,4 @@ class SandboxPool:
         for entry in base.glob(f"{prefix}*-*"):
             pid = entry.name[len(prefix):].split("-")[0]
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                workdir.unmount_under(entry)  # its sandboxes' work directories, still mounted
                 shutil.rmtree(entry, ignore_errors=True)

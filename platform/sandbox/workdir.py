@@ -40,13 +40,24 @@ def unmount(path: Path) -> None:
     _libc().umount2(os.fsencode(path), MNT_DETACH)
 
 
-def unmount_under(directory: Path) -> None:
-    """Detach every mount at or below ``directory`` (work directories of a pool that died)."""
-    prefix = str(directory.resolve())
+def unmount_stale(pool_prefixes: tuple[str, ...]) -> list[Path]:
+    """Detach the work tmpfs of every sandbox whose pool's process is gone, wherever its data directory
+    is: ``.../<prefix><pid>-*/slot-<n>/work`` (a pool killed with its process, a Ray actor or a verifier
+    worker, leaves them mounted). Returns those pools' directories, for the caller to remove."""
+    pools: list[Path] = []
     with open("/proc/self/mountinfo") as fh:
-        points = [line.split()[4].replace("\\040", " ") for line in fh]
-    for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True):
-        unmount(Path(point))
+        mounts = [(line.split()[4].replace("\\040", " "), line.partition(" - ")[2].split()[0]) for line in fh]
+    for point, fstype in mounts:
+        work = Path(point)
+        pool = work.parent.parent
+        if fstype != "tmpfs" or work.name != "work" or not work.parent.name.startswith("slot-"):
+            continue
+        for prefix in pool_prefixes:
+            pid = pool.name[len(prefix):].split("-")[0] if pool.name.startswith(prefix) else ""
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                unmount(work)
+                pools.append(pool)
+    return pools
 
 
 @functools.cache

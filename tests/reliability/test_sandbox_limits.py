@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from conftest import Reliability
-from posttrain.platform.sandbox import CallStatus, ProcessBackendWarning, SandboxConfig, SandboxPool, limits, seccomp
+from posttrain.platform.sandbox import CallStatus, ProcessBackendWarning, SandboxConfig, SandboxPool, limits, seccomp, workdir
 from posttrain.platform.sandbox.cgroups import CgroupHost, detect
 
 pytestmark = pytest.mark.requires("bubblewrap")
@@ -296,6 +297,31 @@ def test_each_sandbox_has_its_own_cgroup_and_tmpfs_removed_with_it(data_dir: Pat
     reliability.fault("sandbox cgroups and work mounts removed with the pool", survived=not left and not still_mounted,
                       category=CATEGORY)  # fmt: skip
     assert not left and not still_mounted, (left, still_mounted)
+
+
+@pytest.mark.requires("cgroups", "mount rights")
+def test_what_a_dead_process_left_is_removed_by_the_next(data_dir: Path, reliability: Reliability) -> None:
+    """A process killed with its pool (a Ray actor, a verifier worker) leaves empty cgroups and mounted
+    work directories; the next pool removes them, wherever that pool's data directory was."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = detect()
+    assert isinstance(host, CgroupHost)
+    groups = {host.memory_parent / f"posttrain-{gone.pid}-0", host.pids_parent / f"posttrain-{gone.pid}-0"}
+    for group in groups:
+        group.mkdir()
+    stale_pool = data_dir / "another-data-dir" / f"pool-{gone.pid}-gone"
+    (stale_pool / "slot-0" / "work").mkdir(parents=True)
+    workdir.mount_tmpfs(stale_pool / "slot-0" / "work", 1, None)
+    (stale_pool / "slot-0" / "work" / "left-over").write_text("x")
+    detect.cache_clear()
+    limits._confinement.cache_clear()
+    with pool_of(data_dir) as pool:
+        assert healthy(pool)
+    mounted = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(stale_pool) in line]
+    left = [str(g) for g in groups if g.exists()] + ([str(stale_pool)] if stale_pool.exists() else []) + mounted
+    reliability.fault("leftovers of a pool that died", survived=not left, category=CATEGORY)
+    assert not left, left
 
 
 def test_without_cgroups_the_status_says_what_is_weaker(data_dir: Path, caplog: pytest.LogCaptureFixture,
