@@ -6,9 +6,10 @@ network, a scrubbed environment, ``--die-with-parent``, the zygote as PID 1
 so that model code can neither kill it nor leave a process behind, and the
 seccomp filter of seccomp.py (``--seccomp FD``).
 
-``process``: rlimits and a scrubbed environment only. Model code runs with
-the host's file system view, network and process table (as an unprivileged
-uid when the host is root). It is weaker, and says so when it starts.
+``process``: rlimits and a scrubbed environment only (plus the sandbox's
+cgroup and work tmpfs where the host allows them, see limits.py). Model code
+runs with the host's file system view, network and process table (as an
+unprivileged uid when the host is root). It is weaker, and says so when it starts.
 """
 
 from __future__ import annotations
