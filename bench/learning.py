@@ -1,7 +1,20 @@
-"""Proof of learning on CPU: the ``cpu-demo`` preset end to end, pass@1 before and after GRPO.
+"""Proof of learning on CPU: a preset end to end, pass@1 before and after GRPO.
 
     .venv/bin/python bench/learning.py [--preset cpu-demo] [--workdir DIR] [--grpo-steps N]
+    .venv/bin/python bench/learning.py --preset smollm2-arith [--grpo-steps N] [--threads 1]
 
+A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
+way the console runs it: a fresh data directory and SQLite database, the built-in model imported from
+its wheel, one ``train_preset`` job (evaluate, GRPO, evaluate, each evaluation with the general check
+on domains the run never trained on) run by a real ``posttrain worker``. Prints the reward curve as JSON
+lines while it runs, then one JSON object with ``model``, ``model_params``, ``pass_before``,
+``pass_after``, ``gain_points``, ``gain_se_points`` (the standard error of the gain from the two
+evaluations' pass rates), ``general_before``, ``general_after``, ``minutes``, ``steps``,
+``peak_rss_gb`` (the job process: learner, rollouts and evaluation), the step's cost (``step_s_mean``,
+``update_s_per_useful_group``, ``groups_used_mean``) and per-domain figures. The peer is the model
+before training, evaluated on the same held-out tasks in the same run.
+
+A tiny-model preset (``cpu-*``):
 Builds a tiny model locally (no model hub), warms it up with SFT (stopped part-way, so
 GRPO has room and reward variance), evaluates held-out pass@1 (greedy, ``eval`` split: prompts
 no training stream draws), runs GRPO, evaluates again; the peer is a control that continues SFT
@@ -28,6 +41,79 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
+def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
+    """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
+    import math
+    import subprocess
+    import time
+
+    data = workdir / "data"
+    env = {"POSTTRAIN_DATA_DIR": str(data), "POSTTRAIN_DATABASE_URL": f"sqlite:///{data / 'posttrain.db'}",
+           "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.5", "OMP_NUM_THREADS": str(threads)}
+    os.environ.update(env)
+    from sqlmodel import select
+
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db import migrate
+    from posttrain.platform.db.engine import session
+    from posttrain.platform.db.models import JobStatus, Metric, Role
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.models.importer import import_model
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    data.mkdir(parents=True, exist_ok=True)
+    migrate.upgrade(env["POSTTRAIN_DATABASE_URL"])
+    bench = Identity("bench", Role.admin)
+    row = import_model(bench, f"builtin:{run.model}", dest_root=data / "models")
+    started = time.perf_counter()
+    job_id = queue.submit(bench, "train_preset",
+                          {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation})
+    worker = subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"],
+                              env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    printed = 0
+    curve: dict[int, dict[str, float]] = {}
+    while True:
+        done = worker.poll() is not None
+        with session(read_only=True) as s:
+            rows = s.exec(select(Metric).where(Metric.job_id == job_id, Metric.name.startswith("rollout/")
+                                               | Metric.name.startswith("time/"))).all()
+        for m in rows:
+            curve.setdefault(m.step, {})[m.name] = m.value
+        for step in sorted(k for k in curve if k > printed and "time/step_s" in curve[k]):
+            print(json.dumps({"curve": "grpo", "step": step, "reward_mean": round(curve[step]["rollout/reward_mean"], 4),
+                              "groups_used": curve[step].get("rollout/groups_used"),
+                              "step_s": round(curve[step]["time/step_s"], 2)}), flush=True)
+            printed = step
+        if done:
+            break
+        time.sleep(5)
+    minutes = (time.perf_counter() - started) / 60
+    job = queue.get_job(job_id)
+    if job.status is not JobStatus.succeeded:
+        raise SystemExit(f"the train_preset job ended {job.status.value}: {job.error} (log: {job.log_path})")
+    result = job.result or {}
+    steps = [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]
+    used = sum(p.get("rollout/groups_used", 0.0) for p in steps)
+    before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
+    se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
+    print(json.dumps({
+        "figure": "learning", "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
+        "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
+        "gain_se_points": round(100 * se, 2), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
+        "general_before": result.get("general_before"), "general_after": result.get("general_after"),
+        "general_change_points": round(100 * (result["general_after"] - result["general_before"]), 2)
+        if result.get("general_before") is not None else None,
+        "minutes": round(minutes, 2), "steps": result["steps"], "peak_rss_gb": result.get("peak_rss_gb"),
+        "step_s_mean": round(sum(p["time/step_s"] for p in steps) / max(1, len(steps)), 2),
+        "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in steps) / max(1.0, used), 3),
+        "groups_used_mean": round(used / max(1, len(steps)), 2), "torch_threads": threads,
+        "per_domain": result.get("comparison", {}).get("pass@1", {}),
+        "peer": {"name": "the model before training", "setting": "the same held-out tasks, greedy, in the same run"},
+        "job_id": job_id, "workdir": str(workdir),
+    }), flush=True)
+
+
 def main() -> None:
     from posttrain.training.demo import run_preset
     from posttrain.training.presets import get_preset
@@ -38,10 +124,15 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--grpo-lr", type=float, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the job (real-model presets)")
+    parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per domain (default: the preset's)")
     args = parser.parse_args()
     sft = {"max_steps": args.sft_steps} if args.sft_steps else {}
     grpo = {k: v for k, v in (("max_steps", args.grpo_steps), ("lr", args.grpo_lr)) if v}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="posttrain-learning-"))
+    if isinstance(get_preset(args.preset).model, str):
+        evaluation = {"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {}
+        return run_as_job(args.preset, workdir, grpo, evaluation, args.threads)
 
     def on_step(step: int, point: dict[str, float]) -> None:
         print(json.dumps({"curve": "grpo", **point}), flush=True)

@@ -42,6 +42,7 @@ WORKERS_REPLACED = "pipeline/workers_replaced"
 ACTORS_REPLACED = "pipeline/actors_replaced"
 BATCHES_REDONE = "pipeline/batches_redone"
 STEP_S = "time/step_s"
+UPDATE_S = "time/update_s"  # the learner's update and weight publish of a step
 
 # --- a multi-turn environment's episodes (per step)
 ENV_TURNS_MEAN = "env/turns_mean"

@@ -70,6 +70,9 @@ def run_preset(
     """Run ``preset`` (with section overrides) under ``workdir``; pass@1 before and after GRPO, and
     after the SFT control (``control``) of as many extra steps."""
     run = get_preset(preset) if isinstance(preset, str) else preset
+    if isinstance(run.model, str) or run.sft is None:
+        raise ValueError(f"preset {run.name!r} starts from a registered model with no SFT warm-up: run it as a "
+                         "train_preset job (bench/learning.py --preset NAME does), not in-process")
     workdir = Path(workdir)
     started = time.perf_counter()
     timings: dict[str, float] = {}

@@ -69,16 +69,19 @@ def eval_domains(config: EvalConfig) -> list[str]:
 def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
     """The tasks ``config`` evaluates ``domain`` on: from its task set (its ``split``), else generated
     procedurally in the ``eval`` split unless set otherwise."""
+    from posttrain.platform.tasks.prompt_format import apply_format
+
     if config.task_set is not None:
         from posttrain.platform.tasks.store import load_tasks
 
         stored = load_tasks(task_set=config.task_set, domains=[domain], split=config.split, limit=config.tasks_per_domain)
         if not stored:
             raise ValueError(f"task set {config.task_set!r} has no {config.split} tasks in domain {domain!r}")
-        return [t.spec for t in stored]
+        return apply_format([t.spec for t in stored], config.prompt_format)
     from posttrain.platform.tasks.domains import generate
 
-    return generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
+    tasks = generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
+    return apply_format(tasks, config.prompt_format)
 
 
 def all_eval_tasks(config: EvalConfig) -> list[TaskSpec]:
@@ -86,9 +89,23 @@ def all_eval_tasks(config: EvalConfig) -> list[TaskSpec]:
     return [task for domain in eval_domains(config) for task in eval_tasks(config, domain)]
 
 
+def general_config(config: EvalConfig) -> EvalConfig | None:
+    """The fixed general check beside ``config`` (:class:`GeneralCheck`): its domains less those ``config``
+    evaluates, put as generated, greedy; None when off or nothing is left."""
+    check = config.general
+    domains = [d for d in check.domains if d not in config.domains] if check is not None else []
+    if check is None or not domains:
+        return None
+    return EvalConfig(domains=domains, difficulty=check.difficulty, tasks_per_domain=check.tasks_per_domain,
+                      max_new_tokens=check.max_new_tokens, seed=config.seed, batch_size=config.batch_size,
+                      device=config.device)
+
+
 def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None,
                     records: list[dict[str, Any]] | None = None) -> dict[str, float]:
-    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy.
+    """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy
+    (``eval/<domain>/pass@1``, ``eval/pass@1``, ...), and with ``config.general`` the general check's
+    figures under ``general/`` (``general/pass@1``, ``general/<domain>/pass@1``).
 
     ``records``, when given, receives one row per task (its first completion and verdict), the
     material of a head-to-head comparison (:func:`head_to_head`)."""
@@ -99,11 +116,20 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     model, tokenizer = load_policy(source, device=resolve_device(config.device))
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
+    report = _domains_report(engine, service, config, eval_domains(config), records)
+    if (general := general_config(config)) is not None:
+        found = _domains_report(engine, service, general, general.domains, None)
+        report |= {"general/" + key.removeprefix("eval/"): value for key, value in found.items()}
+    return report
+
+
+def _domains_report(engine: EmbeddedRolloutEngine, service: VerifierService, config: EvalConfig, domains: list[str],
+                    records: list[dict[str, Any]] | None) -> dict[str, float]:
     generator = torch.Generator().manual_seed(config.seed)
     n = config.samples
     report: dict[str, float] = {}
     totals: dict[str, list[float]] = {}
-    for domain in eval_domains(config):
+    for domain in domains:
         tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
         for i in range(0, len(tasks), config.batch_size):

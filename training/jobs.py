@@ -98,6 +98,17 @@ class PresetJobResult(BaseModel):
     control_steps: int | None = None
     control_after: float | None = None
     gain_over_control_points: float | None = None
+    general_before: float | None = Field(default=None, description="the general check's pass@1 before GRPO")
+    general_after: float | None = Field(default=None, description="... and after: what training cost elsewhere")
+    peak_rss_gb: float | None = Field(default=None, description="the job process's peak RSS (learner, rollouts, "
+                                      "evaluation), GiB")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # --- models in and out ------------------------------------------------------------
@@ -297,10 +308,11 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
 class PresetRunConfig(BaseModel):
     """``train_preset``: a preset's whole recipe in one job (the console's one-click demo).
 
-    Builds the preset's model (or starts from ``model``), SFT warm-up, evaluates the warmed-up
-    model, GRPO, evaluates the result, then the control: SFT continued from the warm-up for as many
-    steps as GRPO took, evaluated on the same held-out tasks (``control: false`` skips it); registers
-    ``<name>-base`` (when built), ``<name>-sft``, ``<name>`` and ``<name>-control``.
+    Builds the preset's model (or starts from ``model``, or from the registered model a real-model preset
+    names), SFT warm-up (when the preset has one), evaluates the model GRPO starts from, GRPO, evaluates
+    the result, then the control: SFT continued from the warm-up for as many steps as GRPO took,
+    evaluated on the same held-out tasks (``control: false`` skips it; a preset without SFT has none);
+    registers ``<name>-base`` (when built), ``<name>-sft``, ``<name>`` and ``<name>-control``.
     ``sft``/``grpo``/``eval`` override fields of the preset's sections.
     """
 
@@ -323,11 +335,14 @@ class PresetRunConfig(BaseModel):
         self.sections()  # an unknown preset or a bad override fails at submit
         return self
 
-    def sections(self) -> tuple[SFTConfig, GRPOConfig, EvalConfig]:
+    def sections(self) -> tuple[SFTConfig | None, GRPOConfig, EvalConfig]:
         from posttrain.training.presets import get_preset
 
         run = get_preset(self.preset)
-        sft, grpo = run.sft.updated(**self.sft), run.grpo.updated(**self.grpo)
+        if run.sft is None and self.sft:
+            raise ValueError(f"preset {self.preset!r} has no SFT warm-up to override: leave out sft")
+        sft = run.sft.updated(**self.sft) if run.sft is not None else None
+        grpo = run.grpo.updated(**self.grpo)
         evaluation = EvalConfig.model_validate({**run.eval.model_dump(exclude_unset=True), **self.eval})
         return sft, grpo, evaluation
 
@@ -375,19 +390,23 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if skipped:
         ctx.log.info("attempt %d continues after the finished stages %s", ctx.attempt, ", ".join(skipped))
 
+    preset_model = get_preset(config.preset).model
     if "base" not in state:
-        if config.model is not None:
-            path, base_name = resolve_model(ctx, config.model)
+        if config.model is not None or isinstance(preset_model, str):
+            path, base_name = resolve_model(ctx, config.model or str(preset_model))
+            base_name = base_name or Path(path).name
         else:
             base_name = f"{name}-base"
-            path = str(build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, get_preset(config.preset).model,
-                                        overwrite=True))  # fmt: skip
+            path = str(build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, preset_model, overwrite=True))
             register_model(ctx.identity, base_name, path, produced_by_job_id=ctx.job_id, replace=True, url=ctx.url,
                            meta={"job_kind": ctx.kind, "preset": config.preset})  # fmt: skip
         finish("base", {"path": path, "model": base_name})
     base = state["base"]
 
+    if "sft" not in state and sft_config is None:  # GRPO starts from the model as it is
+        finish("sft", {"model": base["model"], "path": base["path"], "checkpoint": None})
     if "sft" not in state:
+        assert sft_config is not None
         sft_config = sft_config.model_copy(update={"model": base["path"], "output_dir": str(out / "sft"), "register_as": f"{name}-sft"})
 
         def on_sft(step: int, metrics: dict[str, float]) -> None:
@@ -413,7 +432,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if "grpo" not in state:
         grpo_config = grpo_config.model_copy(update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name})
         write_trajectories = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
-        trained = sft_tasks(sft_config)
+        trained = sft_tasks(sft_config) if sft_config is not None else []
 
         def writer(step: int, groups: list[Any]) -> None:
             trained.extend(g.task for g in groups)
@@ -441,7 +460,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         ctx.log_metrics(1, after)
         finish("eval_after", after)
 
-    if config.control and "control" not in state:
+    control = config.control and sft_config is not None
+    if control and "control" not in state:
+        assert sft_config is not None
         control_config = sft_config.model_copy(update={"model": base["path"], "register_as": f"{name}-control"})
 
         def on_control(step: int, metrics: dict[str, float]) -> None:
@@ -455,7 +476,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         control_name = register_final_model(ctx, control_config, result.model, sft["path"], sft["model"], {"steps": result.steps})
         finish("control", {"model": control_name, "path": str(Path(ctx.settings.data_dir) / "models" / control_name),
                            "extra_steps": grpo["steps"]})  # fmt: skip
-    if config.control and "eval_control" not in state:
+    if control and "eval_control" not in state:
         ctx.progress(done, f"evaluating {state['control']['model']}", force=True)
         controlled = evaluate_policy(eval_config, state["control"]["path"])
         ctx.log_metrics(2, controlled)
@@ -470,9 +491,10 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         "steps": grpo["steps"], "pass_before": before["eval/pass@1"], "pass_after": after["eval/pass@1"],
         "gain_points": round(100 * (after["eval/pass@1"] - before["eval/pass@1"]), 2), "comparison": comparison,
         "eval_tasks": len(held_out), "eval_unseen_fraction": grpo["eval_unseen_fraction"],
-        "grpo_steps_checked": grpo["grpo_steps_checked"],
+        "grpo_steps_checked": grpo["grpo_steps_checked"], "general_before": before.get("general/pass@1"),
+        "general_after": after.get("general/pass@1"), "peak_rss_gb": round(peak_rss_bytes() / 2**30, 3),
     }  # fmt: skip
-    if config.control:
+    if control:
         controlled = state["eval_control"]["eval/pass@1"]
         result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],
                           "control_after": controlled, "gain_over_control_points": round(100 * (after["eval/pass@1"] - controlled), 2)}

@@ -66,6 +66,7 @@ def time_step(metrics: dict[str, float], learn_started: float, last_end: float) 
     step) to ``metrics``; return now, the end of this step."""
     now = time.perf_counter()
     metrics[names.LEARNER_BUSY_FRAC] = (now - learn_started) / max(now - last_end, 1e-9)
+    metrics[names.UPDATE_S] = now - learn_started
     metrics[names.STEP_S] = now - last_end
     return now
 
@@ -120,7 +121,7 @@ def train_grpo(
         rollouts: RolloutBackend | None = None
         if ctx.main:
             scheduler = scheduler or Scheduler(config.scheduler)
-            scheduler.set_domains(config.domains)
+            scheduler.set_domains(config.domains, config.prompt_format)
             if learner.state:
                 scheduler.load_state_dict(learner.state["scheduler"])
             source = policy if policy is not None else config.model

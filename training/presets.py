@@ -25,6 +25,18 @@ Presets:
 - ``cpu-quick``: cpu-demo cut down to one domain (zero-padding), 300 SFT and 60 GRPO steps: two to
   three minutes on a 2-core CPU, for a first look at the console's flow (and its browser test).
 
+Real-model presets start from the built-in SmolLM2-135M-Instruct (``model`` names a registered model;
+no SFT on the evaluated domains), put every task the same way for training and evaluation
+(``prompt_format``) and run the fixed general check beside each evaluation (``eval.general``):
+
+- ``smollm2-arith``: two-digit addition and subtraction and three-digit addition, one worked example in
+  the chat history, the answer read from ``\boxed{}`` only (strict); GRPO with dynamic sampling.
+- ``smollm2-quick``: the one-click demo on the real model: two-digit addition only, fewer steps.
+- ``smollm2-docqa``: questions built from the operator's uploaded documents (a task set; the preset names
+  ``documents``, the set ``make run``'s demo and the tests build from Debian's PDFs), answered in a few words.
+- ``smollm2-tools``: the ``tool_use`` environment on arithmetic too long to do in the head: the python tool
+  is there to be used.
+
 The ``train_preset`` job runs a whole preset in one job: build the preset's model (or start
 from a registered one), SFT warm-up, evaluate, GRPO, evaluate again (see :mod:`posttrain.training.jobs`).
 """
@@ -36,19 +48,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from posttrain.platform.models.specs import TinyModelSpec
-from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig
+from posttrain.platform.tasks.prompt_format import PromptFormat, WorkedExample
+from posttrain.training.config import EvalConfig, GeneralCheck, GRPOConfig, SFTConfig
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 
 class RunPreset(BaseModel):
-    """A whole run: the model to build when none is given, the SFT warm-up, GRPO, evaluation."""
+    """A whole run: the model (a tiny one to build, or a registered model's name), the SFT warm-up (None: GRPO
+    starts from the model as it is), GRPO, evaluation."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     description: str
-    model: TinyModelSpec
-    sft: SFTConfig
+    model: TinyModelSpec | str
+    sft: SFTConfig | None
     grpo: GRPOConfig
     eval: EvalConfig
 
@@ -103,7 +117,50 @@ def _cpu_quick() -> RunPreset:
     })
 
 
-_PRESETS = {"cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick}
+# --- the real model ---------------------------------------------------------------------
+REAL_MODEL = "smollm2-135m-instruct"  # the built-in model (posttrain.platform.models.importer.DEFAULT_MODEL)
+BOXED = PromptFormat(
+    instruction="Put your final answer within \\boxed{}.",
+    examples=[WorkedExample(user="Compute 12 + 7.\nPut your final answer within \\boxed{}.",
+                            assistant="12 + 7 = 19.\n\n\\boxed{19}")],
+    answer="boxed",
+)
+# held out by construction: every domain here has thousands of prompts at its difficulty, a fifth in eval
+ARITH_DOMAINS = [DomainSpec(name="arith.add.int", difficulty=2), DomainSpec(name="arith.sub.int", difficulty=2)]
+
+
+def _smollm2_arith() -> RunPreset:
+    domains = ARITH_DOMAINS
+    return RunPreset(
+        name="smollm2-arith",
+        description="SmolLM2-135M-Instruct as it ships, GRPO on two-digit additions and subtractions with the answer "
+                    "in \\boxed{} (strict), one worked example in the chat; evaluated on prompts it never trained on, "
+                    "with the general check beside it",
+        model=REAL_MODEL, sft=None,
+        grpo=GRPOConfig(domains=domains, prompt_format=BOXED, scheduler=SchedulerConfig(batch_size=8, seed=0),
+                        group_size=8, max_new_tokens=40, temperature=1.0, lr=2e-6, max_steps=60, micro_batch_size=16,
+                        max_rollout_batches_per_step=2, checkpoint_every=20, device="cpu", seed=0, verifier_workers=1,
+                        logprob_check={"every": 10, "trajectories": 8}),
+        eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=100,
+                        max_new_tokens=40, batch_size=50, device="cpu", general=GeneralCheck()),
+    )
+
+
+def _smollm2_quick() -> RunPreset:
+    arith = _smollm2_arith()
+    domains = ARITH_DOMAINS[:1]
+    return arith.model_copy(update={
+        "name": "smollm2-quick",
+        "description": "the one-click demo on the real model: GRPO on two-digit additions (answer in \\boxed{}), "
+                       "a visible gain in minutes on a 2-core CPU",
+        "grpo": arith.grpo.updated(domains=domains, max_steps=20, checkpoint_every=10),
+        "eval": arith.eval.model_copy(update={"domains": [d.name for d in domains], "tasks_per_domain": 100,
+                                              "general": GeneralCheck(tasks_per_domain=16)}),
+    })
+
+
+_PRESETS = {"cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick,
+            "smollm2-arith": _smollm2_arith, "smollm2-quick": _smollm2_quick}
 SECTION_OF_KIND = {"train_sft": "sft", "train_grpo": "grpo", "evaluate": "eval"}
 
 
@@ -120,7 +177,9 @@ def get_preset(name: str) -> RunPreset:
 
 def preset_section(name: str, section: str) -> dict[str, Any]:
     """One section (``sft``, ``grpo``, ``eval``) of a preset as the fields a job config would set."""
-    config: BaseModel = getattr(get_preset(name), section)
+    config: BaseModel | None = getattr(get_preset(name), section)
+    if config is None:
+        raise ValueError(f"preset {name!r} has no {section} section")
     return config.model_dump(exclude_unset=True, exclude_defaults=False)
 
 

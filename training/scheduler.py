@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.platform.tasks.prompt_format import PromptFormat
 from posttrain.platform.verifiers.models import Split, TaskSpec
 
 CHUNK = 32
@@ -85,10 +86,12 @@ class Scheduler:
         self._specs: dict[str, DomainSpec] = {}
         self._stats: dict[str, DomainStats] = {}
         self._buffers: dict[str, list[TaskSpec]] = {}
+        self._format: PromptFormat | None = None
         self._lock = threading.Lock()
 
     # --- domains --------------------------------------------------------------
-    def set_domains(self, domains: Sequence[str | DomainSpec]) -> None:
+    def set_domains(self, domains: Sequence[str | DomainSpec], prompt_format: PromptFormat | None = None) -> None:
+        """The mix to draw from, each task put as ``prompt_format`` says (None: as generated or listed)."""
         if not domains:
             raise ValueError("the scheduler needs at least one domain")
         specs = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
@@ -97,6 +100,7 @@ class Scheduler:
             raise ValueError(f"domains listed twice: {sorted({n for n in names if names.count(n) > 1})}")
         with self._lock:
             self._specs = {s.name: s for s in specs}
+            self._format = prompt_format
             for spec in specs:
                 self._stats.setdefault(spec.name, DomainStats(name=spec.name))
                 if spec.tasks is not None and not spec.tasks:
@@ -134,7 +138,8 @@ class Scheduler:
             weights = self.weights()
             names = list(weights)
             picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size)
-            return [self._take(name) for name in picks]
+            tasks = [self._take(name) for name in picks]
+        return tasks if self._format is None else [self._format.apply(t) for t in tasks]
 
     def _take(self, name: str) -> TaskSpec:
         spec, stats = self._specs[name], self._stats[name]

@@ -34,9 +34,11 @@ StartFn = Callable[[int], None]  # called once with the step the run starts from
 def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
     """The procedural tasks whose references an SFT run trains on (the ``train`` split)."""
     from posttrain.platform.tasks.domains import generate
+    from posttrain.platform.tasks.prompt_format import apply_format
 
-    return [t for i, domain in enumerate(config.domains)
-            for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=config.difficulty)]  # fmt: skip
+    return apply_format([t for i, domain in enumerate(config.domains)
+                         for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i,
+                                           difficulty=config.difficulty)], config.prompt_format)
 
 
 def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import unicodedata
 from collections import Counter
 from typing import Literal
 
-ExtractMode = Literal["full", "last_line", "answer_tag", "boxed", "after_answer"]
+ExtractMode = Literal["full", "last_line", "answer_tag", "boxed", "boxed_only", "after_answer"]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _AFTER_ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
@@ -18,7 +18,8 @@ _PUNCT_TABLE = str.maketrans("", "", string.punctuation + "“”‘’«»…�
 
 
 def extract_answer(completion: str, mode: ExtractMode) -> str:
-    """The part of ``completion`` that holds the answer, by ``mode``; falls back to the whole text."""
+    """The part of ``completion`` that holds the answer, by ``mode``; falls back to the whole text (``boxed_only``:
+    to nothing)."""
     text = completion.strip()
     if mode == "full":
         return text
@@ -31,6 +32,8 @@ def extract_answer(completion: str, mode: ExtractMode) -> str:
     if mode == "boxed":
         boxed = last_boxed(text)
         return boxed if boxed is not None else text
+    if mode == "boxed_only":  # strict: no box, no answer
+        return last_boxed(text) or ""
     if mode == "after_answer":
         found = _AFTER_ANSWER.findall(text)
         return found[-1].strip() if found else text

@@ -81,12 +81,13 @@ def load_presets() -> dict[str, Preset]:
         raise
     found: dict[str, Preset] = {}
     for name in presets.preset_names():
+        run = presets.get_preset(name)
         sections = {
             kind: json.loads(json.dumps(presets.preset_section(name, section), default=str))
             for kind, section in presets.SECTION_OF_KIND.items()
-            if kind in RUN_KINDS
+            if kind in RUN_KINDS and getattr(run, section) is not None  # a real-model preset has no SFT section
         }
-        found[name] = Preset(name, presets.get_preset(name).description, sections)
+        found[name] = Preset(name, run.description, sections)
     return found
 
 

@@ -42,7 +42,8 @@ def check_numeric(spec: NumericSpec, completion: str, task: TaskSpec) -> Verdict
     text = extract_answer(completion, spec.extract)
     quantity = last_quantity(text)
     if quantity is None:
-        return Verdict.failure("no number found in the answer")
+        unboxed = spec.extract == "boxed_only" and not text
+        return Verdict.failure("no \\boxed{...} answer" if unboxed else "no number found in the answer")
     expected_unit = find_unit(spec.unit) if spec.unit else None
     value = quantity.value
     if expected_unit is not None:

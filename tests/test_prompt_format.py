@@ -1,0 +1,81 @@
+"""Prompt formats (how a run puts its tasks), the strict boxed answer, the general check beside an
+evaluation, and the real-model presets' shape: checked on real generators, verifiers and configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.platform.tasks.domains import generate, prompt_hash
+from posttrain.platform.tasks.heldout import check_held_out
+from posttrain.platform.tasks.prompt_format import PromptFormat, WorkedExample, apply_format
+from posttrain.platform.verifiers import default_service
+from posttrain.platform.verifiers.models import ChatMessage
+from posttrain.training.config import EvalConfig, GeneralCheck
+from posttrain.training.evaluate import all_eval_tasks, eval_tasks, general_config
+from posttrain.training.presets import BOXED, get_preset, preset_names
+from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
+
+
+def test_a_format_frames_the_prompt_and_keeps_the_tasks_own_system_message_first() -> None:
+    task = generate("arith.add.int", 1, seed=3, difficulty=2)[0]
+    task = task.model_copy(update={"prompt": [ChatMessage(role="system", content="Be brief."), *task.prompt]})
+    question = task.prompt[-1].text
+    fmt = PromptFormat(instruction="Answer in digits.", examples=[WorkedExample(user="Compute 1 + 1.", assistant="2")])
+    framed = fmt.apply(task)
+    assert [(m.role, m.text) for m in framed.prompt] == [
+        ("system", "Be brief."), ("user", "Compute 1 + 1."), ("assistant", "2"), ("user", f"{question}\nAnswer in digits.")]
+    replaced = PromptFormat(system="You are a calculator.").apply(task)
+    assert [m.role for m in replaced.prompt] == ["system", "user"] and replaced.prompt[0].text == "You are a calculator."
+    assert framed.verifier == task.verifier  # answer: as_task leaves the verifier alone
+
+
+def test_boxed_answers_are_strict_and_the_reference_still_scores_one() -> None:
+    service = default_service()
+    for domain in ("arith.add.int", "arith.sub.int"):
+        for task in apply_format(generate(domain, 5, seed=1, difficulty=2), BOXED):
+            value = task.verifier.spec["value"]
+            right = f"{value:g}"
+            assert service.verify(task, task.reference or "").score == 1.0
+            assert service.verify(task, f"The sum is 3.\n\\boxed{{{right}}}").score == 1.0  # the last box is read
+            unboxed = service.verify(task, f"The answer is {right}.")
+            assert unboxed.score == 0.0 and "boxed" in unboxed.details  # right number, no box: no answer
+            assert service.verify(task, f"\\boxed{{{value + 1:g}}} ... {right}").score == 0.0
+
+
+def test_boxed_is_refused_for_a_verifier_that_cannot_read_a_box() -> None:
+    task = generate("json.pick", 1, seed=0, difficulty=2)[0]  # a JSON-schema verifier
+    with pytest.raises(ValueError, match="json.pick.*as_task"):
+        BOXED.apply(task)
+
+
+def test_the_scheduler_and_the_evaluation_put_tasks_the_same_way_and_stay_disjoint() -> None:
+    scheduler = Scheduler(SchedulerConfig(batch_size=16, seed=0))
+    scheduler.set_domains([DomainSpec(name="arith.add.int", difficulty=2)], BOXED)
+    drawn = [t for _ in range(4) for t in scheduler.next_batch()]
+    assert all(t.verifier.spec["extract"] == "boxed_only" and len(t.prompt) == 3 for t in drawn)
+    evaluation = EvalConfig(domains=["arith.add.int"], difficulty=2, prompt_format=BOXED, tasks_per_domain=64)
+    held = eval_tasks(evaluation, "arith.add.int")
+    assert all(t.prompt[:2] == drawn[0].prompt[:2] for t in held)  # the same worked example
+    assert check_held_out(drawn, all_eval_tasks(evaluation)).ok
+    assert not {prompt_hash(t.prompt_text) for t in drawn} & {prompt_hash(t.prompt_text) for t in held}
+
+
+def test_the_general_check_leaves_out_the_evaluated_domains_and_is_validated_at_the_edge() -> None:
+    evaluation = EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck())
+    general = general_config(evaluation)
+    assert general is not None and "list.int.max" not in general.domains and general.prompt_format is None
+    assert general_config(EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["list.int.max"]))) is None
+    with pytest.raises(ValueError, match="held-out"):
+        EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["compare.larger.int"], difficulty=1))
+
+
+def test_real_model_presets_start_from_the_built_in_model_with_the_general_check() -> None:
+    real = [n for n in preset_names() if n.startswith("smollm2-")]
+    assert {"smollm2-arith", "smollm2-quick"} <= set(real)
+    for name in real:
+        run = get_preset(name)
+        assert run.model == "smollm2-135m-instruct" and run.sft is None
+        assert run.eval.general is not None and not set(run.eval.general.domains) & set(run.eval.domains)
+        assert run.grpo.prompt_format == run.eval.prompt_format  # trained and measured the same way
+        trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
+        assert trained == set(run.eval.domains)
