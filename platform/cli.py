@@ -34,7 +34,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 import posttrain
 from posttrain.platform.api_keys import ApiKeyError
@@ -755,7 +755,7 @@ def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked key
     from posttrain.platform.api_keys import list_keys, shown
 
     require_schema()
-    table = Table("key", "name", "models", "created (UTC)", "by", "last used (UTC)", "revoked (UTC)")
+    table = Table(Column("key", no_wrap=True), "name", "models", "created (UTC)", "by", "last used (UTC)", "revoked (UTC)")
     when = lambda t: t.strftime("%Y-%m-%d %H:%M") if t else ""  # noqa: E731
     for k in list_keys(me(), include_revoked=all_):
         table.add_row(shown(k.key_id), k.name, ", ".join(k.models) or "all", when(k.created_at), k.created_by,

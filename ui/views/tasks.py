@@ -95,7 +95,8 @@ with build:
                 }  # fmt: skip
             )
 with imports:
-    upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl")
+    upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl",
+                              disabled=not operator)
     jsonl_set = st.text_input("Task set name", value="imported", key="import_set_name")
     if upload is not None and st.button("Import JSONL", key="import_jsonl_go", disabled=not operator):
         submit_build(jsonl=upload.getvalue(), task_set=jsonl_set)
