@@ -43,6 +43,13 @@ def pool_rows() -> list[SandboxPoolRow]:
         return list(s.exec(select(SandboxPoolRow).order_by(col(SandboxPoolRow.updated_at).desc())).all())
 
 
+def limits_summary(status: dict) -> str:
+    """What the pool's host cannot enforce (its "weaker: ..." lines), or that every limit holds."""
+    limits = status.get("limits") or {}
+    weaker = [f"{part}: {line}" for part, line in limits.items() if line.startswith("weaker")]
+    return "; ".join(weaker) if weaker else "all enforced" if limits else ""
+
+
 @st.fragment(run_every="3s")
 def pools_panel() -> None:
     rows = pool_rows()
@@ -70,6 +77,7 @@ def pools_panel() -> None:
                 "call p99 ms": round(latency.get("call_p99", 0.0), 2),
                 "acquire p50 ms": round(latency.get("acquire_p50", 0.0), 3),
                 "last error": status.get("last_error", ""),
+                "limits": limits_summary(status),
                 "updated": r.updated_at,
             }
         )
