@@ -19,7 +19,7 @@ from test_training_tiny import tiny_policy_dir
 from posttrain.platform.verifiers import BaseSpec, TaskSpec, Verdict, VerifierKind, VerifierService, register_verifier
 from posttrain.platform.verifiers.pool import PoolConfig
 from posttrain.training.config import GRPOConfig
-from posttrain.training.learner import completion_batch, completion_logprobs
+from posttrain.training.learner import completion_batch, completion_logprobs, prompt_passes, shared_prompt_logprobs
 from posttrain.training.loop import train_grpo
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training import inference
@@ -79,6 +79,20 @@ def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path,
         learner = completion_logprobs(model, batch, torch.device("cpu"), temperature)
     torch.testing.assert_close(learner * batch.mask, batch.old_logprobs, atol=1e-4, rtol=1e-4)
     assert (batch.old_logprobs < 0).sum() == batch.mask.sum()  # real log-probs on every completion token
+    # the update's path, each group's prompt run once and its cache repeated: the same log-probs and gradients
+    for group in groups:
+        rows = completion_batch(group.trajectories, [1.0] * 3, tokenizer.pad_token_id)
+        grads = []
+        for score in (lambda: completion_logprobs(model, rows, torch.device("cpu"), temperature),
+                      lambda: shared_prompt_logprobs(model, group.trajectories, torch.device("cpu"), temperature)):
+            model.zero_grad()
+            values = score() * rows.mask
+            values.sum().backward()
+            torch.testing.assert_close(values.detach(), rows.old_logprobs, atol=1e-4, rtol=1e-4)
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert grads[0].norm() > 0
+        torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-3)
+    assert [len(p) for p in prompt_passes(range(6), flat, 2)] == [2, 1, 2, 1]  # by prompt, then micro-batch
 
 
 def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: VerifierService) -> None:

@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
 
+from posttrain.platform.models.loader import cache_keyword
 from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, collate
@@ -118,6 +121,44 @@ def completion_batch(trajectories: Sequence[Trajectory], advantages: Sequence[fl
 def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, device: torch.device, temperature: float) -> torch.Tensor:
     all_lp = token_logprobs(model, batch.input_ids.to(device), batch.attention_mask.to(device), temperature=temperature)
     return torch.gather(all_lp, 1, batch.gather_index.to(device))
+
+
+def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device,
+                           temperature: float) -> torch.Tensor:
+    """:func:`completion_logprobs` of completions that share one prompt, with the prompt run once: its KV
+    cache (all but its last token) is computed for one row and repeated for every completion, with its
+    graph, so the gradient still flows through it. Column ``j`` scores completion token ``j``; shape
+    ``(len(trajectories), longest completion)``. A group's prompt is most of its tokens in GRPO, so the
+    update costs about what its completions do (and the output head runs on completion positions only)."""
+    prompt = trajectories[0].prompt_ids
+    assert all(t.prompt_ids == prompt for t in trajectories), "shared_prompt_logprobs takes completions of one prompt"
+    rows, lmax, start = len(trajectories), max(len(t.completion_ids) for t in trajectories), len(prompt) - 1
+    # the last prompt token and every completion token but the last are the inputs whose outputs score the completion
+    suffix = [[prompt[-1], *t.completion_ids[:-1]] for t in trajectories]
+    ids = torch.tensor([s + [prompt[-1]] * (lmax - len(s)) for s in suffix], device=device)
+    valid = torch.tensor([[1] * len(s) + [0] * (lmax - len(s)) for s in suffix], device=device)
+    extra: dict[str, Any] = {}
+    if start > 0:
+        key = cache_keyword(model)
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, **{key: cache})
+        cache.batch_repeat_interleave(rows)
+        extra = {key: cache}
+    attention = torch.cat([torch.ones(rows, start, dtype=valid.dtype, device=device), valid], dim=1)
+    positions = torch.arange(start, start + lmax, device=device).expand(rows, lmax)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=bool(extra), **extra).logits
+    logits = logits.float() / temperature if temperature != 1.0 else logits.float()
+    targets = torch.tensor([t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device)
+    return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def prompt_passes(indices: Sequence[int], trajectories: Sequence[Trajectory], micro_batch_size: int) -> list[list[int]]:
+    """``indices`` in passes of at most ``micro_batch_size`` whose trajectories share their prompt (a GRPO
+    group's completions), in first-seen order."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i in indices:
+        by_prompt.setdefault(tuple(trajectories[i].prompt_ids), []).append(i)
+    return [rows[k : k + micro_batch_size] for rows in by_prompt.values() for k in range(0, len(rows), micro_batch_size)]
 
 
 def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[list[Trajectory], list[float], int]:
@@ -298,20 +339,30 @@ class Learner:
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
             normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            passes = _passes(len(mini), world, algo.micro_batch_size)
-            for k in range(passes):
-                idx = mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
+            if world == 1:  # a group's completions in one pass, its prompt run once
+                groups = prompt_passes(mini, trajectories, algo.micro_batch_size)
+            else:  # every rank runs the same number of passes, whatever its rows' prompts
+                groups = [mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
+                          for k in range(_passes(len(mini), world, algo.micro_batch_size))]
+            passes = len(groups)
+            for k, idx in enumerate(groups):
                 weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
                 idx = idx or mini[:1]
                 self._sync_gradients(k == passes - 1)
-                batch = completion_batch([trajectories[i] for i in idx], [advantages[i] for i in idx],
-                                         self.tokenizer.pad_token_id)
+                rows = [trajectories[i] for i in idx]
+                batch = completion_batch(rows, [advantages[i] for i in idx], self.tokenizer.pad_token_id)
+
+                def logprobs_of(model: torch.nn.Module) -> torch.Tensor:
+                    if world == 1:
+                        return shared_prompt_logprobs(model, rows, device, temperature)
+                    return completion_logprobs(model, batch, device, temperature)
+
                 with autocast(device, self.ctx.amp):
-                    logprobs = completion_logprobs(self.model, batch, device, temperature)
+                    logprobs = logprobs_of(self.model)
                     ref = None
                     if self.reference is not None and algo.kl_coef > 0:
                         with torch.no_grad():
-                            ref = completion_logprobs(self.reference, batch, device, temperature)
+                            ref = logprobs_of(self.reference)
                 out = grpo_loss(logprobs, batch.old_logprobs.to(device), batch.advantages.to(device), batch.mask.to(device),
                                 clip_low=algo.clip_low, clip_high=algo.clip_high, ref_logprobs=ref,
                                 kl_coef=algo.kl_coef, aggregation=algo.aggregation, normalizer=normalizer)
