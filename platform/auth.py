@@ -96,7 +96,8 @@ def require(identity: Identity, needed: Role, *, action: str, url: str | None = 
 def action(name: str, needed: Role) -> Callable[[Callable[Concatenate[Identity, P], R]], Callable[Concatenate[Identity, P], R]]:
     """Mark a platform function as an action ``name`` that needs ``needed``: its first argument is the
     acting identity, checked by :func:`require` before the function runs (with the ``url`` keyword the
-    function was given, if any). The function audits what it did, in the transaction that did it."""
+    function was given, if any). The function audits what it did (in the transaction that did it, where
+    it writes one), so a refusal and a success are both in the audit log."""
 
     def wrap(fn: Callable[Concatenate[Identity, P], R]) -> Callable[Concatenate[Identity, P], R]:
         @functools.wraps(fn)
@@ -105,8 +106,6 @@ def action(name: str, needed: Role) -> Callable[[Callable[Concatenate[Identity, 
             require(identity, needed, action=name, url=url if isinstance(url, str) else None)
             return fn(identity, *args, **kwargs)
 
-        checked.action = name  # type: ignore[attr-defined]
-        checked.needed = needed  # type: ignore[attr-defined]
         ACTIONS[name] = needed
         return checked
 

@@ -249,3 +249,28 @@ def test_console_chat_sends_its_own_key_once_keys_exist(platform_env: dict[str, 
         with pytest.raises(PermissionDenied, match="may not model.chat"):
             chat_as(Identity("viv", Role.viewer), base, "tiny", CHAT)
     assert [e.username for e in audit_log() if e.action == "model.chat"] == [OPERATOR.username] * 3
+
+
+def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[str, str], db_url: str) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import REPO_ROOT, login_as
+
+    page = str(REPO_ROOT / "ui" / "views" / "admin.py")
+    at = login_as(AppTest.from_file(page, default_timeout=60), "admin", "root").run()
+    assert not at.exception and any("No API keys yet" in c.value for c in at.caption)
+    at.text_input(key="key_name").set_value("notebook")
+    at.button(key="FormSubmitter:create_key-Create key").click().run()
+    assert not at.exception and not at.error
+    (shown_key,) = [c.value for c in at.code if KEY.fullmatch(c.value)]
+    key_id = KEY.fullmatch(shown_key).group(1)  # type: ignore[union-attr]
+    assert check_key(shown_key).name == "notebook" and any(f"pt-{key_id}" in s.value for s in at.success)
+    at.run()  # shown once: the next run of the page no longer holds it
+    assert not [c.value for c in at.code if KEY.fullmatch(c.value)]
+    assert list(at.dataframe[1].value["key"]) == [f"pt-{key_id}"]
+    at.selectbox(key="revoke_key_id").set_value(key_id)
+    at.button(key="FormSubmitter:revoke_key-Revoke").click().run()
+    assert any(f"Revoked pt-{key_id}" in s.value for s in at.success)
+    with pytest.raises(KeyRefused, match="was revoked"):
+        check_key(shown_key)
+    assert {"key.create", "key.revoke"} <= {e.action for e in audit_log() if e.username == "root"}

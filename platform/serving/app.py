@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, allow_model, visible
 from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle, TokensEvent
 from posttrain.platform.serving.errors import APIError, model_not_found
@@ -100,12 +101,12 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
     app.state.auth = auth
     limit = max_request_bytes or default_max_request_bytes(engine)
 
-    async def body_of(request: Request) -> tuple[Any, Any]:
+    async def body_of(request: Request) -> tuple[KeyGrant | None, Any]:
         """The request's key grant (checked before the body is read), then its parsed JSON body."""
         granted = None if auth is None else await auth.grant(request)
         return granted, (await read_json_body(request, limit))[1]
 
-    def check_model(model: str, granted: Any) -> None:
+    def check_model(model: str, granted: KeyGrant | None) -> None:
         allow_model(granted, model)
         if model != engine.name:
             raise model_not_found(model, [engine.name])

@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
 from posttrain.platform.serving.errors import APIError
 from posttrain.platform.serving.protocol import read_json_body
@@ -150,7 +151,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     ``auth`` checks API keys (none: everyone is served)."""
     gw = Gateway(config, refresh)
 
-    async def grant(request: Request):  # type: ignore[no-untyped-def]
+    async def grant(request: Request) -> KeyGrant | None:
         return None if auth is None else await auth.grant(request)
 
     @contextlib.asynccontextmanager
