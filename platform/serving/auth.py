@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from posttrain.platform.api_keys import KeyGrant, KeyRefused, any_active_key, check_key
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from fastapi import Request
 
 log = logging.getLogger("posttrain.api_auth")
+KEYS_SEEN_FOR_S = 5.0  # a key seen this recently still exists, as far as opening a loopback server goes
 
 
 class OpenServerRefused(RuntimeError):
@@ -48,13 +51,18 @@ def refuse_open_server(what: str, host: str, auth: ApiAuth | None, *, url: str |
                                 "`posttrain keys create NAME` (or in the console, as an admin), or listen on 127.0.0.1")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ApiAuth:
     """The key check of a server listening on ``host``, against the database at ``url`` (default:
-    the configured one). ``None`` from :meth:`grant` means the server is open (loopback, no key yet)."""
+    the configured one). ``None`` from :meth:`grant` means the server is open (loopback, no key yet).
+
+    A valid key costs one indexed lookup, so a revoked key is refused at once. Once a key is seen to
+    exist, refused requests skip asking whether one exists for ``KEYS_SEEN_FOR_S``: a flood of
+    callers without a valid key costs the database at most that one lookup each."""
 
     host: str
     url: str | None = None
+    _keys_seen: float = field(default=-math.inf, init=False, repr=False)  # monotonic time a key last existed
 
     async def grant(self, request: Request) -> KeyGrant | None:
         token = _bearer(request.headers.get("authorization"))
@@ -66,9 +74,22 @@ class ApiAuth:
             raise APIError(exc.status, exc.message, param="api_key") from None
 
     def _grant(self, token: str | None) -> KeyGrant | None:
-        if is_loopback(self.host) and not any_active_key(url=self.url):
-            return None
-        return check_key(token, url=self.url)
+        try:
+            granted = check_key(token, url=self.url)
+        except KeyRefused:
+            if self._open():
+                return None  # open until the first key: whatever a client sends as its key is ignored
+            raise
+        self._keys_seen = time.monotonic()
+        return granted
+
+    def _open(self) -> bool:
+        if not is_loopback(self.host) or time.monotonic() - self._keys_seen < KEYS_SEEN_FOR_S:
+            return False
+        if any_active_key(url=self.url):
+            self._keys_seen = time.monotonic()
+            return False
+        return True
 
 
 def allow_model(grant: KeyGrant | None, model: str) -> None:
