@@ -147,6 +147,14 @@ def serving_real_rows(s: Summary) -> list[Row]:
 
 
 def learning_rows(s: Summary) -> list[Row]:
+    if "general_before" in s:  # a real-model preset: no SFT, no control; the peer is the model before training
+        return [Row(
+            f"learning on {s['model']} ({s['preset']} preset: GRPO, no SFT)",
+            f"held-out pass@1 {_pct(s['pass_before'])} → {_pct(s['pass_after'])} ({s['gain_points']:+.1f} ± "
+            f"{s['gain_se_points']:.1f} points, {s['steps']} steps) in {_n(s['minutes'])} min; general check "
+            f"{_pct(s['general_before'])} → {_pct(s['general_after'])}; peak RSS {s['peak_rss_gb']:.1f} GiB",
+            f"the model before training, the same {s['eval_tasks']} held-out tasks: {_pct(s['pass_before'])}",
+        )]  # fmt: skip
     peer = s.get("peer", {}).get("name", "control")
     unseen = "all" if s["eval_unseen_fraction"] == 1 else _pct(s["eval_unseen_fraction"])
     return [Row(
@@ -209,7 +217,7 @@ def reliability_rows(s: Summary) -> list[Row]:
 
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
-    "learning": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "learning": learning_rows, "learning-real": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
     "reliability": reliability_rows,
 }  # fmt: skip
 
