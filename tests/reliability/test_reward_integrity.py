@@ -20,16 +20,15 @@ scored exactly as its honest counterpart is refused cleanly; an honest control t
 from __future__ import annotations
 
 import shutil
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
 from conftest import Reliability, wait_for
+from test_code_verifier import reachable_dir
 from posttrain.platform.sandbox import SandboxConfig, SandboxPool
 from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService, VerifierSpecError, VerifyContext, validate_spec
 
@@ -50,12 +49,6 @@ def code_task(tests: str = THREE_TESTS, timeout_s: float | None = None) -> TaskS
     if timeout_s is not None:
         spec["timeout_s"] = timeout_s
     return TaskSpec(domain="test.reward_integrity", prompt="write f(x) = x + 1", verifier={"kind": "code", "spec": spec})
-
-
-def reachable_dir() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="posttrain-test-integrity-"))
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture(scope="module")
