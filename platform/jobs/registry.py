@@ -181,6 +181,8 @@ def _allowed_roots() -> list[Path]:
 
 
 def _confined(value: str, where: str, roots: list[Path]) -> str:
+    if "\x00" in value:  # no file has one; os calls raise a bare ValueError on it
+        raise JobConfigError(f"{where}: the path contains a NUL byte; give a plain path inside the data directory")
     path = Path(value).expanduser()
     resolved = (path if path.is_absolute() else roots[0] / path).resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
@@ -241,6 +243,8 @@ def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any
                                  "e.g. --config '{\"steps\": 5}'") from None  # fmt: skip
         except _BadKey as exc:
             raise JobConfigError(f"{source}: {exc}") from None
+        except RecursionError:
+            raise JobConfigError(f"{source} nests too deeply to read; write it out flatter") from None
 
     class UniqueKeys(yaml.SafeLoader):
         pass
