@@ -98,7 +98,7 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
     se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
     print(json.dumps({
-        "figure": "learning", "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
+        "figure": "learning-real", "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
         "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
         "gain_se_points": round(100 * se, 2), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
         "general_before": result.get("general_before"), "general_after": result.get("general_after"),
