@@ -29,16 +29,11 @@ Real-model presets start from the built-in SmolLM2-135M-Instruct (``model`` name
 no SFT on the evaluated domains), put every task the same way for training and evaluation
 (``prompt_format``) and run the fixed general check beside each evaluation (``eval.general``):
 
-- ``smollm2-arith``: two-digit addition and subtraction and three-digit addition, one worked example in
-  the chat history, the answer read from ``\boxed{}`` only (strict); GRPO with dynamic sampling.
-- ``smollm2-quick``: the one-click demo on the real model: two-digit addition only, fewer steps.
-- ``smollm2-docqa``: questions built from the operator's uploaded documents (a task set; the preset names
-  ``documents``, the set ``make run``'s demo and the tests build from Debian's PDFs), answered in a few words.
-- ``smollm2-tools``: the ``tool_use`` environment on arithmetic too long to do in the head: the python tool
-  is there to be used.
+- ``smollm2-arith``: two-digit additions and subtractions, one worked example in the chat history, the
+  answer read from ``\\boxed{}`` only (strict); GRPO with dynamic sampling.
+- ``smollm2-quick``: the one-click demo on the real model: two-digit additions only, fewer steps.
 
-The ``train_preset`` job runs a whole preset in one job: build the preset's model (or start
-from a registered one), SFT warm-up, evaluate, GRPO, evaluate again (see :mod:`posttrain.training.jobs`).
+(Presets on document QA and on the ``tool_use`` environment are not built yet.)
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.platform.tasks.prompt_format import PromptFormat
+from posttrain.platform.tasks.prompt_format import PromptFormat, apply_format
 from posttrain.platform.verifiers.models import Split, TaskSpec
 
 CHUNK = 32
@@ -139,7 +139,7 @@ class Scheduler:
             names = list(weights)
             picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size)
             tasks = [self._take(name) for name in picks]
-        return tasks if self._format is None else [self._format.apply(t) for t in tasks]
+        return apply_format(tasks, self._format)
 
     def _take(self, name: str) -> TaskSpec:
         spec, stats = self._specs[name], self._stats[name]
