@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/learning.py [--preset cpu-demo] [--workdir DIR] [--grpo-steps N]
     .venv/bin/python bench/learning.py --preset smollm2-arith [--grpo-steps N] [--threads 1]
+    .venv/bin/python bench/learning.py --preset smollm2-tools     # episodes in the tool_use environment
+    .venv/bin/python bench/learning.py --preset smollm2-docqa     # uploads the preset's documents, builds its task set
+    .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
 way the console runs it: a fresh data directory and SQLite database, the built-in model imported from
@@ -41,6 +44,77 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
+FIGURES = {"smollm2-tools": "learning-tools", "smollm2-docqa": "learning-docqa"}  # bench/results/<figure>.json
+# each saving of the GRPO step switched off on its own (LoRA, which the presets leave off, switched on), against all on
+ABLATIONS: dict[str, dict] = {
+    "all savings": {},
+    "no zero-signal skip": {"algorithm": {"skip_zero_signal": False}},
+    "no shared prompt": {"algorithm": {"shared_prompt": False}},
+    "no micro-batches": {"algorithm": {"micro_batch_size": 1024}},
+    "with LoRA r=16": {"lora": {"r": 16, "alpha": 32}},
+}
+
+
+def ablation_variant(preset: str, name: str, model_dir: str, steps: int, threads: int) -> dict:
+    """One variant's GRPO steps in this process (its own, so its peak RSS is its own): the step's cost."""
+    import resource
+    import time
+
+    import torch
+
+    from posttrain.training.loop import train_grpo
+    from posttrain.training.presets import get_preset
+
+    torch.set_num_threads(threads)
+    workdir = Path(tempfile.mkdtemp(prefix="posttrain-ablation-"))
+    config = get_preset(preset).grpo.updated(model=model_dir, output_dir=str(workdir), max_steps=steps, checkpoint_every=0,
+                                              logprob_check={"every": 0}, **ABLATIONS[name])
+    started = time.perf_counter()
+    result = train_grpo(config)
+    used = sum(m.get("rollout/groups_used", 0.0) for m in result.metrics)
+    return {"variant": name, "steps": len(result.metrics), "minutes": round((time.perf_counter() - started) / 60, 2),
+            "step_s_mean": round(sum(m["time/step_s"] for m in result.metrics) / len(result.metrics), 2),
+            "update_s_mean": round(sum(m["time/update_s"] for m in result.metrics) / len(result.metrics), 2),
+            "update_s_per_useful_group": round(sum(m["time/update_s"] for m in result.metrics) / max(1.0, used), 3),
+            "groups_used": used, "trained_tokens": sum(m.get("train/tokens", 0.0) for m in result.metrics),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+
+
+def run_ablation(preset: str, workdir: Path, steps: int, threads: int) -> None:
+    """Every variant of :data:`ABLATIONS` for ``steps`` GRPO steps from the same model and seed, one process each,
+    one after another; prints a line per variant, then the summary: each variant's cost against all savings on."""
+    import subprocess
+
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db import migrate
+    from posttrain.platform.db.models import Role
+    from posttrain.platform.models.importer import import_model
+    from posttrain.training.presets import get_preset
+
+    url = f"sqlite:///{workdir / 'models.db'}"
+    migrate.upgrade(url)
+    row = import_model(Identity("bench", Role.admin), f"builtin:{get_preset(preset).model}", url=url, dest_root=workdir / "models")
+    rows = []
+    for name in ABLATIONS:
+        out = subprocess.run([sys.executable, __file__, "--preset", preset, "--ablation-variant", name, "--model-dir", row.path,
+                              "--ablation-steps", str(steps), "--threads", str(threads)],
+                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        if out.returncode != 0:
+            raise SystemExit(f"ablation variant {name!r} failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    base = rows[0]
+    print(json.dumps({
+        "figure": "learning-ablation", "preset": preset, "steps_per_variant": steps, "torch_threads": threads,
+        "variants": {r["variant"]: {k: r[k] for k in ("step_s_mean", "update_s_mean", "update_s_per_useful_group",
+                                                     "peak_rss_gb", "groups_used")} for r in rows},
+        "update_cost_vs_all_savings": {r["variant"]: round(r["update_s_per_useful_group"] / max(1e-9, base["update_s_per_useful_group"]), 2)
+                                       for r in rows[1:]},
+        "peak_rss_vs_all_savings": {r["variant"]: round(r["peak_rss_gb"] / base["peak_rss_gb"], 2) for r in rows[1:]},
+        "peer": {"name": "all savings on", "setting": "the same preset, model, seed and steps, in the same run"},
+    }), flush=True)
+
+
 def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
     """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
     import math
@@ -67,6 +141,31 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     bench = Identity("bench", Role.admin)
     row = import_model(bench, f"builtin:{run.model}", dest_root=data / "models")
     started = time.perf_counter()
+
+    def work() -> None:  # a worker runs every queued job, then exits
+        subprocess.run([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"], env={**os.environ, **env},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+    if run.documents is not None:  # a document preset: upload, preprocess, build its task set, as an operator would
+        import glob
+
+        from posttrain.platform.documents import add_document
+
+        files = sorted({f for pattern in run.documents.paths for f in glob.glob(pattern)})
+        if not files:
+            raise SystemExit(f"preset {preset}: none of {run.documents.paths} exists (make system-deps installs them)")
+        added = [add_document(bench, Path(f)) for f in files]
+        work()
+        ready = [a.document.id for a in added if queue.get_job(a.job_id).status is JobStatus.succeeded]
+        build = queue.submit(bench, "build_tasks", {"task_set": run.documents.task_set, "source": {
+            "type": "documents", "document_ids": ready, **run.documents.source}})
+        work()
+        built = queue.get_job(build)
+        if built.status is not JobStatus.succeeded:
+            raise SystemExit(f"building task set {run.documents.task_set} failed: {built.error}")
+        print(json.dumps({"documents": len(files), "preprocessed": len(ready), **(built.result or {}),
+                          "minutes": round((time.perf_counter() - started) / 60, 2)}), flush=True)
+        started = time.perf_counter()
     job_id = queue.submit(bench, "train_preset",
                           {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation})
     worker = subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"],
@@ -98,7 +197,7 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
     se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
     print(json.dumps({
-        "figure": "learning-real", "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
+        "figure": FIGURES.get(preset, "learning-real"), "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
         "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
         "gain_se_points": round(100 * se, 2), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
         "general_before": result.get("general_before"), "general_after": result.get("general_after"),
@@ -126,7 +225,17 @@ def main() -> None:
     parser.add_argument("--grpo-lr", type=float, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the job (real-model presets)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per domain (default: the preset's)")
+    parser.add_argument("--ablation", action="store_true", help="measure each saving of the GRPO step on its own instead")
+    parser.add_argument("--ablation-steps", type=int, default=3, help="GRPO steps per ablation variant")
+    parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ablation_variant:
+        print(json.dumps(ablation_variant(args.preset, args.ablation_variant, args.model_dir, args.ablation_steps, args.threads)))
+        return None
+    if args.ablation:
+        return run_ablation(args.preset, args.workdir or Path(tempfile.mkdtemp(prefix="posttrain-ablation-")),
+                            args.ablation_steps, args.threads)
     sft = {"max_steps": args.sft_steps} if args.sft_steps else {}
     grpo = {k: v for k, v in (("max_steps", args.grpo_steps), ("lr", args.grpo_lr)) if v}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="posttrain-learning-"))

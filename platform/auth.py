@@ -32,6 +32,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import text
 from sqlmodel import col, func, select
 
 from posttrain.platform.db.engine import session
@@ -174,14 +175,29 @@ def create_user(identity: Identity, username: str, password: str, role: Role = R
     return _create_user(identity.username, username, password, role, url=url)
 
 
-def bootstrap_admin(username: str, password: str, *, url: str | None = None) -> Identity:
-    """Create the first admin: the one user creation nobody needs a role for, refused once an admin exists."""
+ADMIN_EXISTS = "an admin exists already: log in, or an admin adds users with `posttrain users add` or in the console"
+
+
+def bootstrap_admin(username: str, password: str, *, url: str | None = None, by: str = "bootstrap") -> Identity:
+    """Create the first admin: the one user creation nobody needs a role for, refused once an admin exists.
+    Checked and written in one serialised transaction: of two at once, exactly one succeeds."""
     if has_admin(url=url):
-        raise AuthError("an admin exists already: an admin adds users with `posttrain users add` or in the console")
-    return _create_user("bootstrap", username, password, Role.admin, url=url)
+        raise AuthError(ADMIN_EXISTS)
+    return _create_user(by, username, password, Role.admin, url=url, first_admin=True)
 
 
-def _create_user(by: str, username: str, password: str, role: Role, *, url: str | None) -> Identity:
+def setup_first_admin(username: str, password: str, *, client_ip: str | None, bind_host: str,
+                      url: str | None = None) -> Identity:
+    """The console's one-time setup form: the first admin, created from a browser on this machine only (the
+    console bound to loopback and the browser's connection from loopback; ``client_ip`` None means loopback,
+    as Streamlit reports it). Audited as ``setup-form``; refused once an admin exists."""
+    if not is_loopback(bind_host) or (client_ip is not None and not is_loopback(client_ip)):
+        raise AuthError(f"the first admin is created from a browser on the console's own machine (console on "
+                        f"{bind_host}, browser at {client_ip or 'loopback'}): run `posttrain users bootstrap-admin NAME` there")
+    return bootstrap_admin(username, password, url=url, by="setup-form")
+
+
+def _create_user(by: str, username: str, password: str, role: Role, *, url: str | None, first_admin: bool = False) -> Identity:
     username = username.strip()
     if not username or len(username) > 128 or any(c.isspace() for c in username):
         raise AuthError("a username is 1-128 characters without spaces")
@@ -189,6 +205,11 @@ def _create_user(by: str, username: str, password: str, role: Role, *, url: str 
         raise AuthError(f"a username has no ':' (names such as cli:... and job:... are the platform's own); got {username!r}")
     digest = hash_password(password)
     with session(url) as s:
+        if first_admin:  # serialise the check and the write (SQLite's write transactions already are)
+            if s.get_bind().dialect.name == "postgresql":
+                s.exec(text("SELECT pg_advisory_xact_lock(hashtext('posttrain.first_admin'))"))  # type: ignore[call-overload]
+            if _admin_count(s) > 0:
+                raise AuthError(ADMIN_EXISTS)
         if s.exec(select(User).where(User.username == username)).first() is not None:
             raise AuthError(f"user {username!r} already exists")
         s.add(User(username=username, password_hash=digest, role=role))

@@ -679,7 +679,7 @@ def users_bootstrap_admin(
 
     require_schema()
     if auth.has_admin():  # before the password prompt; bootstrap_admin checks again
-        raise AuthError("an admin exists already: an admin adds users with `posttrain users add` or in the console")
+        raise AuthError(auth.ADMIN_EXISTS)
     auth.bootstrap_admin(username, _read_password(password_stdin))
     out.print(f"admin {username} created; log in at the console")
 

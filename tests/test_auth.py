@@ -102,3 +102,64 @@ def test_cli_bootstrap_and_open_console_refusal(platform_env: dict[str, str]) ->
     again = cli({**platform_env, "POSTTRAIN_ADMIN_PASSWORD": PASSWORD}, "users", "bootstrap-admin", "boss2")
     assert "an admin exists already" in one_error_line(again)
     assert auth.authenticate("boss", PASSWORD).role is Role.admin
+
+
+def test_racing_setup_forms_create_exactly_one_admin_and_only_from_this_machine(platform_env: dict[str, str]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with pytest.raises(auth.AuthError, match="from a browser on the console's own machine"):
+        auth.setup_first_admin("far", PASSWORD, client_ip="10.1.2.3", bind_host="127.0.0.1")
+    with pytest.raises(auth.AuthError, match="console on 0.0.0.0"):
+        auth.setup_first_admin("open", PASSWORD, client_ip=None, bind_host="0.0.0.0")
+
+    def attempt(i: int) -> str:
+        try:
+            return auth.setup_first_admin(f"admin{i}", PASSWORD, client_ip=None, bind_host="127.0.0.1").username
+        except auth.AuthError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        outcomes = list(pool.map(attempt, range(6)))
+    made = [o for o in outcomes if o.startswith("admin")]
+    assert len(made) == 1 and all(o == auth.ADMIN_EXISTS for o in outcomes if o not in made), outcomes
+    with session(read_only=True) as s:
+        assert [u.username for u in s.exec(select(User))] == made
+    assert [(e.username, e.target) for e in auth.audit_log() if e.action == "user.create"] == [("setup-form", made[0])]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_console_setup_form_creates_the_first_admin_once(platform_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setup form, only to a browser on the machine of a console bound to loopback (Streamlit reports such a
+    browser's address as None; AppTest gives a stand-in, so the address is set here as a real server reports it)."""
+    from streamlit import config
+    from streamlit.runtime.context import ContextProxy
+
+    app = str(REPO_ROOT / "ui" / "app.py")
+    before = config.get_option("server.address")
+    try:
+        for bind, client in (("0.0.0.0", None), ("127.0.0.1", "10.0.0.9")):  # an open console, a remote browser
+            config.set_option("server.address", bind)
+            monkeypatch.setattr(ContextProxy, "ip_address", property(lambda self, c=client: c))
+            at = AppTest.from_file(app, default_timeout=30).run()
+            assert not at.exception and "posttrain users bootstrap-admin" in at.info[0].value, (bind, client)
+            assert [t.label for t in at.text_input] == ["Username", "Password"]  # the login only, no setup form
+        config.set_option("server.address", "127.0.0.1")
+        monkeypatch.setattr(ContextProxy, "ip_address", property(lambda self: None))
+        _setup_form_flow(app)
+    finally:
+        config.set_option("server.address", before)
+
+
+def _setup_form_flow(app: str) -> None:
+    at = AppTest.from_file(app, default_timeout=30).run()
+    assert [t.label for t in at.text_input] == ["Admin username", "Password", "Password again"]
+    at.text_input(key="setup_password").input(PASSWORD)
+    at.text_input(key="setup_password_again").input(PASSWORD + "!")
+    at.button[0].click().run()
+    assert "The two passwords differ" in at.error[0].value and not auth.list_users()
+    at.text_input(key="setup_password_again").input(PASSWORD)
+    at.button[0].click().run()
+    assert not at.exception and any("Signed in as **admin** (admin)" in c.value for c in at.sidebar.caption)
+    assert auth.authenticate("admin", PASSWORD).role is Role.admin
+    later = AppTest.from_file(app, default_timeout=30).run()  # another browser afterwards: the login, no form
+    assert [t.label for t in later.text_input] == ["Username", "Password"]

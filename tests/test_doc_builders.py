@@ -95,6 +95,17 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
             assert spec.metadata["visual_tokens"] > 0
         else:
             assert spec.metadata["modality"] == "text" and "<page>" in spec.prompt_text
+    # passage_chars: the passage around each question's evidence instead of the whole page; the evidence is still
+    # checked against the whole page, so the references score 1 and a quote from elsewhere on the page still counts
+    short = build_document_tasks(news.document.id, kinds=["span_recovery"], max_per_document=12, seed=7, passage_chars=300)  # type: ignore[arg-type]
+    spans = build_document_tasks(news.document.id, kinds=["span_recovery"], max_per_document=12, seed=7)  # type: ignore[arg-type]
+    assert [s.task_id for s in short] == [s.task_id for s in spans] and [s.split for s in short] == [s.split for s in spans]
+    for brief, full in zip(short, spans):
+        excerpt = brief.prompt_text.split("<page>\n", 1)[1].split("\n</page>", 1)[0]
+        evidence = brief.reference.split('Evidence: "', 1)[1].rsplit('"', 1)[0]  # type: ignore[union-attr]
+        assert " ".join(evidence.split()) in excerpt and len(excerpt) <= max(300, len(evidence)) + 1, (len(excerpt), excerpt)
+        assert len(brief.prompt_text) < len(full.prompt_text) and brief.verifier == full.verifier
+    assert all(v.score == 1.0 for v in verify_batch(short, [s.reference or "" for s in short]))
     # deterministic with a seed
     again = build_document_tasks(guide.document.id, vision=True, max_per_document=40, seed=7)  # type: ignore[arg-type]
     assert [s.model_dump() for s in again] == [s.model_dump() for s in guide_specs]

@@ -68,7 +68,7 @@ def launch_chromium(p):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def console() -> Iterator[dict[str, str]]:
-    """``posttrain up`` on a fresh data directory, with a bootstrapped admin."""
+    """``posttrain up`` on a fresh data directory, no users yet: the first test creates the admin in the browser."""
     require("chromium")
     data = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
     data.chmod(0o755)
@@ -79,12 +79,10 @@ def console() -> Iterator[dict[str, str]]:
         "POSTTRAIN_DATABASE_URL": f"sqlite:///{data / 'posttrain.db'}",
         "POSTTRAIN_CONSOLE_PORT": str(port),
         "POSTTRAIN_GATEWAY_PORT": str(gateway),
-        "POSTTRAIN_ADMIN_PASSWORD": PASSWORD,
         "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.2",
     }
     cli = [sys.executable, "-m", "posttrain.platform.cli"]
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
-    subprocess.run([*cli, "users", "bootstrap-admin", "admin"], env=env, check=True, capture_output=True)
     log = open(data / "up.log", "w")
     proc = subprocess.Popen([*cli, "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -122,17 +120,27 @@ def goto(page, console: dict[str, str], title: str) -> None:  # type: ignore[no-
     page.get_by_role("heading", name=title).first.wait_for()
 
 
-def test_login_is_required_and_refuses_a_wrong_password(browser_page, console) -> None:  # type: ignore[no-untyped-def]
+def test_first_run_creates_the_admin_in_the_browser_then_login_refuses_a_wrong_password(browser_page, console) -> None:  # type: ignore[no-untyped-def]
     page = browser_page
     page.goto(console["base"])
+    page.get_by_text("Welcome: create the first admin").wait_for()  # no users yet, a browser on this machine
+    assert page.get_by_role("link", name="Jobs").count() == 0  # nothing before an admin exists
+    shot(page, "00-first-run-setup")
+    page.get_by_label("Admin username").fill("admin")
+    page.get_by_role("textbox", name="Password", exact=True).fill(PASSWORD)
+    page.get_by_role("textbox", name="Password again", exact=True).fill(PASSWORD)
+    page.get_by_role("button", name="Create admin and log in").click()
+    page.get_by_role("heading", name="Overview").wait_for()
+    page.get_by_text("Signed in as").first.wait_for()
+    page.get_by_role("button", name="Log out").click()
     page.get_by_label("Username").wait_for()
-    assert page.get_by_role("link", name="Jobs").count() == 0  # nothing before login
+    assert page.get_by_text("Welcome: create the first admin").count() == 0  # once: the form is gone for good
     page.get_by_label("Username").fill("admin")
-    page.get_by_role("textbox", name="Password").fill("not the password")
+    page.get_by_role("textbox", name="Password", exact=True).fill("not the password")
     page.get_by_role("button", name="Log in").click()
     page.get_by_text("wrong username or password").wait_for()
     shot(page, "01-login-refused")
-    page.get_by_role("textbox", name="Password").fill(PASSWORD)
+    page.get_by_role("textbox", name="Password", exact=True).fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     page.get_by_role("heading", name="Overview").wait_for()
     page.get_by_text("Jobs running").first.wait_for()

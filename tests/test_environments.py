@@ -155,7 +155,8 @@ def _tokenizer(real_model_dir: Any) -> Any:
 
 def _runner(env: Any, tokenizer: Any, pool: SandboxPool, config: GRPOConfig, script: list[str]) -> EpisodeRunner:
     runner = EpisodeRunner.__new__(EpisodeRunner)  # the scripted client instead of a batcher on a model
-    runner.environment, runner.config, runner.env_config, runner.service = env, config, config.environment, VerifierService()
+    runner.environment, runner.env_config, runner.service = env, config.environment, VerifierService()
+    runner.group_size = config.algorithm.group_size
     runner.client, runner.pool, runner._own_pool = ScriptedClient(tokenizer, script), pool, False
     from concurrent.futures import ThreadPoolExecutor
 
@@ -329,3 +330,27 @@ def test_grpo_on_an_environment_through_the_worker_stores_episodes_the_console_b
     assert not at.exception, at.exception
     assert any(m.value.startswith("**Episode** ·") for m in at.markdown)
     assert any(m.value == "**Answer**" for m in at.markdown)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_evaluation_in_the_tool_environment_runs_whole_episodes(platform_env: dict[str, str], real_model_dir: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``EvalConfig.environment``: each held-out task is a greedy episode in the tool environment (the call runs in a
+    sandbox, its output comes back, the answer after it is scored), as the run that trained in it saw them; the same
+    tasks as single completions get the call written out but never run, so no answer."""
+    from posttrain.platform.settings import get_settings
+    from posttrain.training.evaluate import evaluate_policy
+    from posttrain.training.presets import get_preset
+
+    sandboxes = reachable_dir()  # the sandbox uid cannot enter pytest's private tmp_path
+    monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", str(sandboxes))
+    get_settings.cache_clear()
+
+    tools = get_preset("smollm2-tools").eval
+    tools = tools.model_copy(update={"domains": ["arith.mul.int"], "tasks_per_domain": 4, "general": None, "batch_size": 4,
+                                     "environment": tools.environment.model_copy(update={"concurrency": 2})})  # type: ignore[union-attr]
+    records: list[dict[str, Any]] = []
+    episodes = evaluate_policy(tools, str(real_model_dir.path), records=records)
+    single = evaluate_policy(tools.model_copy(update={"environment": None}), str(real_model_dir.path))
+    assert episodes["eval/pass@1"] - single["eval/pass@1"] >= 0.5, (episodes, single, records)
+    assert all(r["completion"].startswith("\\boxed{") for r in records if r["passed"])  # the answer after the tool's output

@@ -3,11 +3,15 @@ evaluation, and the real-model presets' shape: checked on real generators, verif
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from posttrain.platform.tasks.domains import generate, prompt_hash
 from posttrain.platform.tasks.heldout import check_held_out
-from posttrain.platform.tasks.prompt_format import PromptFormat, WorkedExample, apply_format
+from posttrain.platform.sandbox import parse_tool_calls
+from posttrain.platform.tasks.jobs import BuildTasksConfig
+from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample, apply_format
 from posttrain.platform.verifiers import default_service
 from posttrain.platform.verifiers.models import ChatMessage
 from posttrain.training.config import EvalConfig, GeneralCheck
@@ -78,4 +82,25 @@ def test_real_model_presets_start_from_the_built_in_model_with_the_general_check
         assert run.eval.general is not None and not set(run.eval.general.domains) & set(run.eval.domains)
         assert run.grpo.prompt_format == run.eval.prompt_format  # trained and measured the same way
         trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
-        assert trained == set(run.eval.domains)
+        assert trained == set(run.eval.domains) and run.grpo.task_set == run.eval.task_set  # the same domains, or one set
+        assert run.eval.environment == (run.grpo.environment if run.grpo.environment.multi_turn else None)
+        if run.grpo.task_set is not None:  # a document preset says which documents its set is built from, and how
+            assert run.documents is not None and run.documents.task_set == run.grpo.task_set
+            BuildTasksConfig.model_validate({"task_set": run.documents.task_set,
+                                             "source": {"type": "documents", "document_ids": [1], **run.documents.source}})
+
+
+def test_a_worked_example_calls_tools_the_way_the_tool_environment_reads_calls() -> None:
+    example = WorkedExample(user="Compute 2 * 3.", assistant="\\boxed{6}",
+                            tools=[ToolStep(name="python", arguments={"code": "print(2 * 3)"}, result="6\n")])
+    task = PromptFormat(examples=[example], answer="boxed").apply(generate("arith.sum_list.int", 1, seed=0, difficulty=2)[0])
+    assert [m.role for m in task.prompt] == ["user", "assistant", "tool", "assistant", "user"]
+    parsed = parse_tool_calls(task.prompt[1].text)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("python", {"code": "print(2 * 3)"})] and not parsed.content.strip()
+    assert task.prompt[2].text == "6\n" and task.prompt[3].text == "\\boxed{6}"
+    # the tools preset's examples: each call's printed product is the result shown and the boxed answer
+    for shown in get_preset("smollm2-tools").eval.prompt_format.examples:  # type: ignore[union-attr]
+        (step,) = shown.tools
+        a, b = map(int, re.fullmatch(r"print\((\d+) \* (\d+)\)", step.arguments["code"]).groups())  # type: ignore[union-attr]
+        product = a * b
+        assert step.result == f"{product}\n" and shown.assistant == f"\\boxed{{{product}}}"

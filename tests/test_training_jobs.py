@@ -220,3 +220,36 @@ def test_job_kinds_store_typed_results_that_read_back_typed() -> None:
     assert read_result("evaluate", stored) == evaluation and read_result("evaluate", None) is None
     with pytest.raises(ValidationError, match="steps"):  # a kind's plain-dict result is checked against its model
         result_json(get_kind("train_sft"), {"steps": "many", "model": "m"})
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_at_the_start(
+        platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:  # fmt: skip
+    """``task_set``: the run draws the set's train tasks only (its eval split is what evaluation reads); a set
+    that is not there, or a domain it does not hold, fails the job at its start as bad input, naming it."""
+    from posttrain.platform.tasks import store
+    from posttrain.platform.tasks.domains import generate
+
+    register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny"))
+    train = generate("format.to_hex", 6, seed=0, difficulty=3, split="train")
+    held = generate("format.to_hex", 4, seed=1, difficulty=3, split="eval")
+    store.save_tasks("hexes", train + held)
+    config = _grpo_config(domains=[], task_set="hexes", max_steps=2, checkpoint_every=0, trajectories_per_step=8)
+    good = queue.submit(OPERATOR, "train_grpo", config)
+    missing = queue.submit(OPERATOR, "train_grpo", {**config, "task_set": "no-such-set"})
+    other = queue.submit(OPERATOR, "train_grpo", {**config, "domains": ["format.zero_pad"]})
+    proc = start_worker(platform_env, "--exit-when-idle")
+    try:
+        assert proc.wait(timeout=300) == 0
+    finally:
+        stop_worker(proc)
+    job = queue.get_job(good)
+    assert job.status is JobStatus.succeeded, job.error
+    with session(db_url, read_only=True) as s:
+        drawn = {t.verdict["task_id"] for t in s.exec(select(Trajectory).where(Trajectory.job_id == good)).all()}
+    assert drawn and drawn <= {t.task_id for t in train}  # 2 steps x 2 prompts, none from the eval split
+    for job_id, named in ((missing, "task set 'no-such-set' holds no train tasks"), (other, "no train tasks in domains ['format.zero_pad']")):
+        failed = queue.get_job(job_id)
+        assert failed.status is JobStatus.failed and failed.error_cause == "bad_input" and named in (failed.error or ""), failed.error
+    with pytest.raises(JobConfigError, match="list their own tasks"):
+        validate_config("train_grpo", {**config, "domains": [{"name": "format.to_hex", "tasks": [t.model_dump() for t in train]}]})

@@ -116,6 +116,29 @@ def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: Ver
     assert not torch.equal(result.model.state_dict()["model.embed_tokens.weight"], untouched.state_dict()["model.embed_tokens.weight"])
 
 
+def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir: Path, service: VerifierService) -> None:
+    """The switches ``bench/learning.py --ablation`` measures each saving with: running every completion with its
+    whole prompt (``shared_prompt: false``), and zero-signal groups through forward and backward at advantage 0
+    (``skip_zero_signal: false``) train the same weights as the savings on, from the same seed."""
+    from posttrain.training.learner import select_groups
+
+    weights = []
+    for switches in ({}, {"shared_prompt": False, "skip_zero_signal": False}):
+        result = train_grpo(_config(max_steps=2, algorithm=switches), str(tiny_dir), service=service)
+        assert result.model is not None
+        weights.append(result.model.state_dict()["model.embed_tokens.weight"].clone())
+    torch.testing.assert_close(weights[1], weights[0], atol=2e-5, rtol=1e-4)
+    flat = [Trajectory([1], [2], [-0.5], "x", True) for _ in range(8)]
+    groups = [RolloutGroup(task=TASKS[0], trajectories=flat[:4], policy_version=0),
+              RolloutGroup(task=TASKS[1], trajectories=flat[4:], policy_version=0)]
+    for t, r in zip(flat, [0, 1, 0, 1, 1, 1, 1, 1]):
+        t.reward = float(r)
+    kept, advantages, zero = select_groups(groups, _config())
+    assert len(kept) == 4 and zero == 1
+    kept, advantages, zero = select_groups(groups, _config(algorithm={"skip_zero_signal": False}))
+    assert len(kept) == 8 and advantages[4:] == [0.0] * 4 and zero == 1
+
+
 def test_pipelined_loop_respects_the_staleness_bound(tiny_dir: Path, service: VerifierService) -> None:
     seen: dict[int, dict[str, float]] = {}
     groups: dict[int, list] = {}  # type: ignore[type-arg]

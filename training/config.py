@@ -72,6 +72,12 @@ class AlgorithmConfig(BaseModel):
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
     max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace "
                                               "zero-variance groups")
+    skip_zero_signal: bool = Field(default=True, description="groups whose rewards all agree skip the update (their "
+                                   "gradient is exactly zero without a KL term); False: they run forward and backward "
+                                   "too, as a plain implementation does (to measure the saving)")
+    shared_prompt: bool = Field(default=True, description="the update runs each group's prompt once and repeats its KV "
+                                "cache for the group's completions (one learner process); False: every completion with "
+                                "its whole prompt (to measure the saving)")
 
 
 class SamplingConfig(BaseModel):
@@ -336,7 +342,10 @@ class GRPOConfig(TrainConfig):
     preset_section: ClassVar[str] = "grpo"
     groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint", "algorithm", "sampling")
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-6}
-    domains: list[str | DomainSpec] = Field(default_factory=list)
+    domains: list[str | DomainSpec] = Field(default_factory=list, description="the domains to train on (procedural, or "
+                                            "with task_set: which of its domains; empty there means all of them)")
+    task_set: str | None = Field(default=None, min_length=1, max_length=256, description="a stored task set (built from "
+                                 "documents, JSONL, ...) to train on: its train split, never its eval split")
     prompt_format: PromptFormat | None = Field(default=None, description="how every task is put to the policy: system "
                                                "prompt, instruction, worked examples, boxed answers (None: as generated)")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="batch_size = prompts per step")
@@ -380,8 +389,10 @@ class GRPOConfig(TrainConfig):
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
-        if not self.domains:
-            raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on")
+        if not self.domains and self.task_set is None:
+            raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on, or a task_set")
+        if self.task_set is not None and (listed := [d.name for d in self.domains if isinstance(d, DomainSpec) and d.tasks]):
+            raise ValueError(f"domains {listed} list their own tasks; with task_set the tasks come from the set")
         if self.sampling.temperature <= 0:
             raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
         if self.environment.multi_turn and self.rollout.backend not in MULTI_TURN_BACKENDS:
@@ -427,6 +438,9 @@ class EvalConfig(BaseModel):
     prompt_format: PromptFormat | None = Field(default=None, description="how the tasks are put (the training run's)")
     general: GeneralCheck | None = Field(default=None, description="also the fixed general check on domains not "
                                          "evaluated here (None: off)")
+    environment: EnvironmentConfig | None = Field(default=None, description="run each task as an episode of this "
+                                                  "environment (the training run's: tool_use, ...), greedy; None: one "
+                                                  "completion per task")
     seed: int = 0
     split: Literal["train", "eval"] = "eval"
     samples: int = Field(default=1, ge=1, description="completions per task (1: greedy)")

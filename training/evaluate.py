@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posttrain.platform.verifiers import TaskSpec, VerifierService, default_service
+from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService, default_service
 from posttrain.training.config import EvalConfig, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy, resolve_device
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
+
+if TYPE_CHECKING:
+    from posttrain.training.environments.runner import EpisodeRunner
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,11 +47,37 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def completions(engine: EmbeddedRolloutEngine, tasks: list[TaskSpec], n: int, config: EvalConfig) -> list[list[str]]:
-    """``n`` completions of each task through the inference engine: greedy when ``n == 1``, else sampled at
-    ``config.temperature``."""
-    sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature if n > 1 else 0.0)
-    return [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, sampling)]
+def eval_sampling(config: EvalConfig) -> SamplingConfig:
+    """Greedy for one sample per task, else sampled at ``config.temperature``."""
+    return SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature if config.samples > 1 else 0.0)
+
+
+def open_eval_episodes(config: EvalConfig, engine: EmbeddedRolloutEngine, service: VerifierService) -> EpisodeRunner | None:
+    """The episode runner of ``config.environment`` (None: one completion per task)."""
+    if config.environment is None or not config.environment.multi_turn:
+        return None
+    from posttrain.training.environments import load_environment
+    from posttrain.training.environments.runner import EpisodeRunner
+
+    environment = load_environment(config.environment, engine.tokenizer, eval_sampling(config))
+    return EpisodeRunner(environment, engine, config.environment, service, group_size=config.samples, seed=config.seed)
+
+
+def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, service: VerifierService,
+            tasks: list[TaskSpec], config: EvalConfig) -> tuple[list[list[str]], list[Verdict]]:
+    """``config.samples`` answers to each task and their verdicts (task by task): completions through the
+    inference engine, or whole episodes of the environment, which scored them where they ran (an episode
+    whose sandbox failed counts as not passed)."""
+    n = config.samples
+    if episodes is not None:
+        groups = episodes.groups(tasks)
+        verdicts = [t.verdict if t.verdict is not None and t.reward is not None
+                    else Verdict.infra(t.episode.error if t.episode is not None and t.episode.error else "not scored")
+                    for g in groups for t in g.trajectories]
+        return [[t.text for t in g.trajectories] for g in groups], verdicts
+    per_task = [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, eval_sampling(config))]
+    return per_task, service.verify_batch([t for t, outs in zip(tasks, per_task) for _ in outs],
+                                          [c for outs in per_task for c in outs])
 
 
 def eval_domains(config: EvalConfig) -> list[str]:
@@ -116,15 +145,20 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     model, tokenizer = load_policy(source, device=resolve_device(config.device))
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
-    report = _domains_report(engine, service, config, eval_domains(config), records)
+    episodes = open_eval_episodes(config, engine, service)
+    try:
+        report = _domains_report(engine, episodes, service, config, eval_domains(config), records)
+    finally:
+        if episodes is not None:
+            episodes.close()
     if (general := general_config(config)) is not None:
-        found = _domains_report(engine, service, general, general.domains, None)
+        found = _domains_report(engine, None, service, general, general.domains, None)
         report |= {"general/" + key.removeprefix("eval/"): value for key, value in found.items()}
     return report
 
 
-def _domains_report(engine: EmbeddedRolloutEngine, service: VerifierService, config: EvalConfig, domains: list[str],
-                    records: list[dict[str, Any]] | None) -> dict[str, float]:
+def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, service: VerifierService,
+                    config: EvalConfig, domains: list[str], records: list[dict[str, Any]] | None) -> dict[str, float]:
     generator = torch.Generator().manual_seed(config.seed)
     n = config.samples
     report: dict[str, float] = {}
@@ -132,12 +166,13 @@ def _domains_report(engine: EmbeddedRolloutEngine, service: VerifierService, con
     for domain in domains:
         tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
+        verdicts: list[Verdict] = []
         for i in range(0, len(tasks), config.batch_size):
             if n > 1:
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-            per_task += completions(engine, tasks[i : i + config.batch_size], n, config)
-        flat_tasks = [t for t, outs in zip(tasks, per_task) for _ in outs]
-        verdicts = service.verify_batch(flat_tasks, [c for outs in per_task for c in outs])
+            texts, found = answers(engine, episodes, service, tasks[i : i + config.batch_size], config)
+            per_task += texts
+            verdicts += found
         passes = [sum(v.passed for v in verdicts[j * n : (j + 1) * n]) for j in range(len(tasks))]
         if records is not None:
             records += [

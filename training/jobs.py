@@ -217,6 +217,19 @@ class TrajectoryWriter:
         retry_transient(write, what=f"writing the trajectories of step {step}")
 
 
+def check_task_set(ctx: JobContext, config: GRPOConfig, hint: str = "") -> None:
+    """A run on a stored task set fails at its start, naming the set (and ``hint``: how to build it), when the
+    set holds no train tasks there."""
+    from posttrain.training.scheduler import stored_domains
+
+    if config.task_set is not None:
+        try:
+            found = stored_domains(config.task_set, config.domains, url=ctx.url)
+        except ValueError as exc:
+            raise BadInput(f"{exc}{hint}") from None
+        ctx.log.info("task set %s: %s", config.task_set, ", ".join(f"{d.name} ({len(d.tasks or [])} train tasks)" for d in found))
+
+
 def _with_output_dir(ctx: JobContext, config: Any) -> Any:
     if config.output_dir is None:
         config = config.model_copy(update={"output_dir": str(ctx.workdir / "run")})
@@ -261,6 +274,7 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> TrainJobResult:
     from posttrain.training.loop import train_grpo
 
     path, base = resolve_model(ctx, config.model)
+    check_task_set(ctx, config)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
     if config.nproc_per_node > 1:
         result = _launch_fsdp(ctx, config, trajectories=(ctx.url, ctx.job_id, config.trajectories_per_step))
@@ -390,7 +404,15 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if skipped:
         ctx.log.info("attempt %d continues after the finished stages %s", ctx.attempt, ", ".join(skipped))
 
-    preset_model = get_preset(config.preset).model
+    preset = get_preset(config.preset)
+    preset_model = preset.model
+    if (documents := preset.documents) is not None:
+        check_task_set(ctx, grpo_config, f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload "
+                       f"{', '.join(documents.paths)} (Documents page or `posttrain docs add`), then build the set from "
+                       f"them with the documents source {documents.source} (Tasks page or `posttrain jobs submit "
+                       f"build_tasks`); `bench/learning.py --preset {config.preset}` does all of it")
+    else:
+        check_task_set(ctx, grpo_config)
     if "base" not in state:
         if config.model is not None or isinstance(preset_model, str):
             path, base_name = resolve_model(ctx, config.model or str(preset_model))

@@ -168,8 +168,9 @@ def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[l
     rewards = torch.tensor([r for g in groups for r in g.rewards])
     adv, keep = group_advantages(rewards, config.algorithm.group_size, scale_by_std=config.algorithm.scale_by_std)
     trajectories = [t for g in groups for t in g.trajectories]
-    kept = [(t, float(a)) for t, a, k in zip(trajectories, adv, keep) if k]
-    zero_variance = len(groups) - len(kept) // config.algorithm.group_size
+    every = not config.algorithm.skip_zero_signal  # measuring the saving: zero-signal groups at advantage 0
+    kept = [(t, float(a) if k else 0.0) for t, a, k in zip(trajectories, adv, keep) if k or every]
+    zero_variance = len(groups) - int(sum(bool(k) for k in keep)) // config.algorithm.group_size
     return [t for t, _ in kept], [a for _, a in kept], zero_variance
 
 
@@ -339,7 +340,7 @@ class Learner:
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
             normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            if world == 1:  # a group's completions in one pass, its prompt run once
+            if world == 1 and algo.shared_prompt:  # a group's completions in one pass, its prompt run once
                 groups = prompt_passes(mini, trajectories, algo.micro_batch_size)
             else:  # every rank runs the same number of passes, whatever its rows' prompts
                 groups = [mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
@@ -353,7 +354,7 @@ class Learner:
                 batch = completion_batch(rows, [advantages[i] for i in idx], self.tokenizer.pad_token_id)
 
                 def logprobs_of(model: torch.nn.Module) -> torch.Tensor:
-                    if world == 1:
+                    if world == 1 and algo.shared_prompt:
                         return shared_prompt_logprobs(model, rows, device, temperature)
                     return completion_logprobs(model, batch, device, temperature)
 

@@ -32,7 +32,7 @@ from posttrain.training.learner import DistContext, Learner, TrainResult, local_
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
-from posttrain.training.scheduler import Scheduler
+from posttrain.training.scheduler import Scheduler, stored_domains
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
 from posttrain.platform import metric_names as names
 
@@ -76,7 +76,7 @@ def draw_step(rollouts: RolloutBackend, step: int, config: GRPOConfig
     """A step's rollout batch, the trajectories and advantages of its groups with a learning signal
     (at most ``batch_size`` groups), and its rollout metrics."""
     batch = rollouts.next_batch(version=step)
-    used = [g for g in batch.groups if has_signal(g)][: config.scheduler.batch_size]
+    used = [g for g in batch.groups if has_signal(g) or not config.algorithm.skip_zero_signal][: config.scheduler.batch_size]
     trajectories, advantages, _ = select_groups(used, config)
     return batch, trajectories, advantages, batch_metrics(batch, step, used)
 
@@ -121,7 +121,8 @@ def train_grpo(
         rollouts: RolloutBackend | None = None
         if ctx.main:
             scheduler = scheduler or Scheduler(config.scheduler)
-            scheduler.set_domains(config.domains, config.prompt_format)
+            domains = stored_domains(config.task_set, config.domains) if config.task_set else config.domains
+            scheduler.set_domains(domains, config.prompt_format)
             if learner.state:
                 scheduler.load_state_dict(learner.state["scheduler"])
             source = policy if policy is not None else config.model

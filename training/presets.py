@@ -33,19 +33,32 @@ no SFT on the evaluated domains), put every task the same way for training and e
   answer read from ``\\boxed{}`` only (strict); GRPO with dynamic sampling.
 - ``smollm2-quick``: the one-click demo on the real model: two-digit additions only, fewer steps.
 
-(Presets on document QA and on the ``tool_use`` environment are not built yet.)
+- ``smollm2-tools``: the ``tool_use`` environment with a python tool in a sandbox: sums of four numbers, which the
+  model does not think to hand to the tool after two worked products; episodes scored on the boxed answer.
+- ``smollm2-docqa``: tasks built from uploaded documents (its ``documents`` section: which files, how the task set
+  is built); the run trains on the task set's train split and is evaluated on its eval split.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.models.specs import TinyModelSpec
-from posttrain.platform.tasks.prompt_format import PromptFormat, WorkedExample
-from posttrain.training.config import EvalConfig, GeneralCheck, GRPOConfig, SFTConfig
+from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample
+from posttrain.training.config import EnvironmentConfig, EvalConfig, GeneralCheck, GRPOConfig, SFTConfig
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
+
+
+class PresetDocuments(BaseModel):
+    """The documents a preset's task set is built from, and how: uploaded, preprocessed, then one ``build_tasks``
+    job over them (``source``: the documents source's fields, less the document ids)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_set: str
+    paths: list[str] = Field(min_length=1, description="files or glob patterns")
+    source: dict[str, Any] = Field(default_factory=dict)
 
 
 class RunPreset(BaseModel):
@@ -60,6 +73,7 @@ class RunPreset(BaseModel):
     sft: SFTConfig | None
     grpo: GRPOConfig
     eval: EvalConfig
+    documents: PresetDocuments | None = None  # the documents its task set is built from (a document preset)
 
 
 # Held out by construction: at difficulty 3 each domain has about 900-2,800 distinct prompts, a fifth
@@ -154,8 +168,72 @@ def _smollm2_quick() -> RunPreset:
     })
 
 
+# --- the real model with tools: the python tool is there to be used -----------------------------------
+def _multiply_with_python(a: int, b: int) -> WorkedExample:
+    return WorkedExample(user=f"Compute {a} * {b}.\nPut your final answer within \\boxed{{}}.",
+                         tools=[ToolStep(name="python", arguments={"code": f"print({a} * {b})"}, result=f"{a * b}\n")],
+                         assistant=f"\\boxed{{{a * b}}}")
+
+
+# two worked multiplications: with them the model calls python for every two-digit product (greedy, 48 of 48
+# here) but not for a sum of four numbers (0 of 16 greedy; 4 of 64 sampled at 0.7 call it right): the gain to find
+TOOL_CALLS = PromptFormat(instruction="Put your final answer within \\boxed{}.",
+                          examples=[_multiply_with_python(23, 41), _multiply_with_python(56, 17)], answer="boxed")
+TOOLS_DOMAINS = [DomainSpec(name="arith.sum_list.int", difficulty=2)]
+PYTHON_TOOL = EnvironmentConfig(name="tool_use", tools=["python"], max_turns=3, max_episode_tokens=1024,
+                                episode_timeout_s=60.0, tool_timeout_s=5.0, concurrency=16)
+
+
+def _smollm2_tools() -> RunPreset:
+    domains = TOOLS_DOMAINS
+    return RunPreset(
+        name="smollm2-tools",
+        description="SmolLM2-135M-Instruct as it ships, GRPO in the tool_use environment (a python tool in a sandbox, up "
+                    "to three turns) on sums of four two-digit numbers, answer in \\boxed{} (strict); two worked "
+                    "examples show the tool on products only; evaluated greedily as episodes on prompts it never trained on",
+        model=REAL_MODEL, sft=None,
+        grpo=GRPOConfig(domains=domains, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
+                        scheduler=SchedulerConfig(batch_size=8, seed=0), group_size=8, max_new_tokens=60, temperature=0.7,
+                        lr=1e-5, max_steps=10, micro_batch_size=16, max_rollout_batches_per_step=2, checkpoint_every=5,
+                        device="cpu", seed=0, verifier_workers=1, logprob_check={"every": 5, "trajectories": 8}),
+        eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
+                        tasks_per_domain=64, max_new_tokens=60, batch_size=64, device="cpu", general=GeneralCheck()),
+    )
+
+
+# --- the real model on the operator's documents ----------------------------------------------------------
+DOCQA_TASK_SET = "smollm2-docqa"
+DOC_QA_REPLY = 'Reply in three lines: "Answer: <the answer>", "Evidence: \\"<a short quote from the page>\\"" and "Page: <page number>".'
+DOC_QUOTE = PromptFormat(examples=[WorkedExample(
+    user="Document: guide.pdf, page 2 (an excerpt).\n\n<page>\nThe Project Team releases a new version twice a year. Each "
+         "release is tested on many systems before it ships.\n</page>\n\nOn page 2 this sentence appears with one term "
+         "masked as ____:\n\"The Project Team releases a new version ____ a year.\"\nWhat is the masked term?\n\n" + DOC_QA_REPLY,
+    assistant='Answer: twice\nEvidence: "The Project Team releases a new version twice a year."\nPage: 2')])
+
+
+def _smollm2_docqa() -> RunPreset:
+    return RunPreset(
+        name="smollm2-docqa",
+        description="SmolLM2-135M-Instruct as it ships, GRPO on tasks built from uploaded documents (the LaTeX News "
+                    "issues Debian ships): recover a masked term of a sentence from the passage around it, quoting the "
+                    "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
+                    f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
+        model=REAL_MODEL, sft=None,
+        documents=PresetDocuments(task_set=DOCQA_TASK_SET, paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
+                                  source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
+                                          "eval_fraction": 0.25, "seed": 0}),
+        grpo=GRPOConfig(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, scheduler=SchedulerConfig(batch_size=8, seed=0),
+                        group_size=8, max_new_tokens=80, temperature=0.7, lr=1e-5, max_steps=12, micro_batch_size=16,
+                        max_rollout_batches_per_step=2, checkpoint_every=6, device="cpu", seed=0, verifier_workers=1,
+                        logprob_check={"every": 6, "trajectories": 8}),
+        eval=EvalConfig(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, tasks_per_domain=100, max_new_tokens=80,
+                        batch_size=25, device="cpu", general=GeneralCheck()),
+    )
+
+
 _PRESETS = {"cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick,
-            "smollm2-arith": _smollm2_arith, "smollm2-quick": _smollm2_quick}
+            "smollm2-arith": _smollm2_arith, "smollm2-quick": _smollm2_quick, "smollm2-tools": _smollm2_tools,
+            "smollm2-docqa": _smollm2_docqa}
 SECTION_OF_KIND = {"train_sft": "sft", "train_grpo": "grpo", "evaluate": "eval"}
 
 

@@ -14,7 +14,7 @@ and falls toward ``min_factor`` for domains the policy always or never solves (a
 domain counts as 0.5, so everything gets explored). Pass rates are exponential moving
 averages over recorded results. Tasks come from the procedural generators
 (``posttrain.platform.tasks.domains.generate``) in seeded chunks, or from a fixed list on the
-``DomainSpec``; the position in each domain is part of the state, so ``state_dict()`` (plain
+``DomainSpec`` (a stored task set's split: :func:`stored_domains`); the position in each domain is part of the state, so ``state_dict()`` (plain
 JSON) and ``load_state_dict()`` resume the same stream.
 """
 
@@ -72,6 +72,27 @@ def learnability(pass_rate: float | None, min_factor: float) -> float:
     """4 p (1 - p), floored at ``min_factor``; unseen domains count as p = 0.5."""
     p = 0.5 if pass_rate is None else pass_rate
     return max(min_factor, 4.0 * p * (1.0 - p))
+
+
+def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, split: Split = "train",
+                   url: str | None = None) -> list[DomainSpec]:
+    """The domains of stored task set ``task_set`` (those named in ``domains``, keeping their weight and
+    priority; empty: every domain it holds in ``split``), each with its ``split`` tasks as a fixed list."""
+    from posttrain.platform.tasks.store import load_tasks
+
+    named = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
+    stored = load_tasks(task_set=task_set, domains=[d.name for d in named] if named else None, split=split, url=url)
+    by_domain: dict[str, list[TaskSpec]] = {}
+    for task in stored:
+        by_domain.setdefault(task.spec.domain, []).append(task.spec)
+    if not by_domain:
+        raise ValueError(f"task set {task_set!r} holds no {split} tasks"
+                         + (f" in domains {[d.name for d in named]}" if named else "")
+                         + "; `posttrain tasks list` shows the task sets and their splits")
+    if missing := [d.name for d in named if d.name not in by_domain]:
+        raise ValueError(f"task set {task_set!r} has no {split} tasks in domains {missing}; it holds {sorted(by_domain)}")
+    specs = named or [DomainSpec(name=name) for name in by_domain]
+    return [spec.model_copy(update={"tasks": by_domain[spec.name]}) for spec in specs]
 
 
 def _chunk_seed(seed: int, name: str, chunk: int) -> int:

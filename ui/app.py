@@ -23,6 +23,43 @@ st.set_page_config(page_title="posttrain", page_icon=":material/model_training:"
 
 
 
+def bind_host() -> str:
+    """The address this console listens on (``posttrain console`` passes it; unset: Streamlit's default, all addresses)."""
+    return str(st.get_option("server.address") or "0.0.0.0")
+
+
+def first_admin_form() -> bool:
+    """With no users yet, a browser on this machine creates the first admin here (once); True while the form is
+    shown. Anywhere else, the way to do it on the command line."""
+    client = st.context.ip_address  # None: a browser on this machine (Streamlit reports loopback so)
+    if client is not None or not auth.is_loopback(bind_host()):
+        st.info("No users yet. Create the first admin on the console's machine: open this page there, or run "
+                "`posttrain users bootstrap-admin NAME`.")
+        return False
+    st.subheader("Welcome: create the first admin")
+    st.caption(f"This one-time form is served only to a browser on this machine. The admin can then add users "
+               f"(Users & audit). Passwords need at least {auth.MIN_PASSWORD_LENGTH} characters.")
+    with st.form("first_admin"):
+        name = st.text_input("Admin username", value="admin", key="setup_username")
+        password = st.text_input("Password", type="password", key="setup_password")
+        again = st.text_input("Password again", type="password", key="setup_password_again")
+        if st.form_submit_button("Create admin and log in", type="primary"):
+            if password != again:
+                st.error("The two passwords differ: type the same password twice.")
+            else:
+                try:
+                    st.session_state[IDENTITY_KEY] = auth.setup_first_admin(name, password, client_ip=client,
+                                                                            bind_host=bind_host())
+                except auth.AuthError as exc:
+                    if auth.ADMIN_EXISTS not in str(exc):
+                        st.error(str(exc))
+                        return True
+                    st.warning("An admin was created meanwhile (another browser, or the command line): log in below.")
+                    return False
+                st.rerun()
+    return True
+
+
 def login() -> None:
     st.title("posttrain")
     try:
@@ -32,7 +69,8 @@ def login() -> None:
         st.stop()
     sso = get_settings().oidc
     if not anyone and sso is None:
-        st.info("No users yet. Create the first admin on the command line: `posttrain users bootstrap-admin admin`")
+        if first_admin_form():
+            return
     if sso is not None:
         st.button(f"Log in with {sso.provider_name}", key="login_oidc", type="primary", icon=":material/login:",
                   on_click=st.login, args=(PROVIDER,))  # fmt: skip

@@ -23,6 +23,10 @@ Example::
 
     specs = build_document_tasks(3, kinds=["table_lookup"], vision=True, seed=0)
 
+``passage_chars=N`` puts only the passage around each question's evidence (about N characters, cut at
+sentence ends) in the text prompt instead of the whole page: for a small model, or pages longer than its
+context. The verifier still checks evidence against the whole page.
+
 The same document content, options and seed give the same tasks.
 """
 
@@ -459,11 +463,31 @@ class _Images:
         return self._cache[page.page_no]
 
 
+def passage(text: str, evidence: str, chars: int) -> str | None:
+    """The part of ``text`` around ``evidence``: about ``chars`` characters (never less than the evidence), cut at
+    sentence ends where one falls in the margin, else at a space; None when the evidence is not in the text."""
+    flat, quote = " ".join(text.split()), " ".join(evidence.split())
+    start = flat.find(quote)
+    if start < 0:
+        return None
+    end = start + len(quote)
+    margin = max(0, chars - len(quote)) // 2
+    lo, hi = max(0, start - margin), min(len(flat), end + margin)
+    if lo > 0:
+        cut = flat.find(". ", lo, start)
+        lo = cut + 2 if cut >= 0 else flat.find(" ", lo, start) + 1
+    if hi < len(flat):
+        cut = flat.rfind(". ", end - 1, hi)
+        hi = cut + 1 if cut >= 0 else max(end, flat.rfind(" ", end, hi))
+    return flat[lo:hi]
+
+
 def _specs_for(q: Question, document: Document, context: str, images: _Images | None,
-               split: str) -> list[TaskSpec]:  # fmt: skip
+               split: str, passage_chars: int | None = None) -> list[TaskSpec]:  # fmt: skip
     verifier, reference = _verifier(q)
     fmt = JSON_FORMAT if q.kind == "field_extraction" else DOC_QA_FORMAT
     base_id = _base_id(q, document)
+    excerpt = passage(q.page.text, q.evidence, passage_chars) if passage_chars and q.evidence else None
     provenance = {
         "document_id": document.id, "page": q.page.page_no, "bbox": [round(v, 2) for v in q.bbox],
         "filename": document.filename, "sha256": document.sha256,
@@ -471,7 +495,11 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
     }  # fmt: skip
     metadata = {"builder": "documents", "kind": q.kind, "question": q.question, **q.extra}
     head = f"Document: {document.filename}, page {_page_label(q.page)}."
-    text_prompt = f"{head}\n\n<page>\n{context}\n</page>\n\n{q.question}\n\n{fmt}"
+    if excerpt is not None:
+        text_prompt = f"{head[:-1]} (an excerpt).\n\n<page>\n{excerpt}\n</page>\n\n{q.question}\n\n{fmt}"
+        metadata["passage_chars"] = len(excerpt)
+    else:
+        text_prompt = f"{head}\n\n<page>\n{context}\n</page>\n\n{q.question}\n\n{fmt}"
     specs = [
         TaskSpec(domain=DOMAINS[q.kind], prompt=text_prompt, verifier=verifier, reference=reference, split=split,  # type: ignore[arg-type]
                  task_id=base_id, metadata={**metadata, "modality": "text"}, provenance=provenance)  # fmt: skip
@@ -514,9 +542,11 @@ def build_from_pages(
     max_per_document: int = 50,
     eval_fraction: float = 0.1,
     seed: int = 0,
+    passage_chars: int | None = None,
 ) -> list[TaskSpec]:
     """Tasks from a document's stored pages: up to ``max_per_document`` questions, the kinds taking
-    turns, each asked over the text and (``vision``) over the page image."""
+    turns, each asked over the text (the whole page, or with ``passage_chars`` the passage around the
+    question's evidence) and (``vision``) over the page image."""
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise DocumentBuildError(f"unknown task kind(s) {unknown}; choose from {list(KINDS)}")
@@ -544,7 +574,7 @@ def build_from_pages(
         if q.page.page_no not in contexts:
             contexts[q.page.page_no] = page_context(by_page[q.page.page_no])
         split = "eval" if _span_id(q, document) in held_out else "train"
-        specs += _specs_for(q, document, contexts[q.page.page_no], images, split)
+        specs += _specs_for(q, document, contexts[q.page.page_no], images, split, passage_chars)
     return specs
 
 
@@ -579,11 +609,12 @@ def build_document_tasks(
     max_per_document: int = 50,
     eval_fraction: float = 0.1,
     seed: int = 0,
+    passage_chars: int | None = None,
     url: str | None = None,
 ) -> list[TaskSpec]:
     """Tasks from one stored, preprocessed document (see the module docstring)."""
     document, pages = load_ready_document(document_id, url=url)
     return build_from_pages(
         document, pages, kinds=kinds, vision=vision, max_per_document=max_per_document,
-        eval_fraction=eval_fraction, seed=seed,
+        eval_fraction=eval_fraction, seed=seed, passage_chars=passage_chars,
     )  # fmt: skip

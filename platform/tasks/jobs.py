@@ -71,6 +71,9 @@ class DocumentsSource(BaseModel):
     vision: bool = Field(default=False, description="also ask each question over the page image (domain <base>.vision)")
     max_per_document: int = Field(default=50, ge=1, le=100_000, description="questions per document")
     eval_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    passage_chars: int | None = Field(default=None, ge=200, le=100_000, description="put only the passage around each "
+                                      "question's evidence (about this many characters) in the prompt instead of the "
+                                      "whole page (None: the page)")
     seed: int = 0
 
 
@@ -108,7 +111,7 @@ def document_specs(src: DocumentsSource, url: str | None = None) -> list[TaskSpe
     for document_id in dict.fromkeys(src.document_ids):
         specs += build_document_tasks(
             document_id, kinds=src.kinds, vision=src.vision, max_per_document=src.max_per_document,
-            eval_fraction=src.eval_fraction, seed=src.seed, url=url,
+            eval_fraction=src.eval_fraction, seed=src.seed, passage_chars=src.passage_chars, url=url,
         )  # fmt: skip
     if not specs:
         raise BadInput(

@@ -6,6 +6,9 @@
     task = fmt.apply(task)   # the instruction after the question, the example as an earlier chat turn,
                              # and a verifier that reads the last \\boxed{...} only (no box: no answer)
 
+A worked example may call tools before it answers (``tools``: each call with the tool's result), the
+way a run in the ``tool_use`` environment shows the policy how its tools are called.
+
 A run names one format for training and evaluation alike (``prompt_format`` in the GRPO, SFT and
 evaluation configs), so the tasks a run learns from and the ones it is measured on are put the same
 way, and the held-out check compares like with like. ``answer: boxed`` is the strict reading: a
@@ -14,7 +17,8 @@ completion whose answer is not boxed scores 0 even when its last number is right
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,12 +28,34 @@ from posttrain.platform.verifiers.models import ChatMessage, TaskSpec
 EXTRACTING_KINDS = ("numeric", "exact")
 
 
+class ToolStep(BaseModel):
+    """A tool call in a worked example and what the tool answered: the assistant's turn that calls it (written
+    as the tool environments read calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) and
+    the ``tool`` message after it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, description="the tool: python, bash, ...")
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: str = Field(description="the tool's output, as the environment shows it")
+
+    def messages(self) -> list[ChatMessage]:
+        call = json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False)
+        return [ChatMessage(role="assistant", content=f"<tool_call>{call}</tool_call>"),
+                ChatMessage(role="tool", content=self.result)]
+
+
 class WorkedExample(BaseModel):
-    """One solved example, shown as an earlier user turn and the assistant's answer to it."""
+    """One solved example, shown as an earlier user turn and the assistant's answer to it (after the tool calls
+    in ``tools``, for a run in a tool environment)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     user: str = Field(min_length=1)
-    assistant: str = Field(min_length=1)
+    assistant: str = Field(min_length=1, description="the final answer")
+    tools: list[ToolStep] = Field(default_factory=list, description="tool calls before the answer, each with its result")
+
+    def messages(self) -> list[ChatMessage]:
+        return [ChatMessage(role="user", content=self.user), *(m for step in self.tools for m in step.messages()),
+                ChatMessage(role="assistant", content=self.assistant)]
 
 
 class PromptFormat(BaseModel):
@@ -50,8 +76,7 @@ class PromptFormat(BaseModel):
         if self.instruction:
             last = max(i for i, m in enumerate(prompt) if m.role == "user")
             prompt[last] = ChatMessage(role="user", content=f"{prompt[last].text}\n{self.instruction}")
-        shots = [m for ex in self.examples for m in (ChatMessage(role="user", content=ex.user),
-                                                      ChatMessage(role="assistant", content=ex.assistant))]
+        shots = [m for ex in self.examples for m in ex.messages()]
         system = [m for m in prompt[:1] if m.role == "system"]  # the task's own system message stays first
         if self.system:
             system = [ChatMessage(role="system", content=self.system)]

@@ -1,7 +1,7 @@
 """Episodes of an environment as rollout groups: many at once against one batching engine, each with a
 sandbox of its own from the warm pool.
 
-    runner = EpisodeRunner(environment, engine, config, service)
+    runner = EpisodeRunner(environment, engine, config.environment, service, group_size=8, seed=0)
     groups = runner.groups(tasks)          # group_size scored episodes of each task
     runner.close()
 
@@ -23,24 +23,23 @@ from typing import Any
 
 from posttrain.platform.sandbox import Sandbox
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
-from posttrain.training.config import GRPOConfig
+from posttrain.training.config import EnvironmentConfig
 from posttrain.training.environments.base import Environment, Episode
 from posttrain.training.inference import ContinuousBatcher, EmbeddedRolloutEngine
 from posttrain.training.rollout import RolloutGroup, Trajectory
 
 
 class EpisodeRunner:
-    def __init__(self, environment: Environment, engine: EmbeddedRolloutEngine, config: GRPOConfig,
-                 service: VerifierService, *, pool: Any = None) -> None:
-        self.environment, self.config, self.service = environment, config, service
-        self.env_config = config.environment
-        self.client = ContinuousBatcher(engine, seed=config.seed)
+    def __init__(self, environment: Environment, engine: EmbeddedRolloutEngine, env_config: EnvironmentConfig,
+                 service: VerifierService, *, group_size: int, seed: int = 0, pool: Any = None) -> None:
+        self.environment, self.env_config, self.service, self.group_size = environment, env_config, service, group_size
+        self.client = ContinuousBatcher(engine, seed=seed)
         self._own_pool = pool is None and environment.needs_sandbox
         self.pool = _open_pool(self.env_config.concurrency) if self._own_pool else pool
         self._threads = ThreadPoolExecutor(max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode")
 
     def groups(self, tasks: Sequence[TaskSpec]) -> list[RolloutGroup]:
-        n = self.config.algorithm.group_size
+        n = self.group_size
         futures = [[self._threads.submit(self.episode, task) for _ in range(n)] for task in tasks]
         groups = []
         for task, members in zip(tasks, futures):

@@ -143,7 +143,8 @@ def open_episodes(config: GRPOConfig, engine: Any, tokenizer: PreTrainedTokenize
         raise ValueError(f"environment {config.environment.name!r} runs its episodes on the embedded engine, "
                          f"not {type(engine).__name__}")
     environment = load_environment(config.environment, tokenizer, config.sampling)
-    return EpisodeRunner(environment, engine, config, service or VerifierService())
+    return EpisodeRunner(environment, engine, config.environment, service or VerifierService(),
+                         group_size=config.algorithm.group_size, seed=config.seed)
 
 
 def sample_groups(engine: Any, episodes: EpisodeRunner | None, tokenizer: PreTrainedTokenizerBase,
