@@ -123,7 +123,10 @@ m1.metric("Visual tokens", page.visual_tokens if page.visual_tokens is not None 
 m2.metric("Text tokens", counts.get("text", "n/a"))
 m3.metric("Markdown tokens", counts.get("markdown", "n/a"))
 m4.metric("Source", page.source + (f" ({layout.get('ocr_confidence'):.0f}% conf.)" if layout.get("ocr_confidence") else ""))
-st.caption(f"Token counts ({counts.get('tokenizer', 'unknown tokenizer')}): {counts}")
+words = counts.get("layout")
+st.caption(f"Token counts by {counts.get('tokenizer', 'an unknown tokenizer')}"
+           + (f"; {words:,} positioned words in the layout" if isinstance(words, int) else "")
+           + (f"; the page image as the vision encoder sizes it: {page.visual_tokens:,} tokens" if page.visual_tokens else ""))
 
 left, right = st.columns(2)
 with left:
