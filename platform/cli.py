@@ -596,6 +596,10 @@ def models_export(
     with _progress_line("export") as progress:
         entry = export_registered(me(), config, get_settings(), progress=progress)
     out.print(f"exported {name} ({entry['bytes'] / 1e6:.0f} MB) to {entry['path']}", soft_wrap=True)
+    from posttrain.platform.models.exporter import serve_elsewhere
+
+    for runtime, command in serve_elsewhere(name, entry["format"], entry["path"]).items():
+        out.print(f"serve it with {runtime}:\n  {command}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_arena(result: dict[str, Any], show: int) -> None:

@@ -78,3 +78,29 @@ def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str],
             assert len(at.session_state["pg_history"][1]["text"]) > 0
     finally:
         engine.stop()
+
+
+def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """From the Export tab: the commands that serve an export elsewhere and its download (a directory as a .tar);
+    the download is an operator's action in the platform, for the model's recorded exports only."""
+    import io
+    import tarfile
+
+    from posttrain.platform.models.inspect import ModelDirError
+    from posttrain.platform.models.registry import export_download
+    from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
+
+    register_model(OPERATOR, "mine", tiny_model)
+    entry = export_registered(OPERATOR, ExportModelConfig(model="mine", format="hf"), get_settings())
+    with tarfile.open(fileobj=io.BytesIO(export_download(OPERATOR, "mine", entry["path"]))) as tar:
+        names = tar.getnames()
+    assert any(n.endswith("/config.json") for n in names) and any(n.endswith(".safetensors") for n in names), names
+    with pytest.raises(ModelDirError, match="is not an export of model 'mine'"):
+        export_download(OPERATOR, "mine", str(tiny_model))  # the registered directory is not an export
+    for role, enabled in (("operator", True), ("viewer", False)):
+        at = login_as(AppTest.from_file(PAGE, default_timeout=60), role).run()
+        assert not at.exception
+        commands = [c.value for c in at.code]
+        assert any(c.startswith("vllm serve ") and entry["path"] in c for c in commands), commands
+        (download,) = at.get("download_button")
+        assert download.proto.disabled is not enabled and ".tar archive" in download.proto.label

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -513,3 +515,20 @@ def export_model(
         result = export_gguf(source, target, outtype, report)
     report(1.0, f"exported {source.name} to {result}")
     return result
+
+
+def serve_elsewhere(name: str, fmt: str, path: str) -> dict[str, str]:
+    """How to serve an export outside posttrain: one shell snippet per runtime, keyed by the runtime's name
+    (GGUF: llama.cpp's ``llama-server`` and Ollama; a Hugging Face directory: vLLM and transformers)."""
+    quoted = shlex.quote(path)
+    if fmt == "gguf":
+        tag = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-") or "model"
+        return {
+            "llama.cpp": f"llama-server -m {quoted} --host 127.0.0.1 --port 8080   # OpenAI API at http://127.0.0.1:8080/v1",
+            "Ollama": f"printf 'FROM %s\\n' {quoted} > Modelfile && ollama create {tag} -f Modelfile && ollama run {tag}",
+        }
+    return {
+        "vLLM": f"vllm serve {quoted} --served-model-name {shlex.quote(name)}   # OpenAI API at http://127.0.0.1:8000/v1",
+        "transformers": f"python -c \"from transformers import pipeline; print(pipeline('text-generation', {path!r})"
+                        f"([{{'role': 'user', 'content': 'Hello'}}], max_new_tokens=32))\"",
+    }

@@ -79,6 +79,33 @@ def lineage(name: str, *, url: str | None = None) -> list[Model]:
     return chain
 
 
+@action("model.download", Role.operator)
+def export_download(identity: Identity, name: str, path: str, *, url: str | None = None) -> bytes:
+    """The bytes of one of model ``name``'s recorded exports, to take away: a file as it is, a directory as an
+    uncompressed .tar of its files (weights do not compress). Only a path the registry lists as the model's
+    export; audited."""
+    import io
+    import tarfile
+
+    exports = (get_model(name, url=url).meta or {}).get("exports", [])
+    if path not in {e.get("path") for e in exports}:
+        raise ModelDirError(f"{path} is not an export of model {name!r}; its exports: "
+                            f"{', '.join(str(e.get('path')) for e in exports) or 'none'}")
+    where = Path(path)
+    if not where.exists():
+        raise ModelDirError(f"the export {where} of model {name!r} is gone from disk: export the model again")
+    with session(url) as s:
+        s.add(AuditLog(username=identity.username, action="model.download", target=name, details={"path": path}))
+    if where.is_file():
+        return where.read_bytes()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for item in sorted(where.rglob("*")):
+            if item.is_file() and not item.is_symlink():
+                tar.add(item, arcname=str(Path(where.name) / item.relative_to(where)))
+    return buffer.getvalue()
+
+
 def record_export(name: str, entry: dict[str, Any], *, by: str = "system", url: str | None = None) -> Model:
     """Add an export (format, path, bytes, sha256, when) to the model's ``meta["exports"]``, newest first;
     an export to the same path replaces the older entry."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -17,7 +18,8 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, read_result
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
-from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
+from posttrain.platform.models.exporter import serve_elsewhere
+from posttrain.platform.models.registry import ModelNotFound, export_download, list_models, register_model
 from posttrain.platform.serving.client import ChatError, chat_as, prometheus_values
 from posttrain.platform.serving.jobs import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
@@ -138,9 +140,29 @@ with export_tab:
             submit("export_model", {"model": exp_model, "format": exp_format, "outtype": exp_type})
     exports = [{"model": m.name, **e} for m in models for e in (m.meta or {}).get("exports", [])]
     if exports:
-        st.dataframe(pd.DataFrame(exports)[["model", "format", "outtype", "bytes", "at", "path"]], hide_index=True, width="stretch")
+        table = pd.DataFrame(exports)[["model", "format", "outtype", "bytes", "at", "path"]]
+        table["bytes"] = table["bytes"].map(lambda b: f"{b / 2**20:,.1f} MiB" if isinstance(b, (int, float)) else "")
+        st.dataframe(table.rename(columns={"bytes": "size", "outtype": "weights"}), hide_index=True, width="stretch")
+        st.markdown("**Take it away**")
+        labels = [f"{e['model']} · {e['format']}{' ' + e['outtype'] if e.get('outtype') else ''} · {e['path']}" for e in exports]
+        picked = exports[st.selectbox("Export", range(len(exports)), format_func=labels.__getitem__, key="takeaway")]
+        where = Path(picked["path"])
+        for runtime, command in serve_elsewhere(picked["model"], picked["format"], picked["path"]).items():
+            st.caption(f"Serve it with {runtime}")
+            st.code(command, language="bash")
+        if where.exists():
+            archive = where.is_dir()
+            size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if archive else where.stat().st_size
+            st.download_button(f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
+                               data=lambda: export_download(me(), picked["model"], picked["path"]),
+                               file_name=f"{where.name}.tar" if archive else where.name,
+                               mime="application/x-tar" if archive else "application/octet-stream", key="download_export",
+                               on_click="ignore", disabled=not operator, help=None if operator else "operators download exports")
+        else:
+            st.warning(f"{where} is gone from disk: export the model again to take it away.")
     else:
-        st.caption("No exports yet.")
+        st.caption("No exports yet: export a model above (GGUF for llama.cpp and Ollama, a Hugging Face directory for "
+                   "vLLM and transformers); its serving commands and a download appear here.")
 with compare_tab:
     with st.form("compare_models"):
         st.caption("The same held-out tasks through two models, greedy: pass@1 per domain, the difference with its "
