@@ -154,12 +154,15 @@ def point_count(job_id: int, *, url: str | None = None) -> int:
 # --- trajectories ----------------------------------------------------------------------
 
 
-def _trajectory_filter(job_id: int, domains: Sequence[str] | None, steps: tuple[int, int] | None):  # type: ignore[no-untyped-def]
+def _trajectory_filter(job_id: int, domains: Sequence[str] | None, steps: tuple[int, int] | None,  # type: ignore[no-untyped-def]
+                       rewards: tuple[float, float] | None = None):
     conditions = [Trajectory.job_id == job_id]
     if domains:
         conditions.append(col(Trajectory.domain).in_(list(domains)))
     if steps is not None:
         conditions += [col(Trajectory.step) >= steps[0], col(Trajectory.step) <= steps[1]]
+    if rewards is not None:
+        conditions += [col(Trajectory.reward) >= rewards[0], col(Trajectory.reward) <= rewards[1]]
     return conditions
 
 
@@ -168,15 +171,17 @@ def trajectories(
     *,
     domains: Sequence[str] | None = None,
     steps: tuple[int, int] | None = None,
+    rewards: tuple[float, float] | None = None,
     limit: int = 20,
     offset: int = 0,
     url: str | None = None,
 ) -> list[Trajectory]:
-    """One page of a run's trajectories, newest step first (ties by id)."""
+    """One page of a run's trajectories (of ``domains``, in the step and reward ranges given, both ends
+    included), newest step first (ties by id)."""
     with session(url, read_only=True) as s:
         stmt = (
             select(Trajectory)
-            .where(*_trajectory_filter(job_id, domains, steps))
+            .where(*_trajectory_filter(job_id, domains, steps, rewards))
             .order_by(col(Trajectory.step).desc(), col(Trajectory.id).asc())
             .offset(offset)
             .limit(limit)
@@ -185,11 +190,19 @@ def trajectories(
 
 
 def trajectory_count(
-    job_id: int, *, domains: Sequence[str] | None = None, steps: tuple[int, int] | None = None, url: str | None = None
+    job_id: int, *, domains: Sequence[str] | None = None, steps: tuple[int, int] | None = None,
+    rewards: tuple[float, float] | None = None, url: str | None = None
 ) -> int:
     with session(url, read_only=True) as s:
-        stmt = select(func.count()).select_from(Trajectory).where(*_trajectory_filter(job_id, domains, steps))
+        stmt = select(func.count()).select_from(Trajectory).where(*_trajectory_filter(job_id, domains, steps, rewards))
         return int(s.exec(stmt).one())
+
+
+def trajectory_steps(job_id: int, *, url: str | None = None) -> tuple[int, int] | None:
+    """The first and last step of a run that stored trajectories (None: it stored none)."""
+    with session(url, read_only=True) as s:
+        low, high = s.exec(select(func.min(Trajectory.step), func.max(Trajectory.step)).where(Trajectory.job_id == job_id)).one()
+    return None if low is None else (int(low), int(high))
 
 
 def trajectory_domains(job_id: int, *, url: str | None = None) -> list[str]:

@@ -179,6 +179,14 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     assert any(c.value == trajectory.completion for c in at.code)
     assert any(c.value == trajectory.verdict["details"] for c in at.caption)
     assert any("Be brief." == t.value for t in at.text)
+    # by step range and by reward: full marks only, of steps 2 to 4, in the chosen domain (rows 10-24 with i odd and i % 3 == 0: 15 and 21)
+    at.slider(key="traj_steps").set_value((2, 4)).run()
+    at.slider(key="traj_rewards").set_value((1.0, 1.0)).run()
+    table = at.dataframe[-1].value
+    assert sorted(table["step"]) == [3, 4] and set(table["reward"]) == {1.0} and "Page (of 1, 2 trajectories)" == at.number_input(key="traj_page").label
+    at.slider(key="traj_steps").set_value((0, 0)).run()
+    at.slider(key="traj_rewards").set_value((0.5, 0.5)).run()
+    assert "No trajectories match" in at.info[-1].value
 
 
 def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env: dict[str, str]) -> None:

@@ -521,15 +521,19 @@ domains = metrics.trajectory_domains(int(run_id))
 if not domains:
     st.caption("This run has stored no trajectories.")
     st.stop()
-chosen = st.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
-total = metrics.trajectory_count(int(run_id), domains=chosen)
+first, last = metrics.trajectory_steps(int(run_id)) or (0, 0)
+f1, f2, f3 = st.columns([2, 2, 2])
+chosen = f1.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
+steps = f2.slider("Steps", first, last, (first, last), key="traj_steps") if last > first else (first, last)
+rewards = f3.slider("Reward", 0.0, 1.0, (0.0, 1.0), step=0.05, key="traj_rewards",
+                    help="0 to 1: every trajectory; 1 to 1: only full marks; 0 to 0: only failures")
+filters = {"domains": chosen, "steps": steps, "rewards": rewards}
+total = metrics.trajectory_count(int(run_id), **filters)
 pages = max(1, -(-total // TRAJECTORY_PAGE_SIZE))
 page = st.number_input(f"Page (of {pages}, {total:,} trajectories)", min_value=1, max_value=pages, value=1, step=1, key="traj_page")
-rows = metrics.trajectories(
-    int(run_id), domains=chosen, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1)
-)
+rows = metrics.trajectories(int(run_id), **filters, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1))
 if not rows:
-    st.info("No trajectories on this page.")
+    st.info("No trajectories match: widen the domains, steps or reward range.")
     st.stop()
 st.dataframe(
     pd.DataFrame(
