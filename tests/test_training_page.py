@@ -318,3 +318,17 @@ def test_viewer_cannot_run_the_demo(platform_env: dict[str, str]) -> None:
     login_as(at, "viewer")
     button.click().run()
     assert not at.exception and all_jobs() == []
+
+
+def test_a_finished_run_links_to_the_arena_against_its_base(platform_env: dict[str, str]) -> None:
+    job_id = queue.submit(OPERATOR, "train_grpo", GRPO)
+    claimed = queue.claim("w", 1, 0)
+    assert claimed is not None and claimed.id == job_id
+    queue.finish(job_id, queue.Outcome(exit_code=0, result={"steps": 40, "model": "tuned", "base_model": "tiny"}))
+    running = queue.submit(OPERATOR, "train_grpo", GRPO)
+    at = page("viewer")
+    at.selectbox(key="run_id").set_value(job_id).run()
+    (link,) = at.get("link_button")
+    assert link.proto.label == "Compare tuned with its base tiny" and link.proto.url == "models?compare_a=tiny&compare_b=tuned"
+    at.selectbox(key="run_id").set_value(running).run()
+    assert not at.get("link_button")  # nothing to compare before the run has registered its model

@@ -444,6 +444,19 @@ def gain_line(job: Job) -> None:
         st.info(f"Held-out pass@1 before GRPO: {points[0]:.1%}; evaluated again when GRPO finishes.")
 
 
+def compare_link(job: Job) -> None:
+    """For a finished run that registered its model: straight to the arena against the model it started from."""
+    from urllib.parse import urlencode
+
+    result = job_result(job) if job.status is JobStatus.succeeded else None
+    model = getattr(result, "model", None)
+    base = getattr(result, "sft_model", None) or getattr(result, "base_model", None)
+    if model and base and model != base:
+        query = urlencode({"compare_a": base, "compare_b": model})
+        st.link_button(f"Compare {model} with its base {base}", f"models?{query}", icon=":material/compare_arrows:",
+                       help="The Models & Serving page's Compare tab, both models chosen: the same held-out tasks through both")
+
+
 @st.fragment(run_every="2s")
 def run_view(job_id: int) -> None:
     try:
@@ -460,6 +473,7 @@ def run_view(job_id: int) -> None:
     if job.error:
         st.error(f"{job.error_cause or 'error'}: {job.error}")
     actions(job)
+    compare_link(job)
 
     names = metrics.metric_names(job_id)
     if not names:
