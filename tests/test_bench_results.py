@@ -90,6 +90,21 @@ def test_record_saves_nothing_when_the_run_dies_before_its_summary(tmp_path: Pat
     assert not (tmp_path / "queue.json").exists()
 
 
+def test_record_from_a_saved_log_keeps_the_runs_own_minutes_and_says_so(tmp_path: Path) -> None:
+    summary = {"figure": "learning-tools", "preset": "smollm2-tools", "model": "m", "pass_before": 0.0, "pass_after": 0.5,
+               "gain_points": 50.0, "gain_se_points": 6.0, "steps": 10, "minutes": 42.0, "general_before": 0.25,
+               "general_after": 0.25, "peak_rss_gb": 7.5, "eval_tasks": 64, "peer": {"name": "the model before training"}}
+    log = tmp_path / "run.log"
+    log.write_text("warming up\n" + json.dumps({"curve": "grpo", "step": 1}) + "\n" + json.dumps(summary) + "\nrc=0\n")
+    assert results.record("learning-tools", ["python", "bench/learning.py", "--preset", "smollm2-tools"], results=tmp_path,
+                          from_log=log) == 0
+    saved = json.loads((tmp_path / "learning-tools.json").read_text())
+    assert saved["summary"] == summary and saved["minutes"] == 42.0 and "run.log" in saved["recorded_from"]
+    assert saved["command"] == "python bench/learning.py --preset smollm2-tools"
+    row = next(line for line in results.table(tmp_path).splitlines() if "smollm2-tools preset" in line)
+    assert "0.0% → 50.0% (+50.0 ± 6.0 points, 10 steps) in 42 min" in row
+
+
 def load_reliability_module():
     spec = importlib.util.spec_from_file_location("bench_reliability", BENCH / "reliability.py")
     assert spec is not None and spec.loader is not None

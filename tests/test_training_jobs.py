@@ -14,7 +14,7 @@ import yaml
 from sqlmodel import select
 from test_training_tiny import tiny_policy_dir
 
-from conftest import OPERATOR, start_worker, stop_worker, wait_for
+from conftest import OPERATOR, run_worker_until_idle, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -238,11 +238,7 @@ def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_a
     good = queue.submit(OPERATOR, "train_grpo", config)
     missing = queue.submit(OPERATOR, "train_grpo", {**config, "task_set": "no-such-set"})
     other = queue.submit(OPERATOR, "train_grpo", {**config, "domains": ["format.zero_pad"]})
-    proc = start_worker(platform_env, "--exit-when-idle")
-    try:
-        assert proc.wait(timeout=300) == 0
-    finally:
-        stop_worker(proc)
+    run_worker_until_idle(platform_env, timeout=300)
     job = queue.get_job(good)
     assert job.status is JobStatus.succeeded, job.error
     with session(db_url, read_only=True) as s:
