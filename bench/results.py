@@ -4,6 +4,7 @@
                                                               summary (its last JSON line with "figure": NAME)
                                                               to bench/results/NAME.json with date, commit and
                                                               machine, then rewrite README's table
+    .venv/bin/python bench/results.py record NAME --from-log FILE -- CMD...   the same from CMD's saved output
     .venv/bin/python bench/results.py table                  print the tables the results make
     .venv/bin/python bench/results.py readme                 rewrite README's tables between their markers
     .venv/bin/python bench/results.py check                  exit 1 when README's tables are not what the results make
@@ -166,6 +167,18 @@ def learning_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def ablation_rows(s: Summary) -> list[Row]:
+    base = s["variants"]["all savings"]
+    rss = s["peak_rss_vs_all_savings"]
+    return [Row(
+        f"the GRPO step's savings ({s['preset']}: each switched off alone, {s['steps_per_variant']} steps each)",
+        "; ".join(f"{name}: update {_x(cost)} the time per useful group, peak RSS {_x(rss[name])}"
+                  for name, cost in s["update_cost_vs_all_savings"].items()),
+        f"all savings on, same steps: step {_n(base['step_s_mean'])} s, update {_n(base['update_s_per_useful_group'])} s "
+        f"per useful group, peak RSS {base['peak_rss_gb']:.1f} GiB",
+    )]  # fmt: skip
+
+
 def pipeline_rows(s: Summary) -> list[Row]:
     setting = s["pipelined"]
     how = (f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}" if setting.get("backend") == "thread" else
@@ -264,38 +277,51 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def record(name: str, command: list[str], results: Path = RESULTS) -> int:
+def record(name: str, command: list[str], results: Path = RESULTS, from_log: Path | None = None) -> int:
     """Run ``command``, passing its output through, and save its summary (see ``summary_of``) as
-    ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing)."""
+    ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing).
+    ``from_log``: the output of ``command`` run earlier on this machine and commit (a long run in the background)
+    instead of running it now; its date is the log's last write, its minutes the summary's own."""
     if not command:
         raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
     started = datetime.datetime.now(datetime.timezone.utc)
     commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
-    load_before = os.getloadavg()[0]
+    load_before: float | None = os.getloadavg()[0]
     lines: list[str] = []
-    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line)
+    if from_log is not None:
+        lines = from_log.read_text(errors="replace").splitlines()
+        status = 0
+        load_before = None
+    else:
+        with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                lines.append(line)
+        status = proc.returncode
     summary = summary_of(name, lines)
     if summary is None:
         print(f"record {name}: {shlex.join(command)} printed no summary (no JSON line with figure {name!r}; "
-              f"exit {proc.returncode}); nothing saved",
+              f"exit {status}); nothing saved",
               file=sys.stderr)
-        return proc.returncode or 1
+        return status or 1
+    finished = datetime.datetime.now(datetime.timezone.utc)
+    if from_log is not None:
+        finished = datetime.datetime.fromtimestamp(from_log.stat().st_mtime, datetime.timezone.utc)
+        started = finished - datetime.timedelta(minutes=float(summary.get("minutes", 0.0)))
     result = {
-        "benchmark": name, "command": shlex.join(command), "exit_status": proc.returncode,
-        "date": started.isoformat(timespec="seconds"),
-        "minutes": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60, 2),
+        "benchmark": name, "command": shlex.join(command), "exit_status": status,
+        "date": started.isoformat(timespec="seconds"), "minutes": round((finished - started).total_seconds() / 60, 2),
         "commit": commit, "uncommitted_changes": dirty,
-        "machine": machine(), "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "machine": machine(), "load_average_1min": [round(load_before, 2) if load_before is not None else None,
+                                                    round(os.getloadavg()[0], 2)],
+        **({"recorded_from": f"the saved output of a run in the background ({from_log.name})"} if from_log else {}),
         "summary": summary,
     }  # fmt: skip
     write_atomic(results / f"{name}.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(f"record {name}: saved {results / f'{name}.json'}", file=sys.stderr)
-    return proc.returncode
+    return status
 
 
 # ----------------------------------------------------------------------------- the table
@@ -400,13 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite README's table")
     rec.add_argument("name", choices=sorted(ROWS))
+    rec.add_argument("--from-log", type=Path, default=None, help="the saved output of the command, run earlier, instead of running it")
     rec.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     sub.add_parser("table", help="print the table")
     sub.add_parser("readme", help="rewrite README's table")
     sub.add_parser("check", help="exit 1 when README's table is not what the results make")
     args = parser.parse_args(argv)
     if args.action == "record":
-        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command)
+        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command, from_log=args.from_log)
         write_readme()
         return status
     if args.action == "table":
