@@ -4,7 +4,7 @@
                                                               summary (its last JSON line with "figure": NAME)
                                                               to bench/results/NAME.json with date, commit and
                                                               machine, then rewrite README's table
-    .venv/bin/python bench/results.py record NAME --from-log FILE -- CMD...   the same from CMD's saved output
+    .venv/bin/python bench/results.py record --from-log FILE [--commit REV] NAME -- CMD...   the same from CMD's saved output
     .venv/bin/python bench/results.py table                  print the tables the results make
     .venv/bin/python bench/results.py readme                 rewrite README's tables between their markers
     .venv/bin/python bench/results.py check                  exit 1 when README's tables are not what the results make
@@ -167,18 +167,6 @@ def learning_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
-def ablation_rows(s: Summary) -> list[Row]:
-    base = s["variants"]["all savings"]
-    rss = s["peak_rss_vs_all_savings"]
-    return [Row(
-        f"the GRPO step's savings ({s['preset']}: each switched off alone, {s['steps_per_variant']} steps each)",
-        "; ".join(f"{name}: update {_x(cost)} the time per useful group, peak RSS {_x(rss[name])}"
-                  for name, cost in s["update_cost_vs_all_savings"].items()),
-        f"all savings on, same steps: step {_n(base['step_s_mean'])} s, update {_n(base['update_s_per_useful_group'])} s "
-        f"per useful group, peak RSS {base['peak_rss_gb']:.1f} GiB",
-    )]  # fmt: skip
-
-
 def pipeline_rows(s: Summary) -> list[Row]:
     setting = s["pipelined"]
     how = (f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}" if setting.get("backend") == "thread" else
@@ -230,7 +218,8 @@ def reliability_rows(s: Summary) -> list[Row]:
 
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
-    "learning": learning_rows, "learning-real": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
+    "learning-docqa": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
     "reliability": reliability_rows,
 }  # fmt: skip
 
@@ -277,15 +266,18 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def record(name: str, command: list[str], results: Path = RESULTS, from_log: Path | None = None) -> int:
+def record(name: str, command: list[str], results: Path = RESULTS, from_log: Path | None = None,
+           commit: str | None = None) -> int:
     """Run ``command``, passing its output through, and save its summary (see ``summary_of``) as
     ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing).
     ``from_log``: the output of ``command`` run earlier on this machine and commit (a long run in the background)
-    instead of running it now; its date is the log's last write, its minutes the summary's own."""
+    instead of running it now (``commit``: the commit it ran, when not the one checked out now); its date is the
+    log's last write, its minutes the summary's own."""
     if not command:
         raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
     started = datetime.datetime.now(datetime.timezone.utc)
-    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit is None else False
+    commit = git("rev-parse", commit or "HEAD")
     load_before: float | None = os.getloadavg()[0]
     lines: list[str] = []
     if from_log is not None:
@@ -427,13 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite README's table")
     rec.add_argument("name", choices=sorted(ROWS))
     rec.add_argument("--from-log", type=Path, default=None, help="the saved output of the command, run earlier, instead of running it")
+    rec.add_argument("--commit", default=None, help="with --from-log: the commit the run was made at")
     rec.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     sub.add_parser("table", help="print the table")
     sub.add_parser("readme", help="rewrite README's table")
     sub.add_parser("check", help="exit 1 when README's table is not what the results make")
     args = parser.parse_args(argv)
     if args.action == "record":
-        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command, from_log=args.from_log)
+        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command, from_log=args.from_log, commit=args.commit)
         write_readme()
         return status
     if args.action == "table":

@@ -172,6 +172,11 @@ def test_doc_qa_answer_and_evidence_on_the_cited_page(service):
     assert not wrong_page.passed and wrong_page.score == pytest.approx(0.5) and "does not occur on page 1" in wrong_page.details
     invented = service.verify(task("doc_qa", spec), 'Answer: 24 months\nEvidence: "lasts two full years"\nPage: 2')
     assert not invented.passed
+    # a sentence of the page that does not hold the answer is no evidence for it (GRPO learned to quote any sentence)
+    beside = service.verify(task("doc_qa", spec), 'Answer: 24 months\nEvidence: "Returns are free."\nPage: 2')
+    assert not beside.passed and beside.score == pytest.approx(0.5) and "does not contain the answer" in beside.details
+    lax = service.verify(task("doc_qa", spec | {"evidence_holds_answer": False}), 'Answer: 24 months\nEvidence: "Returns are free."\nPage: 2')
+    assert lax.passed
     f1 = service.verify(task("doc_qa", {"answers": "24 months from purchase", "metric": "f1"}), "24 months")
     assert 0 < f1.score < 1
     assert service.verify(task("doc_qa", {"answers": "The Eiffel Tower", "metric": "exact"}), "eiffel tower").passed
@@ -185,7 +190,7 @@ def test_doc_qa_page_text_through_a_lookup(service):
         return PAGES.get(page)
 
     spec = {"answers": ["24 months"], "require_evidence": True, "document_id": "manual.pdf"}
-    completion = '{"answer": "24 months", "evidence": "Returns are free.", "page": 2}'
+    completion = '{"answer": "24 months", "evidence": "lasts 24 months from the date", "page": 2}'
     verdict = service.verify(task("doc_qa", spec), completion, context=VerifyContext(page_lookup=lookup))
     assert verdict.passed and calls == [("manual.pdf", 2)]
     missing = service.verify(task("doc_qa", spec), completion)

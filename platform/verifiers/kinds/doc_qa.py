@@ -24,8 +24,8 @@ from posttrain.platform.verifiers.text import normalize_answer, normalize_whites
 class DocQASpec(BaseSpec):
     """``answers``: accepted gold answers. ``metric``: "exact" (normalised) or "f1" (token F1,
     passed at ``f1_threshold``). ``require_evidence``: the completion must quote a span of at
-    least ``min_evidence_chars`` found on the cited page (or on ``page`` when it cites none);
-    the evidence counts ``evidence_weight`` of the score."""
+    least ``min_evidence_chars`` found on the cited page (or on ``page`` when it cites none) and holding an
+    accepted answer (``evidence_holds_answer``); the evidence counts ``evidence_weight`` of the score."""
 
     answers: list[str] = Field(min_length=1)
     metric: Literal["exact", "f1"] = "f1"
@@ -33,6 +33,10 @@ class DocQASpec(BaseSpec):
     require_evidence: bool = False
     evidence_weight: float = Field(default=0.5, ge=0, le=1)
     min_evidence_chars: int = Field(default=8, ge=1)
+    evidence_holds_answer: bool = Field(default=True, description="the quote must contain an accepted answer: a "
+                                        "sentence that does not hold the answer is no evidence for it (without this, "
+                                        "quoting any sentence of the page earned the evidence's weight, and GRPO on "
+                                        "the docqa preset learned exactly that)")
     document_id: str | None = None
     page: int | None = Field(default=None, ge=0)
     pages: dict[int, str] = Field(default_factory=dict)
@@ -136,6 +140,14 @@ def check_doc_qa(spec: DocQASpec, completion: str, task: TaskSpec) -> Verdict:
     return verdict.model_copy(update={"passed": answer_ok and evidence_ok})
 
 
+_QUOTES = str.maketrans("", "", "\"“”'‘’")
+
+
+def _unquoted(text: str) -> str:
+    """Normalised, without quotation marks (a quote's own outer marks are stripped when it is parsed)."""
+    return " ".join(normalize_whitespace(text).translate(_QUOTES).split())
+
+
 def _evidence_found(spec: DocQASpec, evidence: str | None, page: int | None) -> tuple[bool, str | None]:
     """(found, reason it was not); reason None with found False means the page text is missing."""
     if not evidence:
@@ -150,9 +162,11 @@ def _evidence_found(spec: DocQASpec, evidence: str | None, page: int | None) -> 
         if spec.pages and page not in spec.pages:
             return False, f"page {page} is not among the task's pages"
         return False, None
-    if quoted in normalize_whitespace(text):
-        return True, ""
-    return False, f"the quote does not occur on page {page}"
+    if quoted not in normalize_whitespace(text):
+        return False, f"the quote does not occur on page {page}"
+    if spec.evidence_holds_answer and not any(_unquoted(gold) in _unquoted(quoted) for gold in spec.answers):
+        return False, "the quote does not contain the answer"
+    return True, ""
 
 
 DOC_QA = VerifierKind(
