@@ -10,6 +10,7 @@ Used by test_sandbox_ray.py (a head and a second node) and test_training_ray.py 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -127,7 +128,19 @@ def local_cluster(
     env: dict[str, str] | None = None,
 ) -> Iterator[RayCluster]:
     """A head (and one node per entry of ``worker_cpus``) on 127.0.0.1; ``env`` is added to the
-    nodes' environment, which their actors inherit. Asserts at the end that nothing is left."""
+    nodes' environment, which their actors inherit. Asserts at the end that nothing is left. One cluster at a
+    time on this machine (a file lock): a head takes fixed ports besides its own, and the suite runs on two
+    pytest-xdist workers."""
+    with open(Path(tempfile.gettempdir()) / "posttrain-test-ray-cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with _cluster(head_cpus=head_cpus, worker_cpus=worker_cpus, head_object_store_bytes=head_object_store_bytes,
+                      worker_object_store_bytes=worker_object_store_bytes, env=env) as cluster:
+            yield cluster
+
+
+@contextlib.contextmanager
+def _cluster(*, head_cpus: int, worker_cpus: Sequence[int], head_object_store_bytes: int, worker_object_store_bytes: int,
+             env: dict[str, str] | None) -> Iterator[RayCluster]:
     temp_dir = Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp"))  # short: Ray puts sockets in it
     port = free_port()
     node_env = {

@@ -194,7 +194,7 @@ def test_import_and_export_jobs(platform_env: dict[str, str], real_model_dir: Im
     assert get_model("smol").meta["exports"][0]["sha256"] == hashlib.sha256(gguf_file.read_bytes()).hexdigest()
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=60)).run()
     assert not at.exception
-    exports = next(df.value for df in at.dataframe if "outtype" in df.value.columns)
+    exports = next(df.value for df in at.dataframe if "weights" in df.value.columns)
     assert list(exports["path"]) == [str(gguf_file)]
 
 

@@ -416,6 +416,7 @@ def _pg_accepts(psycopg, conninfo: str) -> bool:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.postgres
+@pytest.mark.restarts_postgres
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_postgres_restart_under_a_training_job(
     platform_env: dict[str, str], db_url: str, tmp_path: Path, rng: SeededRandom, reliability: Reliability
