@@ -406,13 +406,12 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     preset = get_preset(config.preset)
     preset_model = preset.model
-    if (documents := preset.documents) is not None:
-        check_task_set(ctx, grpo_config, f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload "
-                       f"{', '.join(documents.paths)} (Documents page or `posttrain docs add`), then build the set from "
-                       f"them with the documents source {documents.source} (Tasks page or `posttrain jobs submit "
-                       f"build_tasks`); `bench/learning.py --preset {config.preset}` does all of it")
-    else:
-        check_task_set(ctx, grpo_config)
+    documents = preset.documents
+    check_task_set(ctx, grpo_config, "" if documents is None else (
+        f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload {', '.join(documents.paths)} "
+        f"(Documents page or `posttrain docs add`), then build the set from them with the documents source "
+        f"{documents.source} (Tasks page or `posttrain jobs submit build_tasks`); `bench/learning.py --preset "
+        f"{config.preset}` does all of it"))
     if "base" not in state:
         if config.model is not None or isinstance(preset_model, str):
             path, base_name = resolve_model(ctx, config.model or str(preset_model))

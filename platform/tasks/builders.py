@@ -495,11 +495,10 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
     }  # fmt: skip
     metadata = {"builder": "documents", "kind": q.kind, "question": q.question, **q.extra}
     head = f"Document: {document.filename}, page {_page_label(q.page)}."
+    text_head, body = (head, context) if excerpt is None else (f"{head[:-1]} (an excerpt).", excerpt)
     if excerpt is not None:
-        text_prompt = f"{head[:-1]} (an excerpt).\n\n<page>\n{excerpt}\n</page>\n\n{q.question}\n\n{fmt}"
         metadata["passage_chars"] = len(excerpt)
-    else:
-        text_prompt = f"{head}\n\n<page>\n{context}\n</page>\n\n{q.question}\n\n{fmt}"
+    text_prompt = f"{text_head}\n\n<page>\n{body}\n</page>\n\n{q.question}\n\n{fmt}"
     specs = [
         TaskSpec(domain=DOMAINS[q.kind], prompt=text_prompt, verifier=verifier, reference=reference, split=split,  # type: ignore[arg-type]
                  task_id=base_id, metadata={**metadata, "modality": "text"}, provenance=provenance)  # fmt: skip
