@@ -227,29 +227,34 @@ def test_batch_keeps_order_and_async_does_not_block_the_loop(service):
     assert [v.passed for v in verdicts] == [i % 2 == 0 for i in range(20)]
 
     async def main():
-        ticks = 0
+        ticks: list[float] = []
 
         async def ticker():
-            nonlocal ticks
             while True:
                 await asyncio.sleep(0.005)
-                ticks += 1
+                ticks.append(time.perf_counter())
 
         running = asyncio.create_task(ticker())
+        await asyncio.sleep(0.05)
         started = time.perf_counter()
         single = await service.averify(tasks[3], "3")
         many = await service.averify_batch(tasks * 50, answers * 50)  # 1,000 checks: about half a second
-        busy = ticks
-        await asyncio.sleep(time.perf_counter() - started)  # the peer: the loop idle for as long
-        idle = ticks - busy
+        ended = time.perf_counter()
+        await asyncio.sleep(ended - started)  # the peer: the loop idle for as long
         running.cancel()
-        return single, many, busy, idle
+        return single, many, started, ended, ticks
 
-    single, many, busy, idle = asyncio.run(main())
+    single, many, started, ended, ticks = asyncio.run(main())
     assert single.passed and [v.passed for v in many] == [v.passed for v in verdicts] * 50
-    # The loop ticked on while the checks ran about as often as when idle (measured: 0.8-0.9 of it);
-    # a blocked loop would barely tick at all.
-    assert busy >= 0.4 * idle and idle > 20, (busy, idle)
+    # The loop kept ticking while the checks ran: its longest silence stays a small part of the
+    # checks' time (a blocked loop would be silent for all of it). Tick counts are not compared
+    # with the idle peer's: the check threads share the GIL and, with another process computing,
+    # the cores, so the loop ticks less often (0.4-0.9 of idle) without ever being blocked.
+    during = [started] + [t for t in ticks if started < t < ended] + [ended]
+    longest = max(b - a for a, b in zip(during, during[1:]))
+    idle = [t for t in ticks if t > ended]
+    assert len(idle) > 20 and len(during) > 10, (len(during), len(idle))
+    assert longest < (ended - started) / 3, (longest, ended - started, len(during))
 
 
 def test_concurrent_first_lookups_all_see_the_builtin_kinds() -> None:
