@@ -167,6 +167,17 @@ def learning_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def ablation_rows(s: Summary) -> list[Row]:
+    base = s["variants"]["all savings"]
+    return [Row(
+        f"GRPO step without one saving ({s['preset']} preset, {s['steps_per_variant']} steps each)",
+        f"{variant}: update {_x(s['update_cost_vs_all_savings'][variant])} the time per useful group, peak RSS "
+        f"{v['peak_rss_gb']:.1f} GiB ({_x(s['peak_rss_vs_all_savings'][variant])}), step {_n(v['step_s_mean'])} s",
+        f"every saving on, the same model, seed and steps: update {base['update_s_per_useful_group']:.2f} s per useful "
+        f"group, peak RSS {base['peak_rss_gb']:.1f} GiB, step {_n(base['step_s_mean'])} s",
+    ) for variant, v in s["variants"].items() if variant != "all savings"]  # fmt: skip
+
+
 def pipeline_rows(s: Summary) -> list[Row]:
     setting = s["pipelined"]
     how = (f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}" if setting.get("backend") == "thread" else
@@ -219,7 +230,7 @@ def reliability_rows(s: Summary) -> list[Row]:
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
-    "learning-docqa": learning_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
     "reliability": reliability_rows,
 }  # fmt: skip
 

@@ -352,6 +352,35 @@ def jobs_submit(
         _follow(job_id)
 
 
+@jobs_app.command("estimate")
+@user_errors
+def jobs_estimate(
+    kind: Annotated[str, typer.Argument(help="The run's kind: train_preset, train_grpo or train_sft")],
+    config: Annotated[str | None, typer.Option(help="The run's config as a JSON object")] = None,
+    config_file: Annotated[Path | None, typer.Option(help="The run's config as a YAML or JSON file")] = None,
+    calibration_steps: Annotated[int, typer.Option(help="Real SFT/GRPO steps timed")] = 2,
+    wait: Annotated[bool, typer.Option(help="Wait for the estimate and print it (a worker must be running)")] = True,
+) -> None:
+    """Estimate a training run's wall time on this host before launching it: an ``estimate`` job times each of its
+    stages in miniature (a few real steps, one evaluation batch per domain) and scales them to the run."""
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.jobs.registry import read_result
+
+    data = _load_config(config, config_file)
+    require_schema()
+    job_id = queue.submit(me(), "estimate", {"kind": kind, "config": data, "calibration_steps": calibration_steps})
+    out.print(f"queued estimate job {job_id}; submit the same config to find it beside the run")
+    if not wait:
+        return
+    _follow(job_id, stream_log=False)
+    estimate: Any = read_result("estimate", queue.get_job(job_id).result)
+    table = Table("stage", "estimate", "how")
+    for stage in estimate.stages:
+        table.add_row(stage.stage, f"{stage.seconds:.0f} s", stage.how)
+    out.print(table)
+    out.print(f"{kind}: {estimate.summary()} (calibrated in {estimate.calibration_s:.0f} s)")
+
+
 def _status_style(status: JobStatus) -> str:
     return {
         JobStatus.succeeded: "green",

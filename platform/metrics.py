@@ -12,6 +12,7 @@ and PostgreSQL alike.
     # {"train/loss": [(0, 2.31), (256, 2.05), ...], "rollout/reward_mean": [...]}
     latest(job_id)["train/loss"]          # Point(step=99_999, value=0.41): the last logged point
     metric_names(job_id)                  # ["rollout/reward_mean", "train/loss", ...]
+    duration(372.0)                       # "6.2 min": a wall time as pages and the CLI show it
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Metric, Trajectory
 
 Aggregate = Literal["mean", "min", "max"]
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``6.1 min``, ``1.8 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
 class Point(NamedTuple):

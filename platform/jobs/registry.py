@@ -30,6 +30,7 @@ KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.tasks.jobs",
     "posttrain.platform.serving.jobs",
     "posttrain.training.jobs",
+    "posttrain.training.estimate",
 )
 
 

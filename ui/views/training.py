@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from posttrain.platform import metric_names, metrics
 from posttrain.platform.db.models import Job, JobStatus, Role
 from posttrain.platform.jobs import queue
-from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result
+from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, guard_platform, job_table, me, status_label
@@ -26,7 +26,7 @@ RUN_KINDS = (*TRAIN_KINDS, "evaluate")
 QUEUE_SIZE = 50
 TRAJECTORY_PAGE_SIZE = 20
 MAX_POINTS = 1000
-DEMO_PRESET = "cpu-quick"  # the one-click demo's default
+DEMO_PRESET = "smollm2-quick"  # the one-click demo's default: the built-in real model
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -147,6 +147,86 @@ def show_problems(problems: list[str]) -> None:
     st.error("The config is not valid:\n\n" + "\n".join(f"- {p}" for p in problems))
 
 
+def model_names() -> list[str]:
+    from posttrain.platform.models.registry import list_models
+
+    return [m.name for m in list_models()]
+
+
+# --- the estimate before launch ------------------------------------------------------------------
+
+
+def find_estimate(kind: str, config: dict[str, Any], before: Any = None) -> Job | None:
+    """The newest ``estimate`` job made for exactly this run (its config as the run's job stores it),
+    submitted before ``before`` when given; None when there is none or the config does not validate."""
+    try:
+        stored = validate_config(kind, config).model_dump(mode="json")
+    except JobConfigError:
+        return None
+    for job in queue.list_jobs(kind="estimate", limit=200):
+        if job.config.get("kind") == kind and job.config.get("config") == stored and (before is None or job.created_at <= before):
+            return job
+    return None
+
+
+def estimate_panel(kind: str, config: dict[str, Any], key: str) -> None:
+    """The run's estimate on this host: the button that calibrates it, its progress, the figures and how they were made."""
+    found = find_estimate(kind, config)
+    result = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    c1, c2 = st.columns([4, 1], vertical_alignment="center")
+    if found is not None and not found.status.finished:
+        c1.progress(min(1.0, found.progress or 0.0), text=f"Estimating (job {found.id}): {found.progress_message or 'queued'}")
+    elif result is not None:
+        c1.info(f"**Estimate** (job {found.id}): {result.summary()}, measured by a "  # type: ignore[union-attr, attr-defined]
+                f"{metrics.duration(result.calibration_s)} calibration.", icon=":material/timer:")  # type: ignore[attr-defined]
+    elif found is not None:
+        c1.error(f"The estimate (job {found.id}) {found.status.value}: {found.error or 'no result'}")
+    else:
+        c1.caption("Not estimated yet: the estimate times a few real steps and one evaluation batch of this run on this "
+                   "host (a minute or two), then scales them to the whole run.")
+    label = "Estimate again" if found is not None and found.status.finished else "Estimate wall time"
+    running = found is not None and not found.status.finished
+    if c2.button(label, key=f"estimate_{key}", icon=":material/timer:", disabled=not can(Role.operator) or running):
+        try:
+            job_id = queue.submit(me(), "estimate", {"kind": kind, "config": config})
+        except (JobConfigError, PermissionError) as exc:
+            st.error(str(exc))
+        else:
+            st.toast(f"Queued estimate job {job_id}.")
+            st.rerun(scope="fragment")
+    if result is not None:
+        with st.expander("How it was estimated"):
+            st.dataframe(pd.DataFrame([{"stage": s.stage, "estimate": metrics.duration(s.seconds), "how": s.how}
+                                       for s in result.stages]),  # type: ignore[attr-defined]
+                         hide_index=True, width="stretch")
+
+
+@st.fragment(run_every="3s")
+def live_estimate(kind: str, config: dict[str, Any], key: str) -> None:
+    estimate_panel(kind, config, key)
+
+
+def estimate_line(job: Job) -> None:
+    """A run beside the estimate made for it before launch: estimate against actual once it has finished."""
+    if job.kind not in TRAIN_KINDS:
+        return
+    found = find_estimate(job.kind, job.config, before=job.created_at)
+    estimate = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    if estimate is None:
+        return
+    wall = estimate.wall_s  # type: ignore[attr-defined]
+    if job.status is JobStatus.succeeded and job.started_at is not None and job.finished_at is not None:
+        actual = (job.finished_at - job.started_at).total_seconds()
+        off = (wall - actual) / actual
+        st.info(f"Estimate against actual: estimated {metrics.duration(wall)} (job {found.id}), took {metrics.duration(actual)}: "  # type: ignore[union-attr]
+                f"{abs(off):.0%} {'over' if off > 0 else 'under'}.", icon=":material/timer:")
+    elif job.status is JobStatus.running and job.started_at is not None:
+        from posttrain.platform.db.models import utcnow
+
+        st.caption(f"Estimated {metrics.duration(wall)} before launch (job {found.id}); running for "  # type: ignore[union-attr]
+                   f"{metrics.duration((utcnow() - job.started_at).total_seconds())} so far.")
+
+
 operator = can(Role.operator)
 if not operator:
     st.info("You are signed in as a viewer: you can watch runs, but launching and stopping them needs an operator.")
@@ -155,15 +235,25 @@ st.subheader("Launch a run")
 presets = load_presets()
 if presets:
     with st.container(border=True):
-        st.markdown("**One-click demo**: build the preset's small model, warm it up with SFT, evaluate it, train it "
-                    "with GRPO while you watch the reward, and evaluate again on prompts it never trained on, beside "
-                    "a control that trains with SFT for as many steps, all in one job.")  # fmt: skip
+        st.markdown("**One-click demo**: the preset's whole recipe in one job: evaluate the model it starts from on "
+                    "prompts it will never train on, train it with GRPO while you watch the reward climb, and evaluate "
+                    "it again (a from-scratch preset first builds and warms up its small model, beside an SFT control).")
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
         names = list(presets)
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
-                            key="demo_preset", help="cpu-quick finishes in two to three minutes on a 2-core CPU, with its SFT control")  # fmt: skip
-        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", disabled=not operator):
+                            key="demo_preset", help=f"{DEMO_PRESET} post-trains the built-in SmolLM2-135M-Instruct; "
+                                                    "cpu-quick trains a tiny model built from scratch")  # fmt: skip
+        start = presets[demo].sections.get("train_grpo", {}).get("model")
+        missing = start is not None and start not in model_names()
+        why = (f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
+               f"import builtin:{start}` (make run does)") if missing else None
+        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", disabled=not operator or missing,
+                     help=why):
             launch("train_preset", {"preset": demo}, f"the whole {demo!r} recipe")
+        if why:
+            st.warning(why[0].upper() + why[1:] + ".")
+        st.caption(presets[demo].description)
+        live_estimate("train_preset", {"preset": demo}, "demo")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
@@ -175,12 +265,6 @@ def _edit_preset(preset: Preset, kind: str, model: str | None) -> None:
     st.session_state["yaml_kind"] = kind
     fields = {**preset.sections[kind], **({"model": model} if model else {})}
     st.session_state["yaml_text"] = yaml.safe_dump(fields, sort_keys=False)
-
-
-def model_names() -> list[str]:
-    from posttrain.platform.models.registry import list_models
-
-    return [m.name for m in list_models()]
 
 
 with tab_preset:
@@ -211,6 +295,8 @@ with tab_preset:
             else:
                 launch(preset_kind, config, f"preset {name!r} ({KIND_LABELS[preset_kind]})")
         c2.button("Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset, preset_kind, model))
+        if preset_kind in TRAIN_KINDS and choices:
+            live_estimate(preset_kind, preset_config(name, model), "preset")
 
 with tab_yaml:
     if "yaml_kind" not in st.session_state:
@@ -473,6 +559,7 @@ def run_view(job_id: int) -> None:
     if job.error:
         st.error(f"{job.error_cause or 'error'}: {job.error}")
     actions(job)
+    estimate_line(job)
     compare_link(job)
 
     names = metrics.metric_names(job_id)
