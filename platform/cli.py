@@ -358,7 +358,7 @@ def jobs_estimate(
     kind: Annotated[str, typer.Argument(help="The run's kind: train_preset, train_grpo or train_sft")],
     config: Annotated[str | None, typer.Option(help="The run's config as a JSON object")] = None,
     config_file: Annotated[Path | None, typer.Option(help="The run's config as a YAML or JSON file")] = None,
-    calibration_steps: Annotated[int, typer.Option(help="Real SFT/GRPO steps timed")] = 2,
+    calibration_steps: Annotated[int, typer.Option(help="SFT/GRPO steps timed after a warm-up step")] = 1,
     wait: Annotated[bool, typer.Option(help="Wait for the estimate and print it (a worker must be running)")] = True,
 ) -> None:
     """Estimate a training run's wall time on this host before launching it: an ``estimate`` job times each of its

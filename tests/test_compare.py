@@ -10,8 +10,10 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from test_cli import cli
-from posttrain.platform.db.models import JobStatus
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import JobStatus, Model
 from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.registry import validate_config
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.store import save_tasks
@@ -114,3 +116,22 @@ def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_di
     queued = queue.list_jobs(limit=1)[0]
     assert queued.kind == "evaluate" and queued.config["models"] == ["tiny", "smollm2-135m-instruct"]
     assert queued.config["task_set"] == "numbers"
+
+
+def test_compare_with_its_base_from_a_run_uses_the_runs_evaluation(platform_env: dict[str, str]) -> None:
+    """The link from a finished demo run opens the form on its preset's held-out tasks (prompt format included):
+    the arena measures the two models on what the run's gain was measured on."""
+    with session() as s:
+        s.add_all([Model(name="smollm2-135m-instruct", path="/models/a"), Model(name="quick-job1", path="/models/b")])
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.query_params.update({"compare_a": "smollm2-135m-instruct", "compare_b": "quick-job1", "compare_preset": "smollm2-quick"})
+    at = login_as(at).run()
+    assert not at.exception
+    assert any("held-out evaluation of the run's preset 'smollm2-quick'" in i.value for i in at.info)
+    assert at.selectbox(key="compare_a").value == "smollm2-135m-instruct" and at.selectbox(key="compare_b").value == "quick-job1"
+    assert at.multiselect(key="compare_domains").disabled
+    next(b for b in at.button if b.label == "Compare").click().run()
+    (queued,) = queue.list_jobs(kind="evaluate")
+    expected = validate_config("evaluate", {"preset": "smollm2-quick", "models": ["smollm2-135m-instruct", "quick-job1"],
+                                            "general": None}).model_dump(mode="json")
+    assert queued.config == expected and queued.config["prompt_format"]["answer"] == "boxed"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import insert
@@ -11,7 +11,9 @@ from streamlit.testing.v1.errors import AppTestError
 
 from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import JobStatus, Model, Trajectory
+from posttrain.platform.db.models import Job, JobStatus, Model, Trajectory
+from posttrain.platform.jobs.registry import validate_config
+from posttrain.platform.models.importer import DEFAULT_MODEL as REAL_MODEL
 from posttrain.platform.jobs import queue
 from posttrain.platform.settings import get_settings
 from posttrain.training.presets import get_preset
@@ -60,7 +62,7 @@ def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[
 def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) -> None:
     demo = get_preset("cpu-demo")
     at = page()
-    assert "No model is registered yet" in at.warning[0].value
+    assert any("No model is registered yet" in w.value for w in at.warning)
     assert at.button(key="preset_launch").disabled  # a run needs a model to start from
 
     with session() as s:
@@ -279,9 +281,82 @@ def test_console_navigation_reaches_the_training_page(platform_env: dict[str, st
     assert at.title[0].value == "Training"
 
 
+def register_builtin() -> None:
+    """The demo's starting model registered as ``make run`` registers it (a row: nothing loads it here)."""
+    with session() as s:
+        s.add(Model(name=REAL_MODEL, path="/nonexistent/smollm2", architecture="LlamaForCausalLM"))
+
+
+def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: dict[str, str]) -> None:
+    at = page()
+    assert at.selectbox(key="demo_preset").value == "smollm2-quick"
+    assert at.button(key="demo_launch").disabled
+    assert any(f"`posttrain models import builtin:{REAL_MODEL}`" in w.value for w in at.warning), [w.value for w in at.warning]
+    register_builtin()
+    at.run()
+    assert not at.button(key="demo_launch").disabled and not at.warning
+    at.button(key="demo_launch").click().run()
+    (job,) = all_jobs()
+    assert job.kind == "train_preset" and job.config["preset"] == "smollm2-quick"
+
+
+ESTIMATE = {"wall_s": 372.0, "steps": 8, "trajectories": 256, "generated_tokens": 5632, "eval_tasks": 256, "calibration_s": 95.0,
+            "stages": [{"stage": "job", "seconds": 8.0, "how": "the job process's start, as this job's: 8.0 s"},
+                       {"stage": "grpo", "seconds": 300.0, "how": "setup 9.0 s + 8 steps x 36.0 s (1 measured after a warm-up step)"},
+                       {"stage": "eval_before", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"},
+                       {"stage": "eval_after", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"}]}
+
+
+def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[str, str]) -> None:
+    register_builtin()
+    at = page()
+    assert any("Not estimated yet" in c.value for c in at.caption)
+    at.button(key="estimate_demo").click().run()
+    assert not at.exception and not at.error
+    (estimate,) = queue.list_jobs(kind="estimate")
+    # the run's config exactly as the run's job will store it: that is how the run finds its estimate
+    assert estimate.config["kind"] == "train_preset" and estimate.submitted_by == "tester"
+    assert estimate.config["config"] == validate_config("train_preset", {"preset": "smollm2-quick"}).model_dump(mode="json")
+    at.run()
+    assert at.button(key="estimate_demo").disabled  # one estimate at a time
+    assert any(f"Estimating (job {estimate.id})" in p.proto.text for p in at.get("progress"))
+
+    assert queue.claim("w", 1, 0).id == estimate.id  # type: ignore[union-attr]
+    queue.finish(estimate.id, queue.Outcome(exit_code=0, result={"kind": "train_preset", "config": estimate.config["config"],
+                                                                  **ESTIMATE}))  # type: ignore[arg-type]
+    at.run()
+    assert any(f"**Estimate** (job {estimate.id}): about 6.2 min on this host: 8 training steps, 256 trajectories, about "
+               "5,632 generated tokens, 256 eval tasks, measured by a 1.6 min calibration." in i.value for i in at.info), [i.value for i in at.info]
+    stages = at.dataframe[0].value
+    assert list(stages["stage"]) == ["job", "grpo", "eval_before", "eval_after"] and list(stages["estimate"])[1] == "5.0 min"
+
+    at.button(key="demo_launch").click().run()
+    run = queue.list_jobs(kind="train_preset")[0]
+    assert queue.claim("w", 1, 0).id == run.id  # type: ignore[union-attr]
+    queue.finish(run.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
+        "model": "q", "sft_model": REAL_MODEL, "models": [REAL_MODEL, "q"], "domains": ["arith.add.int"], "gain_points": 10.0,
+        "eval_tasks": 64, "eval_unseen_fraction": 1.0}))
+    with session() as s:  # it took 400 s
+        row = s.get(Job, run.id)
+        row.started_at = row.finished_at - timedelta(seconds=400)  # type: ignore[union-attr, operator]
+    at.selectbox(key="run_id").set_value(run.id).run()
+    assert any(f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 7% under." in i.value
+               for i in at.info), [i.value for i in at.info]
+
+
+def test_viewer_cannot_estimate(platform_env: dict[str, str]) -> None:
+    register_builtin()
+    assert page("viewer").button(key="estimate_demo").disabled
+    at = page("operator")
+    button = at.button(key="estimate_demo")
+    login_as(at, "viewer")
+    button.click().run()
+    assert not at.exception and queue.list_jobs(kind="estimate") == []
+
+
 def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_env: dict[str, str]) -> None:
     at = page()
-    assert at.selectbox(key="demo_preset").value == "cpu-quick"
+    at.selectbox(key="demo_preset").set_value("cpu-quick").run()
     at.button(key="demo_launch").click().run()
     assert not at.exception and not at.error
     job = all_jobs()[0]
@@ -311,6 +386,7 @@ def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_en
 
 
 def test_viewer_cannot_run_the_demo(platform_env: dict[str, str]) -> None:
+    register_builtin()
     at = page("viewer")
     assert at.button(key="demo_launch").disabled
     at = page("operator")
@@ -326,9 +402,11 @@ def test_a_finished_run_links_to_the_arena_against_its_base(platform_env: dict[s
     assert claimed is not None and claimed.id == job_id
     queue.finish(job_id, queue.Outcome(exit_code=0, result={"steps": 40, "model": "tuned", "base_model": "tiny"}))
     running = queue.submit(OPERATOR, "train_grpo", GRPO)
-    at = page("viewer")
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=60), "viewer").run()
+    at.switch_page("views/training.py").run()
     at.selectbox(key="run_id").set_value(job_id).run()
-    (link,) = at.get("link_button")
-    assert link.proto.label == "Compare tuned with its base tiny" and link.proto.url == "models?compare_a=tiny&compare_b=tuned"
+    (link,) = at.get("page_link")  # in-app navigation: the same session, still logged in
+    assert link.proto.label == "Compare tuned with its base tiny" and link.proto.page == "models"
+    assert link.proto.query_string == "compare_a=tiny&compare_b=tuned&compare_domains=arith.add.int%2Cstr.copy.letters&compare_difficulty=1"
     at.selectbox(key="run_id").set_value(running).run()
-    assert not at.get("link_button")  # nothing to compare before the run has registered its model
+    assert not at.get("page_link")  # nothing to compare before the run has registered its model

@@ -80,7 +80,8 @@ def first_choice(options: list[str], preferred: str = DEFAULT_MODEL) -> int:
 
 
 import_tab, build_tab, register_tab, deploy_tab, export_tab, compare_tab, tiers_tab = st.tabs(
-    ["Import real weights", "Build a small model", "Register a directory", "Deploy", "Export", "Compare", "Tiers"]
+    ["Import real weights", "Build a small model", "Register a directory", "Deploy", "Export", "Compare", "Tiers"],
+    default="Compare" if "compare_b" in st.query_params else None,  # opened from a run's "compare with its base"
 )
 with import_tab, st.form("import_model"):
     st.caption(f"The built-in model is {BUILTIN_MODELS[DEFAULT_MODEL].description}. A GGUF file is dequantised into a "
@@ -172,17 +173,28 @@ with compare_tab:
         cmp_a = c1.selectbox("A (baseline)", model_names, key="compare_a",
                              index=first_choice(model_names, query.get("compare_a", DEFAULT_MODEL)))  # fmt: skip
         cmp_b = c2.selectbox("B", model_names, key="compare_b", index=first_choice(model_names, query.get("compare_b", "")))
+        run_preset = query.get("compare_preset")  # from a finished run's "compare with its base"
+        if run_preset:
+            st.info(f"Tasks: the held-out evaluation of the run's preset {run_preset!r} (its domains, prompt format and "
+                    "eval split, without the general check), the tasks the run's gain was measured on.")
         sets = [ts.name for ts, count in task_sets() if count]
-        cmp_set = st.selectbox("Task set (its eval split)", ["(procedural domains)", *sets], key="compare_set")
-        cmp_domains = st.multiselect("Procedural domains (without a task set)", [d.name for d in list_domains()],
-                                     key="compare_domains")  # fmt: skip
+        cmp_set = st.selectbox("Task set (its eval split)", ["(procedural domains)", *sets], key="compare_set",
+                               disabled=bool(run_preset))
+        domain_names = [d.name for d in list_domains()]
+        cmp_domains = st.multiselect("Procedural domains (without a task set)", domain_names, key="compare_domains",
+                                     default=[d for d in query.get("compare_domains", "").split(",") if d in domain_names],
+                                     disabled=bool(run_preset))  # fmt: skip
         c1, c2, c3 = st.columns(3)
-        cmp_difficulty = c1.number_input("Difficulty", 1, 5, 1, key="compare_difficulty")
-        cmp_limit = c2.number_input("Tasks per domain", 1, 2000, 50, key="compare_limit")
-        cmp_tokens = c3.number_input("Max new tokens", 1, 4096, 64, key="compare_tokens")
+        level = query.get("compare_difficulty", "1")
+        cmp_difficulty = c1.number_input("Difficulty", 1, 5, int(level) if level.isdigit() and 1 <= int(level) <= 5 else 1,
+                                         key="compare_difficulty", disabled=bool(run_preset))
+        cmp_limit = c2.number_input("Tasks per domain", 1, 2000, 50, key="compare_limit", disabled=bool(run_preset))
+        cmp_tokens = c3.number_input("Max new tokens", 1, 4096, 64, key="compare_tokens", disabled=bool(run_preset))
         if st.form_submit_button("Compare", disabled=not operator or len(models) < 2):
             if cmp_a == cmp_b:
                 st.error("Pick two different models.")
+            elif run_preset:
+                submit("evaluate", {"preset": run_preset, "models": [cmp_a, cmp_b], "general": None})
             else:
                 submit("evaluate", {"models": [cmp_a, cmp_b], "task_set": None if cmp_set.startswith("(") else cmp_set,
                                     "domains": cmp_domains, "difficulty": int(cmp_difficulty),

@@ -69,6 +69,7 @@ class Preset:
     name: str
     description: str
     sections: dict[str, dict[str, Any]]  # job kind -> the fields the preset sets
+    model: str | None = None  # the registered model a real-model preset starts from (None: it builds its own)
 
 
 def load_presets() -> dict[str, Preset]:
@@ -87,7 +88,7 @@ def load_presets() -> dict[str, Preset]:
             for kind, section in presets.SECTION_OF_KIND.items()
             if kind in RUN_KINDS and getattr(run, section) is not None  # a real-model preset has no SFT section
         }
-        found[name] = Preset(name, run.description, sections)
+        found[name] = Preset(name, run.description, sections, run.model if isinstance(run.model, str) else None)
     return found
 
 
@@ -172,8 +173,18 @@ def find_estimate(kind: str, config: dict[str, Any], before: Any = None) -> Job 
 def estimate_panel(kind: str, config: dict[str, Any], key: str) -> None:
     """The run's estimate on this host: the button that calibrates it, its progress, the figures and how they were made."""
     found = find_estimate(kind, config)
-    result = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
     c1, c2 = st.columns([4, 1], vertical_alignment="center")
+    label = "Estimate again" if found is not None and found.status.finished else "Estimate wall time"
+    running = found is not None and not found.status.finished
+    if c2.button(label, key=f"estimate_{key}", icon=":material/timer:", disabled=not can(Role.operator) or running):
+        try:
+            job_id = queue.submit(me(), "estimate", {"kind": kind, "config": config})
+        except (JobConfigError, PermissionError) as exc:
+            st.error(str(exc))
+        else:
+            st.toast(f"Queued estimate job {job_id}.")
+            found = queue.get_job(job_id)
+    result = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
     if found is not None and not found.status.finished:
         c1.progress(min(1.0, found.progress or 0.0), text=f"Estimating (job {found.id}): {found.progress_message or 'queued'}")
     elif result is not None:
@@ -184,16 +195,6 @@ def estimate_panel(kind: str, config: dict[str, Any], key: str) -> None:
     else:
         c1.caption("Not estimated yet: the estimate times a few real steps and one evaluation batch of this run on this "
                    "host (a minute or two), then scales them to the whole run.")
-    label = "Estimate again" if found is not None and found.status.finished else "Estimate wall time"
-    running = found is not None and not found.status.finished
-    if c2.button(label, key=f"estimate_{key}", icon=":material/timer:", disabled=not can(Role.operator) or running):
-        try:
-            job_id = queue.submit(me(), "estimate", {"kind": kind, "config": config})
-        except (JobConfigError, PermissionError) as exc:
-            st.error(str(exc))
-        else:
-            st.toast(f"Queued estimate job {job_id}.")
-            st.rerun(scope="fragment")
     if result is not None:
         with st.expander("How it was estimated"):
             st.dataframe(pd.DataFrame([{"stage": s.stage, "estimate": metrics.duration(s.seconds), "how": s.how}
@@ -243,7 +244,7 @@ if presets:
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
                             key="demo_preset", help=f"{DEMO_PRESET} post-trains the built-in SmolLM2-135M-Instruct; "
                                                     "cpu-quick trains a tiny model built from scratch")  # fmt: skip
-        start = presets[demo].sections.get("train_grpo", {}).get("model")
+        start = presets[demo].model
         missing = start is not None and start not in model_names()
         why = (f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
                f"import builtin:{start}` (make run does)") if missing else None
@@ -532,15 +533,18 @@ def gain_line(job: Job) -> None:
 
 def compare_link(job: Job) -> None:
     """For a finished run that registered its model: straight to the arena against the model it started from."""
-    from urllib.parse import urlencode
-
     result = job_result(job) if job.status is JobStatus.succeeded else None
     model = getattr(result, "model", None)
     base = getattr(result, "sft_model", None) or getattr(result, "base_model", None)
     if model and base and model != base:
-        query = urlencode({"compare_a": base, "compare_b": model})
-        st.link_button(f"Compare {model} with its base {base}", f"models?{query}", icon=":material/compare_arrows:",
-                       help="The Models & Serving page's Compare tab, both models chosen: the same held-out tasks through both")
+        # the arena on the tasks the run was evaluated on: its preset's evaluation, else its domains at its level
+        tasks = ({"compare_preset": job.config["preset"]} if job.kind == "train_preset" else
+                 {"compare_domains": ",".join(run_domains(job))} | (
+                     {"compare_difficulty": evaluate_config(job)["difficulty"]} if "difficulty" in evaluate_config(job) else {}))
+        query = {"compare_a": base, "compare_b": model, **tasks}
+        st.page_link("views/models.py", label=f"Compare {model} with its base {base}", icon=":material/compare_arrows:",
+                     query_params=query, help="The Models & Serving page's Compare tab, both models and the run's "
+                                              "held-out tasks chosen: the same tasks through both")
 
 
 @st.fragment(run_every="2s")
