@@ -561,6 +561,20 @@ def models_list() -> None:
     out.print(table)
 
 
+@models_app.command("default-tier")
+@user_errors
+def models_default_tier(
+    name: Annotated[str, typer.Argument(help="A registered model")],
+    tier: Annotated[str | None, typer.Argument(help="The tier its requests go to when they name none; leave out to clear")] = None,
+) -> None:
+    """Set the tier the gateway routes a model's requests to when they name no tier (no header, no name@tier suffix)."""
+    from posttrain.platform.models.registry import set_default_tier
+
+    require_schema()
+    set_default_tier(me(), name, tier)
+    out.print(f"{name}: requests that name no tier go to {tier!r}" if tier else f"{name}: the routing policy picks the tier")
+
+
 @models_app.command("register")
 @user_errors
 def models_register(

@@ -80,3 +80,26 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
         assert [m.name for m in list_models()] == ["tiny"]
     finally:
         stop_worker(worker)
+
+
+def test_a_models_default_tier_marks_its_deployment_for_the_gateway(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain.platform.auth import Identity
+    from posttrain.platform.db.models import Model, Role
+    from posttrain.platform.models.registry import set_default_tier
+    from posttrain.platform.serving.jobs import registered_deployments
+
+    with session() as s:
+        model = Model(name="m", path=str(tmp_path))
+        s.add(model)
+        s.flush()
+        s.add_all([Deployment(model_id=model.id, tier=tier, url=f"http://127.0.0.1:{port}", status="running")  # type: ignore[arg-type]
+                   for tier, port in (("fast", 1), ("standard", 2))])
+    assert [d.default for d in registered_deployments()] == [False, False]
+    set_default_tier(OPERATOR, "m", "fast")
+    assert {d.tier: d.default for d in registered_deployments()} == {"fast": True, "standard": False}
+    with pytest.raises(ValueError, match="unknown tier 'turbo'; the tiers are fast, standard"):
+        set_default_tier(OPERATOR, "m", "turbo")
+    with pytest.raises(PermissionError):
+        set_default_tier(Identity("v", Role.viewer), "m", None)
+    set_default_tier(OPERATOR, "m", None)
+    assert not any(d.default for d in registered_deployments()) and get_model("m").meta == {}

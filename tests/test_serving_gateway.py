@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -55,8 +56,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
     losses = memorize(path, [ChatExample(QUESTION, CALL, TOOLS), ChatExample(after_call, ANSWER, TOOLS)], steps=80)
     assert losses[-1] < 0.1 * losses[0]
     engines, servers = [], []
-    for tier in ("fast", "standard"):
-        engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tool",
+    for name, tier in (("tool", "fast"), ("tool", "standard"), ("other", "standard")):
+        engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name=name,
                                              tier=DEFAULT_TIERS[tier], max_model_len=512)).start()
         engines.append(engine)
         servers.append(serve_in_thread(create_engine_app(engine)))
@@ -65,7 +66,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         Deployment(model="tool", tier="fast", base_url=dead),
         Deployment(model="tool", tier="fast", base_url=servers[0].base_url),
         Deployment(model="tool", tier="standard", base_url=servers[1].base_url),
-        Deployment(model="other", tier="standard", base_url=servers[1].base_url),
+        Deployment(model="other", tier="standard", base_url=servers[2].base_url),
     ], health_interval_s=0.5)
     app = create_gateway_app(config)
     gateway = serve_in_thread(app)
@@ -109,7 +110,7 @@ def test_streamed_tool_call(stack: dict[str, object]) -> None:
 
 
 def test_routing_policy_picks_the_tier(stack: dict[str, object]) -> None:
-    fast_engine, standard_engine = stack["engines"]  # type: ignore[misc]
+    fast_engine, standard_engine, _ = stack["engines"]  # type: ignore[misc]
     before = (fast_engine.metrics.success.copy(), standard_engine.metrics.success.copy())
     for task, engine, idx in (("ide", fast_engine, 0), ("batch", standard_engine, 1)):
         n = sum(engine.metrics.success.values())
@@ -122,6 +123,59 @@ def test_routing_policy_picks_the_tier(stack: dict[str, object]) -> None:
     _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=2, metadata={"task_type": "chat"})
     assert sum(fast_engine.metrics.success.values()) == n + 1
+
+
+def test_any_openai_client_reaches_a_model_deployed_in_some_tiers_only(stack: dict[str, object],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """No custom header needed: a model deployed in `standard` only answers requests that name no tier, or a task
+    type whose tier it lacks; `name@tier` picks a tier from the model name; each decision is logged with its id."""
+    caplog.set_level(logging.INFO, logger="posttrain.gateway")
+    fast_engine, _, other_engine = stack["engines"]  # type: ignore[misc]
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    n = sum(other_engine.metrics.success.values())
+    assert _client(stack).chat.completions.create(model="other", **ask).choices  # type: ignore[arg-type]
+    assert _client(stack, **{"x-task-type": "chat"}).chat.completions.create(model="other", **ask).choices  # type: ignore[arg-type]
+    assert sum(other_engine.metrics.success.values()) == n + 2
+    n = sum(fast_engine.metrics.success.values())
+    out = _client(stack).completions.create(model="tool@fast", prompt="hello", max_tokens=2)
+    assert out.model == "tool" and sum(fast_engine.metrics.success.values()) == n + 1  # the engine serves it as `tool`
+    with pytest.raises(openai.NotFoundError, match=r"no deployment in tier `batch` \(asked by the model name's suffix\)"):
+        _client(stack).chat.completions.create(model="other@batch", **ask)  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError, match="The model `missing` does not exist"):
+        _client(stack).chat.completions.create(model="missing@fast", **ask)  # type: ignore[arg-type]
+
+    gateway: ThreadedServer = stack["gateway"]  # type: ignore[assignment]
+    sent = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "other", **ask},
+                      headers={"x-request-id": "req-42"}, timeout=60)
+    assert sent.status_code == 200 and sent.headers["x-request-id"] == "req-42"
+    refused = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "other@fast", **ask}, timeout=60)
+    rid = refused.headers["x-request-id"]
+    assert refused.status_code == 404 and len(rid) == 32
+    lines = [r.getMessage() for r in caplog.records if r.name == "posttrain.gateway"]
+    assert "request req-42: other -> model other, tier standard (the policy's default tier)" in lines, lines
+    assert any(line.startswith("request ") and "task type 'chat' asks for `fast`, not deployed" in line for line in lines)
+    assert any(line.startswith(f"request {rid} refused with 404: model `other` has no deployment in tier `fast`")
+               for line in lines), lines
+
+
+def test_route_picks_the_asked_tier_then_the_task_type_then_the_models_default() -> None:
+    from posttrain.platform.serving.gateway import Gateway, RoutingPolicy
+
+    def gw(deployments: list[Deployment], **policy: object) -> Gateway:
+        return Gateway(GatewayConfig(deployments=deployments, policy=RoutingPolicy.model_validate(policy)))
+
+    both = [Deployment(model="m", tier="fast", base_url="a"), Deployment(model="m", tier="standard", base_url="b")]
+    assert gw(both).route("m", None, None).tier == "standard"  # the policy's default tier
+    assert gw(both).route("m", None, "chat").tier == "fast"
+    assert gw(both).route("m", "fast", "batch").tier == "fast"  # the header over the task type
+    assert gw(both).route("m@standard", "fast", None).tier == "standard"  # the name's suffix over the header
+    assert gw(both, model_tiers={"m": "fast"}).route("m", None, None).how == "the policy's tier for the model"
+    marked = [both[0].model_copy(update={"default": True}), both[1]]
+    assert gw(marked, model_tiers={"m": "standard"}).route("m", None, None).tier == "fast"  # the registry's mark first
+    only = [Deployment(model="m", tier="long", base_url="c")]
+    assert gw(only).route("m", None, None).model_dump() == {"model": "m", "tier": "long", "how": "the only tier deployed"}
+    named = [Deployment(model="a@b", tier="fast", base_url="d")]  # a served name with an @ stays whole
+    assert gw(named).route("a@b", None, None).model == "a@b"
 
 
 def test_dead_replica_is_skipped_and_marked(stack: dict[str, object]) -> None:
@@ -141,7 +195,7 @@ def test_gateway_errors(stack: dict[str, object]) -> None:
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         _client(stack).chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.NotFoundError, match="no deployment in tier `fast`"):
-        _client(stack, **{"x-task-type": "chat"}).chat.completions.create(
+        _client(stack, **{"x-posttrain-tier": "fast"}).chat.completions.create(
             model="other", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
         _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "w " * 900}])

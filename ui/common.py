@@ -122,3 +122,43 @@ def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
             "created": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
         },
     )
+
+
+def _shown(value: object) -> str:
+    """One value as a page shows it: numbers to four significant digits, lists joined, nothing as a dash."""
+    if value is None or value == [] or value == {}:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+        return ", ".join(_shown(v) for v in value)
+    if isinstance(value, list):
+        return f"{len(value)} items"
+    return str(value)
+
+
+def field_rows(data: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested mapping as (dotted field, shown value) rows."""
+    rows: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            rows += field_rows(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", _shown(value)))
+    return rows
+
+
+def fields_table(data: dict) -> None:
+    """A result, verdict or provenance as a two-column table: no raw dict on any page."""
+    import pandas as pd
+
+    st.dataframe(pd.DataFrame(field_rows(data), columns=["field", "value"]), hide_index=True, width="stretch")
+
+
+def yaml_block(data: object) -> None:
+    """A config as the YAML an operator would write."""
+    import yaml
+
+    st.code(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), language="yaml")

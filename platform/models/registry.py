@@ -106,6 +106,29 @@ def export_download(identity: Identity, name: str, path: str, *, url: str | None
     return buffer.getvalue()
 
 
+@action("model.default_tier", Role.operator)
+def set_default_tier(identity: Identity, name: str, tier: str | None, *, url: str | None = None) -> Model:
+    """The tier the gateway sends ``name``'s requests to when they name none (``None``: the policy decides);
+    it must be one of the installation's tier profiles (the Tiers tab, ``<data_dir>/tiers.json``)."""
+    from posttrain.platform.serving.jobs import tier_catalog
+    from posttrain.platform.settings import get_settings
+
+    known = sorted(tier_catalog(get_settings()).tiers)
+    if tier is not None and tier not in known:
+        raise ValueError(f"unknown tier {tier!r}; the tiers are {', '.join(known)}")
+    with session(url) as s:
+        row = s.exec(select(Model).where(Model.name == name)).first()
+        if row is None:
+            raise ModelNotFound(f"no model named {name!r}; `posttrain models list` shows the registered ones")
+        meta = {k: v for k, v in (row.meta or {}).items() if k != "default_tier"}
+        row.meta = meta | ({"default_tier": tier} if tier is not None else {})
+        s.add(row)
+        s.add(AuditLog(username=identity.username, action="model.default_tier", target=name, details={"tier": tier}))
+        s.flush()
+        s.refresh(row)
+        return row
+
+
 def record_export(name: str, entry: dict[str, Any], *, by: str = "system", url: str | None = None) -> Model:
     """Add an export (format, path, bytes, sha256, when) to the model's ``meta["exports"]``, newest first;
     an export to the same path replaces the older entry."""

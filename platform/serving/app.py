@@ -16,11 +16,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, allow_model, visible
-from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle, TokensEvent
+from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle
 from posttrain.platform.serving.errors import APIError, model_not_found
 from posttrain.platform.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    IGNORED_HEADER,
+    SamplingFields,
     parse_request,
     read_json_body,
 )
@@ -74,8 +76,72 @@ class _Detokenizer:
         return delta
 
 
+class _StopStrings:
+    """Stop strings over streamed text, as vLLM applies them: the output ends before the first stop string, which is
+    not included; text that could be the start of a stop string is held back until the next text says it is not,
+    so a stop string split across tokens or chunks is found all the same."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, delta: str) -> str:
+        """The part of the text so far that is safe to send."""
+        if not self.stops or self.hit:
+            return "" if self.hit else delta
+        self.pending += delta
+        found = [i for i in (self.pending.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            out, self.pending = self.pending[: min(found)], ""
+            return out
+        keep = max((k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0)
+        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+async def _deltas(engine: EmbeddedEngine, handle: RequestHandle) -> AsyncIterator[tuple[str, str | None]]:
+    """The completion's text as it grows (``(delta, None)``), then ``("", finish_reason)``. A stop string ends the
+    text before it (finish reason ``stop``) and the request in the engine at once; an engine error is raised."""
+    detok = _Detokenizer(engine.tokenizer)
+    cut = _StopStrings(handle.prepared.stop)
+    async for event in handle.stream():
+        if isinstance(event, ErrorEvent):
+            raise event.error
+        done = isinstance(event, DoneEvent)
+        out = cut.feed(detok.final() if done else detok.add(event.ids))  # type: ignore[union-attr]
+        if cut.hit:
+            handle.stop_early(len(detok.ids))
+            if out:
+                yield out, None
+            yield "", "stop"
+            return
+        if done:
+            out += cut.flush()
+        if out:
+            yield out, None
+        if done:
+            yield "", event.finish_reason  # type: ignore[union-attr]
+            return
+    raise APIError(500, "generation ended without a finish event")
+
+
+async def _whole(engine: EmbeddedEngine, handle: RequestHandle) -> tuple[str, str]:
+    """The whole completion text and its finish reason."""
+    parts, reason = [], "abort"
+    async for delta, finished in _deltas(engine, handle):
+        parts.append(delta)
+        reason = finished or reason
+    return "".join(parts), reason
+
+
 def _usage(h: RequestHandle) -> dict[str, int]:
-    p, c = len(h.seq.prompt_ids), len(h.seq.generated)
+    p, c = len(h.seq.prompt_ids), h.completion_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -143,8 +209,8 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         handle = engine.submit(await asyncio.to_thread(engine.prepare_chat, req))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_chat_stream(engine, handle, include_usage), media_type="text/event-stream")
-        return await _chat_full(engine, handle)
+            return ignoring(req, StreamingResponse(_chat_stream(engine, handle, include_usage), media_type="text/event-stream"))
+        return ignoring(req, await _chat_full(engine, handle))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -153,24 +219,23 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         check_model(req.model, granted)
         handle = engine.submit(await asyncio.to_thread(engine.prepare_completion, req))
         if req.stream:
-            return StreamingResponse(_completion_stream(engine, handle), media_type="text/event-stream")
-        return await _completion_full(engine, handle)
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return ignoring(req, StreamingResponse(_completion_stream(engine, handle, include_usage),
+                                                   media_type="text/event-stream"))
+        return ignoring(req, await _completion_full(engine, handle))
 
     return app
 
 
-async def _collect(handle: RequestHandle) -> str:
-    async for event in handle.stream():
-        if isinstance(event, ErrorEvent):
-            raise event.error
-        if isinstance(event, DoneEvent):
-            return event.finish_reason
-    raise APIError(500, "generation ended without a finish event")
+def ignoring(req: SamplingFields, response: Response) -> Response:
+    """``response`` naming the request's fields this engine ignored (none is dropped without a word)."""
+    if ignored := req.ignored_fields:
+        response.headers[IGNORED_HEADER] = ", ".join(ignored)[:1024]
+    return response
 
 
 async def _chat_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
-    reason = await _collect(handle)
-    text = engine.tokenizer.decode(handle.seq.generated, skip_special_tokens=True)
+    text, reason = await _whole(engine, handle)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if handle.prepared.has_tools:
         content, calls = parse_tool_calls(text)
@@ -192,44 +257,38 @@ async def _chat_stream(engine: EmbeddedEngine, handle: RequestHandle, include_us
     def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
         return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]})
 
-    detok = _Detokenizer(engine.tokenizer)
-    sent = 0  # characters of content already streamed
+    text, sent = "", 0  # the completion so far; characters of it already streamed
     try:
         yield chunk({"role": "assistant", "content": ""})
-        async for event in handle.stream():
-            if isinstance(event, TokensEvent):
-                detok.add(event.ids)
-                text = detok.text
+        async for delta, reason in _deltas(engine, handle):
+            text += delta
+            if reason is None:
                 limit = safe_prefix_len(text) if handle.prepared.has_tools else len(text)
                 if limit > sent:
                     yield chunk({"content": text[sent:limit]})
                     sent = limit
-            elif isinstance(event, ErrorEvent):
-                yield sse(event.error.body())
-                break
-            else:
-                detok.final()
-                reason = event.finish_reason
-                text = detok.text
-                content, calls = parse_tool_calls(text) if handle.prepared.has_tools else (text, [])
-                if calls:
-                    if len(content) > sent:
-                        yield chunk({"content": content[sent:]})
-                    yield chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
-                    reason = "tool_calls"
-                elif len(text) > sent:
-                    yield chunk({"content": text[sent:]})
-                yield chunk({}, reason)
-                if include_usage:
-                    yield sse({**base, "choices": [], "usage": _usage(handle)})
+                continue
+            content, calls = parse_tool_calls(text) if handle.prepared.has_tools else (text, [])
+            if calls:
+                if len(content) > sent:
+                    yield chunk({"content": content[sent:]})
+                yield chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
+                reason = "tool_calls"
+            elif len(text) > sent:
+                yield chunk({"content": text[sent:]})
+            yield chunk({}, reason)
+            if include_usage:
+                yield sse({**base, "choices": [], "usage": _usage(handle)})
+        yield sse("[DONE]")
+    except APIError as exc:
+        yield sse(exc.body())
         yield sse("[DONE]")
     finally:
         handle.cancel()
 
 
 async def _completion_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
-    reason = await _collect(handle)
-    text = engine.tokenizer.decode(handle.seq.generated, skip_special_tokens=True)
+    text, reason = await _whole(engine, handle)
     return JSONResponse({
         "id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name,
         "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
@@ -237,21 +296,17 @@ async def _completion_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSO
     })
 
 
-async def _completion_stream(engine: EmbeddedEngine, handle: RequestHandle) -> AsyncIterator[bytes]:
+async def _completion_stream(engine: EmbeddedEngine, handle: RequestHandle, include_usage: bool) -> AsyncIterator[bytes]:
     base = {"id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name}
-    detok = _Detokenizer(engine.tokenizer)
     try:
-        async for event in handle.stream():
-            if isinstance(event, TokensEvent):
-                delta = detok.add(event.ids)
-                if delta:
-                    yield sse({**base, "choices": [{"index": 0, "text": delta, "finish_reason": None}]})
-            elif isinstance(event, ErrorEvent):
-                yield sse(event.error.body())
-                break
-            else:
-                yield sse({**base, "choices": [{"index": 0, "text": detok.final(),
-                                                "finish_reason": event.finish_reason}]})
+        async for delta, reason in _deltas(engine, handle):
+            if delta or reason is not None:
+                yield sse({**base, "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]})
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(handle)})
+        yield sse("[DONE]")
+    except APIError as exc:
+        yield sse(exc.body())
         yield sse("[DONE]")
     finally:
         handle.cancel()

@@ -51,6 +51,7 @@ class PreparedRequest:
     prompt_text: str | None = None  # vision models: the processor re-tokenises with images
     images: list[Image.Image] = field(default_factory=list)
     has_tools: bool = False
+    stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
 
 
 @dataclass
@@ -84,6 +85,7 @@ class RequestHandle:
         self.first_token_at: float | None = None
         self.seq = Sequence(prompt_ids=prepared.prompt_ids, params=prepared.params, stop_token_ids=stop_ids,
                             emit=self._emit)
+        self._stopped_at: int | None = None
 
     def _push(self, event: Event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -92,6 +94,17 @@ class RequestHandle:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self._push(TokensEvent(list(ids)))
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated for the answer: up to a stop string when one ended it, else all."""
+        return self._stopped_at if self._stopped_at is not None else len(self.seq.generated)
+
+    def stop_early(self, tokens: int) -> None:
+        """A stop string ended the answer after ``tokens`` generated tokens: the engine stops the sequence."""
+        self._stopped_at = min(tokens, len(self.seq.generated))
+        if self.seq.finish_reason is None:
+            self.seq.finish_reason = "stop"
 
     def cancel(self) -> None:
         if self.seq.finish_reason is None:
@@ -240,7 +253,7 @@ class EmbeddedEngine:
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed)
         return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
-                               images=images, has_tools=tools is not None)
+                               images=images, has_tools=tools is not None, stop=req.stop_strings)
 
     def prepare_completion(self, req: CompletionRequest) -> PreparedRequest:
         """Tokenise a completion request (off the event loop, like :meth:`prepare_chat`)."""
@@ -262,7 +275,8 @@ class EmbeddedEngine:
         if not prompt_ids:
             raise bad_request("prompt is empty", param="prompt")
         params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed)
-        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None)
+        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
+                               stop=req.stop_strings)
 
     def submit(self, prepared: PreparedRequest) -> RequestHandle:
         """Queue a prepared request; call from a running event loop."""

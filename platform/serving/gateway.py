@@ -1,8 +1,13 @@
 """One OpenAI-compatible endpoint in front of many deployments.
 
-The gateway picks a deployment by ``model`` and tier. The tier comes from the
-``x-posttrain-tier`` header, else from the task type (``x-task-type`` header or
-``metadata.task_type`` in the body) through the routing policy. Responses and
+The gateway picks a deployment by ``model`` and tier (:meth:`Gateway.route`). The tier comes from a
+suffix of the model's name (``"model": "smollm2@fast"``: any OpenAI client can send it), else from the
+``x-posttrain-tier`` header; either is strict (a tier the model is not deployed in is a 404). Without
+one, the task type (``x-task-type`` header or ``metadata.task_type`` in the body) picks a tier through
+the routing policy when the model is deployed there; otherwise the request goes to the model's default
+tier: the one its deployment marks (``default``), else ``policy.model_tiers[model]``, else the policy's
+``default_tier``, else the first tier it is deployed in. Every decision and every refusal is logged
+with the request's id (``x-request-id``: the client's, or a fresh one), which every response carries. Responses and
 streams pass through unchanged; a replica that refuses a connection or fails
 with a 5xx before answering is marked unhealthy and the request is retried on
 another replica of the same model and tier.
@@ -23,6 +28,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -35,7 +41,7 @@ from pydantic import BaseModel, Field
 from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
 from posttrain.platform.serving.errors import APIError
-from posttrain.platform.serving.protocol import read_json_body
+from posttrain.platform.serving.protocol import IGNORED_HEADER, read_json_body
 
 log = logging.getLogger("posttrain.gateway")
 
@@ -43,22 +49,33 @@ TIER_HEADER = "x-posttrain-tier"
 TASK_HEADER = "x-task-type"
 
 
+REQUEST_ID_HEADER = "x-request-id"
+
+
 class Deployment(BaseModel):
-    """One running server (a replica) serving ``model`` in ``tier`` at ``base_url``."""
+    """One running server (a replica) serving ``model`` in ``tier`` at ``base_url``; ``default``: its tier is
+    the model's default tier (the registry's ``default_tier`` in the model's meta)."""
 
     model: str
     tier: str
     base_url: str
     healthy: bool = True
+    default: bool = False
 
 
 class RoutingPolicy(BaseModel):
     task_tiers: dict[str, str] = Field(default_factory=lambda: {
         "chat": "fast", "ide": "fast", "batch": "standard", "reasoning": "standard"})
     default_tier: str = "standard"
+    model_tiers: dict[str, str] = Field(default_factory=dict, description="a model's default tier, by model name")
 
-    def tier_for(self, task_type: str | None) -> str:
-        return self.task_tiers.get(task_type or "", self.default_tier)
+
+class Route(BaseModel):
+    """Where one request goes, and why (logged with the request id)."""
+
+    model: str
+    tier: str
+    how: str
 
 
 class GatewayConfig(BaseModel):
@@ -94,15 +111,42 @@ class Gateway:
     def models(self) -> list[str]:
         return sorted({d.model for d in self.deployments})
 
+    def tiers(self, model: str) -> list[str]:
+        return sorted({d.tier for d in self.deployments if d.model == model})
+
+    def route(self, requested: str, tier_header: str | None, task_type: str | None) -> Route:
+        """The model and tier of a request naming ``requested`` (perhaps ``name@tier``); :class:`APIError` 404 when
+        the model is not served or an asked-for tier is not deployed."""
+        models = self.models()
+        model, suffix = requested, ""
+        if requested not in models and "@" in requested.strip("@"):  # a served name may itself hold an @
+            model, _, suffix = requested.rpartition("@")
+        if model not in models:
+            raise APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(models)}.", param="model")
+        tiers = self.tiers(model)
+        asked, how = (suffix, "the model name's suffix") if suffix else (tier_header, f"the {TIER_HEADER} header")
+        if asked:
+            if asked not in tiers:
+                raise APIError(404, f"model `{model}` has no deployment in tier `{asked}` (asked by {how}); deployed "
+                                    f"tiers: {', '.join(tiers)}", param="model" if suffix else "tier")
+            return Route(model=model, tier=asked, how=how)
+        policy = self.config.policy
+        wanted = policy.task_tiers.get(task_type or "")
+        if wanted in tiers:
+            return Route(model=model, tier=wanted, how=f"task type {task_type!r}")
+        marked = [d.tier for d in self.deployments if d.model == model and d.default and d.tier in tiers]
+        for tier, why in ((marked[0] if marked else None, "the model's default tier"),
+                          (policy.model_tiers.get(model), "the policy's tier for the model"),
+                          (policy.default_tier, "the policy's default tier"), (tiers[0], "the only tier deployed" if
+                                                                                len(tiers) == 1 else "the first tier deployed")):
+            if tier in tiers:
+                unmet = f"; task type {task_type!r} asks for `{wanted}`, not deployed" if wanted else ""
+                return Route(model=model, tier=tier, how=why + unmet)
+        raise AssertionError("unreachable: a served model has a tier")  # pragma: no cover
+
     def replicas(self, model: str, tier: str) -> list[Deployment]:
-        if model not in self.models():
-            raise APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(self.models())}.",
-                           param="model")
+        """The replicas of a routed model and tier, healthy first, in round-robin order."""
         found = [d for d in self.deployments if d.model == model and d.tier == tier]
-        if not found:
-            tiers = sorted({d.tier for d in self.deployments if d.model == model})
-            raise APIError(404, f"model `{model}` has no deployment in tier `{tier}`; deployed tiers: "
-                                f"{', '.join(tiers)}", param="tier")
         start = self._rr.get((model, tier), 0)
         self._rr[(model, tier)] = start + 1
         ordered = found[start % len(found):] + found[: start % len(found)]
@@ -173,8 +217,12 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     app.state.auth = auth
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        response = _error(exc)
+        if (rid := getattr(request.state, "request_id", None)) is not None:  # a proxied request: logged, id returned
+            log.warning("request %s refused with %d: %s", rid, exc.status_code, exc.message)
+            response.headers[REQUEST_ID_HEADER] = rid
+        return response
 
     @app.get("/health")
     async def health() -> Response:
@@ -184,7 +232,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     async def models(request: Request) -> dict[str, Any]:
         shown = visible(await grant(request), gw.models())
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "posttrain",
-                                             "tiers": sorted({d.tier for d in gw.deployments if d.model == m})}
+                                             "tiers": gw.tiers(m), "default_tier": gw.route(m, None, None).tier}
                                             for m in shown]}
 
     @app.get("/v1/deployments")
@@ -194,20 +242,24 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
 
     async def proxy(request: Request, path: str) -> Response:
         started = time.perf_counter()
+        request.state.request_id = rid = (request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex)[:128]
         granted = await grant(request)  # before the body is read: a caller without a key costs nothing more
         raw, body = await read_json_body(request, gw.config.max_request_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise APIError(400, "request body must be a JSON object with a string 'model'", param="model")
-        model = body["model"]
-        allow_model(granted, model)
         metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         task_type = request.headers.get(TASK_HEADER) or metadata.get("task_type")
         if task_type is not None and not isinstance(task_type, str):
             raise APIError(400, f"metadata.task_type must be a string such as 'chat', got {type(task_type).__name__}",
                            param="metadata.task_type")
-        tier = request.headers.get(TIER_HEADER) or gw.config.policy.tier_for(task_type)
+        routed = gw.route(body["model"], request.headers.get(TIER_HEADER), task_type)
+        model, tier = routed.model, routed.tier
+        allow_model(granted, model)
+        log.info("request %s: %s -> model %s, tier %s (%s)", rid, body["model"], model, tier, routed.how)
+        if body["model"] != model:  # name@tier: the deployment serves the model under its own name
+            raw = json.dumps({**body, "model": model}).encode()
         stream = bool(body.get("stream"))
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", REQUEST_ID_HEADER: rid}
         if auth := request.headers.get("authorization"):
             headers["authorization"] = auth
         assert gw.client is not None
@@ -229,6 +281,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
                 continue
             rec = RequestRecord(model=model, tier=tier, replica=replica.base_url, status=resp.status,
                                 latency_ms=0.0, stream=stream, attempts=attempts)
+            passed = {REQUEST_ID_HEADER: rid} | ({IGNORED_HEADER: resp.headers[IGNORED_HEADER]} if IGNORED_HEADER in resp.headers else {})
             if not stream or resp.status != 200:
                 try:
                     content = await resp.read()
@@ -245,9 +298,10 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
                             "completion_tokens")
                 rec.latency_ms = (time.perf_counter() - started) * 1000
                 gw.record(rec)
-                return Response(content, status_code=resp.status,
+                return Response(content, status_code=resp.status, headers=passed,
                                 media_type=resp.headers.get("content-type", "application/json"))
-            return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream")
+            return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream",
+                                     headers=passed)
         err = last_error or APIError(503, f"no replica of `{model}` in tier `{tier}` answered")
         gw.record(RequestRecord(model=model, tier=tier, replica=None, status=err.status_code,
                                 latency_ms=(time.perf_counter() - started) * 1000, stream=stream, attempts=attempts))

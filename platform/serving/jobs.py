@@ -332,8 +332,9 @@ def registered_deployments(url: str | None = None) -> list[Any]:
 
     with session(url, read_only=True) as s:
         rows = s.exec(
-            select(Deployment, Model.name)
+            select(Deployment, Model.name, Model.meta)
             .join(Model, col(Model.id) == col(Deployment.model_id))
             .where(col(Deployment.status).in_(("running", "unhealthy")))
         ).all()
-    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy) for d, name in rows]
+    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy, default=(meta or {}).get("default_tier") == d.tier)
+            for d, name, meta in rows]

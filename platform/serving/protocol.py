@@ -1,11 +1,16 @@
-"""The subset of the OpenAI API request schema the engines accept, validated at the edge."""
+"""The subset of the OpenAI API request schema the engines accept, validated at the edge.
+
+Nothing a client sends is dropped silently: an OpenAI parameter the embedded engine does not implement is refused
+with a 400 naming it unless it has its neutral value (``presence_penalty: 0``, ``logprobs: false``, ...: what the
+parameter's absence means); any other field is ignored, as vLLM ignores it, and named in the response's
+``x-posttrain-ignored-fields`` header (:attr:`SamplingFields.ignored_fields`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from starlette.requests import ClientDisconnect, Request
 
 from posttrain.platform.serving.errors import APIError, bad_request
@@ -68,6 +73,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# OpenAI parameters the embedded engine does not implement, with the values that mean "not used": accepted as such
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "parallel_tool_calls": (None, True),
+    "service_tier": (None, "auto", "default"), "store": (None, False), "prediction": (None,), "modalities": (None, ["text"]),
+    "audio": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+}
+MAX_STOP_STRINGS = 16
+IGNORED_HEADER = "x-posttrain-ignored-fields"  # the request's fields the engine neither knows nor refuses
+
+
+class UnsupportedParameter(ValueError):
+    def __init__(self, name: str, value: Any) -> None:
+        super().__init__(f"`{name}` is not supported by this engine (got {value!r}); leave it out")
+        self.name = name
+
+
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
@@ -78,6 +101,33 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
+    stop: str | list[str] | None = Field(None, description="the text ends before the first of these (not included)")
+    user: str | None = Field(None, max_length=256, description="the caller's end user, for the caller's records")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > 256 for s in stops):
+            raise ValueError(f"give at most {MAX_STOP_STRINGS} stop strings, each 1 to 256 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> SamplingFields:
+        for name, neutral in UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(name)
+            if not any(value == v and type(value) is not bool or value is v for v in neutral):
+                raise UnsupportedParameter(name, value)
+        return self
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """Fields this engine neither knows nor refuses (named back to the client in a response header)."""
+        return sorted(k for k in self.model_extra or {} if k not in UNSUPPORTED)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -133,5 +183,8 @@ def parse_request(model: type[SamplingFields], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, UnsupportedParameter):
+            raise APIError(400, str(cause), param=cause.name) from None
         where = ".".join(str(p) for p in first["loc"])
         raise APIError(400, f"invalid request: {where}: {first['msg']}", param=where) from None

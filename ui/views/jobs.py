@@ -8,7 +8,7 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, guard_platform, job_table, me, status_label
+from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, status_label, yaml_block
 
 PAGE_SIZE = 25
 
@@ -76,7 +76,7 @@ def job_detail(job_id: int) -> None:
     if job.error:
         st.error(f"{job.error_cause or 'error'} (exit code {job.exit_code}): {job.error}")
     if job.result:
-        st.json(job.result)
+        fields_table(job.result)
     if job.status in (JobStatus.queued, JobStatus.running) and not job.cancel_requested and can(Role.operator):
         if st.button("Cancel job", key=f"cancel_{job.id}"):
             try:
@@ -88,7 +88,7 @@ def job_detail(job_id: int) -> None:
     elif job.cancel_requested and job.status == JobStatus.running:
         st.info("Stop requested; the worker stops it within the grace period.")
     with st.expander("Config"):
-        st.json(job.config)
+        yaml_block(job.config)
     st.caption("Log (last 200 lines)")
     st.code(queue.read_log(job, 200) or "(no output yet)", language="log")
 

@@ -14,7 +14,7 @@ from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.db.models import DocumentStatus, Role
 from posttrain.platform.documents import list_documents
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.ui.common import can, guard_platform, me
+from posttrain.ui.common import can, fields_table, guard_platform, me, yaml_block
 
 PAGE_SIZE = 50
 
@@ -165,11 +165,11 @@ with left:
     st.code(spec.reference or "(none)", language="text")
 with right:
     st.markdown("**Verifier spec**")
-    st.json(spec.verifier.spec, expanded=False)
+    yaml_block(spec.verifier.spec)
     st.markdown(f"**Statistics**: {task.attempts} attempts, {task.passes} passed")
     if spec.provenance:
         st.markdown("**Provenance**")
-        st.json(spec.provenance, expanded=False)
+        fields_table(spec.provenance)
 
 
 def show_source_page(provenance: dict) -> None:

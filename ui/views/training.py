@@ -19,7 +19,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
-from posttrain.ui.common import can, guard_platform, job_table, me, status_label
+from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, status_label, yaml_block
 
 TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -597,9 +597,9 @@ def run_view(job_id: int) -> None:
             evaluation_table(job, evals)
     if job.result:
         with st.expander("Result"):
-            st.json(job.result)
+            fields_table(job.result)
     with st.expander("Config"):
-        st.code(yaml.safe_dump(job.config, sort_keys=False), language="yaml")
+        yaml_block(job.config)
 
 
 st.subheader("Run")
@@ -697,7 +697,7 @@ with right:
     if verdict.get("details"):
         st.caption(str(verdict["details"]))
     st.markdown("**Verdict**")
-    st.json(verdict, expanded=False)
+    fields_table(verdict)
     if trajectory.tool_calls and not turns:
         st.markdown("**Tool calls**")
-        st.json(json.loads(json.dumps(trajectory.tool_calls, default=str)), expanded=False)
+        yaml_block(json.loads(json.dumps(trajectory.tool_calls, default=str)))
