@@ -29,6 +29,19 @@ def page(role: str = "operator") -> AppTest:
     return at
 
 
+def in_console(role: str = "operator") -> AppTest:
+    """The Training page inside the whole console (its links to other pages need the navigation)."""
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=60), role).run()
+    at.switch_page("views/training.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def trajectory_table(at: AppTest):  # type: ignore[no-untyped-def]
+    """The trajectory browser's page of rows (the picked trajectory's verdict table follows it)."""
+    return next(t.value for t in at.dataframe if "completion" in t.value.columns)
+
+
 def all_jobs() -> list:  # type: ignore[type-arg]
     return queue.list_jobs(limit=1000)
 
@@ -164,14 +177,14 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     assert tiles["Step"] == "299" and tiles["Reward"] == "0.9967" and tiles["Tokens/s"] == "1234"
 
     # trajectories: 45 rows, 20 per page, newest step first
-    table = at.dataframe[-1].value
+    table = trajectory_table(at)
     assert len(table) == 20 and table["step"].iloc[0] == 8 and table["prompt"].iloc[0].startswith("What is")
     assert "Page (of 3, 45 trajectories)" == at.number_input(key="traj_page").label
     at.number_input(key="traj_page").set_value(3).run()
-    assert len(at.dataframe[-1].value) == 5
+    assert len(trajectory_table(at)) == 5
     at.multiselect(key="traj_domains").set_value(["str.copy.letters"]).run()
     at.number_input(key="traj_page").set_value(1).run()
-    table = at.dataframe[-1].value
+    table = trajectory_table(at)
     assert len(table) == 15 and set(table["domain"]) == {"str.copy.letters"}
     picked = int(table["id"].iloc[0])
     at.selectbox(key="traj_pick").set_value(picked).run()
@@ -184,7 +197,7 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     # by step range and by reward: full marks only, of steps 2 to 4, in the chosen domain (rows 10-24 with i odd and i % 3 == 0: 15 and 21)
     at.slider(key="traj_steps").set_value((2, 4)).run()
     at.slider(key="traj_rewards").set_value((1.0, 1.0)).run()
-    table = at.dataframe[-1].value
+    table = trajectory_table(at)
     assert sorted(table["step"]) == [3, 4] and set(table["reward"]) == {1.0} and "Page (of 1, 2 trajectories)" == at.number_input(key="traj_page").label
     at.slider(key="traj_steps").set_value((0, 0)).run()
     at.slider(key="traj_rewards").set_value((0.5, 0.5)).run()
@@ -309,7 +322,7 @@ ESTIMATE = {"wall_s": 372.0, "steps": 8, "trajectories": 256, "generated_tokens"
 
 def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[str, str]) -> None:
     register_builtin()
-    at = page()
+    at = in_console()
     assert any("Not estimated yet" in c.value for c in at.caption)
     at.button(key="estimate_demo").click().run()
     assert not at.exception and not at.error
@@ -340,6 +353,7 @@ def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[
         row = s.get(Job, run.id)
         row.started_at = row.finished_at - timedelta(seconds=400)  # type: ignore[union-attr, operator]
     at.selectbox(key="run_id").set_value(run.id).run()
+    assert not at.exception
     assert any(f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 7% under." in i.value
                for i in at.info), [i.value for i in at.info]
 
@@ -355,7 +369,7 @@ def test_viewer_cannot_estimate(platform_env: dict[str, str]) -> None:
 
 
 def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_env: dict[str, str]) -> None:
-    at = page()
+    at = in_console()
     at.selectbox(key="demo_preset").set_value("cpu-quick").run()
     at.button(key="demo_launch").click().run()
     assert not at.exception and not at.error
@@ -402,8 +416,7 @@ def test_a_finished_run_links_to_the_arena_against_its_base(platform_env: dict[s
     assert claimed is not None and claimed.id == job_id
     queue.finish(job_id, queue.Outcome(exit_code=0, result={"steps": 40, "model": "tuned", "base_model": "tiny"}))
     running = queue.submit(OPERATOR, "train_grpo", GRPO)
-    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=60), "viewer").run()
-    at.switch_page("views/training.py").run()
+    at = in_console("viewer")
     at.selectbox(key="run_id").set_value(job_id).run()
     (link,) = at.get("page_link")  # in-app navigation: the same session, still logged in
     assert link.proto.label == "Compare tuned with its base tiny" and link.proto.page == "models"
