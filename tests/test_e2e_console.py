@@ -251,7 +251,7 @@ def test_open_an_episode_of_the_demo(browser_page, console) -> None:  # type: ig
     page = browser_page
     page.get_by_role("heading", name="Trajectories").scroll_into_view_if_needed()
     page.get_by_text(re.compile(r"Page \(of \d+, 256 trajectories\)")).first.wait_for()  # 8 steps x 4 prompts x 8
-    page.get_by_text(re.compile(r"Reward [\d.]+ · passed (True|False) · score")).first.wait_for()  # the picked one
+    page.get_by_text(re.compile(r"Reward [\d.]+ · passed (yes|no) · score")).first.wait_for()  # the picked one
     page.get_by_text("Completion", exact=True).first.wait_for()
     page.get_by_text(re.compile(r"^Verdict$")).first.wait_for()
     page.get_by_text("Prompt", exact=True).first.scroll_into_view_if_needed()
@@ -271,10 +271,10 @@ def test_compare_the_result_with_its_base(browser_page, console) -> None:  # typ
 
     def compared(p) -> bool:  # type: ignore[no-untyped-def]
         p.get_by_role("tab", name="Compare").click()
-        return p.get_by_text(re.compile(r"job \d+: smollm2-135m-instruct vs smollm2-quick-job\d+")).count() > 0
+        return p.get_by_text(re.compile(r"\d+ tasks where they disagree")).count() > 0
 
     reopen_until(page, console, "Models & Serving", compared, timeout_s=900)
-    page.get_by_text("tasks where they disagree").first.wait_for()
+    assert page.get_by_test_id("stSelectbox").filter(has_text="Comparisons").count() > 0  # reopenable: stored, listed
     page.get_by_text("tasks where they disagree").first.scroll_into_view_if_needed()
     shot(page, "11-compare-with-base")
 

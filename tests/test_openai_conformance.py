@@ -91,6 +91,15 @@ def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(api: opena
     assert caught.value.body["param"] == field  # type: ignore[index]
 
 
+def test_tool_choice_that_is_not_enforced_is_refused(api: openai.OpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(openai.BadRequestError, match="`tool_choice` is not supported by this engine"):
+            api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, tools=tools, tool_choice=choice)  # type: ignore[arg-type]
+    out = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, tools=tools, tool_choice="none")  # type: ignore[arg-type]
+    assert out.choices[0].message.tool_calls is None
+
+
 def test_neutral_values_are_accepted_and_unknown_fields_are_named_back(servers: dict[str, ThreadedServer]) -> None:
     neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None, "echo": False, "best_of": 1,
                "logit_bias": {}, "user": "analyst-7"}

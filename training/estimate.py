@@ -8,8 +8,9 @@ run's own model and tasks, and times it:
 
 - **SFT and GRPO**: a warm-up step and ``calibration_steps`` more of the run's own config (scratch output directory),
   timed at the loop's start and at each step's metrics: the setup (model, engine, verifiers, and what the warm-up step
-  took beyond a measured one), the mean measured step (a GRPO step is its rollout batches and one update; dynamic
-  sampling's extra batches included as they came) and the checkpoint written after the last step. The run's estimate is setup + ``max_steps`` x step + its checkpoints x the save.
+  took beyond a measured one), the step (a GRPO step: the measured steps' rollouts, dynamic sampling's extra batches
+  included as they came, plus the mean update of every calibration step: :func:`timed_loop`) and the checkpoint
+  written after the last step. The run's estimate is setup + ``max_steps`` x step + its checkpoints x the save.
 - **Evaluation**: the model loaded once (timed), then one batch of each evaluated domain and of the general check
   (the same batch size, decoding and environment), timed per task and scaled to the run's task counts.
 - **Registering** a model (``save_pretrained``) and building a preset's tiny model: done once, timed.
@@ -100,7 +101,13 @@ class Timed(BaseModel):
 
 def timed_loop(run: Callable[..., TrainResult], config: Any) -> Timed:
     """``run(config, on_start=..., on_metrics=...)`` (train_sft, train_grpo), timed at its callbacks. Its first step is a
-    warm-up (first calls, allocations): what it takes beyond a measured step counts as setup."""
+    warm-up (first calls, allocations): what it takes beyond a measured step counts as setup.
+
+    A GRPO step is its rollouts and an update whose cost follows how many groups had a learning signal, which
+    changes from step to step (12 to 30 s a step on the demo): the step is the measured steps' rollout time plus the
+    update time of every calibration step, warm-up included, averaged."""
+    from posttrain.platform import metric_names as names
+
     marks: list[float] = []
     started = time.perf_counter()
     result = run(config, on_start=lambda _step: marks.append(time.perf_counter()),
@@ -109,8 +116,14 @@ def timed_loop(run: Callable[..., TrainResult], config: Any) -> Timed:
     if len(marks) < 3:
         raise RuntimeError(f"the calibration run made {len(marks) - 1} steps; it needs a warm-up step and one more")
     steps = [b - a for a, b in zip(marks, marks[1:])]
-    step_s = sum(steps[1:]) / len(steps[1:])
-    return Timed(setup_s=marks[1] - started - step_s, step_s=step_s, save_s=ended - marks[-1], metrics=result.metrics[1:])
+    updates = [m.get(names.UPDATE_S) for m in result.metrics]
+    if all(u is not None for u in updates):
+        rollouts = [s - u for s, u in zip(steps[1:], updates[1:])]  # type: ignore[operator]
+        step_s = sum(rollouts) / len(rollouts) + sum(updates) / len(updates)  # type: ignore[arg-type]
+    else:
+        step_s = sum(steps[1:]) / len(steps[1:])
+    return Timed(setup_s=max(0.0, marks[1] - started - step_s), step_s=step_s, save_s=ended - marks[-1],
+                 metrics=result.metrics)
 
 
 def checkpoints(config: SFTConfig | GRPOConfig, steps: int) -> int:

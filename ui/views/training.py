@@ -725,7 +725,8 @@ with left:
     st.code(trajectory.completion or "(empty)", language="text")
 with right:
     verdict = trajectory.verdict
-    st.markdown(f"**Reward** {trajectory.reward:.4g} · **passed** {verdict.get('passed', '?')} · **score** {verdict.get('score', '?')}")
+    passed = {True: "yes", False: "no"}.get(verdict.get("passed"), "?")  # type: ignore[call-overload]
+    st.markdown(f"**Reward** {trajectory.reward:.4g} · **passed** {passed} · **score** {verdict.get('score', '?')}")
     if verdict.get("infra_error"):
         st.error(f"The verifier itself failed: {verdict['infra_error']}")
     if verdict.get("details"):
