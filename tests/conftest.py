@@ -18,7 +18,6 @@ import os
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import contextlib
 import fcntl
 import json
 import statistics
@@ -67,24 +66,19 @@ def _pg_conninfo(dbname: str | None = None) -> str:
 
 
 PG_TURN = Path(tempfile.gettempdir()) / "posttrain-test-postgres.lock"
-MACHINE_TURN = Path(tempfile.gettempdir()) / "posttrain-test-machine.lock"
 
 
 @pytest.fixture(autouse=True)
 def _turns(request: pytest.FixtureRequest) -> Iterator[None]:
-    """What the suite's two xdist workers share, each behind a reader-writer lock, taken in this order:
-
-    - the machine's cores: every test holds a shared lock; a test that compares wall times measured minutes apart
-      (marked ``times_the_machine``: an estimate against the run it predicted) holds it alone, so both see one load;
-    - the PostgreSQL server: a test on it holds a shared lock; the one that restarts the server (marked
-      ``restarts_postgres``) holds it alone, so no other test's connection dies."""
+    """The suite's two xdist workers share the PostgreSQL server: a test on it holds a shared lock, and the one
+    that restarts the server (marked ``restarts_postgres``) holds it alone, so no other test's connection dies."""
     callspec = getattr(request.node, "callspec", None)
     on_postgres = "pg_url" in request.fixturenames or (callspec is not None and callspec.params.get("db_url") == "postgres")
-    with contextlib.ExitStack() as held:
-        for path, needed, marker in ((MACHINE_TURN, True, "times_the_machine"), (PG_TURN, on_postgres, "restarts_postgres")):
-            if needed:
-                turn = held.enter_context(open(path, "w"))
-                fcntl.flock(turn, fcntl.LOCK_EX if request.node.get_closest_marker(marker) else fcntl.LOCK_SH)
+    if not on_postgres:
+        yield
+        return
+    with open(PG_TURN, "w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX if request.node.get_closest_marker("restarts_postgres") else fcntl.LOCK_SH)
         yield
 
 

@@ -55,7 +55,7 @@ def test_an_estimate_times_the_runs_stages_and_the_run_takes_about_that(platform
     ratio = estimate.wall_s / actual  # type: ignore[attr-defined]
     print(f"estimate {estimate.wall_s:.1f} s, actual {actual:.1f} s, ratio {ratio:.2f}", [(s.stage, round(s.seconds, 1), s.how) for s in estimate.stages])  # type: ignore[attr-defined]
     # a run of a few seconds, where the process's start weighs most: the right size, not the 30% the demo holds
-    assert 0.4 < ratio < 2.5, (estimate.stages, actual)  # type: ignore[attr-defined]
+    assert 0.3 < ratio < 4, (estimate.stages, actual)  # type: ignore[attr-defined]
 
 
 def test_a_bad_run_config_is_refused_at_submit_and_an_unknown_model_fails_once(platform_env: dict[str, str]) -> None:

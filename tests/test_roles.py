@@ -22,7 +22,7 @@ from posttrain.platform.db.models import ApiKey, Document, Job, Model, Role, Tas
 from posttrain.platform.documents import add_document
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.importer import import_model
-from posttrain.platform.models.registry import export_download, register_model
+from posttrain.platform.models.registry import export_download, register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.serving.client import chat_as
 from posttrain.platform.serving.jobs import ExportModelConfig, export_registered, save_tiers, tiers_path
@@ -72,6 +72,7 @@ def action_calls(tiny_dir: Path, job_id: int, task_id: int, key_id: str) -> dict
         "model.import": lambda who: import_model(who, str(tiny_dir), name="imported"),
         "model.export": lambda who: export_registered(who, ExportModelConfig(model="tiny", format="hf"), settings),
         "model.download": lambda who: export_download(who, "tiny", str(tiny_dir)),
+        "model.default_tier": lambda who: set_default_tier(who, "tiny", "fast"),
         "tiers.save": lambda who: save_tiers(who, TierCatalog().model_dump_json(), settings),
         "task.verify": lambda who: store.try_answer(who, task_id, "def f():\n    return 1\n"),
         "tasks.import_jsonl": lambda who: import_jsonl_upload(who, b'{"prompt": "2+2?", "answer": "4"}\n', "imported"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from urllib.parse import urlencode
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import pandas as pd
 import streamlit as st
 import yaml
 from pydantic import ValidationError
+from streamlit.errors import StreamlitAPIException
 
 from posttrain.platform import metric_names, metrics
 from posttrain.platform.db.models import Job, JobStatus, Role
@@ -559,9 +561,12 @@ def compare_link(job: Job) -> None:
                  {"compare_domains": ",".join(run_domains(job))} | (
                      {"compare_difficulty": evaluate_config(job)["difficulty"]} if "difficulty" in evaluate_config(job) else {}))
         query = {"compare_a": base, "compare_b": model, **tasks}
-        st.page_link("views/models.py", label=f"Compare {model} with its base {base}", icon=":material/compare_arrows:",
-                     query_params=query, help="The Models & Serving page's Compare tab, both models and the run's "
-                                              "held-out tasks chosen: the same tasks through both")
+        label, why = f"Compare {model} with its base {base}", ("The Models & Serving page's Compare tab, both models and "
+                                                               "the run's held-out tasks chosen: the same tasks through both")
+        try:  # in the console: in-app, the same session
+            st.page_link("views/models.py", label=label, icon=":material/compare_arrows:", query_params=query, help=why)
+        except StreamlitAPIException:  # the page run on its own, outside the console's navigation
+            st.link_button(label, f"models?{urlencode(query)}", icon=":material/compare_arrows:", help=why)
 
 
 @st.fragment(run_every=LIVE_EVERY)
