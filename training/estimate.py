@@ -40,9 +40,6 @@ if TYPE_CHECKING:
     from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig
     from posttrain.training.learner import TrainResult
 
-ESTIMATED_KINDS = ("train_preset", "train_grpo", "train_sft")
-
-
 class EstimateConfig(BaseModel):
     """``estimate``: the run to estimate (a job kind and its config, validated as that kind's)."""
 
@@ -145,14 +142,19 @@ class EvalTiming(BaseModel):
     general_per_task_s: float
 
 
-def time_eval(config: EvalConfig, path: str) -> EvalTiming:
-    """Load the model once, then one batch of each domain (and of the general check), timed per task."""
-    from posttrain.training.evaluate import all_eval_tasks, evaluate_policy, general_config
+def load_timed(path: str, device: str) -> tuple[Any, float]:
+    """The model at ``path`` loaded as an evaluation loads it, and how long that took."""
     from posttrain.training.modeling import load_policy, resolve_device
 
     t = time.perf_counter()
-    policy = load_policy(path, device=resolve_device(config.device))
-    load_s = time.perf_counter() - t
+    policy = load_policy(path, device=resolve_device(device))
+    return policy, time.perf_counter() - t
+
+
+def time_eval(config: EvalConfig, policy: Any, load_s: float) -> EvalTiming:
+    """One batch of each domain (and of the general check) through the loaded ``policy``, timed per task."""
+    from posttrain.training.evaluate import all_eval_tasks, evaluate_policy, general_config
+
     subset = config.model_copy(update={"tasks_per_domain": min(config.tasks_per_domain, config.batch_size), "general": None})
     t = time.perf_counter()
     evaluate_policy(subset, policy)
@@ -182,11 +184,9 @@ def eval_stage(stage: str, timing: EvalTiming, counts: tuple[int, int]) -> Stage
                          how=how + (f" + {general} general-check tasks x {timing.general_per_task_s:.2f} s" if general else ""))
 
 
-def time_register(path: str, scratch: Path) -> float:
-    """Saving a model the size of ``path``'s as a registered run saves its final one."""
-    from posttrain.training.modeling import load_policy
-
-    model, tokenizer = load_policy(path)
+def time_register(policy: Any, scratch: Path) -> float:
+    """Saving the loaded ``policy`` as a registered run saves its final model."""
+    model, tokenizer = policy
     t = time.perf_counter()
     model.save_pretrained(scratch / "register")
     tokenizer.save_pretrained(scratch / "register")
@@ -238,7 +238,7 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
             stages.append(loop_stage("sft", sft(config, path), config, config.max_steps, k))
         counts["steps"] = config.max_steps
         progress("saving a model")
-        save_s = time_register(path, scratch)
+        save_s = time_register(load_timed(path, config.device)[0], scratch)
         stages.append(StageEstimate(stage="register", seconds=save_s, how=f"one save of the model, timed: {save_s:.1f} s"))
         return stages, counts
 
@@ -248,7 +248,6 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
     sft_config, grpo_config, eval_config = config.sections()
     preset = get_preset(config.preset)
     check_task_set(ctx, grpo_config)
-    save_s = None
     if config.model is not None or isinstance(preset.model, str):
         path, _ = resolve_model(ctx, config.model or str(preset.model))
     else:
@@ -256,21 +255,21 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
         t = time.perf_counter()
         path = str(build_tiny_model(scratch / "base", preset.model, overwrite=True))
         stages.append(StageEstimate(stage="base", seconds=time.perf_counter() - t, how="the preset's model built once, timed"))
-    progress("saving a model")
-    save_s = time_register(path, scratch)
+    progress("one evaluation batch per domain and saving a model")
+    policy, load_s = load_timed(path, eval_config.device)  # the model GRPO starts from has the same shape: timed once
+    timing = time_eval(eval_config, policy, load_s)
+    save_s = time_register(policy, scratch)
+    del policy
     registers = 1
-    start = path
     if sft_config is not None:
         timed_sft = sft(sft_config, path)
         stages.append(loop_stage("sft", timed_sft, sft_config, sft_config.max_steps, k))
         counts["steps"] += sft_config.max_steps
         registers += 1
-    progress("one evaluation batch per domain")
-    timing = time_eval(eval_config, start)
     counted = eval_counts(eval_config)
     evaluations = 2 + (1 if config.control and sft_config is not None else 0)
     stages.append(eval_stage("eval_before", timing, counted))
-    timed = grpo(grpo_config, start)
+    timed = grpo(grpo_config, path)
     stages.append(loop_stage("grpo", timed, grpo_config, grpo_config.max_steps, k))
     counts["steps"] += grpo_config.max_steps
     counts["trajectories"], counts["generated_tokens"] = grpo_counts(timed, grpo_config, grpo_config.max_steps)

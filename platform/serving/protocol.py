@@ -135,13 +135,13 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _tool_choice(self) -> ChatCompletionRequest:
         if self.tool_choice not in (None, "none", "auto"):  # required or a named function: not enforced yet
             raise UnsupportedParameter("tool_choice", self.tool_choice)
         return self
-    metadata: dict[str, str] | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -172,9 +172,9 @@ def find_estimate(kind: str, config: dict[str, Any], before: Any = None) -> Job 
     return None
 
 
-def estimate_panel(kind: str, config: dict[str, Any], key: str) -> None:
-    """The run's estimate on this host: the button that calibrates it, its progress, the figures and how they were made."""
-    found = find_estimate(kind, config)
+def estimate_panel(kind: str, config: dict[str, Any], key: str, found: Job | None) -> None:
+    """The run's estimate on this host (``found``: the newest estimate job for it): the button that calibrates it,
+    its progress, the figures and how they were made."""
     c1, c2 = st.columns([4, 1], vertical_alignment="center")
     label = "Estimate again" if found is not None and found.status.finished else "Estimate wall time"
     running = found is not None and not found.status.finished
@@ -214,7 +214,7 @@ def _estimating(kind: str, config: dict[str, Any], key: str) -> None:
     found = find_estimate(kind, config)
     if found is not None and found.status.finished:
         st.rerun()  # the page shows the result, and stops polling
-    estimate_panel(kind, config, key)
+    estimate_panel(kind, config, key, found)
 
 
 def live_estimate(kind: str, config: dict[str, Any], key: str) -> None:
@@ -223,7 +223,7 @@ def live_estimate(kind: str, config: dict[str, Any], key: str) -> None:
     if found is not None and not found.status.finished:
         _estimating(kind, config, key)
     else:
-        estimate_panel(kind, config, key)
+        estimate_panel(kind, config, key, found)
 
 
 def estimate_line(job: Job) -> None:
