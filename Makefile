@@ -55,9 +55,10 @@ run: venv system-deps
 	$(BIN)/posttrain up
 
 # Two pytest-xdist workers, each file's tests together on one (module fixtures, tests that follow one another;
-# Ray clusters take turns: tests/ray_cluster.py); PYTEST_ARGS="-n 0" runs the suite in one process.
+# Ray clusters take turns: tests/ray_cluster.py), handed out in collection order, the longest file first
+# (tests/conftest.py LONGEST_FIRST); PYTEST_ARGS="-n 0" runs the suite in one process.
 test: venv system-deps
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark in turn (BENCHMARKS=... for some); each one's summary goes to
 # bench/results/<name>.json with date, commit and machine, and README's figures table

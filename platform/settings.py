@@ -67,6 +67,12 @@ class Settings(BaseSettings):
 
     worker_cpu_slots: int = Field(default=2, ge=1, le=1024, description="CPU jobs a worker runs at once.")
     worker_gpu_slots: int = Field(default=0, ge=0, le=64, description="GPU jobs a worker runs at once.")
+    job_threads: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="torch threads of each job process. Unset: the machine's cores shared among the worker's CPU "
+        "slots (one on 2 cores with 2 slots: two threads a process beside another computing process made "
+        "generation 5-7x slower there); an OMP_NUM_THREADS in the environment wins over the unset default.",
+    )
     worker_poll_interval_s: float = Field(default=0.2, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=2.0, gt=0, le=600)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned.")

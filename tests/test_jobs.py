@@ -85,6 +85,17 @@ def test_worker_runs_job_with_progress_log_and_result(platform_env: dict[str, st
     assert f"job {job_id} (selftest) attempt 1" in log and "succeeded" in log
 
 
+def test_a_job_computes_with_the_threads_its_settings_give(platform_env: dict[str, str]) -> None:
+    """Settings.job_threads when set, else an inherited OMP_NUM_THREADS (the suite's one), else cores / CPU slots."""
+    for env, threads in (({"POSTTRAIN_JOB_THREADS": "3", "OMP_NUM_THREADS": "1"}, 3), ({"OMP_NUM_THREADS": "2"}, 2)):
+        job_id = queue.submit(OPERATOR, "selftest", {"steps": 1, "sleep_s": 0})
+        proc = start_worker({**platform_env, **env}, "--exit-when-idle")
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()  # type: ignore[union-attr]
+        job = queue.get_job(job_id)
+        assert job.result is not None and job.result["threads"] == threads, job.result
+        assert f"{threads} torch threads" in queue.read_log(job)
+
+
 def test_failure_is_recorded_with_cause_and_log(platform_env: dict[str, str]) -> None:
     job_id = queue.submit(OPERATOR, "selftest", {"steps": 5, "sleep_s": 0, "fail_at_step": 2})
     proc = start_worker(platform_env, "--exit-when-idle")

@@ -62,7 +62,8 @@ def run(ctx: JobContext, config: SelftestConfig) -> dict[str, Any]:
         counter += 1
     for child in children:
         child.terminate()
-    return {"counter": counter if config.steps else 0, "resumed_from": start, "pid": os.getpid()}
+    return {"counter": counter if config.steps else 0, "resumed_from": start, "pid": os.getpid(),
+            "threads": int(os.environ["OMP_NUM_THREADS"])}
 
 
 register(

@@ -382,12 +382,27 @@ def _child_main(job: Job, workdir: Path, log_path: Path, parent: int, settings: 
     root.addHandler(handler)
     root.setLevel(settings.log_level)
     logger = logging.getLogger(f"posttrain.job.{job.id}")
-    logger.info("=== job %d (%s) attempt %d, pid %d ===", job.id, job.kind, job.attempts, os.getpid())
+    threads = job_threads(settings)
+    logger.info("=== job %d (%s) attempt %d, pid %d, %d torch threads ===", job.id, job.kind, job.attempts, os.getpid(), threads)
     try:
         return _run_job(job, workdir, settings, url, logger)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def job_threads(settings: Settings) -> int:
+    """Sets, and returns, the torch threads of this job process (``Settings.job_threads``): before torch is
+    imported through the environment, after through torch itself (a worker that had imported it forks it)."""
+    threads = settings.job_threads
+    if threads is None:
+        inherited = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(inherited) if inherited.isdigit() and int(inherited) > 0 else max(1, (os.cpu_count() or 1) // settings.worker_cpu_slots)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    return threads
 
 
 def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logging.Logger) -> int:

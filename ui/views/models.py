@@ -154,8 +154,11 @@ with export_tab:
         if where.exists():
             archive = where.is_dir()
             size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if archive else where.stat().st_size
+            # the archive is built on click, in a thread of the server outside this script run: it takes the
+            # identity, model and path as they are now (the session's state is not reachable from there)
+            who, model, path = me(), picked["model"], picked["path"]
             st.download_button(f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
-                               data=lambda: export_download(me(), picked["model"], picked["path"]),
+                               data=lambda: export_download(who, model, path),
                                file_name=f"{where.name}.tar" if archive else where.name,
                                mime="application/x-tar" if archive else "application/octet-stream", key="download_export",
                                on_click="ignore", disabled=not operator, help=None if operator else "operators download exports")
