@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from test_cli import cli
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import JobStatus, Model
+from posttrain.platform.db.models import Job, JobStatus, Model
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import validate_config
 from posttrain.platform.models.registry import register_model
@@ -135,3 +135,38 @@ def test_compare_with_its_base_from_a_run_uses_the_runs_evaluation(platform_env:
     expected = validate_config("evaluate", {"preset": "smollm2-quick", "models": ["smollm2-135m-instruct", "quick-job1"],
                                             "general": None}).model_dump(mode="json")
     assert queued.config == expected and queued.config["prompt_format"]["answer"] == "boxed"
+
+
+def test_a_runs_own_comparison_opens_from_its_link(platform_env: dict[str, str]) -> None:
+    """A demo run compared its result with its base on its held-out tasks already: the link opens that comparison,
+    listed among the others, with the form still there for another."""
+    from posttrain.training.evaluate import head_to_head
+
+    def records(passed: list[bool]) -> list[dict[str, object]]:
+        return [{"domain": "arith.add.int", "task_id": f"t{i}", "prompt": f"Compute {i} + 1.", "reference": str(i + 1),
+                 "completion": f"\\boxed{{{i + 1 if ok else 0}}}", "passed": ok, "score": float(ok), "details": ""}
+                for i, ok in enumerate(passed)]  # fmt: skip
+
+    with session() as s:
+        s.add_all([Model(name="smollm2-135m-instruct", path="/models/a"), Model(name="quick-job1", path="/models/b")])
+    arena = {"a": "smollm2-135m-instruct", "b": "quick-job1", **head_to_head(records([True, False, False]), records([True, True, False]))}
+    run = queue.submit(OPERATOR, "train_preset", {"preset": "smollm2-quick"})
+    other = queue.submit(OPERATOR, "evaluate", {"models": ["smollm2-135m-instruct", "quick-job1"], "domains": ["arith.add.int"],
+                                                "difficulty": 2})
+    with session() as s:
+        for job_id, result in ((run, {"model": "quick-job1", "sft_model": "smollm2-135m-instruct", "preset": "smollm2-quick",
+                                      "models": ["smollm2-135m-instruct", "quick-job1"], "domains": ["arith.add.int"],
+                                      "gain_points": 33.33, "eval_tasks": 3, "eval_unseen_fraction": 1.0, "arena": arena}),
+                               (other, {"models": ["smollm2-135m-instruct", "quick-job1"], "paths": {}, "pass_at_1": {}, "reports": {}, "domains": ["arith.add.int"], "arena": arena})):
+            job = s.get(Job, job_id)
+            job.status, job.result = JobStatus.succeeded, result
+            s.add(job)
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.query_params.update({"compare_a": "smollm2-135m-instruct", "compare_b": "quick-job1", "compare_preset": "smollm2-quick",
+                            "compare_open": str(run)})
+    at = login_as(at).run()
+    assert not at.exception
+    opened = at.selectbox(key="compare_open")
+    assert opened.value == run and len(opened.options) == 2  # the run's, opened, beside the evaluate job's
+    assert opened.options[1] == f"job {run}: smollm2-135m-instruct vs quick-job1 on run {run}'s held-out tasks (preset 'smollm2-quick')"
+    assert any("1 tasks where they disagree" in c.value for c in at.caption)

@@ -5,12 +5,14 @@ OpenAI's and vLLM's differ.)"""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
+from posttrain.platform.models.loader import load_model, load_tokenizer
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
     Deployment,
@@ -29,8 +31,13 @@ CHAT = [{"role": "user", "content": "Summarise the invoice total."}]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ThreadedServer]]:
-    path = build_tiny_model(tmp_path_factory.mktemp("conf") / "tiny", SMALL)
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("conf") / "tiny", SMALL)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_path: Path) -> Iterator[dict[str, ThreadedServer]]:
+    path = tiny_path
     engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tiny", tier=DEFAULT_TIERS["fast"],
                                          max_model_len=256)).start()
     server = serve_in_thread(create_engine_app(engine))
@@ -83,12 +90,72 @@ def test_stop_in_chat_streaming_and_not(api: openai.OpenAI) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
-@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logprobs", 2),
-                                          ("echo", True), ("best_of", 3), ("logit_bias", {"5": 10})])
+@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"5": 10})])
 def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(api: openai.OpenAI, field: str, value: object) -> None:
     with pytest.raises(openai.BadRequestError, match=f"`{field}` is not supported by this engine") as caught:
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, extra_body={field: value})
     assert caught.value.body["param"] == field  # type: ignore[index]
+
+
+def test_what_is_supported_only_in_part_is_refused_with_the_reason(api: openai.OpenAI) -> None:
+    refusals = [({"n": 2, "best_of": 3}, "best_of", "best_of other than n"),
+                ({"logprobs": 1, "stream": True}, "logprobs", "log-probs are not streamed yet")]
+    for fields, param, why in refusals:
+        with pytest.raises(openai.BadRequestError, match=why) as caught:
+            api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, **fields)  # type: ignore[call-overload]
+        assert caught.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs: true"):
+        api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, top_logprobs=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="over 64 completions a request"):
+        api.completions.create(model="tiny", prompt=[PROMPT] * 9, max_tokens=2, n=8)
+
+
+def test_n_samples_in_one_request(api: openai.OpenAI) -> None:
+    """n=4 at temperature 1: four distinct samples (each its own draw); at 0 four identical greedy answers; seeded,
+    the same four again; usage counts the prompt once and every sample's tokens."""
+    sampled = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, n=4, seed=7)
+    texts = [c.text for c in sampled.choices]
+    assert [c.index for c in sampled.choices] == [0, 1, 2, 3] and len(set(texts)) == 4, texts
+    again = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, n=4, seed=7)
+    assert [c.text for c in again.choices] == texts
+    greedy_four = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, n=4)
+    one = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+    assert [c.text for c in greedy_four.choices] == [one.choices[0].text] * 4
+    assert greedy_four.usage.prompt_tokens == one.usage.prompt_tokens  # type: ignore[union-attr]
+    assert greedy_four.usage.completion_tokens == 4 * one.usage.completion_tokens  # type: ignore[union-attr]
+    chat = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=1.0, n=3, seed=1)  # type: ignore[arg-type]
+    assert len({c.message.content for c in chat.choices}) == 3 and [c.index for c in chat.choices] == [0, 1, 2]
+    # streamed: each choice's chunks carry its index and end with its finish reason; together they are the same texts
+    streamed: dict[int, str] = {}
+    ends: dict[int, str] = {}
+    for chunk in api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, n=4, seed=7, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+            if c.finish_reason:
+                ends[c.index] = c.finish_reason
+    assert [streamed[i] for i in range(4)] == texts and set(ends) == {0, 1, 2, 3}
+    deltas: dict[int, str] = {}
+    for chunk in api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=1.0, n=3, seed=1, stream=True):  # type: ignore[arg-type]
+        for c in chunk.choices:
+            deltas[c.index] = deltas.get(c.index, "") + (c.delta.content or "")
+    assert [deltas[i] for i in range(3)] == [c.message.content for c in chat.choices]
+
+
+def test_a_list_of_prompts_and_token_id_prompts(api: openai.OpenAI, tiny_path: Path) -> None:
+    """Choices in prompt order (prompt i's n samples at i * n ...), each the same as the prompt sent alone; token ids
+    complete as the text that tokenises to them."""
+    prompts = [PROMPT, "Total due:", "Amount"]
+    alone = [api.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
+    together = api.completions.create(model="tiny", prompt=prompts, max_tokens=8, temperature=0, n=2)
+    assert [c.text for c in together.choices] == [t for t in alone for _ in range(2)]
+    ids = load_tokenizer(tiny_path)(PROMPT, add_special_tokens=False)["input_ids"]
+    by_ids = api.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == alone[0]
+    several = api.completions.create(model="tiny", prompt=[ids, ids[:2]], max_tokens=8, temperature=0)
+    assert several.choices[0].text == alone[0] and len(several.choices) == 2
+    with pytest.raises(openai.BadRequestError, match="prompt token ids must lie in") as caught:
+        api.completions.create(model="tiny", prompt=[ids, [10**7]], max_tokens=2)
+    assert caught.value.body["param"] == "prompt.1"  # type: ignore[index]
 
 
 def test_tool_choice_that_is_not_enforced_is_refused(api: openai.OpenAI) -> None:
@@ -115,8 +182,98 @@ def test_neutral_values_are_accepted_and_unknown_fields_are_named_back(servers: 
         assert extra.status_code == 200 and extra.headers["x-posttrain-ignored-fields"] == "guided_x, my_flag"
 
 
+def test_models_report_their_context_length_as_vllm_does(api: openai.OpenAI) -> None:
+    """/v1/models: owned_by and max_model_len from the engine (the gateway asks its replica), and the gateway's tiers."""
+    (model,) = api.models.list().data
+    extra = model.model_extra or {}
+    assert model.id == "tiny" and model.owned_by == "posttrain" and extra["max_model_len"] == 256
+    if "tiers" in extra:  # the gateway
+        assert extra["tiers"] == ["fast"] and extra["default_tier"] == "fast" and extra["max_model_len_by_tier"] == {"fast": 256}
+
+
 def test_stop_strings_are_checked_at_the_edge(api: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="stop strings, each 1 to 256 characters"):
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, stop=[""])
     with pytest.raises(openai.BadRequestError, match="at most 16 stop strings"):
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, stop=[f"s{i}" for i in range(17)])
+
+
+def test_logprobs_echo_scores_the_prompt_as_the_learner_does(api: openai.OpenAI, tiny_path: Path) -> None:
+    """Completions with echo and logprobs: the prompt's tokens then the completion's, the first without a log-prob;
+    each log-prob equal to the learner's recomputation over the same ids (within 1e-4), top log-probs listing the
+    likeliest tokens with the chosen one, text offsets into the echoed text."""
+    import torch
+
+    from posttrain.training.modeling import token_logprobs
+
+    out = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=3)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert lp is not None and choice.text.startswith(PROMPT)
+    loaded = load_model(tiny_path)
+    ids = loaded.tokenizer(choice.text, add_special_tokens=False)["input_ids"]
+    prompt_len = len(loaded.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    assert lp.tokens == [loaded.tokenizer.decode([t]) for t in ids][: len(lp.tokens)] and len(lp.tokens) == prompt_len + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # type: ignore[index]
+    with torch.no_grad():
+        expected = token_logprobs(loaded.model, torch.tensor([ids[: len(lp.tokens)]]))[0].tolist()
+    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], expected)) < 1e-4  # type: ignore[index, operator]
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):  # type: ignore[index]
+        assert top[token] == logprob and len(top) in (3, 4)  # the 3 likeliest, and the chosen one when not among them
+        assert max(top.values()) <= 0
+    greedy_steps = lp.top_logprobs[prompt_len:]  # type: ignore[index]
+    assert all(top[token] == max(top.values()) for token, top in zip(lp.tokens[prompt_len:], greedy_steps))  # greedy
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]  # type: ignore[index]
+    # without echo: the completion's tokens only; chat: OpenAI's content entries with bytes and top log-probs
+    plain = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0).choices[0].logprobs
+    assert plain is not None and plain.token_logprobs == pytest.approx(lp.token_logprobs[prompt_len:], abs=1e-5)  # type: ignore[index]
+    chat = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5, temperature=0, logprobs=True,  # type: ignore[arg-type]
+                                       top_logprobs=2).choices[0]
+    content = chat.logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 5
+    assert "".join(c.token for c in content) == chat.message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob  # greedy: the likeliest
+        assert c.bytes == list(c.token.encode())
+    none = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, temperature=0)  # type: ignore[arg-type]
+    assert none.choices[0].logprobs is None
+
+
+MULTIPLE_CHOICE = [
+    ("Question: What is 2 + 3?\nAnswer:", [" 4", " 5", " 23", " 6"]),
+    ("The capital of France is", [" Berlin", " Paris", " Madrid"]),
+    ("Water freezes at a temperature of", [" 0 degrees Celsius", " 100 degrees Celsius", " 50 degrees Celsius"]),
+    ("Question: Which animal barks?\nAnswer:", [" a cat", " a dog", " a fish"]),
+]
+
+
+def test_a_loglik_multiple_choice_evaluation_through_the_gateway_matches_the_model(real_model, real_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Written against the API (echo + logprobs, the options as one list of prompts) and through the gateway on the
+    built-in real model: the same choices, and the same scores within 1e-3, as computing them directly."""
+    import torch
+
+    from posttrain.platform.serving.client import choose_by_loglik
+    from posttrain.training.modeling import token_logprobs
+
+    engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name="smol",
+                                         tier=DEFAULT_TIERS["standard"]), loaded=real_model).start()
+    server = serve_in_thread(create_engine_app(engine))
+    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
+        Deployment(model="smol", tier="standard", base_url=server.base_url)])))
+    tokenizer = real_model.tokenizer
+    try:
+        for context, options in MULTIPLE_CHOICE:
+            chosen, scores = choose_by_loglik(gateway.base_url, "smol", context, options)
+            direct = []
+            for option in options:
+                ids = tokenizer(context + option, add_special_tokens=False)["input_ids"]
+                offsets = [sum(len(tokenizer.decode([t])) for t in ids[:i]) for i in range(len(ids))]
+                with torch.no_grad():
+                    logprobs = token_logprobs(real_model.model, torch.tensor([ids]))[0].tolist()
+                direct.append(sum(lp for at, lp in zip(offsets[1:], logprobs) if at >= len(context)))
+            assert scores == pytest.approx(direct, abs=1e-3), (context, scores, direct)
+            assert chosen == max(range(len(options)), key=direct.__getitem__)
+    finally:
+        gateway.stop()
+        server.stop()
+        engine.stop()

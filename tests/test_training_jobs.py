@@ -197,6 +197,11 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     assert [m.name for m in lineage("quick")] == ["quick", "quick-sft", "quick-base"]
     assert [m.name for m in lineage("quick-control")] == ["quick-control", "quick-sft", "quick-base"]
     assert result["gain_points"] == pytest.approx(100 * (result["pass_after"] - result["pass_before"]), abs=0.01)
+    # its own comparison: the same held-out tasks before and after, paired task by task (the Compare tab opens it)
+    arena = result["arena"]
+    assert (arena["a"], arena["b"]) == ("quick-sft", "quick") and arena["domains"]["all"]["tasks"] == result["eval_tasks"]
+    assert arena["domains"]["all"]["delta"] == pytest.approx(result["pass_after"] - result["pass_before"])
+    assert arena["disagreements_total"] == arena["domains"]["all"]["wins"] + arena["domains"]["all"]["losses"]
     # on prompts no training step drew (GRPO: the steps of the attempt that finished), beside the control
     assert result["eval_tasks"] == preset.eval.tasks_per_domain and result["eval_unseen_fraction"] == 1.0
     assert 0 < result["grpo_steps_checked"] < grpo_steps  # killed part-way: the rerun checked its own steps

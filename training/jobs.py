@@ -100,6 +100,8 @@ class PresetJobResult(BaseModel):
     gain_over_control_points: float | None = None
     general_before: float | None = Field(default=None, description="the general check's pass@1 before GRPO")
     general_after: float | None = Field(default=None, description="... and after: what training cost elsewhere")
+    arena: dict[str, Any] | None = Field(default=None, description="the held-out evaluations before and after GRPO "
+                                         "paired task by task (training.evaluate.head_to_head): the run's comparison")
     peak_rss_gb: float | None = Field(default=None, description="the job process's peak RSS (learner, rollouts, "
                                       "evaluation), GiB")
 
@@ -372,7 +374,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     from posttrain.platform.models.factory import build_tiny_model
     from posttrain.platform.models.registry import register_model
-    from posttrain.training.evaluate import compare_reports, evaluate_policy
+    from posttrain.training.evaluate import compare_reports, evaluate_policy, head_to_head
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.platform.tasks.heldout import check_held_out
@@ -398,6 +400,13 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     def stage_progress(stage: str, total: int, step: int, text: str) -> None:
         ctx.progress(done + _STAGE_SHARES[stage] * step / total, text)
+
+    def evaluated(stage: str, path: str) -> dict[str, float]:
+        """The held-out evaluation of ``path``; its per-task records kept beside the stages for the run's arena."""
+        records: list[dict[str, Any]] = []
+        report = evaluate_policy(eval_config, path, records=records)
+        (out / f"{stage}.records.json").write_text(json.dumps(records))
+        return report
 
     skipped = [s for s in _STAGE_SHARES if s in state]
     done = sum(_STAGE_SHARES[s] for s in skipped)
@@ -445,7 +454,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     if "eval_before" not in state:
         ctx.progress(done, f"evaluating {sft['model']}", force=True)
-        before = evaluate_policy(eval_config, sft["path"])
+        before = evaluated("eval_before", sft["path"])
         ctx.log_metrics(0, before)
         finish("eval_before", before)
 
@@ -477,7 +486,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     if "eval_after" not in state:
         ctx.progress(done, f"evaluating {grpo['model']}", force=True)
-        after = evaluate_policy(eval_config, grpo["path"])
+        after = evaluated("eval_after", grpo["path"])
         ctx.log_metrics(1, after)
         finish("eval_after", after)
 
@@ -515,6 +524,10 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         "grpo_steps_checked": grpo["grpo_steps_checked"], "general_before": before.get("general/pass@1"),
         "general_after": after.get("general/pass@1"), "peak_rss_gb": round(peak_rss_bytes() / 2**30, 3),
     }  # fmt: skip
+    paired = [out / f"{stage}.records.json" for stage in ("eval_before", "eval_after")]
+    if eval_config.samples == 1 and all(p.is_file() for p in paired):  # greedy, as the Compare tab's arena
+        result_fields["arena"] = {"a": sft["model"], "b": grpo["model"],
+                                  **head_to_head(*(json.loads(p.read_text()) for p in paired))}
     if control:
         controlled = state["eval_control"]["eval/pass@1"]
         result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],

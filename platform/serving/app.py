@@ -140,9 +140,99 @@ async def _whole(engine: EmbeddedEngine, handle: RequestHandle) -> tuple[str, st
     return "".join(parts), reason
 
 
-def _usage(h: RequestHandle) -> dict[str, int]:
-    p, c = len(h.seq.prompt_ids), h.completion_tokens
+async def _merged(engine: EmbeddedEngine, handles: list[RequestHandle]) -> AsyncIterator[tuple[int, str, str | None]]:
+    """Every handle's :func:`_deltas` as they come, ``(index, delta, finish_reason)``, the requests' choices
+    interleaved; the first engine error is raised."""
+    if len(handles) == 1:
+        async for delta, reason in _deltas(engine, handles[0]):
+            yield 0, delta, reason
+        return
+    arrived: asyncio.Queue[tuple[int, str | None, str | None, APIError | None]] = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        try:
+            async for delta, reason in _deltas(engine, handle):
+                await arrived.put((index, delta, reason, None))
+        except APIError as exc:
+            await arrived.put((index, None, None, exc))
+        await arrived.put((index, None, None, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        live = len(handles)
+        while live:
+            index, delta, reason, error = await arrived.get()
+            if error is not None:
+                raise error
+            if delta is None:
+                live -= 1
+                continue
+            yield index, delta, reason
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _wholes(engine: EmbeddedEngine, handles: list[RequestHandle]) -> list[tuple[str, str]]:
+    """Each handle's whole text and finish reason (:func:`_whole`, together); every handle is released after."""
+    try:
+        return list(await asyncio.gather(*(_whole(engine, h) for h in handles)))
+    finally:
+        for h in handles:
+            h.cancel()
+
+
+def _usage(handles: list[RequestHandle]) -> dict[str, int]:
+    """The prompt tokens of each distinct prompt once (n samples share theirs) and every choice's completion tokens."""
+    p = sum(len(prepared.prompt_ids) for prepared in {id(h.prepared): h.prepared for h in handles}.values())
+    c = sum(h.completion_tokens for h in handles)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _token_text(engine: EmbeddedEngine, token: int) -> str:
+    return engine.tokenizer.decode([token])
+
+
+def _chat_logprobs(engine: EmbeddedEngine, h: RequestHandle) -> dict[str, Any] | None:
+    """OpenAI's chat ``logprobs``: per answer token its text, bytes, log-prob and the likeliest alternatives."""
+    if not h.seq.params.logprobs:
+        return None
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = _token_text(engine, token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    n = h.completion_tokens
+    tops = h.seq.top_logprobs or [[] for _ in range(n)]
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+                        for t, lp, top in zip(h.seq.generated[:n], h.seq.logprobs[:n], tops[:n])]}  # fmt: skip
+
+
+def _completion_logprobs(engine: EmbeddedEngine, h: RequestHandle, echo: bool) -> dict[str, Any] | None:
+    """The legacy completions ``logprobs``: tokens, their log-probs, the likeliest tokens at each position (with
+    the chosen one) and each token's offset in the returned text; with ``echo`` the prompt's tokens first, the
+    very first without a log-prob (null), as OpenAI's legacy API returns them."""
+    if not h.seq.params.logprobs:
+        return None
+    n = h.completion_tokens
+    tokens = h.seq.generated[:n]
+    scored: list[tuple[float, list[tuple[int, float]]] | None] = list(zip(h.seq.logprobs[:n], h.seq.top_logprobs[:n] or [[]] * n))
+    if echo:
+        tokens = h.seq.prompt_ids + tokens
+        scored = list(h.seq.prompt_logprobs) + scored
+    texts = [_token_text(engine, t) for t in tokens]
+    offsets, at = [], 0
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    tops: list[dict[str, float] | None] = []
+    for token, text, found in zip(tokens, texts, scored):
+        if found is None:
+            tops.append(None)
+            continue
+        tops.append({**{_token_text(engine, a): alp for a, alp in found[1]}, text: found[0]})
+    return {"tokens": texts, "token_logprobs": [None if f is None else f[0] for f in scored], "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 TEXT_REQUEST_BYTES = 1024 * 1024  # a body's room for text: JSON-escaped, far more than any context window holds
@@ -206,23 +296,24 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         check_model(req.model, granted)
         # templating and tokenising are proportional to the prompt: off the event loop, so /health and
         # every other request keep being answered meanwhile
-        handle = engine.submit(await asyncio.to_thread(engine.prepare_chat, req))
+        handles = engine.submit(await asyncio.to_thread(engine.prepare_chat, req), req.n)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ignoring(req, StreamingResponse(_chat_stream(engine, handle, include_usage), media_type="text/event-stream"))
-        return ignoring(req, await _chat_full(engine, handle))
+            return ignoring(req, StreamingResponse(_chat_stream(engine, handles, include_usage), media_type="text/event-stream"))
+        return ignoring(req, await _chat_full(engine, handles))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         granted, body = await body_of(request)
         req: CompletionRequest = parse_request(CompletionRequest, body)
         check_model(req.model, granted)
-        handle = engine.submit(await asyncio.to_thread(engine.prepare_completion, req))
+        prepared = await asyncio.to_thread(engine.prepare_completion, req)
+        handles = [h for p in prepared for h in engine.submit(p, req.n)]  # choice i: prompt i // n, sample i % n
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ignoring(req, StreamingResponse(_completion_stream(engine, handle, include_usage),
+            return ignoring(req, StreamingResponse(_completion_stream(engine, handles, include_usage, req.echo),
                                                    media_type="text/event-stream"))
-        return ignoring(req, await _completion_full(engine, handle))
+        return ignoring(req, await _completion_full(engine, handles, req.echo))
 
     return app
 
@@ -234,81 +325,102 @@ def ignoring(req: SamplingFields, response: Response) -> Response:
     return response
 
 
-async def _chat_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
-    text, reason = await _whole(engine, handle)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if handle.prepared.has_tools:
-        content, calls = parse_tool_calls(text)
-        if calls:
-            message = {"role": "assistant", "content": content or None,
-                       "tool_calls": [c.to_openai() for c in calls]}
-            reason = "tool_calls"
-    return JSONResponse({
-        "id": f"chatcmpl-{handle.id}", "object": "chat.completion", "created": handle.created, "model": engine.name,
-        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
-        "usage": _usage(handle),
-    })
-
-
-async def _chat_stream(engine: EmbeddedEngine, handle: RequestHandle, include_usage: bool) -> AsyncIterator[bytes]:
-    base = {"id": f"chatcmpl-{handle.id}", "object": "chat.completion.chunk", "created": handle.created,
-            "model": engine.name}
-
-    def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
-        return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]})
-
-    text, sent = "", 0  # the completion so far; characters of it already streamed
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for delta, reason in _deltas(engine, handle):
-            text += delta
-            if reason is None:
-                limit = safe_prefix_len(text) if handle.prepared.has_tools else len(text)
-                if limit > sent:
-                    yield chunk({"content": text[sent:limit]})
-                    sent = limit
-                continue
-            content, calls = parse_tool_calls(text) if handle.prepared.has_tools else (text, [])
+async def _chat_full(engine: EmbeddedEngine, handles: list[RequestHandle]) -> JSONResponse:
+    choices = []
+    for index, (h, (text, reason)) in enumerate(zip(handles, await _wholes(engine, handles))):
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if h.prepared.has_tools:
+            content, calls = parse_tool_calls(text)
             if calls:
-                if len(content) > sent:
-                    yield chunk({"content": content[sent:]})
-                yield chunk({"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": [c.to_openai() for c in calls]}
                 reason = "tool_calls"
-            elif len(text) > sent:
-                yield chunk({"content": text[sent:]})
-            yield chunk({}, reason)
-            if include_usage:
-                yield sse({**base, "choices": [], "usage": _usage(handle)})
-        yield sse("[DONE]")
-    except APIError as exc:
-        yield sse(exc.body())
-        yield sse("[DONE]")
-    finally:
-        handle.cancel()
-
-
-async def _completion_full(engine: EmbeddedEngine, handle: RequestHandle) -> JSONResponse:
-    text, reason = await _whole(engine, handle)
+        choices.append({"index": index, "message": message, "finish_reason": reason, "logprobs": _chat_logprobs(engine, h)})
+    first = handles[0]
     return JSONResponse({
-        "id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name,
-        "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
-        "usage": _usage(handle),
+        "id": f"chatcmpl-{first.id}", "object": "chat.completion", "created": first.created, "model": engine.name,
+        "choices": choices, "usage": _usage(handles),
     })
 
 
-async def _completion_stream(engine: EmbeddedEngine, handle: RequestHandle, include_usage: bool) -> AsyncIterator[bytes]:
-    base = {"id": f"cmpl-{handle.id}", "object": "text_completion", "created": handle.created, "model": engine.name}
+async def _chat_stream(engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool) -> AsyncIterator[bytes]:
+    first = handles[0]
+    base = {"id": f"chatcmpl-{first.id}", "object": "chat.completion.chunk", "created": first.created,
+            "model": engine.name}
+    tools = first.prepared.has_tools
+
+    def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]})
+
+    texts, sent = [""] * len(handles), [0] * len(handles)  # each choice so far; characters of it already streamed
     try:
-        async for delta, reason in _deltas(engine, handle):
-            if delta or reason is not None:
-                yield sse({**base, "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]})
+        for index in range(len(handles)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for index, delta, reason in _merged(engine, handles):
+            texts[index] += delta
+            text = texts[index]
+            if reason is None:
+                limit = safe_prefix_len(text) if tools else len(text)
+                if limit > sent[index]:
+                    yield chunk(index, {"content": text[sent[index]:limit]})
+                    sent[index] = limit
+                continue
+            content, calls = parse_tool_calls(text) if tools else (text, [])
+            if calls:
+                if len(content) > sent[index]:
+                    yield chunk(index, {"content": content[sent[index]:]})
+                yield chunk(index, {"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
+                reason = "tool_calls"
+            elif len(text) > sent[index]:
+                yield chunk(index, {"content": text[sent[index]:]})
+            yield chunk(index, {}, reason)
         if include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(handle)})
+            yield sse({**base, "choices": [], "usage": _usage(handles)})
         yield sse("[DONE]")
     except APIError as exc:
         yield sse(exc.body())
         yield sse("[DONE]")
     finally:
-        handle.cancel()
+        for h in handles:
+            h.cancel()
 
 
+def _echoed(h: RequestHandle, echo: bool) -> str:
+    return (h.prepared.prompt_text or "") if echo else ""
+
+
+async def _completion_full(engine: EmbeddedEngine, handles: list[RequestHandle], echo: bool) -> JSONResponse:
+    first = handles[0]
+    return JSONResponse({
+        "id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created, "model": engine.name,
+        "choices": [{"index": index, "text": _echoed(h, echo) + text, "finish_reason": reason,
+                     "logprobs": _completion_logprobs(engine, h, echo)}
+                    for index, (h, (text, reason)) in enumerate(zip(handles, await _wholes(engine, handles)))],
+        "usage": _usage(handles),
+    })  # fmt: skip
+
+
+async def _completion_stream(engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool,
+                             echo: bool) -> AsyncIterator[bytes]:
+    first = handles[0]
+    base = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created, "model": engine.name}
+
+    def chunk(index: int, text: str, reason: str | None) -> bytes:
+        return sse({**base, "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": None}]})
+
+    try:
+        if echo:
+            for index, h in enumerate(handles):
+                yield chunk(index, _echoed(h, echo), None)
+        async for index, delta, reason in _merged(engine, handles):
+            if delta or reason is not None:
+                yield chunk(index, delta, reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(handles)})
+        yield sse("[DONE]")
+    except APIError as exc:
+        yield sse(exc.body())
+        yield sse("[DONE]")
+    finally:
+        for h in handles:
+            h.cancel()

@@ -90,6 +90,26 @@ def chat_as(identity: Identity, base_url: str, model: str, messages: list[dict[s
                        temperature=temperature, api_key=key)  # fmt: skip
 
 
+def choose_by_loglik(base_url: str, model: str, context: str, options: list[str], *, api_key: str | None = None,
+                     timeout_s: float = 120.0) -> tuple[int, list[float]]:
+    """A log-likelihood multiple-choice answer through the completions API, as evaluation harnesses ask it: each
+    ``context + option`` echoed with its tokens' log-probs (one request, the options as a list of prompts), each
+    option scored by the summed log-probs of the tokens that start at or after the end of ``context``. Returns the
+    index of the likeliest option and every option's score."""
+    resp = httpx.post(f"{base_url.rstrip('/')}/v1/completions", timeout=timeout_s,
+                      headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+                      json={"model": model, "prompt": [context + o for o in options], "max_tokens": 1, "temperature": 0,
+                            "echo": True, "logprobs": 0})  # fmt: skip
+    _raise_for(resp)
+    scores = []
+    for option, choice in zip(options, sorted(resp.json()["choices"], key=lambda c: c["index"])):
+        found = choice["logprobs"]
+        end = len(context) + len(option)  # the one generated token lies beyond the echoed prompt
+        scores.append(sum(lp for at, lp in zip(found["text_offset"], found["token_logprobs"])
+                          if len(context) <= at < end and lp is not None))  # fmt: skip
+    return max(range(len(options)), key=scores.__getitem__), scores
+
+
 def list_models(base_url: str, *, timeout_s: float = 5.0) -> list[str]:
     resp = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout_s)
     _raise_for(resp)

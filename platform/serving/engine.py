@@ -12,6 +12,7 @@ accepted. Vision models decode whole batches through ``generate`` instead.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import queue
@@ -75,7 +76,8 @@ Event = TokensEvent | DoneEvent | ErrorEvent
 class RequestHandle:
     """One submitted request: its sequence state and the queue its events arrive on."""
 
-    def __init__(self, prepared: PreparedRequest, stop_ids: frozenset[int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, prepared: PreparedRequest, stop_ids: frozenset[int], loop: asyncio.AbstractEventLoop,
+                 seed: int | None = None) -> None:
         self.id = f"{next(_ids)}-{uuid.uuid4().hex[:12]}"
         self.created = int(time.time())
         self.prepared = prepared
@@ -83,8 +85,8 @@ class RequestHandle:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
-        self.seq = Sequence(prompt_ids=prepared.prompt_ids, params=prepared.params, stop_token_ids=stop_ids,
-                            emit=self._emit)
+        params = prepared.params if seed == prepared.params.seed else dataclasses.replace(prepared.params, seed=seed)
+        self.seq = Sequence(prompt_ids=prepared.prompt_ids, params=params, stop_token_ids=stop_ids, emit=self._emit)
         self._stopped_at: int | None = None
 
     def _push(self, event: Event) -> None:
@@ -182,10 +184,11 @@ class EmbeddedEngine:
         gen = self.loaded.model.generation_config
         self.default_temperature = float(gen.temperature or 1.0) if gen.do_sample else 0.0
         self.metrics = EngineMetrics(self.name)
-        self._queue: queue.Queue[RequestHandle] = queue.Queue()
+        self._queue: queue.Queue[list[RequestHandle]] = queue.Queue()  # a request's samples, together
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.largest_batch = 0  # most requests decoded together so far
+        self._held: list[RequestHandle] | None = None  # taken from the queue, waiting for room in the batch
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> EmbeddedEngine:
@@ -202,7 +205,9 @@ class EmbeddedEngine:
 
     # request preparation (caller's thread) ------------------------------
     def _params(self, prompt_len: int, max_tokens: int | None, temperature: float | None, top_p: float,
-                seed: int | None) -> SamplingParams:
+                seed: int | None, top_logprobs: int | None = None, echo: bool = False) -> SamplingParams:
+        """``top_logprobs``: None for no log-probs, else how many likeliest tokens beside each one's; ``echo``
+        with log-probs scores the prompt's tokens too."""
         if prompt_len >= self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
@@ -215,7 +220,9 @@ class EmbeddedEngine:
                 f"length is {self.max_model_len} tokens and your request has {prompt_len} input tokens "
                 f"({max_tokens} > {self.max_model_len} - {prompt_len}).", param="max_tokens")
         temp = self.default_temperature if temperature is None else temperature
-        return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed)
+        scored = top_logprobs is not None
+        return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, logprobs=scored,
+                              raw_logprobs=scored, top_logprobs=top_logprobs or 0, prompt_logprobs=scored and echo)
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -250,62 +257,79 @@ class EmbeddedEngine:
             prompt_ids = batch["input_ids"][0].tolist()
         else:
             prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.is_vision and (req.logprobs or req.n > 1):
+            raise bad_request("this vision model's engine returns one answer without log-probs: leave out n and logprobs",
+                              param="n" if req.n > 1 else "logprobs")
         max_tokens = req.max_completion_tokens or req.max_tokens
-        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed)
+        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed, req.top_k_logprobs)
         return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
                                images=images, has_tools=tools is not None, stop=req.stop_strings)
 
-    def prepare_completion(self, req: CompletionRequest) -> PreparedRequest:
-        """Tokenise a completion request (off the event loop, like :meth:`prepare_chat`)."""
-        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
-            if len(req.prompt) != 1:
-                raise bad_request("this server takes one prompt per request", param="prompt")
-            prompt: str | list[int] = req.prompt[0]
-        else:
-            prompt = req.prompt  # type: ignore[assignment]
-        if isinstance(prompt, str):
-            self.refuse_long_text(len(prompt))
-            prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            text = prompt
-        else:
-            vocab = len(self.tokenizer)
-            if any(not 0 <= t < vocab for t in prompt):
-                raise bad_request(f"prompt token ids must lie in [0, {vocab})", param="prompt")
-            prompt_ids, text = list(prompt), self.tokenizer.decode(prompt)
-        if not prompt_ids:
-            raise bad_request("prompt is empty", param="prompt")
-        params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed)
-        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
-                               stop=req.stop_strings)
+    def prepare_completion(self, req: CompletionRequest) -> list[PreparedRequest]:
+        """Tokenise each prompt of a completion request (off the event loop, like :meth:`prepare_chat`)."""
+        if self.is_vision and (req.logprobs is not None or req.n > 1 or len(req.prompts) > 1):
+            raise bad_request("this vision model's engine completes one prompt once without log-probs: send one prompt, "
+                              "without n and logprobs", param="prompt")
+        prepared = []
+        for index, prompt in enumerate(req.prompts):
+            where = "prompt" if isinstance(req.prompt, str) or len(req.prompts) == 1 else f"prompt.{index}"
+            if isinstance(prompt, str):
+                self.refuse_long_text(len(prompt))
+                prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                text = prompt
+            else:
+                vocab = len(self.tokenizer)
+                if any(not 0 <= t < vocab for t in prompt):
+                    raise bad_request(f"prompt token ids must lie in [0, {vocab})", param=where)
+                prompt_ids, text = list(prompt), self.tokenizer.decode(prompt)
+            if not prompt_ids:
+                raise bad_request("prompt is empty", param=where)
+            params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed,
+                                  req.top_k_logprobs, req.echo)
+            prepared.append(PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text, stop=req.stop_strings))
+        return prepared
 
-    def submit(self, prepared: PreparedRequest) -> RequestHandle:
-        """Queue a prepared request; call from a running event loop."""
+    def submit(self, prepared: PreparedRequest, n: int = 1) -> list[RequestHandle]:
+        """Queue ``n`` completions of a prepared request (one group: its prompt is prefilled once and its samples
+        decode together; seeded, sample ``j`` draws from seed + ``j``); call from a running event loop."""
         if self._thread is None or self._stopping.is_set():
             raise APIError(503, f"engine for {self.name} is not running")
-        handle = RequestHandle(prepared, self.stop_ids, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        seed = prepared.params.seed
+        handles = [RequestHandle(prepared, self.stop_ids, loop, None if seed is None else (seed + j) % 2**64)
+                   for j in range(n)]  # fmt: skip
         with self.metrics._lock:
-            self.metrics.waiting += 1
-        self._queue.put(handle)
-        return handle
+            self.metrics.waiting += n
+        self._queue.put(handles)
+        return handles
 
     # scheduler thread -----------------------------------------------------
-    def _take(self, room: int, wait: bool) -> list[RequestHandle]:
-        """Up to ``room`` waiting requests. With ``wait`` (nothing running) block briefly for the first
-        and give the tier's ``batch_wait_ms`` for others to arrive; else take only what is already waiting."""
-        taken: list[RequestHandle] = []
+    def _take(self, room: int, wait: bool) -> list[list[RequestHandle]]:
+        """Waiting requests (each its group of samples) while their samples fit in ``room`` rows; a request larger
+        than the tier's whole batch joins an empty one alone. With ``wait`` (nothing running) block briefly for
+        the first and give the tier's ``batch_wait_ms`` for others to arrive; else take only what is waiting."""
+        taken: list[list[RequestHandle]] = []
         if room <= 0:
             return taken
-        if wait:
+        if self._held is None and wait:
             try:
-                taken.append(self._queue.get(timeout=0.05))
+                self._held = self._queue.get(timeout=0.05)
             except queue.Empty:
                 return taken
         deadline = time.perf_counter() + (self.config.tier.batch_wait_ms / 1000 if wait else 0.0)
-        while len(taken) < room:
-            remaining = deadline - time.perf_counter()
-            try:
-                taken.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
-            except queue.Empty:
+        while True:
+            if self._held is None:
+                remaining = deadline - time.perf_counter()
+                try:
+                    self._held = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if len(self._held) > room and (taken or not wait):
+                break  # it waits for room (a request larger than the whole batch: for an empty batch)
+            taken.append(self._held)
+            room -= len(self._held)
+            self._held = None
+            if room <= 0:
                 break
         return taken
 
@@ -328,14 +352,15 @@ class EmbeddedEngine:
         while not self._stopping.is_set():
             try:
                 if batch.can_join:
-                    new = self._take(self.config.tier.max_num_seqs - len(batch), wait=not running)
+                    groups = self._take(self.config.tier.max_num_seqs - len(batch), wait=not running)
+                    new = [h for g in groups for h in g]
                     self._admit(new)
                     for h in new:
                         if h.seq.finished:  # cancelled while it waited
                             self._finish(h)
                         else:
                             running[id(h.seq)] = h
-                    batch.add([h.seq for h in new if not h.seq.finished])
+                    batch.add_groups([[h.seq for h in g if not h.seq.finished] for g in groups])
                     self.largest_batch = max(self.largest_batch, len(running))
                 if len(batch):
                     batch.step()
@@ -355,7 +380,7 @@ class EmbeddedEngine:
     def _run_static(self) -> None:
         """Vision models: decode whole batches with ``generate`` (images make rows hard to splice)."""
         while not self._stopping.is_set():
-            batch = self._take(self.config.tier.max_num_seqs, wait=True)
+            batch = [h for g in self._take(self.config.tier.max_num_seqs, wait=True) for h in g]
             if not batch:
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))

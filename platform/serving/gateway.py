@@ -107,6 +107,23 @@ class Gateway:
         self.records: deque[RequestRecord] = deque(maxlen=10_000)
         self._rr: dict[tuple[str, str], int] = {}
         self.client: aiohttp.ClientSession | None = None
+        self._lengths: dict[str, int] = {}  # base_url -> its engine's max_model_len (fixed for the engine's life)
+
+    async def max_model_len(self, model: str, tier: str) -> int | None:
+        """The context length of ``model`` in ``tier``, as its replica's engine reports it (None when none answers)."""
+        assert self.client is not None
+        for replica in self.replicas(model, tier):
+            if replica.base_url in self._lengths:
+                return self._lengths[replica.base_url]
+            try:
+                async with self.client.get(f"{replica.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                    found = [m.get("max_model_len") for m in (await r.json()).get("data", []) if m.get("id") == model]
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+            if found and isinstance(found[0], int):
+                self._lengths[replica.base_url] = found[0]
+                return found[0]
+        return None
 
     def models(self) -> list[str]:
         return sorted({d.model for d in self.deployments})
@@ -231,9 +248,15 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         shown = visible(await grant(request), gw.models())
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "posttrain",
-                                             "tiers": gw.tiers(m), "default_tier": gw.route(m, None, None).tier}
-                                            for m in shown]}
+        lengths = {m: dict(zip(gw.tiers(m), await asyncio.gather(*(gw.max_model_len(m, t) for t in gw.tiers(m)))))
+                   for m in shown}  # fmt: skip
+        data = []
+        for m in shown:
+            default = gw.route(m, None, None).tier
+            data.append({"id": m, "object": "model", "created": 0, "owned_by": "posttrain", "root": m,
+                         "max_model_len": lengths[m][default], "tiers": gw.tiers(m), "default_tier": default,
+                         "max_model_len_by_tier": lengths[m]})
+        return {"object": "list", "data": data}
 
     @app.get("/v1/deployments")
     async def deployments(request: Request) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ member. Sampling rows that share a generator and settings draw their tokens in o
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,11 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: bool = False  # record each accepted token's log-prob in Sequence.logprobs
+    # the API's log-probs: of the model's own distribution (before the temperature), as vLLM reports them; with
+    # top_logprobs > 0 also the most likely tokens at each position (Sequence.top_logprobs)
+    raw_logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False  # also score the prompt's tokens (Sequence.prompt_logprobs; the first has none)
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +61,8 @@ class Sequence:
     accepted_draft_tokens: int = 0
     generator: torch.Generator | None = None
     logprobs: list[float] = field(default_factory=list)  # one per generated token when params.logprobs
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per generated token, params.top_logprobs
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = field(default_factory=list)  # per prompt token
 
     @property
     def finished(self) -> bool:
@@ -143,24 +151,65 @@ def chosen_logprobs(logits: torch.Tensor, ids: list[int], temperatures: list[flo
     return logprobs.gather(1, torch.tensor(ids, device=logits.device)[:, None]).squeeze(1).tolist()
 
 
-def _logprobs_of(logits: torch.Tensor, new_ids: list[list[int]], seqs: list[Sequence]) -> list[list[float] | None]:
-    """The log-probs of ``new_ids[i]`` (token ``j`` scored by ``logits[i, j]``; logits are rows, positions,
-    vocab) for each sequence that records them; None for the others."""
-    out: list[list[float] | None] = [None] * len(seqs)
+def _scored(logits: torch.Tensor, ids: list[int], seqs: list[Sequence]) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """For row ``j`` of ``logits`` (rows, vocab): the log-prob of ``ids[j]`` under ``seqs[j]``'s distribution (its
+    temperature's, the untruncated sampling distribution; temperature 1 for greedy rows and raw log-probs), and its
+    ``top_logprobs`` most likely tokens with theirs."""
+    scale = torch.tensor([s.params.temperature if s.params.temperature > 0 and not s.params.raw_logprobs else 1.0
+                          for s in seqs], device=logits.device)[:, None]  # fmt: skip
+    logprobs = torch.log_softmax(logits.float() / scale, dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(ids, device=logits.device)[:, None]).squeeze(1).tolist()
+    k = max(s.params.top_logprobs for s in seqs)
+    if not k:
+        return chosen, [[] for _ in seqs]
+    values, indices = torch.topk(logprobs, k, dim=-1)
+    return chosen, [list(zip(indices[j, : s.params.top_logprobs].tolist(), values[j, : s.params.top_logprobs].tolist()))
+                    for j, s in enumerate(seqs)]  # fmt: skip
+
+
+def chosen_logprobs(logits: torch.Tensor, ids: list[int], temperatures: list[float]) -> list[float]:
+    """``log_softmax(logits[j] / temperatures[j])[ids[j]]`` for each row ``j``: the log-prob of the chosen
+    token under the untruncated sampling distribution (temperature 1 for greedy rows)."""
+    return _scored(logits, ids, [Sequence([], SamplingParams(1, temperature=t), frozenset()) for t in temperatures])[0]
+
+
+Scores = tuple[list[float], list[list[tuple[int, float]]]]
+
+
+def _logprobs_of(logits: torch.Tensor, new_ids: list[list[int]], seqs: list[Sequence]) -> list[Scores | None]:
+    """The log-probs (and top log-probs) of ``new_ids[i]`` (token ``j`` scored by ``logits[i, j]``; logits are rows,
+    positions, vocab) for each sequence that records them; None for the others."""
+    out: list[Scores | None] = [None] * len(seqs)
     wanted = [i for i, s in enumerate(seqs) if s.params.logprobs]
     if not wanted:
         return out
     rows = [i for i in wanted for _ in new_ids[i]]
     cols = [j for i in wanted for j in range(len(new_ids[i]))]
-    flat = chosen_logprobs(logits[rows, cols], [t for i in wanted for t in new_ids[i]],
-                           [seqs[r].params.temperature for r in rows])
+    chosen, tops = _scored(logits[rows, cols], [t for i in wanted for t in new_ids[i]], [seqs[r] for r in rows])
     for i in wanted:
-        out[i], flat = flat[: len(new_ids[i])], flat[len(new_ids[i]) :]
+        n = len(new_ids[i])
+        out[i], chosen, tops = (chosen[:n], tops[:n]), chosen[n:], tops[n:]
     return out
 
 
-def accept_tokens(seq: Sequence, new_ids: list[int], logprobs: list[float] | None = None) -> None:
-    """Append tokens up to a stop token or the length limit and emit them (and their log-probs, when given)."""
+def _prompt_logprobs(logits: torch.Tensor, mask: torch.Tensor, prompts: list[list[int]], seqs: list[Sequence]) -> list[
+        list[tuple[float, list[tuple[int, float]]] | None]]:
+    """Each prompt's tokens scored by the prefill's logits (rows, positions, vocab; rows left-padded as ``mask``
+    says): token ``i`` by the position before it, the first token by none (None), as the legacy ``echo`` returns."""
+    out = []
+    for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        start = int(mask.shape[1] - mask[row].sum())
+        if len(prompt) < 2:
+            out.append([None] * len(prompt))
+            continue
+        chosen, tops = _scored(logits[row, start : start + len(prompt) - 1], prompt[1:], [seq] * (len(prompt) - 1))
+        out.append([None, *zip(chosen, tops)])
+    return out
+
+
+def accept_tokens(seq: Sequence, new_ids: list[int], logprobs: list[float] | Scores | None = None) -> None:
+    """Append tokens up to a stop token or the length limit and emit them (and their log-probs, when given: a list,
+    or the pair of lists :func:`_logprobs_of` gives)."""
     kept: list[int] = []
     for tok in new_ids:
         kept.append(tok)
@@ -171,6 +220,10 @@ def accept_tokens(seq: Sequence, new_ids: list[int], logprobs: list[float] | Non
             seq.finish_reason = "length"
             break
     seq.generated.extend(kept)
+    if isinstance(logprobs, tuple):
+        logprobs, tops = logprobs
+        if seq.params.top_logprobs:
+            seq.top_logprobs.extend(tops[: len(kept)])
     if logprobs is not None:
         seq.logprobs.extend(logprobs[: len(kept)])
     if kept:
@@ -216,6 +269,8 @@ class DecodeBatch:
         self.valid = torch.zeros(0, dtype=torch.long)  # real tokens each row holds in the cache
         self.pending: list[int] = []  # each row's next input token (chosen, not yet in the cache)
         self._left: list[Sequence] = []  # finished rows that step() removed, for the next pop_finished
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -245,7 +300,14 @@ class DecodeBatch:
         for seq in seqs:
             if seq.params.seed is not None and not seq.params.greedy:
                 seq.generator = torch.Generator().manual_seed(seq.params.seed)
-        cache, mask, logits = self._prefill([g[0].prompt_ids for g in groups])
+        prompts = [g[0].prompt_ids for g in groups]
+        cache, mask, every = self._prefill(prompts, every=any(s.params.prompt_logprobs for s in seqs))
+        logits = every[:, -1]
+        if every.shape[1] > 1:
+            for group, scored in zip(groups, _prompt_logprobs(every, mask, prompts, [g[0] for g in groups])):
+                for seq in group:
+                    if seq.params.prompt_logprobs:
+                        seq.prompt_logprobs = scored
         valid = mask.sum(-1)
         if len(seqs) > len(groups):  # repeat each group's prefilled row for its members
             index = torch.tensor([i for i, g in enumerate(groups) for _ in g])
@@ -258,8 +320,9 @@ class DecodeBatch:
         self.seqs += seqs
         self.pending += pending
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """Run the left-padded prompts through the model: their cache, mask and last-position logits."""
+    def _prefill(self, prompts: list[list[int]], every: bool = False) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Run the left-padded prompts through the model: their cache, mask and logits (rows, positions, vocab) at the
+        last position, or at ``every`` position (scoring the prompts)."""
         lengths = [len(p) for p in prompts]
         width = max(lengths)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -269,9 +332,10 @@ class DecodeBatch:
             mask[row, width - lengths[row] :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        keep = {} if every or not self._keeps_logits else {"logits_to_keep": 1}  # the vocab projection: last row only
         out = _forward(self.model, cache, input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                       position_ids=positions.to(self.device))
-        return cache, mask, out.logits[:, -1]
+                       position_ids=positions.to(self.device), **keep)
+        return cache, mask, out.logits
 
     def _splice(self, cache: DynamicCache, mask: torch.Tensor, valid: torch.Tensor) -> None:
         """Append newly prefilled rows to the running batch, left-padding whichever side is shorter."""

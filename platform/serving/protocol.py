@@ -75,19 +75,20 @@ class StreamOptions(BaseModel):
 
 # OpenAI parameters the embedded engine does not implement, with the values that mean "not used": accepted as such
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}), "suffix": (None, ""), "parallel_tool_calls": (None, True),
     "service_tier": (None, "auto", "default"), "store": (None, False), "prediction": (None,), "modalities": (None, ["text"]),
     "audio": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
 }
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 64  # n per prompt, times the prompts of a completion request
+MAX_TOP_LOGPROBS = 20  # as OpenAI's and vLLM's default limit
 IGNORED_HEADER = "x-posttrain-ignored-fields"  # the request's fields the engine neither knows nor refuses
 
 
 class UnsupportedParameter(ValueError):
-    def __init__(self, name: str, value: Any) -> None:
-        super().__init__(f"`{name}` is not supported by this engine (got {value!r}); leave it out")
+    def __init__(self, name: str, value: Any, why: str | None = None) -> None:
+        super().__init__(f"`{name}`: {why}" if why else f"`{name}` is not supported by this engine (got {value!r}); leave it out")
         self.name = name
 
 
@@ -100,7 +101,8 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="what torch.Generator.manual_seed takes")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="completions per prompt, sampled together, the prompt prefilled once")
+    best_of: int | None = Field(None, ge=1, description="accepted when it equals n (no candidates are drawn beyond n)")
     stop: str | list[str] | None = Field(None, description="the text ends before the first of these (not included)")
     user: str | None = Field(None, max_length=256, description="the caller's end user, for the caller's records")
 
@@ -114,6 +116,9 @@ class SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> SamplingFields:
+        if self.best_of is not None and self.best_of != self.n:
+            raise UnsupportedParameter("best_of", self.best_of, f"best_of other than n ({self.n}) is not supported: "
+                                       "leave it out, or ask for n completions and choose among them")
         for name, neutral in UNSUPPORTED.items():
             value = (self.model_extra or {}).get(name)
             if not any(value == v and type(value) is not bool or value is v for v in neutral):
@@ -136,17 +141,57 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
+    logprobs: bool | None = Field(None, description="each answer token's log-prob (of the model's distribution)")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="and this many likeliest tokens")
 
     @model_validator(mode="after")
-    def _tool_choice(self) -> ChatCompletionRequest:
+    def _chat_fields(self) -> ChatCompletionRequest:
         if self.tool_choice not in (None, "none", "auto"):  # required or a named function: not enforced yet
             raise UnsupportedParameter("tool_choice", self.tool_choice)
+        if self.top_logprobs and not self.logprobs:
+            raise UnsupportedParameter("top_logprobs", self.top_logprobs, "top_logprobs needs logprobs: true")
+        if self.logprobs and self.stream:
+            raise UnsupportedParameter("logprobs", self.logprobs, "log-probs are not streamed yet: leave out stream, "
+                                       "or logprobs")
         return self
+
+    @property
+    def top_k_logprobs(self) -> int | None:
+        """None: no log-probs; else how many likeliest tokens to list beside each answer token's."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(description="a prompt, prompts, or token ids")
     max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="each token's log-prob and this many "
+                                 "likeliest tokens at each position (legacy format)")
+    echo: bool = Field(False, description="the prompt precedes the completion; with logprobs, scored too")
+
+    @model_validator(mode="after")
+    def _completion_fields(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is an empty list: give a prompt, a list of prompts, or token ids")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ValueError(f"{len(self.prompts)} prompts x n={self.n} is over {MAX_CHOICES} completions a request: "
+                             "send fewer prompts a request")
+        if self.logprobs is not None and self.stream:
+            raise UnsupportedParameter("logprobs", self.logprobs, "log-probs are not streamed yet: leave out stream, "
+                                       "or logprobs")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each text or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    @property
+    def top_k_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 async def read_json_body(request: Request, max_bytes: int) -> tuple[bytes, Any]:

@@ -202,12 +202,23 @@ with compare_tab:
                 submit("evaluate", {"models": [cmp_a, cmp_b], "task_set": None if cmp_set.startswith("(") else cmp_set,
                                     "domains": cmp_domains, "difficulty": int(cmp_difficulty),
                                     "tasks_per_domain": int(cmp_limit), "max_new_tokens": int(cmp_tokens)})  # fmt: skip
-    results = {j.id: read_result(j.kind, j.result) for j in queue.list_jobs(kind="evaluate", status=JobStatus.succeeded, limit=100)}
+    # the evaluate jobs that compared two models, and the runs that compared their result with their base
+    finished = [j for kind in ("evaluate", "train_preset") for j in queue.list_jobs(kind=kind, status=JobStatus.succeeded, limit=100)]
+    runs = {j.id for j in finished if j.kind == "train_preset"}
+    results = {j.id: read_result(j.kind, j.result) for j in sorted(finished, key=lambda j: -(j.id or 0))}
     compared = {job_id: r for job_id, r in results.items() if r is not None and getattr(r, "arena", None)}
+
+    def compared_on(job_id: int) -> str:
+        found = compared[job_id]
+        if job_id in runs:  # a run's held-out evaluations before and after its training
+            return f"run {job_id}'s held-out tasks (preset {found.preset!r})"
+        return found.task_set or ", ".join(found.domains)
+
     if compared:
+        opened = query.get("compare_open", "")  # a run's "compare with its base" opens the run's own comparison
         chosen = st.selectbox("Comparisons", list(compared), key="compare_open", format_func=lambda job_id: (
-            f"job {job_id}: {compared[job_id].arena['a']} vs {compared[job_id].arena['b']} on "
-            f"{compared[job_id].task_set or ', '.join(compared[job_id].domains)}"))  # fmt: skip
+            f"job {job_id}: {compared[job_id].arena['a']} vs {compared[job_id].arena['b']} on {compared_on(job_id)}"),
+            index=list(compared).index(int(opened)) if opened.isdigit() and int(opened) in compared else 0)  # fmt: skip
         arena = compared[chosen].arena
         a_name, b_name = arena["a"], arena["b"]
         st.dataframe(pd.DataFrame([

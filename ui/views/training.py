@@ -560,9 +560,13 @@ def compare_link(job: Job) -> None:
         tasks = ({"compare_preset": job.config["preset"]} if job.kind == "train_preset" else
                  {"compare_domains": ",".join(run_domains(job))} | (
                      {"compare_difficulty": evaluate_config(job)["difficulty"]} if "difficulty" in evaluate_config(job) else {}))
+        if getattr(result, "arena", None):  # the run compared them on its held-out tasks already: open that
+            tasks |= {"compare_open": str(job.id)}
         query = {"compare_a": base, "compare_b": model, **tasks}
-        label, why = f"Compare {model} with its base {base}", ("The Models & Serving page's Compare tab, both models and "
-                                                               "the run's held-out tasks chosen: the same tasks through both")
+        label, why = f"Compare {model} with its base {base}", ("The Models & Serving page's Compare tab: the run's own "
+                                                               "comparison when it made one (the held-out tasks through "
+                                                               "both, task by task), and both models and the run's tasks "
+                                                               "chosen for another")
         try:  # in the console: in-app, the same session
             st.page_link("views/models.py", label=label, icon=":material/compare_arrows:", query_params=query, help=why)
         except StreamlitAPIException:  # the page run on its own, outside the console's navigation
