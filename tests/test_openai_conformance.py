@@ -4,6 +4,7 @@ OpenAI's and vLLM's differ.)"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def test_stop_in_chat_streaming_and_not(api: openai.OpenAI) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
-@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"5": 10})])
+@pytest.mark.parametrize("field, value", [("response_format", {"type": "json_object"}), ("suffix", " end")])
 def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(api: openai.OpenAI, field: str, value: object) -> None:
     with pytest.raises(openai.BadRequestError, match=f"`{field}` is not supported by this engine") as caught:
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, extra_body={field: value})
@@ -158,11 +159,16 @@ def test_a_list_of_prompts_and_token_id_prompts(api: openai.OpenAI, tiny_path: P
     assert caught.value.body["param"] == "prompt.1"  # type: ignore[index]
 
 
-def test_tool_choice_that_is_not_enforced_is_refused(api: openai.OpenAI) -> None:
+def test_tool_choice_is_checked_at_the_edge(api: openai.OpenAI) -> None:
+    """A named function must be among the tools, required needs tools, nothing else is a choice; none leaves the
+    tools out (their enforcement: the real-model test below, as the tools' text is over the tiny model's context)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
-        with pytest.raises(openai.BadRequestError, match="`tool_choice` is not supported by this engine"):
-            api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, tools=tools, tool_choice=choice)  # type: ignore[arg-type]
+    refusals = [({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": tools}, "not among the request's tools"),
+                ({"tool_choice": "required"}, "tool_choice required needs tools"),
+                ({"tool_choice": "always", "tools": tools}, "tool_choice is none, auto, required or a named function")]
+    for fields, why in refusals:
+        with pytest.raises(openai.BadRequestError, match=why):
+            api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, **fields)  # type: ignore[call-overload]
     out = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, tools=tools, tool_choice="none")  # type: ignore[arg-type]
     assert out.choices[0].message.tool_calls is None
 
@@ -247,9 +253,10 @@ MULTIPLE_CHOICE = [
 ]
 
 
-def test_a_loglik_multiple_choice_evaluation_through_the_gateway_matches_the_model(real_model, real_model_dir) -> None:  # type: ignore[no-untyped-def]
-    """Written against the API (echo + logprobs, the options as one list of prompts) and through the gateway on the
-    built-in real model: the same choices, and the same scores within 1e-3, as computing them directly."""
+def test_the_real_model_through_the_gateway_loglik_choices_and_forced_tool_calls(real_model, real_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """On the built-in real model through the gateway: a log-likelihood multiple-choice evaluation written against
+    the API (echo + logprobs, the options as one list of prompts) makes the same choices, with the same scores within
+    1e-3, as computing them directly; tool_choice named and required answer with a parsed call (streamed too)."""
     import torch
 
     from posttrain.platform.serving.client import choose_by_loglik
@@ -273,7 +280,53 @@ def test_a_loglik_multiple_choice_evaluation_through_the_gateway_matches_the_mod
                 direct.append(sum(lp for at, lp in zip(offsets[1:], logprobs) if at >= len(context)))
             assert scores == pytest.approx(direct, abs=1e-3), (context, scores, direct)
             assert chosen == max(range(len(options)), key=direct.__getitem__)
+        client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
+        weather = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+                   {"type": "function", "function": {"name": "get_time", "description": "The time in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+            out = client.chat.completions.create(model="smol", messages=ask, tools=weather, tool_choice=choice,  # type: ignore[arg-type]
+                                                 max_tokens=80, temperature=0).choices[0]
+            assert out.finish_reason == "tool_calls" and out.message.tool_calls, out.message
+            assert out.message.tool_calls[0].function.name in ("get_weather", "get_time")  # one of them, never another
+            assert choice == "required" or out.message.tool_calls[0].function.name == "get_weather"
+            json.loads(out.message.tool_calls[0].function.arguments)
+        streamed = [c for chunk in client.chat.completions.create(model="smol", messages=ask, tools=weather, max_tokens=80,  # type: ignore[arg-type]
+                                                                  temperature=0, tool_choice="required", stream=True)
+                    for c in chunk.choices]
+        assert streamed[-1].finish_reason == "tool_calls"
+        assert len([t.function.name for c in streamed for t in c.delta.tool_calls or []]) == 1
+        assert not "".join(c.delta.content or "" for c in streamed)  # nothing of the call leaked as content
     finally:
         gateway.stop()
         server.stop()
         engine.stop()
+
+
+def test_penalties_and_logit_bias_change_the_choice_as_vllm_applies_them(api: openai.OpenAI, tiny_path: Path) -> None:
+    """logit_bias: +100 on a token makes greedy decoding repeat it, -100 on the greedy answer's first token removes
+    it; frequency and presence penalties over the tokens generated so far: a strong one forbids any repeat."""
+    plain = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0)
+    tokens = plain.choices[0].logprobs.tokens  # type: ignore[union-attr]
+    forced = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0,
+                                    logit_bias={"42": 100})
+    assert len(set(forced.choices[0].logprobs.tokens)) == 1  # type: ignore[union-attr]
+    tokenizer = load_tokenizer(tiny_path)
+    first = next(i for i in range(len(tokenizer)) if tokenizer.decode([i]) == tokens[0])
+    banned = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0,
+                                    logit_bias={str(first): -100})
+    assert banned.choices[0].logprobs.tokens[0] != tokens[0]  # type: ignore[union-attr]
+    # the log-probs stay the model's own (before the bias), as vLLM reports them
+    assert forced.choices[0].logprobs.token_logprobs[0] < 0  # type: ignore[union-attr, index, operator]
+    assert len(set(tokens)) < len(tokens), f"the tiny model's greedy answer repeats tokens: {tokens}"
+    for field in ("frequency_penalty", "presence_penalty"):
+        varied = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0,
+                                        **{field: 2.0})  # type: ignore[arg-type]
+        seen = varied.choices[0].logprobs.tokens  # type: ignore[union-attr]
+        assert seen != tokens and len(set(seen)) > len(set(tokens)), (field, tokens, seen)
+    with pytest.raises(openai.BadRequestError, match="logit_bias token ids must lie in"):
+        api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logit_bias={"99999999": 1})
+    with pytest.raises(openai.BadRequestError, match="biases from -100 to 100"):
+        api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logit_bias={"5": 101})

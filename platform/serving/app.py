@@ -328,6 +328,7 @@ def ignoring(req: SamplingFields, response: Response) -> Response:
 async def _chat_full(engine: EmbeddedEngine, handles: list[RequestHandle]) -> JSONResponse:
     choices = []
     for index, (h, (text, reason)) in enumerate(zip(handles, await _wholes(engine, handles))):
+        text = h.prepared.forced + text
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if h.prepared.has_tools:
             content, calls = parse_tool_calls(text)
@@ -352,7 +353,8 @@ async def _chat_stream(engine: EmbeddedEngine, handles: list[RequestHandle], inc
     def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
         return sse({**base, "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]})
 
-    texts, sent = [""] * len(handles), [0] * len(handles)  # each choice so far; characters of it already streamed
+    texts = [h.prepared.forced for h in handles]  # each choice so far (a forced call's start held back, as a call)
+    sent = [0] * len(handles)  # characters of each already streamed
     try:
         for index in range(len(handles)):
             yield chunk(index, {"role": "assistant", "content": ""})

@@ -39,6 +39,7 @@ from posttrain.platform.serving.images import decode_image_url
 from posttrain.platform.serving.metrics import EngineMetrics
 from posttrain.platform.serving.profiles import EngineConfig
 from posttrain.platform.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from posttrain.platform.serving.tool_parser import TOOL_CALL_OPEN
 
 _ids = itertools.count()
 
@@ -53,6 +54,7 @@ class PreparedRequest:
     images: list[Image.Image] = field(default_factory=list)
     has_tools: bool = False
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first one
+    forced: str = ""  # the answer's start, put in the prompt (tool_choice required or named): it precedes the text
 
 
 @dataclass
@@ -205,7 +207,8 @@ class EmbeddedEngine:
 
     # request preparation (caller's thread) ------------------------------
     def _params(self, prompt_len: int, max_tokens: int | None, temperature: float | None, top_p: float,
-                seed: int | None, top_logprobs: int | None = None, echo: bool = False) -> SamplingParams:
+                seed: int | None, top_logprobs: int | None = None, echo: bool = False,
+                processing: dict[str, Any] | None = None) -> SamplingParams:
         """``top_logprobs``: None for no log-probs, else how many likeliest tokens beside each one's; ``echo``
         with log-probs scores the prompt's tokens too."""
         if prompt_len >= self.max_model_len:
@@ -220,9 +223,14 @@ class EmbeddedEngine:
                 f"length is {self.max_model_len} tokens and your request has {prompt_len} input tokens "
                 f"({max_tokens} > {self.max_model_len} - {prompt_len}).", param="max_tokens")
         temp = self.default_temperature if temperature is None else temperature
+        processing = processing or {}
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in processing.get("logit_bias") or {}):  # the request's; starts are ours
+            raise bad_request(f"logit_bias token ids must lie in [0, {vocab})", param="logit_bias")
         scored = top_logprobs is not None
         return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, logprobs=scored,
-                              raw_logprobs=scored, top_logprobs=top_logprobs or 0, prompt_logprobs=scored and echo)
+                              raw_logprobs=scored, top_logprobs=top_logprobs or 0, prompt_logprobs=scored and echo,
+                              **processing)
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -252,22 +260,34 @@ class EmbeddedEngine:
         except Exception as exc:  # jinja errors: the messages do not fit the template
             raise bad_request(f"messages could not be rendered with the model's chat template: {exc}",
                               param="messages") from None
+        # tool_choice required or named: the answer starts as a call (and names the function), the model goes on
+        forced, starts = "", None
+        if req.tool_choice == "required" or req.forced_function:
+            names = [req.forced_function] if req.forced_function else [t.function.name for t in req.tools or []]
+            forced = TOOL_CALL_OPEN + '\n{"name": "'
+            if len(names) == 1:
+                forced += f'{names[0]}", "arguments": '
+            else:  # the model chooses among the functions' names, and only among them
+                starts = [self.tokenizer(f'{name}", "arguments": ', add_special_tokens=False)["input_ids"] for name in names]
+            text += forced
         if self.is_vision:
             batch = self.loaded.processor(text=[text], images=images or None, return_tensors="pt")
             prompt_ids = batch["input_ids"][0].tolist()
         else:
             prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.is_vision and (req.logprobs or req.n > 1):
-            raise bad_request("this vision model's engine returns one answer without log-probs: leave out n and logprobs",
-                              param="n" if req.n > 1 else "logprobs")
+        if self.is_vision and (req.logprobs or req.n > 1 or any(req.processing.values())):
+            raise bad_request("this vision model's engine returns one answer, without log-probs, penalties or logit "
+                              "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
+                              param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias")
         max_tokens = req.max_completion_tokens or req.max_tokens
-        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed, req.top_k_logprobs)
+        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed, req.top_k_logprobs,
+                              processing={**req.processing, "starts": starts})
         return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
-                               images=images, has_tools=tools is not None, stop=req.stop_strings)
+                               images=images, has_tools=tools is not None, stop=req.stop_strings, forced=forced)
 
     def prepare_completion(self, req: CompletionRequest) -> list[PreparedRequest]:
         """Tokenise each prompt of a completion request (off the event loop, like :meth:`prepare_chat`)."""
-        if self.is_vision and (req.logprobs is not None or req.n > 1 or len(req.prompts) > 1):
+        if self.is_vision and (req.logprobs is not None or req.n > 1 or len(req.prompts) > 1 or any(req.processing.values())):
             raise bad_request("this vision model's engine completes one prompt once without log-probs: send one prompt, "
                               "without n and logprobs", param="prompt")
         prepared = []
@@ -285,7 +305,7 @@ class EmbeddedEngine:
             if not prompt_ids:
                 raise bad_request("prompt is empty", param=where)
             params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed,
-                                  req.top_k_logprobs, req.echo)
+                                  req.top_k_logprobs, req.echo, req.processing)
             prepared.append(PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text, stop=req.stop_strings))
         return prepared
 

@@ -41,10 +41,32 @@ class SamplingParams:
     raw_logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False  # also score the prompt's tokens (Sequence.prompt_logprobs; the first has none)
+    # OpenAI's logits processing, as vLLM applies it: over the tokens generated so far, minus presence_penalty once
+    # for each token that occurred and frequency_penalty for each time; logit_bias added by token id
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    # the answer starts with one of these token sequences (a guided choice: tool_choice required picks a function's
+    # name so); free after it
+    starts: list[list[int]] | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the logits are changed before choosing (such a row draws no speculative drafts)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or self.starts)
+
+
+def allowed_next(starts: list[list[int]], generated: list[int]) -> list[int] | None:
+    """The tokens that keep ``generated`` on one of ``starts``; None once one of them is complete (or none fits)."""
+    n = len(generated)
+    if any(len(start) <= n and start == generated[: len(start)] for start in starts):
+        return None
+    allowed = sorted({start[n] for start in starts if len(start) > n and start[:n] == generated})
+    return allowed or None
 
 
 @dataclass
@@ -111,9 +133,32 @@ def _choose(logits: torch.Tensor, seq: Sequence) -> int:
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
+def processed_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """``logits`` (rows, vocab) after each row's penalties and logit bias (:attr:`SamplingParams.processed`); the
+    same tensor when no row has any."""
+    rows = [i for i, s in enumerate(seqs) if s.params.processed]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        params, generated = seqs[i].params, seqs[i].generated
+        if generated and (params.presence_penalty or params.frequency_penalty):
+            ids, counts = torch.tensor(generated, device=logits.device).unique(return_counts=True)
+            logits[i, ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), device=logits.device)
+            logits[i, ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+        if params.starts and (allowed := allowed_next(params.starts, generated)) is not None:
+            keep = torch.full_like(logits[i], float("-inf"))
+            keep[allowed] = 0.0
+            logits[i] += keep
+    return logits
+
+
 def choose_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """The next token of each sequence from its row of ``logits`` (rows, vocab): argmax for greedy
-    rows; sampled rows that share a generator, temperature and top-p draw in one batched call."""
+    """The next token of each sequence from its row of ``logits`` (rows, vocab), after its penalties and bias:
+    argmax for greedy rows; sampled rows that share a generator, temperature and top-p draw in one batched call."""
+    logits = processed_logits(logits, seqs)
     chosen = [0] * len(seqs)
     together: dict[tuple[int, float, float], list[int]] = {}
     for row, seq in enumerate(seqs):
@@ -383,7 +428,8 @@ class DecodeBatch:
             return
         assert self.cache is not None
         seqs, spec = self.seqs, self.spec
-        drafts = [prompt_lookup_draft(s.prompt_ids + s.generated, spec) if s.params.greedy else [] for s in seqs]
+        drafts = [prompt_lookup_draft(s.prompt_ids + s.generated, spec) if s.params.greedy and not s.params.processed
+                  else [] for s in seqs]  # fmt: skip
         k = max(len(d) for d in drafts)
         step_ids = torch.full((len(seqs), 1 + k), self.pad_token_id, dtype=torch.long)
         step_mask = torch.zeros((len(seqs), 1 + k), dtype=torch.long)
@@ -395,13 +441,13 @@ class DecodeBatch:
         out = _forward(self.model, self.cache, input_ids=step_ids.to(self.device), attention_mask=mask.to(self.device),
                        position_ids=step_pos.to(self.device))
         logits = out.logits
-        sampling = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        sampling = [i for i, s in enumerate(seqs) if not s.params.greedy or s.params.processed]  # chosen one at a time
         sampled = dict(zip(sampling, choose_tokens(logits[sampling, 0], [seqs[i] for i in sampling]))) if sampling else {}
         kept_per_row: list[int] = []
         new_per_row: list[list[int]] = []
         for i, seq in enumerate(seqs):
             draft = drafts[i]
-            if seq.params.greedy:
+            if i not in sampled:
                 preds = torch.argmax(logits[i, : 1 + len(draft)], dim=-1).tolist()
                 n = 0
                 while n < len(draft) and draft[n] == preds[n]:

@@ -75,7 +75,6 @@ class StreamOptions(BaseModel):
 
 # OpenAI parameters the embedded engine does not implement, with the values that mean "not used": accepted as such
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}), "suffix": (None, ""), "parallel_tool_calls": (None, True),
     "service_tier": (None, "auto", "default"), "store": (None, False), "prediction": (None,), "modalities": (None, ["text"]),
     "audio": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
@@ -103,6 +102,25 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="completions per prompt, sampled together, the prompt prefilled once")
     best_of: int | None = Field(None, ge=1, description="accepted when it equals n (no candidates are drawn beyond n)")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="minus this for each token generated so far")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="minus this times each token's count so far")
+    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> added to its logit, -100..100")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit() or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias maps token ids to biases from -100 to 100; got {key!r}: {bias!r}")
+        if value and len(value) > 300:
+            raise ValueError(f"logit_bias may bias at most 300 tokens, got {len(value)}")
+        return value
+
+    @property
+    def processing(self) -> dict[str, Any]:
+        """The request's logits processing as :class:`SamplingParams` takes it."""
+        return {"presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
+                "logit_bias": {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None}
     stop: str | list[str] | None = Field(None, description="the text ends before the first of these (not included)")
     user: str | None = Field(None, max_length=256, description="the caller's end user, for the caller's records")
 
@@ -146,14 +164,28 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _chat_fields(self) -> ChatCompletionRequest:
-        if self.tool_choice not in (None, "none", "auto"):  # required or a named function: not enforced yet
-            raise UnsupportedParameter("tool_choice", self.tool_choice)
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if not isinstance(name, str) or not name:
+                raise ValueError('tool_choice names a function as {"type": "function", "function": {"name": ...}}')
+            if name not in {t.function.name for t in self.tools or []}:
+                raise ValueError(f"tool_choice names the function {name!r}, which is not among the request's tools")
+        elif choice not in (None, "none", "auto", "required"):
+            raise ValueError(f"tool_choice is none, auto, required or a named function; got {choice!r}")
+        elif choice == "required" and not self.tools:
+            raise ValueError("tool_choice required needs tools: give the functions the model may call")
         if self.top_logprobs and not self.logprobs:
             raise UnsupportedParameter("top_logprobs", self.top_logprobs, "top_logprobs needs logprobs: true")
         if self.logprobs and self.stream:
             raise UnsupportedParameter("logprobs", self.logprobs, "log-probs are not streamed yet: leave out stream, "
                                        "or logprobs")
         return self
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function a named ``tool_choice`` asks for."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
 
     @property
     def top_k_logprobs(self) -> int | None:
