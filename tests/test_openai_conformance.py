@@ -99,8 +99,7 @@ def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(api: opena
 
 
 def test_what_is_supported_only_in_part_is_refused_with_the_reason(api: openai.OpenAI) -> None:
-    refusals = [({"n": 2, "best_of": 3}, "best_of", "best_of other than n"),
-                ({"logprobs": 1, "stream": True}, "logprobs", "log-probs are not streamed yet")]
+    refusals = [({"n": 2, "best_of": 3}, "best_of", "best_of other than n")]
     for fields, param, why in refusals:
         with pytest.raises(openai.BadRequestError, match=why) as caught:
             api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, **fields)  # type: ignore[call-overload]
@@ -330,3 +329,26 @@ def test_penalties_and_logit_bias_change_the_choice_as_vllm_applies_them(api: op
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logit_bias={"99999999": 1})
     with pytest.raises(openai.BadRequestError, match="biases from -100 to 100"):
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logit_bias={"5": 101})
+
+
+def test_streamed_logprobs_are_the_whole_responses_in_pieces(api: openai.OpenAI) -> None:
+    """Streaming with log-probs: every token's entry once, in order, the same as the whole response's (chat and
+    completions, with echo: the prompt's in the first chunk)."""
+    whole = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, temperature=0, logprobs=True,  # type: ignore[arg-type]
+                                        top_logprobs=2).choices[0].logprobs.content  # type: ignore[union-attr]
+    pieces = [e for chunk in api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, temperature=0,  # type: ignore[arg-type]
+                                                         logprobs=True, top_logprobs=2, stream=True)
+              for c in chunk.choices if c.logprobs for e in c.logprobs.content or []]
+    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in whole]  # type: ignore[union-attr]
+    full = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1).choices[0]
+    tokens, logprobs, offsets, text = [], [], [], ""
+    for chunk in api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1,
+                                        stream=True):
+        for c in chunk.choices:
+            text += c.text
+            if c.logprobs:
+                tokens += c.logprobs.tokens or []
+                logprobs += c.logprobs.token_logprobs or []
+                offsets += c.logprobs.text_offset or []
+    assert text == full.text and tokens == full.logprobs.tokens  # type: ignore[union-attr]
+    assert logprobs == full.logprobs.token_logprobs and offsets == full.logprobs.text_offset  # type: ignore[union-attr]

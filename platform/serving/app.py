@@ -193,46 +193,77 @@ def _token_text(engine: EmbeddedEngine, token: int) -> str:
     return engine.tokenizer.decode([token])
 
 
-def _chat_logprobs(engine: EmbeddedEngine, h: RequestHandle) -> dict[str, Any] | None:
-    """OpenAI's chat ``logprobs``: per answer token its text, bytes, log-prob and the likeliest alternatives."""
-    if not h.seq.params.logprobs:
-        return None
+def _chat_entries(engine: EmbeddedEngine, h: RequestHandle, start: int, end: int) -> list[dict[str, Any]]:
+    """OpenAI's chat ``logprobs.content`` for answer tokens ``start:end``: text, bytes, log-prob, likeliest others."""
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
         text = _token_text(engine, token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    n = h.completion_tokens
-    tops = h.seq.top_logprobs or [[] for _ in range(n)]
-    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
-                        for t, lp, top in zip(h.seq.generated[:n], h.seq.logprobs[:n], tops[:n])]}  # fmt: skip
+    seq = h.seq
+    tops = seq.top_logprobs[start:end] if seq.params.top_logprobs else [[]] * (end - start)
+    return [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+            for t, lp, top in zip(seq.generated[start:end], seq.logprobs[start:end], tops)]  # fmt: skip
 
 
-def _completion_logprobs(engine: EmbeddedEngine, h: RequestHandle, echo: bool) -> dict[str, Any] | None:
-    """The legacy completions ``logprobs``: tokens, their log-probs, the likeliest tokens at each position (with
-    the chosen one) and each token's offset in the returned text; with ``echo`` the prompt's tokens first, the
-    very first without a log-prob (null), as OpenAI's legacy API returns them."""
-    if not h.seq.params.logprobs:
-        return None
-    n = h.completion_tokens
-    tokens = h.seq.generated[:n]
-    scored: list[tuple[float, list[tuple[int, float]]] | None] = list(zip(h.seq.logprobs[:n], h.seq.top_logprobs[:n] or [[]] * n))
+def _scored_tokens(h: RequestHandle, echo: bool, end: int) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
+    """The legacy completions' scored tokens: with ``echo`` the prompt's first (the very first unscored), then the
+    completion's first ``end``."""
+    seq = h.seq
+    tops = seq.top_logprobs[:end] if seq.params.top_logprobs else [[]] * end
+    tokens, scored = seq.generated[:end], list(zip(seq.logprobs[:end], tops))
     if echo:
-        tokens = h.seq.prompt_ids + tokens
-        scored = list(h.seq.prompt_logprobs) + scored
+        return seq.prompt_ids + tokens, list(seq.prompt_logprobs) + scored  # type: ignore[operator]
+    return tokens, scored  # type: ignore[return-value]
+
+
+def _legacy_logprobs(engine: EmbeddedEngine, tokens: list[int], scored: list[Any], offset: int) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` of ``tokens``: their texts, log-probs, the likeliest tokens at each
+    position with the chosen one (null where unscored, as OpenAI's legacy API gives the first echoed token) and each
+    token's offset in the returned text, the first at ``offset``."""
     texts = [_token_text(engine, t) for t in tokens]
-    offsets, at = [], 0
+    offsets = []
     for text in texts:
-        offsets.append(at)
-        at += len(text)
-    tops: list[dict[str, float] | None] = []
-    for token, text, found in zip(tokens, texts, scored):
-        if found is None:
-            tops.append(None)
-            continue
-        tops.append({**{_token_text(engine, a): alp for a, alp in found[1]}, text: found[0]})
+        offsets.append(offset)
+        offset += len(text)
+    tops = [None if found is None else {**{_token_text(engine, a): alp for a, alp in found[1]}, text: found[0]}
+            for text, found in zip(texts, scored)]  # fmt: skip
     return {"tokens": texts, "token_logprobs": [None if f is None else f[0] for f in scored], "top_logprobs": tops,
             "text_offset": offsets}
+
+
+class _Released:
+    """How much of each choice's log-probs a stream has sent: the tokens scored so far, and the rest at the end."""
+
+    def __init__(self, handles: list[RequestHandle], echo: bool = False) -> None:
+        self.handles = handles
+        self.sent = [len(h.seq.prompt_ids) if echo else 0 for h in handles]  # counted over the echoed tokens too
+        self.offsets = [0] * len(handles)
+        self.echo = echo
+
+    def upto(self, index: int, final: bool) -> int:
+        h = self.handles[index]
+        done = h.completion_tokens if final else min(len(h.seq.logprobs), h.completion_tokens)
+        return done + (len(h.seq.prompt_ids) if self.echo else 0)
+
+    def chat(self, engine: EmbeddedEngine, index: int, final: bool = False) -> dict[str, Any] | None:
+        if not self.handles[index].seq.params.logprobs:
+            return None
+        end = self.upto(index, final)
+        start, self.sent[index] = self.sent[index], max(end, self.sent[index])
+        return {"content": _chat_entries(engine, self.handles[index], start, end)}
+
+    def legacy(self, engine: EmbeddedEngine, index: int, final: bool = False, start: int | None = None) -> dict[str, Any] | None:
+        h = self.handles[index]
+        if not h.seq.params.logprobs:
+            return None
+        end = self.upto(index, final)
+        begin = self.sent[index] if start is None else start
+        tokens, scored = _scored_tokens(h, self.echo, h.completion_tokens)
+        found = _legacy_logprobs(engine, tokens[begin:end], scored[begin:end], self.offsets[index])
+        self.sent[index] = max(end, self.sent[index])
+        self.offsets[index] += sum(len(t) for t in found["tokens"])
+        return found
 
 
 TEXT_REQUEST_BYTES = 1024 * 1024  # a body's room for text: JSON-escaped, far more than any context window holds
@@ -336,7 +367,8 @@ async def _chat_full(engine: EmbeddedEngine, handles: list[RequestHandle]) -> JS
                 message = {"role": "assistant", "content": content or None,
                            "tool_calls": [c.to_openai() for c in calls]}
                 reason = "tool_calls"
-        choices.append({"index": index, "message": message, "finish_reason": reason, "logprobs": _chat_logprobs(engine, h)})
+        scored = {"content": _chat_entries(engine, h, 0, h.completion_tokens)} if h.seq.params.logprobs else None
+        choices.append({"index": index, "message": message, "finish_reason": reason, "logprobs": scored})
     first = handles[0]
     return JSONResponse({
         "id": f"chatcmpl-{first.id}", "object": "chat.completion", "created": first.created, "model": engine.name,
@@ -350,8 +382,11 @@ async def _chat_stream(engine: EmbeddedEngine, handles: list[RequestHandle], inc
             "model": engine.name}
     tools = first.prepared.has_tools
 
+    released = _Released(handles)
+
     def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> bytes:
-        return sse({**base, "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]})
+        scored = released.chat(engine, index, final=reason is not None) if "role" not in delta else None
+        return sse({**base, "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": scored}]})
 
     texts = [h.prepared.forced for h in handles]  # each choice so far (a forced call's start held back, as a call)
     sent = [0] * len(handles)  # characters of each already streamed
@@ -396,7 +431,8 @@ async def _completion_full(engine: EmbeddedEngine, handles: list[RequestHandle],
     return JSONResponse({
         "id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created, "model": engine.name,
         "choices": [{"index": index, "text": _echoed(h, echo) + text, "finish_reason": reason,
-                     "logprobs": _completion_logprobs(engine, h, echo)}
+                     "logprobs": _legacy_logprobs(engine, *_scored_tokens(h, echo, h.completion_tokens), 0)
+                     if h.seq.params.logprobs else None}
                     for index, (h, (text, reason)) in enumerate(zip(handles, await _wholes(engine, handles)))],
         "usage": _usage(handles),
     })  # fmt: skip
@@ -407,14 +443,22 @@ async def _completion_stream(engine: EmbeddedEngine, handles: list[RequestHandle
     first = handles[0]
     base = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created, "model": engine.name}
 
-    def chunk(index: int, text: str, reason: str | None) -> bytes:
-        return sse({**base, "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": None}]})
+    released = _Released(handles, echo)
 
+    def chunk(index: int, text: str, reason: str | None, scored: dict[str, Any] | None = None) -> bytes:
+        scored = scored or released.legacy(engine, index, final=reason is not None)
+        return sse({**base, "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": scored}]})
+
+    echoed = [not echo] * len(handles)
     try:
-        if echo:
-            for index, h in enumerate(handles):
-                yield chunk(index, _echoed(h, echo), None)
         async for index, delta, reason in _merged(engine, handles):
+            if not echoed[index]:  # the prompt first, scored (the engine scored it when it took the request in)
+                h, echoed[index] = handles[index], True
+                scored = None
+                if h.seq.params.logprobs:
+                    scored = _legacy_logprobs(engine, h.seq.prompt_ids, list(h.seq.prompt_logprobs), 0)
+                    released.offsets[index] = sum(len(t) for t in scored["tokens"])
+                yield chunk(index, _echoed(h, echo), None, scored)
             if delta or reason is not None:
                 yield chunk(index, delta, reason)
         if include_usage:

@@ -177,9 +177,6 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("tool_choice required needs tools: give the functions the model may call")
         if self.top_logprobs and not self.logprobs:
             raise UnsupportedParameter("top_logprobs", self.top_logprobs, "top_logprobs needs logprobs: true")
-        if self.logprobs and self.stream:
-            raise UnsupportedParameter("logprobs", self.logprobs, "log-probs are not streamed yet: leave out stream, "
-                                       "or logprobs")
         return self
 
     @property
@@ -207,9 +204,6 @@ class CompletionRequest(SamplingFields):
         if len(self.prompts) * self.n > MAX_CHOICES:
             raise ValueError(f"{len(self.prompts)} prompts x n={self.n} is over {MAX_CHOICES} completions a request: "
                              "send fewer prompts a request")
-        if self.logprobs is not None and self.stream:
-            raise UnsupportedParameter("logprobs", self.logprobs, "log-probs are not streamed yet: leave out stream, "
-                                       "or logprobs")
         return self
 
     @property
