@@ -352,3 +352,21 @@ def test_streamed_logprobs_are_the_whole_responses_in_pieces(api: openai.OpenAI)
                 offsets += c.logprobs.text_offset or []
     assert text == full.text and tokens == full.logprobs.tokens  # type: ignore[union-attr]
     assert logprobs == full.logprobs.token_logprobs and offsets == full.logprobs.text_offset  # type: ignore[union-attr]
+
+
+def test_sampling_parameters_do_what_they_say(api: openai.OpenAI) -> None:
+    """seed: the same sample again, another seed another; temperature 0: the greedy answer; top_p near 0 keeps only
+    the likeliest token, so sampling at temperature 1 gives the greedy answer; max_tokens and (chat)
+    max_completion_tokens bound the answer, finish reason length; user is taken and changes nothing."""
+    def sample(**fields: object) -> str:
+        return api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, **fields).choices[0].text  # type: ignore[call-overload]
+
+    assert sample(temperature=1.0, seed=11) == sample(temperature=1.0, seed=11) != sample(temperature=1.0, seed=12)
+    greedy_text = sample(temperature=0)
+    assert sample(temperature=1.0, top_p=1e-6, seed=3) == greedy_text
+    assert sample(temperature=0, user="analyst-7") == greedy_text
+    bounded = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0)
+    assert bounded.usage.completion_tokens == 5 and bounded.choices[0].finish_reason == "length"  # type: ignore[union-attr]
+    chat = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=9, max_completion_tokens=3,  # type: ignore[arg-type]
+                                       temperature=0)
+    assert chat.usage.completion_tokens == 3 and chat.choices[0].finish_reason == "length"  # type: ignore[union-attr]
