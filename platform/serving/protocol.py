@@ -264,4 +264,6 @@ def parse_request(model: type[SamplingFields], body: Any) -> Any:
         if isinstance(cause, UnsupportedParameter):
             raise APIError(400, str(cause), param=cause.name) from None
         where = ".".join(str(p) for p in first["loc"])
-        raise APIError(400, f"invalid request: {where}: {first['msg']}", param=where) from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"invalid request: {where}: {message}" if where else f"invalid request: {message}",
+                       param=where or None) from None

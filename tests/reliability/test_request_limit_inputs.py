@@ -77,7 +77,7 @@ def _cases(engine: EmbeddedEngine) -> list[Case]:
              413, TOO_LARGE),
         Case("many messages", _post(chat, json=many), 400, CONTEXT),
         Case("many prompts in a list", _post(comp, json={"model": "tiny", "prompt": ["hello " * 40] * 3000}), 400,
-             "one prompt per request"),
+             "3000 prompts x n=1 is over 64 completions a request"),
         Case("deeply nested JSON", _post(chat, content=deep, headers={"content-type": "application/json"}),
              400, "nests JSON too deeply"),
         Case("huge max_tokens (completion)", _post(comp, json={"model": "tiny", "prompt": "hi", "max_tokens": 10**15}),
