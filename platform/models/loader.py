@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -26,11 +27,21 @@ from transformers import (
 from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
 
 
+@functools.lru_cache(maxsize=None)
+def _parameters_of(forward: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def forward_parameters(model: torch.nn.Module) -> frozenset[str]:
+    """The keywords the model class's ``forward`` takes (looked up once per class); a peft model answers for its base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _parameters_of(type(base).forward)
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword under which this transformers version's ``forward``/``generate`` take a KV cache
-    (``cache`` in newer releases, ``past_key_values`` before); a peft model answers for its base."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    (``cache`` in newer releases, ``past_key_values`` before)."""
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:

@@ -236,32 +236,30 @@ class _Released:
     """How much of each choice's log-probs a stream has sent: the tokens scored so far, and the rest at the end."""
 
     def __init__(self, handles: list[RequestHandle], echo: bool = False) -> None:
-        self.handles = handles
-        self.sent = [len(h.seq.prompt_ids) if echo else 0 for h in handles]  # counted over the echoed tokens too
-        self.offsets = [0] * len(handles)
-        self.echo = echo
+        self.handles, self.echo = handles, echo
+        self.sent = [0] * len(handles)  # entries sent (legacy with echo: the prompt's first)
+        self.offsets = [0] * len(handles)  # the text offset of each choice's next legacy entry
 
-    def upto(self, index: int, final: bool) -> int:
+    def _done(self, index: int, final: bool) -> int:
+        """The answer tokens whose log-probs may go out now: those scored so far, and all of them at the end."""
         h = self.handles[index]
-        done = h.completion_tokens if final else min(len(h.seq.logprobs), h.completion_tokens)
-        return done + (len(h.seq.prompt_ids) if self.echo else 0)
+        return h.completion_tokens if final else min(len(h.seq.logprobs), h.completion_tokens)
 
     def chat(self, engine: EmbeddedEngine, index: int, final: bool = False) -> dict[str, Any] | None:
         if not self.handles[index].seq.params.logprobs:
             return None
-        end = self.upto(index, final)
+        end = self._done(index, final)
         start, self.sent[index] = self.sent[index], max(end, self.sent[index])
         return {"content": _chat_entries(engine, self.handles[index], start, end)}
 
-    def legacy(self, engine: EmbeddedEngine, index: int, final: bool = False, start: int | None = None) -> dict[str, Any] | None:
+    def legacy(self, engine: EmbeddedEngine, index: int, final: bool = False) -> dict[str, Any] | None:
         h = self.handles[index]
         if not h.seq.params.logprobs:
             return None
-        end = self.upto(index, final)
-        begin = self.sent[index] if start is None else start
-        tokens, scored = _scored_tokens(h, self.echo, h.completion_tokens)
-        found = _legacy_logprobs(engine, tokens[begin:end], scored[begin:end], self.offsets[index])
-        self.sent[index] = max(end, self.sent[index])
+        tokens, scored = _scored_tokens(h, self.echo, self._done(index, final))
+        begin = self.sent[index]
+        found = _legacy_logprobs(engine, tokens[begin:], scored[begin:], self.offsets[index])
+        self.sent[index] = max(len(tokens), begin)
         self.offsets[index] += sum(len(t) for t in found["tokens"])
         return found
 
@@ -445,20 +443,16 @@ async def _completion_stream(engine: EmbeddedEngine, handles: list[RequestHandle
 
     released = _Released(handles, echo)
 
-    def chunk(index: int, text: str, reason: str | None, scored: dict[str, Any] | None = None) -> bytes:
-        scored = scored or released.legacy(engine, index, final=reason is not None)
+    def chunk(index: int, text: str, reason: str | None) -> bytes:
+        scored = released.legacy(engine, index, final=reason is not None)
         return sse({**base, "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": scored}]})
 
     echoed = [not echo] * len(handles)
     try:
         async for index, delta, reason in _merged(engine, handles):
             if not echoed[index]:  # the prompt first, scored (the engine scored it when it took the request in)
-                h, echoed[index] = handles[index], True
-                scored = None
-                if h.seq.params.logprobs:
-                    scored = _legacy_logprobs(engine, h.seq.prompt_ids, list(h.seq.prompt_logprobs), 0)
-                    released.offsets[index] = sum(len(t) for t in scored["tokens"])
-                yield chunk(index, _echoed(h, echo), None, scored)
+                echoed[index] = True
+                yield chunk(index, _echoed(handles[index], echo), None)
             if delta or reason is not None:
                 yield chunk(index, delta, reason)
         if include_usage:

@@ -249,6 +249,10 @@ class EmbeddedEngine:
 
     def prepare_chat(self, req: ChatCompletionRequest) -> PreparedRequest:
         """Render and tokenise a chat request (call it off the event loop: it is proportional to the prompt)."""
+        if self.is_vision and (req.logprobs or req.n > 1 or any(req.processing.values())):
+            raise bad_request("this vision model's engine returns one answer, without log-probs, penalties or logit "
+                              "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
+                              param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias")
         self.refuse_long_text(sum(m.text_chars for m in req.messages))
         messages, images = _template_messages(
             req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes,
@@ -275,10 +279,6 @@ class EmbeddedEngine:
             prompt_ids = batch["input_ids"][0].tolist()
         else:
             prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if self.is_vision and (req.logprobs or req.n > 1 or any(req.processing.values())):
-            raise bad_request("this vision model's engine returns one answer, without log-probs, penalties or logit "
-                              "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
-                              param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias")
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed, req.top_k_logprobs,
                               processing={**req.processing, "starts": starts})

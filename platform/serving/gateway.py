@@ -112,7 +112,7 @@ class Gateway:
     async def max_model_len(self, model: str, tier: str) -> int | None:
         """The context length of ``model`` in ``tier``, as its replica's engine reports it (None when none answers)."""
         assert self.client is not None
-        for replica in self.replicas(model, tier):
+        for replica in (d for d in self.deployments if d.model == model and d.tier == tier):  # no round-robin turn
             if replica.base_url in self._lengths:
                 return self._lengths[replica.base_url]
             try:

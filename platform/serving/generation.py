@@ -17,7 +17,6 @@ member. Sampling rows that share a generator and settings draw their tokens in o
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from posttrain.platform.models.loader import cache_keyword
+from posttrain.platform.models.loader import cache_keyword, forward_parameters
 
 
 @dataclass
@@ -188,14 +187,6 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
     return index.clamp(max=probs.shape[-1] - 1).squeeze(-1).tolist()
 
 
-def chosen_logprobs(logits: torch.Tensor, ids: list[int], temperatures: list[float]) -> list[float]:
-    """``log_softmax(logits[j] / temperatures[j])[ids[j]]`` for each row ``j``: the log-prob of the chosen
-    token under the untruncated sampling distribution (temperature 1 for greedy rows)."""
-    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)[:, None]
-    logprobs = torch.log_softmax(logits.float() / scale, dim=-1)
-    return logprobs.gather(1, torch.tensor(ids, device=logits.device)[:, None]).squeeze(1).tolist()
-
-
 def _scored(logits: torch.Tensor, ids: list[int], seqs: list[Sequence]) -> tuple[list[float], list[list[tuple[int, float]]]]:
     """For row ``j`` of ``logits`` (rows, vocab): the log-prob of ``ids[j]`` under ``seqs[j]``'s distribution (its
     temperature's, the untruncated sampling distribution; temperature 1 for greedy rows and raw log-probs), and its
@@ -210,12 +201,6 @@ def _scored(logits: torch.Tensor, ids: list[int], seqs: list[Sequence]) -> tuple
     values, indices = torch.topk(logprobs, k, dim=-1)
     return chosen, [list(zip(indices[j, : s.params.top_logprobs].tolist(), values[j, : s.params.top_logprobs].tolist()))
                     for j, s in enumerate(seqs)]  # fmt: skip
-
-
-def chosen_logprobs(logits: torch.Tensor, ids: list[int], temperatures: list[float]) -> list[float]:
-    """``log_softmax(logits[j] / temperatures[j])[ids[j]]`` for each row ``j``: the log-prob of the chosen
-    token under the untruncated sampling distribution (temperature 1 for greedy rows)."""
-    return _scored(logits, ids, [Sequence([], SamplingParams(1, temperature=t), frozenset()) for t in temperatures])[0]
 
 
 Scores = tuple[list[float], list[list[tuple[int, float]]]]
@@ -314,8 +299,7 @@ class DecodeBatch:
         self.valid = torch.zeros(0, dtype=torch.long)  # real tokens each row holds in the cache
         self.pending: list[int] = []  # each row's next input token (chosen, not yet in the cache)
         self._left: list[Sequence] = []  # finished rows that step() removed, for the next pop_finished
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
+        self._keeps_logits = "logits_to_keep" in forward_parameters(model)
 
     def __len__(self) -> int:
         return len(self.seqs)
