@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from conftest import REPO_ROOT, ImportedRealModel
+from posttrain.platform.db.models import JobStatus
 from required_parts import require
 
 pytestmark = pytest.mark.slow
@@ -182,7 +183,7 @@ def wait_for_job(console: dict[str, str], job_id: int, timeout_s: float) -> None
     while time.monotonic() < deadline:
         with sqlite3.connect(Path(console["data"]) / "posttrain.db", timeout=30) as db:
             (status,) = db.execute("select status from job where id = ?", (job_id,)).fetchone()
-        if status in ("succeeded", "failed", "cancelled", "interrupted"):
+        if JobStatus(status).finished:
             return
         time.sleep(5)
     raise AssertionError(f"job {job_id} did not end within {timeout_s:.0f} s")
