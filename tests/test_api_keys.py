@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -197,9 +198,11 @@ def test_nothing_listens_beyond_loopback_without_keys(platform_env: dict[str, st
 
     from posttrain.platform.serving.jobs import DeployConfig, server_command
 
-    with pytest.raises(BadInput, match="vLLM cannot check posttrain API keys"):
-        server_command(DeployConfig(model="tiny", engine="vllm", host="0.0.0.0"), str(tiny_dir), 8000, get_settings())
-    assert "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), str(tiny_dir), 8000, get_settings())
+    tiny = SimpleNamespace(name="tiny", path=str(tiny_dir))
+    for engine in ("vllm", "llamacpp"):
+        with pytest.raises(BadInput, match=f"{engine} cannot check posttrain API keys"):
+            server_command(DeployConfig(model="tiny", engine=engine, host="0.0.0.0"), tiny, 8000, get_settings())
+    assert "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), tiny, 8000, get_settings())[1]
 
 
 @sqlite_only

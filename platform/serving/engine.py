@@ -12,6 +12,7 @@ accepted. Vision models decode whole batches through ``generate`` instead.
 from __future__ import annotations
 
 import asyncio
+import copy as _copy
 import dataclasses
 import functools
 import itertools
@@ -165,12 +166,28 @@ def _template_messages(messages: list[ChatMessage], vision: bool, max_images: in
     return out, images
 
 
+def _quantized(loaded: LoadedModel, copy: bool) -> LoadedModel:
+    """``loaded`` with Q8_0 weights (:mod:`~posttrain.platform.serving.q8`); a copy when the caller keeps the original."""
+    from posttrain.platform.serving.q8 import Q8Unavailable, quantize_q8
+
+    if loaded.info.is_vision:
+        raise ValueError("q8_0 weights serve text models only; serve a vision model with weights 'model'")
+    model = _copy.deepcopy(loaded.model) if copy else loaded.model
+    try:
+        quantize_q8(model)
+    except Q8Unavailable as exc:
+        raise ValueError(str(exc)) from None
+    return dataclasses.replace(loaded, model=model)
+
+
 class EmbeddedEngine:
     """Serve one model directory with one tier profile on CPU (or a single torch device)."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded or load_model(config.model_path)
+        if config.tier.resolved_weights == "q8_0":
+            self.loaded = _quantized(self.loaded, copy=loaded is not None)
         self.name = config.name
         model_max = self.loaded.info.max_position_embeddings or 2048
         self.max_model_len = min(config.max_model_len or model_max, model_max)

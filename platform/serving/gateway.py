@@ -117,7 +117,8 @@ class Gateway:
                 return self._lengths[replica.base_url]
             try:
                 async with self.client.get(f"{replica.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
-                    found = [m.get("max_model_len") for m in (await r.json()).get("data", []) if m.get("id") == model]
+                    found = [m.get("max_model_len") or (m.get("meta") or {}).get("n_ctx")  # llama-server: per slot
+                             for m in (await r.json()).get("data", []) if m.get("id") == model]
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
             if found and isinstance(found[0], int):

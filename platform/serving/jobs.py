@@ -1,7 +1,7 @@
 """Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model`` and ``deploy``.
 
 ``deploy`` is a long-running job: it starts a server for a registered model
-(the embedded engine, or ``vllm serve`` on a GPU host), waits for ``/health``,
+(the embedded engine, ``llama-server`` on its GGUF export, or ``vllm serve`` on a GPU host), waits for ``/health``,
 records the deployment's URL and health in the database every few seconds,
 restarts the server on the same address when it exits on its own (a crash, the
 OOM killer; the deployment is ``unhealthy`` meanwhile, and fails after
@@ -11,6 +11,7 @@ cleanly when the job is cancelled. Its log is the server's log.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import sys
@@ -144,7 +145,8 @@ class DeployConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1, description="a registered model name")
     tier: str = Field(default="standard", description="tier profile: fast or standard (or one from tiers_file)")
-    engine: Literal["embedded", "vllm"] = "embedded"
+    engine: Literal["embedded", "llamacpp", "vllm"] | None = Field(
+        default=None, description="default: the tier's engine (embedded unless the tier names llamacpp or vllm)")
     host: str = Field(default="127.0.0.1", description="127.0.0.1: reached through the gateway only; another address "
                       "serves the network, checking API keys (embedded engine only)")
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
@@ -152,6 +154,7 @@ class DeployConfig(BaseModel):
     tiers_file: str | None = Field(default=None, json_schema_extra=JOB_PATH)
     start_timeout_s: float = Field(default=600.0, gt=0)
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
+    llamacpp_overrides: dict[str, Any] = Field(default_factory=dict, description="LlamaCppProfile fields (engine=llamacpp)")
 
 
 def tiers_path(settings: Any) -> Path:
@@ -187,23 +190,63 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def server_command(config: DeployConfig, path: str, port: int, settings: Any) -> list[str]:
-    tiers_file = config.tiers_file or (str(tiers_path(settings)) if tiers_path(settings).is_file() else None)
+def deploy_tier(config: DeployConfig, settings: Any) -> tuple[Any, str]:
+    """The tier profile a deployment runs with and the engine that serves it (the deployment's, else the tier's)."""
     catalog = tier_catalog(settings, config.tiers_file)
     if config.tier not in catalog.tiers:
         raise BadInput(f"unknown tier {config.tier!r}; known tiers: {', '.join(sorted(catalog.tiers))}")
-    if config.engine == "vllm":
+    tier = catalog.tiers[config.tier]
+    return tier, config.engine or tier.engine
+
+
+def llamacpp_gguf(identity: Identity, model: Any, weights: str, settings: Any, *, url: str | None = None,
+                  progress: Any = None) -> Path:
+    """The model's GGUF export that llama-server runs (Q8_0, or F16 for a tier with the model's own weights),
+    exported now when there is none or the weights changed since."""
+    config = ExportModelConfig(model=model.name, format="gguf", outtype="q8_0" if weights == "q8_0" else "f16")
+    path = export_path(settings, config)
+    weight_files = [p for p in Path(model.path).glob("*.safetensors")] + [Path(model.path) / "adapter_config.json"]
+    newest = max((p.stat().st_mtime for p in weight_files if p.exists()), default=0.0)
+    if not path.is_file() or path.stat().st_mtime < newest:
+        export_registered(identity, config, settings, url=url, progress=progress)
+    return path
+
+
+def server_command(config: DeployConfig, model: Any, port: int, settings: Any, identity: Identity | None = None, *,
+                   url: str | None = None, progress: Any = None) -> tuple[str, list[str]]:
+    """The engine serving ``config`` and the argv that starts its server for the registered ``model``."""
+    tiers_file = config.tiers_file or (str(tiers_path(settings)) if tiers_path(settings).is_file() else None)
+    tier, engine = deploy_tier(config, settings)
+    path = model.path
+    if engine in ("vllm", "llamacpp") and not is_loopback(config.host):
+        raise BadInput(f"{engine} cannot check posttrain API keys, so it listens on loopback only: deploy it on "
+                       f"127.0.0.1 (the gateway serves it to the network), not {config.host}")  # fmt: skip
+    if engine == "vllm":
         from posttrain.platform.serving.vllm import VllmProfile
 
-        if not is_loopback(config.host):
-            raise BadInput(f"vLLM cannot check posttrain API keys, so it listens on loopback only: deploy it on "
-                           f"127.0.0.1 (the gateway serves it to the network), not {config.host}")  # fmt: skip
-
-        tier = catalog.tiers[config.tier]
         overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}
         if config.max_model_len:
             overrides["max_model_len"] = config.max_model_len
-        return VllmProfile.for_tier(path, tier, **overrides).to_args()
+        return engine, VllmProfile.for_tier(path, tier, **overrides).to_args()
+    if engine == "llamacpp":
+        from posttrain.platform.models.inspect import inspect_model_dir
+        from posttrain.platform.serving.llamacpp import LlamaCppMissing, LlamaCppProfile, find_server
+
+        try:  # before any export: a host without the binary fails at once
+            binary = find_server(getattr(settings, "llama_server", None))
+        except LlamaCppMissing as exc:
+            raise BadInput(str(exc)) from None
+        model_max = inspect_model_dir(path).max_position_embeddings or 4096
+        gguf = llamacpp_gguf(identity or Identity("deploy", Role.operator), model, tier.resolved_weights, settings,
+                             url=url, progress=progress)  # fmt: skip
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        fields: dict[str, Any] = {
+            "gguf_path": str(gguf), "served_model_name": config.model, "host": config.host, "port": port,
+            "parallel": tier.max_num_seqs, "ctx_per_slot": min(config.max_model_len or model_max, model_max),
+            "threads": int(threads) if threads.isdigit() and int(threads) > 0 else None,
+            **config.llamacpp_overrides,
+        }  # fmt: skip
+        return engine, LlamaCppProfile.model_validate(fields).to_args(binary)
     cmd = [
         sys.executable, "-m", "posttrain.platform.serving", "--model", path, "--served-model-name", config.model,
         "--host", config.host, "--port", str(port), "--tier", config.tier,
@@ -212,7 +255,7 @@ def server_command(config: DeployConfig, path: str, port: int, settings: Any) ->
         cmd += ["--max-model-len", str(config.max_model_len)]
     if tiers_file:
         cmd += ["--tiers-file", tiers_file]
-    return cmd
+    return engine, cmd
 
 
 def _update(deployment_id: int, url: str, **values: Any) -> None:
@@ -236,17 +279,18 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         raise BadInput(str(exc)) from None
     port = config.port or free_port(config.host)
     base_url = f"http://{config.host}:{port}"
-    command = server_command(config, model.path, port, ctx.settings)
+    engine, command = server_command(config, model, port, ctx.settings, ctx.identity, url=ctx.url,
+                                     progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
     with session(ctx.url) as s:
         row = Deployment(
-            model_id=model.id, tier=config.tier, engine=config.engine, job_id=ctx.job_id, url=base_url,
+            model_id=model.id, tier=config.tier, engine=engine, job_id=ctx.job_id, url=base_url,
             status="starting", profile={"command": command, **config.model_dump()},
         )  # fmt: skip
         s.add(row)
         s.flush()
         deployment_id = int(row.id)  # type: ignore[arg-type]
     ctx.log.info("starting %s", " ".join(command))
-    ctx.progress(None, f"starting {config.engine} server for {config.model} ({config.tier})", force=True)
+    ctx.progress(None, f"starting {engine} server for {config.model} ({config.tier})", force=True)
     server = ServerProcess(command, base_url, on_log=lambda line: print(line, flush=True))
     try:
         server.start(timeout_s=config.start_timeout_s)
@@ -316,7 +360,7 @@ register(
         name="deploy",
         config_model=DeployConfig,
         run=deploy,
-        description="Serve a registered model in a speed tier (embedded engine or vLLM) until cancelled.",
+        description="Serve a registered model in a speed tier (embedded engine, llama.cpp or vLLM) until cancelled.",
         resumable=True,
         max_attempts=5,
     )

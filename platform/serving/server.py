@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                           max_images_per_prompt=args.max_images_per_prompt)
     try:
         engine = EmbeddedEngine(config).start()
-    except ModelDirError as exc:
+    except (ModelDirError, ValueError) as exc:  # a bad directory; weights this host cannot serve (q8_0)
         raise SystemExit(f"error: {exc}") from None
     print(f"serving {engine.name} ({args.tier}) on http://{args.host}:{args.port}", flush=True)
     try:

@@ -1,0 +1,201 @@
+"""8-bit weights for the embedded engine on a CPU: llama.cpp's Q8_0 format, decoded by an AVX2 kernel.
+
+A small model's decode step on a CPU streams every weight once per token, so its speed is the memory
+bandwidth over the weights' bytes: fp32 weights cap SmolLM2-135M at about 17 tokens/s on one core here.
+``quantize_q8(model)`` replaces each ``nn.Linear`` (the vocabulary projection included) by a
+:class:`Q8Linear`: int8 weights with one fp32 scale per block of 32 (Q8_0, what llama.cpp's ``Q8_0`` GGUF
+holds), a quarter of the bytes. A decode step's few rows go through :func:`kernel`'s ``q8_linear``, which
+quantizes the activations per block of 32 too and takes integer dot products (``maddubs``, as ggml's
+``vec_dot_q8_0_q8_0`` does); a prefill's many rows dequantize the weights a slice at a time and use the
+BLAS matmul. The output is close to, not equal to, the model's own: the tier that uses it says so.
+
+The C++ source is compiled once per machine by ``torch.utils.cpp_extension`` (about a minute; cached in
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). It needs an x86-64 CPU with AVX2 and FMA
+and a C++ compiler; :func:`kernel` says which is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import nn
+
+BLOCK = 32  # weights per scale, as in Q8_0
+KERNEL_ROWS = 16  # up to this many activation rows use the kernel; more (a prefill) use dequantized slices
+SLICE = 4096  # output features dequantized at once for a many-row matmul (4096 x 4096 fp32: 64 MiB)
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+
+// y (..., N) = x (..., K) times the transpose of w (N, K), plus bias (N) when it is defined; w int8 with scales
+// (N, K/32); x quantized here, per row and block of 32, to int8 with its own scales. Per block: an integer dot product
+// of 32 pairs (sign trick + maddubs + madd, as ggml's vec_dot_q8_0_q8_0), scaled by both blocks' scales into fp32.
+torch::Tensor q8_linear(torch::Tensor input, torch::Tensor w, torch::Tensor ws, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(input.scalar_type() == torch::kFloat, "x must be float32");
+  TORCH_CHECK(w.scalar_type() == torch::kChar && w.is_contiguous() && ws.is_contiguous(), "w: contiguous int8");
+  const int64_t K = input.size(-1), N = w.size(0), B = K / 32;
+  auto x = input.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
+  TORCH_CHECK(K % 32 == 0 && w.size(1) == K && ws.size(0) == N && ws.size(1) == B, "shapes do not match");
+  auto xq = torch::empty({M, K}, x.options().dtype(torch::kChar));
+  auto xs = torch::empty({M, B}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* xqp = xq.data_ptr<int8_t>();
+  float* xsp = xs.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* v = xp + m * K + b * 32;
+      float amax = 0.f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+      xsp[m * B + b] = d;
+      for (int i = 0; i < 32; ++i) xqp[m * K + b * 32 + i] = (int8_t)std::nearbyint(v[i] * id);
+    }
+  }
+  auto y = torch::empty({M, N}, x.options());
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* wsp = ws.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* row = wp + n * K;
+      const float* rs = wsp + n * B;
+      for (int64_t m = 0; m < M; ++m) {
+        const int8_t* xr = xqp + m * K;
+        const float* xrs = xsp + m * B;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < B; ++b) {
+          const __m256i wq = _mm256_loadu_si256((const __m256i*)(row + b * 32));
+          const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr + b * 32));
+          const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(rs[b] * xrs[b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), acc);
+        }
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s = _mm_hadd_ps(s, s);
+        s = _mm_hadd_ps(s, s);
+        yp[m * N + n] = _mm_cvtss_f32(s);
+      }
+    }
+  });
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  auto shape = input.sizes().vec();
+  shape.back() = N;
+  return y.view(shape);
+}
+"""
+
+
+class Q8Unavailable(RuntimeError):
+    """This machine cannot build or run the Q8_0 kernel; the message says why and what to use instead."""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def kernel() -> ModuleType:
+    """The compiled ``q8_matmul`` extension (built on first use, then loaded from the cache)."""
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+        raise Q8Unavailable("q8_0 weights need an x86-64 CPU with AVX2 and FMA; this one has neither or is "
+                            f"{platform.machine()}: serve this tier with weights 'model' or the llamacpp engine")  # fmt: skip
+    if not shutil.which("c++"):
+        raise Q8Unavailable("q8_0 weights compile a small C++ kernel on first use: install a C++ compiler (Debian's g++)")
+    from torch.utils.cpp_extension import load_inline
+
+    return load_inline("posttrain_q8", cpp_sources=_SOURCE, functions=["q8_linear"],
+                       extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)  # fmt: skip
+
+
+def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0: int8 values (N, K) and one fp32 scale per 32 of them (N, K/32), the scale the block's largest
+    magnitude over 127 (llama.cpp's ``quantize_row_q8_0``)."""
+    n, k = weight.shape
+    blocks = weight.detach().float().reshape(n, k // BLOCK, BLOCK)
+    scales = blocks.abs().amax(-1) / 127.0
+    inverse = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    values = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
+    return values.reshape(n, k).contiguous(), scales.contiguous()
+
+
+class Q8Linear(nn.Module):
+    """An ``nn.Linear`` whose weight is held as Q8_0 (see the module's docstring)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        values, scales = quantize_blocks(linear.weight)
+        self.register_buffer("values", values)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def dequantized(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Output features ``start:stop`` of the weight in fp32."""
+        values, scales = self.values[start:stop], self.scales[start:stop]
+        return (values.float().reshape(len(values), -1, BLOCK) * scales[..., None]).reshape(len(values), -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= KERNEL_ROWS * self.in_features and x.dtype == torch.float32:
+            return kernel().q8_linear(x, self.values, self.scales, self.bias)
+        rows = x.reshape(-1, self.in_features).float()
+        out = torch.cat([rows @ self.dequantized(s, s + SLICE).T for s in range(0, self.out_features, SLICE)], dim=-1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @classmethod
+    def stacked(cls, parts: list[Q8Linear]) -> Q8Linear:
+        """One module over ``parts``' output features in order, whose parts become views into it (no copy kept):
+        one kernel call instead of several for projections that read the same input."""
+        whole = cls.__new__(cls)
+        nn.Module.__init__(whole)
+        whole.in_features, whole.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+        whole.register_buffer("values", torch.cat([p.values for p in parts]))
+        whole.register_buffer("scales", torch.cat([p.scales for p in parts]))
+        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+        whole.register_buffer("bias", torch.cat(biases) if any(p.bias is not None for p in parts) else None)
+        start = 0
+        for part in parts:
+            stop = start + part.out_features
+            part.values, part.scales = whole.values[start:stop], whole.scales[start:stop]
+            if whole.bias is not None and part.bias is not None:
+                part.bias = whole.bias[start:stop]
+            start = stop
+        return whole
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, q8_0"
+
+
+def quantize_q8(model: nn.Module) -> int:
+    """Replace, in place, every ``nn.Linear`` whose input width is a multiple of 32 by a :class:`Q8Linear`
+    (a tied vocabulary projection gets its own int8 copy; the embedding keeps its weights for lookups);
+    returns how many were replaced. Fails with :class:`Q8Unavailable` before changing anything when the
+    kernel cannot run here."""
+    kernel()
+    targets = [(name, module) for name, module in model.named_modules()
+               if type(module) is nn.Linear and module.in_features % BLOCK == 0]  # fmt: skip
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, Q8Linear(module))
+    for module in model.modules():  # the projections a decoder layer applies to one input, stacked
+        for stacked, names in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
+            parts = [getattr(module, n, None) for n in names]
+            if all(isinstance(p, Q8Linear) for p in parts) and not hasattr(module, stacked):
+                setattr(module, stacked, Q8Linear.stacked(parts))
+    return len(targets)
