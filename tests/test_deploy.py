@@ -97,7 +97,7 @@ def test_a_models_default_tier_marks_its_deployment_for_the_gateway(platform_env
     assert [d.default for d in registered_deployments()] == [False, False]
     set_default_tier(OPERATOR, "m", "fast")
     assert {d.tier: d.default for d in registered_deployments()} == {"fast": True, "standard": False}
-    with pytest.raises(ValueError, match="unknown tier 'turbo'; the tiers are fast, standard"):
+    with pytest.raises(ValueError, match="unknown tier 'turbo'; the tiers are fast, llamacpp, q8, standard"):
         set_default_tier(OPERATOR, "m", "turbo")
     with pytest.raises(PermissionError):
         set_default_tier(Identity("v", Role.viewer), "m", None)

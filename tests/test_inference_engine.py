@@ -56,10 +56,11 @@ def engine(tiny_dir: Path) -> EmbeddedRolloutEngine:
 
 @pytest.fixture()
 def forwards(engine: EmbeddedRolloutEngine) -> Iterator[list[tuple[int, int]]]:
-    """(rows, tokens) of every forward call the engine's model makes."""
+    """(rows, tokens) of every forward pass the engine's model makes (prefills through ``forward``, decode steps
+    through the lean step: both embed their input ids first)."""
     shapes: list[tuple[int, int]] = []
-    handle = engine.model.register_forward_pre_hook(
-        lambda _m, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    handle = engine.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: shapes.append(tuple(args[0].shape)))
     yield shapes
     handle.remove()
 

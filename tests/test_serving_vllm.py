@@ -49,7 +49,7 @@ def test_tier_catalog_is_editable_on_disk(tmp_path: Path) -> None:
     catalog.save(tmp_path / "tiers.json")
     loaded = TierCatalog.load(tmp_path / "tiers.json")
     assert loaded.get("fast").prompt_lookup_num_tokens == 6
-    with pytest.raises(KeyError, match="known tiers: fast, standard"):
+    with pytest.raises(KeyError, match="known tiers: fast, llamacpp, q8, standard"):
         loaded.get("turbo")
 
 
