@@ -147,6 +147,29 @@ def serving_real_rows(s: Summary) -> list[Row]:
     ]
 
 
+def serving_engines_rows(s: Summary) -> list[Row]:
+    rows = []
+    if "embedded_tokens_per_s_1" in s:
+        rows.append(Row(
+            f"CPU engines on {s['model']}: embedded, Q8_0 weights (q8 tier)",
+            f"one stream {_n(s['embedded_tokens_per_s_1'])} tokens/s, four {_n(s['embedded_tokens_per_s_4'])}; greedy "
+            f"replies equal to fp32's on {_pct(s['agreement_embedded_fp32_vs_q8'])} of {s['prompts']} prompts",
+            f"fp32 standard tier: one stream {_n(s['embedded_fp32_tokens_per_s_1'])} tokens/s "
+            f"({_x(s['embedded_speedup_vs_fp32_1'])}), four {_n(s['embedded_fp32_tokens_per_s_4'])}",
+        ))
+    if "llamacpp_tokens_per_s_1" in s:
+        versus = f"; the embedded q8 tier at {_x(s['embedded_vs_llamacpp_1'])} of it, greedy replies equal on " \
+                 f"{_pct(s['engine_agreement'])}" if s.get("engine_agreement") is not None else ""
+        rows.append(Row(
+            f"CPU engines on {s['model']}: llama.cpp deployment (llamacpp tier, Q8_0 GGUF)",
+            f"one stream {_n(s['llamacpp_tokens_per_s_1'])} tokens/s, four {_n(s['llamacpp_tokens_per_s_4'])}{versus}",
+            f"llama-server -m FILE by hand: one stream {_n(s['llamacpp_by_hand_tokens_per_s_1'])} tokens/s "
+            f"({_x(s['llamacpp_vs_by_hand_1'])}), four {_n(s['llamacpp_by_hand_tokens_per_s_4'])} "
+            f"({_x(s['llamacpp_vs_by_hand_4'])})",
+        ))
+    return rows
+
+
 def learning_rows(s: Summary) -> list[Row]:
     if "general_before" in s:  # a real-model preset: no SFT, no control; the peer is the model before training
         return [Row(
@@ -229,6 +252,7 @@ def reliability_rows(s: Summary) -> list[Row]:
 
 ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
+    "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
     "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
     "reliability": reliability_rows,

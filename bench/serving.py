@@ -1,8 +1,15 @@
 """Serving benchmark: fast tier vs standard tier, time to first token, the gateway's added latency,
-and for a real model throughput at 16 streams and memory.
+and for a real model throughput at 16 streams and memory; or, with ``--engines``, the CPU engines.
 
     .venv/bin/python bench/serving.py [--prompts 12] [--max-tokens 64] [--tune-steps 500 | 0]
     .venv/bin/python bench/serving.py --model smollm2-135m-instruct [--prompts 12] [--max-tokens 64]
+    .venv/bin/python bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
+
+``--engines``: each engine's server runs alone in turn, as a deployment runs it (the embedded engine's
+q8 tier and, as its peer, the fp32 standard tier; the llamacpp tier's llama-server command on the
+model's Q8_0 GGUF and, as its peer, ``llama-server -m FILE`` with llama.cpp's defaults), on the same
+short chat prompts, greedy, one request at a time and four at a time. The summary ``serving-engines``
+has each engine's tokens/s and how often two engines' greedy replies are the same text.
 
 Default workload: builds a small Qwen2 model locally (hidden 128, 2 layers) and teaches it to
 quote from documents (platform/models/tuning.py ``teach_quoting``: a copy drill that forms
@@ -250,6 +257,105 @@ def concurrent_streams(client: httpx.Client, url: str, model: str, streams: int,
     return {"one_stream_tokens_per_s": one / one_s, "tokens_per_s": many / many_s, "tokens": many}
 
 
+@dataclass
+class EngineRun:
+    tokens_per_s_1: float
+    tokens_per_s_4: float
+    texts: list[str]
+    command: list[str]
+
+
+def measure_engine(command: list[str], port: int, model: str, prompts: list[str], max_tokens: int,
+                   env: dict[str, str] | None = None) -> EngineRun:
+    """Start one server, warm it up, then the prompts one at a time (greedy; their texts are kept) and the same
+    prompts four at a time: completion tokens over wall time, whole requests (prompt processing included)."""
+    base_url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(command, base_url, env=env).start(600)
+    client = httpx.Client(timeout=1800)
+    try:
+        chat(client, base_url, model, [{"role": "user", "content": prompts[0]}], 8)
+        start, texts, tokens = time.perf_counter(), [], 0
+        for p in prompts:
+            reply = chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens)
+            texts.append(reply["choices"][0]["message"]["content"] or "")
+            tokens += reply["usage"]["completion_tokens"]
+        one = tokens / (time.perf_counter() - start)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda p: chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens),
+                                    prompts))  # fmt: skip
+        four = sum(r["usage"]["completion_tokens"] for r in replies) / (time.perf_counter() - start)
+    finally:
+        client.close()
+        server.stop()
+    return EngineRun(one, four, texts, command)
+
+
+def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> None:
+    """The embedded engine (Q8_0 weights, the q8 tier; and its fp32 standard tier, today's figure) and llama.cpp
+    (the llamacpp tier's deployment command, and llama-server as a person would start it on the same file),
+    each alone on the machine in turn, on the same short chat prompts."""
+    from posttrain.platform.models.exporter import export_model
+    from posttrain.platform.serving.llamacpp import LlamaCppProfile, find_server
+
+    wanted = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(wanted) - {"embedded", "llamacpp"}
+    if unknown:
+        raise SystemExit(f"--engines: unknown {', '.join(sorted(unknown))}; choose from embedded, llamacpp")
+    prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(args.engine_prompts)]
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # a deployment's share: the cores over the worker's two slots
+    env = {"OMP_NUM_THREADS": threads}
+    runs: dict[str, EngineRun] = {}
+    if "embedded" in wanted:
+        for name, tier in (("embedded", "q8"), ("embedded_fp32", "standard")):
+            port = free_port()
+            runs[name] = measure_engine([sys.executable, "-m", "posttrain.platform.serving", "--model", work.path,
+                                         "--served-model-name", work.name, "--port", str(port), "--tier", tier],
+                                        port, work.name, prompts, args.engine_max_tokens, env)  # fmt: skip
+            print(json.dumps({"engine": name, "tier": tier, "tokens_per_s_1": round(runs[name].tokens_per_s_1, 1),
+                              "tokens_per_s_4": round(runs[name].tokens_per_s_4, 1)}), flush=True)  # fmt: skip
+    if "llamacpp" in wanted:
+        binary = find_server()
+        gguf = tmp / f"{work.name}.Q8_0.gguf"
+        export_model(work.path, gguf, "gguf", outtype="q8_0")
+        deployed = LlamaCppProfile.for_tier(gguf, DEFAULT_TIERS["llamacpp"], served_model_name=work.name,
+                                            ctx_per_slot=4096, threads=int(threads))  # fmt: skip
+        for name, make in (("llamacpp", lambda port: deployed.model_copy(update={"port": port}).to_args(binary)),
+                           ("llamacpp_by_hand", lambda port: [str(binary), "-m", str(gguf), "--port", str(port)])):
+            port = free_port()
+            runs[name] = measure_engine(make(port), port, work.name, prompts, args.engine_max_tokens)
+            print(json.dumps({"engine": name, "tokens_per_s_1": round(runs[name].tokens_per_s_1, 1),
+                              "tokens_per_s_4": round(runs[name].tokens_per_s_4, 1),
+                              "command": " ".join(runs[name].command)}), flush=True)  # fmt: skip
+
+    def agreement(a: str, b: str) -> float | None:
+        if a not in runs or b not in runs:
+            return None
+        return round(sum(x == y for x, y in zip(runs[a].texts, runs[b].texts)) / len(prompts), 3)
+
+    summary: dict[str, object] = {"figure": "serving-engines", "model": work.name, "engines": wanted}
+    for name, run in runs.items():
+        summary[f"{name}_tokens_per_s_1"] = round(run.tokens_per_s_1, 1)
+        summary[f"{name}_tokens_per_s_4"] = round(run.tokens_per_s_4, 1)
+    if "embedded" in runs and "embedded_fp32" in runs:
+        summary["embedded_speedup_vs_fp32_1"] = round(runs["embedded"].tokens_per_s_1 / runs["embedded_fp32"].tokens_per_s_1, 2)
+    if "embedded" in runs and "llamacpp" in runs:
+        summary["embedded_vs_llamacpp_1"] = round(runs["embedded"].tokens_per_s_1 / runs["llamacpp"].tokens_per_s_1, 2)
+    if "llamacpp" in runs:
+        summary["llamacpp_vs_by_hand_1"] = round(runs["llamacpp"].tokens_per_s_1 / runs["llamacpp_by_hand"].tokens_per_s_1, 2)
+        summary["llamacpp_vs_by_hand_4"] = round(runs["llamacpp"].tokens_per_s_4 / runs["llamacpp_by_hand"].tokens_per_s_4, 2)
+    summary["engine_agreement"] = agreement("embedded", "llamacpp")
+    summary["agreement_embedded_fp32_vs_q8"] = agreement("embedded_fp32", "embedded")
+    summary["agreement_embedded_fp32_vs_llamacpp"] = agreement("embedded_fp32", "llamacpp")
+    summary.update({"prompts": len(prompts), "max_tokens": args.engine_max_tokens, "threads": int(threads),
+                    "workload": f"{len(prompts)} short chat prompts, greedy, whole requests one at a time "
+                                "(tokens_per_s_1) and four at a time (tokens_per_s_4)",
+                    "agreement": "share of the prompts whose greedy replies are equal text",
+                    "peer": {"embedded": "embedded_fp32 (the standard tier: the model's own weights)",
+                             "llamacpp": "llamacpp_by_hand (llama-server -m FILE, its defaults)"}})  # fmt: skip
+    print(json.dumps(summary))
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -270,9 +376,19 @@ def main() -> None:
     parser.add_argument("--overhead-requests", type=int, default=60)
     parser.add_argument("--streams", type=int, default=16, help="(--model) concurrent short chat streams for the "
                         "throughput figure, against the same prompts one at a time")
+    parser.add_argument("--engines", default=None, help="(--model) compare engines instead of tiers: embedded "
+                        "(the q8 tier, beside the fp32 standard tier) and/or llamacpp (the llamacpp tier's deployment, "
+                        "beside llama-server started by hand on the same GGUF), e.g. embedded,llamacpp")
+    parser.add_argument("--engine-prompts", type=int, default=12)
+    parser.add_argument("--engine-max-tokens", type=int, default=128)
     args = parser.parse_args()
+    if args.engines and not args.model:
+        parser.error("--engines needs --model (a real model: the tiny one is not a GGUF-exportable chat model)")
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.engines:
+            engines_comparison(args, real_workload(args, Path(tmp)), Path(tmp))
+            return
         work = real_workload(args, Path(tmp)) if args.model else tiny_workload(args, Path(tmp))
         cases, model = work.cases, work.name
         rss_before = rss_mb()

@@ -239,14 +239,12 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         model_max = inspect_model_dir(path).max_position_embeddings or 4096
         gguf = llamacpp_gguf(identity or Identity("deploy", Role.operator), model, tier.resolved_weights, settings,
                              url=url, progress=progress)  # fmt: skip
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        fields: dict[str, Any] = {
-            "gguf_path": str(gguf), "served_model_name": config.model, "host": config.host, "port": port,
-            "parallel": tier.max_num_seqs, "ctx_per_slot": min(config.max_model_len or model_max, model_max),
-            "threads": int(threads) if threads.isdigit() and int(threads) > 0 else None,
-            **config.llamacpp_overrides,
-        }  # fmt: skip
-        return engine, LlamaCppProfile.model_validate(fields).to_args(binary)
+        threads = os.environ.get("OMP_NUM_THREADS", "")  # the job's share of the cores (Settings.job_threads)
+        profile = LlamaCppProfile.for_tier(
+            gguf, tier, served_model_name=config.model, host=config.host, port=port,
+            ctx_per_slot=min(config.max_model_len or model_max, model_max),
+            threads=int(threads) if threads.isdigit() and int(threads) > 0 else None, **config.llamacpp_overrides)
+        return engine, profile.to_args(binary)
     cmd = [
         sys.executable, "-m", "posttrain.platform.serving", "--model", path, "--served-model-name", config.model,
         "--host", config.host, "--port", str(port), "--tier", config.tier,

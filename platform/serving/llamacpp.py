@@ -29,6 +29,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from posttrain.platform.serving.profiles import TierProfile
+
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
 BINARY = "llama-server"
 BUILD_TARGET = "make llamacpp"
@@ -50,6 +52,11 @@ class LlamaCppProfile(BaseModel):
     threads: int | None = Field(None, ge=1, description="compute threads; default: llama.cpp's (the cores)")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def for_tier(cls, gguf_path: str | os.PathLike[str], tier: TierProfile, **overrides: object) -> LlamaCppProfile:
+        """The deployment of a speed tier: its batch size as llama-server's parallel slots."""
+        return cls.model_validate({"gguf_path": str(gguf_path), "parallel": tier.max_num_seqs, **overrides})
 
     def to_args(self, executable: str | os.PathLike[str]) -> list[str]:
         args = [str(executable), "--model", self.gguf_path, "--host", self.host, "--port", str(self.port),
