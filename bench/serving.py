@@ -303,7 +303,7 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
     if unknown:
         raise SystemExit(f"--engines: unknown {', '.join(sorted(unknown))}; choose from embedded, llamacpp")
     prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(args.engine_prompts)]
-    threads = str(max(1, (os.cpu_count() or 1) // 2))  # a deployment's share: the cores over the worker's two slots
+    threads = str(max(1, (os.cpu_count() or 1) // 2))  # an embedded deployment's torch threads: cores over two slots
     env = {"OMP_NUM_THREADS": threads}
     runs: dict[str, EngineRun] = {}
     if "embedded" in wanted:
@@ -319,7 +319,7 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
         gguf = tmp / f"{work.name}.Q8_0.gguf"
         export_model(work.path, gguf, "gguf", outtype="q8_0")
         deployed = LlamaCppProfile.for_tier(gguf, DEFAULT_TIERS["llamacpp"], served_model_name=work.name,
-                                            ctx_per_slot=4096, threads=int(threads))  # fmt: skip
+                                            ctx_per_slot=4096)  # as the deploy job starts it, threads unset  # fmt: skip
         for name, make in (("llamacpp", lambda port: deployed.model_copy(update={"port": port}).to_args(binary)),
                            ("llamacpp_by_hand", lambda port: [str(binary), "-m", str(gguf), "--port", str(port)])):
             port = free_port()
@@ -347,7 +347,7 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
     summary["engine_agreement"] = agreement("embedded", "llamacpp")
     summary["agreement_embedded_fp32_vs_q8"] = agreement("embedded_fp32", "embedded")
     summary["agreement_embedded_fp32_vs_llamacpp"] = agreement("embedded_fp32", "llamacpp")
-    summary.update({"prompts": len(prompts), "max_tokens": args.engine_max_tokens, "threads": int(threads),
+    summary.update({"prompts": len(prompts), "max_tokens": args.engine_max_tokens, "embedded_threads": int(threads),
                     "workload": f"{len(prompts)} short chat prompts, greedy, whole requests one at a time "
                                 "(tokens_per_s_1) and four at a time (tokens_per_s_4)",
                     "agreement": "share of the prompts whose greedy replies are equal text",

@@ -11,7 +11,6 @@ cleanly when the job is cancelled. Its log is the server's log.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import sys
@@ -239,11 +238,13 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         model_max = inspect_model_dir(path).max_position_embeddings or 4096
         gguf = llamacpp_gguf(identity or Identity("deploy", Role.operator), model, tier.resolved_weights, settings,
                              url=url, progress=progress)  # fmt: skip
-        threads = os.environ.get("OMP_NUM_THREADS", "")  # the job's share of the cores (Settings.job_threads)
+        # llama.cpp's own default (every core) unless the operator set POSTTRAIN_JOB_THREADS: on a quiet 2-core host
+        # it made 88.6 tokens/s with two threads against 59.4 with one (bench/serving.py --engines); beside a
+        # computing process two threads collapse, so a host that trains while it serves sets the setting
         profile = LlamaCppProfile.for_tier(
             gguf, tier, served_model_name=config.model, host=config.host, port=port,
             ctx_per_slot=min(config.max_model_len or model_max, model_max),
-            threads=int(threads) if threads.isdigit() and int(threads) > 0 else None, **config.llamacpp_overrides)
+            threads=getattr(settings, "job_threads", None), **config.llamacpp_overrides)
         return engine, profile.to_args(binary)
     cmd = [
         sys.executable, "-m", "posttrain.platform.serving", "--model", path, "--served-model-name", config.model,
