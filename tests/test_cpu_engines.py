@@ -118,6 +118,7 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
 
 
 @sqlite_only
+@pytest.mark.requires("llama-server")
 def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, str], real_model_dir) -> None:  # type: ignore[no-untyped-def]
     """Without the binary a llamacpp deployment fails at once, naming the make target; with it, the llamacpp tier
     exports the model's Q8_0 GGUF, runs llama-server on loopback, and the official client chats through the
@@ -130,7 +131,7 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
     from posttrain.platform.serving.llamacpp import find_server
     from posttrain.platform.serving.server import serve_in_thread
 
-    require_llama_server = find_server()  # the suite needs it: make test builds it (make llamacpp)
+    binary = find_server()  # make test builds it (make llamacpp)
     register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)
 
     worker = start_worker({**platform_env, "POSTTRAIN_LLAMA_SERVER": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")})
@@ -149,7 +150,7 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
         (route,) = registered_deployments()
         assert route.tier == "llamacpp" and route.base_url.startswith("http://127.0.0.1:")
         server = next(p for p in psutil.process_iter(["exe", "cmdline"])
-                      if (p.info["cmdline"] or [""])[0] == str(require_llama_server))  # fmt: skip
+                      if (p.info["cmdline"] or [""])[0] == str(binary))  # fmt: skip
         args = server.info["cmdline"]
         assert args[args.index("--model") + 1].endswith("smol.Q8_0.gguf") and args[args.index("--parallel") + 1] == "4"
 
