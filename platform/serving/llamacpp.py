@@ -114,12 +114,17 @@ def find_server(configured: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
+    """Run one build step, its output both on stdout (minutes of compiling show their progress) and in ``log``."""
     print("+", " ".join(cmd), flush=True)
-    with log.open("a") as out:
-        done = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode:
+    with log.open("a") as out, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True, errors="replace") as proc:  # fmt: skip
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            print(line, end="", flush=True)
+    if proc.returncode:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"{cmd[0]} failed with code {done.returncode}; the end of {log}:\n{tail}")
+        raise RuntimeError(f"{cmd[0]} failed with code {proc.returncode}; the end of {log}:\n{tail}")
 
 
 def build(jobs: int | None = None) -> Path:
