@@ -351,8 +351,10 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
                     "workload": f"{len(prompts)} short chat prompts, greedy, whole requests one at a time "
                                 "(tokens_per_s_1) and four at a time (tokens_per_s_4)",
                     "agreement": "share of the prompts whose greedy replies are equal text",
-                    "peer": {"embedded": "embedded_fp32 (the standard tier: the model's own weights)",
-                             "llamacpp": "llamacpp_by_hand (llama-server -m FILE, its defaults)"}})  # fmt: skip
+                    "peer": {"name": "each engine beside its own peer, alone on the machine in turn, same prompts",
+                             "embedded": "embedded_fp32 (the standard tier: the model's own weights, same threads)",
+                             "llamacpp": "llamacpp_by_hand (llama-server -m FILE, its defaults)",
+                             "warmup_requests": 1, "rounds": 1}})  # fmt: skip
     print(json.dumps(summary))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from conftest import REPO_ROOT, ImportedRealModel
 from posttrain.platform.db.models import JobStatus
@@ -172,8 +173,17 @@ def pick_run(page, job_id: int) -> None:  # type: ignore[no-untyped-def]
     """Open run ``job_id`` on the Training page (its "Run" selectbox, below the runs table)."""
     runs = page.get_by_test_id("stSelectbox").filter(has=page.get_by_text("Run", exact=True))
     runs.first.wait_for()
-    runs.first.click()
-    page.get_by_role("option", name=re.compile(rf"^#{job_id} · train_preset · succeeded")).first.click()
+    option = page.get_by_role("option", name=re.compile(rf"^#{job_id} · train_preset · succeeded")).first
+    for attempt in range(6):  # the page's live panels rerun every few seconds; one may close the list just opened
+        runs.first.click()
+        try:
+            option.wait_for(timeout=10_000)
+            option.click(timeout=10_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 5:
+                raise
+            page.keyboard.press("Escape")
     page.get_by_role("heading", name="Trajectories").first.wait_for()  # the run's view, to its end
 
 
