@@ -201,8 +201,8 @@ def test_nothing_listens_beyond_loopback_without_keys(platform_env: dict[str, st
     tiny = SimpleNamespace(name="tiny", path=str(tiny_dir))
     for engine in ("vllm", "llamacpp"):
         with pytest.raises(BadInput, match=f"{engine} cannot check posttrain API keys"):
-            server_command(DeployConfig(model="tiny", engine=engine, host="0.0.0.0"), tiny, 8000, get_settings())
-    assert "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), tiny, 8000, get_settings())[1]
+            server_command(DeployConfig(model="tiny", engine=engine, host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR)
+    assert "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR)[1]
 
 
 @sqlite_only

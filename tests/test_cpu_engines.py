@@ -177,3 +177,12 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
         assert registered_deployments() == []
     finally:
         stop_worker(worker)
+
+
+def test_a_tiers_weights_follow_the_engine_that_serves_it() -> None:
+    """Unset weights mean q8_0 on llama.cpp and the model's own elsewhere, whichever engine the tier names."""
+    from posttrain.platform.serving import DEFAULT_TIERS
+
+    assert DEFAULT_TIERS["standard"].weights_for("llamacpp") == "q8_0"
+    assert DEFAULT_TIERS["llamacpp"].weights_for("embedded") == "model"
+    assert DEFAULT_TIERS["q8"].weights_for("embedded") == DEFAULT_TIERS["q8"].weights_for("llamacpp") == "q8_0"

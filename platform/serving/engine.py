@@ -186,7 +186,7 @@ class EmbeddedEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded or load_model(config.model_path)
-        if config.tier.resolved_weights == "q8_0":
+        if config.tier.weights_for("embedded") == "q8_0":
             self.loaded = _quantized(self.loaded, copy=loaded is not None)
         self.name = config.name
         model_max = self.loaded.info.max_position_embeddings or 2048

@@ -204,16 +204,17 @@ def llamacpp_gguf(identity: Identity, model: Any, weights: str, settings: Any, *
     exported now when there is none or the weights changed since."""
     config = ExportModelConfig(model=model.name, format="gguf", outtype="q8_0" if weights == "q8_0" else "f16")
     path = export_path(settings, config)
-    weight_files = [p for p in Path(model.path).glob("*.safetensors")] + [Path(model.path) / "adapter_config.json"]
+    weight_files = [*Path(model.path).glob("*.safetensors"), Path(model.path) / "adapter_config.json"]
     newest = max((p.stat().st_mtime for p in weight_files if p.exists()), default=0.0)
     if not path.is_file() or path.stat().st_mtime < newest:
         export_registered(identity, config, settings, url=url, progress=progress)
     return path
 
 
-def server_command(config: DeployConfig, model: Any, port: int, settings: Any, identity: Identity | None = None, *,
+def server_command(config: DeployConfig, model: Any, port: int, settings: Any, identity: Identity, *,
                    url: str | None = None, progress: Any = None) -> tuple[str, list[str]]:
-    """The engine serving ``config`` and the argv that starts its server for the registered ``model``."""
+    """The engine serving ``config`` and the argv that starts its server for the registered ``model`` (a llamacpp
+    deployment exports the model's GGUF first when it has none, as ``identity``)."""
     tiers_file = config.tiers_file or (str(tiers_path(settings)) if tiers_path(settings).is_file() else None)
     tier, engine = deploy_tier(config, settings)
     path = model.path
@@ -236,8 +237,7 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         except LlamaCppMissing as exc:
             raise BadInput(str(exc)) from None
         model_max = inspect_model_dir(path).max_position_embeddings or 4096
-        gguf = llamacpp_gguf(identity or Identity("deploy", Role.operator), model, tier.resolved_weights, settings,
-                             url=url, progress=progress)  # fmt: skip
+        gguf = llamacpp_gguf(identity, model, tier.weights_for(engine), settings, url=url, progress=progress)
         # llama.cpp's own default (every core) unless the operator set POSTTRAIN_JOB_THREADS: on a quiet 2-core host
         # it made 88.6 tokens/s with two threads against 59.4 with one (bench/serving.py --engines); beside a
         # computing process two threads collapse, so a host that trains while it serves sets the setting

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -43,9 +42,10 @@ class TierProfile(BaseModel):
     vllm_max_num_seqs: int | None = None
     vllm_max_num_batched_tokens: int | None = None
 
-    @property
-    def resolved_weights(self) -> Weights:
-        return self.weights or ("q8_0" if self.engine == "llamacpp" else "model")
+    def weights_for(self, engine: Engine) -> Weights:
+        """The weights ``engine`` serves this tier with: the tier's, else q8_0 on llamacpp and the model's own elsewhere
+        (a deployment may run a tier on another engine than the tier names)."""
+        return self.weights or ("q8_0" if engine == "llamacpp" else "model")
 
     @model_validator(mode="after")
     def _ngram_range(self) -> TierProfile:
