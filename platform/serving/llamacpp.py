@@ -74,18 +74,21 @@ class LlamaCppProfile(BaseModel):
         return f"http://{self.host}:{self.port}"
 
 
-def cpu_key() -> str:
-    """The CPU's architecture and instruction-set flags, hashed: a binary built with ``GGML_NATIVE`` on one
-    machine may not run on another, so the cache keeps one build per key."""
-    flags = ""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags (x86 ``flags``, Arm ``Features``) from /proc/cpuinfo; empty where unreadable."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                break
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+    return frozenset()
+
+
+def cpu_key() -> str:
+    """The CPU's architecture and instruction-set flags, hashed: a binary built with ``GGML_NATIVE`` on one
+    machine may not run on another, so the cache keeps one build per key."""
+    return hashlib.sha256(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:12]
 
 
 def cache_dir() -> Path:
@@ -178,8 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "build":
         print(install(Path(sys.prefix)))
     else:
+        from posttrain.platform.settings import get_settings
+
         try:
-            print(find_server(os.environ.get("POSTTRAIN_LLAMA_SERVER")))
+            print(find_server(get_settings().llama_server))
         except LlamaCppMissing as exc:
             raise SystemExit(str(exc)) from None
 

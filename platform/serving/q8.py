@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import platform
 import shutil
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -98,20 +97,12 @@ class Q8Unavailable(RuntimeError):
     """This machine cannot build or run the Q8_0 kernel; the message says why and what to use instead."""
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def kernel() -> ModuleType:
-    """The compiled ``q8_matmul`` extension (built on first use, then loaded from the cache)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+    """The compiled ``q8_linear`` extension (built on first use, then loaded from the cache)."""
+    from posttrain.platform.serving.llamacpp import cpu_flags
+
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         raise Q8Unavailable("q8_0 weights need an x86-64 CPU with AVX2 and FMA; this one has neither or is "
                             f"{platform.machine()}: serve this tier with weights 'model' or the llamacpp engine")  # fmt: skip
     if not shutil.which("c++"):
@@ -193,7 +184,7 @@ def quantize_q8(model: nn.Module) -> int:
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, Q8Linear(module))
-    for module in model.modules():  # the projections a decoder layer applies to one input, stacked
+    for module in list(model.modules()):  # the projections a decoder layer applies to one input, stacked
         for stacked, names in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
             parts = [getattr(module, n, None) for n in names]
             if all(isinstance(p, Q8Linear) for p in parts) and not hasattr(module, stacked):
