@@ -142,7 +142,7 @@ def build(jobs: int | None = None) -> Path:
     with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
         work, log = Path(tmp), target.parent / "build.log"
         log.write_text("")
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", str(work),
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", "--dest", str(work),
               f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], log)  # fmt: skip
         (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
         with tarfile.open(sdist) as archive:
