@@ -9,17 +9,23 @@ quantizes the activations per block of 32 too and takes integer dot products (``
 ``vec_dot_q8_0_q8_0`` does); a prefill's many rows dequantize the weights a slice at a time and use the
 BLAS matmul. The output is close to, not equal to, the model's own: the tier that uses it says so.
 
-The C++ source is compiled once per machine by ``torch.utils.cpp_extension`` (about a minute; cached in
-``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). It needs an x86-64 CPU with AVX2 and FMA
-and a C++ compiler; :func:`kernel` says which is missing.
+The kernel is a few dozen lines of C, compiled once per machine with the system's C compiler (about a second;
+cached under ``~/.cache/posttrain``) and called through ``ctypes``, which lets go of the GIL while it runs. It
+needs an x86-64 CPU with AVX2 and FMA and a C compiler; :func:`kernel` says which is missing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
+import os
 import platform
 import shutil
-from types import ModuleType
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -29,68 +35,54 @@ KERNEL_ROWS = 16  # up to this many activation rows use the kernel; more (a pref
 SLICE = 4096  # output features dequantized at once for a many-row matmul (4096 x 4096 fp32: 64 MiB)
 
 _SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <cmath>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 
-// y (..., N) = x (..., K) times the transpose of w (N, K), plus bias (N) when it is defined; w int8 with scales
-// (N, K/32); x quantized here, per row and block of 32, to int8 with its own scales. Per block: an integer dot product
-// of 32 pairs (sign trick + maddubs + madd, as ggml's vec_dot_q8_0_q8_0), scaled by both blocks' scales into fp32.
-torch::Tensor q8_linear(torch::Tensor input, torch::Tensor w, torch::Tensor ws, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(input.scalar_type() == torch::kFloat, "x must be float32");
-  TORCH_CHECK(w.scalar_type() == torch::kChar && w.is_contiguous() && ws.is_contiguous(), "w: contiguous int8");
-  const int64_t K = input.size(-1), N = w.size(0), B = K / 32;
-  auto x = input.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  TORCH_CHECK(K % 32 == 0 && w.size(1) == K && ws.size(0) == N && ws.size(1) == B, "shapes do not match");
-  auto xq = torch::empty({M, K}, x.options().dtype(torch::kChar));
-  auto xs = torch::empty({M, B}, x.options());
-  const float* xp = x.data_ptr<float>();
-  int8_t* xqp = xq.data_ptr<int8_t>();
-  float* xsp = xs.data_ptr<float>();
+/* y (M, N) = x (M, K) times the transpose of w (N, K), plus bias (N) unless NULL; w int8 with scales (N, K/32);
+   x quantized here, per row and block of 32, to int8 with its own scales. Per block: an integer dot product of 32
+   pairs (sign trick + maddubs + madd, as ggml's vec_dot_q8_0_q8_0), scaled by both blocks' scales into fp32. */
+void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const float *ws, int64_t N,
+               const float *bias, float *y) {
+  const int64_t B = K / 32;
+  int8_t *xq = malloc((size_t)(M * K));
+  float *xs = malloc(sizeof(float) * (size_t)(M * B));
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < B; ++b) {
-      const float* v = xp + m * K + b * 32;
+      const float *v = x + m * K + b * 32;
       float amax = 0.f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+      for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
       const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-      xsp[m * B + b] = d;
-      for (int i = 0; i < 32; ++i) xqp[m * K + b * 32 + i] = (int8_t)std::nearbyint(v[i] * id);
+      xs[m * B + b] = d;
+      for (int i = 0; i < 32; ++i) xq[m * K + b * 32 + i] = (int8_t)nearbyintf(v[i] * id);
     }
   }
-  auto y = torch::empty({M, N}, x.options());
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const float* wsp = ws.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* row = wp + n * K;
-      const float* rs = wsp + n * B;
-      for (int64_t m = 0; m < M; ++m) {
-        const int8_t* xr = xqp + m * K;
-        const float* xrs = xsp + m * B;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < B; ++b) {
-          const __m256i wq = _mm256_loadu_si256((const __m256i*)(row + b * 32));
-          const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr + b * 32));
-          const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(rs[b] * xrs[b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), acc);
-        }
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        s = _mm_hadd_ps(s, s);
-        s = _mm_hadd_ps(s, s);
-        yp[m * N + n] = _mm_cvtss_f32(s);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t n = 0; n < N; ++n) {
+    const int8_t *row = w + n * K;
+    const float *rs = ws + n * B;
+    for (int64_t m = 0; m < M; ++m) {
+      const int8_t *xr = xq + m * K;
+      const float *xrs = xs + m * B;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < B; ++b) {
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)(row + b * 32));
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + b * 32));
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(rs[b] * xrs[b]), _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), acc);
       }
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      s = _mm_hadd_ps(s, s);
+      s = _mm_hadd_ps(s, s);
+      y[m * N + n] = _mm_cvtss_f32(s) + (bias ? bias[n] : 0.f);
     }
-  });
-  if (bias.has_value() && bias->defined()) y.add_(*bias);
-  auto shape = input.sizes().vec();
-  shape.back() = N;
-  return y.view(shape);
+  }
+  free(xq);
+  free(xs);
 }
 """
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 
 
 class Q8Unavailable(RuntimeError):
@@ -98,19 +90,44 @@ class Q8Unavailable(RuntimeError):
 
 
 @functools.cache
-def kernel() -> ModuleType:
-    """The compiled ``q8_linear`` extension (built on first use, then loaded from the cache)."""
+def kernel() -> Callable[..., None]:
+    """The compiled ``q8_linear`` (built on first use into a cache directory named by the source's hash)."""
     from posttrain.platform.serving.llamacpp import cpu_flags
 
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         raise Q8Unavailable("q8_0 weights need an x86-64 CPU with AVX2 and FMA; this one has neither or is "
                             f"{platform.machine()}: serve this tier with weights 'model' or the llamacpp engine")  # fmt: skip
-    if not shutil.which("c++"):
-        raise Q8Unavailable("q8_0 weights compile a small C++ kernel on first use: install a C++ compiler (Debian's g++)")
-    from torch.utils.cpp_extension import load_inline
+    digest = hashlib.sha256((_SOURCE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    library = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain" / f"q8-{digest}" / "libq8.so"
+    if not library.is_file():
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise Q8Unavailable("q8_0 weights compile a small C kernel on first use: install a C compiler (Debian's gcc)")
+        library.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+            source, built = Path(tmp) / "q8.c", Path(tmp) / "libq8.so"
+            source.write_text(_SOURCE)
+            done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(source)], capture_output=True, text=True)
+            if done.returncode:
+                raise Q8Unavailable(f"compiling the q8_0 kernel with {compiler} failed: {done.stderr.strip()[-2000:]}")
+            built.replace(library)  # whole or absent, also when two processes build it at once
+    function = ctypes.CDLL(str(library)).q8_linear
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    function.restype = None
+    return function
 
-    return load_inline("posttrain_q8", cpp_sources=_SOURCE, functions=["q8_linear"],
-                       extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)  # fmt: skip
+
+def q8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ dequantized(values, scales).T + bias`` by the kernel, ``x`` quantized per block (fp32, any leading shape)."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    n = values.shape[0]
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    if not (values.is_contiguous() and scales.is_contiguous() and (bias is None or bias.is_contiguous())):
+        raise ValueError("q8_linear needs contiguous weights, scales and bias")
+    kernel()(rows.data_ptr(), rows.shape[0], rows.shape[1], values.data_ptr(), scales.data_ptr(), n,
+             None if bias is None else bias.data_ptr(), out.data_ptr())  # fmt: skip
+    return out.view(*x.shape[:-1], n)
 
 
 def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +159,7 @@ class Q8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= KERNEL_ROWS * self.in_features and x.dtype == torch.float32:
-            return kernel().q8_linear(x, self.values, self.scales, self.bias)
+            return q8_linear(x, self.values, self.scales, self.bias)
         rows = x.reshape(-1, self.in_features).float()
         out = torch.cat([rows @ self.dequantized(s, s + SLICE).T for s in range(0, self.out_features, SLICE)], dim=-1)
         if self.bias is not None:
