@@ -59,6 +59,32 @@ def test_lean_decode_step_computes_what_forward_computes(tiny) -> None:  # type:
         torch.testing.assert_close(a.values, b.values)
 
 
+def test_fused_q8_layers_compute_what_the_q8_modules_compute(tiny) -> None:  # type: ignore[no-untyped-def]
+    """A quantized model's decode step with each layer in two kernel calls equals the same step through its
+    Q8Linear modules; left padding (a mask) included, and Qwen2's q/k/v biases."""
+    from posttrain.platform.serving.generation import LeanDecoder
+    from posttrain.platform.serving.q8 import quantize_q8
+
+    assert LeanDecoder(tiny.model).fused is None  # fp32 weights: the tensor operations
+    model = copy.deepcopy(tiny.model)
+    quantize_q8(model)
+    fused, modules = LeanDecoder(model), LeanDecoder(model)
+    assert fused.fused is not None
+    modules.fused = None
+    with torch.inference_mode():
+        theirs, mask = _prefilled(model, [[5, 6, 7, 8, 9, 10], [11, 12, 13]])
+        ours = copy.deepcopy(theirs)
+        for token in range(3):  # three steps, each row one token
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            inputs = {"input_ids": torch.tensor([[20 + token], [30 + token]]), "attention_mask": mask,
+                      "position_ids": mask.sum(-1, keepdim=True) - 1}
+            expected, got = modules(theirs, **inputs), fused(ours, **inputs)
+            scale = float(expected.abs().max())
+            assert float((got - expected).abs().max()) < 1e-5 * scale, float((got - expected).abs().max()) / scale
+    for a, b in zip(ours.layers, theirs.layers):
+        assert float((a.keys - b.keys).abs().max()) < 1e-5 * float(b.keys.abs().max())
+
+
 def test_q8_linear_is_close_to_fp32_in_both_paths() -> None:
     from posttrain.platform.serving.q8 import KERNEL_ROWS, Q8Linear, quantize_q8
 

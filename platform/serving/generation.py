@@ -294,6 +294,9 @@ class LeanDecoder:
         self.inner, self.lm_head = base.model, base.get_output_embeddings()
         self.heads = base.config.num_attention_heads
         self.kv_heads = base.config.num_key_value_heads
+        from posttrain.platform.serving.q8 import FusedLayers
+
+        self.fused = FusedLayers.of(self.inner, self.heads, self.kv_heads)  # a quantized model's layers in C
 
     @classmethod
     def supports(cls, model: PreTrainedModel) -> bool:
@@ -315,8 +318,17 @@ class LeanDecoder:
             mask = attention_mask.bool()[:, None, None, :]
             if width > 1:  # the step's own tokens see those before them
                 mask = mask & torch.ones(width, total, dtype=torch.bool, device=h.device).tril(total - width)
+        fused = self.fused if width == 1 and h.dtype == torch.float32 else None
         for index, layer in enumerate(self.inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            if fused is not None:
+                qkv = fused.attention_in(index, h, cos, sin)
+                q, k, v = qkv[:, : self.heads], qkv[:, self.heads : self.heads + self.kv_heads], qkv[:, self.heads + self.kv_heads :]
+                k, v = cache.update(k, v, index)
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
+                fused.attention_out_mlp(index, h, o.reshape(rows, -1))
+                continue
             x = _rms(h, layer.input_layernorm)
             if (qkv_proj := getattr(attn, "qkv_proj", None)) is not None:  # stacked (q8.quantize_q8): rotate q, k at once
                 qkv = qkv_proj(x).view(rows, width, self.heads + 2 * self.kv_heads, -1).transpose(1, 2)

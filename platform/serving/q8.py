@@ -24,7 +24,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,14 +39,9 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 
-/* y (M, N) = x (M, K) times the transpose of w (N, K), plus bias (N) unless NULL; w int8 with scales (N, K/32);
-   x quantized here, per row and block of 32, to int8 with its own scales. Per block: an integer dot product of 32
-   pairs (sign trick + maddubs + madd, as ggml's vec_dot_q8_0_q8_0), scaled by both blocks' scales into fp32. */
-void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const float *ws, int64_t N,
-               const float *bias, float *y) {
+/* Activations quantized per row and block of 32 to int8 with one scale each (llama.cpp's quantize_row_q8_0). */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs) {
   const int64_t B = K / 32;
-  int8_t *xq = malloc((size_t)(M * K));
-  float *xs = malloc(sizeof(float) * (size_t)(M * B));
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < B; ++b) {
       const float *v = x + m * K + b * 32;
@@ -58,6 +52,14 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const floa
       for (int i = 0; i < 32; ++i) xq[m * K + b * 32 + i] = (int8_t)nearbyintf(v[i] * id);
     }
   }
+}
+
+/* y (M, N) = [y +] xq (M, K) times the transpose of w (N, K) [+ bias (N)]; w int8 with scales (N, K/32). Per block:
+   an integer dot product of 32 pairs (sign trick + maddubs + madd, as ggml's vec_dot_q8_0_q8_0), scaled by both
+   blocks' scales into fp32. */
+static void matmul_q(const int8_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *w, const float *ws,
+                     int64_t N, const float *bias, float *y, int accumulate) {
+  const int64_t B = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t n = 0; n < N; ++n) {
     const int8_t *row = w + n * K;
@@ -75,11 +77,90 @@ void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const floa
       __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
       s = _mm_hadd_ps(s, s);
       s = _mm_hadd_ps(s, s);
-      y[m * N + n] = _mm_cvtss_f32(s) + (bias ? bias[n] : 0.f);
+      const float v = _mm_cvtss_f32(s) + (bias ? bias[n] : 0.f);
+      y[m * N + n] = accumulate ? y[m * N + n] + v : v;
     }
   }
+}
+
+static void linear(const float *x, int64_t M, int64_t K, const int8_t *w, const float *ws, int64_t N,
+                   const float *bias, float *y, int accumulate) {
+  int8_t *xq = malloc((size_t)(M * K));
+  float *xs = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+  quantize_rows(x, M, K, xq, xs);
+  matmul_q(xq, xs, M, K, w, ws, N, bias, y, accumulate);
   free(xq);
   free(xs);
+}
+
+void q8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const float *ws, int64_t N,
+               const float *bias, float *y) {
+  linear(x, M, K, w, ws, N, bias, y, 0);
+}
+
+/* One decoder layer of a Llama/Qwen2 model whose projections are all Q8_0 (q/k/v and gate/up stacked). */
+typedef struct {
+  const float *input_norm, *post_norm;
+  const int8_t *qkv, *o, *gate_up, *down;
+  const float *qkv_scales, *o_scales, *gate_up_scales, *down_scales;
+  const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;
+} layer_t;
+
+typedef struct {
+  int64_t hidden, heads, kv_heads, head_dim, intermediate;
+  float eps;
+} dims_t;
+
+static void rms_norm(const float *x, int64_t M, int64_t K, const float *w, float eps, float *out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float *r = x + m * K;
+    float sum = 0.f;
+    for (int64_t k = 0; k < K; ++k) sum += r[k] * r[k];
+    const float scale = 1.f / sqrtf(sum / (float)K + eps);
+    for (int64_t k = 0; k < K; ++k) out[m * K + k] = r[k] * scale * w[k];
+  }
+}
+
+/* qkv (rows, heads + 2 kv_heads, head_dim) = the stacked projection of rms_norm(h), q and k rotated by cos, sin
+   (rows, head_dim; transformers' rotate_half convention). */
+void q8_attention_in(const layer_t *L, const dims_t *d, int64_t rows, const float *h, const float *cos,
+                     const float *sin, float *qkv) {
+  const int64_t H = d->hidden, D = d->head_dim, NH = d->heads + 2 * d->kv_heads, half = D / 2;
+  float *x = malloc(sizeof(float) * (size_t)(rows * H));
+  rms_norm(h, rows, H, L->input_norm, d->eps, x);
+  linear(x, rows, H, L->qkv, L->qkv_scales, NH * D, L->qkv_bias, qkv, 0);
+  for (int64_t m = 0; m < rows; ++m) {
+    const float *c = cos + m * D, *s = sin + m * D;
+    for (int64_t head = 0; head < d->heads + d->kv_heads; ++head) {
+      float *v = qkv + m * NH * D + head * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+  }
+  free(x);
+}
+
+/* h (rows, hidden) += o_proj(o); then h += down(silu(gate) * up) of rms_norm(h). */
+void q8_attention_out_mlp(const layer_t *L, const dims_t *d, int64_t rows, float *h, const float *o) {
+  const int64_t H = d->hidden, I = d->intermediate;
+  linear(o, rows, d->heads * d->head_dim, L->o, L->o_scales, H, L->o_bias, h, 1);
+  float *x = malloc(sizeof(float) * (size_t)(rows * H));
+  float *gu = malloc(sizeof(float) * (size_t)(rows * 2 * I));
+  float *a = malloc(sizeof(float) * (size_t)(rows * I));
+  rms_norm(h, rows, H, L->post_norm, d->eps, x);
+  linear(x, rows, H, L->gate_up, L->gate_up_scales, 2 * I, L->gate_up_bias, gu, 0);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = gu[m * 2 * I + i];
+      a[m * I + i] = g / (1.f + expf(-g)) * gu[m * 2 * I + I + i];
+    }
+  linear(a, rows, I, L->down, L->down_scales, H, L->down_bias, h, 1);
+  free(x);
+  free(gu);
+  free(a);
 }
 """
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
@@ -90,8 +171,8 @@ class Q8Unavailable(RuntimeError):
 
 
 @functools.cache
-def kernel() -> Callable[..., None]:
-    """The compiled ``q8_linear`` (built on first use into a cache directory named by the source's hash)."""
+def kernel() -> ctypes.CDLL:
+    """The compiled kernels (built on first use into a cache directory named by the source's hash)."""
     from posttrain.platform.serving.llamacpp import cpu_flags
 
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
@@ -111,11 +192,13 @@ def kernel() -> Callable[..., None]:
             if done.returncode:
                 raise Q8Unavailable(f"compiling the q8_0 kernel with {compiler} failed: {done.stderr.strip()[-2000:]}")
             built.replace(library)  # whole or absent, also when two processes build it at once
-    function = ctypes.CDLL(str(library)).q8_linear
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-    function.restype = None
-    return function
+    lib = ctypes.CDLL(str(library))
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name, argtypes in (("q8_linear", [pointer, size, size, pointer, pointer, size, pointer, pointer]),
+                           ("q8_attention_in", [pointer, pointer, size, pointer, pointer, pointer, pointer]),
+                           ("q8_attention_out_mlp", [pointer, pointer, size, pointer, pointer])):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, None
+    return lib
 
 
 def q8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -125,7 +208,7 @@ def q8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias:
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     if not (values.is_contiguous() and scales.is_contiguous() and (bias is None or bias.is_contiguous())):
         raise ValueError("q8_linear needs contiguous weights, scales and bias")
-    kernel()(rows.data_ptr(), rows.shape[0], rows.shape[1], values.data_ptr(), scales.data_ptr(), n,
+    kernel().q8_linear(rows.data_ptr(), rows.shape[0], rows.shape[1], values.data_ptr(), scales.data_ptr(), n,
              None if bias is None else bias.data_ptr(), out.data_ptr())  # fmt: skip
     return out.view(*x.shape[:-1], n)
 
@@ -188,6 +271,79 @@ class Q8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, q8_0"
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_scales", "o_scales", "gate_up_scales",
+        "down_scales", "qkv_bias", "o_bias", "gate_up_bias", "down_bias")]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("eps", ctypes.c_float)]
+
+
+class FusedLayers:
+    """The decoder layers of a quantized Llama/Qwen2 model, each run by the kernel in two calls a decode step
+    (:meth:`attention_in`, then :meth:`attention_out_mlp`) instead of a few dozen tensor operations: the
+    norms, projections, rotary embedding, SiLU and residual adds of a layer in C, the attention over the
+    KV cache left to the caller. :meth:`of` says whether a model qualifies (every projection a plain
+    :class:`Q8Linear`, q/k/v and gate/up stacked, RMSNorm weights in fp32)."""
+
+    def __init__(self, layers: list[nn.Module], heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        self._keep = layers  # the weights the structures point into
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        mlp = layers[0].mlp
+        self.dims = _Dims(mlp.down_proj.out_features, heads, kv_heads, head_dim, mlp.down_proj.in_features, eps)
+        self.structs = (_Layer * len(layers))()
+        for struct, layer in zip(self.structs, layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
+                setattr(struct, name, module.values.data_ptr())
+                setattr(struct, f"{name}_scales", module.scales.data_ptr())
+                setattr(struct, f"{name}_bias", None if module.bias is None else module.bias.data_ptr())
+            struct.input_norm = layer.input_layernorm.weight.data_ptr()
+            struct.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+        self._lib = kernel()
+
+    @classmethod
+    def of(cls, inner: nn.Module, heads: int, kv_heads: int) -> FusedLayers | None:
+        """The fused layers of ``inner`` (a Llama/Qwen2 ``model.model``), or None when a layer does not qualify."""
+        layers = list(getattr(inner, "layers", []))
+        if not layers:
+            return None
+        eps = {layer.input_layernorm.variance_epsilon for layer in layers} | {
+            layer.post_attention_layernorm.variance_epsilon for layer in layers}
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
+            if not all(type(p) is Q8Linear for p in projections):
+                return None
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if not all(n.dtype == torch.float32 and n.is_contiguous() and n.device.type == "cpu" for n in norms):
+                return None
+        head_dim = layers[0].self_attn.qkv_proj.out_features // (heads + 2 * kv_heads)
+        if len(eps) != 1 or head_dim % 2:
+            return None
+        return cls(layers, heads, kv_heads, head_dim, eps.pop())
+
+    def attention_in(self, index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q, k, v of one token a row: ``(rows, heads + 2 kv_heads, 1, head_dim)`` from ``h`` ``(rows, 1, hidden)``,
+        q and k rotated by ``cos``, ``sin`` ``(rows, 1, head_dim)``."""
+        rows = h.shape[0]
+        out = torch.empty(rows, self.heads + 2 * self.kv_heads, 1, self.head_dim)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        self._lib.q8_attention_in(ctypes.byref(self.structs[index]), ctypes.byref(self.dims), rows, h.data_ptr(),
+                                  cos.data_ptr(), sin.data_ptr(), out.data_ptr())  # fmt: skip
+        return out
+
+    def attention_out_mlp(self, index: int, h: torch.Tensor, o: torch.Tensor) -> None:
+        """``h`` (contiguous fp32, changed in place) plus the attention output ``o`` ``(rows, heads * head_dim)``
+        through o_proj, then plus the MLP of its norm."""
+        o = o.contiguous()
+        self._lib.q8_attention_out_mlp(ctypes.byref(self.structs[index]), ctypes.byref(self.dims), h.shape[0],
+                                       h.data_ptr(), o.data_ptr())  # fmt: skip
 
 
 def quantize_q8(model: nn.Module) -> int:
