@@ -5,10 +5,11 @@ and for a real model throughput at 16 streams and memory; or, with ``--engines``
     .venv/bin/python bench/serving.py --model smollm2-135m-instruct [--prompts 12] [--max-tokens 64]
     .venv/bin/python bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 
-``--engines``: each engine's server runs alone in turn, as a deployment runs it (the embedded engine's
-q8 tier and, as its peer, the fp32 standard tier; the llamacpp tier's llama-server command on the
-model's Q8_0 GGUF and, as its peer, ``llama-server -m FILE`` with llama.cpp's defaults), on the same
-short chat prompts, greedy, one request at a time and four at a time. The summary ``serving-engines``
+``--engines``: each engine's server runs as a deployment runs it, beside its peer (the embedded engine's
+q8 tier beside the fp32 standard tier; the llamacpp tier's llama-server command on the model's Q8_0 GGUF
+beside ``llama-server -m FILE`` with llama.cpp's defaults); the two are measured in turn, in interleaved
+rounds (``--engine-rounds``, each one's best round counts), on the same short chat prompts, greedy, one
+request at a time and four at a time. The summary ``serving-engines``
 has each engine's tokens/s and how often two engines' greedy replies are the same text.
 
 Default workload: builds a small Qwen2 model locally (hidden 128, 2 layers) and teaches it to
@@ -263,38 +264,58 @@ class EngineRun:
     tokens_per_s_4: float
     texts: list[str]
     command: list[str]
+    rounds_1: list[float]
+    rounds_4: list[float]
 
 
-def measure_engine(command: list[str], port: int, model: str, prompts: list[str], max_tokens: int,
-                   env: dict[str, str] | None = None) -> EngineRun:
-    """Start one server, warm it up, then the prompts one at a time (greedy; their texts are kept) and the same
-    prompts four at a time: completion tokens over wall time, whole requests (prompt processing included)."""
-    base_url = f"http://127.0.0.1:{port}"
-    server = ServerProcess(command, base_url, env=env).start(600)
+def measure_round(client: httpx.Client, base_url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[float, float, list[str]]:
+    """The prompts one at a time (greedy; their texts kept), then the same prompts four at a time: completion
+    tokens over wall time, whole requests (prompt processing included)."""
+    start, texts, tokens = time.perf_counter(), [], 0
+    for p in prompts:
+        reply = chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens)
+        texts.append(reply["choices"][0]["message"]["content"] or "")
+        tokens += reply["usage"]["completion_tokens"]
+    one = tokens / (time.perf_counter() - start)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda p: chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens),
+                                prompts))  # fmt: skip
+    four = sum(r["usage"]["completion_tokens"] for r in replies) / (time.perf_counter() - start)
+    return one, four, texts
+
+
+def measure_pair(commands: dict[str, tuple[list[str], int]], model: str, prompts: list[str], max_tokens: int,
+                 rounds: int, env: dict[str, str] | None = None) -> dict[str, EngineRun]:
+    """An engine and its peer started side by side (an idle server waits without computing), warmed up, then
+    measured in turn, ``rounds`` times, the order swapped each round, so that the machine's drift lands on both:
+    each one's best round."""
+    servers = {}
     client = httpx.Client(timeout=1800)
     try:
-        chat(client, base_url, model, [{"role": "user", "content": prompts[0]}], 8)
-        start, texts, tokens = time.perf_counter(), [], 0
-        for p in prompts:
-            reply = chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens)
-            texts.append(reply["choices"][0]["message"]["content"] or "")
-            tokens += reply["usage"]["completion_tokens"]
-        one = tokens / (time.perf_counter() - start)
-        start = time.perf_counter()
-        with ThreadPoolExecutor(4) as pool:
-            replies = list(pool.map(lambda p: chat(client, base_url, model, [{"role": "user", "content": p}], max_tokens),
-                                    prompts))  # fmt: skip
-        four = sum(r["usage"]["completion_tokens"] for r in replies) / (time.perf_counter() - start)
+        for name, (command, port) in commands.items():
+            servers[name] = ServerProcess(command, f"http://127.0.0.1:{port}", env=env).start(600)
+            chat(client, f"http://127.0.0.1:{port}", model, [{"role": "user", "content": prompts[0]}], 8)
+        measured: dict[str, list[tuple[float, float, list[str]]]] = {name: [] for name in commands}
+        for r in range(rounds):
+            for name in (list(commands) if r % 2 == 0 else list(commands)[::-1]):
+                measured[name].append(measure_round(client, f"http://127.0.0.1:{commands[name][1]}", model, prompts, max_tokens))
+                one, four, _ = measured[name][-1]
+                print(json.dumps({"engine": name, "round": r + 1, "tokens_per_s_1": round(one, 1),
+                                  "tokens_per_s_4": round(four, 1)}), flush=True)  # fmt: skip
     finally:
         client.close()
-        server.stop()
-    return EngineRun(one, four, texts, command)
+        for server in servers.values():
+            server.stop()
+    return {name: EngineRun(max(m[0] for m in runs), max(m[1] for m in runs), runs[0][2], commands[name][0],
+                            [round(m[0], 1) for m in runs], [round(m[1], 1) for m in runs])
+            for name, runs in measured.items()}  # fmt: skip
 
 
 def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> None:
-    """The embedded engine (Q8_0 weights, the q8 tier; and its fp32 standard tier, today's figure) and llama.cpp
-    (the llamacpp tier's deployment command, and llama-server as a person would start it on the same file),
-    each alone on the machine in turn, on the same short chat prompts."""
+    """The embedded engine (Q8_0 weights, the q8 tier) beside its fp32 standard tier (today's figure), then llama.cpp
+    (the llamacpp tier's deployment command) beside llama-server as a person would start it on the same file; each
+    pair side by side, measured in interleaved rounds, on the same short chat prompts."""
     from posttrain.platform.models.exporter import export_model
     from posttrain.platform.serving.llamacpp import LlamaCppProfile, find_server
 
@@ -304,29 +325,29 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
         raise SystemExit(f"--engines: unknown {', '.join(sorted(unknown))}; choose from embedded, llamacpp")
     prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(args.engine_prompts)]
     threads = str(max(1, (os.cpu_count() or 1) // 2))  # an embedded deployment's torch threads: cores over two slots
-    env = {"OMP_NUM_THREADS": threads}
     runs: dict[str, EngineRun] = {}
     if "embedded" in wanted:
+        commands = {}
         for name, tier in (("embedded", "q8"), ("embedded_fp32", "standard")):
             port = free_port()
-            runs[name] = measure_engine([sys.executable, "-m", "posttrain.platform.serving", "--model", work.path,
-                                         "--served-model-name", work.name, "--port", str(port), "--tier", tier],
-                                        port, work.name, prompts, args.engine_max_tokens, env)  # fmt: skip
-            print(json.dumps({"engine": name, "tier": tier, "tokens_per_s_1": round(runs[name].tokens_per_s_1, 1),
-                              "tokens_per_s_4": round(runs[name].tokens_per_s_4, 1)}), flush=True)  # fmt: skip
+            commands[name] = ([sys.executable, "-m", "posttrain.platform.serving", "--model", work.path,
+                               "--served-model-name", work.name, "--port", str(port), "--tier", tier], port)  # fmt: skip
+        runs.update(measure_pair(commands, work.name, prompts, args.engine_max_tokens, args.engine_rounds,
+                                 {"OMP_NUM_THREADS": threads}))  # fmt: skip
     if "llamacpp" in wanted:
         binary = find_server()
         gguf = tmp / f"{work.name}.Q8_0.gguf"
         export_model(work.path, gguf, "gguf", outtype="q8_0")
         deployed = LlamaCppProfile.for_tier(gguf, DEFAULT_TIERS["llamacpp"], served_model_name=work.name,
                                             ctx_per_slot=4096)  # as the deploy job starts it, threads unset  # fmt: skip
-        for name, make in (("llamacpp", lambda port: deployed.model_copy(update={"port": port}).to_args(binary)),
-                           ("llamacpp_by_hand", lambda port: [str(binary), "-m", str(gguf), "--port", str(port)])):
-            port = free_port()
-            runs[name] = measure_engine(make(port), port, work.name, prompts, args.engine_max_tokens)
-            print(json.dumps({"engine": name, "tokens_per_s_1": round(runs[name].tokens_per_s_1, 1),
-                              "tokens_per_s_4": round(runs[name].tokens_per_s_4, 1),
-                              "command": " ".join(runs[name].command)}), flush=True)  # fmt: skip
+        ports = free_port(), free_port()
+        commands = {"llamacpp": (deployed.model_copy(update={"port": ports[0]}).to_args(binary), ports[0]),
+                    "llamacpp_by_hand": ([str(binary), "-m", str(gguf), "--port", str(ports[1])], ports[1])}
+        runs.update(measure_pair(commands, work.name, prompts, args.engine_max_tokens, args.engine_rounds))
+    for name, run in runs.items():
+        print(json.dumps({"engine": name, "tokens_per_s_1": round(run.tokens_per_s_1, 1), "rounds_1": run.rounds_1,
+                          "tokens_per_s_4": round(run.tokens_per_s_4, 1), "rounds_4": run.rounds_4,
+                          "command": " ".join(run.command)}), flush=True)  # fmt: skip
 
     def agreement(a: str, b: str) -> float | None:
         if a not in runs or b not in runs:
@@ -351,10 +372,11 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
                     "workload": f"{len(prompts)} short chat prompts, greedy, whole requests one at a time "
                                 "(tokens_per_s_1) and four at a time (tokens_per_s_4)",
                     "agreement": "share of the prompts whose greedy replies are equal text",
-                    "peer": {"name": "each engine beside its own peer, alone on the machine in turn, same prompts",
+                    "peer": {"name": "each engine beside its own peer, started side by side and measured in turn, "
+                                     f"the best of {args.engine_rounds} interleaved rounds each, same prompts",
                              "embedded": "embedded_fp32 (the standard tier: the model's own weights, same threads)",
                              "llamacpp": "llamacpp_by_hand (llama-server -m FILE, its defaults)",
-                             "warmup_requests": 1, "rounds": 1}})  # fmt: skip
+                             "warmup_requests": 1, "rounds": args.engine_rounds}})  # fmt: skip
     print(json.dumps(summary))
 
 
@@ -383,6 +405,7 @@ def main() -> None:
                         "beside llama-server started by hand on the same GGUF), e.g. embedded,llamacpp")
     parser.add_argument("--engine-prompts", type=int, default=12)
     parser.add_argument("--engine-max-tokens", type=int, default=128)
+    parser.add_argument("--engine-rounds", type=int, default=3, help="(--engines) interleaved rounds per engine and peer")
     args = parser.parse_args()
     if args.engines and not args.model:
         parser.error("--engines needs --model (a real model: the tiny one is not a GGUF-exportable chat model)")
