@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from test_training_tiny import tiny_policy_dir
 
-from posttrain.platform.serving.generation import SamplingParams, Sequence, generate_batch
+from posttrain.platform.serving.generation import SHARED_PREFIX_MIN, SamplingParams, Sequence, generate_batch
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.inference import (
     EmbeddedRolloutEngine,
@@ -116,8 +116,10 @@ def test_each_prompt_is_prefilled_once_for_its_group_and_finished_rows_leave(
     stopping = EmbeddedRolloutEngine(engine.model, engine.tokenizer, stop_token_ids=letters)
     groups = stopping.generate([prompt_ids(engine.tokenizer, t) for t in TASKS[:2]], 8, SamplingConfig(max_new_tokens=12),
                                seed=3)
-    prefill, decode = forwards[0], forwards[1:]
-    assert prefill[0] == 2 and prefill[1] > 1  # two prompts, once each, for 16 rows
+    shared, own, decode = forwards[0], forwards[1], forwards[2:]
+    # the prompts' common start (the chat template's, "Write lowercase") runs once for one row, then each prompt's
+    # own tokens once: two prefilled rows for 16
+    assert shared[0] == 1 and shared[1] >= SHARED_PREFIX_MIN and own[0] == 2 and own[1] > 1
     assert all(tokens == 1 for _, tokens in decode)
     rows = [r for r, _ in decode]
     assert rows == sorted(rows, reverse=True) and rows[-1] < 16
@@ -135,7 +137,7 @@ def test_waiting_groups_join_as_rows_leave_within_max_num_seqs(engine: EmbeddedR
     groups = capped.generate([prompt_ids(engine.tokenizer, t) for t in TASKS], 4, SamplingConfig(max_new_tokens=6), seed=0)
     assert [len(g) for g in groups] == [4, 4, 4, 4]
     prefills = [rows for rows, tokens in forwards if tokens > 1]
-    assert prefills[0] == 2 and len(prefills) >= 2  # two groups fit at first; the others joined later
+    assert prefills[:2] == [1, 2] and len(prefills) >= 3  # two groups fit at first (their common start once); the others joined later
     decoded_rows = [rows for rows, tokens in forwards if tokens == 1]
     assert max(decoded_rows) <= 8
 

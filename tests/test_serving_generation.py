@@ -62,6 +62,32 @@ def test_every_mode_matches_transformers_greedy(tiny: LoadedModel) -> None:
                 assert sum(s.accepted_draft_tokens for s in seqs) > 0
 
 
+def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(tiny: LoadedModel,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts that start alike (the chat template, the same document): that start runs once for one row, and
+    every row's logits and cache of real tokens equal those of prefilling its whole prompt."""
+    from posttrain.platform.serving import generation
+
+    prompts = _prompts(tiny)
+    shared = generation._common_prefix(prompts)
+    assert shared >= generation.SHARED_PREFIX_MIN
+    batch = DecodeBatch(tiny.model, pad_token_id=tiny.tokenizer.pad_token_id)
+    seen: list[tuple[int, int]] = []
+    hook = tiny.model.get_input_embeddings().register_forward_pre_hook(lambda _m, args: seen.append(tuple(args[0].shape)))
+    with torch.inference_mode():
+        cache, mask, logits = batch._prefill(prompts)
+        hook.remove()
+        monkeypatch.setattr(generation, "SHARED_PREFIX_MIN", 10**9)
+        whole_cache, whole_mask, whole_logits = batch._prefill(prompts)
+    longest_rest = max(len(p) for p in prompts) - shared
+    assert seen == [(1, shared), (3, longest_rest)] and bool(mask[:, :shared].all())
+    torch.testing.assert_close(logits[:, -1], whole_logits[:, -1], rtol=1e-4, atol=1e-4)
+    for ours, theirs in zip(cache.layers, whole_cache.layers):
+        for row in range(len(prompts)):
+            for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+                torch.testing.assert_close(a[row][:, mask[row].bool()], b[row][:, whole_mask[row].bool()], rtol=1e-4, atol=1e-4)
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny: LoadedModel) -> None:
     p = _prompts(tiny)[0]
     runs = []

@@ -351,6 +351,19 @@ class LeanDecoder:
         return self.lm_head(_rms(h, self.inner.norm))
 
 
+SHARED_PREFIX_MIN = 16  # tokens all prompts of a prefill must start with before they share one run of them
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt has in common, leaving each at least one token of its own (its last
+    position's logits pick its first token)."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
 def _mergeable(cache: DynamicCache) -> bool:
     """Rows can join a running batch only when every layer is a plain growing cache (no sliding window)."""
     return all(type(layer) is DynamicLayer for layer in cache.layers)
@@ -437,18 +450,35 @@ class DecodeBatch:
         self.pending += pending
 
     def _prefill(self, prompts: list[list[int]], every: bool = False) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """Run the left-padded prompts through the model: their cache, mask and logits (rows, positions, vocab) at the
-        last position, or at ``every`` position (scoring the prompts)."""
-        lengths = [len(p) for p in prompts]
-        width = max(lengths)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - lengths[row] :] = torch.tensor(prompt)
-            mask[row, width - lengths[row] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        """Run the prompts through the model: their cache, mask and logits (rows, positions, vocab) at the last
+        position, or at ``every`` position (scoring the prompts). A prefix every prompt starts with (a system
+        prompt, a worked example: most of an evaluation's or a rollout step's tokens) runs once, for one row,
+        and its cache is repeated for the others; the rest of each prompt follows it, left-padded, so a row's
+        cache is [shared prefix | padding | its own tokens] with the padding masked and positions counted
+        over real tokens only."""
         cache = DynamicCache(config=self.model.config)
         keep = {} if every or not self._keeps_logits else {"logits_to_keep": 1}  # the vocab projection: last row only
+        shared = 0 if every or len(prompts) < 2 else _common_prefix(prompts)
+        if shared >= SHARED_PREFIX_MIN:
+            _forward(self.model, cache, input_ids=torch.tensor([prompts[0][:shared]], device=self.device),
+                     attention_mask=torch.ones((1, shared), dtype=torch.long, device=self.device),
+                     position_ids=torch.arange(shared, device=self.device)[None], **keep)  # fmt: skip
+            if _mergeable(cache):
+                cache.batch_repeat_interleave(len(prompts))
+            else:  # a cache this layout cannot repeat (sliding windows): the whole prompts after all
+                cache, shared = DynamicCache(config=self.model.config), 0
+        else:
+            shared = 0
+        rest = [p[shared:] for p in prompts]
+        lengths = [len(p) for p in rest]
+        width = max(lengths)
+        input_ids = torch.full((len(rest), width), self.pad_token_id, dtype=torch.long)
+        own = torch.zeros((len(rest), width), dtype=torch.long)
+        for row, prompt in enumerate(rest):
+            input_ids[row, width - lengths[row] :] = torch.tensor(prompt)
+            own[row, width - lengths[row] :] = 1
+        positions = shared + (own.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([torch.ones((len(rest), shared), dtype=torch.long), own], dim=1)
         out = _forward(self.model, cache, input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                        position_ids=positions.to(self.device), **keep)
         return cache, mask, out.logits
