@@ -34,7 +34,7 @@ venv: $(STAMP)
 # poppler-utils (pdftotext, the benchmark's reference), and documentation packages whose real
 # PDFs and images the preprocessing tests and benchmark read, and chromium for the console's
 # end-to-end browser test (driven by Playwright; its own browser download does not work here), and cmake and
-# g++, which build llama.cpp's server (make llamacpp) and the embedded engine's Q8_0 kernel.
+# g++, which build llama.cpp's server (make llamacpp); gcc, which it brings, compiles the embedded engine's Q8_0 kernel.
 DEBIAN_PACKAGES := bubblewrap cmake g++ tesseract-ocr tesseract-ocr-eng poppler-utils \
 	texlive-latex-base-doc python-reportlab-doc glpk-doc opencv-doc chromium
 

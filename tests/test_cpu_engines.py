@@ -110,14 +110,18 @@ def test_q8_linear_is_close_to_fp32_in_both_paths() -> None:
 
 
 def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_model) -> None:  # type: ignore[no-untyped-def]
-    """The q8 tier serves a copy (the shared model keeps its weights), answers sensibly, and decodes at least 1.5x
-    as many tokens a second as the standard tier, the two measured turn about in the same run."""
+    """The q8 tier serves a copy (the shared model keeps its weights), answers sensibly, and decodes at least 2.5x
+    as many tokens a second as the standard tier, the two measured turn about in the same run (4.55x measured
+    alone: the fused layers in two kernel calls each; the modules' own step was 2.77x)."""
     from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig
     from posttrain.platform.serving.generation import DecodeBatch, SamplingParams, Sequence
     from posttrain.platform.serving.q8 import Q8Linear
 
+    from posttrain.platform.serving.generation import LeanDecoder
+
     q8 = EmbeddedEngine(EngineConfig(model_path=str(real_model.info.path), tier=DEFAULT_TIERS["q8"]), loaded=real_model)
     assert isinstance(q8.loaded.model.lm_head, Q8Linear) and isinstance(real_model.model.lm_head, nn.Linear)
+    assert LeanDecoder(q8.loaded.model).fused is not None  # every layer of the real model qualifies
     tokenizer = real_model.tokenizer
     prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                                 add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])  # fmt: skip
@@ -140,7 +144,7 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
             assert "Paris" in tokenizer.decode(tokens), (name, tokenizer.decode(tokens))
     ratio = max(rates["q8"]) / max(rates["standard"])
     print(f"decode tokens/s: q8 {max(rates['q8']):.1f}, standard {max(rates['standard']):.1f} ({ratio:.2f}x)")
-    assert ratio > 1.5, rates
+    assert ratio > 2.5, rates
 
 
 @sqlite_only
