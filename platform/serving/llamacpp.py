@@ -91,9 +91,13 @@ def cpu_key() -> str:
     return hashlib.sha256(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:12]
 
 
+def cache_root() -> Path:
+    """Where posttrain keeps what it builds for this machine (llama-server, the Q8_0 kernel)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain"
+
+
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "posttrain" / f"llama-server-{LLAMA_CPP_PYTHON}-{cpu_key()}"
+    return cache_root() / f"llama-server-{LLAMA_CPP_PYTHON}-{cpu_key()}"
 
 
 def find_server(configured: str | os.PathLike[str] | None = None) -> Path:

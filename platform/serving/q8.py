@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
@@ -173,13 +172,13 @@ class Q8Unavailable(RuntimeError):
 @functools.cache
 def kernel() -> ctypes.CDLL:
     """The compiled kernels (built on first use into a cache directory named by the source's hash)."""
-    from posttrain.platform.serving.llamacpp import cpu_flags
+    from posttrain.platform.serving.llamacpp import cache_root, cpu_flags
 
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         raise Q8Unavailable("q8_0 weights need an x86-64 CPU with AVX2 and FMA; this one has neither or is "
                             f"{platform.machine()}: serve this tier with weights 'model' or the llamacpp engine")  # fmt: skip
     digest = hashlib.sha256((_SOURCE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
-    library = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain" / f"q8-{digest}" / "libq8.so"
+    library = cache_root() / f"q8-{digest}" / "libq8.so"
     if not library.is_file():
         compiler = shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
