@@ -8,8 +8,9 @@ holds), a quarter of the bytes. A decode step's few rows go through :func:`kerne
 quantizes the activations per block of 32 too and takes integer dot products (``maddubs``, as ggml's
 ``vec_dot_q8_0_q8_0`` does); a prefill's many rows dequantize the weights a slice at a time and use the
 BLAS matmul. The output is close to, not equal to, the model's own: the tier that uses it says so.
+:class:`FusedLayers` goes further for Llama/Qwen2 models: a layer's whole decode step in two kernel calls.
 
-The kernel is a few dozen lines of C, compiled once per machine with the system's C compiler (about a second;
+The kernels are a few hundred lines of C, compiled once per machine with the system's C compiler (about a second;
 cached under ``~/.cache/posttrain``) and called through ``ctypes``, which lets go of the GIL while it runs. It
 needs an x86-64 CPU with AVX2 and FMA and a C compiler; :func:`kernel` says which is missing.
 """
