@@ -10,7 +10,7 @@ quantizes the activations per block of 32 too and takes integer dot products (``
 BLAS matmul. The output is close to, not equal to, the model's own: the tier that uses it says so.
 :class:`FusedLayers` goes further for Llama/Qwen2 models: a layer's whole decode step in two kernel calls.
 
-The kernels are a few hundred lines of C, compiled once per machine with the system's C compiler (about a second;
+The kernels are about 150 lines of C, compiled once per machine with the system's C compiler (about a second;
 cached under ``~/.cache/posttrain``) and called through ``ctypes``, which lets go of the GIL while it runs. It
 needs an x86-64 CPU with AVX2 and FMA and a C compiler; :func:`kernel` says which is missing.
 """
