@@ -459,7 +459,9 @@ class DecodeBatch:
         cache = DynamicCache(config=self.model.config)
         keep = {} if every or not self._keeps_logits else {"logits_to_keep": 1}  # the vocab projection: last row only
         shared = 0 if every or len(prompts) < 2 else _common_prefix(prompts)
-        if shared >= SHARED_PREFIX_MIN:
+        if shared < SHARED_PREFIX_MIN:
+            shared = 0
+        else:
             _forward(self.model, cache, input_ids=torch.tensor([prompts[0][:shared]], device=self.device),
                      attention_mask=torch.ones((1, shared), dtype=torch.long, device=self.device),
                      position_ids=torch.arange(shared, device=self.device)[None], **keep)  # fmt: skip
@@ -467,8 +469,6 @@ class DecodeBatch:
                 cache.batch_repeat_interleave(len(prompts))
             else:  # a cache this layout cannot repeat (sliding windows): the whole prompts after all
                 cache, shared = DynamicCache(config=self.model.config), 0
-        else:
-            shared = 0
         rest = [p[shared:] for p in prompts]
         lengths = [len(p) for p in rest]
         width = max(lengths)
