@@ -99,24 +99,11 @@ class CodeTestsSpec(BaseSpec):
         return value
 
 
-_PARSING = threading.Lock()
-
-
-def parse(source: str) -> ast.Module:
-    """``ast.parse``, one thread at a time. CPython before 3.11.8 and 3.12.2 keeps the AST
-    constructor's recursion depth in one process-wide counter, and a garbage collection inside it can
-    switch threads: two checks parsing at once then fail with ``SystemError: AST constructor recursion
-    depth mismatch`` (cpython gh-106905). Checks run in threads (VerifierService.verify_batch), so
-    every parse of ours in this process goes through here."""
-    with _PARSING:
-        return ast.parse(source)
-
-
 @functools.lru_cache(maxsize=4096)
 def _syntax_problem(source: str) -> str | None:
     """Why ``source`` does not parse, or None (cached: a task's tests are checked on every verify)."""
     try:
-        parse(source)
+        ast.parse(source)
     except SyntaxError as error:
         return f"{error.msg}, line {error.lineno}"
     return None
@@ -290,9 +277,9 @@ def _called_function(test_call: ast.Module) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def build_plan(tests: str, test_call: str | None) -> TestPlan:
     """Rewrite ``tests`` (and ``test_call``) so that each test records its own outcome."""
-    module = parse(tests)
+    module = ast.parse(tests)
     module.body = [s for s in module.body if not (isinstance(s, ast.ImportFrom) and s.module == "__future__")]
-    call_module = parse(test_call) if test_call else None
+    call_module = ast.parse(test_call) if test_call else None
     target = _called_function(call_module) if call_module is not None else None
     definitions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == target]
     # The last definition of the target is the one the call reaches; rewrite it when it asserts.
@@ -326,7 +313,7 @@ def build_plan(tests: str, test_call: str | None) -> TestPlan:
             ast.ExceptHandler(
                 type=ast.Name("__pt_caught", ast.Load()),
                 name="__pt_e",
-                body=[parse('__pt_state["abort"] = __pt_why(__pt_e)').body[0]],
+                body=[ast.parse('__pt_state["abort"] = __pt_why(__pt_e)').body[0]],
             )
         ],
         orelse=[],

@@ -31,7 +31,6 @@ from typing import Any
 
 from posttrain.platform.tasks.domains.base import Domain, Problem
 from posttrain.platform.tasks.domains.families.code_tasks import TASKS, CodeTask, _reference
-from posttrain.platform.verifiers.kinds.code import parse
 from posttrain.platform.verifiers.models import VerifierRef
 
 MODULE = "solution.py"
@@ -165,7 +164,7 @@ def humaneval_problems() -> tuple[dict[str, Any], ...]:
 
 def _check_asserts(test: str) -> list[str]:
     """The assert statements of ``check(candidate)``, as source."""
-    tree = parse(test)
+    tree = ast.parse(test)
     check = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check")
     return [ast.unparse(s) for s in check.body if isinstance(s, ast.Assert)]
 
