@@ -46,6 +46,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.models.specs import TinyModelSpec
+from posttrain.platform.tasks.builders import span_recovery_example
 from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample
 from posttrain.training.config import EnvironmentConfig, EvalConfig, GeneralCheck, GRPOConfig, SFTConfig
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
@@ -206,12 +207,17 @@ def _smollm2_tools() -> RunPreset:
 
 # --- the real model on the operator's documents ----------------------------------------------------------
 DOCQA_TASK_SET = "smollm2-docqa"
-DOC_QA_REPLY = 'Reply in three lines: "Answer: <the answer>", "Evidence: \\"<a short quote from the page>\\"" and "Page: <page number>".'
-DOC_QUOTE = PromptFormat(examples=[WorkedExample(
-    user="Document: guide.pdf, page 2 (an excerpt).\n\n<page>\nThe Project Team releases a new version twice a year. Each "
-         "release is tested on many systems before it ships.\n</page>\n\nOn page 2 this sentence appears with one term "
-         "masked as ____:\n\"The Project Team releases a new version ____ a year.\"\nWhat is the masked term?\n\n" + DOC_QA_REPLY,
-    assistant='Answer: twice\nEvidence: "The Project Team releases a new version twice a year."\nPage: 2')])
+# two worked examples not from the documents, worded as the builder words its tasks, each answer a term of the
+# kind the builder masks (a capitalised word, a number): with one example whose answer was "twice" the model
+# answered "twice" to most tasks; with these it copies the page's sentence as its evidence (half the score)
+# far more often (mean score 0.12 against 0.07 greedily on 30 held-out tasks), and the answer is the word
+# that sentence has in the gap: the step GRPO has to find
+DOC_QUOTE = PromptFormat(examples=[WorkedExample(user=user, assistant=reply) for user, reply in (
+    span_recovery_example("guide.pdf", 2, "The Project Team releases a new version twice a year. Each release is tested on "
+                          "Linux and Windows before it ships. Bug reports go to the Tracker.",
+                          "Each release is tested on Linux and Windows before it ships.", "Windows"),
+    span_recovery_example("notes.pdf", 5, "Version 3 of the Manual was printed in 1998. The Editors thank every reader who "
+                          "sent corrections. A new Index lists all commands.", "A new Index lists all commands.", "Index"))])
 
 
 def _smollm2_docqa() -> RunPreset:
@@ -226,7 +232,7 @@ def _smollm2_docqa() -> RunPreset:
                                   source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
                                           "eval_fraction": 0.25, "seed": 0}),
         grpo=GRPOConfig(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, scheduler=SchedulerConfig(batch_size=8, seed=0),
-                        group_size=8, max_new_tokens=80, temperature=0.7, lr=1e-5, max_steps=12, micro_batch_size=16,
+                        group_size=8, max_new_tokens=80, temperature=0.7, lr=2e-5, max_steps=12, micro_batch_size=16,
                         max_rollout_batches_per_step=2, checkpoint_every=6, device="cpu", seed=0, verifier_workers=1,
                         logprob_check={"every": 6, "trajectories": 8}),
         eval=EvalConfig(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, tasks_per_domain=100, max_new_tokens=80,

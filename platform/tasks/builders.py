@@ -368,16 +368,23 @@ def span_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) -> 
             if not _on_page(sentence, page_norm):
                 continue
             for term in _terms(sentence)[:3]:
-                masked = re.sub(rf"(?<![\w]){re.escape(term)}(?![\w])", MASK, sentence, count=1)
+                masked = _masked(sentence, term)
                 out.append(
                     Question(
                         kind="span_recovery", page=page, key=f"s{block.get('order', 0)}-{n}-{term}",
-                        question=(f"On page {_page_label(page)} this sentence appears with one term masked as {MASK}:\n"
-                                  f"\"{masked}\"\nWhat is the masked term?"),
+                        question=_span_question(_page_label(page), masked),
                         answer=term, bbox=box, evidence=sentence, extra={"masked": masked},
                     )  # fmt: skip
                 )
     return out
+
+
+def _masked(sentence: str, term: str) -> str:
+    return re.sub(rf"(?<![\w]){re.escape(term)}(?![\w])", MASK, sentence, count=1)
+
+
+def _span_question(label: int, masked: str) -> str:
+    return f"On page {label} this sentence appears with one term masked as {MASK}:\n\"{masked}\"\nWhat is the masked term?"
 
 
 # --- packaging --------------------------------------------------------------------------------
@@ -406,8 +413,25 @@ def _verifier(q: Question) -> tuple[dict[str, Any], str]:
         "answers": [q.answer], "metric": "exact", "require_evidence": True,
         "document_id": str(q.page.document_id), "page": label, "pages": {label: q.page.text},
     }  # fmt: skip
-    reference = f'Answer: {q.answer}\nEvidence: "{q.evidence}"\nPage: {label}'
-    return {"kind": "doc_qa", "spec": spec}, reference
+    return {"kind": "doc_qa", "spec": spec}, _doc_qa_reply(q.answer, q.evidence, label)
+
+
+def _doc_qa_reply(answer: str, evidence: str, label: int) -> str:
+    return f'Answer: {answer}\nEvidence: "{evidence}"\nPage: {label}'
+
+
+def _text_prompt(head: str, body: str, question: str, fmt: str) -> str:
+    return f"{head}\n\n<page>\n{body}\n</page>\n\n{question}\n\n{fmt}"
+
+
+def span_recovery_example(filename: str, page: int, excerpt: str, sentence: str, term: str) -> tuple[str, str]:
+    """A worked example's (prompt, reply), worded as this builder words a span-recovery task on an excerpt
+    (``passage_chars``): a preset's prompt format shows the model one that is not from the documents."""
+    if sentence not in excerpt or term not in _terms(sentence):
+        raise ValueError(f"a span-recovery example needs {sentence!r} in its excerpt and {term!r} one of its terms")
+    question = _span_question(page, _masked(sentence, term))
+    return (_text_prompt(f"Document: {filename}, page {page} (an excerpt).", excerpt, question, DOC_QA_FORMAT),
+            _doc_qa_reply(term, sentence, page))
 
 
 def _base_id(q: Question, document: Document) -> str:
@@ -498,7 +522,7 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
     text_head, body = (head, context) if excerpt is None else (f"{head[:-1]} (an excerpt).", excerpt)
     if excerpt is not None:
         metadata["passage_chars"] = len(excerpt)
-    text_prompt = f"{text_head}\n\n<page>\n{body}\n</page>\n\n{q.question}\n\n{fmt}"
+    text_prompt = _text_prompt(text_head, body, q.question, fmt)
     specs = [
         TaskSpec(domain=DOMAINS[q.kind], prompt=text_prompt, verifier=verifier, reference=reference, split=split,  # type: ignore[arg-type]
                  task_id=base_id, metadata={**metadata, "modality": "text"}, provenance=provenance)  # fmt: skip
