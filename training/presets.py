@@ -148,10 +148,10 @@ def _smollm2_arith() -> RunPreset:
                     "with the general check beside it",
         model=REAL_MODEL, sft=None,
         grpo=GRPOConfig(domains=domains, prompt_format=BOXED, scheduler=SchedulerConfig(batch_size=8, seed=0),
-                        group_size=8, max_new_tokens=40, temperature=1.0, lr=5e-6, max_steps=20, micro_batch_size=16,
+                        group_size=8, max_new_tokens=40, temperature=1.0, lr=5e-6, max_steps=10, micro_batch_size=16,
                         max_rollout_batches_per_step=2, checkpoint_every=10, device="cpu", seed=0, verifier_workers=1,
                         logprob_check={"every": 10, "trajectories": 8}),
-        eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=100,
+        eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=50,
                         max_new_tokens=40, batch_size=50, device="cpu", general=GeneralCheck()),
     )
 
