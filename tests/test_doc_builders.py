@@ -19,7 +19,7 @@ from posttrain.platform.documents import add_document
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.tasks import store
-from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
+from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks, span_recovery_example
 from posttrain.platform.verifiers import verify_batch
 
 USERGUIDE = Path("/usr/share/doc/python-reportlab-doc/reportlab-userguide.pdf")
@@ -106,6 +106,15 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
         assert " ".join(evidence.split()) in excerpt and len(excerpt) <= max(300, len(evidence)) + 1, (len(excerpt), excerpt)
         assert len(brief.prompt_text) < len(full.prompt_text) and brief.verifier == full.verifier
     assert all(v.score == 1.0 for v in verify_batch(short, [s.reference or "" for s in short]))
+    # a preset's worked example is worded as these tasks are: the same excerpt, sentence and term give the same text
+    for brief in short:
+        reference = brief.reference or ""
+        label, evidence = int(reference.rsplit("Page: ", 1)[1]), reference.split('Evidence: "', 1)[1].rsplit('"', 1)[0]
+        excerpt = brief.prompt_text.split("<page>\n", 1)[1].split("\n</page>", 1)[0]
+        example = span_recovery_example(brief.provenance["filename"], label, excerpt, evidence, brief.verifier.spec["answers"][0])
+        assert example == (brief.prompt_text, reference)
+    with pytest.raises(ValueError, match="one of its terms"):
+        span_recovery_example("a.pdf", 1, "It works on Linux today.", "It works on Linux today.", "works")
     # deterministic with a seed
     again = build_document_tasks(guide.document.id, vision=True, max_per_document=40, seed=7)  # type: ignore[arg-type]
     assert [s.model_dump() for s in again] == [s.model_dump() for s in guide_specs]
