@@ -115,9 +115,15 @@ def run_ablation(preset: str, workdir: Path, steps: int, threads: int) -> None:
     }), flush=True)
 
 
+def standard_error(before: float, after: float, n: int) -> float:
+    """The standard error, in points, of the change between two pass rates on the same ``n`` tasks."""
+    import math
+
+    return round(100 * math.sqrt((before * (1 - before) + after * (1 - after)) / n), 2)
+
+
 def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
     """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
-    import math
     import subprocess
     import time
 
@@ -133,6 +139,7 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     from posttrain.platform.db.models import JobStatus, Metric, Role
     from posttrain.platform.jobs import queue
     from posttrain.platform.models.importer import import_model
+    from posttrain.training.evaluate import general_config
     from posttrain.training.presets import get_preset
 
     run = get_preset(preset)
@@ -195,14 +202,17 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     steps = [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]
     used = sum(p.get("rollout/groups_used", 0.0) for p in steps)
     before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
-    se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
+    general = general_config(run.eval) if result.get("general_before") is not None else None
+    general_tasks = len(general.domains) * general.tasks_per_domain if general is not None else 0
     print(json.dumps({
         "figure": FIGURES.get(preset, "learning-real"), "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
         "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
-        "gain_se_points": round(100 * se, 2), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
+        "gain_se_points": standard_error(before, after, n), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
         "general_before": result.get("general_before"), "general_after": result.get("general_after"),
         "general_change_points": round(100 * (result["general_after"] - result["general_before"]), 2)
         if result.get("general_before") is not None else None,
+        "general_se_points": standard_error(result["general_before"], result["general_after"], general_tasks)
+        if general_tasks else None,
         "minutes": round(minutes, 2), "steps": result["steps"], "peak_rss_gb": result.get("peak_rss_gb"),
         "step_s_mean": round(sum(p["time/step_s"] for p in steps) / max(1, len(steps)), 2),
         "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in steps) / max(1.0, used), 3),

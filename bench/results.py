@@ -176,7 +176,9 @@ def learning_rows(s: Summary) -> list[Row]:
             f"learning on {s['model']} ({s['preset']} preset: GRPO, no SFT)",
             f"held-out pass@1 {_pct(s['pass_before'])} → {_pct(s['pass_after'])} ({s['gain_points']:+.1f} ± "
             f"{s['gain_se_points']:.1f} points, {s['steps']} steps) in {_n(s['minutes'])} min; general check "
-            f"{_pct(s['general_before'])} → {_pct(s['general_after'])}; peak RSS {s['peak_rss_gb']:.1f} GiB",
+            f"{_pct(s['general_before'])} → {_pct(s['general_after'])}"
+            + (f" (± {s['general_se_points']:.1f} points)" if s.get("general_se_points") is not None else "")
+            + f"; peak RSS {s['peak_rss_gb']:.1f} GiB",
             f"the model before training, the same {s['eval_tasks']} held-out tasks: {_pct(s['pass_before'])}",
         )]  # fmt: skip
     peer = s.get("peer", {}).get("name", "control")

@@ -152,7 +152,7 @@ def _smollm2_arith() -> RunPreset:
                         max_rollout_batches_per_step=2, checkpoint_every=10, device="cpu", seed=0, verifier_workers=1,
                         logprob_check={"every": 10, "trajectories": 8}),
         eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=50,
-                        max_new_tokens=40, batch_size=50, device="cpu", general=GeneralCheck()),
+                        max_new_tokens=40, batch_size=50, device="cpu", general=GeneralCheck(tasks_per_domain=100)),
     )
 
 
