@@ -389,9 +389,11 @@ def _span_question(label: int, masked: str) -> str:
 
 # --- packaging --------------------------------------------------------------------------------
 
+# the quote first: a reply reads the page before it answers (with the answer first, the real model answered every
+# task with its worked example's answer and learned under GRPO to quote the right sentence below the wrong word)
 DOC_QA_FORMAT = (
-    'Reply in three lines: "Answer: <the answer>", "Evidence: \\"<a short quote from the page>\\"" '
-    'and "Page: <page number>".'
+    'Reply in three lines: "Evidence: \\"<a short quote from the page that holds the answer>\\"", '
+    '"Answer: <the answer>" and "Page: <page number>".'
 )
 JSON_FORMAT = "Reply with the JSON object only."
 
@@ -417,7 +419,7 @@ def _verifier(q: Question) -> tuple[dict[str, Any], str]:
 
 
 def _doc_qa_reply(answer: str, evidence: str, label: int) -> str:
-    return f'Answer: {answer}\nEvidence: "{evidence}"\nPage: {label}'
+    return f'Evidence: "{evidence}"\nAnswer: {answer}\nPage: {label}'
 
 
 def _text_prompt(head: str, body: str, question: str, fmt: str) -> str:
