@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -220,11 +221,16 @@ def test_register_a_kind_and_refuse_silent_replacement(service):
         unregister_verifier("shout")
 
 
-def test_batch_keeps_order_and_async_does_not_block_the_loop(service):
+def test_batch_keeps_order_and_async_does_not_block_the_loop(service, monkeypatch):
     tasks = [task("numeric", {"value": i}) for i in range(20)]
     answers = [str(i if i % 2 == 0 else i + 1) for i in range(20)]
     verdicts = service.verify_batch(tasks, answers)
     assert [v.passed for v in verdicts] == [i % 2 == 0 for i in range(20)]
+    # where the work runs: every validation and check of the async calls, by thread
+    working: set[int] = set()
+    for name in ("prepare", "_prepare_batch", "_run"):
+        method = getattr(service, name)
+        monkeypatch.setattr(service, name, lambda *a, _m=method, **k: (working.add(threading.get_ident()), _m(*a, **k))[1])
 
     async def main():
         ticks: list[float] = []
@@ -240,21 +246,17 @@ def test_batch_keeps_order_and_async_does_not_block_the_loop(service):
         single = await service.averify(tasks[3], "3")
         many = await service.averify_batch(tasks * 50, answers * 50)  # 1,000 checks: about half a second
         ended = time.perf_counter()
-        await asyncio.sleep(ended - started)  # the peer: the loop idle for as long
         running.cancel()
-        return single, many, started, ended, ticks
+        return single, many, started, ended, ticks, threading.get_ident()
 
-    single, many, started, ended, ticks = asyncio.run(main())
+    single, many, started, ended, ticks, loop_thread = asyncio.run(main())
     assert single.passed and [v.passed for v in many] == [v.passed for v in verdicts] * 50
-    # The loop kept ticking while the checks ran: its longest silence stays a small part of the
-    # checks' time (a blocked loop would be silent for all of it). Tick counts are not compared
-    # with the idle peer's: the check threads share the GIL and, with another process computing,
-    # the cores, so the loop ticks less often (0.4-0.9 of idle) without ever being blocked.
-    during = [started] + [t for t in ticks if started < t < ended] + [ended]
-    longest = max(b - a for a, b in zip(during, during[1:]))
-    idle = [t for t in ticks if t > ended]
-    assert len(idle) > 20 and len(during) > 10, (len(during), len(idle))
-    assert longest < (ended - started) / 3, (longest, ended - started, len(during))
+    # Nothing of the checks ran in the loop's thread, and the loop kept ticking while they ran. How
+    # often it ticks, and its longest silence, are not asserted: the check threads share the GIL and,
+    # with other processes computing, the cores, so under load the loop's thread waited up to 0.9 s
+    # of 1.6 for its turn (a load-bound wait, not a block; measured with every core busy).
+    assert working and loop_thread not in working, "a check or a validation ran in the event loop's thread"
+    assert len([t for t in ticks if started < t < ended]) >= 3, ticks
 
 
 def test_concurrent_first_lookups_all_see_the_builtin_kinds() -> None:

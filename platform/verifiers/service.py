@@ -89,10 +89,9 @@ class VerifierService:
         context: VerifierContextArg = None,
         timeout_s: float | None = None,
     ) -> Verdict:
-        kind, spec = self.prepare(task)
-        loop = asyncio.get_running_loop()
-        call = functools.partial(self._run, kind, spec, task, completion, context or _NO_CONTEXT, timeout_s)
-        return await loop.run_in_executor(self._dispatch, call)
+        # the spec's validation too runs off the loop
+        call = functools.partial(self.verify, task, completion, context=context, timeout_s=timeout_s)
+        return await asyncio.get_running_loop().run_in_executor(self._dispatch, call)
 
     async def averify_batch(
         self,
