@@ -5,11 +5,14 @@
     .venv/bin/python bench/learning.py --preset smollm2-tools     # episodes in the tool_use environment
     .venv/bin/python bench/learning.py --preset smollm2-docqa     # uploads the preset's documents, builds its task set
     .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
+    .venv/bin/python bench/learning.py --preset smollm2-arith --rollout vllm --device cuda      # a GPU host (the gpu extra)
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
 way the console runs it: a fresh data directory and SQLite database, the built-in model imported from
 its wheel, one ``train_preset`` job (evaluate, GRPO, evaluate, each evaluation with the general check
-on domains the run never trained on) run by a real ``posttrain worker``. Prints the reward curve as JSON
+on domains the run never trained on) run by a real ``posttrain worker``. ``--rollout vllm --device cuda`` runs
+the same preset on a GPU host with its rollouts through vLLM (episodes too) and the learner and evaluations on
+the GPU; its figure is named with ``-vllm``. Prints the reward curve as JSON
 lines while it runs, then one JSON object with ``model``, ``model_params``, ``pass_before``,
 ``pass_after``, ``gain_points``, ``gain_se_points`` (the standard error of the gain from the two
 evaluations' pass rates), ``general_before``, ``general_after``, ``minutes``, ``steps``,
@@ -205,7 +208,9 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     general = general_config(run.eval) if result.get("general_before") is not None else None
     general_tasks = len(general.domains) * general.tasks_per_domain if general is not None else 0
     print(json.dumps({
-        "figure": FIGURES.get(preset, "learning-real"), "preset": preset, "model": run.model, "model_params": (row.meta or {}).get("parameters"),
+        "figure": FIGURES.get(preset, "learning-real") + ("-vllm" if grpo.get("rollout", {}).get("backend") == "vllm" else ""),
+        "preset": preset, "rollout": grpo.get("rollout", {}).get("backend", run.grpo.rollout.backend),
+        "device": grpo.get("device", run.grpo.device), "model": run.model, "model_params": (row.meta or {}).get("parameters"),
         "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
         "gain_se_points": standard_error(before, after, n), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
         "general_before": result.get("general_before"), "general_after": result.get("general_after"),
@@ -235,6 +240,9 @@ def main() -> None:
     parser.add_argument("--grpo-lr", type=float, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the job (real-model presets)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per domain (default: the preset's)")
+    parser.add_argument("--rollout", choices=["sync", "vllm"], default=None,
+                        help="the rollout backend of a real-model preset (default: the preset's; vllm needs a GPU host)")
+    parser.add_argument("--device", default=None, help="the learner's and the evaluations' device (default: the preset's)")
     parser.add_argument("--ablation", action="store_true", help="measure each saving of the GRPO step on its own instead")
     parser.add_argument("--ablation-steps", type=int, default=3, help="GRPO steps per ablation variant")
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
@@ -251,7 +259,13 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="posttrain-learning-"))
     if isinstance(get_preset(args.preset).model, str):
         evaluation = {"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {}
+        if args.rollout:
+            grpo["rollout"] = {"backend": args.rollout}
+        if args.device:
+            grpo["device"] = evaluation["device"] = args.device
         return run_as_job(args.preset, workdir, grpo, evaluation, args.threads)
+    if args.rollout or args.device:
+        raise SystemExit(f"--rollout and --device are for the real-model presets (smollm2-*), not {args.preset}")
 
     def on_step(step: int, point: dict[str, float]) -> None:
         print(json.dumps({"curve": "grpo", **point}), flush=True)

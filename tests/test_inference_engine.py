@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +24,7 @@ from posttrain.training.inference import (
     InferenceEngine,
     LogprobMismatchError,
     MismatchTolerance,
+    VLLMBatcher,
     VLLMEngineArgs,
     VLLMRolloutEngine,
     check_logprob_mismatch,
@@ -366,6 +369,109 @@ def test_vllm_engine_refuses_outputs_without_logprobs(tiny_dir: Path, tmp_path: 
     engine.llm._sample = lambda prompt, j: SimpleNamespace(token_ids=[5, 6], logprobs=None, finish_reason="length")
     with pytest.raises(RuntimeError, match="log-probs for 0 of 2 sampled tokens"):
         engine.generate([[1, 2]], 1, SamplingConfig())
+
+
+class FakeEngineLoop:
+    """vLLM's engine loop as a batcher drives it (``add_request`` between ``step`` s): a request finishes
+    ``params["max_tokens"]`` steps after it was added, its tokens ``prompt[-1] + 1 ...``, and none finishes before
+    ``hold_until`` requests have joined; records when each request joined and how many were running then.
+    ``fail_running``: the first step with that many requests running raises."""
+
+    def __init__(self, hold_until: int = 0, fail_running: int | None = None) -> None:
+        self.steps, self.hold_until, self.fail_running = 0, hold_until, fail_running
+        self.running: dict[str, tuple[list[int], dict[str, Any], int]] = {}
+        self.joined: list[tuple[str, int, int]] = []  # (request id, step it joined before, requests already running)
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, prompt: dict[str, list[int]], params: dict[str, Any]) -> None:
+        self.joined.append((request_id, self.steps, len(self.running)))
+        self.running[request_id] = (prompt["prompt_token_ids"], params, self.steps)
+
+    def step(self) -> list[Any]:
+        self.steps += 1
+        time.sleep(0.01)
+        if len(self.running) == self.fail_running:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        done = [r for r, (_, params, added) in self.running.items()
+                if self.steps - added >= params["max_tokens"] and len(self.joined) >= self.hold_until]
+        outputs = []
+        for request_id in done:
+            prompt, params, _ = self.running.pop(request_id)
+            ids = [prompt[-1] + k + 1 for k in range(params["max_tokens"])]
+            out = SimpleNamespace(token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.1 * params["seed"])} for t in ids],
+                                  finish_reason="length")
+            outputs.append(SimpleNamespace(request_id=request_id, finished=True, outputs=[out]))
+        # requests still running report unfinished (cumulative) outputs, as vLLM's default output kind does
+        outputs += [SimpleNamespace(request_id=r, finished=False, outputs=[]) for r in self.running]
+        return outputs
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.aborted += request_ids
+        for r in request_ids:
+            self.running.pop(r, None)
+
+
+def _loop_engine(tiny_dir: Path, tmp_path: Path, loop: FakeEngineLoop) -> VLLMRolloutEngine:
+    engine = _vllm(tiny_dir, FakeLLM, tmp_path)
+    engine.llm.llm_engine = loop
+    return engine
+
+
+def test_vllm_batcher_serves_many_episode_threads_through_vllms_engine_loop(tiny_dir: Path, tmp_path: Path) -> None:
+    """A multi-turn environment on vLLM: each caller's request joins the engine loop between steps while others run
+    (continuous batching), comes back as its own completion with its log-probs, seeded request by request."""
+    loop = FakeEngineLoop(hold_until=4)
+    engine = _loop_engine(tiny_dir, tmp_path, loop)
+    engine.version = 4
+    batcher = engine.batcher(seed=10)
+    assert isinstance(batcher, VLLMBatcher) and batcher.version == 4
+    sampling = SamplingConfig(max_new_tokens=6, temperature=0.8, top_p=0.9)
+    results: dict[int, Any] = {}
+
+    def episode(i: int) -> None:
+        while len(loop.joined) < i:  # callers arrive one after another while the earlier ones are being decoded
+            time.sleep(0.005)
+        results[i] = batcher.complete([100 * (i + 1)], sampling, max_new_tokens=3 + i)
+
+    threads = [threading.Thread(target=episode, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    batcher.close()
+    for i, completion in results.items():
+        assert completion.token_ids == [100 * (i + 1) + k + 1 for k in range(3 + i)] and not completion.finished
+    assert sorted(results) == [0, 1, 2, 3]
+    assert [already for _, _, already in loop.joined] == [0, 1, 2, 3] and not loop.running  # each joined the running batch
+    assert all(step > 0 for _, step, _ in loop.joined[1:])  # between steps, not before the first
+    seeds = sorted(round(-c.logprobs[0] / 0.1) for c in results.values())
+    assert seeds == [10, 11, 12, 13]  # request j draws with seed + j
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.complete([1], sampling)
+
+
+def test_vllm_batcher_fails_the_waiting_callers_when_the_engine_fails(tiny_dir: Path, tmp_path: Path) -> None:
+    """A failed engine step reaches every caller waiting on it (their requests aborted in vLLM), and the batcher
+    serves the next requests."""
+    loop = FakeEngineLoop(hold_until=3, fail_running=2)
+    batcher = _loop_engine(tiny_dir, tmp_path, loop).batcher()
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            batcher.complete([7], SamplingConfig(), max_new_tokens=1)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(errors) == 2 and all("illegal memory access" in str(e) for e in errors), errors
+    assert sorted(loop.aborted) == sorted(r for r, *_ in loop.joined)
+    assert batcher.complete([7], SamplingConfig(), max_new_tokens=2).token_ids == [8, 9]
+    batcher.close()
 
 
 def test_vllm_engine_without_vllm_says_how_to_install_it(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -335,7 +335,7 @@ class EnvironmentConfig(BaseModel):
         return self.name != "single_turn"
 
 
-MULTI_TURN_BACKENDS = ("sync", "thread")  # where multi-turn episodes run today
+MULTI_TURN_BACKENDS = ("sync", "thread", "vllm")  # where multi-turn episodes run today
 
 
 class GRPOConfig(TrainConfig):

@@ -21,6 +21,10 @@ makes, tagged with the engine's policy version.
 - :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in-process on a GPU host and pushes the learner's
   weights into it after every update.
 
+Each engine's :meth:`~InferenceEngine.batcher` serves a multi-turn environment's episodes, one completion
+at a time per episode thread, batched underneath: :class:`ContinuousBatcher` on the embedded engine's
+decode loop, :class:`VLLMBatcher` on vLLM's engine loop.
+
 Behaviour and learner log-probs of the same tokens should agree up to numerics (fp32 CPU: about
 1e-6; bf16 engines: about 1e-2 mean absolute difference); :func:`measure_logprob_mismatch` and
 :func:`check_logprob_mismatch` catch an engine that samples from weights other than the learner's.
@@ -28,6 +32,7 @@ Behaviour and learner log-probs of the same tokens should agree up to numerics (
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -80,6 +85,22 @@ class InferenceEngine(Protocol):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Take the learner's weights (a full state dict) as policy ``version``."""
         ...
+
+    def batcher(self, *, seed: int = 0) -> PolicyBatcher:
+        """Token-in, token-out completions for many callers at once (a multi-turn environment's episodes)."""
+        ...
+
+
+class PolicyBatcher(Protocol):
+    """One completion at a time for each of many threads, batched together underneath; each completion is
+    tagged with the engine's policy version when it was asked for. Load weights only while none is out."""
+
+    @property
+    def version(self) -> int: ...
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion: ...
+
+    def close(self) -> None: ...
 
 
 def rollout_groups(
@@ -164,6 +185,9 @@ class EmbeddedRolloutEngine:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(dict(state_dict))
         self.version = version
+
+    def batcher(self, *, seed: int = 0) -> ContinuousBatcher:
+        return ContinuousBatcher(self, seed=seed)
 
 
 class ContinuousBatcher:
@@ -328,9 +352,9 @@ class VLLMRolloutEngine:
         self.llm = llm_class(**args.llm_kwargs(str(self.model_path)))
         self.weight_sync: str | None = None
 
-    def sampling_params(self, n: int, sampling: SamplingConfig, seed: int | None) -> Any:
+    def sampling_params(self, n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None) -> Any:
         return self._sampling_params_class(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                           max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed)
+                                           max_tokens=max_new_tokens or sampling.max_new_tokens, logprobs=0, seed=seed)
 
     def generate(
         self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
@@ -351,6 +375,9 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
         self.version = version
 
+    def batcher(self, *, seed: int = 0) -> VLLMBatcher:
+        return VLLMBatcher(self, seed=seed)
+
     def _reload_through_rpc(self, weights: list[tuple[str, torch.Tensor]]) -> bool:
         if not hasattr(self.llm, "collective_rpc"):
             return False
@@ -368,6 +395,73 @@ class VLLMRolloutEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.llm = self._llm_class(**self.args.llm_kwargs(str(path)))
+
+
+class VLLMBatcher:
+    """:class:`ContinuousBatcher`'s contract on a :class:`VLLMRolloutEngine`, for multi-turn episodes on a GPU host:
+    callers' requests go into vLLM's own engine loop (``llm.llm_engine.add_request``, then ``step`` until each
+    finishes), which batches them continuously and shares cached prefixes (a group's first turns, an episode's
+    earlier turns). One driver thread makes every engine call. Request j draws with seed ``seed + j``, so the same
+    requests in the same order sample the same completions."""
+
+    def __init__(self, engine: VLLMRolloutEngine, *, seed: int = 0) -> None:
+        self.engine, self._seed, self._asked = engine, seed, 0
+        self._cond = threading.Condition()
+        self._pending: list[tuple[str, list[int], Any, Future[Completion]]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._drive, name="posttrain-vllm-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+        """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
+        future: Future[Completion] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            j, self._asked = self._asked, self._asked + 1
+            params = self.engine.sampling_params(1, sampling, self._seed + j, max_new_tokens)
+            self._pending.append((f"posttrain-{id(self)}-{j}", list(prompt_ids), params, future))
+            self._cond.notify_all()
+        return future.result()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def _drive(self) -> None:
+        out: dict[str, Future[Completion]] = {}
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self._pending or out)
+                joining, self._pending = self._pending, []
+                closed = self._closed
+            core = self.engine.llm.llm_engine
+            try:
+                if closed:
+                    raise RuntimeError("the batcher closed")
+                for request_id, prompt, params, future in joining:
+                    out[request_id] = future
+                    core.add_request(request_id, {"prompt_token_ids": prompt}, params)
+                for output in core.step():
+                    future = out.pop(output.request_id, None) if output.finished else None
+                    if future is not None:
+                        future.set_result(_vllm_completion(output.outputs[0]))
+            except BaseException as exc:  # noqa: BLE001 - every caller waiting gets it
+                if out:
+                    with contextlib.suppress(Exception):
+                        core.abort_request(list(out))
+                for future in [*out.values(), *(f for *_, f in joining)]:
+                    if not future.done():
+                        future.set_exception(exc)
+                out.clear()
+                if closed:
+                    return
 
 
 def _import_vllm() -> Any:

@@ -38,7 +38,8 @@ UNSCORED: frozenset[str] = frozenset({"infrastructure_failure", "environment_err
 
 
 class PolicyClient(Protocol):
-    """Token-in, token-out sampling from the policy (:class:`~posttrain.training.inference.ContinuousBatcher`)."""
+    """Token-in, token-out sampling from the policy (an engine's batcher: :class:`~posttrain.training.inference.ContinuousBatcher`
+    on the embedded engine, :class:`~posttrain.training.inference.VLLMBatcher` on vLLM)."""
 
     @property
     def version(self) -> int: ...

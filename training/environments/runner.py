@@ -25,15 +25,15 @@ from posttrain.platform.sandbox import Sandbox
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig
 from posttrain.training.environments.base import Environment, Episode
-from posttrain.training.inference import ContinuousBatcher, EmbeddedRolloutEngine
+from posttrain.training.inference import InferenceEngine
 from posttrain.training.rollout import RolloutGroup, Trajectory
 
 
 class EpisodeRunner:
-    def __init__(self, environment: Environment, engine: EmbeddedRolloutEngine, env_config: EnvironmentConfig,
+    def __init__(self, environment: Environment, engine: InferenceEngine, env_config: EnvironmentConfig,
                  service: VerifierService, *, group_size: int, seed: int = 0, pool: Any = None) -> None:
         self.environment, self.env_config, self.service, self.group_size = environment, env_config, service, group_size
-        self.client = ContinuousBatcher(engine, seed=seed)
+        self.client = engine.batcher(seed=seed)
         self._own_pool = pool is None and environment.needs_sandbox
         self.pool = _open_pool(self.env_config.concurrency) if self._own_pool else pool
         self._threads = ThreadPoolExecutor(max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode")

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.platform.verifiers import TaskSpec, VerifierService
 from posttrain.training.config import GRPOConfig, PipelinedRollout, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy
-from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
+from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
 from posttrain.training.rollout import RolloutGroup, collect_verification
 from posttrain.training.scheduler import Scheduler
 
@@ -130,7 +130,7 @@ class PolicySampler:
             self.episodes.close()
 
 
-def open_episodes(config: GRPOConfig, engine: Any, tokenizer: PreTrainedTokenizerBase,
+def open_episodes(config: GRPOConfig, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase,
                   service: VerifierService | None) -> EpisodeRunner | None:
     """The episode runner of ``config.environment`` over ``engine`` (None for ``single_turn``, whose
     rollouts the engine batches itself); raises EnvironmentLoadError when the environment does not load."""
@@ -139,15 +139,12 @@ def open_episodes(config: GRPOConfig, engine: Any, tokenizer: PreTrainedTokenize
     from posttrain.training.environments import load_environment
     from posttrain.training.environments.runner import EpisodeRunner
 
-    if not isinstance(engine, EmbeddedRolloutEngine):
-        raise ValueError(f"environment {config.environment.name!r} runs its episodes on the embedded engine, "
-                         f"not {type(engine).__name__}")
     environment = load_environment(config.environment, tokenizer, config.sampling)
     return EpisodeRunner(environment, engine, config.environment, service or VerifierService(),
                          group_size=config.algorithm.group_size, seed=config.seed)
 
 
-def sample_groups(engine: Any, episodes: EpisodeRunner | None, tokenizer: PreTrainedTokenizerBase,
+def sample_groups(engine: InferenceEngine, episodes: EpisodeRunner | None, tokenizer: PreTrainedTokenizerBase,
                   tasks: Sequence[TaskSpec], group_size: int, sampling: SamplingConfig) -> list[RolloutGroup]:
     """``group_size`` rollouts of each task: episodes of the environment, else single completions."""
     if episodes is not None:
