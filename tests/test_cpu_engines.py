@@ -192,8 +192,8 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
             (listed,) = client.models.list().data
             assert listed.id == "smol" and listed.model_extra["max_model_len"] > 0
             messages = [{"role": "user", "content": "Name three primary colours."}]
-            reply = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,
-                                                   extra_headers={"x-tier": "llamacpp"})  # fmt: skip
+            reply = client.chat.completions.create(model="smol@llamacpp", messages=messages, max_tokens=24,
+                                                   temperature=0)  # the tier named as any OpenAI client can
             text = reply.choices[0].message.content
             assert text and reply.usage.completion_tokens > 0 and reply.choices[0].finish_reason in ("stop", "length")
             stream = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,

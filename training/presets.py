@@ -198,10 +198,10 @@ def _smollm2_tools() -> RunPreset:
         model=REAL_MODEL, sft=None,
         grpo=GRPOConfig(domains=domains, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
                         scheduler=SchedulerConfig(batch_size=8, seed=0), group_size=8, max_new_tokens=60, temperature=0.7,
-                        lr=1e-5, max_steps=10, micro_batch_size=16, max_rollout_batches_per_step=2, checkpoint_every=5,
+                        lr=1e-5, max_steps=10, micro_batch_size=8, max_rollout_batches_per_step=2, checkpoint_every=5,
                         device="cpu", seed=0, verifier_workers=1, logprob_check={"every": 5, "trajectories": 8}),
         eval=EvalConfig(domains=[d.name for d in domains], difficulty=2, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
-                        tasks_per_domain=64, max_new_tokens=60, batch_size=64, device="cpu", general=GeneralCheck()),
+                        tasks_per_domain=64, max_new_tokens=60, batch_size=64, device="cpu", general=GeneralCheck(tasks_per_domain=100)),
     )
 
 
