@@ -49,7 +49,7 @@ system-deps:
 	fi
 
 # The llamacpp engine's llama-server, compiled from the llama-cpp-python source distribution on PyPI
-# (several minutes on two cores, once: the binary is cached under ~/.cache/posttrain by version and CPU)
+# (several minutes on two cores, once: the binary is cached under ~/.cache/posttrain by version, CPU and options)
 # and linked into .venv/bin. Optional for `make run`; the suite's llama.cpp tests need it.
 llamacpp: venv system-deps
 	$(BIN)/python -m posttrain.platform.serving.llamacpp build

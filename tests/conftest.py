@@ -212,6 +212,22 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message: s
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
+def wait_deployed(job_id: int, timeout: float = 300.0):  # type: ignore[no-untyped-def]
+    """The deploy job's one registered deployment once it answers /health; fails at once, with the job's error,
+    if the job ends first (a server that crashed on start is not worth the whole timeout)."""
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.serving.jobs import registered_deployments
+
+    def healthy():  # type: ignore[no-untyped-def]
+        job = queue.get_job(job_id)
+        if job.status.finished:
+            raise AssertionError(f"deploy job {job_id} ended {job.status.value} before it was healthy: {job.error}")
+        routes = registered_deployments()
+        return routes[0] if len(routes) == 1 and routes[0].healthy else None
+
+    return wait_for(healthy, timeout=timeout, message=f"deploy job {job_id} healthy")
+
+
 def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[no-untyped-def]
     """Put a logged-in identity into an AppTest session (pages are only reachable after login)."""
     from posttrain.platform.auth import Identity

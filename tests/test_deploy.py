@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import OPERATOR, start_worker, stop_worker, wait_for
+from conftest import OPERATOR, start_worker, stop_worker, wait_deployed, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
 from posttrain.platform.jobs import queue
@@ -48,8 +48,7 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
         assert model.produced_by_job_id == built and [m.name for m in lineage("tiny")] == ["tiny"]
 
         deployed = queue.submit(OPERATOR, "deploy", {"model": "tiny", "tier": "fast"})
-        wait_for(lambda: registered_deployments() and registered_deployments()[0].healthy, timeout=300, message="healthy")
-        (route,) = registered_deployments()
+        route = wait_deployed(deployed)
         assert route.model == "tiny" and route.tier == "fast"
 
         gateway = serve_in_thread(

@@ -9,8 +9,8 @@ behind the gateway like the embedded engine and vLLM (same lifecycle: :class:`Se
 The binary is built from the ``llama-cpp-python`` source distribution on PyPI, which vendors llama.cpp
 (no model hub or GitHub needed): ``make llamacpp`` runs ``python -m posttrain.platform.serving.llamacpp
 build``, which compiles the ``llama-server`` target with cmake (minutes on two cores) into a cache under
-``~/.cache/posttrain`` keyed by the version and this CPU's instruction set, and links it into the virtual
-environment's ``bin``; later builds find the cache. Rollouts for training never use this engine: they
+``~/.cache/posttrain`` keyed by the version, this CPU's instruction set and the build's options, and links
+it into the virtual environment's ``bin``; later builds find the cache. Rollouts for training never use this engine: they
 need exact log-probs of the weights being trained.
 """
 
@@ -85,10 +85,26 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def cpu_key() -> str:
-    """The CPU's architecture and instruction-set flags, hashed: a binary built with ``GGML_NATIVE`` on one
-    machine may not run on another, so the cache keeps one build per key."""
-    return hashlib.sha256(f"{platform.machine()} {' '.join(sorted(cpu_flags()))}".encode()).hexdigest()[:12]
+def cmake_options() -> list[str]:
+    """How ``llama-server`` is configured: a static release build for this CPU (``GGML_NATIVE``), without ggml's
+    AMX kernels on x86. Those are compiled in wherever ``-march=native`` finds AMX, and on a Sapphire Rapids VM
+    here their Q8_0 matmul crashed llama-server on its warm-up decode (SIGSEGV in ``ggml_backend_amx_mul_mat``);
+    an explicit ``-mno-amx-*`` wins over ``-march=native`` whatever the order, and AVX-512 stays on."""
+    options = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
+               "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"]  # fmt: skip
+    if platform.machine() in ("x86_64", "AMD64"):
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        options += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    return options
+
+
+def build_key() -> str:
+    """The CPU's architecture and instruction-set flags and the build's options, hashed: a binary built with
+    ``GGML_NATIVE`` on one machine may not run on another, and a change of options must not find an old build,
+    so the cache keeps one build per key."""
+    cpu = f"{platform.machine()} {' '.join(sorted(cpu_flags()))}"
+    return hashlib.sha256(f"{cpu} {' '.join(cmake_options())}".encode()).hexdigest()[:12]
 
 
 def cache_root() -> Path:
@@ -97,7 +113,7 @@ def cache_root() -> Path:
 
 
 def cache_dir() -> Path:
-    return cache_root() / f"llama-server-{LLAMA_CPP_PYTHON}-{cpu_key()}"
+    return cache_root() / f"llama-server-{LLAMA_CPP_PYTHON}-{build_key()}"
 
 
 def find_server(configured: str | os.PathLike[str] | None = None) -> Path:
@@ -153,10 +169,7 @@ def build(jobs: int | None = None) -> Path:
             archive.extractall(work, filter="data")
         source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
         build_dir = work / "build"
-        _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-              "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
-              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"], log)  # fmt: skip
+        _run(["cmake", "-S", str(source), "-B", str(build_dir), *cmake_options()], log)
         _run(["cmake", "--build", str(build_dir), "--target", BINARY, "-j", str(jobs or os.cpu_count() or 1)], log)
         built = build_dir / "bin" / BINARY
         staged = target.with_name(BINARY + ".tmp")

@@ -35,7 +35,7 @@ import psutil
 import pytest
 from sqlmodel import select
 
-from conftest import OPERATOR, Reliability, start_worker, stop_worker, wait_for
+from conftest import OPERATOR, Reliability, start_worker, stop_worker, wait_deployed, wait_for
 from required_parts import fail_missing
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Document, Job, JobStatus, Metric, Trajectory
@@ -615,7 +615,7 @@ def test_serving_engine_killed_under_traffic_is_noticed_and_restarted(
     outcomes: list[tuple[float, float, int, str]] = []  # (sent at, seconds, status, error message)
     stop = threading.Event()
     try:
-        wait_for(lambda: (r := registered_deployments()) and r[0].healthy, timeout=180, message="a healthy deployment")
+        wait_deployed(deploy_id, timeout=180)
         gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5),
                                                      refresh=registered_deployments))  # fmt: skip
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
