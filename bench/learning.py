@@ -256,7 +256,10 @@ def main() -> None:
                             args.ablation_steps, args.threads)
     sft = {"max_steps": args.sft_steps} if args.sft_steps else {}
     grpo = {k: v for k, v in (("max_steps", args.grpo_steps), ("lr", args.grpo_lr)) if v}
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="posttrain-learning-"))
+    workdir = args.workdir
+    if workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="posttrain-learning-"))
+        workdir.chmod(0o755)  # the tools preset's sandboxes live under it: the sandbox uid must be able to enter it
     if isinstance(get_preset(args.preset).model, str):
         evaluation = {"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {}
         if args.rollout:

@@ -30,6 +30,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
+from posttrain.platform.jobs.registry import no_room_left
+
 if TYPE_CHECKING:
     from posttrain.training.config import TrainConfig
 
@@ -112,7 +114,7 @@ def save_checkpoint(
             shutil.rmtree(trash, ignore_errors=True)
         tmp.rename(final)
     except BaseException as exc:
-        full = isinstance(exc, Exception) and _out_of_space(root)  # measured before the partial write is removed
+        full = isinstance(exc, Exception) and no_room_left(root)  # measured before the partial write is removed
         shutil.rmtree(tmp, ignore_errors=True)
         if full and not (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
             # torch.save reports a short write as "unexpected pos ...": say what happened
@@ -121,13 +123,6 @@ def save_checkpoint(
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _out_of_space(path: Path, margin_bytes: int = 1 << 20) -> bool:
-    try:
-        return shutil.disk_usage(path).free < margin_bytes
-    except OSError:
-        return False
 
 
 def checkpoint_step(path: str | Path) -> int:

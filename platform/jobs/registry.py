@@ -13,6 +13,7 @@ that define kinds are listed in :data:`KIND_MODULES` and imported on first use.
 from __future__ import annotations
 
 import importlib
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,16 @@ class BadInput(ValueError):
 
 class TransientError(RuntimeError):
     """A failure worth retrying (a flaky network, a busy resource): retried with backoff."""
+
+
+def no_room_left(path: str | Path, margin_bytes: int = 1 << 20) -> bool:
+    """Whether the filesystem holding ``path`` has under ``margin_bytes`` free: a job (or a write) that fails then
+    failed for it, also where the error reached the job without its cause (torch.save's "unexpected pos" or
+    "file write failed", a helper process that exited with code 1). Measure before cleaning up a partial write."""
+    try:
+        return shutil.disk_usage(path).free < margin_bytes
+    except OSError:
+        return False
 
 
 class JobConfigError(BadInput):

@@ -34,7 +34,7 @@ from posttrain.platform.db.models import Job, JobStatus, Worker as WorkerRow, ut
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import (
-    BadInput, JobConfigError, TransientError, get_kind, result_json, validate_config,
+    BadInput, JobConfigError, TransientError, get_kind, no_room_left, result_json, validate_config,
 )
 from posttrain.platform.settings import Settings, get_settings
 from posttrain.platform.supervise import die_with_parent
@@ -387,8 +387,11 @@ def _child_main(job: Job, workdir: Path, log_path: Path, parent: int, settings: 
     try:
         return _run_job(job, workdir, settings, url, logger)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:  # the log's disk is full: the exit code, not an exception here, says how the job ended
+                pass
 
 
 def job_threads(settings: Settings) -> int:
@@ -455,7 +458,7 @@ def _run_job(job: Job, workdir: Path, settings: Settings, url: str, logger: logg
         return 1
     except Exception as exc:  # the job's own failure: recorded, never raised into the worker
         logger.error("failed: %s\n%s", exc, traceback.format_exc())
-        if is_disk_full(exc):
+        if is_disk_full(exc) or no_room_left(settings.data_dir):
             write_error(disk_full_message(settings, f"{type(exc).__name__}: {exc}"), "disk_full")
             return EXIT_DISK_FULL
         write_error(f"{type(exc).__name__}: {exc}", "error")

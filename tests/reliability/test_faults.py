@@ -861,3 +861,41 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
         assert all(sorted(per_name[name].elements()) == list(range(last_good + 1, steps + 1)) for name in METRIC_NAMES), per_name
         check_stored(reliability, stored, db_url, "freeing the disk")
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_job_that_fails_while_the_disk_is_full_says_so_whatever_its_error(
+    platform_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write on a full disk does not always fail with ENOSPC's text (torch.save says "file write failed", a
+    helper process just exits 1), and the job then cannot write its error file or its log either: a job that
+    fails while the data directory has no room left is a disk-full failure, not retried, naming where to free
+    space, and its exit code survives the log's last flush failing (that flush used to raise, exit 1, and turn
+    the disk-full reliability test's GRPO run into a plain "exited with code 1"). The same failure with room left
+    stays the job's own error."""
+    from posttrain.platform.settings import get_settings
+
+    with small_disk(tmp_path / "disk", 4) as data:
+        env = {**platform_env, "POSTTRAIN_DATA_DIR": str(data)}
+        monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(data))
+        get_settings.cache_clear()
+        worker = start_worker(env)
+        try:
+            failing = {"steps": 2, "sleep_s": 0, "fail_at_step": 1}
+            roomy = queue.submit(OPERATOR, "selftest", failing)
+            wait_for(lambda: queue.get_job(roomy).status.finished, timeout=60, message="the job with room left")
+            job = queue.get_job(roomy)
+            assert job.status is JobStatus.failed and job.error_cause == "error", (job.error_cause, job.error)
+            assert "selftest failing on purpose" in (job.error or "")
+
+            filler = fill(data)
+            full = queue.submit(OPERATOR, "selftest", failing)
+            wait_for(lambda: queue.get_job(full).status.finished, timeout=60, message="the job on a full disk")
+            job = queue.get_job(full)
+            assert job.status is JobStatus.failed and job.error_cause == "disk_full", (job.error_cause, job.error)
+            assert "disk full" in (job.error or "") and f"free space in {data}" in (job.error or ""), job.error
+            assert job.attempts == 1, "a full disk was retried"
+            filler.unlink()
+        finally:
+            stop_worker(worker)
+            get_settings.cache_clear()
