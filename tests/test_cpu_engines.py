@@ -113,7 +113,7 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
     """The q8 tier serves a copy (the shared model keeps its weights), answers sensibly, and decodes at least twice
     as many tokens a second as the standard tier, the two measured turn about in the same run. It streams a quarter
     of the bytes, and how much of that becomes speed depends on the CPU: 4.55x alone on an AMD EPYC host (the
-    fused layers in two kernel calls each; the modules' own step was 2.77x), 2.85x alone and 2.3-2.6x beside the
+    fused layers in two kernel calls each; the modules' own step was 2.77x), 2.8x alone and 2.3-2.6x beside the
     suite's other worker on a Sapphire Rapids VM, whose one core streams fp32 weights at 10 GB/s."""
     from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig
     from posttrain.platform.serving.generation import DecodeBatch, SamplingParams, Sequence

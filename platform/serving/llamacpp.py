@@ -10,8 +10,8 @@ The binary is built from the ``llama-cpp-python`` source distribution on PyPI, w
 (no model hub or GitHub needed): ``make llamacpp`` runs ``python -m posttrain.platform.serving.llamacpp
 build``, which compiles the ``llama-server`` target with cmake (minutes on two cores) into a cache under
 ``~/.cache/posttrain`` keyed by the version, this CPU's instruction set and the build's options, and links
-it into the virtual environment's ``bin``; later builds find the cache. Rollouts for training never use this engine: they
-need exact log-probs of the weights being trained.
+it into the virtual environment's ``bin``; later builds find the cache. Rollouts for training never use this
+engine: they need exact log-probs of the weights being trained.
 """
 
 from __future__ import annotations

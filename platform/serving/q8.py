@@ -6,9 +6,10 @@ bandwidth over the weights' bytes: fp32 weights cap SmolLM2-135M at about 17 tok
 :class:`Q8Linear`: int8 weights with one fp32 scale per block of 32 (Q8_0, what llama.cpp's ``Q8_0`` GGUF
 holds), a quarter of the bytes. A decode step's few rows go through :func:`kernel`'s ``q8_linear``, which
 quantizes the activations per block of 32 too and takes integer dot products (VNNI's ``dpbusd`` where the CPU
-has it, else ``maddubs`` as ggml's ``vec_dot_q8_0_q8_0`` does), four weight rows at a time with the rows 8 KiB
-ahead prefetched (one Sapphire Rapids core streamed the weights at 6 GB/s without, 8 GB/s with); a prefill's
-many rows dequantize the weights a slice at a time and use the BLAS matmul. The output is close to, not equal to, the model's own: the tier that uses it says so.
+has it, else ``maddubs`` as ggml's ``vec_dot_q8_0_q8_0`` does), four weight rows at a time with the rows 16 KiB
+ahead prefetched (one Sapphire Rapids core streamed the weights at 6 GB/s without, 8 GB/s with; 8 KiB measured
+the same); a prefill's many rows dequantize the weights a slice at a time and use the BLAS matmul. The output
+is close to, not equal to, the model's own: the tier that uses it says so.
 :class:`FusedLayers` goes further for Llama/Qwen2 models: a layer's whole decode step in two kernel calls.
 
 The kernels are about 150 lines of C, compiled once per machine with the system's C compiler (about a second;
