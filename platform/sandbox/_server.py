@@ -29,45 +29,42 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import time
 import traceback
+import types
 
-HEADER = struct.Struct(">I")
-MAX_MESSAGE = 64 << 20
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 MAX_LIST_ENTRIES = 1000
+WIRE, WIRE_MODULE = "_wire.py", "posttrain_wire"
+GRADER, GRADER_MODULE = "graded.py", "posttrain_graded"
+BESIDE = (WIRE, GRADER)
+"""The files the host lays beside this one in a sandbox: the framing (required) and the code grader."""
 
 
-def send(sock: socket.socket, obj: object) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(HEADER.pack(len(data)) + data)
+def load_beside(filename: str, module_name: str) -> types.ModuleType:
+    """Load the file ``filename`` beside this one as the module ``module_name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), filename))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks = []
-    while n:
-        chunk = sock.recv(n)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv(sock: socket.socket) -> dict | None:
-    header = recv_exact(sock, HEADER.size)
-    if header is None:
-        return None
-    (size,) = HEADER.unpack(header)
-    if size > MAX_MESSAGE:
-        raise ValueError(f"message of {size} bytes exceeds {MAX_MESSAGE}")
-    body = recv_exact(sock, size)
-    return None if body is None else json.loads(body)
+if __package__:  # the host
+    from posttrain.platform.sandbox._wire import recv, send
+else:  # a sandbox (python3 -I: this file's directory is not on sys.path)
+    _wire = load_beside(WIRE, WIRE_MODULE)
+    send, recv = _wire.send, _wire.recv
 
 
 def prctl(option: int, arg: int) -> None:
@@ -128,7 +125,12 @@ class Episode:
             if os.getpid() != self.pid:  # a fork made by model code came back here
                 os._exit(0)
             try:
-                send(self.sock, reply)
+                try:
+                    send(self.sock, reply)
+                except ValueError as error:  # over the wire's limit: nothing was sent; say so instead
+                    send(self.sock, {"id": reply["id"], "status": "error", "value": None, "exit_code": None, "stdout": "", "stderr": "",
+                                     "error": {"type": "ValueError", "message": f"the call's result is too large to return: {error}",
+                                               "traceback": ""}})
             except OSError:
                 os._exit(3)
 
@@ -488,27 +490,16 @@ class Zygote:
                 pass
 
 
-GRADER = "graded.py"
-GRADER_MODULE = "posttrain_graded"
-
-
 def load_grader() -> None:
     """Preload the code verifier's grader (graded.py beside this file) as ``posttrain_graded``, so that
     every episode forked from here has it without receiving its code. Optional: without the file (or
     if it does not load) the verifier sends it with each check."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), GRADER)
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), GRADER)):
         return
     try:
-        spec = importlib.util.spec_from_file_location(GRADER_MODULE, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        load_beside(GRADER, GRADER_MODULE)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
-        return
-    sys.modules[GRADER_MODULE] = module
 
 
 def main() -> None:

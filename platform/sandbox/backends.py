@@ -23,10 +23,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.platform.sandbox._server import BESIDE
 from posttrain.platform.sandbox.config import SandboxConfig
 
 SERVER_IN_SANDBOX = "/opt/posttrain/server.py"
-GRADER_NAME = "graded.py"  # beside the server, preloaded by the zygote (platform/sandbox/graded.py)
 WORK_IN_SANDBOX = "/work"
 TMP_IN_SANDBOX = "/tmp"
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -115,9 +115,8 @@ def bwrap_argv(
         "--bind", str(work), WORK_IN_SANDBOX,
         "--ro-bind", str(server), SERVER_IN_SANDBOX,
     ]
-    grader = server.with_name(GRADER_NAME)
-    if grader.exists():
-        argv += ["--ro-bind", str(grader), str(Path(SERVER_IN_SANDBOX).with_name(GRADER_NAME))]
+    for name in BESIDE:
+        argv += ["--ro-bind", str(server.with_name(name)), str(Path(SERVER_IN_SANDBOX).with_name(name))]
     argv += [
         "--size", str(config.tmp_size_mb << 20), "--tmpfs", "/dev/shm",
         "--remount-ro", "/", "--remount-ro", "/dev",

@@ -8,11 +8,13 @@ when the sandbox's Python reads ours) and drives it with two tool calls on one f
    them), sends its output to /dev/null, and executes the graded program (prelude + completion). The
    parent sends nothing about the tests before this call: the child is forked from a process that has
    never held them, so nothing in its memory tells it what the tests expect.
-2. ``run(tests_code, nonce, count)``: the parent executes the tests, rewritten so that each one records
-   its own outcome, in a namespace of its own whose names from the program are proxies: calling one,
-   reading an attribute or an item of one is a request to the child over the socket, answered with
-   plain data. The parent's outcome lists go back to the host as the call's value; the host computes
-   the score.
+2. ``run(tests_code, nonce, count, max_failures, names, entry)``: the parent executes the tests, rewritten
+   so that each one records its own outcome, in a namespace of its own: the parent's builtins, the
+   prompt's helpers (run from the task's clean copy as the tests' first statements), and of the program's
+   names only ``names`` (its entry point, and what the tests read that nothing else defines), as proxies:
+   calling one, reading an attribute or an item of one is a request to the child over the socket,
+   answered with plain data. The parent's outcome lists go back to the host as the call's value; the
+   host computes the score.
 
 What the child can do to the result is answer requests: whatever it answers is what its functions
 returned. It cannot write into the parent (the sandbox's interpreters are not dumpable, so no ptrace,
@@ -38,24 +40,20 @@ is readable from the child); a builtin function or type travels by name.
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import signal
 import socket
-import struct
 import sys
+
+if __package__:  # the host: the platform's own copy
+    from posttrain.platform.sandbox import _wire
+else:  # a sandbox: the copy its server loaded beside itself (platform/sandbox/_server.py)
+    _wire = sys.modules["posttrain_wire"]
+_send, _recv = _wire.send, _wire.recv
 
 # The grader's own names for the builtins: graded code that patches the builtins module (in the child)
 # does not change the functions that answer for it, and so does not lose answers it would have given.
 globals().update({name: value for name, value in vars(builtins).items() if not name.startswith("__")})
-# The C parts of json, taken once: they look nothing up in the builtins.
-_encode_json = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
-    None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
-) if getattr(json.encoder, "c_make_encoder", None) else None
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
-
-HEADER = struct.Struct(">I")
-MAX_MESSAGE = 64 << 20
 MESSAGE_CHARS = 400
 TRACE_CHARS = 1500
 MAX_DEPTH = 200
@@ -81,58 +79,6 @@ class SolutionDied(Exception):
 
 class _TooDeep(Exception):
     pass
-
-
-# --------------------------------------------------------------------------- wire
-
-
-def _dumps(obj: object) -> bytes:
-    if _encode_json is None:
-        return json.dumps(obj, separators=(",", ":")).encode()
-    return "".join(_encode_json(obj, 0)).encode()
-
-
-def _loads(body: bytes) -> object:
-    text = body.decode()
-    try:
-        value, end = _scan_json(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if end != len(text):
-        raise ValueError("extra data after the JSON value")
-    return value
-
-
-def _send(sock: socket.socket, obj: object) -> None:
-    data = _dumps(obj)
-    if len(data) > MAX_MESSAGE:
-        raise ValueError(f"a message of {len(data):,} bytes is over the limit of {MAX_MESSAGE:,}")
-    sock.sendall(HEADER.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> object:
-    """The next message; None at end of file. ValueError for anything that is not a message."""
-    header = _recv_exact(sock, HEADER.size)
-    if header is None:
-        return None
-    (size,) = HEADER.unpack(header)
-    if size > MAX_MESSAGE:
-        raise ValueError(f"a message of {size:,} bytes is over the limit of {MAX_MESSAGE:,}")
-    body = _recv_exact(sock, size)
-    if body is None:
-        return None
-    return _loads(body)
 
 
 # --------------------------------------------------------------------------- values
@@ -379,7 +325,12 @@ class Peer:
     def call(self, ident: int, args: tuple, kwargs: dict) -> object:
         encoded = [self.encode_value(a) for a in args]
         named = [[str(k), self.encode_value(v)] for k, v in kwargs.items()]
-        reply = self._exchange({"op": "call", "h": ident, "a": encoded, "k": named})
+        try:
+            reply = self._exchange({"op": "call", "h": ident, "a": encoded, "k": named})
+        except (StopIteration, StopAsyncIteration) as error:
+            # Raised from a call, it would end the caller's loop (``all(map(f, xs))`` true at once): an error
+            # of the code instead, as PEP 479 makes it in a generator.
+            raise SolutionError(f"the code raised {type(error).__name__} from a call") from None
         for item in reply.get("w") or []:  # arguments the callee changed in place
             self._write_back(args, item)
         return self._value(reply)
@@ -770,9 +721,13 @@ def _ready() -> tuple:
     return ("ready", str(status["exit"])[:MESSAGE_CHARS] if "exit" in status else None)
 
 
-def run(tests: object, nonce: str, count: int, max_failures: int) -> tuple:
+def run(tests: object, nonce: str, count: int, max_failures: int, names: list[str], entry: str | None) -> tuple:
     """Run the rewritten tests (code object or source) against the child; the raw outcomes for the host:
-    ``(nonce, count, passed, failures, state)``, or the start's ``(kind, message)`` when it did not start."""
+    ``(nonce, count, passed, failures, state)``, or the start's ``(kind, message)`` when it did not start.
+
+    The tests' namespace holds this interpreter's own builtins (the child cannot change them) and, of the
+    program's names, only ``names``: the entry point, and what the tests read that nothing else defines.
+    A name that is one of the builtins is never taken from the program, unless it is the entry point itself."""
     started = _ready()
     if started[0] != "ready":
         return started
@@ -781,24 +736,16 @@ def run(tests: object, nonce: str, count: int, max_failures: int) -> tuple:
     failures: dict[int, str] = {}
     state: dict = {"abort": None, "died": None, "exit": started[1]}
 
-    def why(error: BaseException) -> str:
-        try:
-            if isinstance(error, SystemExit):
-                return f"the code called sys.exit({error.code!r})"
-            text = str(error)
-            text = type(error).__name__ + (": " + text if text else "")
-        except BaseException:  # noqa: BLE001
-            text = type(error).__name__
-        return text[:MESSAGE_CHARS]
-
     def passed(index: int) -> None:
         ok.append(index)
 
     def failed(index: int, error: BaseException) -> None:
-        failures[index] = why(error) if len(failures) < max_failures else ""
+        failures[index] = _why(error) if len(failures) < max_failures else ""
 
-    namespace = {"__name__": "__main__", "__builtins__": builtins, **STATE["names"]}
-    namespace.update(__pt_caught=(Exception, SystemExit), __pt_passed=passed, __pt_failed=failed, __pt_state=state, __pt_why=why)
+    program = STATE["names"]
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    namespace.update({n: program[n] for n in names if n in program and (n == entry or not hasattr(builtins, n))})
+    namespace.update(__pt_caught=(Exception, SystemExit), __pt_passed=passed, __pt_failed=failed, __pt_state=state, __pt_why=_why)
     code = compile(tests, "<tests>", "exec") if isinstance(tests, str) else tests
     exec(code, namespace)  # noqa: S102 - the task's own tests
     state["died"] = peer.death

@@ -28,9 +28,8 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from posttrain.platform.sandbox import _server, graded, workdir
+from posttrain.platform.sandbox import _server, workdir
 from posttrain.platform.sandbox.backends import (
-    GRADER_NAME,
     SandboxUnavailableError,
     bwrap_path,
     python_prefixes,
@@ -78,9 +77,10 @@ class SandboxPool:
         self._server = self._dir / "server.py"
         shutil.copyfile(_server.__file__, self._server)
         self._server.chmod(0o644)
-        grader = self._server.with_name(GRADER_NAME)  # the zygote preloads it: every episode has the code grader
-        shutil.copyfile(graded.__file__, grader)
-        grader.chmod(0o644)
+        for name in _server.BESIDE:  # the framing, and the code grader the zygote preloads for every episode
+            beside = self._server.with_name(name)
+            shutil.copyfile(Path(_server.__file__).with_name(name), beside)
+            beside.chmod(0o644)
         self._slots = [
             Sandbox(config, i, self._dir / f"slot-{i}", self._server, on_call=self._record_call)
             for i in range(config.pool_size)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrain.platform.sandbox import _server as wire
+from posttrain.platform.sandbox import _wire as wire
 from posttrain.platform.sandbox import seccomp, workdir
 from posttrain.platform.sandbox.backends import launch_spec, run_as
 from posttrain.platform.sandbox.cgroups import SandboxCgroup
@@ -241,9 +241,6 @@ class Sandbox(ToolMethods):
             self._child.join_output()
         self._child = None
         self._release_confinement()
-
-    def remove_files(self) -> None:
-        shutil.rmtree(self.slot_dir, ignore_errors=True)
 
     @property
     def pid(self) -> int | None:

@@ -336,6 +336,78 @@ def test_hostile_code_scores_what_its_honest_behaviour_earns(service: VerifierSe
     assert scored["harness and imported modules rewritten"][0] == pytest.approx(0.5)
 
 
+# ----------------------------------------------------------------------------- names the program binds
+# The tests see the program's entry point (and what they read that nothing else defines), never its other
+# names: a builtin or a prompt helper the program rebinds stays the clean one in the tests.
+
+ENCODE_CYCLIC_IDENTITY = "def encode_cyclic(s: str):\n    return s\n"
+
+
+def humaneval_task(task_id: str) -> TaskSpec:
+    from posttrain.platform.tasks.importers.humaneval import import_humaneval
+
+    return next(t for t in import_humaneval() if t.task_id == task_id)
+
+
+def repair_humaneval_task(entry_point: str) -> TaskSpec:
+    """A ``repair.humaneval`` task as its builder makes it (no prelude: the helpers are in the module it edits)."""
+    from posttrain.platform.tasks.domains.registry import generate
+
+    return next(t for t in generate("repair.humaneval", 200, seed=0, difficulty=1)
+                if t.verifier.spec["entry_point"] == entry_point)
+
+
+def name_cases() -> list[tuple[str, TaskSpec, str, str]]:
+    """(vector, task, honest completion, the same completion with the attack)."""
+    decode = repair_humaneval_task("decode_cyclic")
+    module = decode.metadata["files"]["solution.py"].replace("    raise NotImplementedError\n", "    return s\n")
+    f_task = code_task  # tests of f(x) = x + 1 unless given
+    return [
+        ("abs rebound (HumanEval/2)", humaneval_task("HumanEval/2"), "    return 0.5\n", "    return 0.5\nabs = lambda x: 0\n"),
+        ("abs rebound (HumanEval/4)", humaneval_task("HumanEval/4"), "    return 0.0\n", "    return 0.0\nabs = lambda x: 0\n"),
+        ("set rebound (MBPP style)", f_task("assert set(f([1, 2, 2])) == set([1, 2])\nassert set(f([3])) == set([3])\n"),
+         "def f(xs):\n    return [1, 2]\n", "def f(xs):\n    return [1, 2]\nset = lambda *a: 1\n"),
+        ("prompt helper rebound (HumanEval/38)", humaneval_task("HumanEval/38"), "    return s\n",
+         "    return s\n" + ENCODE_CYCLIC_IDENTITY),
+        ("prompt helper rebound (repair.humaneval decode_cyclic)", decode, module, module + ENCODE_CYCLIC_IDENTITY),
+        ("range rebound", f_task("for i in range(3):\n    assert f(i) == i + 1\n"), WRONG, WRONG + "def range(*a):\n    return []\n"),
+        ("all rebound", f_task("assert all(f(x) == x + 1 for x in [-1, 1])\nassert f(1) == 2\n"), PARTIAL,
+         PARTIAL + "def all(*a):\n    return True\n"),
+        ("StopIteration inside map", f_task("assert all(map(f, [1, 2, 3]))\nassert not any(map(f, [-1, -2]))\n"),
+         "def f(x):\n    return x > 5\n",
+         "def f(x):\n    if x > 0:\n        raise StopIteration\n    return x > 5\n"),
+    ]
+
+
+VECTORS = ["abs rebound (HumanEval/2)", "abs rebound (HumanEval/4)", "set rebound (MBPP style)", "prompt helper rebound (HumanEval/38)",
+           "prompt helper rebound (repair.humaneval decode_cyclic)", "range rebound", "all rebound", "StopIteration inside map"]
+
+
+@pytest.mark.parametrize("vector", VECTORS)
+def test_no_name_the_program_binds_stands_in_for_a_builtin_or_a_prompt_helper(vector: str, service: VerifierService, pool: SandboxPool,
+                                                                              reliability: Reliability) -> None:
+    task, honest, hostile = next((t, h, a) for name, t, h, a in name_cases() if name == vector)
+    verdicts = service.verify_batch([task, task], [honest, hostile], context=VerifyContext(sandbox_pool=pool))
+    assert not any(v.is_infra_error for v in verdicts), verdicts
+    assert verdicts[0].score < 1, verdicts[0].details  # the honest completion is wrong somewhere: there is something to forge
+    forged = verdicts[1].score != verdicts[0].score
+    reliability.inputs(f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    assert not forged, (verdicts[0].details, verdicts[1].details)
+
+
+def test_right_solutions_still_read_the_prompt_helpers_and_the_program_s_own_names(service: VerifierService, pool: SandboxPool) -> None:
+    """The prompt's own encode_cyclic (from the prelude, or the tests of repair.humaneval), a class of the program's
+    that the tests use, and a program that rebinds a builtin the tests read for themselves."""
+    decode = repair_humaneval_task("decode_cyclic")
+    he38 = humaneval_task("HumanEval/38")
+    controls = [(he38, he38.reference or ""), (decode, decode.reference or ""),
+                (code_task("assert Box(2).f(1) == 3\n"), "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+                                                         "    def f(self, x):\n        return x + self.n\n"),
+                (code_task("assert sum(f(x) for x in [1, 2]) == 5\n"), "def f(x):\n    return x + 1\nsum = lambda *a: 0\n")]
+    verdicts = service.verify_batch([t for t, _ in controls], [c for _, c in controls], context=VerifyContext(sandbox_pool=pool))
+    assert all(v.passed for v in verdicts), [v.details for v in verdicts]
+
+
 def test_a_process_left_behind_does_not_reach_the_next_check(service: VerifierService, reliability: Reliability) -> None:
     """One sandbox, so the next check gets the very sandbox the hostile code forked in."""
     data_dir = reachable_dir()

@@ -15,11 +15,16 @@ running) reaches the grading. The reward is the fraction of hidden tests that pa
 from __future__ import annotations
 
 from posttrain.platform.sandbox import CallStatus, Sandbox
+from posttrain.platform.tasks.domains.families.repair_tasks import MODULE
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.environments.base import Episode
 from posttrain.training.environments.tool_use import ToolUse, settle
 
-MODULE = "solution.py"
+def as_file(task: TaskSpec) -> TaskSpec:
+    """``task`` with its code verifier told that a completion is a source file, graded whole (a ``` inside a
+    docstring of the module is code, not the fence of a reply)."""
+    verifier = task.verifier.model_copy(update={"spec": {**task.verifier.spec, "completion": "file"}})
+    return task.model_copy(update={"verifier": verifier})
 
 
 class CodeRepair(ToolUse):
@@ -48,4 +53,5 @@ class CodeRepair(ToolUse):
             return Verdict(score=0.0, passed=False, details=f"{MODULE} is gone or unreadable after the episode: "
                                                            f"{final.to_message_content()[:200]}")
         episode.answer = final.value  # what was graded, stored with the episode
-        return service.verify(episode.task, final.value)  # hidden tests, in the verifier's own fresh sandbox
+        # hidden tests, in the verifier's own fresh sandbox, on the module whole (a file, not a chat reply)
+        return service.verify(as_file(episode.task), final.value)

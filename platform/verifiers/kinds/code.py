@@ -39,13 +39,20 @@ is compared as the builtin value it is (a ``bool``, ``int``, ``str``, list, dict
 such as ``Counter``, as that builtin value), with Python's own ``==`` (so ``1 == 1.0 == True`` as in
 Python), and an object of the code's own classes equals only itself, so no method of the graded code
 ever decides a comparison. What it cannot be stopped from is what any program may do: compute its
-answers, or read what a test hands it as arguments. Names the tests use from the program (HumanEval's
-helper functions in the prompt) are the program's own, as in HumanEval.
+answers, or read what a test hands it as arguments.
+
+What the tests see of the program is its entry point and the names they read that nothing else defines (a
+class of the program's they construct); never anything else it binds. Builtins are the grading
+interpreter's own, and the prompt's helpers (HumanEval's ``encode_cyclic``, its imports) run from a clean
+copy of the prelude beside the tests (:func:`prompt_helpers`), so ``abs = lambda x: 0``, ``def range(*a)``
+or a redefined helper in the completion changes nothing the tests read. A ``StopIteration`` raised by the
+program's function is an error of that call, never the end of the caller's loop.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import collections
 import functools
 import importlib.util
@@ -87,6 +94,9 @@ class CodeTestsSpec(BaseSpec):
     entry_point: str | None = None
     prelude: str = ""
     test_call: str | None = None
+    completion: Literal["reply", "file"] = "reply"
+    """What a completion is: a chat ``reply`` (its fenced code blocks are the code, else the whole text) or
+    a source ``file`` graded whole, fences and all (the module a code_repair episode left)."""
 
     _pool: SandboxPool | None = PrivateAttr(default=None)  # lent by the caller's VerifyContext
 
@@ -112,20 +122,22 @@ def _syntax_problem(source: str) -> str | None:
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-def extract_code(completion: str) -> str:
-    """The code in a completion: the fenced blocks joined, or the text itself."""
+def extract_code(spec: CodeTestsSpec, completion: str) -> str:
+    """The code in a completion: a ``file`` whole; a ``reply``'s fenced blocks joined, or the text itself."""
+    if spec.completion == "file":
+        return completion
     blocks = _FENCE.findall(completion)
     return "\n\n".join(blocks) if blocks else completion
 
 
 def solution_source(spec: CodeTestsSpec, completion: str) -> str:
     """The part of the program before the tests: the prelude, then the completion's code."""
-    return "\n".join([spec.prelude.rstrip("\n") if spec.prelude else spec.prelude, extract_code(completion)])
+    return "\n".join([spec.prelude.rstrip("\n") if spec.prelude else spec.prelude, extract_code(spec, completion)])
 
 
 def assemble_program(spec: CodeTestsSpec, completion: str) -> str:
     """The whole program to run for ``completion``: prelude, code, tests, then the test call."""
-    parts = [spec.prelude, extract_code(completion), "", spec.tests]
+    parts = [spec.prelude, extract_code(spec, completion), "", spec.tests]
     if spec.test_call:
         parts.append(spec.test_call)
     return "\n".join(part.rstrip("\n") if part else part for part in parts) + "\n"
@@ -167,28 +179,28 @@ def start_program(solution: str, *, ship: bool = False, bytecode: bool = False) 
 
 @dataclass(frozen=True)
 class TestPlan:
-    """The tests of one spec, rewritten so that each counted test records its own outcome, and one
-    label per counted test (the test's code, shortened, for the details)."""
+    """The tests of one spec, rewritten so that each counted test records its own outcome; one label per
+    counted test (the test's code, shortened, for the details); and the names the tests take from the graded
+    program (its entry point, and what the tests read that neither they, the prelude's helpers nor the
+    builtins define)."""
 
     tests_source: str
     labels: tuple[str, ...]
-
-    @functools.cached_property
-    def harness_source(self) -> str:
-        """What the grader executes in the parent (``__pt_passed`` and the others are its)."""
-        return self.tests_source
+    program_names: tuple[str, ...] = ()
+    entry_point: str | None = None
 
     @functools.cached_property
     def harness_bytecode(self) -> bytes:
         """The tests compiled here once (marshal format of this interpreter)."""
-        return marshal.dumps(compile(self.harness_source, "<tests>", "exec"))
+        return marshal.dumps(compile(self.tests_source, "<tests>", "exec"))
 
     def program(self, nonce: str, *, bytecode: bool = False) -> str:
         """The second call of a check: run the tests against the child started by :func:`start_program`.
         With ``bytecode`` (the sandbox's interpreter reads this one's marshal format) the tests travel
         compiled; else as source, compiled in the sandbox's parent interpreter."""
-        tests = f"__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}'))" if bytecode else repr(self.harness_source)
-        return f"__pt_g.run({tests}, {nonce!r}, {len(self.labels)}, {MAX_FAILURES_REPORTED})\n"
+        tests = f"__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}'))" if bytecode else repr(self.tests_source)
+        return (f"__pt_g.run({tests}, {nonce!r}, {len(self.labels)}, {MAX_FAILURES_REPORTED}, "
+                f"{list(self.program_names)!r}, {self.entry_point!r})\n")
 
 
 @functools.lru_cache(maxsize=16)
@@ -200,10 +212,6 @@ def reads_our_bytecode(python_executable: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return out.strip() == importlib.util.MAGIC_NUMBER.hex()
-
-
-def _indent(source: str) -> str:
-    return "".join(f"    {line}\n" if line.strip() else "\n" for line in source.splitlines()) or "    pass\n"
 
 
 class _AssertFinder(ast.NodeVisitor):
@@ -275,11 +283,67 @@ def _called_function(test_call: ast.Module) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def build_plan(tests: str, test_call: str | None) -> TestPlan:
-    """Rewrite ``tests`` (and ``test_call``) so that each test records its own outcome."""
+def prompt_helpers(prelude: str, entry_point: str | None) -> str:
+    """The statements of a task's prompt code that its tests may read (imports, helper functions, constants),
+    without the entry point's own definition, as source. The tests run beside this clean copy, never beside the
+    graded program's names, which may redefine any of them. A prelude that ends inside a definition (the
+    signature a completion goes on from) keeps its longest start of whole lines that parses."""
+    lines = prelude.splitlines(keepends=True)
+    for end in range(len(lines), 0, -1):
+        try:
+            module = ast.parse("".join(lines[:end]))
+        except SyntaxError:
+            continue
+        kept = [s for s in module.body if not _is_future_import(s)
+                and not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name == entry_point)]
+        return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n" if kept else ""
+    return ""
+
+
+def _is_future_import(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+
+
+def _names_read_and_bound(*trees: ast.AST) -> tuple[set[str], set[str]]:
+    """The names the code reads, and every name it binds anywhere (any scope, any kind of binding)."""
+    read: set[str] = set()
+    bound: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.alias):
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+                bound.add(node.name)
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                bound.add(node.rest)
+    return read, bound
+
+
+def _program_names(entry_point: str | None, *trees: ast.AST) -> tuple[str, ...]:
+    """What the tests take from the graded program: the entry point, and each name they read that nothing
+    else defines (a class or helper of the program's that the tests use). Never a builtin's name, nor one the
+    tests or the prompt's helpers bind: those come from the clean copies, so no name the program binds can
+    stand in for them."""
+    read, bound = _names_read_and_bound(*trees)
+    taken = {n for n in read - bound if not n.startswith("__") and not hasattr(builtins, n)}
+    return tuple(sorted(taken | ({entry_point} if entry_point else set())))
+
+
+@functools.lru_cache(maxsize=4096)
+def build_plan(tests: str, test_call: str | None, prelude: str = "", entry_point: str | None = None) -> TestPlan:
+    """Rewrite ``tests`` (and ``test_call``) so that each test records its own outcome, after the prompt's
+    helpers (:func:`prompt_helpers` of ``prelude``), and find the names the tests take from the program."""
     module = ast.parse(tests)
-    module.body = [s for s in module.body if not (isinstance(s, ast.ImportFrom) and s.module == "__future__")]
+    module.body = [s for s in module.body if not _is_future_import(s)]
+    helpers = ast.parse(prompt_helpers(prelude, entry_point)) if prelude else ast.Module(body=[], type_ignores=[])
     call_module = ast.parse(test_call) if test_call else None
+    names = _program_names(entry_point, module, helpers, *([call_module] if call_module else []))
     target = _called_function(call_module) if call_module is not None else None
     definitions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == target]
     # The last definition of the target is the one the call reaches; rewrite it when it asserts.
@@ -308,7 +372,7 @@ def build_plan(tests: str, test_call: str | None) -> TestPlan:
         labels.append("the test code")
         body = [_counted(ast.If(ast.Constant(True), body or [ast.Pass()], []), 0)]
     guarded = ast.Try(
-        body=body,
+        body=[*helpers.body, *body],
         handlers=[
             ast.ExceptHandler(
                 type=ast.Name("__pt_caught", ast.Load()),
@@ -320,7 +384,7 @@ def build_plan(tests: str, test_call: str | None) -> TestPlan:
         finalbody=[],
     )
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[guarded], type_ignores=[])))
-    return TestPlan(source + "\n", tuple(labels))
+    return TestPlan(source + "\n", tuple(labels), names, entry_point)
 
 
 # --------------------------------------------------------------------------- running it
@@ -338,14 +402,14 @@ def run_code_tests(
     anything the completion does. ``timeout_s``: limit of the run (default: the spec's, else
     15 s). The sandbox is released (and wiped in the background) before this returns."""
     limit = timeout_s or spec.timeout_s or DEFAULT_TIMEOUT_S
-    code = extract_code(completion)
+    code = extract_code(spec, completion)
     if len(code) + len(spec.prelude) > MAX_PROGRAM_CHARS:
         return Verdict.failure(
             f"the code is {len(code):,} characters, over the limit of {MAX_PROGRAM_CHARS:,}; it was not run",
             code_chars=len(code),
         )
     try:
-        plan = build_plan(spec.tests, spec.test_call)
+        plan = build_plan(spec.tests, spec.test_call, spec.prelude, spec.entry_point)
     except SyntaxError as error:  # a spec built without validation
         return Verdict.infra(f"the task's tests are not valid Python: {error}", kind="code")
     nonce = secrets.token_hex(16)

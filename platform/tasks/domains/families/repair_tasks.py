@@ -31,6 +31,7 @@ from typing import Any
 
 from posttrain.platform.tasks.domains.base import Domain, Problem
 from posttrain.platform.tasks.domains.families.code_tasks import TASKS, CodeTask, _reference
+from posttrain.platform.verifiers.kinds.code import prompt_helpers
 from posttrain.platform.verifiers.models import VerifierRef
 
 MODULE = "solution.py"
@@ -178,7 +179,9 @@ def _make_humaneval(rng: random.Random, difficulty: int) -> Problem:
     shown = [a.replace("candidate", entry) for a in _check_asserts(problem["test"])[:2]]
     visible_file = "from solution import *\n\n" + "\n".join(shown) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT.replace('Fix the defects in', 'Implement')}\n\n{MODULE}:\n```python\n{module}```"
-    spec = {"language": "python", "tests": problem["test"], "entry_point": entry, "test_call": f"check({entry})"}
+    # The prompt's helpers (HumanEval/38's encode_cyclic) lead the tests: they read that clean copy, never the module's.
+    spec = {"language": "python", "tests": prompt_helpers(problem["prompt"], entry) + problem["test"], "entry_point": entry,
+            "test_call": f"check({entry})"}
     reference = problem["prompt"] + problem["canonical_solution"]
     return Problem(prompt, reference, VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file})
 
