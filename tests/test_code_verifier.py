@@ -140,6 +140,29 @@ def test_plan_rules() -> None:
         validate_spec("code", {"tests": "assert f(1) ==", "entry_point": "f"})
 
 
+def test_plan_takes_from_the_program_only_its_entry_point_and_the_names_nothing_else_defines() -> None:
+    from posttrain.platform.verifiers.kinds.code import prompt_helpers
+
+    tests = "import math\nassert abs(f(1)) == 2\nassert Box(1).n == 1\nfor i in range(2):\n    assert helper(i) == i\n"
+    prelude = "from typing import List\n\ndef helper(x):\n    return x\n\ndef f(x: int) -> int:\n    \"\"\"Add one.\"\"\"\n"
+    plan = build_plan(tests, None, prelude, "f")
+    assert plan.program_names == ("Box", "f")  # not abs, range, math, helper: builtins, the tests' import, the prompt's helper
+    # The prompt's helpers run first in the tests, without the entry point's stub; a prelude that stops inside
+    # a definition keeps its longest start that parses.
+    assert plan.tests_source.index("def helper") < plan.tests_source.index("abs(f(1))") and "def f" not in plan.tests_source
+    assert prompt_helpers("import math\nK = 2\ndef f(x):\n", "f") == "import math\nK = 2\n"
+
+
+def test_a_source_file_is_graded_whole_fences_in_its_docstrings_and_all(service: VerifierService, ctx: VerifyContext) -> None:
+    """A code_repair episode's final module is a file, not a chat reply: a ``` in a docstring is code."""
+    from posttrain.training.environments.code_repair import as_file
+
+    module = 'def f(x):\n    """Add one:\n\n    ```python\n    f(1) == 2\n    ```\n    """\n    return x + 1\n'
+    reply = code_task(THREE_TESTS)
+    assert not service.verify(reply, module, context=ctx).passed  # read as a reply, only the fenced line would run
+    assert service.verify(as_file(reply), module, context=ctx).passed
+
+
 class _Churn:
     """Garbage in a cycle whose finalizer is Python code: a collection runs it, and the interpreter may
     switch threads there, inside whatever C code triggered the collection."""
