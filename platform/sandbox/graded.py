@@ -692,7 +692,7 @@ def start(source: str) -> tuple:
 
 def _ready() -> tuple:
     """Wait for the child's report of its start: ``("ready", note)``, ``("error", message)`` or
-    ``("died", message)``; the program's names go into ``STATE``."""
+    ``("died", message)``; the program's names go into ``STATE`` as sent (decoded only when the tests take one)."""
     peer: Peer = STATE["peer"]
     try:
         message = _recv(peer.sock)
@@ -710,14 +710,8 @@ def _ready() -> tuple:
     if "error" in status:
         peer._stop_child()
         return ("error", str(status["error"])[:2000])
-    names = {}
-    for item in message["names"]:
-        if type(item) is list and len(item) == 2 and type(item[0]) is str and not item[0].startswith("__"):
-            try:
-                names[item[0]] = peer.decode(item[1])
-            except Exception:  # noqa: BLE001 - a name whose value does not parse is not defined
-                continue
-    STATE["names"] = names
+    STATE["names"] = {item[0]: item[1] for item in message["names"]
+                      if type(item) is list and len(item) == 2 and type(item[0]) is str and not item[0].startswith("__")}
     return ("ready", str(status["exit"])[:MESSAGE_CHARS] if "exit" in status else None)
 
 
@@ -742,9 +736,13 @@ def run(tests: object, nonce: str, count: int, max_failures: int, names: list[st
     def failed(index: int, error: BaseException) -> None:
         failures[index] = _why(error) if len(failures) < max_failures else ""
 
-    program = STATE["names"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    namespace.update({n: program[n] for n in names if n in program and (n == entry or not hasattr(builtins, n))})
+    for name in names:
+        if name in STATE["names"] and (name == entry or not hasattr(builtins, name)):
+            try:
+                namespace[name] = peer.decode(STATE["names"][name])
+            except Exception:  # noqa: BLE001 - a name whose value does not parse is not defined
+                continue
     namespace.update(__pt_caught=(Exception, SystemExit), __pt_passed=passed, __pt_failed=failed, __pt_state=state, __pt_why=_why)
     code = compile(tests, "<tests>", "exec") if isinstance(tests, str) else tests
     exec(code, namespace)  # noqa: S102 - the task's own tests
