@@ -87,6 +87,32 @@ def test_tools_in_one_episode(pool: SandboxPool) -> None:
         assert sandbox.list_dir("link").status is CallStatus.ERROR
 
 
+def test_edit_file_replaces_exactly_one_match_or_says_how_many(pool: SandboxPool) -> None:
+    from posttrain.platform.sandbox import ToolCall, execute_tool_call
+
+    source = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+    with pool.acquire() as sandbox:
+        assert sandbox.write_file("solution.py", source).ok
+        for old, count in (("    return a - b\n", "occurs 2 times"), ("return a * b", "is not in")):
+            refused = sandbox.edit_file("solution.py", old, "    return a + b\n")
+            assert refused.status is CallStatus.ERROR and refused.error is not None and count in refused.error.message, refused
+            assert "exactly once" in refused.to_message_content() and "server.py" not in refused.to_message_content()
+        assert sandbox.read_file("solution.py").value == source  # a refused edit writes nothing
+        empty = sandbox.edit_file("solution.py", "", "x")
+        assert empty.status is CallStatus.ERROR and empty.error is not None and "old is empty" in empty.error.message
+        edited = sandbox.edit_file("solution.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n")
+        assert edited.ok and edited.value == "edited solution.py: lines 1-3 now hold the new text", edited
+        assert sandbox.read_file("solution.py").value == source.replace("return a - b", "return a + b", 1)
+        # Through the model's tool call, as an agent makes it; and never outside the work directory.
+        call = ToolCall(name="edit_file", arguments={"path": "solution.py", "old": "return a - b", "new": "return b - a"})
+        assert execute_tool_call(sandbox, call).ok
+        assert sandbox.run_python("import solution; solution.add(1, 2), solution.sub(5, 1)").value == "(3, -4)"
+        outside = sandbox.edit_file("../../etc/passwd", "root", "x")
+        assert outside.status is CallStatus.ERROR and outside.error and "outside the work directory" in outside.error.message
+        missing = sandbox.edit_file("nope.py", "a", "b")
+        assert missing.status is CallStatus.ERROR and missing.error and missing.error.type == "FileNotFoundError"
+
+
 def test_episode_state_is_wiped_between_episodes(pool: SandboxPool) -> None:
     for _ in range(2 * pool.config.pool_size):  # visit every slot at least twice
         with pool.acquire() as sandbox:
@@ -303,9 +329,8 @@ def test_missing_bubblewrap_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tm
         backends.bwrap_path.cache_clear()
 
 
+@pytest.mark.requires("root")  # the sandbox runs as another uid, which a private directory keeps out, only then
 def test_unreadable_root_is_a_clear_error(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox runs as another uid only when the host is root")
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     with pytest.raises(SandboxUnavailableError, match="cannot enter"), pytest.warns(ProcessBackendWarning):

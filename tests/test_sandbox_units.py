@@ -58,7 +58,7 @@ def test_config_reads_nested_env_style_values() -> None:
 
 def test_tool_schemas_are_valid_openai_function_schemas() -> None:
     schemas = tool_schemas()
-    assert [s["function"]["name"] for s in schemas] == ["python", "bash", "read_file", "write_file", "list_dir"]
+    assert [s["function"]["name"] for s in schemas] == ["python", "bash", "read_file", "write_file", "edit_file", "list_dir"]
     for schema in schemas:
         assert schema["type"] == "function"
         assert schema["function"]["description"]
@@ -114,6 +114,11 @@ def test_parse_hermes_tool_calls() -> None:
     assert bad.error is not None and "valid JSON" in bad.error
     assert parse_tool_calls("The answer is 4.").calls == []
     assert parse_tool_calls({"role": "assistant", "content": "4"}).content == "4"
+    # The edit tool's three string arguments, newlines and quotes inside them, come through as written.
+    edit = parse_tool_calls('<tool_call>\n{"name": "edit_file", "arguments": {"path": "solution.py", "old": "    return a - b\\n", '
+                            '"new": "    return a + b  # \\"sum\\"\\n"}}\n</tool_call>').calls[0]
+    assert edit.error is None and edit.arguments == {"path": "solution.py", "old": "    return a - b\n", "new": '    return a + b  # "sum"\n'}
+    assert validate_arguments("edit_file", edit.arguments) is None
 
 
 def test_result_message_content() -> None:

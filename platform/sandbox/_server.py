@@ -154,6 +154,8 @@ class Episode:
                 reply["truncated"] = truncated
             elif op == "write_file":
                 reply["value"] = self.op_write_file(msg["path"], msg["content"], bool(msg.get("append")))
+            elif op == "edit_file":
+                reply["value"] = self.op_edit_file(msg["path"], msg["old"], msg["new"])
             elif op == "list_dir":
                 reply["value"] = self.op_list_dir(msg.get("path") or ".")
             elif op == "ping":
@@ -305,6 +307,25 @@ class Episode:
         with open(target, "ab" if append else "wb") as fh:
             fh.write(data)
         return len(data)
+
+    def op_edit_file(self, path: str, old: str, new: str) -> str:
+        """Replace the one occurrence of ``old`` in the file with ``new``; a ValueError that says how many
+        occurrences there are when that is not exactly one (nothing is written then)."""
+        if not old:
+            raise ValueError("old is empty: give the exact text to replace, copied from the file")
+        target = self.confine(path)
+        with open(target, encoding="utf-8") as fh:
+            text = fh.read()
+        count = text.count(old)
+        if count != 1:
+            where = "is not in" if count == 0 else f"occurs {count} times in"
+            raise ValueError(f"the old text {where} {path}; it must occur exactly once (copy it from the file, "
+                             f"with its indentation{', and add lines around it' if count else ''})")
+        start = text.index(old)
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(text[:start] + new + text[start + len(old):])
+        first = text.count("\n", 0, start) + 1
+        return f"edited {path}: lines {first}-{first + new.count(chr(10))} now hold the new text"
 
     def op_list_dir(self, path: str) -> list[dict]:
         entries = []

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,13 +60,6 @@ RAY_MARGIN_S = 10.0  # added to a tool call's own limits before the driver gives
 REFRESH_INTERVAL_S = 30.0  # how often acquire() looks for joined or lost nodes
 ACTOR_NAMESPACE = "posttrain"
 
-_TOOLS: dict[str, Callable[[Sandbox, dict[str, Any], float | None], ToolResult]] = {
-    "python": lambda s, a, t: s.run_python(a["code"], t),
-    "bash": lambda s, a, t: s.run_bash(a["command"], t),
-    "read_file": lambda s, a, t: s.read_file(a["path"], a.get("max_bytes")),
-    "write_file": lambda s, a, t: s.write_file(a["path"], a["content"], bool(a.get("append", False))),
-    "list_dir": lambda s, a, t: s.list_dir(a.get("path", ".")),
-}
 
 
 # ===================================================================== node side
@@ -130,7 +123,7 @@ class SandboxPoolActor:
                 op, "the sandbox lease is unknown here: its pool actor restarted or the lease expired", started
             )
         try:
-            return _TOOLS[op](held.sandbox, args, timeout)
+            return held.sandbox._call(op, args, timeout)  # the same transport a local sandbox's tools use
         finally:
             held.last_used = time.monotonic()
 

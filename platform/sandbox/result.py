@@ -141,5 +141,10 @@ class ToolMethods:
     def write_file(self, path: str, content: str, append: bool = False) -> ToolResult:
         return self._call("write_file", {"path": path, "content": content, "append": append}, None)
 
+    def edit_file(self, path: str, old: str, new: str) -> ToolResult:
+        """Replace the one occurrence of ``old`` in the file with ``new`` (an error that says how many there
+        are when not exactly one; the file is left as it was)."""
+        return self._call("edit_file", {"path": path, "old": old, "new": new}, None)
+
     def list_dir(self, path: str = ".") -> ToolResult:
         return self._call("list_dir", {"path": path}, None)

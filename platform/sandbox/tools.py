@@ -56,6 +56,17 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         },
         ["path", "content"],
     ),
+    "edit_file": _function(
+        "edit_file",
+        "Replace one piece of a text file of the work directory: old must occur in the file exactly once "
+        "(copy it with its indentation); it becomes new. Fails, saying how many times old occurs, otherwise.",
+        {
+            "path": {"type": "string", "description": "path relative to the work directory"},
+            "old": {"type": "string", "description": "the exact text to replace, once in the file"},
+            "new": {"type": "string", "description": "the text to put in its place"},
+        },
+        ["path", "old", "new"],
+    ),
     "list_dir": _function(
         "list_dir",
         "List a directory of the work directory: names, types and sizes.",
@@ -116,6 +127,8 @@ def execute_tool_call(
         return sandbox.read_file(args["path"])
     if call.name == "write_file":
         return sandbox.write_file(args["path"], args["content"], bool(args.get("append", False)))
+    if call.name == "edit_file":
+        return sandbox.edit_file(args["path"], args["old"], args["new"])
     return sandbox.list_dir(args.get("path", "."))
 
 
