@@ -103,6 +103,20 @@ def chat_example(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
     return SFTExample(ids, labels)
 
 
+def episode_example(prompt_ids: Sequence[int], token_ids: Sequence[int], loss_mask: Sequence[int],
+                    max_len: int | None = None) -> SFTExample:
+    """A multi-turn episode (sampled, stored or demonstrated) as an SFT example, token for token: trained
+    on the policy's own tokens only (``loss_mask`` 1), the same tokens GRPO's loss covers; the prompt and
+    whatever the environment put between the turns (tool output, turn markers) are context."""
+    if len(token_ids) != len(loss_mask):
+        raise ValueError(f"an episode has {len(token_ids)} tokens but {len(loss_mask)} loss-mask entries; they must match")
+    ids = [*prompt_ids, *token_ids]
+    labels = [IGNORE] * len(prompt_ids) + [t if m else IGNORE for t, m in zip(token_ids, loss_mask)]
+    if max_len is not None:
+        ids, labels = ids[:max_len], labels[:max_len]
+    return SFTExample(ids, labels)
+
+
 def task_examples(tokenizer: PreTrainedTokenizerBase, tasks: Iterable[TaskSpec], max_len: int | None = None) -> list[SFTExample]:
     return [chat_example(tokenizer, task_messages(t), max_len) for t in tasks]
 

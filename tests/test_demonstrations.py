@@ -1,0 +1,124 @@
+"""Expert demonstrations of code repair: a scripted agent through the real code_repair environment in real
+bubblewrap sandboxes, with the real model's tokenizer; and SFT on the episodes it leaves, token for token."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+from transformers import AutoTokenizer
+
+from conftest import ImportedRealModel
+from test_code_verifier import reachable_dir
+from posttrain.platform.sandbox import SandboxConfig, SandboxPool
+from posttrain.platform.tasks.domains.registry import generate
+from posttrain.platform.verifiers import PoolConfig, VerifierService
+from posttrain.training.config import EnvironmentConfig, SamplingConfig
+from posttrain.training.data import IGNORE, chat_example, episode_example
+from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits, read_episodes, write_episodes
+from posttrain.training.environments.code_repair import CodeRepair, as_file
+
+pytestmark = [pytest.mark.requires("bubblewrap"), pytest.mark.requires("real model")]
+
+ENV = EnvironmentConfig(name="code_repair", max_turns=8, max_episode_tokens=4096, tools=TOOLS)
+SAMPLING = SamplingConfig(max_new_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_model_dir: ImportedRealModel):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(real_model_dir.path)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[SandboxPool]:
+    data_dir = reachable_dir()
+    with SandboxPool(SandboxConfig(pool_size=2, kill_grace_s=0.5), data_dir=data_dir) as pool:
+        yield pool
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[VerifierService]:
+    with VerifierService(PoolConfig(workers=1)) as svc:
+        yield svc
+
+
+def repair_tasks() -> list:  # type: ignore[type-arg]
+    return [*generate("repair.off_by_one", 2, seed=1, difficulty=4), *generate("repair.wrong_operator", 1, seed=2, difficulty=2),
+            *generate("repair.humaneval", 1, seed=3, difficulty=1)]
+
+
+def test_fix_edits_anchor_each_hunk_once_and_rebuild_the_reference() -> None:
+    for task in repair_tasks():
+        module, reference = task.metadata["files"]["solution.py"], task.reference
+        edits = fix_edits(module, reference)
+        text = module
+        for edit in edits:
+            assert text.count(edit.old) == 1, edit
+            text = text.replace(edit.old, edit.new, 1)
+        assert text == reference and edits
+    with pytest.raises(ValueError, match="unique"):
+        fix_edits("", "x = 1\n")  # nothing to anchor an edit on
+
+
+def test_scripts_vary_over_seeds_and_keep_the_expert_s_steps() -> None:
+    task = repair_tasks()[0]
+    scripts = [expert_script(task, seed) for seed in range(12)]
+    assert len({tuple(s) for s in scripts}) > 6  # commands, order and words vary
+    for script in scripts:
+        calls = "\n".join(script)
+        assert "test_visible.py" in script[1] + script[2] and "solution.py" in script[1] + script[2]
+        assert calls.count('"edit_file"') == 2 and "<tool_call>" not in script[-1]  # two defects, then a plain reply
+        assert "test_visible.py" in script[-2]  # the tests run again before the reply
+
+
+def test_a_demonstration_replays_to_the_hidden_tests_pass(tokenizer, pool: SandboxPool, service: VerifierService,  # type: ignore[no-untyped-def]
+                                                         tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tasks = repair_tasks()
+    episodes = demonstrations(tasks, tokenizer, ENV, SAMPLING, service, pool, seed=7)
+    assert len(episodes) == len(tasks)
+    for task, episode in zip(tasks, episodes):
+        assert episode.stop_reason == "answer" and episode.verdict is not None and episode.verdict.passed, episode.verdict
+        outputs = [c.output for c in episode.tool_calls]
+        runs = [o for c, o in zip(episode.tool_calls, outputs) if c.name == "bash" and "test_visible" in c.arguments["command"]]
+        # What the sandbox really printed: the visible tests fail before the fix and pass after it.
+        assert "AssertionError" in runs[0] or "NotImplementedError" in runs[0], runs[0]
+        assert "all visible tests pass" in runs[-1], runs[-1]
+        assert all(c.status == "ok" for c in episode.tool_calls if c.name == "edit_file")
+        # The module the episode left passes the hidden tests when graded again, whole.
+        assert service.verify(as_file(task), episode.answer or "").passed
+    # Stored and read back as ordinary episodes, ids and masks token for token.
+    stored = read_episodes(write_episodes(tmp_path / "demos.jsonl", episodes), min_reward=1.0)
+    assert [(s.prompt_ids, s.token_ids, s.loss_mask) for s in stored] == [(e.prompt_ids, e.token_ids, e.loss_mask) for e in episodes]
+    (tmp_path / "bad.jsonl").write_text('{"prompt_ids": [1]}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 1: not an episode"):
+        read_episodes(tmp_path / "bad.jsonl")
+
+
+def test_sft_on_a_multi_turn_episode_trains_the_policy_s_tokens_as_the_rollout_path_laid_them(
+        tokenizer, pool: SandboxPool, service: VerifierService) -> None:  # type: ignore[no-untyped-def]
+    task = generate("repair.wrong_operator", 1, seed=2, difficulty=2)[0]
+    episode = demonstrations([task], tokenizer, ENV, SAMPLING, service, pool, seed=1)[0]
+    example = episode_example(episode.prompt_ids, episode.token_ids, episode.loss_mask)
+    trained = [i for i, label in enumerate(example.labels) if label != IGNORE]
+    start = len(episode.prompt_ids)
+    assert trained == [start + i for i, m in enumerate(episode.loss_mask) if m]  # the policy's tokens, nothing else
+    # Tool output is never trained on: no tool result's text is in the trained tokens.
+    trained_text = tokenizer.decode([example.input_ids[i] for i in trained])
+    assert episode.policy_turns >= 6 and "all visible tests pass" not in trained_text and "<tool_call>" in trained_text
+    # No template drift: the chat template's rendering of the same messages is the episode's ids, and its
+    # assistant spans are the tokens trained on (up to the newline the template puts after the last turn).
+    environment = CodeRepair(ENV, tokenizer, SAMPLING)
+    messages = environment.messages(task)
+    names: list[str] = []
+    for turn in episode.turns:
+        if turn.role == "assistant":
+            messages.append({"role": "assistant", "content": turn.content})
+            names = [c.name for c in turn.tool_calls]
+        else:
+            messages.append({"role": "tool", "name": names.pop(0), "content": turn.content})
+    rendered = chat_example(tokenizer, messages)
+    ids = example.input_ids
+    assert rendered.input_ids[: len(ids)] == ids and len(rendered.input_ids) - len(ids) <= 1
+    assert rendered.labels[: len(ids)] == example.labels
