@@ -94,8 +94,8 @@ _TEST = ["Let me run the visible tests.", "Running the tests to see what fails."
 _READ = ["Let me read the module.", "Now the code itself.", "Reading solution.py."]
 _FIX = ["The failing output points at {where}. Fixing it.", "Found it in {where}; here is the fix.", "The bug is in {where}. Editing."]
 _AGAIN = ["Checking the tests again.", "Running the tests once more.", "Let me confirm the fix."]
-_DONE = ["Fixed {where} in solution.py; the visible tests pass.", "Done: {where} repaired and the tests pass.",
-         "solution.py is fixed ({where}) and test_visible.py passes."]
+_DONE = ["DONE. Fixed {where} in solution.py; the visible tests pass.", "DONE: {where} repaired, and the tests pass.",
+         "DONE. solution.py is fixed ({where}) and test_visible.py passes."]  # the task asks for DONE
 
 
 def expert_script(task: TaskSpec, seed: int) -> list[str]:
@@ -150,10 +150,9 @@ def demonstrations(tasks: Iterable[TaskSpec], tokenizer: PreTrainedTokenizerBase
                    sampling: SamplingConfig, service: VerifierService, pool: SandboxPool, *, seed: int = 0) -> list[Episode]:
     """One scripted episode per task through the real ``code_repair`` environment, kept when the final
     module passes every hidden test (the rubric's own verdict, stored on the episode)."""
-    missing = [t for t in TOOLS if env_config.tools is not None and t not in env_config.tools]
-    if missing:
+    environment = CodeRepair(env_config, tokenizer, sampling)
+    if missing := [t for t in TOOLS if t not in environment.tools]:
         raise ValueError(f"the environment does not offer {missing}, which demonstrations use; add them to environment.tools")
-    environment = CodeRepair(env_config.model_copy(update={"tools": env_config.tools or TOOLS}), tokenizer, sampling)
     kept = []
     for index, task in enumerate(tasks):
         try:

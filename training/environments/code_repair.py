@@ -29,7 +29,7 @@ def as_file(task: TaskSpec) -> TaskSpec:
 
 class CodeRepair(ToolUse):
     name = "code_repair"
-    default_tools = ["bash", "read_file", "write_file", "list_dir"]
+    default_tools = ["bash", "read_file", "write_file", "edit_file", "list_dir"]
 
     def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
         files = task.metadata.get("files")
