@@ -1,8 +1,15 @@
-"""The multi-turn tool loop of one episode.
+"""The one multi-turn tool loop: every episode that lets a model call sandbox tools runs through
+:func:`run_turns`, whatever produces the model's replies (the training environments' token-in,
+token-out policy, a deployment answering chat messages in the playground, a test's script).
 
-``model`` is any callable that takes the conversation so far and the tool
-schemas and returns the assistant's message (an OpenAI message dict, or plain
-text that may hold Hermes ``<tool_call>`` blocks)::
+Each turn the model either calls tools, whose results go back to it before its next turn, or answers
+without a call, which ends the episode. The loop stops at ``max_turns`` replies, at the deadline, when
+a tool call's sandbox fails (an infrastructure failure, never the model's fault) or when the reply
+side ends the episode itself (its reply was cut at its length limit, or no room is left).
+
+:func:`run_agent` is the loop over chat messages (``model`` takes the conversation so far and the tool
+schemas and returns the assistant's message: an OpenAI message dict, or text that may hold Hermes
+``<tool_call>`` blocks)::
 
     with pool.acquire() as sandbox:
         episode = run_agent(model, sandbox, [{"role": "user", "content": "What is 2**100?"}])
@@ -16,14 +23,59 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.platform.sandbox.parser import parse_tool_calls
+from posttrain.platform.sandbox.parser import ParsedTurn, ToolCall, parse_tool_calls
 from posttrain.platform.sandbox.result import ToolResult
 from posttrain.platform.sandbox.sandbox import Sandbox
 from posttrain.platform.sandbox.tools import execute_turn, tool_schemas
 
 Message = dict[str, Any]
-ModelFn = Callable[[list[Message], list[dict[str, Any]]], Mapping[str, Any] | str]
-StopReason = Literal["answer", "max_turns", "time_budget", "infrastructure_failure"]
+Reply = Mapping[str, Any] | str
+ModelFn = Callable[[list[Message], list[dict[str, Any]]], Reply]
+Ran = list[tuple[ToolCall, ToolResult]]
+StopReason = Literal[
+    "answer",  # the model answered without calling a tool
+    "max_turns",  # it used every turn
+    "length",  # a reply hit its token limit before its end-of-turn token
+    "context",  # the episode reached its token budget
+    "time_budget",  # the episode's wall clock ran out
+    "infrastructure_failure",  # the sandbox failed: redone, never scored
+    "environment_error",  # the environment (a plugin) raised: never scored
+]
+UNSCORED: frozenset[str] = frozenset({"infrastructure_failure", "environment_error"})
+
+
+@dataclass
+class Ending:
+    """How an episode ended: its reason, the answer (``answer``), why it failed (``error``), and the calls of
+    the last turn that ran when not all of them did (an infrastructure failure, the deadline)."""
+
+    reason: StopReason
+    answer: str | None = None
+    error: str | None = None
+    ran: Ran = field(default_factory=list)
+
+
+def run_turns(next_reply: Callable[[], ParsedTurn | Ending], give_results: Callable[[Ran], None], sandbox: Sandbox, *,
+              allowed: list[str], max_turns: int, deadline: float, tool_timeout_s: float | None = None) -> Ending:
+    """Alternate the model's replies (``next_reply``: its next turn, parsed with :func:`parse_tool_calls`, or an
+    :class:`Ending` when it could not give one) and its tool calls, run in ``sandbox`` (``give_results``: hand a turn's results back to the
+    model's side) until it answers, ``max_turns`` replies are used or ``deadline`` (``time.monotonic()``)
+    passes."""
+    for _ in range(max_turns):
+        if time.monotonic() >= deadline:
+            return Ending("time_budget")
+        parsed = next_reply()
+        if isinstance(parsed, Ending):
+            return parsed
+        if not parsed.calls:
+            return Ending("answer", answer=parsed.content.strip())
+        ran = execute_turn(sandbox, parsed.calls, allowed=allowed, deadline=deadline, timeout=tool_timeout_s)
+        if ran and ran[-1][1].is_infrastructure_failure:
+            return Ending("infrastructure_failure", error=ran[-1][1].to_message_content(), ran=ran)
+        if len(ran) < len(parsed.calls):
+            return Ending("time_budget", ran=ran)
+        give_results(ran)
+    return Ending("max_turns")
 
 
 @dataclass
@@ -51,42 +103,29 @@ def run_agent(
     time_budget_s: float = 120.0,
     tool_timeout_s: float | None = None,
 ) -> EpisodeResult:
-    """Alternate model turns and tool calls until the model answers without calling a tool,
-    ``max_turns`` model turns are used, or ``time_budget_s`` runs out. Tool results are
-    appended as ``tool`` messages; the input list is not modified."""
+    """:func:`run_turns` over chat messages: tool results are appended as ``tool`` messages; the input list
+    is not modified."""
     schemas = tool_schemas(tools)
-    allowed = [s["function"]["name"] for s in schemas]
     history = list(messages)
     results: list[ToolResult] = []
     started = time.monotonic()
-    turns = 0
 
-    def finish(answer: str | None, reason: StopReason) -> EpisodeResult:
-        return EpisodeResult(history, answer, reason, turns, results, time.monotonic() - started)
-
-    while turns < max_turns:
-        if time.monotonic() - started >= time_budget_s:
-            return finish(None, "time_budget")
-        reply = model(history, schemas)
-        turns += 1
-        parsed = parse_tool_calls(reply)
-        if isinstance(reply, Mapping):
-            assistant: Message = {"role": "assistant", "content": reply.get("content")}
-            if parsed.calls:
-                assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]
-        else:
-            assistant = {"role": "assistant", "content": reply}
+    def reply() -> ParsedTurn:
+        answer = model(history, schemas)
+        parsed = parse_tool_calls(answer)
+        assistant: Message = {"role": "assistant", "content": answer.get("content") if isinstance(answer, Mapping) else answer}
+        if isinstance(answer, Mapping) and parsed.calls:
+            assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]
         history.append(assistant)
-        if not parsed.calls:
-            return finish(parsed.content, "answer")
-        ran = execute_turn(sandbox, parsed.calls, allowed=allowed, deadline=started + time_budget_s, timeout=tool_timeout_s)
+        return parsed
+
+    def give(ran: Ran) -> None:
         for call, result in ran:
             results.append(result)
-            history.append(
-                {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()}
-            )
-        if ran and ran[-1][1].is_infrastructure_failure:
-            return finish(None, "infrastructure_failure")
-        if len(ran) < len(parsed.calls):
-            return finish(None, "time_budget")
-    return finish(None, "max_turns")
+            history.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()})
+
+    ending = run_turns(reply, give, sandbox, allowed=[s["function"]["name"] for s in schemas], max_turns=max_turns,
+                       deadline=started + time_budget_s, tool_timeout_s=tool_timeout_s)
+    give(ending.ran)
+    turns = sum(m["role"] == "assistant" for m in history[len(messages):])
+    return EpisodeResult(history, ending.answer, ending.reason, turns, results, time.monotonic() - started)

@@ -14,28 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.sandbox import Sandbox
+from posttrain.platform.sandbox.agent import UNSCORED, StopReason
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.platform.verifiers.registry import VerifyContext
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.inference import Completion
 from posttrain.training.rollout import prompt_ids
-
-StopReason = Literal[
-    "answer",  # the policy answered without calling a tool
-    "max_turns",  # it used every turn
-    "length",  # a turn hit max_new_tokens before its end-of-turn token
-    "context",  # the episode reached max_episode_tokens
-    "time_budget",  # episode_timeout_s ran out
-    "infrastructure_failure",  # the sandbox failed: redone, never scored
-    "environment_error",  # the environment (a plugin) raised: never scored
-]
-UNSCORED: frozenset[str] = frozenset({"infrastructure_failure", "environment_error"})
-
 
 class PolicyClient(Protocol):
     """Token-in, token-out sampling from the policy (an engine's batcher: :class:`~posttrain.training.inference.ContinuousBatcher`

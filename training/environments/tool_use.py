@@ -18,13 +18,13 @@ graded by the ``code`` verifier in a sandbox of its own (see platform/verifiers/
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.sandbox import Sandbox, parse_tool_calls, tool_schemas
-from posttrain.platform.sandbox.tools import execute_turn
+from posttrain.platform.sandbox.agent import Ending, Ran, run_turns
+from posttrain.platform.sandbox.parser import ParsedTurn
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn
@@ -83,34 +83,31 @@ class ToolUse(EnvironmentBase):
         assert sandbox is not None
         episode = self.start(client, task, self.messages(task))
         self.prepare(task, sandbox)
-        deadline = episode.started + self.config.episode_timeout_s
-        for _ in range(self.config.max_turns):
-            if time.monotonic() >= deadline:
-                return episode.end("time_budget")
+
+        def reply() -> ParsedTurn | Ending:
             sampled = self.policy_turn(client, episode)
             if sampled is None:
-                return episode  # out of room: ended as "context"
+                return Ending("context")
             completion, text = sampled
-            if not completion.finished:
-                return episode.end("length")
-            parsed = parse_tool_calls(text)
-            if not parsed.calls:
-                return episode.end("answer", answer=parsed.content.strip())
-            ran = execute_turn(sandbox, parsed.calls, allowed=self.tools, deadline=deadline, timeout=self.config.tool_timeout_s)
-            if ran and ran[-1][1].is_infrastructure_failure:
-                return episode.end("infrastructure_failure", error=ran[-1][1].to_message_content())
-            if len(ran) < len(parsed.calls):
-                return episode.end("time_budget")
-            turns, messages = [], []
-            for call, result in ran:
-                output = clipped(result.to_message_content(), self.config.tool_output_chars)
-                record = ToolCallRecord(call.name, call.arguments, "error" if call.error else result.status.value, output,
-                                        result.duration_ms / 1000)
-                episode.turns[-1].tool_calls.append(record)
-                messages.append({"role": "tool", "name": call.name, "content": output})
-                turns.append(Turn("tool", output, 0, elapsed_s=record.elapsed_s))
-            episode.add_environment(self.chat.between_turns(messages), turns)
-        return episode.end("max_turns")
+            return parse_tool_calls(text) if completion.finished else Ending("length")
+
+        ending = run_turns(reply, lambda ran: self.give_results(episode, ran), sandbox, allowed=self.tools,
+                           max_turns=self.config.max_turns, deadline=episode.started + self.config.episode_timeout_s,
+                           tool_timeout_s=self.config.tool_timeout_s)
+        return episode.end(ending.reason, answer=ending.answer, error=ending.error)
+
+    def give_results(self, episode: Episode, ran: Ran) -> None:
+        """A turn's tool results into the episode: recorded on the policy's turn, and their messages (each
+        clipped to ``tool_output_chars``) tokenised once as the environment's tokens before the next turn."""
+        turns, messages = [], []
+        for call, result in ran:
+            output = clipped(result.to_message_content(), self.config.tool_output_chars)
+            record = ToolCallRecord(call.name, call.arguments, "error" if call.error else result.status.value, output,
+                                    result.duration_ms / 1000)
+            episode.turns[-1].tool_calls.append(record)
+            messages.append({"role": "tool", "name": call.name, "content": output})
+            turns.append(Turn("tool", output, 0, elapsed_s=record.elapsed_s))
+        episode.add_environment(self.chat.between_turns(messages), turns)
 
     def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:
         """The task's verifier on the answer, with the settled sandbox in its context."""
