@@ -10,7 +10,8 @@ per record kind and the report last: one JSON object with ``faults_injected``,
 ``faults_survived``, ``inputs_tried``, ``inputs_refused_cleanly``, ``inputs_accepted``,
 ``inputs_mishandled``, ``data_lost``, ``categories`` (the distinct ``category`` of the records, such
 as ``reward_integrity``), the load figures, the suite's pass/fail counts and ``peer``: there is no outside peer; each figure is counted against what the same run
-injected, tried or checked.
+injected, tried or checked. A record the report cannot count (a field missing or of another type)
+stops it with a message naming the record, its test and the field: no report is better than a wrong one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,8 +38,44 @@ def _labelled(record: dict) -> str:
     return f"{record['name']} [{test.rsplit('[', 1)[1].rstrip(']')}]" if test.endswith("]") and "[" in test else record["name"]
 
 
+class MalformedRecord(ValueError):
+    """A record the suite wrote that the report cannot count; the message names it and the field."""
+
+
+Check = tuple[str, Callable[[object], bool]]  # what a field must hold, and the test of it
+TEXT: Check = ("a string", lambda v: isinstance(v, str))
+FLAG: Check = ("true or false", lambda v: isinstance(v, bool))
+COUNT: Check = ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
+MS: Check = ("milliseconds or null", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))
+FIELDS: dict[str, dict[str, Check]] = {  # each record kind's fields that the report reads
+    "fault": {"name": TEXT, "survived": FLAG},
+    "inputs": {"surface": TEXT, "tried": COUNT, "refused_cleanly": COUNT, "accepted": COUNT, "mishandled": COUNT},
+    "load": {"name": TEXT, "requests": COUNT, "errors": COUNT, "p50_ms": MS, "p95_ms": MS, "p99_ms": MS, "max_ms": MS},
+    "data": {"what": TEXT, "lost": COUNT},
+}
+
+
+def check_record(index: int, record: dict) -> None:
+    """Raise :class:`MalformedRecord` naming record ``index`` (its test, kind and label) unless the report can count it."""
+    kind = record.get("kind")
+    label = next((record[k] for k in ("surface", "name", "what") if isinstance(record.get(k), str)), None)
+    named = f"record {index} ({record.get('test', 'no test')}, {kind}" + (f" {label!r})" if label else ")")
+    if kind not in FIELDS:
+        raise MalformedRecord(f"{named}: kind must be one of {', '.join(FIELDS)}")
+    for field, (expected, holds) in FIELDS[kind].items():
+        if field not in record:
+            raise MalformedRecord(f"{named}: it has no {field!r}")
+        if not holds(record[field]):
+            shown = repr(record[field])
+            raise MalformedRecord(f"{named}: {field!r} must be {expected}, not {type(record[field]).__name__} "
+                                  f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
+
+
 def summarize(records: list[dict]) -> dict:
-    """The report from the suite's records (see ``Reliability`` in tests/conftest.py)."""
+    """The report from the suite's records (see ``Reliability`` in tests/conftest.py); a record it cannot count
+    is refused with :class:`MalformedRecord`, never counted wrong."""
+    for index, record in enumerate(records):
+        check_record(index, record)
     faults = [r for r in records if r["kind"] == "fault"]
     inputs = [r for r in records if r["kind"] == "inputs"]
     loads = [r for r in records if r["kind"] == "load"]
@@ -45,7 +83,7 @@ def summarize(records: list[dict]) -> dict:
     surfaces: dict[str, dict[str, int]] = defaultdict(lambda: {"tried": 0, "refused_cleanly": 0, "accepted": 0, "mishandled": 0})
     for r in inputs:
         for key in ("tried", "refused_cleanly", "accepted", "mishandled"):
-            surfaces[r["surface"]][key] += int(r[key])
+            surfaces[r["surface"]][key] += r[key]
     return {
         "faults_injected": len(faults),
         "faults_survived": sum(1 for r in faults if r["survived"]),
@@ -61,7 +99,7 @@ def summarize(records: list[dict]) -> dict:
             for r in loads
         },
         "data_checked": len(data),
-        "data_lost": sum(int(r["lost"]) for r in data),
+        "data_lost": sum(r["lost"] for r in data),
         "categories": sorted({str(r["category"]) for r in records if r.get("category")}),
     }
 
@@ -105,7 +143,10 @@ def main() -> None:
         print(proc.stderr[-2000:], file=sys.stderr)
     for r in records:
         print(json.dumps(r, default=str))
-    summary = final_line(records, soak=args.soak, minutes=minutes, counts=counts)
+    try:
+        summary = final_line(records, soak=args.soak, minutes=minutes, counts=counts)
+    except MalformedRecord as exc:
+        raise SystemExit(f"no report: the suite wrote a malformed record: {exc}") from None
     print(json.dumps(summary))
     sys.exit(0 if proc.returncode == 0 else 1)
 

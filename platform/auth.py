@@ -37,6 +37,7 @@ from sqlmodel import col, func, select
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role, User, utcnow
+from posttrain.platform.settings import get_settings
 
 MIN_PASSWORD_LENGTH = 10
 FREE_FAILURES = 3  # failures before an account is locked for a while
@@ -123,8 +124,6 @@ def command_line_identity(*, url: str | None = None) -> Identity:
     the role the database gives it (an unknown or disabled name is refused). Unset: the local
     administrator ``cli:<login name>``, since whoever runs the command holds the database's
     credentials (the SQLite file or the PostgreSQL URL) and could change any row directly."""
-    from posttrain.platform.settings import get_settings
-
     name = get_settings().cli_user
     if name is None:
         return Identity(f"cli:{_login_name()}", Role.admin)

@@ -23,25 +23,16 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from sqlmodel import select
+
+from posttrain.platform.auth import AuthError, Identity, _plausible_username, _shown, audit
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import AuditLog, Role, User, utcnow
+from posttrain.platform.settings import OIDCConfig
 
 PROVIDER = "posttrain"  # the [auth.<provider>] section st.login(PROVIDER) reads
-
-
-class OIDCConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    client_id: str = Field(min_length=1)
-    client_secret: SecretStr
-    server_metadata_url: str = Field(pattern=r"^https?://", description="the provider's .well-known/openid-configuration URL")
-    provider_name: str = Field(default="single sign-on", description="shown on the login button")
-    redirect_uri: str | None = Field(default=None, description="default http://localhost:<console_port>/oauth2callback")
-    cookie_secret: SecretStr | None = Field(default=None, description="default: generated once under <data_dir>/console")
-    default_role: Literal["viewer", "operator", "admin"] = "viewer"
-    username_claim: str = "email"
-    allowed_domains: list[str] = Field(default_factory=list, description="email domains allowed in (empty: any)")
 
 
 def _toml_string(value: str) -> str:
@@ -83,15 +74,9 @@ def write_streamlit_secrets(config: OIDCConfig, data_dir: Path, console_port: in
     return path
 
 
-def oidc_login(claims: dict[str, Any], config: OIDCConfig, *, url: str | None = None):  # type: ignore[no-untyped-def]
+def oidc_login(claims: dict[str, Any], config: OIDCConfig, *, url: str | None = None) -> Identity:
     """The :class:`~posttrain.platform.auth.Identity` for a provider's verified identity-token claims,
     creating the user on first login; raises :class:`~posttrain.platform.auth.AuthError` when refused."""
-    from sqlmodel import select
-
-    from posttrain.platform.auth import AuthError, Identity, _plausible_username, _shown
-    from posttrain.platform.db.engine import session
-    from posttrain.platform.db.models import AuditLog, Role, User, utcnow
-
     raw = claims.get(config.username_claim)
     username = str(raw).strip().lower() if raw is not None else ""
     if not _plausible_username(username):
@@ -101,10 +86,9 @@ def oidc_login(claims: dict[str, Any], config: OIDCConfig, *, url: str | None = 
         raise AuthError(f"the identity provider has not verified the email address {username}")
     domain = username.rsplit("@", 1)[-1] if "@" in username else ""
     if config.allowed_domains and domain not in {d.lower() for d in config.allowed_domains}:
-        from posttrain.platform.auth import audit
-
         audit(_shown(username), "login.failed", details={"via": "oidc", "reason": "domain not allowed"}, url=url)
         raise AuthError(f"{username} is not in an allowed domain ({', '.join(config.allowed_domains)}); ask an admin")
+    identity: Identity | None
     with session(url) as s:
         user = s.exec(select(User).where(User.username == username)).first()
         if user is not None and user.disabled:

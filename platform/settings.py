@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,7 +26,6 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from posttrain.platform.oidc import OIDCConfig
 from posttrain.platform.sandbox.config import SandboxConfig
 
 ENV_PREFIX = "POSTTRAIN_"
@@ -34,6 +33,22 @@ ENV_PREFIX = "POSTTRAIN_"
 
 class SettingsError(ValueError):
     """A configuration value is invalid; the message names it and the fix."""
+
+
+class OIDCConfig(BaseModel):
+    """Console single sign-on through an OpenID Connect provider (:mod:`posttrain.platform.oidc` uses it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_id: str = Field(min_length=1)
+    client_secret: SecretStr
+    server_metadata_url: str = Field(pattern=r"^https?://", description="the provider's .well-known/openid-configuration URL")
+    provider_name: str = Field(default="single sign-on", description="shown on the login button")
+    redirect_uri: str | None = Field(default=None, description="default http://localhost:<console_port>/oauth2callback")
+    cookie_secret: SecretStr | None = Field(default=None, description="default: generated once under <data_dir>/console")
+    default_role: Literal["viewer", "operator", "admin"] = "viewer"
+    username_claim: str = "email"
+    allowed_domains: list[str] = Field(default_factory=list, description="email domains allowed in (empty: any)")
 
 
 def _config_file() -> Path:

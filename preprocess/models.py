@@ -35,15 +35,8 @@ class FileKind(str, Enum):
     UNKNOWN = "unknown"
 
     @property
-    def is_image(self) -> bool:
-        return self in _IMAGE_KINDS
-
-    @property
     def extension(self) -> str:
         return {"jpeg": ".jpg", "tiff": ".tif", "unknown": ".bin"}.get(self.value, "." + self.value)
-
-
-_IMAGE_KINDS = {FileKind.PNG, FileKind.JPEG, FileKind.TIFF, FileKind.WEBP, FileKind.BMP}
 
 
 class _Model(BaseModel):

@@ -255,8 +255,11 @@ class Reliability:
         """A size or time budget: ``ci`` in the normal suite, ``soak`` in the soak variant."""
         return soak if self.soak else ci
 
-    def _write(self, record: dict[str, object]) -> None:
-        record = {"test": self.test, **record}
+    def _write(self, fields: dict[str, object], detail: dict[str, object]) -> None:
+        """Record ``fields`` (what ``bench/reliability.py`` sums) with ``detail`` beside them, never in their place."""
+        if clash := sorted(detail.keys() & {"test", *fields}):
+            raise TypeError(f"{fields['kind']} record: the detail {clash} would replace the record's own field; rename it")
+        record = {"test": self.test, **fields, **detail}
         self.records.append(record)
         if self._path is not None:
             with self._path.open("a") as fh:
@@ -264,13 +267,13 @@ class Reliability:
 
     def fault(self, name: str, *, survived: bool, **detail: object) -> None:
         """One injected fault and whether the platform came through it whole."""
-        self._write({"kind": "fault", "name": name, "survived": bool(survived), **detail})
+        self._write({"kind": "fault", "name": name, "survived": bool(survived)}, detail)
 
     def inputs(self, surface: str, *, tried: int, refused_cleanly: int, accepted: int = 0, **detail: object) -> None:
         """Hostile or fuzzed inputs against one surface: each was refused with a clear error
         (``refused_cleanly``), handled as valid (``accepted``), or mishandled (the rest)."""
         self._write({"kind": "inputs", "surface": surface, "tried": tried, "refused_cleanly": refused_cleanly,
-                     "accepted": accepted, "mishandled": tried - refused_cleanly - accepted, **detail})  # fmt: skip
+                     "accepted": accepted, "mishandled": tried - refused_cleanly - accepted}, detail)  # fmt: skip
 
     def load(self, name: str, latencies_s: list[float], *, errors: int, **detail: object) -> None:
         """A load held: per-request latencies in seconds and the number of errors."""
@@ -282,11 +285,11 @@ class Reliability:
         self._write({"kind": "load", "name": name, "requests": len(ordered) + errors, "errors": errors,
                      "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
                      "max_ms": round(ordered[-1] * 1000, 2) if ordered else None,
-                     "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else None, **detail})  # fmt: skip
+                     "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else None}, detail)  # fmt: skip
 
     def data_lost(self, what: str, lost: int, **detail: object) -> None:
         """Stored objects checked after a fault and how many of them were gone or changed."""
-        self._write({"kind": "data", "what": what, "lost": lost, **detail})
+        self._write({"kind": "data", "what": what, "lost": lost}, detail)
 
 
 @pytest.fixture

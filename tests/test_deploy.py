@@ -63,11 +63,13 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
             )  # fmt: skip
             assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
 
-        server_pid = None
-        for p in psutil.process_iter(["cmdline"]):
-            if "posttrain.platform.serving" in " ".join(p.info["cmdline"] or []) and "--served-model-name" in (p.info["cmdline"] or []):
-                server_pid = p.pid
-        assert server_pid is not None
+        # the engine is a child of this deployment's job process, whose pid the job row records (not any engine
+        # process on the machine: another `posttrain up` may be serving beside the test)
+        job = queue.get_job(deployed)
+        assert job.pid is not None and psutil.Process(job.pid).create_time() == pytest.approx(job.proc_started, abs=1)
+        servers = [p for p in psutil.Process(job.pid).children(recursive=True) if "--served-model-name" in p.cmdline()]
+        assert len(servers) == 1 and "posttrain.platform.serving" in " ".join(servers[0].cmdline()), servers
+        server_pid = servers[0].pid
         queue.cancel(OPERATOR, deployed)
         wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
         with session(read_only=True) as s:

@@ -12,7 +12,7 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
-from posttrain.platform.serving.jobs import tiers_path
+from posttrain.platform.serving.tiers import tiers_path
 from posttrain.platform.settings import get_settings
 
 PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")

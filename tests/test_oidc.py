@@ -29,8 +29,8 @@ from test_e2e_console import ARTIFACTS, free_port, launch_chromium, wait_for_con
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
-from posttrain.platform.oidc import PROVIDER, OIDCConfig, oidc_login, write_streamlit_secrets
-from posttrain.platform.settings import Settings, SettingsError, load_settings
+from posttrain.platform.oidc import PROVIDER, oidc_login, write_streamlit_secrets
+from posttrain.platform.settings import OIDCConfig, Settings, SettingsError, load_settings
 
 CLIENT_SECRET = "s3cret-client-value-for-the-test"
 

@@ -16,7 +16,8 @@ from posttrain.platform.verifiers import default_service
 from posttrain.platform.verifiers.models import ChatMessage
 from posttrain.training.config import EvalConfig, GeneralCheck
 from posttrain.training.evaluate import all_eval_tasks, eval_tasks, general_config
-from posttrain.training.presets import BOXED, get_preset, preset_names
+from posttrain.training.preset_recipes import BOXED
+from posttrain.training.presets import get_preset, preset_names
 from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
 
 

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from posttrain.platform.jobs.registry import JOB_PATH
 from posttrain.platform.tasks.prompt_format import PromptFormat
+from posttrain.training.environment_names import environment_names
+from posttrain.training.preset_recipes import preset_names, recipe_section
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 
@@ -113,9 +115,20 @@ def _nest(values: dict[str, Any], groups: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _with_preset(values: dict[str, Any], section: str, groups: tuple[str, ...]) -> dict[str, Any]:
-    from posttrain.training.presets import apply_preset  # presets import this module
-
-    return apply_preset(values, section, groups)
+    """``values`` over the ``section`` fields of the preset their ``preset`` key names; a group in ``groups``
+    (``optim``, ...) merges field by field, anything else given replaces the preset's."""
+    values = dict(values)
+    name = values.pop("preset")
+    if name is None:
+        return values
+    if not isinstance(name, str):
+        raise ValueError(f"preset must be a name ({', '.join(preset_names())}), got {name!r}")
+    base = _nest(recipe_section(name, section), groups)
+    merged = {**base, **values}
+    for group in groups:
+        if base.get(group) is not None and values.get(group) is not None:
+            merged[group] = _as_dict(base[group]) | _as_dict(values[group])
+    return merged
 
 
 class TrainConfig(BaseModel):
@@ -314,8 +327,6 @@ class EnvironmentConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        from posttrain.training.environments import environment_names
-
         if name not in (known := environment_names()):
             raise ValueError(f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
                              "the entry-point group 'posttrain.environments')")

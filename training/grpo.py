@@ -24,7 +24,7 @@ Conventions (DAPO / Dr. GRPO):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -70,9 +70,6 @@ class GRPOStats:
     clip_frac_low: float
     clip_frac_high: float
     tokens: int
-
-    def as_metrics(self, prefix: str = "") -> dict[str, float]:
-        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)

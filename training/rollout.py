@@ -184,11 +184,3 @@ def collect_verification(group: RolloutGroup) -> RolloutGroup:
     group.verify_latency_s = max(max(elapsed, default=0.0), waited)
     group.verify_futures = []
     return group
-
-
-def verify_groups(
-    executor: Executor, service: VerifierService, groups: Sequence[RolloutGroup], timeout_s: float | None = None
-) -> list[RolloutGroup]:
-    for group in groups:
-        submit_verification(executor, service, group, timeout_s)
-    return [collect_verification(g) for g in groups]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -125,11 +124,3 @@ class JobContext:
                         s.add(row)
 
         retry_transient(write, what=f"logging the metrics of step {step}")
-
-    def write_json(self, name: str, payload: Any) -> Path:
-        """Write ``payload`` to ``workdir/name`` atomically (temp file, then rename)."""
-        path = self.workdir / name
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, default=str))
-        os.replace(tmp, path)
-        return path

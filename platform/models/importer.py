@@ -40,6 +40,8 @@ from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
 from posttrain.platform.models.chat_template import with_tool_support
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
+from posttrain.platform.settings import get_settings
 
 Dtype = Literal["float32", "bfloat16"]
 Progress = Callable[[float, str], None]
@@ -279,14 +281,10 @@ def check_model(path: Path, progress: Progress) -> dict[str, Any]:
 
 
 def models_dir() -> Path:
-    from posttrain.platform.settings import get_settings
-
     return Path(get_settings().data_dir) / "models"
 
 
 def _already_imported(name: str, digest: str, url: str | None) -> Any | None:
-    from posttrain.platform.models.registry import ModelNotFound, get_model
-
     try:
         row = get_model(name, url=url)
     except ModelNotFound:
@@ -317,8 +315,6 @@ def import_model(
 ) -> Any:
     """Import ``source`` as a registered model; the same source under the same name is a no-op."""
     import torch
-
-    from posttrain.platform.models.registry import register_model
 
     report: Progress = progress or (lambda fraction, message: None)
     resolved = resolve_source(source)

@@ -11,6 +11,8 @@ from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Model, Role
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.serving.tiers import tier_catalog
+from posttrain.platform.settings import get_settings
 
 
 class ModelNotFound(LookupError):
@@ -110,9 +112,6 @@ def export_download(identity: Identity, name: str, path: str, *, url: str | None
 def set_default_tier(identity: Identity, name: str, tier: str | None, *, url: str | None = None) -> Model:
     """The tier the gateway sends ``name``'s requests to when they name none (``None``: the policy decides);
     it must be one of the installation's tier profiles (the Tiers tab, ``<data_dir>/tiers.json``)."""
-    from posttrain.platform.serving.jobs import tier_catalog
-    from posttrain.platform.settings import get_settings
-
     known = sorted(tier_catalog(get_settings()).tiers)
     if tier is not None and tier not in known:
         raise ValueError(f"unknown tier {tier!r}; the tiers are {', '.join(known)}")

@@ -20,13 +20,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.platform.auth import Identity, action, audit, is_loopback
+from posttrain.platform.auth import Identity, action, is_loopback
 from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Deployment, Role, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
+from posttrain.platform.models.importer import BUILTIN_PREFIX, sha256_file
+from posttrain.platform.models.importer import import_model as run_import
 from posttrain.platform.models.inspect import ModelDirError
-from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
+from posttrain.platform.models.registry import ModelNotFound, get_model, record_export, register_model
+from posttrain.platform.serving.tiers import tier_catalog, tiers_path
 
 HEALTH_INTERVAL_S = 2.0
 MAX_RESTARTS = 3  # a server that exits more often than this within RESTART_WINDOW_S fails its deployment
@@ -74,9 +77,6 @@ class ImportModelConfig(BaseModel):
 
 
 def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
-    from posttrain.platform.models.importer import BUILTIN_PREFIX
-    from posttrain.platform.models.importer import import_model as run_import
-
     if not config.source.startswith(BUILTIN_PREFIX):  # a bare file name: in the data directory
         config = config.model_copy(update={"source": str(Path(ctx.settings.data_dir).resolve() / config.source)})
     try:
@@ -105,8 +105,6 @@ def export_registered(identity: Identity, config: ExportModelConfig, settings: A
                       progress: Any = None) -> dict[str, Any]:
     """Export a registered model (replacing an older export of the same kind) and record it in its meta."""
     from posttrain.platform.models.exporter import ExportError, export_model
-    from posttrain.platform.models.importer import sha256_file
-    from posttrain.platform.models.registry import record_export
 
     try:
         row = get_model(config.model, url=url)
@@ -154,33 +152,6 @@ class DeployConfig(BaseModel):
     start_timeout_s: float = Field(default=600.0, gt=0)
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
     llamacpp_overrides: dict[str, Any] = Field(default_factory=dict, description="LlamaCppProfile fields (engine=llamacpp)")
-
-
-def tiers_path(settings: Any) -> Path:
-    """Where the operator's edited tier profiles live."""
-    return Path(settings.data_dir) / "tiers.json"
-
-
-@action("tiers.save", Role.operator)
-def save_tiers(identity: Identity, text: str, settings: Any, *, url: str | None = None) -> Any:
-    """Replace the operator's tier profiles with ``text`` (a TierCatalog as JSON, validated: pydantic's
-    ValidationError names the field); deployments started afterwards use them."""
-    from posttrain.platform.serving.profiles import TierCatalog
-
-    edited = TierCatalog.model_validate_json(text)
-    edited.save(tiers_path(settings))
-    audit(identity.username, "tiers.save", target=str(tiers_path(settings)), details={"tiers": sorted(edited.tiers)}, url=url)
-    return edited
-
-
-def tier_catalog(settings: Any, path: str | Path | None = None) -> Any:
-    """The tier profiles in force: ``path``, else the operator's file when there is one, else the defaults."""
-    from posttrain.platform.serving.profiles import TierCatalog
-
-    chosen = Path(path) if path else tiers_path(settings)
-    if path and not chosen.is_file():
-        raise BadInput(f"tiers file {chosen} does not exist")
-    return TierCatalog.load(chosen) if chosen.is_file() else TierCatalog()
 
 
 def free_port(host: str) -> int:

@@ -31,7 +31,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pymupdf
@@ -55,13 +55,14 @@ from posttrain.preprocess.errors import PreprocessError
 from posttrain.preprocess.pipeline import inspect_document
 
 # --------------------------------------------------------------------------- the time-boxed fuzzer
+Outcome = Literal["refused", "accepted"]  # what a target reports for one input; anything mishandled fails the test
 
 
-def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], str], seconds: float, *, batch: int = 25) -> Counter[str]:
+def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], Outcome], seconds: float, *, batch: int = 25) -> Counter[Outcome]:
     """Feed ``target`` examples of ``strategy`` until ``seconds`` have passed; returns the outcomes it
     reported ("refused" or "accepted"). Each batch is one hypothesis run with its own seed, so a failing
     input is shrunk and reported by hypothesis; the test fails with it."""
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     base = random.SystemRandom().randrange(2**31)
     deadline = time.monotonic() + seconds
     run = 0
@@ -79,11 +80,10 @@ def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], str], seconds
     return outcomes
 
 
-def record(reliability: Reliability, surface: str, outcomes: Counter[str], **detail: object) -> None:
+def record(reliability: Reliability, surface: str, outcomes: Counter[Outcome], **detail: object) -> None:
     tried = sum(outcomes.values())
     reliability.inputs(surface, tried=tried, refused_cleanly=outcomes["refused"], accepted=outcomes["accepted"],
                        **detail)
-    assert tried == outcomes["refused"] + outcomes["accepted"], outcomes
     assert tried > 0
 
 
@@ -170,7 +170,7 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
     contents = st.one_of(st.binary(max_size=1024), mutated(seeds), st.sampled_from(seeds + [plain_pdf()]))
     seen: set[str] = set()
 
-    def target(example: tuple[str, bytes]) -> str:
+    def target(example: tuple[str, bytes]) -> Outcome:
         name, data = example
         try:
             added = add_document(OPERATOR, data, filename=name)
@@ -210,7 +210,7 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
     data_dir = Path(platform_env["POSTTRAIN_DATA_DIR"])
     content = plain_pdf("kept safe")
     good = add_document(OPERATOR, content, filename="kept.pdf")
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     for name in HOSTILE_NAMES:
         for data in (content, plain_pdf(f"new {name!r}")):
             try:
@@ -232,8 +232,14 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
     for marker in (Path("/etc/passwd.pdf"), Path("/etc/cron.d/evil.pdf"), data_dir.parent / "escape.pdf"):
         assert not marker.exists()
 
+    from posttrain.preprocess.options import PreprocessOptions
+
+    limit = PreprocessOptions().max_file_bytes
+    read_ahead = 4 * 1024 * 1024
+
     class Endless(io.RawIOBase):
-        """A PDF-looking stream that never ends: the size limit must stop it."""
+        """A PDF-looking stream that never ends: the size limit must stop it. Read past the limit (and a
+        read-ahead), it raises, so a limit that does not hold fails here at once instead of hanging."""
 
         def __init__(self) -> None:
             self.sent = 0
@@ -242,6 +248,8 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
             return True
 
         def readinto(self, buf: Any) -> int:
+            if self.sent > limit + read_ahead:
+                raise AssertionError(f"read {self.sent} bytes of an endless upload, past the limit of {limit}")
             head = b"%PDF-1.7\n" if self.sent == 0 else b""
             n = len(buf)
             chunk = (head + b"0" * n)[:n]
@@ -249,17 +257,12 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
             self.sent += n
             return n
 
-    from posttrain.preprocess.options import PreprocessOptions
-
-    limit = PreprocessOptions().max_file_bytes
     stream = Endless()
-    started = time.monotonic()
     with pytest.raises(PreprocessError, match="over the limit") as info:
         add_document(OPERATOR, io.BufferedReader(stream), filename="huge.pdf")
-    assert "huge.pdf" in str(info.value) and stream.sent <= limit + 4 * 1024 * 1024
+    assert "huge.pdf" in str(info.value) and stream.sent <= limit + read_ahead
     outcomes["refused"] += 1
     assert not list((data_dir / "documents" / "incoming").glob(".ingest-*"))  # the partial file is gone
-    assert time.monotonic() - started < 60
     record(reliability, "upload_names_and_size", outcomes)
 
 
@@ -278,7 +281,7 @@ def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, 
     # Damaged files that ingest accepts (they still sniff as PDF) go through the job too.
     rng = random.Random(9)
     damaged = []
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     for i in range(6):
         data = bytearray(pdfs[sorted(pdfs)[i % len(pdfs)]])
         for _ in range(rng.randint(1, 6)):
@@ -376,7 +379,7 @@ def peer_parse_s() -> float:
     return min(took)
 
 
-def check_turn(message: Any, limit_s: float) -> str:
+def check_turn(message: Any, limit_s: float) -> Outcome:
     started = time.perf_counter()
     turn = parse_tool_calls(message)
     took = time.perf_counter() - started
@@ -506,6 +509,12 @@ def job_configs(draw: st.DrawFn) -> tuple[str, Any]:
     return kind, base
 
 
+# A hang cap, not a speed figure: a config validation chokes on (an alias bomb expanding to billions of values,
+# nesting thousands deep) runs for minutes; a plain one is checked and stored in milliseconds, so only a runaway
+# config reaches this, not a busy machine.
+RUNAWAY_S = 30.0
+
+
 def laughs(depth: int = 9) -> str:
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for i in range(1, depth):
@@ -526,7 +535,7 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
     pwned = Path("/tmp/pwned")
     pwned.unlink(missing_ok=True)
 
-    def submit(kind: str, config: Any) -> str:
+    def submit(kind: str, config: Any) -> Outcome:
         if isinstance(config, tuple):
             path.write_text(config[1])
             try:
@@ -539,9 +548,9 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
             job_id = queue.submit(OPERATOR, kind, config)
         except JobConfigError as exc:
             assert kind in str(exc), exc
-            assert time.monotonic() - started < 5, "refusing a config took over 5 s"
+            assert time.monotonic() - started < RUNAWAY_S, f"refusing a config took over {RUNAWAY_S} s"
             return "refused"
-        assert time.monotonic() - started < 5, "accepting a config took over 5 s"
+        assert time.monotonic() - started < RUNAWAY_S, f"accepting a config took over {RUNAWAY_S} s"
         stored = queue.get_job(job_id).config
         assert validate_config(kind, stored).model_dump(mode="json") == stored, (config, stored)
         return "accepted"
@@ -634,7 +643,7 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, Any], bytes]:
     return path, headers, json.dumps(base).encode()  # NaN and Infinity go out as such: hostile too
 
 
-def check_response(resp: httpx.Response, sent: bytes) -> str:
+def check_response(resp: httpx.Response, sent: bytes) -> Outcome:
     assert resp.status_code < 500, (resp.status_code, resp.text[:500], sent[:300])
     if resp.status_code >= 400:
         error = resp.json()["error"]
@@ -664,10 +673,10 @@ HOSTILE_BODIES: list[bytes] = [
 def test_request_parsing_fuzz(serving: dict[str, Any], reliability: Reliability) -> None:
     """Bodies and headers of any shape, to the engine and through the gateway: each answered 2xx,
     or 4xx with an OpenAI-style JSON error naming the problem; never a 5xx, and the engine keeps serving."""
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     with httpx.Client(timeout=60) as client:
 
-        def send(example: tuple[str, dict[str, Any], bytes]) -> str:
+        def send(example: tuple[str, dict[str, Any], bytes]) -> Outcome:
             path, headers, body = example
             results = {check_response(client.post(base + path, content=body, headers=headers), body)
                        for base in (serving["engine"], serving["gateway"])}
@@ -717,7 +726,7 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
     # A private HOME for this process and the nodes: a ~/.ray/auth_token another program left on a
     # shared machine would otherwise make the driver's connection to this cluster fail.
     monkeypatch.setenv("HOME", str(tmp_path))
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     try:
         with local_cluster(head_cpus=2, head_object_store_bytes=80_000_000,
                            env={"POSTTRAIN_TEST_SECRET_TOKEN": SECRET}) as cluster:  # the actors must not see it
@@ -758,7 +767,7 @@ def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str
     auth.create_user(ADMIN, "viv", PASSWORD, Role.viewer)
     auth.create_user(ADMIN, "otto", PASSWORD, Role.operator)
     job_id = queue.submit(OPERATOR, "selftest", {"steps": 1})
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[Outcome] = Counter()
     views = sorted((REPO_ROOT / "ui" / "views").glob("*.py"))
 
     def shows_nothing(at: AppTest) -> bool:
@@ -781,7 +790,7 @@ def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str
             outcomes["refused"] += 1
 
     # 2. SQL-ish and odd usernames, and wrong passwords: refused with one message, slowed, then locked.
-    def attempt(name: str) -> str:
+    def attempt(name: str) -> Outcome:
         started = time.monotonic()
         try:
             auth.authenticate(name, PASSWORD)

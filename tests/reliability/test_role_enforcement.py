@@ -136,5 +136,5 @@ def test_no_action_is_reachable_for_a_viewer(platform_env: dict[str, str], db_ur
                     mishandled.append(f"{page.name} ({view}): {kind} {key}")
     tried = sum(outcomes.values())
     reliability.inputs("admin-rendered actions clicked by a viewer", tried=tried, refused_cleanly=tried - len(mishandled),
-                       category=CATEGORY, outcomes=dict(outcomes), mishandled=mishandled)  # fmt: skip
+                       category=CATEGORY, outcomes=dict(outcomes), mishandled_actions=mishandled)  # fmt: skip
     assert tried >= 20 and not mishandled, (outcomes, mishandled)

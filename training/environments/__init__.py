@@ -37,21 +37,12 @@ from importlib.metadata import entry_points
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
+from posttrain.training.environment_names import BUILT_IN, ENTRY_POINT_GROUP, environment_names
 from posttrain.training.environments.base import Environment, Episode, PolicyClient
-
-ENTRY_POINT_GROUP = "posttrain.environments"
-BUILT_IN: dict[str, tuple[str, str]] = {
-    "tool_use": ("posttrain.training.environments.tool_use", "ToolUse"),
-    "code_repair": ("posttrain.training.environments.code_repair", "CodeRepair"),
-}
 
 
 class EnvironmentLoadError(RuntimeError):
     """An environment that cannot be built: unknown, or its plugin does not load."""
-
-
-def environment_names() -> list[str]:
-    return sorted({"single_turn", *BUILT_IN, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
 
 
 def load_environment(config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig) -> Environment:

@@ -1,0 +1,219 @@
+"""The presets' recipes in job-config form: each preset's fields (name, description, model, documents) with its
+``sft``, ``grpo`` and ``eval`` sections as the fields a config file naming the preset would set.
+
+A recipe sits below the trainer configs: :mod:`posttrain.training.config` fills a config that names a preset
+from the recipe's section, and :mod:`posttrain.training.presets` validates whole recipes into typed
+:class:`~posttrain.training.presets.RunPreset` objects (what each preset is for: that module's docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.platform.models.specs import TinyModelSpec
+from posttrain.platform.tasks.builders import span_recovery_example
+from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample
+from posttrain.training.scheduler import DomainSpec, SchedulerConfig
+
+Recipe = dict[str, Any]  # RunPreset's fields; each section the fields a job config naming the preset would set
+
+
+class PresetDocuments(BaseModel):
+    """The documents a preset's task set is built from, and how: uploaded, preprocessed, then one ``build_tasks``
+    job over them (``source``: the documents source's fields, less the document ids)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_set: str
+    paths: list[str] = Field(min_length=1, description="files or glob patterns")
+    source: dict[str, Any] = Field(default_factory=dict)
+
+
+# Held out by construction: at difficulty 3 each domain has about 900-2,800 distinct prompts, a fifth
+# of them in the eval split that training never draws (difficulty 1 had ten prompts and no eval split).
+CPU_DEMO_DOMAINS = ["format.from_words", "format.zero_pad"]
+CPU_DEMO_DIFFICULTY = 3
+
+
+def _cpu_demo() -> Recipe:
+    domains, level = CPU_DEMO_DOMAINS, CPU_DEMO_DIFFICULTY
+    return dict(
+        name="cpu-demo",
+        description="tiny model, SFT warm-up then GRPO on reading three-digit number words and zero-padding numbers; "
+                    "evaluated on prompts it never trained on; minutes on a 2-core CPU",
+        model=TinyModelSpec(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                            intermediate_size=256, max_position_embeddings=256, seed=0),
+        # a partial warm-up: stopped mid-way through learning the mapping, so GRPO has reward variance
+        sft=dict(domains=domains, difficulty=level, tasks_per_domain=8192, max_steps=420, lr=3e-3, packing=False,
+                 micro_batch_size=32, max_seq_len=256, device="cpu", checkpoint_every=140, seed=0),
+        grpo=dict(domains=[DomainSpec(name=d, difficulty=level) for d in domains],
+                  scheduler=SchedulerConfig(batch_size=16, seed=0), group_size=8,
+                  max_new_tokens=6, temperature=1.0, lr=3e-4, max_steps=200, micro_batch_size=64,
+                  max_rollout_batches_per_step=1, checkpoint_every=50, device="cpu", seed=0,
+                  verifier_workers=1),
+        eval=dict(domains=domains, difficulty=level, tasks_per_domain=200, max_new_tokens=6, batch_size=100, device="cpu"),
+    )
+
+
+def _cpu_small() -> Recipe:
+    demo = _cpu_demo()
+    return demo | {
+        "name": "cpu-small",
+        "description": "cpu-demo with a larger model (hidden 128, 4 layers) and more GRPO steps",
+        "model": demo["model"].model_copy(update={"hidden_size": 128, "num_layers": 4, "intermediate_size": 512}),
+        "grpo": demo["grpo"] | {"max_steps": 300},
+    }
+
+
+def _cpu_quick() -> Recipe:
+    demo = _cpu_demo()
+    domains = ["format.zero_pad"]  # "Pad 191 with zeros to 5 digits.": about 2,800 prompts at difficulty 3
+    return demo | {
+        "name": "cpu-quick",
+        "description": "cpu-demo on one domain (zero-padding three-digit numbers), a 300-step SFT warm-up and 100 GRPO "
+                       "steps, evaluated on prompts it never trained on: two to three minutes on a 2-core CPU",
+        "sft": demo["sft"] | {"domains": domains, "max_steps": 300, "checkpoint_every": 100},
+        "grpo": demo["grpo"] | {"domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
+                                "max_steps": 100, "lr": 1e-3, "checkpoint_every": 20},  # 60 gained 0.5 to 11.5 points by seed here
+        "eval": demo["eval"] | {"domains": domains, "tasks_per_domain": 200},
+    }
+
+
+# --- the real model ---------------------------------------------------------------------
+REAL_MODEL = "smollm2-135m-instruct"  # the built-in model (posttrain.platform.models.importer.DEFAULT_MODEL)
+BOXED = PromptFormat(
+    instruction="Put your final answer within \\boxed{}.",
+    examples=[WorkedExample(user="Compute 12 + 7.\nPut your final answer within \\boxed{}.",
+                            assistant="12 + 7 = 19.\n\n\\boxed{19}")],
+    answer="boxed",
+)
+# held out by construction: every domain here has thousands of prompts at its difficulty, a fifth in eval
+ARITH_DOMAINS = [DomainSpec(name="arith.add.int", difficulty=2), DomainSpec(name="arith.sub.int", difficulty=2)]
+
+
+def _smollm2_arith() -> Recipe:
+    domains = ARITH_DOMAINS
+    return dict(
+        name="smollm2-arith",
+        description="SmolLM2-135M-Instruct as it ships, GRPO on two-digit additions and subtractions with the answer "
+                    "in \\boxed{} (strict), one worked example in the chat; evaluated on prompts it never trained on, "
+                    "with the general check beside it",
+        model=REAL_MODEL, sft=None,
+        grpo=dict(domains=domains, prompt_format=BOXED, scheduler=SchedulerConfig(batch_size=8, seed=0),
+                  group_size=8, max_new_tokens=40, temperature=1.0, lr=5e-6, max_steps=10, micro_batch_size=16,
+                  max_rollout_batches_per_step=2, checkpoint_every=10, device="cpu", seed=0, verifier_workers=1,
+                  logprob_check={"every": 10, "trajectories": 8}),
+        eval=dict(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=50,
+                  max_new_tokens=40, batch_size=50, device="cpu", general={"tasks_per_domain": 100}),
+    )
+
+
+def _smollm2_quick() -> Recipe:
+    arith = _smollm2_arith()
+    domains = ARITH_DOMAINS[:1]
+    return arith | {
+        "name": "smollm2-quick",
+        "description": "the one-click demo on the real model: GRPO on two-digit additions (answer in \\boxed{}), "
+                       "4 prompts x 8 samples a step for 8 steps, evaluated greedily on 64 prompts it never trained on "
+                       "with a 64-task general check beside it: several minutes on a 2-core CPU",
+        "grpo": arith["grpo"] | {"domains": domains, "scheduler": SchedulerConfig(batch_size=4, seed=0), "lr": 1e-5,
+                                 "max_steps": 8, "max_rollout_batches_per_step": 1, "checkpoint_every": 4,
+                                 "logprob_check": {"every": 4, "trajectories": 8}},
+        "eval": arith["eval"] | {"domains": [d.name for d in domains], "tasks_per_domain": 64, "batch_size": 32,
+                                 "general": {"tasks_per_domain": 16}},
+    }
+
+
+# --- the real model with tools: the python tool is there to be used -----------------------------------
+def _multiply_with_python(a: int, b: int) -> WorkedExample:
+    return WorkedExample(user=f"Compute {a} * {b}.\nPut your final answer within \\boxed{{}}.",
+                         tools=[ToolStep(name="python", arguments={"code": f"print({a} * {b})"}, result=f"{a * b}\n")],
+                         assistant=f"\\boxed{{{a * b}}}")
+
+
+# two worked multiplications: with them the model calls python for every two-digit product (greedy, 48 of 48
+# here) but not for a sum of four numbers (0 of 16 greedy; 4 of 64 sampled at 0.7 call it right): the gain to find
+TOOL_CALLS = PromptFormat(instruction="Put your final answer within \\boxed{}.",
+                          examples=[_multiply_with_python(23, 41), _multiply_with_python(56, 17)], answer="boxed")
+TOOLS_DOMAINS = [DomainSpec(name="arith.sum_list.int", difficulty=2)]
+PYTHON_TOOL = dict(name="tool_use", tools=["python"], max_turns=3, max_episode_tokens=1024,
+                   episode_timeout_s=60.0, tool_timeout_s=5.0, concurrency=16)
+
+
+def _smollm2_tools() -> Recipe:
+    domains = TOOLS_DOMAINS
+    return dict(
+        name="smollm2-tools",
+        description="SmolLM2-135M-Instruct as it ships, GRPO in the tool_use environment (a python tool in a sandbox, up "
+                    "to three turns) on sums of four two-digit numbers, answer in \\boxed{} (strict); two worked "
+                    "examples show the tool on products only; evaluated greedily as episodes on prompts it never trained on",
+        model=REAL_MODEL, sft=None,
+        grpo=dict(domains=domains, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
+                  scheduler=SchedulerConfig(batch_size=8, seed=0), group_size=8, max_new_tokens=60, temperature=0.7,
+                  lr=1e-5, max_steps=10, micro_batch_size=8, max_rollout_batches_per_step=2, checkpoint_every=5,
+                  device="cpu", seed=0, verifier_workers=1, logprob_check={"every": 5, "trajectories": 8}),
+        eval=dict(domains=[d.name for d in domains], difficulty=2, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
+                  tasks_per_domain=64, max_new_tokens=60, batch_size=64, device="cpu", general={"tasks_per_domain": 100}),
+    )
+
+
+# --- the real model on the operator's documents ----------------------------------------------------------
+DOCQA_TASK_SET = "smollm2-docqa"
+# two worked examples not from the documents, worded as the builder words its tasks, each answer a term of the
+# kind the builder masks (a capitalised word, a number): with one example whose answer was "twice" the model
+# answered "twice" to most tasks; with these it copies the page's sentence as its evidence (half the score)
+# far more often (mean score 0.12 against 0.07 greedily on 30 held-out tasks), and the answer is the word
+# that sentence has in the gap: the step GRPO has to find
+DOC_QUOTE = PromptFormat(examples=[WorkedExample(user=user, assistant=reply) for user, reply in (
+    span_recovery_example("guide.pdf", 2, "The Project Team releases a new version twice a year. Each release is tested on "
+                          "Linux and Windows before it ships. Bug reports go to the Tracker.",
+                          "Each release is tested on Linux and Windows before it ships.", "Windows"),
+    span_recovery_example("notes.pdf", 5, "Version 3 of the Manual was printed in 1998. The Editors thank every reader who "
+                          "sent corrections. A new Index lists all commands.", "A new Index lists all commands.", "Index"))])
+
+
+def _smollm2_docqa() -> Recipe:
+    return dict(
+        name="smollm2-docqa",
+        description="SmolLM2-135M-Instruct as it ships, GRPO on tasks built from uploaded documents (the LaTeX News "
+                    "issues Debian ships): recover a masked term of a sentence from the passage around it, quoting the "
+                    "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
+                    f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
+        model=REAL_MODEL, sft=None,
+        documents=dict(task_set=DOCQA_TASK_SET, paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
+                       source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
+                               "eval_fraction": 0.25, "seed": 0}),
+        grpo=dict(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, scheduler=SchedulerConfig(batch_size=8, seed=0),
+                  group_size=8, max_new_tokens=80, temperature=0.7, lr=2e-5, max_steps=12, micro_batch_size=16,
+                  max_rollout_batches_per_step=2, checkpoint_every=6, device="cpu", seed=0, verifier_workers=1,
+                  logprob_check={"every": 6, "trajectories": 8}),
+        eval=dict(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, tasks_per_domain=100, max_new_tokens=80,
+                  batch_size=25, device="cpu", general={}),
+    )
+
+
+_RECIPES: dict[str, Callable[[], Recipe]] = {
+    "cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick, "smollm2-arith": _smollm2_arith,
+    "smollm2-quick": _smollm2_quick, "smollm2-tools": _smollm2_tools, "smollm2-docqa": _smollm2_docqa,
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(_RECIPES)
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe of preset ``name``; a ValueError naming the known presets when there is none."""
+    if name not in _RECIPES:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(preset_names())}")
+    return _RECIPES[name]()
+
+
+def recipe_section(name: str, section: str) -> dict[str, Any]:
+    """One section (``sft``, ``grpo``, ``eval``) of preset ``name`` as the fields a job config would set."""
+    fields: dict[str, Any] | None = recipe(name)[section]
+    if fields is None:
+        raise ValueError(f"preset {name!r} has no {section} section")
+    return dict(fields)
