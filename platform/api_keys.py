@@ -4,7 +4,8 @@ A key reads ``pt-<key id>_<secret>``: twelve hex digits of public id, which list
 messages show, and 43 characters (256 random bits) of secret. Only the SHA-256 of the secret is
 stored (a secret this random needs no slow hash) and it is compared in constant time; the whole key
 is shown once, when it is created. A key may be limited to some models; a revoked key is refused at
-once; its last use is recorded, at most once a minute. Clients send it the way OpenAI's do, as
+once, and so is a key whose creator's account is disabled, until it is enabled again; its last use is
+recorded, at most once a minute. Clients send it the way OpenAI's do, as
 ``Authorization: Bearer pt-...`` (the official client's ``api_key``)::
 
     made = create_key(admin, "ci-bot", models=["smollm2-135m-instruct"])
@@ -32,7 +33,7 @@ from sqlmodel import col, select
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import ApiKey, AuditLog, Model, Role, utcnow
+from posttrain.platform.db.models import ApiKey, AuditLog, Model, Role, User, utcnow
 
 KEY_PREFIX = "pt-"
 _KEY = re.compile(r"pt-([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
@@ -188,12 +189,17 @@ def check_key(token: str | None, *, url: str | None = None) -> KeyGrant:
                               "check the client's api_key")  # fmt: skip
     key_id, secret = parsed.groups()
     with session(url, read_only=True) as s:
-        row = s.exec(select(ApiKey).where(ApiKey.key_id == key_id)).first()
+        stmt = select(ApiKey, User.disabled).outerjoin(User, col(User.username) == col(ApiKey.created_by))
+        found = s.exec(stmt.where(ApiKey.key_id == key_id)).first()
+    row, creator_disabled = found if found is not None else (None, None)
     if row is None or not hmac.compare_digest(row.secret_sha256, _digest(secret)):
         raise KeyRefused(401, f"the API key {shown(key_id)} is not valid: check the client's api_key")
     if row.revoked_at is not None:
         raise KeyRefused(401, f"the API key {shown(key_id)} ({row.name}) was revoked on {row.revoked_at:%Y-%m-%d %H:%M} "
                               "UTC; ask an admin for a new one")  # fmt: skip
+    if creator_disabled:
+        raise KeyRefused(401, f"the API key {shown(key_id)} ({row.name}) was created by a user whose account is "
+                              "disabled; ask an admin to enable it, or for a new key")  # fmt: skip
     now = utcnow()
     if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
         _record_use(key_id, url)
@@ -211,25 +217,51 @@ def _record_use(key_id: str, url: str | None) -> None:
         log.warning("could not record the use of the API key %s", shown(key_id), exc_info=True)
 
 
-def service_key(name: str, secrets_dir: Path, *, url: str | None = None) -> str | None:
-    """The key a platform process sends to the API on its own behalf (the console's playground):
-    ``None`` while no key exists (a loopback gateway serves everyone then); else the key kept in
-    ``<secrets_dir>/<name>.api-key`` (mode 0600), created anew by ``system`` when that file is missing
-    or its key revoked. The file holds a secret like any client's credentials; the database only its hash."""
+def service_key(name: str, model: str, secrets_dir: Path, *, url: str | None = None) -> str | None:
+    """The key a platform process sends to the API on its own behalf (the console's playground) to reach
+    ``model``: ``None`` while no key exists (a loopback gateway serves everyone then); else a key that may
+    use ``model`` alone, named ``<name>: <model>`` in the key list, kept in ``<secrets_dir>/<name>-<model's
+    digest>.api-key`` (mode 0600), and created anew by ``system`` when that file is missing or its key
+    revoked. The file holds a secret like any client's credentials; the database only its hash. A key of
+    an earlier version that the process kept for every model (``<name>.api-key``) is revoked and removed.
+    :class:`ApiKeyError` when ``model`` is not registered."""
     if not any_active_key(url=url):
         return None
-    path = secrets_dir / f"{name}.api-key"
+    _retire_unscoped(name, secrets_dir, url)
+    path = secrets_dir / f"{name}-{hashlib.sha256(model.encode()).hexdigest()[:16]}.api-key"
     if path.is_file():
         kept = path.read_text().strip()
         try:
-            check_key(kept, url=url)
-            return kept
+            if check_key(kept, url=url).models == (model,):
+                return kept
         except KeyRefused:
             pass  # revoked (or from another database): made anew below
-    made = _insert_key("system", name, (), url)
+    with session(url, read_only=True) as s:
+        if s.exec(select(Model.id).where(Model.name == model)).first() is None:
+            raise ApiKeyError(f"no registered model named {model!r}: a service key is made for a registered model "
+                              "only (`posttrain models list` shows them)")  # fmt: skip
+    made = _insert_key("system", f"{name}: {model}"[:MAX_NAME], [model], url)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(made.secret)
     tmp.replace(path)
     return made.secret
+
+
+def _retire_unscoped(name: str, secrets_dir: Path, url: str | None) -> None:
+    """Revoke and remove the key kept as ``<name>.api-key``, which an earlier version made for every model."""
+    path = secrets_dir / f"{name}.api-key"
+    if not path.is_file():
+        return
+    parsed = _KEY.fullmatch(path.read_text().strip())
+    if parsed is not None:
+        with session(url) as s:
+            row = s.exec(select(ApiKey).where(ApiKey.key_id == parsed.group(1))).first()
+            if row is not None and row.revoked_at is None and row.created_by == "system" and not row.models:
+                row.revoked_at, row.revoked_by = utcnow(), "system"
+                s.add(row)
+                why = "a service key for every model; now one per model"
+                s.add(AuditLog(username="system", action="key.revoke", target=shown(row.key_id),
+                               details={"name": row.name, "why": why}))  # fmt: skip
+    path.unlink(missing_ok=True)

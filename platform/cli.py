@@ -5,6 +5,7 @@
     posttrain console               serve the Streamlit console
     posttrain up                    worker + console together (what ``make run`` starts)
     posttrain jobs submit|list|show|cancel|logs|kinds
+    posttrain users bootstrap-admin|add|passwd|disable|enable|list   console users (admins)
     posttrain keys create|list|revoke   API keys of the OpenAI-compatible API (admins)
 
 Errors a user can cause (bad settings, an unreachable database, an unknown job
@@ -42,7 +43,8 @@ from posttrain.platform.auth import AuthError, Identity, PermissionDenied, comma
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs.queue import JobNotFound
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text
+from posttrain.platform.jobs.config_file import ConfigFile, read_config_file
+from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text, validate_config
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
@@ -298,25 +300,22 @@ def up(
 # --- jobs -------------------------------------------------------------------------------
 
 
-def _load_config(config: str | None, config_file: Path | None) -> dict[str, Any]:
+def _load_config(config: str | None, config_file: Path | None) -> tuple[dict[str, Any], ConfigFile | None]:
+    """The config a command was given, and the file it came from (None: ``--config`` or nothing)."""
     if config and config_file:
         raise JobConfigError("give either --config or --config-file, not both")
     if config_file is not None:
-        if not config_file.is_file():
-            raise FileNotFoundError(f"config file {config_file} does not exist")
-        try:
-            text = config_file.read_text()
-        except UnicodeDecodeError:
-            raise JobConfigError(f"config file {config_file} is not UTF-8 text; give a YAML or JSON file") from None
-        data = parse_config_text(text, f"config file {config_file}")
-        data = {} if data is None else data
-    elif config:
-        data = parse_config_text(config, "--config", json_only=True)
-    else:
-        data = {}
+        read = read_config_file(config_file)
+        return read.data, read
+    data = parse_config_text(config, "--config", json_only=True) if config else {}
     if not isinstance(data, dict):
         raise JobConfigError(f"a job config must be a mapping of fields, got {type(data).__name__}")
-    return data
+    return data, None
+
+
+def _explained(source: ConfigFile | None, kind: str) -> contextlib.AbstractContextManager[None]:
+    """Where a config file's errors are worded by its lines, never by what they hold."""
+    return contextlib.nullcontext() if source is None else source.errors_explained(kind)
 
 
 @jobs_app.command("kinds")
@@ -344,9 +343,10 @@ def jobs_submit(
     """Validate a job config and queue the job."""
     from posttrain.platform.jobs import queue
 
-    data = _load_config(config, config_file)
+    data, source = _load_config(config, config_file)
     require_schema()
-    job_id = queue.submit(me(), kind, data, priority=priority, timeout_s=timeout)
+    with _explained(source, kind):
+        job_id = queue.submit(me(), kind, data, priority=priority, timeout_s=timeout)
     out.print(f"queued job {job_id} ({kind}, priority {priority})")
     if follow:
         _follow(job_id)
@@ -366,9 +366,12 @@ def jobs_estimate(
     from posttrain.platform.jobs import queue
     from posttrain.platform.jobs.registry import read_result
 
-    data = _load_config(config, config_file)
+    data, source = _load_config(config, config_file)
     require_schema()
-    job_id = queue.submit(me(), "estimate", {"kind": kind, "config": data, "calibration_steps": calibration_steps})
+    with _explained(source, kind):
+        if source is not None:  # by the file's lines first: the estimate job's own check nests the run's problems
+            validate_config(kind, data)
+        job_id = queue.submit(me(), "estimate", {"kind": kind, "config": data, "calibration_steps": calibration_steps})
     out.print(f"queued estimate job {job_id}; submit the same config to find it beside the run")
     if not wait:
         return
@@ -760,6 +763,32 @@ def users_passwd(
     identity = me()
     auth.set_password(identity, username, _read_password(password_stdin))
     out.print(f"password of {username} changed")
+
+
+@users_app.command("disable")
+@user_errors
+def users_disable(username: Annotated[str, typer.Argument(help="Username")]) -> None:
+    """Disable a user: their console session, their actions and the API keys they created are refused
+    from their next request on (refused for the last enabled admin)."""
+    from posttrain.platform.users import disable_user
+
+    _change_account(disable_user, username, "are refused until they are enabled")
+
+
+@users_app.command("enable")
+@user_errors
+def users_enable(username: Annotated[str, typer.Argument(help="Username")]) -> None:
+    """Enable a disabled user again: they log in again, and the API keys they created work again."""
+    from posttrain.platform.users import enable_user
+
+    _change_account(enable_user, username, "work again")
+
+
+def _change_account(change: Callable[[Identity, str], Any], username: str, keys_now: str) -> None:
+    require_schema()
+    done = change(me(), username)
+    keys = f"; the {done.keys} API key(s) they created {keys_now}" if done.keys else ""
+    out.print(f"user {username} {'disabled' if done.disabled else 'enabled'}{keys}", soft_wrap=True)
 
 
 @users_app.command("list")

@@ -228,30 +228,48 @@ def test_an_engine_beyond_loopback_checks_keys_itself(platform_env: dict[str, st
 
 
 @sqlite_only
-def test_console_chat_sends_its_own_key_once_keys_exist(platform_env: dict[str, str], db_url: str, tiny_dir: Path,
-                                                       tmp_path: Path) -> None:
-    from posttrain.platform.serving.client import CONSOLE_KEY, chat_as
+def test_console_chat_sends_its_own_key_for_that_model_once_keys_exist(platform_env: dict[str, str], db_url: str,
+                                                                      tiny_dir: Path, tmp_path: Path) -> None:
+    from posttrain.platform.serving.client import CONSOLE_KEY, ChatError, chat_as
 
-    def ask() -> str:
-        return "".join(d.get("content") or "" for d in chat_as(OPERATOR, base, "tiny", CHAT, max_tokens=4))
+    def ask(model: str = "tiny") -> str:
+        return "".join(d.get("content") or "" for d in chat_as(OPERATOR, base, model, CHAT, max_tokens=4))
 
-    with deployed(tiny_dir), gateway_process(platform_env, tmp_path / "gateway.log") as base:
+    def console_keys(**kwargs: bool) -> dict[str, ApiKey]:
+        return {k.name: k for k in list_keys(ADMIN, **kwargs) if k.name.startswith(CONSOLE_KEY)}
+
+    secrets = get_settings().secrets_dir()
+    with deployed(tiny_dir), deployed(tiny_dir, "tiny2"), gateway_process(platform_env, tmp_path / "gateway.log") as base:
         ask()  # no key yet: the loopback gateway serves everyone, and the console made no key
         assert list_keys(ADMIN) == []
         create_key(ADMIN, "someone")
+        unscoped = api_keys._insert_key("system", CONSOLE_KEY, (), None)  # what an earlier version kept, for every model
+        (secrets / f"{CONSOLE_KEY}.api-key").write_text(unscoped.secret)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0).models.list()
-        ask()  # the console's own key, made for it
-        console = next(k for k in list_keys(ADMIN) if k.name == CONSOLE_KEY)
-        assert console.created_by == "system"
-        kept = get_settings().secrets_dir() / f"{CONSOLE_KEY}.api-key"
+        ask()  # the console's own key for tiny, made for it
+        with pytest.raises(KeyRefused, match="was revoked"):
+            check_key(unscoped.secret)
+        assert not (secrets / f"{CONSOLE_KEY}.api-key").exists()
+        console = console_keys(include_revoked=False)[f"{CONSOLE_KEY}: tiny"]
+        assert console.created_by == "system" and console.models == ["tiny"]
+        (kept,) = secrets.glob(f"{CONSOLE_KEY}-*.api-key")
         assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and check_key(kept.read_text()).key_id == console.key_id
+        client = openai.OpenAI(base_url=base + "/v1", api_key=kept.read_text(), max_retries=0)
+        assert client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).usage.completion_tokens == 2
+        with pytest.raises(openai.PermissionDeniedError, match="may not use the model `tiny2`"):
+            client.chat.completions.create(model="tiny2", messages=CHAT, max_tokens=2)
+        ask("tiny2")  # a key of its own, for tiny2 alone
+        assert console_keys(include_revoked=False)[f"{CONSOLE_KEY}: tiny2"].models == ["tiny2"]
         revoke_key(ADMIN, console.key_id)
         ask()  # a revoked console key is replaced
-        assert len([k for k in list_keys(ADMIN, include_revoked=False) if k.name == CONSOLE_KEY]) == 1
+        scoped = {name: k.models for name, k in console_keys(include_revoked=False).items()}
+        assert scoped == {f"{CONSOLE_KEY}: tiny": ["tiny"], f"{CONSOLE_KEY}: tiny2": ["tiny2"]}
+        with pytest.raises(ChatError, match="no registered model named 'elsewhere'"):
+            ask("elsewhere")
         with pytest.raises(PermissionDenied, match="may not model.chat"):
             chat_as(Identity("viv", Role.viewer), base, "tiny", CHAT)
-    assert [e.username for e in audit_log() if e.action == "model.chat"] == [OPERATOR.username] * 3
+    assert [e.username for e in audit_log() if e.action == "model.chat"] == [OPERATOR.username] * 5
 
 
 def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[str, str], db_url: str) -> None:

@@ -25,11 +25,13 @@ from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.registry import export_download, register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.serving.client import chat_as
-from posttrain.platform.serving.jobs import ExportModelConfig, export_registered, save_tiers, tiers_path
+from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
+from posttrain.platform.serving.tiers import save_tiers, tiers_path
 from posttrain.platform.serving.profiles import TierCatalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.jobs import import_jsonl_upload
+from posttrain.platform.users import disable_user, enable_user
 from posttrain.platform.verifiers import TaskSpec
 
 VIEWER = Identity("viv", Role.viewer)
@@ -49,7 +51,7 @@ def state() -> dict[str, object]:
     with session(read_only=True) as s:
         counts = {table.__name__: s.exec(select(func.count()).select_from(table)).one() for table in (Job, Document, Model, ApiKey, User)}
         jobs = sorted((j.id, j.status.value, j.cancel_requested) for j in s.exec(select(Job)))
-        roles = sorted((u.username, u.role.value, u.password_hash) for u in s.exec(select(User)))
+        roles = sorted((u.username, u.role.value, u.password_hash, u.disabled) for u in s.exec(select(User)))
         keys = sorted((k.key_id, k.revoked_at) for k in s.exec(select(ApiKey)))
     data = get_settings().data_dir
     files = sorted(str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()) if data.exists() else []
@@ -81,6 +83,8 @@ def action_calls(tiny_dir: Path, job_id: int, task_id: int, key_id: str) -> dict
         "user.create": lambda who: auth.create_user(who, "eve", PASSWORD, Role.admin),
         "user.password": lambda who: auth.set_password(who, "otto", "a new password!"),
         "user.role": lambda who: auth.set_role(who, "viv", Role.admin),
+        "user.disable": lambda who: disable_user(who, "otto"),
+        "user.enable": lambda who: enable_user(who, "otto"),
         "key.create": lambda who: create_key(who, "stolen"),
         "key.list": lambda who: list_keys(who),
         "key.revoke": lambda who: revoke_key(who, key_id),
@@ -120,7 +124,8 @@ def test_every_action_refuses_a_viewer_changes_nothing_and_audits_it(world: dict
 
 def test_admin_actions_refuse_an_operator(world: dict[str, Callable[[Identity], object]]) -> None:
     admin_only = sorted(name for name, role in ACTIONS.items() if role is Role.admin)
-    assert admin_only == ["key.create", "key.list", "key.revoke", "user.create", "user.password", "user.role"]
+    assert admin_only == ["key.create", "key.list", "key.revoke", "user.create", "user.disable", "user.enable",
+                          "user.password", "user.role"]
     before = state()
     for name in admin_only:
         with pytest.raises(PermissionDenied, match=f"may not {name}: it needs the admin role"):
@@ -152,7 +157,7 @@ def test_every_action_done_is_audited_under_the_acting_user(world: dict[str, Cal
     ann = Identity("ann", Role.admin)
     done = {name: world[name](ann) for name in ("job.submit", "job.submit_many", "tiers.save", "tasks.import_jsonl",
                                                "user.create", "user.password", "user.role", "key.create", "key.revoke",
-                                               "job.cancel", "model.register")}  # fmt: skip
+                                               "job.cancel", "model.register", "user.disable", "user.enable")}  # fmt: skip
     store.save_tasks("numbers", [TaskSpec(domain="demo", prompt="2+3=?", reference="5",
                                           verifier={"kind": "numeric", "spec": {"value": 5}})])  # fmt: skip
     numeric = store.load_tasks(task_set="numbers")[0].id
@@ -161,5 +166,6 @@ def test_every_action_done_is_audited_under_the_acting_user(world: dict[str, Cal
     assert json.loads(tiers_path(get_settings()).read_text()) == TierCatalog().model_dump()
     audited = {e.action for e in audit_log(limit=1000) if e.username == "ann"}
     assert audited >= {"job.submit", "job.submit_many", "tiers.save", "task.verify", "user.create", "user.password",
-                       "user.role", "key.create", "key.revoke", "job.cancel", "model.register"}, audited  # fmt: skip
+                       "user.role", "key.create", "key.revoke", "job.cancel", "model.register", "user.disable",
+                       "user.enable"}, audited  # fmt: skip
     assert queue.list_jobs(limit=1)[0].submitted_by == "ann"

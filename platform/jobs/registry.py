@@ -13,6 +13,7 @@ that define kinds are listed in :data:`KIND_MODULES` and imported on first use.
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -53,8 +54,30 @@ def no_room_left(path: str | Path, margin_bytes: int = 1 << 20) -> bool:
         return False
 
 
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One thing wrong in a job config, kept apart from how it is shown: ``loc``, the keys and list indices
+    that lead to it, as the config gave them; ``kind``, pydantic's error type or one of this module's
+    (``not_plain``, ``outside_roots``); ``message``, what is wrong: this module's never quote the input, but
+    pydantic's message is a validator's own where the kind wrote one (``value_error``), which may; ``echo``,
+    the whole line a config typed in (``--config``, the console) is shown, which may quote the input."""
+
+    loc: Loc
+    kind: str
+    message: str
+    echo: str
+
+
 class JobConfigError(BadInput):
-    """A job was submitted with an unknown kind or a config its kind rejects."""
+    """A job was submitted with an unknown kind or a config its kind rejects; ``problems`` says where,
+    for a caller that shows them otherwise (a config file's errors never quote the file)."""
+
+    def __init__(self, message: str, problems: tuple[ConfigProblem, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -125,6 +148,7 @@ def get_kind(name: str) -> JobKind:
         raise JobConfigError(f"unknown job kind {name!r}; known kinds: {known}") from None
 
 
+CUT = "…"  # what an error shows in place of a piece of the input it may not quote
 MAX_CONFIG_VALUES = 100_000  # values in one config, counting repeats (a YAML alias bomb expands to billions)
 MAX_CONFIG_DEPTH = 64
 
@@ -138,33 +162,45 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _not_plain_json(config: Any) -> str | None:
+def dotted(loc: Loc) -> str:
+    """A config path as errors write it: ``optim.lr``, ``models[1]``, ``(config)`` for the whole."""
+    text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    return text or "(config)"
+
+
+def _problem(loc: Loc, kind: str, message: str, echo: str | None = None) -> ConfigProblem:
+    return ConfigProblem(loc, kind, message, f"{dotted(loc)}: {echo or message}" if loc else echo or message)
+
+
+def _not_plain_json(config: Any) -> ConfigProblem | None:
     """Why ``config`` is not a plain, bounded JSON value (non-finite numbers, non-string keys, too deep
     or too many values), or None. Stored configs must read back exactly as they were validated."""
     import math
 
     seen = 0
-    stack: list[tuple[Any, str, int]] = [(config, "(config)", 0)]
+    stack: list[tuple[Any, Loc]] = [(config, ())]
     while stack:
-        value, where, depth = stack.pop()
+        value, loc = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_VALUES:
-            return f"more than {MAX_CONFIG_VALUES} values (a YAML alias bomb?); write the config out plainly"
-        if depth > MAX_CONFIG_DEPTH:
-            return f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels"
+            return _problem((), "not_plain", f"more than {MAX_CONFIG_VALUES} values (a YAML alias bomb?); "
+                                             "write the config out plainly")  # fmt: skip
+        if len(loc) > MAX_CONFIG_DEPTH:
+            return _problem(loc, "not_plain", f"nested deeper than {MAX_CONFIG_DEPTH} levels")
         if isinstance(value, float) and not math.isfinite(value):
-            return f"{where}: {value} is not a finite number; give a number such as 1.0"
+            return _problem(loc, "not_plain", "not a finite number; give a number such as 1.0",
+                            f"{value} is not a finite number; give a number such as 1.0")
         if isinstance(value, str) and not _is_text(value):
-            return f"{where}: the value is not valid Unicode text (it holds a lone surrogate); send UTF-8"
+            return _problem(loc, "not_plain", "the value is not valid Unicode text (it holds a lone surrogate); send UTF-8")
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    return f"{where}: key {key!r} is not a string; quote it"
+                    return _problem(loc, "not_plain", "a key is not a string; quote it", f"key {key!r} is not a string; quote it")
                 if not _is_text(key):
-                    return f"{where}: a key is not valid Unicode text (it holds a lone surrogate); send UTF-8"
-                stack.append((item, key if where == "(config)" else f"{where}.{key}", depth + 1))
+                    return _problem(loc, "not_plain", "a key is not valid Unicode text (it holds a lone surrogate); send UTF-8")
+                stack.append((item, (*loc, key)))
         elif isinstance(value, (list, tuple)):
-            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+            stack.extend((item, (*loc, i)) for i, item in enumerate(value))
     return None
 
 
@@ -192,36 +228,41 @@ def _allowed_roots() -> list[Path]:
     return [Path(root).expanduser().resolve() for root in (settings.data_dir, *settings.path_roots)]
 
 
-def _confined(value: str, where: str, roots: list[Path]) -> str:
+def _confined(value: str, loc: Loc, roots: list[Path]) -> str:
     if "\x00" in value:  # no file has one; os calls raise a bare ValueError on it
-        raise JobConfigError(f"{where}: the path contains a NUL byte; give a plain path inside the data directory")
+        raise _refused(_problem(loc, "outside_roots", "the path contains a NUL byte; give a plain path inside the "
+                                                      "data directory"))  # fmt: skip
     path = Path(value).expanduser()
     resolved = (path if path.is_absolute() else roots[0] / path).resolve()
     if not any(resolved.is_relative_to(root) for root in roots):
         allowed = ", ".join(str(r) for r in roots)
-        raise JobConfigError(f"{where}: {value} is outside the data directory ({allowed}); put it there, "
-                             "or add its folder to POSTTRAIN_PATH_ROOTS")  # fmt: skip
+        fix = f"is outside the data directory ({allowed}); put it there, or add its folder to POSTTRAIN_PATH_ROOTS"
+        raise _refused(_problem(loc, "outside_roots", f"the path {fix}", f"{value} {fix}"))
     return str(resolved)
 
 
-def confine_paths(config: BaseModel, roots: list[Path] | None = None, where: str = "") -> None:
+def _refused(*problems: ConfigProblem, prefix: str = "") -> JobConfigError:
+    return JobConfigError(prefix + "; ".join(p.echo for p in problems), problems)
+
+
+def confine_paths(config: BaseModel, roots: list[Path] | None = None, loc: Loc = ()) -> None:
     """Resolve every :data:`JOB_PATH` field of ``config`` (and of the models nested in it) in place,
     refusing a path outside the allowed roots with :class:`JobConfigError` naming the field."""
     roots = roots if roots is not None else _allowed_roots()
     for name, field in type(config).model_fields.items():
-        value, at = getattr(config, name), f"{where}{name}"
+        value, at = getattr(config, name), (*loc, name)
         marked = isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("job_path")
         if marked and isinstance(value, str) and _names_a_path(value):
             setattr(config, name, _confined(value, at, roots))
         elif marked and isinstance(value, list):
-            setattr(config, name, [_confined(v, f"{at}[{i}]", roots) if isinstance(v, str) and _names_a_path(v) else v
+            setattr(config, name, [_confined(v, (*at, i), roots) if isinstance(v, str) and _names_a_path(v) else v
                                    for i, v in enumerate(value)])  # fmt: skip
         elif isinstance(value, BaseModel):
-            confine_paths(value, roots, f"{at}.")
+            confine_paths(value, roots, at)
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 if isinstance(item, BaseModel):
-                    confine_paths(item, roots, f"{at}[{i}].")
+                    confine_paths(item, roots, (*at, i))
 
 
 class _BadKey(ValueError):
@@ -233,10 +274,28 @@ def _plain_unique_keys(pairs: list[tuple[Any, Any]], where: Callable[[int], str]
     for index, (key, value) in enumerate(pairs):
         if not isinstance(key, (str, int, float, bool, type(None))):
             raise _BadKey(f"a key is a {type(key).__name__}{where(index) if where else ''}; keys are plain names")
-        if key in seen:
-            raise _BadKey(f"key {key!r} appears twice{where(index) if where else ''}; keep one")
+        if key in seen:  # a file's key is not shown (a config file can be anything on disk): its line is
+            raise _BadKey(f"a key appears twice{where(index)}; keep one" if where else f"key {key!r} appears twice; keep one")
         seen[key] = value
     return seen
+
+
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+_TOKEN = re.compile(r"""['"](?:<[a-z ]+>|[^\w\s])['"]""")  # a YAML token's name ('<block end>') or one punctuation mark
+
+
+def _yaml_error(exc: Exception, text: str) -> str:
+    """Where PyYAML stopped and why, without what it quotes from the text (an alias's, anchor's or tag's
+    name, a character), except a token's name or a punctuation mark: the line and column say where."""
+    import yaml
+
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        return f"YAML syntax error at line {line}: a control character YAML does not allow (is it a binary file?)"
+    mark = getattr(exc, "problem_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = str(getattr(exc, "problem", None) or "unreadable")
+    return f"YAML syntax error{at}: " + _QUOTED.sub(lambda m: m.group(0) if _TOKEN.fullmatch(m.group(0)) else CUT, problem)
 
 
 def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any:
@@ -272,37 +331,38 @@ def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any
     except _BadKey as exc:
         raise JobConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise JobConfigError(f"{source}: YAML syntax error{at}: {getattr(exc, 'problem', None) or 'unreadable'}") from None
+        raise JobConfigError(f"{source}: {_yaml_error(exc, text)}") from None
+    except (ValueError, OverflowError):  # a date or number YAML recognised but could not build (2001-13-01)
+        raise JobConfigError(f"{source}: a value looks like a date or number that does not exist; quote it") from None
     except RecursionError:
         raise JobConfigError(f"{source} nests too deeply to read; write it out flatter") from None
 
 
 def validate_config(kind_name: str, config: dict[str, Any] | None) -> BaseModel:
-    """Validate ``config`` for ``kind_name``; :class:`JobConfigError` names each bad field."""
+    """Validate ``config`` for ``kind_name``; :class:`JobConfigError` names each bad field (its
+    ``problems`` say the same apart from the text, for a caller that shows them otherwise)."""
     kind = get_kind(kind_name)
+    prefix = f"invalid config for job kind {kind_name!r}: "
     if config is not None and not isinstance(config, dict):
-        raise JobConfigError(
-            f"invalid config for job kind {kind_name!r}: expected a JSON object, got {type(config).__name__}"
-        )
+        raise JobConfigError(f"{prefix}expected a JSON object, got {type(config).__name__}")
     if problem := _not_plain_json(config or {}):
-        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problem}")
+        raise _refused(problem, prefix=prefix)
     try:
         validated = kind.config_model.model_validate(config or {})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg']}"
-            + ("" if e["type"] in ("missing", "extra_forbidden") else f" (got {_shown(e.get('input'))})")
-            for e in exc.errors()
-        )
-        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problems}") from None
+        raise _refused(*map(_pydantic_problem, exc.errors()), prefix=prefix) from None
     # A value can turn non-finite in validation ("Infinity" or "nan" as text read as a float): the
     # stored config must still be plain JSON, so the validated form is checked as the input was.
     if problem := _not_plain_json(validated.model_dump(mode="json")):
-        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {problem}")
+        raise _refused(problem, prefix=prefix)
     try:
         confine_paths(validated)
     except JobConfigError as exc:
-        raise JobConfigError(f"invalid config for job kind {kind_name!r}: {exc}") from None
+        raise _refused(*exc.problems, prefix=prefix) from None
     return validated
+
+
+def _pydantic_problem(error: Any) -> ConfigProblem:
+    loc, kind, message = tuple(error["loc"]), str(error["type"]), str(error["msg"])
+    got = "" if kind in ("missing", "extra_forbidden") else f" (got {_shown(error.get('input'))})"
+    return ConfigProblem(loc, kind, message, f"{dotted(loc)}: {message}{got}")

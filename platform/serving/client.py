@@ -3,7 +3,7 @@
 The official ``openai`` package works against the same endpoints; this one keeps
 the platform's runtime dependencies small and streams deltas as plain dicts.
 :func:`chat_as` is the console's chat: an audited operator action that sends the
-console's own API key once keys exist (:func:`posttrain.platform.api_keys.service_key`).
+console's own API key for the model, once keys exist (:func:`posttrain.platform.api_keys.service_key`).
 """
 
 from __future__ import annotations
@@ -80,12 +80,15 @@ def chat_as(identity: Identity, base_url: str, model: str, messages: list[dict[s
             tools: list[dict[str, Any]] | None = None, max_tokens: int = 256, temperature: float = 0.0,
             url: str | None = None) -> Iterator[dict[str, Any]]:
     """:func:`stream_chat` for a console user (the playground, a task's "ask the model"): audited, and
-    sent with the console's own API key once keys exist."""
-    from posttrain.platform.api_keys import service_key
+    sent, once keys exist, with the console's own API key for ``model``, which may use that model alone."""
+    from posttrain.platform.api_keys import ApiKeyError, service_key
     from posttrain.platform.settings import get_settings
 
     audit(identity.username, "model.chat", target=model, details={"url": base_url, "tier": tier}, url=url)
-    key = service_key(CONSOLE_KEY, get_settings().secrets_dir(), url=url)
+    try:
+        key = service_key(CONSOLE_KEY, model, get_settings().secrets_dir(), url=url)
+    except ApiKeyError as exc:
+        raise ChatError(str(exc)) from None
     return stream_chat(base_url, model, messages, tier=tier, tools=tools, max_tokens=max_tokens,
                        temperature=temperature, api_key=key)  # fmt: skip
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from posttrain.platform.jobs.registry import BadInput
 
 Engine = Literal["embedded", "llamacpp", "vllm"]
 Weights = Literal["model", "q8_0"]
@@ -93,6 +95,13 @@ DEFAULT_TIERS: dict[str, TierProfile] = {
 }
 
 
+MAX_TIERS_FILE_BYTES = 1 << 20
+
+
+class TiersFileError(BadInput):
+    """A tiers file is not a tier catalog; the message says where and how, never what the file holds."""
+
+
 class TierCatalog(BaseModel):
     """The named tiers, editable as a JSON file."""
 
@@ -105,7 +114,17 @@ class TierCatalog(BaseModel):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TierCatalog:
-        return cls.model_validate_json(Path(path).read_text())
+        """The catalog saved at ``path``. A deploy job may name any file in the data directory as its tiers
+        file, so :class:`TiersFileError` names the file and where and how it is wrong, never what it holds."""
+        source = Path(path)
+        if source.stat().st_size > MAX_TIERS_FILE_BYTES:
+            raise TiersFileError(f"tiers file {source} is over {MAX_TIERS_FILE_BYTES // 1024} KiB: not a tier catalog")
+        try:
+            return cls.model_validate_json(source.read_bytes())
+        except ValidationError as exc:
+            problems = "; ".join(_tiers_problem(e) for e in exc.errors())
+            raise TiersFileError(f"tiers file {source} is not a tier catalog ({problems}); save one from the Models "
+                                 "page, or write it as that page shows it") from None  # fmt: skip
 
     def save(self, path: str | os.PathLike[str]) -> None:
         target = Path(path)
@@ -133,3 +152,11 @@ class EngineConfig(BaseModel):
     @property
     def name(self) -> str:
         return self.served_model_name or Path(self.model_path).name
+
+
+def _tiers_problem(error: Any) -> str:
+    """Where a tiers file is wrong, as the schema names it (a tier's own name, from the file, reads ``<tier>``),
+    and pydantic's kind of problem; its message is left out, since a check may quote the file."""
+    names = set(TierCatalog.model_fields) | set(TierProfile.model_fields)
+    where = ".".join(str(p) if isinstance(p, int) or p in names else "<tier>" for p in error["loc"])
+    return f"{where or '(file)'}: {error['type']}"

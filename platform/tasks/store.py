@@ -201,18 +201,3 @@ def domain_stats(*, task_set: str | None = None, url: str | None = None) -> list
         DomainStats(d.name, d.family, d.weight, d.priority, int(n), int(train or 0), int(n) - int(train or 0), int(a), int(p))
         for d, n, train, a, p in rows
     ]
-
-
-def set_domain_schedule(name: str, *, weight: float | None = None, priority: int | None = None, url: str | None = None) -> None:
-    """Change the weight or priority training's scheduler gives a domain."""
-    if weight is not None and weight < 0:
-        raise ValueError(f"domain weight must be >= 0, got {weight}")
-    with session(url) as s:
-        row = s.exec(select(Domain).where(Domain.name == name)).first()
-        if row is None:
-            raise LookupError(f"no domain named {name!r}")
-        if weight is not None:
-            row.weight = weight
-        if priority is not None:
-            row.priority = priority
-        s.add(row)

@@ -1,4 +1,4 @@
-"""Users & audit (admins only): users and roles, API keys, and the audit log."""
+"""Users & audit (admins only): users, their roles and whether they are enabled, API keys, and the audit log."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import streamlit as st
 from posttrain.platform import api_keys, auth
 from posttrain.platform.db.models import Role
 from posttrain.platform.models.registry import list_models
+from posttrain.platform.users import disable_user, enable_user
 from posttrain.ui.common import can, guard_platform, me
 
 st.title("Users & audit")
@@ -18,17 +19,7 @@ if not can(Role.admin):
     st.stop()
 
 users = auth.list_users()
-st.dataframe(
-    pd.DataFrame(
-        [
-            {"user": u.username, "role": u.role.value, "disabled": u.disabled, "failed logins": u.failed_logins,
-             "last login": u.last_login_at, "created": u.created_at}
-            for u in users
-        ]  # fmt: skip
-    ),
-    hide_index=True,
-    width="stretch",
-)
+users_table = st.empty()  # filled below the forms, so it shows what they changed in this run
 
 left, right = st.columns(2)
 with left, st.form("add_user", clear_on_submit=True):
@@ -52,6 +43,34 @@ with right, st.form("change_role"):
             st.success(f"{who} is now {role}.")
         except (auth.AuthError, PermissionError) as exc:
             st.error(str(exc))
+
+with st.form("account"):
+    st.markdown("**Disable or enable a user**")
+    st.caption("A disabled user's console session, actions and API keys are refused from their next request on; "
+               "enabled again, they log in again and their keys work again.")
+    state = {u.username: "disabled" if u.disabled else "enabled" for u in users}
+    account = st.selectbox("User", list(state), format_func=lambda n: f"{n} ({state[n]})", key="account_user")
+    for column, (label, change) in zip(st.columns(2), (("Disable", disable_user), ("Enable", enable_user))):
+        if column.form_submit_button(label) and account:
+            try:
+                done = change(me(), account)
+            except (auth.AuthError, PermissionError) as exc:
+                st.error(str(exc))
+            else:
+                keys = f" (with the {done.keys} API key(s) they created)" if done.keys else ""
+                st.success(f"{account} is {'disabled' if done.disabled else 'enabled'}{keys}.")
+users = auth.list_users()
+users_table.dataframe(
+    pd.DataFrame(
+        [
+            {"user": u.username, "role": u.role.value, "disabled": u.disabled, "failed logins": u.failed_logins,
+             "last login": u.last_login_at, "created": u.created_at}
+            for u in users
+        ]  # fmt: skip
+    ),
+    hide_index=True,
+    width="stretch",
+)
 
 st.subheader("API keys")
 st.caption("Keys of the OpenAI-compatible API: clients send one as `Authorization: Bearer pt-...` (the OpenAI "
@@ -84,11 +103,13 @@ with right, st.form("revoke_key"):
             st.success(f"Revoked {api_keys.shown(row.key_id)} ({row.name}); requests with it are refused from now on.")
             keys = api_keys.list_keys(me())
 if keys:
+    disabled = {u.username for u in users if u.disabled}
     st.dataframe(
         pd.DataFrame(
             [
                 {"key": api_keys.shown(k.key_id), "name": k.name, "models": ", ".join(k.models) or "all",
-                 "created": k.created_at, "by": k.created_by, "last used": k.last_used_at, "revoked": k.revoked_at}
+                 "created": k.created_at, "by": k.created_by, "last used": k.last_used_at, "revoked": k.revoked_at,
+                 "refused": "creator disabled" if k.created_by in disabled else ""}
                 for k in keys
             ]  # fmt: skip
         ),

@@ -21,7 +21,7 @@ from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.registry import ModelNotFound, export_download, list_models, register_model
 from posttrain.platform.serving.client import ChatError, chat_as, prometheus_values
-from posttrain.platform.serving.jobs import save_tiers, tier_catalog
+from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
