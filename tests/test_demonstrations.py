@@ -16,7 +16,8 @@ from posttrain.platform.tasks.domains.registry import generate
 from posttrain.platform.verifiers import PoolConfig, VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.data import IGNORE, chat_example, episode_example
-from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits, read_episodes, write_episodes
+from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits
+from posttrain.training.environments.base import read_episodes, write_episodes
 from posttrain.training.environments.code_repair import CodeRepair, as_file
 
 pytestmark = [pytest.mark.requires("bubblewrap"), pytest.mark.requires("real model")]
@@ -122,3 +123,20 @@ def test_sft_on_a_multi_turn_episode_trains_the_policy_s_tokens_as_the_rollout_p
     ids = example.input_ids
     assert rendered.input_ids[: len(ids)] == ids and len(rendered.input_ids) - len(ids) <= 1
     assert rendered.labels[: len(ids)] == example.labels
+
+
+def test_an_sft_run_reads_episodes_filtered_by_reward(tokenizer, pool: SandboxPool, service: VerifierService,  # type: ignore[no-untyped-def]
+                                                      tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain.training.config import SFTConfig
+    from posttrain.training.sft import build_examples
+
+    episode = demonstrations(generate("repair.wrong_return", 1, seed=4, difficulty=1), tokenizer, ENV, SAMPLING, service, pool)[0]
+    path = write_episodes(tmp_path / "episodes.jsonl", [episode, episode])
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0] + "\n" + lines[1].replace('"reward": 1.0', '"reward": 0.25') + "\n")  # a stored rollout that half failed
+    every = build_examples(SFTConfig(episodes_path=str(path), max_seq_len=4096), tokenizer)
+    kept = build_examples(SFTConfig(episodes_path=str(path), episodes_min_reward=1.0, max_seq_len=4096), tokenizer)
+    assert len(every) == 2 and len(kept) == 1
+    assert kept[0] == episode_example(episode.prompt_ids, episode.token_ids, episode.loss_mask)
+    with pytest.raises(ValueError, match="no episode with a reward of at least 2"):
+        build_examples(SFTConfig(episodes_path=str(path), episodes_min_reward=2.0), tokenizer)

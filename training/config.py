@@ -198,6 +198,10 @@ class SFTConfig(TrainConfig):
     prompt_format: PromptFormat | None = Field(default=None, description="how the domains' tasks are put (None: as generated)")
     jsonl_path: str | None = Field(default=None, description='chat JSONL, one {"messages": [...]} per line',
                                    json_schema_extra=JOB_PATH)
+    episodes_path: str | None = Field(default=None, description="episodes as JSON lines (demonstrations, or stored "
+                                      "rollouts), trained on the policy's tokens only", json_schema_extra=JOB_PATH)
+    episodes_min_reward: float | None = Field(default=None, description="train only on the episodes with at least "
+                                              "this reward (None: every one)")
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")

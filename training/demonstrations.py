@@ -9,8 +9,8 @@ episode is what the sandbox really printed, because the environment ran the call
 order and the words vary with the seed, so a model trained on them does not learn one fixed script.
 
     episodes = demonstrations(tasks, tokenizer, env_config, sampling, service, pool, seed=0)
-    write_episodes(path, episodes)              # JSON lines, the same form as sampled episodes
-    examples = [episode_example(e) for e in read_episodes(path)]   # SFT on the policy's tokens only
+    write_episodes(path, episodes)   # JSON lines, the same form as sampled episodes (environments/base.py)
+    SFTConfig(episodes_path=path, ...)  # SFT on the policy's tokens only
 
 Only episodes whose edits all applied and whose final module passes every hidden test are kept. The agent's turns are tokenised once
 each, with the end-of-turn token the policy would have sampled, so an episode is the sequence of ids
@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -169,61 +165,3 @@ def demonstrations(tasks: Iterable[TaskSpec], tokenizer: PreTrainedTokenizerBase
         if episode.verdict is not None and episode.verdict.passed and edits_ran:
             kept.append(episode)
     return kept
-
-
-# ----------------------------------------------------------------------------- storage
-
-
-def episode_record(episode: Episode) -> dict[str, Any]:
-    """An episode as one JSON object: its task, its ids and masks token for token, its turns and verdict."""
-    return {"task": episode.task.model_dump(mode="json"), "prompt_ids": episode.prompt_ids, "token_ids": episode.token_ids,
-            "logprobs": episode.logprobs, "loss_mask": episode.loss_mask, "turns": [t.stored() for t in episode.turns],
-            "stop_reason": episode.stop_reason, "answer": episode.answer, "policy_version": episode.policy_version,
-            "reward": episode.verdict.score if episode.verdict is not None else None}
-
-
-def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> Path:
-    """Write ``episodes`` as JSON lines to ``path`` at once (a temporary file renamed over it)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(handle, "w") as fh:
-            for episode in episodes:
-                fh.write(json.dumps(episode_record(episode)) + "\n")
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
-
-
-@dataclass(frozen=True)
-class StoredEpisode:
-    """What an SFT run reads of a stored episode."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    loss_mask: list[int]
-    reward: float | None
-
-
-def read_episodes(path: str | Path, *, min_reward: float | None = None) -> list[StoredEpisode]:
-    """The episodes of a file :func:`write_episodes` wrote (those with at least ``min_reward``); a line
-    that is not one is an error naming the file, the line and the fix."""
-    episodes = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            stored = StoredEpisode([int(i) for i in row["prompt_ids"]], [int(i) for i in row["token_ids"]],
-                                   [int(m) for m in row["loss_mask"]], row.get("reward"))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}, line {number}: not an episode ({type(error).__name__}); write episodes with "
-                             "posttrain.training.demonstrations.write_episodes") from None
-        if len(stored.token_ids) != len(stored.loss_mask):
-            raise ValueError(f"{path}, line {number}: token_ids and loss_mask differ in length; the episode is damaged")
-        if min_reward is None or (stored.reward is not None and stored.reward >= min_reward):
-            episodes.append(stored)
-    return episodes

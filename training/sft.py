@@ -22,7 +22,8 @@ import torch
 from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.training.checkpoint import checkpoint_due, checkpoint_step
 from posttrain.training.config import SFTConfig
-from posttrain.training.data import SFTExample, chat_example, pack, read_chat_jsonl, task_examples
+from posttrain.training.data import SFTExample, chat_example, episode_example, pack, read_chat_jsonl, task_examples
+from posttrain.training.environments.base import read_episodes
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context
 from posttrain.training.modeling import PolicySource
 
@@ -42,12 +43,19 @@ def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
 
 
 def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
-    """Examples from the configured domains' references and the chat JSONL file."""
+    """Examples from the configured domains' references, the chat JSONL file and the episodes file (multi-turn
+    episodes token for token, trained on the policy's tokens only, as GRPO's loss covers them)."""
     examples: list[SFTExample] = task_examples(tokenizer, sft_tasks(config), config.max_seq_len) if config.domains else []
     if config.jsonl_path:
         examples += [chat_example(tokenizer, chat, config.max_seq_len) for chat in read_chat_jsonl(config.jsonl_path)]
+    if config.episodes_path:
+        episodes = read_episodes(config.episodes_path, min_reward=config.episodes_min_reward)
+        if not episodes:
+            raise ValueError(f"{config.episodes_path} holds no episode with a reward of at least {config.episodes_min_reward}; "
+                             "lower episodes_min_reward or make demonstrations first")
+        examples += [episode_example(e.prompt_ids, e.token_ids, e.loss_mask, config.max_seq_len) for e in episodes]
     if not examples:
-        raise ValueError("no SFT data: set SFTConfig.domains or SFTConfig.jsonl_path")
+        raise ValueError("no SFT data: set SFTConfig.domains, SFTConfig.jsonl_path or SFTConfig.episodes_path")
     return examples
 
 

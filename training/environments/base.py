@@ -11,9 +11,13 @@ sampled, and only the environment's text is tokenised, once, when it is added
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
@@ -205,3 +209,60 @@ class EnvironmentBase:
         context = VerifyContext(sandbox=sandbox) if sandbox is not None else None
         return service.verify(episode.task, episode.answer or "", context=context)
 
+
+# ----------------------------------------------------------------------------- storage
+
+
+def episode_record(episode: Episode) -> dict[str, Any]:
+    """An episode as one JSON object: its task, its ids and masks token for token, its turns and verdict."""
+    return {"task": episode.task.model_dump(mode="json"), "prompt_ids": episode.prompt_ids, "token_ids": episode.token_ids,
+            "logprobs": episode.logprobs, "loss_mask": episode.loss_mask, "turns": [t.stored() for t in episode.turns],
+            "stop_reason": episode.stop_reason, "answer": episode.answer, "policy_version": episode.policy_version,
+            "reward": episode.verdict.score if episode.verdict is not None else None}
+
+
+def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> Path:
+    """Write ``episodes`` as JSON lines to ``path`` at once (a temporary file renamed over it)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "w") as fh:
+            for episode in episodes:
+                fh.write(json.dumps(episode_record(episode)) + "\n")
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
+
+
+@dataclass(frozen=True)
+class StoredEpisode:
+    """What an SFT run reads of a stored episode."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    loss_mask: list[int]
+    reward: float | None
+
+
+def read_episodes(path: str | Path, *, min_reward: float | None = None) -> list[StoredEpisode]:
+    """The episodes of a file :func:`write_episodes` wrote (those with at least ``min_reward``); a line
+    that is not one is an error naming the file, the line and the fix."""
+    episodes = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            stored = StoredEpisode([int(i) for i in row["prompt_ids"]], [int(i) for i in row["token_ids"]],
+                                   [int(m) for m in row["loss_mask"]], row.get("reward"))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path}, line {number}: not an episode ({type(error).__name__}); write episodes with "
+                             "posttrain.training.environments.base.write_episodes") from None
+        if len(stored.token_ids) != len(stored.loss_mask):
+            raise ValueError(f"{path}, line {number}: token_ids and loss_mask differ in length; the episode is damaged")
+        if min_reward is None or (stored.reward is not None and stored.reward >= min_reward):
+            episodes.append(stored)
+    return episodes
