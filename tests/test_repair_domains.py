@@ -53,3 +53,31 @@ def test_the_visible_tests_fail_on_the_project_and_the_hidden_ones_pass_on_the_r
 def test_humaneval_has_its_164_problems() -> None:
     problems = humaneval_problems()
     assert len(problems) == 164 and {"prompt", "test", "entry_point", "canonical_solution"} <= set(problems[0])
+
+
+def test_the_held_out_split_of_the_repair_domains_is_by_function() -> None:
+    """No train module holds a held-out function, at any difficulty or seed; the eval split has repairs of those
+    functions (never seen in training) and of seen functions in unseen modules, each task saying which."""
+    import re
+
+    from posttrain.platform.tasks.domains.families.repair_tasks import held_out_function
+    from posttrain.platform.tasks.domains.registry import prompt_space
+
+    held = {t.name for t in TASKS if held_out_function(t.name)}
+    defective = {name for name in DEFECTS if name in held}
+    assert 0 < len(held) < len(TASKS) / 2 and {d.kind for n in defective for d in DEFECTS[n]} == set(KINDS)  # every kind
+
+    def functions(task) -> set[str]:  # type: ignore[no-untyped-def]
+        return set(re.findall(r"^def (\w+)", task.metadata["files"][MODULE], re.MULTILINE))
+
+    for kind in KINDS:
+        for difficulty in range(1, 6):
+            train = generate(f"repair.{kind}", 40, seed=difficulty, difficulty=difficulty)
+            assert not any(functions(t) & held for t in train), (kind, difficulty)
+            assert not any("held_out_by" in t.metadata for t in train)
+            if not prompt_space(f"repair.{kind}", difficulty).has_held_out_split:
+                continue
+            held_out = generate(f"repair.{kind}", 40, seed=difficulty, difficulty=difficulty, split="eval")
+            by_function = [t for t in held_out if t.metadata.get("held_out_by") == "function"]
+            assert by_function and all(functions(t) & held for t in by_function)
+            assert all(not functions(t) & held for t in held_out if t not in by_function)  # unseen modules of seen functions

@@ -22,6 +22,7 @@ class Problem:
     answer: str
     verifier: VerifierRef
     files: dict[str, str] = field(default_factory=dict)  # laid into the episode's sandbox (code repair)
+    held_out_by: str | None = None  # why it is held out (eval) whatever its prompt's hash: "function" (code repair)
 
 
 Maker = Callable[[random.Random, int], Problem]

@@ -2,7 +2,9 @@
 
 Held out by construction: a prompt's split is a function of its normalised text
 (:func:`prompt_split`: a hash puts ``EVAL_FRACTION`` of all prompts in ``eval``), so a train
-stream never yields an eval prompt, whatever the seed or difficulty that made it.
+stream never yields an eval prompt, whatever the seed or difficulty that made it. A problem may be
+held out by more than its prompt (``Problem.held_out_by``: the code-repair domains hold out whole
+functions, so no train module holds one): it is ``eval`` whatever its prompt's hash.
 A domain whose eval share at a difficulty holds fewer than ``MIN_EVAL_PROMPTS`` distinct
 prompts has no held-out split there: it trains on all its prompts at that difficulty (and
 they stay train at every other), and ``generate(..., split="eval")`` refuses it with
@@ -127,17 +129,23 @@ def prompt_space(domain: str, difficulty: int) -> PromptSpace:
 
 
 @functools.cache
-def _level_counts(domain: str, difficulty: int) -> Counter[str]:
-    """Seeded draws of ``domain``'s normalised prompts at ``difficulty``: a first look, and the whole
-    count (``_SPACE_DRAWS[-1]`` draws, enough to see a small space whole) unless it is plainly large."""
+def _level_counts(domain: str, difficulty: int) -> tuple[Counter[str], frozenset[str]]:
+    """Seeded draws of ``domain``'s normalised prompts at ``difficulty`` (a first look, and the whole count,
+    ``_SPACE_DRAWS[-1]`` draws, enough to see a small space whole, unless it is plainly large), and those
+    of them whose problems are held out by more than their prompt."""
     spec = get_domain(domain)
     rng = random.Random(f"{domain}|space|{difficulty}")
     counts: Counter[str] = Counter()
+    held: set[str] = set()
     for draws in _SPACE_DRAWS:
-        counts.update(normalize_prompt(spec.make(rng, difficulty).prompt) for _ in range(draws - counts.total()))
+        for _ in range(draws - counts.total()):
+            problem = spec.make(rng, difficulty)
+            counts[prompt := normalize_prompt(problem.prompt)] += 1
+            if problem.held_out_by:
+                held.add(prompt)
         if chao1(counts) >= _LARGE_SPACE:
             break
-    return counts
+    return counts, frozenset(held)
 
 
 @functools.cache
@@ -146,13 +154,14 @@ def _domain_spaces(domain: str) -> tuple[dict[int, PromptSpace], frozenset[str]]
     too small to hold out a split. A level's held-out share leaves those out, which can make it small
     in turn, so this settles on a fixed point (at most one pass per level)."""
     levels = range(MIN_DIFFICULTY, get_domain(domain).max_difficulty + 1)
-    counts = {d: _level_counts(domain, d) for d in levels}
+    counts = {d: _level_counts(domain, d)[0] for d in levels}
+    forced = frozenset().union(*(_level_counts(domain, d)[1] for d in levels))
     small: set[int] = set()
     while True:
-        train_only: frozenset[str] = frozenset().union(*(counts[d] for d in small))
+        train_only: frozenset[str] = frozenset().union(*(counts[d] for d in small)) - forced
         spaces = {}
         for d in levels:
-            held = sum(1 for p in counts[d] if p not in train_only and prompt_split(p) == "eval")
+            held = sum(1 for p in counts[d] if p in forced or (p not in train_only and prompt_split(p) == "eval"))
             distinct = chao1(counts[d])  # the held-out share of the space is the share of its seen prompts
             spaces[d] = PromptSpace(domain, d, round(distinct), round(distinct * held / len(counts[d])), counts[d].total())
         now_small = {d for d in levels if not spaces[d].has_held_out_split}
@@ -161,10 +170,13 @@ def _domain_spaces(domain: str) -> tuple[dict[int, PromptSpace], frozenset[str]]
         small = now_small
 
 
-def task_split(domain: str, difficulty: int, prompt: str) -> Split:
-    """The split of one of ``domain``'s prompts at ``difficulty``: :func:`prompt_split`, except that a
-    domain with no held-out split at a difficulty trains on all its prompts there, and those prompts
-    stay train wherever else they turn up (a larger difficulty whose space contains them)."""
+def task_split(domain: str, difficulty: int, prompt: str, *, held_out_by: str | None = None) -> Split:
+    """The split of one of ``domain``'s prompts at ``difficulty``: ``eval`` for a problem held out by more than
+    its prompt (``held_out_by``), else :func:`prompt_split`, except that a domain with no held-out split at a
+    difficulty trains on all its prompts there, and those prompts stay train wherever else they turn up (a
+    larger difficulty whose space contains them)."""
+    if held_out_by:
+        return "eval"
     if not prompt_space(domain, difficulty).has_held_out_split:
         return "train"
     if normalize_prompt(prompt) in _domain_spaces(domain)[1]:
@@ -261,7 +273,8 @@ def generate(
                 split=split,
                 task_id=f"{domain}/d{difficulty}/s{seed}/{split}/{index}",
                 metadata={"family": spec.family, "difficulty": difficulty, "seed": seed, "index": index, "params": dict(spec.params)}
-                | ({"files": dict(problem.files)} if problem.files else {}),
+                | ({"files": dict(problem.files)} if problem.files else {})
+                | ({"held_out_by": problem.held_out_by} if problem.held_out_by else {}),
                 provenance={"source": "procedural", "generator": domain, "version": GENERATOR_VERSION},
             )
         )
@@ -275,7 +288,7 @@ def _draw(spec: Domain, rng: random.Random, difficulty: int, split: Split, seen:
     tries = 0
     for _ in range(_MAX_DRAWS_PER_TASK):
         problem = spec.make(rng, difficulty)
-        if task_split(spec.name, difficulty, problem.prompt) != split:
+        if task_split(spec.name, difficulty, problem.prompt, held_out_by=problem.held_out_by) != split:
             continue
         found, tries = problem, tries + 1
         if problem.prompt not in seen or tries >= _MAX_TRIES_PER_TASK:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -70,6 +71,15 @@ DEFECTS: dict[str, tuple[Defect, ...]] = {
     "clamp": (Defect("missing_case", "max(lo, min(hi, x))", "min(hi, x)"), Defect("wrong_return", "max(lo, min(hi, x))", "max(lo, x)")),
 }
 SIZES = {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (3, 2), 5: (4, 2)}  # difficulty -> (functions, defective ones)
+HELD_OUT_FUNCTION_FRACTION = 0.2
+
+
+def held_out_function(name: str) -> bool:
+    """Whether a function is held out of training whole, by its name's hash alone (about a fifth of them): a module
+    that holds one is an ``eval`` task whatever its prompt, so no train task shows it and the eval split has
+    repairs of functions never seen in training (today: capitalize_words, dedupe, evens, flatten, is_anagram,
+    is_prime)."""
+    return int(hashlib.sha256(f"repair-function|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
 VISIBLE_CASES, HIDDEN_CASES = 2, 6
 TOOLS_HINT = (f"Fix the defects in {MODULE} in the work directory so that its tests pass. {VISIBLE} holds some of "
               f"the tests: run it with `python3 {VISIBLE}`. Change only {MODULE}; other tests, which you cannot see, "
@@ -143,7 +153,8 @@ def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
     visible_file = "from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT}\n\n{MODULE}:\n```python\n{module}```"
     spec = {"language": "python", "tests": "\n".join(hidden) + "\n", "entry_point": defective[0]}
-    return Problem(prompt, "\n\n".join(sources), VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file})
+    return Problem(prompt, "\n\n".join(sources), VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file},
+                   held_out_by="function" if any(map(held_out_function, names)) else None)
 
 
 # ----------------------------------------------------------------------------- HumanEval
