@@ -3,17 +3,14 @@ bubblewrap sandboxes, with the real model's tokenizer; and SFT on the episodes i
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import pytest
 from transformers import AutoTokenizer
 
 from conftest import ImportedRealModel
-from test_code_verifier import reachable_dir
-from posttrain.platform.sandbox import SandboxConfig, SandboxPool
+from test_code_verifier import pool, service  # noqa: F401 - its module-scoped pool and verifier service, one of each here
+from posttrain.platform.sandbox import SandboxPool
 from posttrain.platform.tasks.domains.registry import generate
-from posttrain.platform.verifiers import PoolConfig, VerifierService
+from posttrain.platform.verifiers import VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.data import IGNORE, chat_example, episode_example
 from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits
@@ -29,20 +26,6 @@ SAMPLING = SamplingConfig(max_new_tokens=512)
 @pytest.fixture(scope="module")
 def tokenizer(real_model_dir: ImportedRealModel):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(real_model_dir.path)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[SandboxPool]:
-    data_dir = reachable_dir()
-    with SandboxPool(SandboxConfig(pool_size=2, kill_grace_s=0.5), data_dir=data_dir) as pool:
-        yield pool
-    shutil.rmtree(data_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[VerifierService]:
-    with VerifierService(PoolConfig(workers=1)) as svc:
-        yield svc
 
 
 def repair_tasks() -> list:  # type: ignore[type-arg]

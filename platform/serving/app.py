@@ -2,6 +2,9 @@
 
 Given an ``auth`` (:mod:`posttrain.platform.serving.auth`; the engine command gives one when it
 listens beyond loopback), every request's API key is checked against the database first.
+
+A request ends when its client leaves, streamed or not (:mod:`posttrain.platform.serving.disconnect`):
+its sequences are aborted and leave the engine's batch at the next decode step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, allow_model, visible
+from posttrain.platform.serving.disconnect import unless_client_leaves
 from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle
 from posttrain.platform.serving.errors import APIError, model_not_found
 from posttrain.platform.serving.protocol import (
@@ -174,7 +178,8 @@ async def _merged(engine: EmbeddedEngine, handles: list[RequestHandle]) -> Async
 
 
 async def _wholes(engine: EmbeddedEngine, handles: list[RequestHandle]) -> list[tuple[str, str]]:
-    """Each handle's whole text and finish reason (:func:`_whole`, together); every handle is released after."""
+    """Each handle's whole text and finish reason (:func:`_whole`, together); every handle is released after, or
+    aborted when this is cancelled (its client left)."""
     try:
         return list(await asyncio.gather(*(_whole(engine, h) for h in handles)))
     finally:
@@ -325,11 +330,11 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         check_model(req.model, granted)
         # templating and tokenising are proportional to the prompt: off the event loop, so /health and
         # every other request keep being answered meanwhile
-        handles = engine.submit(await asyncio.to_thread(engine.prepare_chat, req), req.n)
+        handles = engine.submit([await asyncio.to_thread(engine.prepare_chat, req)], req.n)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return ignoring(req, StreamingResponse(_chat_stream(engine, handles, include_usage), media_type="text/event-stream"))
-        return ignoring(req, await _chat_full(engine, handles))
+        return ignoring(req, await unless_client_leaves(request, _chat_full(engine, handles)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -337,12 +342,12 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         req: CompletionRequest = parse_request(CompletionRequest, body)
         check_model(req.model, granted)
         prepared = await asyncio.to_thread(engine.prepare_completion, req)
-        handles = [h for p in prepared for h in engine.submit(p, req.n)]  # choice i: prompt i // n, sample i % n
+        handles = engine.submit(prepared, req.n)  # choice i: prompt i // n, sample i % n
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return ignoring(req, StreamingResponse(_completion_stream(engine, handles, include_usage, req.echo),
                                                    media_type="text/event-stream"))
-        return ignoring(req, await _completion_full(engine, handles, req.echo))
+        return ignoring(req, await unless_client_leaves(request, _completion_full(engine, handles, req.echo)))
 
     return app
 

@@ -7,6 +7,22 @@ between decode steps, waiting requests join it up to the tier's ``max_num_seqs``
 and finished ones leave, so a new request waits for one step, not for the whole
 running batch. Tokens flow back to each request's asyncio queue as they are
 accepted. Vision models decode whole batches through ``generate`` instead.
+
+Fairness bound. The batch holds at most ``B = max_num_seqs`` rows, one per sample, and one request (all
+its prompts' ``n`` samples) holds at most ``rows_per_request = max(1, B // 2)`` of them: the rest of its
+samples wait and join as its own rows free. Waiting requests join in arrival order, each up to that
+budget, and one at its budget holds back none behind it. So beside any one request, however large its
+``n`` or ``max_tokens``, another request joins at the next decode step and then decodes as it would
+alone, one token a step: counted in decode steps, its latency is its latency alone plus at most one. In
+time each of those steps is a wider batch's, so the multiple is a full batch's step cost over its own
+rows' (about 2x for a small model on an idle CPU; ``tests/reliability/test_request_lifetime.py`` measures
+both). Nothing is preempted: requests that together hold all ``B`` rows (two at their budget, or ``B``
+separate ones) make a newcomer wait for a row, as any server at capacity does; the bound is against one
+request starving the rest.
+
+A request whose client leaves is aborted (:meth:`RequestHandle.cancel`): a waiting one is dropped
+before the next step, a running one leaves the batch at the next decode step, and the waiting and
+running counts in ``/metrics`` drop with them.
 """
 
 from __future__ import annotations
@@ -16,11 +32,13 @@ import copy as _copy
 import dataclasses
 import functools
 import itertools
+import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +61,8 @@ from posttrain.platform.serving.protocol import ChatCompletionRequest, ChatMessa
 from posttrain.platform.serving.tool_parser import TOOL_CALL_OPEN
 
 _ids = itertools.count()
+_requests = itertools.count()
+log = logging.getLogger("posttrain.engine")
 
 
 @dataclass
@@ -77,11 +97,16 @@ Event = TokensEvent | DoneEvent | ErrorEvent
 
 
 class RequestHandle:
-    """One submitted request: its sequence state and the queue its events arrive on."""
+    """One sample of a submitted request: its sequence state and the queue its events arrive on. ``request``
+    numbers the request it belongs to (its samples share the request's budget of rows); ``steps`` reads the
+    engine's decode step count (an abort records when it was asked for)."""
 
     def __init__(self, prepared: PreparedRequest, stop_ids: frozenset[int], loop: asyncio.AbstractEventLoop,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, *, request: int, steps: Callable[[], int]) -> None:
         self.id = f"{next(_ids)}-{uuid.uuid4().hex[:12]}"
+        self.request = request
+        self._steps = steps
+        self.aborted_at_step: int | None = None  # the engine's decode steps when the request was aborted
         self.created = int(time.time())
         self.prepared = prepared
         self.loop = loop
@@ -112,7 +137,9 @@ class RequestHandle:
             self.seq.finish_reason = "stop"
 
     def cancel(self) -> None:
+        """Abort the sample unless it has finished: the engine drops it before its next decode step."""
         if self.seq.finish_reason is None:
+            self.aborted_at_step = self._steps()
             self.seq.finish_reason = "abort"
 
     async def stream(self) -> AsyncIterator[Event]:
@@ -206,8 +233,10 @@ class EmbeddedEngine:
         self._queue: queue.Queue[list[RequestHandle]] = queue.Queue()  # a request's samples, together
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.largest_batch = 0  # most requests decoded together so far
-        self._held: list[RequestHandle] | None = None  # taken from the queue, waiting for room in the batch
+        self.largest_batch = 0  # most samples decoded together so far
+        self.decode_steps = 0  # decode steps taken so far
+        self.rows_per_request = max(1, config.tier.max_num_seqs // 2)  # one request's budget (the fairness bound)
+        self._waiting: list[list[RequestHandle]] = []  # the scheduler's: each request's samples yet to join
 
     # lifecycle -----------------------------------------------------------
     def start(self) -> EmbeddedEngine:
@@ -326,49 +355,65 @@ class EmbeddedEngine:
             prepared.append(PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text, stop=req.stop_strings))
         return prepared
 
-    def submit(self, prepared: PreparedRequest, n: int = 1) -> list[RequestHandle]:
-        """Queue ``n`` completions of a prepared request (one group: its prompt is prefilled once and its samples
-        decode together; seeded, sample ``j`` draws from seed + ``j``); call from a running event loop."""
+    def submit(self, prompts: list[PreparedRequest], n: int = 1) -> list[RequestHandle]:
+        """Queue one request: ``n`` completions of each prepared prompt, handle ``i`` answering prompt ``i // n``
+        (the samples that join the batch together share one prefill of their prompt; seeded, sample ``j`` draws
+        from seed + ``j``); call from a running event loop."""
         if self._thread is None or self._stopping.is_set():
             raise APIError(503, f"engine for {self.name} is not running")
-        loop = asyncio.get_running_loop()
-        seed = prepared.params.seed
-        handles = [RequestHandle(prepared, self.stop_ids, loop, None if seed is None else (seed + j) % 2**64)
-                   for j in range(n)]  # fmt: skip
+        loop, request = asyncio.get_running_loop(), next(_requests)
+
+        def sample(prepared: PreparedRequest, j: int) -> RequestHandle:
+            seed = prepared.params.seed
+            return RequestHandle(prepared, self.stop_ids, loop, None if seed is None else (seed + j) % 2**64,
+                                 request=request, steps=lambda: self.decode_steps)
+
+        handles = [sample(prepared, j) for prepared in prompts for j in range(n)]
         with self.metrics._lock:
-            self.metrics.waiting += n
-        self._queue.put(handles)
+            self.metrics.waiting += len(handles)
+        self._queue.put(list(handles))  # the scheduler's copy: it takes samples off it as they join
         return handles
 
     # scheduler thread -----------------------------------------------------
-    def _take(self, room: int, wait: bool) -> list[list[RequestHandle]]:
-        """Waiting requests (each its group of samples) while their samples fit in ``room`` rows; a request larger
-        than the tier's whole batch joins an empty one alone. With ``wait`` (nothing running) block briefly for
-        the first and give the tier's ``batch_wait_ms`` for others to arrive; else take only what is waiting."""
-        taken: list[list[RequestHandle]] = []
-        if room <= 0:
-            return taken
-        if self._held is None and wait:
-            try:
-                self._held = self._queue.get(timeout=0.05)
-            except queue.Empty:
-                return taken
+    def _collect(self, room: int, wait: bool) -> None:
+        """Move submitted requests to the waiting line. With ``wait`` (nothing running or waiting) block briefly
+        for the first, then give the tier's ``batch_wait_ms`` for others to arrive while their samples fit in
+        ``room`` rows; else take whatever is queued, at once."""
+        try:
+            self._waiting.append(self._queue.get(timeout=0.05) if wait else self._queue.get_nowait())
+        except queue.Empty:
+            return
         deadline = time.perf_counter() + (self.config.tier.batch_wait_ms / 1000 if wait else 0.0)
-        while True:
-            if self._held is None:
-                remaining = deadline - time.perf_counter()
-                try:
-                    self._held = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if len(self._held) > room and (taken or not wait):
-                break  # it waits for room (a request larger than the whole batch: for an empty batch)
-            taken.append(self._held)
-            room -= len(self._held)
-            self._held = None
-            if room <= 0:
-                break
-        return taken
+        while not wait or sum(map(len, self._waiting)) < room:
+            remaining = deadline - time.perf_counter()
+            try:
+                self._waiting.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                return
+
+    def _drop_aborted(self) -> None:
+        """Finish the waiting samples whose request was aborted: they never join the batch."""
+        gone = [h for waiting in self._waiting for h in waiting if h.seq.finished]
+        if not gone:
+            return
+        self._waiting = [kept for waiting in self._waiting if (kept := [h for h in waiting if not h.seq.finished])]
+        self._admit(gone)
+        for h in gone:
+            self._finish(h)
+
+    def _admissions(self, room: int, held: Counter[int]) -> list[list[RequestHandle]]:
+        """The waiting samples that join the batch now, admitted, in groups that share a prefill (one prompt's
+        samples): requests in arrival order, each up to its budget of rows (``held``: each request's rows in
+        the batch), until ``room`` rows are taken. A request at its budget holds back none behind it."""
+        joining: list[RequestHandle] = []
+        for waiting in self._waiting:
+            take = min(room - len(joining), self.rows_per_request - held[waiting[0].request], len(waiting))
+            if take > 0:
+                joining += waiting[:take]
+                del waiting[:take]
+        self._waiting = [waiting for waiting in self._waiting if waiting]
+        self._admit(joining)
+        return [list(group) for _, group in itertools.groupby(joining, key=lambda h: id(h.prepared))]
 
     def _admit(self, handles: list[RequestHandle]) -> None:
         if not handles:
@@ -389,18 +434,10 @@ class EmbeddedEngine:
         while not self._stopping.is_set():
             try:
                 if batch.can_join:
-                    groups = self._take(self.config.tier.max_num_seqs - len(batch), wait=not running)
-                    new = [h for g in groups for h in g]
-                    self._admit(new)
-                    for h in new:
-                        if h.seq.finished:  # cancelled while it waited
-                            self._finish(h)
-                        else:
-                            running[id(h.seq)] = h
-                    batch.add_groups([[h.seq for h in g if not h.seq.finished] for g in groups])
-                    self.largest_batch = max(self.largest_batch, len(running))
+                    self._join(batch, running)
                 if len(batch):
                     batch.step()
+                    self.decode_steps += 1
                 for seq in batch.pop_finished():
                     self._finish(running.pop(id(seq)))
             except Exception as exc:  # noqa: BLE001 - report to every running client, keep serving
@@ -414,14 +451,31 @@ class EmbeddedEngine:
         for h in running.values():
             self._finish(h)
 
+    def _join(self, batch: DecodeBatch, running: dict[int, RequestHandle]) -> None:
+        """Between decode steps: drop aborted waiting samples, then add the admitted ones to ``batch`` and
+        ``running`` (one aborted meanwhile, which the batch leaves out, is finished at once)."""
+        room = self.config.tier.max_num_seqs - len(batch)
+        self._collect(room, wait=not running and not self._waiting)
+        self._drop_aborted()
+        groups = self._admissions(room, Counter(h.request for h in running.values()))
+        batch.add_groups([[h.seq for h in group] for group in groups])
+        joined = {id(seq) for seq in batch.seqs}
+        for h in (h for group in groups for h in group):
+            if id(h.seq) in joined:
+                running[id(h.seq)] = h
+            else:
+                self._finish(h)
+        self.largest_batch = max(self.largest_batch, len(running))
+
     def _run_static(self) -> None:
         """Vision models: decode whole batches with ``generate`` (images make rows hard to splice)."""
         while not self._stopping.is_set():
-            batch = [h for g in self._take(self.config.tier.max_num_seqs, wait=True) for h in g]
+            self._collect(self.config.tier.max_num_seqs, wait=not self._waiting)
+            self._drop_aborted()
+            batch = [h for g in self._admissions(self.config.tier.max_num_seqs, Counter()) for h in g]
             if not batch:
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))
-            self._admit(batch)
             try:
                 live = [h for h in batch if not h.seq.finished]
                 if live:
@@ -441,6 +495,9 @@ class EmbeddedEngine:
     def _finish(self, h: RequestHandle) -> None:
         reason = h.seq.finish_reason or "abort"
         now = time.perf_counter()
+        if h.aborted_at_step is not None:
+            log.info("request %s aborted: it left %d decode step(s) after the abort", h.id,
+                     self.decode_steps - h.aborted_at_step)
         with self.metrics._lock:
             self.metrics.running -= 1
         self.metrics.request_finished(

@@ -14,7 +14,11 @@ another replica of the same model and tier.
 
 Requests are checked against API keys (:mod:`posttrain.platform.serving.auth`) when the app is given
 an ``auth``: every command that starts a gateway gives one; an app built without one serves everyone
-and is for in-process use on loopback (tests, benchmarks).
+and is for in-process use on loopback (tests, benchmarks). The API's description (``/docs``,
+``/openapi.json``) is behind the same check; only ``/health`` is open.
+
+A request ends when its client leaves (:mod:`posttrain.platform.serving.disconnect`): the upstream
+connection is closed at once, streamed or not, so the deployment aborts the request too.
 
 Upstream calls go through one pooled ``aiohttp`` session (keep-alive connections to every
 replica): measured on this project's 2-core machine, httpx's async client added about
@@ -35,11 +39,13 @@ from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
+from posttrain.platform.serving.disconnect import CLIENT_CLOSED_REQUEST, unless_client_leaves
 from posttrain.platform.serving.errors import APIError
 from posttrain.platform.serving.protocol import IGNORED_HEADER, read_json_body
 
@@ -230,7 +236,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
             task.cancel()
             await gw.client.close()
 
-    app = FastAPI(title="posttrain gateway", lifespan=lifespan)
+    app = FastAPI(title="posttrain gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
     app.state.auth = auth
 
@@ -245,6 +251,16 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        await grant(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        await grant(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -286,51 +302,12 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         headers = {"content-type": "application/json", REQUEST_ID_HEADER: rid}
         if auth := request.headers.get("authorization"):
             headers["authorization"] = auth
-        assert gw.client is not None
-        last_error: APIError | None = None
-        attempts = 0
-        for replica in gw.replicas(model, tier):
-            attempts += 1
-            try:
-                resp = await gw.client.post(f"{replica.base_url}{path}", data=raw, headers=headers)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                replica.healthy = False
-                last_error = APIError(503, f"deployment {replica.base_url} unreachable: {type(exc).__name__}")
-                continue
-            if resp.status >= 500:
-                text = (await resp.read()).decode("utf-8", "replace")
-                resp.release()
-                replica.healthy = False
-                last_error = APIError(resp.status, f"deployment {replica.base_url} failed: {text[:500]}")
-                continue
-            rec = RequestRecord(model=model, tier=tier, replica=replica.base_url, status=resp.status,
-                                latency_ms=0.0, stream=stream, attempts=attempts)
-            passed = {REQUEST_ID_HEADER: rid} | ({IGNORED_HEADER: resp.headers[IGNORED_HEADER]} if IGNORED_HEADER in resp.headers else {})
-            if not stream or resp.status != 200:
-                try:
-                    content = await resp.read()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    replica.healthy = False
-                    last_error = APIError(502, f"deployment {replica.base_url} failed mid-response: {type(exc).__name__}")
-                    continue
-                finally:
-                    resp.release()
-                if resp.status == 200:
-                    with contextlib.suppress(Exception):
-                        usage = json.loads(content).get("usage") or {}
-                        rec.prompt_tokens, rec.completion_tokens = usage.get("prompt_tokens"), usage.get(
-                            "completion_tokens")
-                rec.latency_ms = (time.perf_counter() - started) * 1000
-                gw.record(rec)
-                return Response(content, status_code=resp.status, headers=passed,
-                                media_type=resp.headers.get("content-type", "application/json"))
-            return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream",
-                                     headers=passed)
-        err = last_error or APIError(503, f"no replica of `{model}` in tier `{tier}` answered")
-        gw.record(RequestRecord(model=model, tier=tier, replica=None, status=err.status_code,
-                                latency_ms=(time.perf_counter() - started) * 1000, stream=stream, attempts=attempts))
-        raise APIError(503, f"all {attempts} replica(s) of `{model}` in tier `{tier}` failed; last error: "
-                            f"{err.message}")
+        response = await unless_client_leaves(request, _forward(gw, path, raw, headers, routed, stream, started))
+        if response.status_code == CLIENT_CLOSED_REQUEST:
+            log.info("request %s: the client left; the upstream request is closed", rid)
+            gw.record(RequestRecord(model=model, tier=tier, replica=None, status=CLIENT_CLOSED_REQUEST,
+                                    latency_ms=(time.perf_counter() - started) * 1000, stream=stream))
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -341,6 +318,60 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         return await proxy(request, "/v1/completions")
 
     return app
+
+
+async def _forward(gw: Gateway, path: str, raw: bytes, headers: dict[str, str], routed: Route, stream: bool,
+                   started: float) -> Response:
+    """The first answer to ``raw`` from a replica of the routed model and tier: a replica that cannot be reached or
+    fails with a 5xx before answering is marked unhealthy and the next one is tried; a stream passes through."""
+    model, tier = routed.model, routed.tier
+    assert gw.client is not None
+    last_error: APIError | None = None
+    attempts = 0
+    for replica in gw.replicas(model, tier):
+        attempts += 1
+        try:
+            resp = await gw.client.post(f"{replica.base_url}{path}", data=raw, headers=headers)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            replica.healthy = False
+            last_error = APIError(503, f"deployment {replica.base_url} unreachable: {type(exc).__name__}")
+            continue
+        if resp.status >= 500:
+            text = (await resp.read()).decode("utf-8", "replace")
+            resp.release()
+            replica.healthy = False
+            last_error = APIError(resp.status, f"deployment {replica.base_url} failed: {text[:500]}")
+            continue
+        rec = RequestRecord(model=model, tier=tier, replica=replica.base_url, status=resp.status,
+                            latency_ms=0.0, stream=stream, attempts=attempts)
+        passed = {REQUEST_ID_HEADER: headers[REQUEST_ID_HEADER]}
+        if IGNORED_HEADER in resp.headers:
+            passed[IGNORED_HEADER] = resp.headers[IGNORED_HEADER]
+        if not stream or resp.status != 200:
+            try:
+                content = await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                replica.healthy = False
+                last_error = APIError(502, f"deployment {replica.base_url} failed mid-response: {type(exc).__name__}")
+                continue
+            finally:
+                resp.release()
+            if resp.status == 200:
+                with contextlib.suppress(Exception):
+                    usage = json.loads(content).get("usage") or {}
+                    rec.prompt_tokens, rec.completion_tokens = usage.get("prompt_tokens"), usage.get(
+                        "completion_tokens")
+            rec.latency_ms = (time.perf_counter() - started) * 1000
+            gw.record(rec)
+            return Response(content, status_code=resp.status, headers=passed,
+                            media_type=resp.headers.get("content-type", "application/json"))
+        return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream",
+                                 headers=passed)
+    err = last_error or APIError(503, f"no replica of `{model}` in tier `{tier}` answered")
+    gw.record(RequestRecord(model=model, tier=tier, replica=None, status=err.status_code,
+                            latency_ms=(time.perf_counter() - started) * 1000, stream=stream, attempts=attempts))
+    raise APIError(503, f"all {attempts} replica(s) of `{model}` in tier `{tier}` failed; last error: "
+                        f"{err.message}")
 
 
 async def _pass_stream(gw: Gateway, resp: aiohttp.ClientResponse, replica: Deployment, rec: RequestRecord,

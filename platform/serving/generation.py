@@ -386,7 +386,10 @@ class DecodeBatch:
     real positions and ``valid`` counts them, so a row's position ids do not depend on its
     neighbours. Joining prefills the newcomers as their own batch and splices their cache in
     (padding whichever side is shorter); leaving selects the remaining rows and trims padding
-    columns that no row uses any more.
+    columns that no row uses any more. A sequence finished from outside (aborted: its client left)
+    leaves at the start of the next :meth:`step`, before that step computes anything for it. Who
+    joins, and when, is the caller's policy: the serving engine's fairness bound is stated in
+    :mod:`posttrain.platform.serving.engine`.
     """
 
     def __init__(self, model: PreTrainedModel, spec: SpeculationConfig = SpeculationConfig(), pad_token_id: int = 0) -> None:
