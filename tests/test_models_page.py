@@ -104,3 +104,80 @@ def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[st
         assert any(c.startswith("vllm serve ") and entry["path"] in c for c in commands), commands
         (download,) = at.get("download_button")
         assert download.proto.disabled is not enabled and ".tar archive" in download.proto.label
+
+
+@pytest.fixture(scope="module")
+def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The tiny model trained here, on the engine's own renderings of one exchange with the playground's tools,
+    until greedy decoding says it: it asks for ``print(6 * 7)`` with the python tool, then answers with what the
+    tool printed. (No model of this size calls tools unprompted; this one is real weights, taught one thing.)"""
+    import shutil
+
+    import torch
+
+    from posttrain.platform.models.loader import load_model
+    from posttrain.platform.sandbox import tool_schemas
+    from posttrain.platform.serving import EmbeddedEngine, EngineConfig
+    from posttrain.platform.serving.client import PLAYGROUND_TOOLS
+    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+    from posttrain.platform.serving.protocol import ChatCompletionRequest
+
+    engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["standard"]))
+    tools = tool_schemas(list(PLAYGROUND_TOOLS))
+    user = {"role": "user", "content": "six times seven?"}
+    call = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": json.dumps({"code": "print(6 * 7)"})}}
+    exchange = [([user], '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'),
+                ([user, {"role": "assistant", "content": "", "tool_calls": [call]},
+                  {"role": "tool", "tool_call_id": "c1", "name": "python", "content": "42\n"}], "It is 42.")]
+    tokenizer, model = engine.tokenizer, load_model(tiny_model).model
+    rows = []
+    for messages, reply in exchange:
+        prompt = engine.prepare_chat(ChatCompletionRequest(model="tiny", messages=messages, tools=tools)).prompt_ids
+        target = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((torch.tensor([prompt + target]), len(prompt)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(400):
+        loss = sum(model(ids, labels=torch.where(torch.arange(ids.shape[1]) < start, -100, ids)).loss for ids, start in rows)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[union-attr]
+        optimizer.step()
+        if float(loss) < 0.01:
+            break
+    path = tmp_path_factory.mktemp("caller") / "caller"
+    shutil.copytree(tiny_model, path)
+    model.save_pretrained(path)
+    return path
+
+
+def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(platform_env: dict[str, str], tool_caller,  # type: ignore[no-untyped-def]
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_code_verifier import reachable_dir
+    from posttrain.platform.auth import audit_log
+    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
+    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+
+    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the console's sandbox: a directory its uid can enter
+    get_settings.cache_clear()
+
+    model = register_model(OPERATOR, "caller", tool_caller)
+    engine = EmbeddedEngine(EngineConfig(model_path=str(tool_caller), served_model_name="caller", tier=DEFAULT_TIERS["standard"])).start()
+    try:
+        with serve_in_thread(create_engine_app(engine)) as server:
+            with session() as s:
+                s.add(Deployment(model_id=model.id, tier="standard", url=server.base_url, status="running", healthy=True))
+            at = login_as(AppTest.from_file(PAGE, default_timeout=180)).run()
+            at.radio(key="pg_route").set_value("straight to the deployment")
+            at.toggle(key="pg_tools").set_value(True)
+            at.number_input(key="pg_max_tokens").set_value(128)
+            at.chat_input(key="pg_input").set_value("six times seven?").run()
+            assert not at.exception and not at.error, (at.exception, at.error)
+            shown = [c.value for c in at.code]
+            # The model's call, then what the sandbox really printed, shown turn by turn; then its answer.
+            assert shown == ['{"code": "print(6 * 7)"}', "42"], shown
+            assert any("2 replies, 1 tool call, ended: answer" in c.value for c in at.caption), [c.value for c in at.caption]
+            assert at.session_state["pg_history"][-1] == {"role": "assistant", "text": "It is 42."}
+            ran = [e for e in audit_log(limit=50) if e.action == "sandbox.run"]
+            assert ran and ran[0].target == "python" and "print(6 * 7)" in ran[0].details["arguments"]
+    finally:
+        engine.stop()

@@ -7,7 +7,8 @@ import streamlit as st
 from posttrain.platform.auth import Identity
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
-from posttrain.platform.settings import SettingsError
+from posttrain.platform.sandbox import SandboxPool, make_pool
+from posttrain.platform.settings import SettingsError, get_settings
 
 IDENTITY_KEY = "identity"
 
@@ -162,3 +163,11 @@ def yaml_block(data: object) -> None:
     import yaml
 
     st.code(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), language="yaml")
+
+
+@st.cache_resource(show_spinner="Starting the console's sandbox…", on_release=lambda pool: pool.close())
+def console_pool() -> SandboxPool:
+    """The console process's own one-sandbox pool: the snippet runner's and the playground's tool calls."""
+    settings = get_settings()
+    config = settings.sandbox.model_copy(update={"pool_size": 1})
+    return make_pool(config, settings.data_dir, settings.ray_address)  # type: ignore[return-value]

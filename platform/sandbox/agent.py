@@ -102,9 +102,10 @@ def run_agent(
     max_turns: int = 8,
     time_budget_s: float = 120.0,
     tool_timeout_s: float | None = None,
+    on_message: Callable[[Message], None] | None = None,
 ) -> EpisodeResult:
-    """:func:`run_turns` over chat messages: tool results are appended as ``tool`` messages; the input list
-    is not modified."""
+    """:func:`run_turns` over chat messages: tool results are appended as ``tool`` messages (``on_message`` sees
+    each assistant and tool message as it is appended); the input list is not modified."""
     schemas = tool_schemas(tools)
     history = list(messages)
     results: list[ToolResult] = []
@@ -116,13 +117,18 @@ def run_agent(
         assistant: Message = {"role": "assistant", "content": answer.get("content") if isinstance(answer, Mapping) else answer}
         if isinstance(answer, Mapping) and parsed.calls:
             assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]
-        history.append(assistant)
+        append(assistant)
         return parsed
+
+    def append(message: Message) -> None:
+        history.append(message)
+        if on_message is not None:
+            on_message(message)
 
     def give(ran: Ran) -> None:
         for call, result in ran:
             results.append(result)
-            history.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()})
+            append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()})
 
     ending = run_turns(reply, give, sandbox, allowed=[s["function"]["name"] for s in schemas], max_turns=max_turns,
                        deadline=started + time_budget_s, tool_timeout_s=tool_timeout_s)

@@ -9,13 +9,14 @@ console's own API key for the model, once keys exist (:func:`posttrain.platform.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
 
-from posttrain.platform.auth import Identity, action, audit
+from posttrain.platform.auth import AUDITED_CHARS, Identity, action, audit
 from posttrain.platform.db.models import Role
+from posttrain.platform.sandbox.agent import EpisodeResult, run_agent
 from posttrain.platform.serving.gateway import TIER_HEADER
 
 
@@ -135,3 +136,47 @@ def prometheus_values(base_url: str, names: tuple[str, ...], *, timeout_s: float
             except ValueError:
                 continue
     return values
+
+
+def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed reply's deltas as one assistant message: the content pieces joined, and tool calls merged by
+    their ``index`` (a server may stream a call's arguments in pieces: the first piece carries its id and name)."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        content.append(delta.get("content") or "")
+        for piece in delta.get("tool_calls") or []:
+            call = calls.setdefault(int(piece.get("index", len(calls))), {"type": "function", "function": {"name": "", "arguments": ""}})
+            call["id"] = piece.get("id") or call.get("id")
+            function = piece.get("function") or {}
+            call["function"]["name"] += function.get("name") or ""
+            call["function"]["arguments"] += function.get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+PLAYGROUND_TOOLS = ("python", "bash", "read_file", "write_file", "edit_file", "list_dir")
+
+
+@action("model.chat_tools", Role.operator)
+def chat_with_tools(identity: Identity, pool: Callable[[], Any], base_url: str, model: str, messages: list[dict[str, Any]], *,
+                    tier: str | None = None, tools: Iterable[str] = PLAYGROUND_TOOLS, max_turns: int = 4, max_tokens: int = 256,
+                    temperature: float = 0.0, on_message: Callable[[dict[str, Any]], None] | None = None,
+                    url: str | None = None) -> EpisodeResult:
+    """The playground's agent: the deployment's replies (each through :func:`chat_as`) and the tool calls in them,
+    run in one sandbox lent by ``pool()`` for the whole conversation, for up to ``max_turns`` replies, through
+    the agent loop training episodes run through (:func:`~posttrain.platform.sandbox.agent.run_agent`). Every
+    call is audited before it runs; ``on_message`` sees each assistant and tool message as it comes. Returns
+    the :class:`~posttrain.platform.sandbox.agent.EpisodeResult`."""
+    def reply(history: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
+        message = assistant_message(chat_as(identity, base_url, model, history, tier=tier, tools=schemas, max_tokens=max_tokens,
+                                            temperature=temperature, url=url))
+        for call in message.get("tool_calls", []):
+            audit(identity.username, "sandbox.run", target=call["function"]["name"],
+                  details={"arguments": call["function"]["arguments"][:AUDITED_CHARS], "model": model}, url=url)
+        return message
+
+    with pool().acquire() as sandbox:
+        return run_agent(reply, sandbox, messages, tools=list(tools), max_turns=max_turns, on_message=on_message)

@@ -20,12 +20,13 @@ from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.registry import ModelNotFound, export_download, list_models, register_model
-from posttrain.platform.serving.client import ChatError, chat_as, prometheus_values
+from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
+from posttrain.platform.serving.client import ChatError, chat_as, chat_with_tools, prometheus_values
 from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
-from posttrain.ui.common import can, flash, guard_platform, me, show_flash
+from posttrain.ui.common import can, console_pool, flash, guard_platform, me, show_flash
 
 METRICS = (
     "vllm:num_requests_running",
@@ -329,11 +330,42 @@ picked = st.multiselect(
     "Deployments", list(choices), default=list(choices)[: 2 if side_by_side else 1], max_selections=2 if side_by_side else 1,
     key="pg_targets",
 )  # fmt: skip
-c1, c2, c3 = st.columns(3)
+c1, c2, c3, c4 = st.columns(4)
 max_tokens = c1.number_input("Max tokens", 1, 4096, 64, key="pg_max_tokens")
 temperature = c2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="pg_temperature")
-use_tools = c3.toggle("Offer sandbox tools", key="pg_tools", help="python, bash and file tools, as the agent loop offers them")
+use_tools = c3.toggle("Offer sandbox tools", key="pg_tools",
+                      help="python, bash and file tools: each call runs in a real sandbox and its output goes back to the model")
+tool_turns = c4.number_input("Tool turns", 1, 16, 4, key="pg_tool_turns", disabled=not use_tools,
+                             help="replies the model may give in one exchange, calling tools between them")
 image = st.file_uploader("Image (for vision-language models)", type=["png", "jpg", "jpeg", "webp"], key="pg_image")
+
+
+
+def show_message(message: dict) -> None:
+    """One message of a tool exchange as it comes: the model's words and calls, or a call's output."""
+    if message["role"] == "tool":
+        st.caption(f"{message['name']} output")
+        st.code(message["content"] or "(no output)", language="text")
+        return
+    if message.get("content"):
+        st.markdown(message["content"])
+    for call in message.get("tool_calls", []):
+        st.caption(f"calls {call['function']['name']}")
+        st.code(call["function"]["arguments"], language="json")
+
+
+def tool_exchange(base: str, model_name: str, tier: str, messages: list[dict], turns: int, max_tokens: int, temperature: float) -> str:
+    """The model's replies and tool calls, each call run in the console's sandbox, shown turn by turn; the answer."""
+    try:
+        episode = chat_with_tools(me(), console_pool, base, model_name, messages, tier=tier, max_turns=turns,
+                                  max_tokens=max_tokens, temperature=temperature, on_message=show_message)
+    except (ChatError, OSError, PermissionError, SandboxUnavailableError, SandboxStartError) as exc:
+        st.error(str(exc))
+        return ""
+    calls = len(episode.tool_results)
+    st.caption(f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, ended: {episode.stop_reason.replace('_', ' ')}")
+    return episode.answer or ""
+
 
 history: list[dict] = st.session_state.setdefault("pg_history", [])
 for message in history:
@@ -349,11 +381,6 @@ if prompt and picked:
     history.append({"role": "user", "text": prompt})
     with st.chat_message("user"):
         st.markdown(prompt)
-    tools = None
-    if use_tools:
-        from posttrain.platform.sandbox import TOOL_SCHEMAS
-
-        tools = list(TOOL_SCHEMAS)
     columns = st.columns(len(picked))
     for column, label in zip(columns, picked):
         model_name, deployment = choices[label]
@@ -362,22 +389,16 @@ if prompt and picked:
         messages.append({"role": "user", "content": content})
         with column, st.chat_message("assistant"):
             st.caption(label)
-            calls: list[dict] = []
-
-            def pieces():  # type: ignore[no-untyped-def]
-                for delta in chat_as(me(), base, model_name, messages, tier=deployment.tier, tools=tools,
-                                     max_tokens=int(max_tokens), temperature=float(temperature)):  # fmt: skip
-                    if delta.get("content"):
-                        yield delta["content"]
-                    calls.extend(delta.get("tool_calls") or [])
-
-            try:
-                text = st.write_stream(pieces())
-            except (ChatError, OSError, PermissionError) as exc:
-                st.error(str(exc))
-                text = ""
-            for call in calls:
-                st.code(json.dumps(call.get("function", call), indent=2), language="json")
+            if use_tools:
+                text = tool_exchange(base, model_name, deployment.tier, messages, int(tool_turns), int(max_tokens), float(temperature))
+            else:
+                try:
+                    text = st.write_stream(delta["content"] for delta in chat_as(
+                        me(), base, model_name, messages, tier=deployment.tier, max_tokens=int(max_tokens),
+                        temperature=float(temperature)) if delta.get("content"))  # fmt: skip
+                except (ChatError, OSError, PermissionError) as exc:
+                    st.error(str(exc))
+                    text = ""
         history.append({"role": "assistant", "text": f"**{label}**: {text}" if len(picked) > 1 else str(text)})
 if st.button("Clear chat", key="pg_clear"):
     st.session_state["pg_history"] = []

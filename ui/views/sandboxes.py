@@ -12,12 +12,10 @@ from sqlmodel import col, select
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import SandboxPool as SandboxPoolRow
 from posttrain.platform.db.models import utcnow
-from posttrain.platform.sandbox import SandboxPool, make_pool
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.sandbox.status import default_name, publish
-from posttrain.platform.settings import get_settings
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, guard_platform, me
+from posttrain.ui.common import can, console_pool, guard_platform, me
 
 LIVE_WITHIN = timedelta(seconds=60)
 
@@ -28,14 +26,6 @@ st.caption(
 )
 if not guard_platform():
     st.stop()
-
-
-@st.cache_resource(show_spinner="Starting the console's sandbox…", on_release=lambda pool: pool.close())
-def console_pool() -> SandboxPool:
-    """A one-sandbox pool in the console process, for the snippet runner."""
-    settings = get_settings()
-    config = settings.sandbox.model_copy(update={"pool_size": 1})
-    return make_pool(config, settings.data_dir, settings.ray_address)  # type: ignore[return-value]
 
 
 def pool_rows() -> list[SandboxPoolRow]:
