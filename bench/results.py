@@ -232,6 +232,18 @@ def rollout_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def turns_rows(s: Summary) -> list[Row]:
+    return [Row(
+        f"multi-turn episodes, each turn from the last one's KV cache ({s['model']}, embedded, CPU)",
+        f"{_n(s['reuse_episodes_per_s'])} episodes/s: {s['episodes']} code_repair episodes at once, {s['turns']} turns of at most "
+        f"{s['max_new_tokens']} tokens; {_n(s['reuse_prefilled_tokens'])} prompt tokens prefilled"
+        + ("; the same tokens as prefilling whole" if s["same_tokens"] else "; TOKENS DIFFER from prefilling whole"),
+        f"every turn prefilled whole, same batcher, prompts and seed, {_of(s['threads'], 'torch thread')}, "
+        f"{_of(s['rounds'], 'round')} alternating: {_n(s['whole_episodes_per_s'])} episodes/s ({_x(s['speedup'])}), "
+        f"{_n(s['whole_prefilled_tokens'])} tokens prefilled",
+    )]  # fmt: skip
+
+
 def queue_rows(s: Summary) -> list[Row]:
     sq, pg, sq1, pg1 = (s[k] for k in ("sqlite_claims_per_s", "postgres_claims_per_s",
                                        "sqlite_claims_per_s_1_worker", "postgres_claims_per_s_1_worker"))
@@ -256,7 +268,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
     "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
-    "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "queue": queue_rows,
+    "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows,
 }  # fmt: skip
 

@@ -479,3 +479,64 @@ def test_vllm_engine_without_vllm_says_how_to_install_it(tiny_dir: Path, monkeyp
     with pytest.raises(ImportError, match=r"posttrain\[gpu\]"):
         VLLMRolloutEngine(tiny_dir)
 
+
+
+def episodes(batcher, starts: list[list[int]], sampling: SamplingConfig, turns: int, *, concurrent: bool) -> list[list[Any]]:  # type: ignore[no-untyped-def]
+    """Synthetic multi-turn episodes: each turn's prompt is the last prompt, the reply and a few tokens the
+    'environment' adds; the completions of every turn, per episode."""
+
+    def run(start: list[int], out: list[Any]) -> None:
+        prompt = list(start)
+        for turn in range(turns):
+            completion = batcher.complete(prompt, sampling)
+            out.append(completion)
+            prompt = prompt + completion.token_ids + [5 + turn, 7, 11 + len(out)]
+
+    results: list[list[Any]] = [[] for _ in starts]
+    threads = [threading.Thread(target=run, args=(s, r)) for s, r in zip(starts, results)]
+    for thread in threads:
+        thread.start()
+        if not concurrent:
+            thread.join()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("concurrent,temperature", [(True, 0.0), (False, 1.0)])
+def test_turns_that_go_on_from_a_cached_prefix_give_the_tokens_a_whole_prefill_gives(tiny_dir: Path, concurrent: bool,
+                                                                                      temperature: float) -> None:
+    """Greedy episodes side by side, and sampled ones one after another (so both runs draw the same numbers): the
+    same tokens and log-probs with the KV cache kept between turns as with every turn prefilled whole."""
+    sampling = SamplingConfig(max_new_tokens=12, temperature=temperature)
+    starts = [[1 + i, 20 + i, 30, 31, 32, 33 + i] for i in range(4)]
+    runs = {}
+    for keep in (0, 64 << 20):
+        engine = EmbeddedRolloutEngine.from_dir(tiny_dir, prefix_cache_bytes=keep, stop_token_ids=[])
+        batcher = engine.batcher(seed=3)
+        try:
+            runs[keep] = (episodes(batcher, starts, sampling, turns=4, concurrent=concurrent), batcher.reused_tokens)
+        finally:
+            batcher.close()
+    (whole, none_reused), (kept, reused) = runs[0], runs[64 << 20]
+    assert none_reused == 0 and reused > 0.5 * sum(len(s) + 4 * 12 for s in starts)  # most of each later turn's prompt
+    for a, b in zip(whole, kept):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        assert torch.allclose(torch.tensor([x for c in a for x in c.logprobs]), torch.tensor([x for c in b for x in c.logprobs]), atol=1e-4)
+
+
+def test_the_prefix_store_keeps_its_budget_and_forgets_stale_weights() -> None:
+    from posttrain.platform.serving.generation import KVPrefix
+    from posttrain.training.inference import PrefixStore
+
+    def prefix(ids: tuple[int, ...]) -> KVPrefix:
+        return KVPrefix(ids, ((torch.zeros(1, len(ids), 2), torch.zeros(1, len(ids), 2)),))
+
+    store = PrefixStore(max_bytes=prefix((1, 2, 3)).nbytes * 2)
+    store.put(prefix((1, 2)), version=0)
+    store.put(prefix((1, 2, 3)), version=0)
+    assert store.take([1, 2, 3], version=0).token_ids == (1, 2)  # type: ignore[union-attr]  # a proper start only
+    store.put(prefix((4, 5, 6)), version=0)
+    store.put(prefix((7, 8, 9)), version=0)  # over budget: the oldest goes
+    assert store.take([1, 2, 3, 4], version=0) is None and store.take([4, 5, 6, 0], version=0) is not None
+    assert store.take([7, 8, 9, 0], version=1) is None  # new weights: nothing cached is valid

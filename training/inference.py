@@ -39,6 +39,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.models.loader import load_model
-from posttrain.platform.serving.generation import DecodeBatch, SamplingParams, SpeculationConfig, decode_groups
+from posttrain.platform.serving.generation import DecodeBatch, KVPrefix, SamplingParams, SpeculationConfig, decode_groups
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
@@ -58,6 +59,10 @@ from posttrain.training.modeling import autocast, eval_mode
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, prompt_ids
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_PREFIX_CACHE_BYTES = 512 << 20
+"""KV caches kept for episodes' next turns (SmolLM2-135M holds 46 KB a token in fp32: about 11,000 tokens)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,8 @@ class EmbeddedRolloutEngine:
     Stops at ``stop_token_ids`` (default: the tokenizer's end-of-turn token, as ``generate_groups``).
     ``max_num_seqs`` caps the rows decoded together (None: every group of a call at once); waiting
     groups join as rows leave. With ``seed`` a call draws from one generator of its own, so the same
-    prompts, weights and seed give the same completions.
+    prompts, weights and seed give the same completions. ``prefix_cache_bytes``: the KV its batchers keep for
+    episodes' next turns (see :class:`ContinuousBatcher`; 0 prefills every turn whole).
     """
 
     def __init__(
@@ -153,9 +159,11 @@ class EmbeddedRolloutEngine:
         stop_token_ids: Iterable[int] | None = None,
         max_num_seqs: int | None = None,
         version: int = 0,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         eos = tokenizer.eos_token_id
         self.model, self.tokenizer, self.max_num_seqs, self.version = model, tokenizer, max_num_seqs, version
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.stop_token_ids = frozenset(stop_token_ids if stop_token_ids is not None else [eos])
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
@@ -187,7 +195,47 @@ class EmbeddedRolloutEngine:
         self.version = version
 
     def batcher(self, *, seed: int = 0) -> ContinuousBatcher:
-        return ContinuousBatcher(self, seed=seed)
+        return ContinuousBatcher(self, seed=seed, prefix_cache_bytes=self.prefix_cache_bytes)
+
+
+class PrefixStore:
+    """The KV caches finished completions left (:class:`KVPrefix`), for the prompts that go on from them: an
+    episode's next turn starts with its previous prompt and reply. At most ``max_bytes`` are kept (the least
+    recently stored go first), and only for the policy version that computed them."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.version = max_bytes, -1
+        self._entries: OrderedDict[tuple[int, ...], KVPrefix] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, prefix: KVPrefix, version: int) -> None:
+        with self._lock:
+            self._at(version)
+            if prefix.nbytes > self.max_bytes or prefix.token_ids in self._entries:
+                return
+            self._entries[prefix.token_ids] = prefix
+            self._bytes += prefix.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def take(self, prompt_ids: Sequence[int], version: int) -> KVPrefix | None:
+        """The longest stored prefix that is a proper start of ``prompt_ids``, removed from the store (the
+        completion that goes on from it leaves a longer one)."""
+        with self._lock:
+            self._at(version)
+            best = max((ids for ids in self._entries if len(ids) < len(prompt_ids) and tuple(prompt_ids[: len(ids)]) == ids),
+                       key=len, default=None)
+            if best is None:
+                return None
+            prefix = self._entries.pop(best)
+            self._bytes -= prefix.nbytes
+            return prefix
+
+    def _at(self, version: int) -> None:
+        if version != self.version:  # new weights: every cached key and value is stale
+            self._entries.clear()
+            self._bytes, self.version = 0, version
 
 
 class ContinuousBatcher:
@@ -195,19 +243,24 @@ class ContinuousBatcher:
     episodes of an environment, each in a thread of its own, call :meth:`complete` while others wait on
     their tools. A driver thread keeps one running decode batch: requests join it between decode steps
     and leave as they finish (continuous batching), and requests pending together with the same prompt
-    (the first turns of a rollout group) share one prefill. Each completion is tagged with the engine's
-    policy version when it was asked for; load weights only while no request is out.
+    (the first turns of a rollout group) share one prefill. A request whose prompt goes on from an earlier
+    completion's prompt and reply (an episode's next turn) prefills only the tokens added since, from the KV
+    cache that completion left (``prefix_cache_bytes`` of them kept; 0: every turn prefilled whole), with the
+    same tokens and log-probs as prefilling it whole. Each completion is tagged with the engine's policy
+    version when it was asked for; load weights only while no request is out.
 
         batcher = ContinuousBatcher(engine)
         completion = batcher.complete(prompt_ids, sampling)     # blocks; thread-safe
         batcher.close()
     """
 
-    def __init__(self, engine: EmbeddedRolloutEngine, *, seed: int = 0) -> None:
+    def __init__(self, engine: EmbeddedRolloutEngine, *, seed: int = 0, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         self.engine = engine
         self._generator = torch.Generator(device=engine.model.device).manual_seed(seed)
         self._cond = threading.Condition()
         self._pending: list[tuple[DecodeSequence, Future[Completion]]] = []
+        self._prefixes = PrefixStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.reused_tokens = 0  # prompt tokens not prefilled again: their KV came from an earlier turn
         self._closed = False
         self._thread = threading.Thread(target=self._drive, name="posttrain-batcher", daemon=True)
         self._thread.start()
@@ -220,7 +273,11 @@ class ContinuousBatcher:
         """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
         params = SamplingParams(max_new_tokens=max_new_tokens or sampling.max_new_tokens, temperature=sampling.temperature,
                                 top_p=sampling.top_p, logprobs=True)
-        seq = DecodeSequence(list(prompt_ids), params, self.engine.stop_token_ids, generator=self._generator)
+        seq = DecodeSequence(list(prompt_ids), params, self.engine.stop_token_ids, generator=self._generator,
+                             keep_kv=self._prefixes is not None)
+        if self._prefixes is not None and (prefix := self._prefixes.take(prompt_ids, self.engine.version)) is not None:
+            seq.prefix = prefix
+            self.reused_tokens += len(prefix.token_ids)
         future: Future[Completion] = Future()
         with self._cond:
             if self._closed:
@@ -254,9 +311,9 @@ class ContinuousBatcher:
             try:
                 with eval_mode(self.engine.model):
                     if joining:
-                        same: dict[tuple[int, ...], list[DecodeSequence]] = {}
+                        same: dict[tuple[Any, ...], list[DecodeSequence]] = {}
                         for seq, future in joining:
-                            same.setdefault(tuple(seq.prompt_ids), []).append(seq)
+                            same.setdefault((id(seq.prefix), *seq.prompt_ids), []).append(seq)
                             out[id(seq)] = future
                         batch.add_groups(list(same.values()))
                     self._resolve(batch.pop_finished(), out)
@@ -270,6 +327,9 @@ class ContinuousBatcher:
 
     def _resolve(self, finished: list[DecodeSequence], out: dict[int, Future[Completion]]) -> None:
         for seq in finished:
+            if self._prefixes is not None and seq.kv is not None:
+                self._prefixes.put(seq.kv, self.engine.version)
+                seq.kv = None
             future = out.pop(id(seq), None)
             if future is not None:
                 future.set_result(Completion(seq.generated, seq.logprobs, seq.finish_reason == "stop"))

@@ -84,10 +84,27 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)  # one per generated token when params.logprobs
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per generated token, params.top_logprobs
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = field(default_factory=list)  # per prompt token
+    prefix: KVPrefix | None = None  # the KV cache of a start of prompt_ids, computed before: only the rest is prefilled
+    keep_kv: bool = False  # leave this sequence's KV cache in ``kv`` when it finishes (for a prompt that goes on from it)
+    kv: KVPrefix | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class KVPrefix:
+    """The KV cache of one sequence's tokens ``token_ids``, a row per layer (keys, values; heads, tokens, dim): what
+    a finished sequence leaves for a later prompt that starts with those tokens, such as the next turn of an
+    episode (its earlier turns, the policy's last reply, then what the environment added)."""
+
+    token_ids: tuple[int, ...]
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nelement() * k.element_size() + v.nelement() * v.element_size() for k, v in self.layers)
 
 
 @dataclass(frozen=True)
@@ -423,19 +440,28 @@ class DecodeBatch:
         each group's prompt is prefilled once and its KV cache repeated for every member, which then
         draws its own first token from the shared logits."""
         groups = [live for g in groups if (live := [s for s in g if not s.finished])]
-        if not groups:
-            return
         for group in groups:
-            if any(s.prompt_ids != group[0].prompt_ids for s in group[1:]):
-                raise ValueError("add_groups: every sequence of a group must have the same prompt_ids")
+            if any(s.prompt_ids != group[0].prompt_ids or s.prefix is not group[0].prefix for s in group[1:]):
+                raise ValueError("add_groups: every sequence of a group must have the same prompt_ids and prefix")
+        plain = [g for g in groups if g[0].prefix is None or g[0].params.prompt_logprobs]
+        if plain:
+            self._join(plain, None)
+        for group in groups:  # a group that goes on from a cached prefix: its own prefill, from that cache
+            if not (group[0].prefix is None or group[0].params.prompt_logprobs):
+                self._join([group], group[0].prefix)
+
+    def _join(self, groups: list[list[Sequence]], prefix: KVPrefix | None) -> None:
         seqs = [s for g in groups for s in g]
         for seq in seqs:
             if seq.params.seed is not None and not seq.params.greedy:
                 seq.generator = torch.Generator().manual_seed(seq.params.seed)
         prompts = [g[0].prompt_ids for g in groups]
-        cache, mask, every = self._prefill(prompts, every=any(s.params.prompt_logprobs for s in seqs))
+        if prefix is not None:
+            cache, mask, every = self._prefill_after(prefix, prompts[0])
+        else:
+            cache, mask, every = self._prefill(prompts, every=any(s.params.prompt_logprobs for s in seqs))
         logits = every[:, -1]
-        if every.shape[1] > 1:
+        if every.shape[1] > 1 and any(s.params.prompt_logprobs for s in seqs):
             for group, scored in zip(groups, _prompt_logprobs(every, mask, prompts, [g[0] for g in groups])):
                 for seq in group:
                     if seq.params.prompt_logprobs:
@@ -486,6 +512,22 @@ class DecodeBatch:
                        position_ids=positions.to(self.device), **keep)
         return cache, mask, out.logits
 
+    def _prefill_after(self, prefix: KVPrefix, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One prompt that starts with ``prefix``'s tokens: its cache is the prefix's, and only the rest of the prompt
+        (at least its last token, whose logits pick the first token) runs through the model."""
+        shared = len(prefix.token_ids)
+        if not 0 < shared < len(prompt) or tuple(prompt[:shared]) != prefix.token_ids:
+            raise ValueError("a KV prefix must be a proper start of the prompt it is used for")
+        cache = DynamicCache(config=self.model.config)
+        for index, (keys, values) in enumerate(prefix.layers):
+            cache.update(keys[None].to(self.device), values[None].to(self.device), index)
+        mask = torch.ones((1, len(prompt)), dtype=torch.long)
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out = _forward(self.model, cache, input_ids=torch.tensor([prompt[shared:]], device=self.device),
+                       attention_mask=mask.to(self.device), position_ids=torch.arange(shared, len(prompt), device=self.device)[None],
+                       **keep)  # fmt: skip
+        return cache, mask, out.logits
+
     def _splice(self, cache: DynamicCache, mask: torch.Tensor, valid: torch.Tensor) -> None:
         """Append newly prefilled rows to the running batch, left-padding whichever side is shorter."""
         if self.cache is None:
@@ -506,6 +548,9 @@ class DecodeBatch:
         keep = [i for i, s in enumerate(self.seqs) if not s.finished]
         if len(keep) == len(self.seqs):
             return done
+        for i, seq in enumerate(self.seqs):
+            if seq.finished and seq.keep_kv and self.cache is not None and _mergeable(self.cache):
+                seq.kv = self._row_kv(i, seq)
         if not keep:
             self.seqs, self.pending, self.cache = [], [], None
             self.mask, self.valid = self.mask[:0, :0], self.valid[:0]
@@ -523,6 +568,17 @@ class DecodeBatch:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
             self.mask = self.mask[:, first:]
         return done
+
+    def _row_kv(self, row: int, seq: Sequence) -> KVPrefix | None:
+        """Row ``row``'s cache over its real positions: the KV of every token it holds (all but the last chosen)."""
+        assert self.cache is not None
+        columns = torch.nonzero(self.mask[row]).flatten()
+        tokens = (seq.prompt_ids + seq.generated)[: len(columns)]
+        if len(columns) != int(self.valid[row]) or len(columns) != len(seq.prompt_ids) + len(seq.generated) - 1:
+            return None  # not a plain run of its tokens (an abort between steps): nothing to go on from
+        at = columns.to(self.device)
+        layers = tuple((layer.keys[row][:, at].clone(), layer.values[row][:, at].clone()) for layer in self.cache.layers)
+        return KVPrefix(tuple(tokens), layers)
 
     @torch.inference_mode()
     def step(self) -> None:
