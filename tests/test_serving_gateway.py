@@ -204,15 +204,21 @@ def test_gateway_errors(stack: dict[str, object]) -> None:
 
 
 DYING_SERVER = textwrap.dedent('''
-    import os, sys, uvicorn
+    import asyncio, os, sys, uvicorn
     from starlette.applications import Starlette
     from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
     async def health(request): return Response(status_code=200)
     async def chat(request):
+        # The partial answer must be on the wire before the process dies (else the test measures this server's
+        # race, not the gateway, as it did under load): read the request whole (a process that exits with unread
+        # bytes in its socket resets the connection, and a reset can discard what the gateway has not read yet),
+        # and give the event loop a moment to write the chunk out.
+        await request.body()
         async def body():
             yield b'data: {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "dying", '
             yield b'"choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": null}]}\\n\\n'
+            await asyncio.sleep(0.2)
             os._exit(1)  # the deployment dies mid-stream
         return StreamingResponse(body(), media_type="text/event-stream")
     app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"])])
