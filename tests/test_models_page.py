@@ -113,9 +113,7 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
     tool printed. (No model of this size calls tools unprompted; this one is real weights, taught one thing.)"""
     import shutil
 
-    import torch
-
-    from posttrain.platform.models.loader import load_model
+    from posttrain.platform.models.tuning import TokenExample, memorize
     from posttrain.platform.sandbox import tool_schemas
     from posttrain.platform.serving import EmbeddedEngine, EngineConfig
     from posttrain.platform.serving.client import PLAYGROUND_TOOLS
@@ -129,24 +127,15 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
     exchange = [([user], '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'),
                 ([user, {"role": "assistant", "content": "", "tool_calls": [call]},
                   {"role": "tool", "tool_call_id": "c1", "name": "python", "content": "42\n"}], "It is 42.")]
-    tokenizer, model = engine.tokenizer, load_model(tiny_model).model
+    tokenizer = engine.tokenizer
     rows = []
     for messages, reply in exchange:
         prompt = engine.prepare_chat(ChatCompletionRequest(model="tiny", messages=messages, tools=tools)).prompt_ids
-        target = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((torch.tensor([prompt + target]), len(prompt)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(400):
-        loss = sum(model(ids, labels=torch.where(torch.arange(ids.shape[1]) < start, -100, ids)).loss for ids, start in rows)
-        optimizer.zero_grad()
-        loss.backward()  # type: ignore[union-attr]
-        optimizer.step()
-        if float(loss) < 0.01:
-            break
+        rows.append(TokenExample.completion(prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
     path = tmp_path_factory.mktemp("caller") / "caller"
     shutil.copytree(tiny_model, path)
-    model.save_pretrained(path)
+    losses = memorize(path, rows, steps=300)  # type: ignore[arg-type]
+    assert losses[-1] < 0.05, losses[-5:]
     return path
 
 
