@@ -228,6 +228,221 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     }), flush=True)
 
 
+# --- the repair preset's three arms ----------------------------------------------------------------------
+ARMS = {  # arm -> (the stage it starts from, whether it trains with GRPO or continues SFT)
+    "cold": ("base", "grpo"),      # GRPO from the model as it ships
+    "sft": ("sft", "sft"),         # the SFT warm-up continued for as many steps as GRPO takes
+    "sft-grpo": ("sft", "grpo"),   # GRPO from the SFT warm-up
+}
+GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
+EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "tested_before_reply")
+
+
+class Jobs:
+    """Jobs of one arm run through real workers in ``workdir``'s data directory (shared by every arm)."""
+
+    def __init__(self, workdir: Path, threads: int) -> None:
+        self.workdir, self.data = workdir, workdir / "data"
+        self.env = {"POSTTRAIN_DATA_DIR": str(self.data), "POSTTRAIN_DATABASE_URL": f"sqlite:///{self.data / 'posttrain.db'}",
+                    "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.5", "OMP_NUM_THREADS": str(threads)}
+        os.environ.update(self.env)
+        from posttrain.platform.auth import Identity
+        from posttrain.platform.db import migrate
+        from posttrain.platform.db.models import Role
+
+        self.data.mkdir(parents=True, exist_ok=True)
+        migrate.upgrade(self.env["POSTTRAIN_DATABASE_URL"])
+        self.identity = Identity("bench", Role.admin)
+
+    def run(self, kind: str, config: dict, label: str) -> dict:
+        """Submit one job, run a worker until the queue is empty (printing a GRPO run's reward per step), and
+        return the job's result; exits naming the job's error when it fails."""
+        import subprocess
+        import time
+
+        from sqlmodel import select
+
+        from posttrain.platform.db.engine import session
+        from posttrain.platform.db.models import JobStatus, Metric
+        from posttrain.platform.jobs import queue
+
+        job_id = queue.submit(self.identity, kind, config)
+        worker = subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"],
+                                  env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        printed, curve = 0, {}
+        while True:
+            done = worker.poll() is not None
+            with session(read_only=True) as s:
+                rows = s.exec(select(Metric).where(Metric.job_id == job_id, Metric.name.startswith("rollout/")
+                                                   | Metric.name.startswith("time/"))).all()
+            for m in rows:
+                curve.setdefault(m.step, {})[m.name] = m.value
+            for step in sorted(k for k in curve if k > printed and "time/step_s" in curve[k]):
+                print(json.dumps({"curve": label, "step": step, "reward_mean": round(curve[step]["rollout/reward_mean"], 4),
+                                  "groups_used": curve[step].get("rollout/groups_used"),
+                                  "step_s": round(curve[step]["time/step_s"], 2)}), flush=True)
+                printed = step
+            if done:
+                break
+            time.sleep(5)
+        job = queue.get_job(job_id)
+        if job.status is not JobStatus.succeeded:
+            raise SystemExit(f"{label}: the {kind} job ended {job.status.value}: {job.error} (log: {job.log_path})")
+        return {**(job.result or {}), "curve": [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]}
+
+    def evaluate(self, preset: str, model: str, label: str, tasks: int | None) -> dict[str, float]:
+        config = {"preset": preset, "model": model, **({"tasks_per_domain": tasks} if tasks else {})}
+        return self.run("evaluate", config, label)["reports"][model]
+
+
+def held_out_groups(report: dict[str, float]) -> dict[str, dict[str, float]]:
+    """pass@1, its standard error and the task count of each of :data:`GROUPS` from an evaluation report."""
+    import math
+
+    def group(pairs: list[tuple[float, float]]) -> dict[str, float]:
+        n = sum(count for _, count in pairs)
+        rate = sum(p * count for p, count in pairs) / n if n else float("nan")
+        return {"pass": round(rate, 4), "se": round(math.sqrt(rate * (1 - rate) / n), 4) if n else float("nan"), "tasks": int(n)}
+
+    def reasons(domain: str) -> list[tuple[float, float]]:
+        prefix = f"eval/{domain}/held_out_by/"
+        return [(report[k], report[k.removesuffix("pass@1") + "tasks"]) for k in report if k.startswith(prefix) and k.endswith("/pass@1")]
+
+    domains = {k.split("/")[1] for k in report if k.count("/") >= 2 and k.split("/")[1].startswith("repair.")}
+    return {
+        "unseen_functions": group([(report[k], report[k.removesuffix("pass@1") + "tasks"])
+                                   for k in report if k.startswith("eval/repair.") and k.endswith("/held_out_by/function/pass@1")]),
+        "unseen_modules": group([(report[k], report[k.removesuffix("pass@1") + "tasks"]) for k in report
+                                 if k.startswith("eval/repair.") and "humaneval" not in k and k.endswith("/held_out_by/prompt/pass@1")]),
+        "humaneval": group(reasons("repair.humaneval") if "repair.humaneval" in domains else []),
+    }
+
+
+def arm_figures(report: dict[str, float]) -> dict:
+    groups = held_out_groups(report)
+    return {"pass": {g: groups[g]["pass"] for g in GROUPS}, "se": {g: groups[g]["se"] for g in GROUPS},
+            "tasks": {g: groups[g]["tasks"] for g in GROUPS},
+            "episodes": {f: round(report.get(f"eval/episodes/{f}", float("nan")), 3) for f in EPISODE_FIGURES},
+            "general": report.get("general/pass@1")}
+
+
+def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
+    """A stage the arms share, made once in the workdir: ``base`` (the model imported and evaluated as it ships)
+    or ``sft`` (demonstrations and the SFT warm-up)."""
+    import time
+
+    path = jobs.workdir / "stages" / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    started = time.perf_counter()
+    if name == "base":
+        from posttrain.platform.models.importer import import_model
+
+        row = import_model(jobs.identity, f"builtin:{run.model}", dest_root=jobs.data / "models")
+        report = jobs.evaluate(preset, row.name, "evaluate the model as it ships", args.eval_tasks)
+        out = {"model": row.name, "path": row.path, "params": (row.meta or {}).get("parameters"), "report": report}
+    else:
+        base = stage(jobs, preset, "base", args)
+        steps = args.sft_steps or run.sft.max_steps
+        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": "repair-sft", "max_steps": steps,
+                                        "output_dir": str(jobs.data / "runs" / "sft")}, "SFT warm-up")
+        episodes = jobs.data / "runs" / "sft" / "demonstrations.jsonl"
+        out = {"model": result["model"], "checkpoint": result["checkpoint"], "steps": result["steps"],
+               "demonstrations": sum(1 for line in episodes.read_text().splitlines() if line.strip())}
+    out["minutes"] = round((time.perf_counter() - started) / 60, 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    print(json.dumps({"stage": name, **{k: v for k, v in out.items() if k != "report"}}), flush=True)
+    return out
+
+
+def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
+    """One arm from its stage: GRPO (``cold``, ``sft-grpo``) or SFT continued (``sft``) for the preset's GRPO steps,
+    then the evaluation; written to ``<workdir>/arms/<arm>.json``. Made stages are reused, missing ones made."""
+    import resource
+    import shutil
+    import time
+
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    jobs = Jobs(args.workdir, args.threads)
+    made = {s: (jobs.workdir / "stages" / f"{s}.json").is_file() for s in ("base", "sft")}
+    start_from, trainer = ARMS[arm]
+    base = stage(jobs, preset, "base", args)
+    origin = stage(jobs, preset, start_from, args)
+    started = time.perf_counter()
+    grpo_steps = args.grpo_steps or run.grpo.max_steps
+    out_dir = jobs.data / "runs" / f"arm-{arm}"  # job paths lie under the data directory
+    if trainer == "grpo":
+        result = jobs.run("train_grpo", {"preset": preset, "model": origin["model"], "register_as": f"repair-{arm}",
+                                         "max_steps": grpo_steps, "output_dir": str(out_dir)}, f"{arm} GRPO")
+    else:  # the warm-up's checkpoint (model, optimizer, data position) and demonstrations, continued
+        checkpoints = out_dir / "checkpoints"
+        if not checkpoints.is_dir():
+            checkpoints.mkdir(parents=True)
+            shutil.copytree(origin["checkpoint"], checkpoints / Path(origin["checkpoint"]).name)
+            for made_file in ("demonstrations.jsonl", "demonstrations.config.json"):
+                shutil.copy(jobs.data / "runs" / "sft" / made_file, out_dir / made_file)
+        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"repair-{arm}",
+                                        "max_steps": origin["steps"] + grpo_steps, "output_dir": str(out_dir)}, f"{arm} SFT")
+    report = jobs.evaluate(preset, result["model"], f"evaluate {arm}", args.eval_tasks)
+    minutes = (time.perf_counter() - started) / 60
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    curve = result.get("curve", [])
+    figures = {
+        "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps, **arm_figures(report),
+        "minutes": round(minutes, 2),  # this arm's own training and evaluation
+        "minutes_alone": round(minutes + base["minutes"] + (origin["minutes"] if origin is not base else 0.0), 2),  # from nothing
+        "stages_made_here": [s for s, was in made.items() if not was and (s == "base" or start_from == "sft")],
+        "cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
+        "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3),
+        "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
+        "groups_used_mean": round(sum(p.get("rollout/groups_used", 0.0) for p in curve) / len(curve), 2) if curve else None,
+        "model": result["model"],
+    }
+    path = jobs.workdir / "arms" / f"{arm}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures))
+    print(json.dumps(figures), flush=True)
+    return figures
+
+
+def combine_arms(preset: str, args: argparse.Namespace) -> None:
+    """The arms' results in the workdir as one summary (``bench/results/learning-repair.json`` when recorded)."""
+    found = {arm: json.loads(p.read_text()) for arm in ARMS if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
+    if missing := [arm for arm in ARMS if arm not in found]:
+        raise SystemExit(f"arms {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
+                         f"--workdir {args.workdir} --arm NAME for each")
+    base = json.loads((args.workdir / "stages" / "base.json").read_text())
+    sft = json.loads((args.workdir / "stages" / "sft.json").read_text())
+    before = arm_figures(base["report"])
+    a, b = found["sft-grpo"], found["sft"]
+    gap = 100 * (a["pass"]["unseen_functions"] - b["pass"]["unseen_functions"])
+    gap_se = 100 * (a["se"]["unseen_functions"] ** 2 + b["se"]["unseen_functions"] ** 2) ** 0.5
+    minutes = base["minutes"] + sft["minutes"] + sum(arm["minutes"] for arm in found.values())
+    print(json.dumps({
+        "figure": "learning-repair", "preset": preset, "model": base["model"], "model_params": base["params"],
+        "pass_before": before["pass"], "pass_before_se": before["se"], "eval_tasks": before["tasks"],
+        "episodes_before": before["episodes"], "general_before": before["general"],
+        "arms": {arm: {"pass_after": f["pass"], "pass_after_se": f["se"], "general_after": f["general"],
+                       "episodes": f["episodes"], "steps": f["steps"], "minutes": f["minutes"],
+                       "minutes_alone": f["minutes_alone"], "cpu_minutes": f["cpu_minutes"], "peak_rss_gb": f["peak_rss_gb"],
+                       "reward_curve": f["reward_curve"], "groups_used_mean": f["groups_used_mean"]} for arm, f in found.items()},
+        "general_after": {arm: f["general"] for arm, f in found.items()},
+        "sft": {"demonstrations": sft["demonstrations"], "steps": sft["steps"], "minutes": sft["minutes"]},
+        "sft_grpo_over_sft_unseen_functions_points": round(gap, 2), "gap_se_points": round(gap_se, 2),
+        "goal_met": gap >= 10 and gap > 2 * gap_se,
+        "minutes": round(minutes, 2), "peak_rss_gb": max(f["peak_rss_gb"] for f in found.values()),
+        "peer": {"name": "the SFT-only arm", "setting": "the same warm-up continued for as many steps as GRPO took, "
+                                                      "the same held-out tasks, greedy, in the same workdir"},
+        "workdir": str(args.workdir),
+    }), flush=True)
+
+
 def main() -> None:
     from posttrain.training.demo import run_preset
     from posttrain.training.presets import get_preset
@@ -247,7 +462,26 @@ def main() -> None:
     parser.add_argument("--ablation-steps", type=int, default=3, help="GRPO steps per ablation variant")
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--arms", action="store_true", help="every arm of the preset (cold, sft, sft-grpo), each in a "
+                        "process of its own, then their summary")
+    parser.add_argument("--arm", choices=list(ARMS), help="one arm; its result goes to <workdir>/arms/<arm>.json")
+    parser.add_argument("--combine", action="store_true", help="the summary of the arms already run in --workdir")
     args = parser.parse_args()
+    if args.arms or args.arm or args.combine:
+        import subprocess
+
+        args.workdir = args.workdir or Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms"
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        args.workdir.chmod(0o755)  # the episodes' sandboxes live under it: the sandbox uid must be able to enter it
+        if args.arm:
+            run_arm(args.preset, args.arm, args)
+            return None
+        if args.arms:
+            passed = [a for a in sys.argv[1:] if a not in ("--arms",)]
+            for arm in ARMS:
+                if not (args.workdir / "arms" / f"{arm}.json").is_file():
+                    subprocess.run([sys.executable, __file__, *passed, "--workdir", str(args.workdir), "--arm", arm], check=True)
+        return combine_arms(args.preset, args)
     if args.ablation_variant:
         print(json.dumps(ablation_variant(args.preset, args.ablation_variant, args.model_dir, args.ablation_steps, args.threads)))
         return None

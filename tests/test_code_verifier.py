@@ -155,7 +155,7 @@ def test_plan_takes_from_the_program_only_its_entry_point_and_the_names_nothing_
 
 def test_a_source_file_is_graded_whole_fences_in_its_docstrings_and_all(service: VerifierService, ctx: VerifyContext) -> None:
     """A code_repair episode's final module is a file, not a chat reply: a ``` in a docstring is code."""
-    from posttrain.training.environments.code_repair import as_file
+    from posttrain.platform.tasks.episodes import as_file
 
     module = 'def f(x):\n    """Add one:\n\n    ```python\n    f(1) == 2\n    ```\n    """\n    return x + 1\n'
     reply = code_task(THREE_TESTS)

@@ -3,6 +3,8 @@ bubblewrap sandboxes, with the real model's tokenizer; and SFT on the episodes i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -15,7 +17,8 @@ from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.data import IGNORE, chat_example, episode_example
 from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits
 from posttrain.training.environments.base import read_episodes, write_episodes
-from posttrain.training.environments.code_repair import CodeRepair, as_file
+from posttrain.platform.tasks.episodes import as_file
+from posttrain.training.environments.code_repair import CodeRepair
 
 pytestmark = [pytest.mark.requires("bubblewrap"), pytest.mark.requires("real model")]
 
@@ -123,3 +126,40 @@ def test_an_sft_run_reads_episodes_filtered_by_reward(tokenizer, pool: SandboxPo
     assert kept[0] == episode_example(episode.prompt_ids, episode.token_ids, episode.loss_mask)
     with pytest.raises(ValueError, match="no episode with a reward of at least 2"):
         build_examples(SFTConfig(episodes_path=str(path), episodes_min_reward=2.0), tokenizer)
+
+
+def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``SFTConfig.demonstrations``: the run makes its expert episodes in the platform's own sandboxes, writes them
+    beside its checkpoints, and reads them back (not made again) when it resumes with the same settings."""
+    from test_code_verifier import reachable_dir
+
+    from posttrain.platform.settings import get_settings
+    from posttrain.training.config import DemonstrationsConfig, SFTConfig
+    from posttrain.training.sft import build_examples
+
+    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the sandbox uid must be able to enter it
+    get_settings.cache_clear()
+    try:
+        out = reachable_dir()
+        demos = {"domains": [{"name": "repair.off_by_one", "difficulty": 2}, {"name": "repair.missing_case", "difficulty": 2}],
+                 "tasks_per_domain": 2, "environment": ENV.model_dump()}
+        config = SFTConfig(output_dir=str(out), demonstrations=demos, max_seq_len=4096)
+        examples = build_examples(config, tokenizer)
+        made = out / "demonstrations.jsonl"
+        stored = read_episodes(made, min_reward=1.0)
+        assert len(examples) == len(stored) == 4  # every scripted repair passed the hidden tests
+        domains = [json.loads(line)["task"]["domain"] for line in made.read_text().splitlines()]
+        assert sorted(set(domains)) == ["repair.missing_case", "repair.off_by_one"]
+        assert [x.labels for x in examples] == [episode_example(e.prompt_ids, e.token_ids, e.loss_mask, 4096).labels for e in stored]
+        written = made.stat().st_mtime_ns
+        assert build_examples(config, tokenizer) == examples and made.stat().st_mtime_ns == written  # read back, not made again
+        other = config.updated(demonstrations={**demos, "seed": 1})
+        assert build_examples(other, tokenizer) != examples and made.stat().st_mtime_ns != written  # new settings: made anew
+    finally:
+        get_settings.cache_clear()
+    with pytest.raises(ValueError, match="not repair"):
+        DemonstrationsConfig(domains=[{"name": "arith.add.int"}])
+    with pytest.raises(ValueError, match="code_repair environment"):
+        DemonstrationsConfig(domains=[{"name": "repair.off_by_one"}], environment={"name": "tool_use"})
+    with pytest.raises(ValueError, match="set output_dir"):
+        build_examples(SFTConfig(demonstrations=demos), tokenizer)

@@ -354,3 +354,29 @@ def test_an_evaluation_in_the_tool_environment_runs_whole_episodes(platform_env:
     single = evaluate_policy(tools.model_copy(update={"environment": None}), str(real_model_dir.path))
     assert episodes["eval/pass@1"] - single["eval/pass@1"] >= 0.5, (episodes, single, records)
     assert all(r["completion"].startswith("\\boxed{") for r in records if r["passed"])  # the answer after the tool's output
+    # what the episodes did, beside the pass rate: the tool called, no test run (there is none), an answer after it
+    assert episodes["eval/episodes/tool_calls"] >= 0.5 and episodes["eval/episodes/turns"] >= 1.5, episodes
+    assert episodes["eval/episodes/tested_before_reply"] == 0.0 and "eval/episodes/turns" not in single
+
+
+def test_an_evaluation_reports_each_held_out_group_of_the_repair_domains(real_model_dir: Any) -> None:
+    """Repairs of functions no training task shows, unseen modules of seen functions, and HumanEval problems held
+    out whole (at a difficulty of their own): each group's pass@1 and task count, per domain and over them all."""
+    from posttrain.training.config import EvalConfig
+    from posttrain.training.evaluate import all_eval_tasks, evaluate_policy
+
+    config = EvalConfig(domains=["repair.off_by_one", "repair.humaneval"], difficulty=2, difficulties={"repair.humaneval": 3},
+                        tasks_per_domain=6, max_new_tokens=8, batch_size=12)
+    tasks = all_eval_tasks(config)
+    why = [(t.domain, t.metadata.get("held_out_by", "prompt")) for t in tasks]
+    report = evaluate_policy(config, str(real_model_dir.path))
+    for domain, reason in set(why):
+        assert report[f"eval/{domain}/held_out_by/{reason}/tasks"] == why.count((domain, reason)), (domain, reason, report)
+    assert {r for _, r in why} >= {"function", "problem"}  # the repairs hold out functions, HumanEval whole problems
+    assert report["eval/held_out_by/function/tasks"] == sum(r == "function" for _, r in why)
+    assert report["eval/held_out_by/function/pass@1"] == 0.0  # eight tokens repair nothing
+    assert all(t.metadata["files"] for t in tasks if t.domain == "repair.humaneval")
+    with pytest.raises(ValueError, match="does not list"):
+        EvalConfig(domains=["repair.off_by_one"], difficulty=2, difficulties={"repair.humaneval": 3})
+    with pytest.raises(ValueError, match="too few to hold out"):
+        EvalConfig(domains=["repair.humaneval"], difficulty=3, difficulties={"repair.humaneval": 2})

@@ -76,14 +76,20 @@ def test_the_general_check_leaves_out_the_evaluated_domains_and_is_validated_at_
 
 def test_real_model_presets_start_from_the_built_in_model_with_the_general_check() -> None:
     real = [n for n in preset_names() if n.startswith("smollm2-")]
-    assert {"smollm2-arith", "smollm2-quick"} <= set(real)
+    assert {"smollm2-arith", "smollm2-quick", "smollm2-repair"} <= set(real)
     for name in real:
         run = get_preset(name)
-        assert run.model == "smollm2-135m-instruct" and run.sft is None
+        # SFT only on demonstrations the run makes itself, never on the evaluated tasks' references
+        assert run.model == "smollm2-135m-instruct" and (run.sft is None or (run.sft.demonstrations and not run.sft.domains))
         assert run.eval.general is not None and not set(run.eval.general.domains) & set(run.eval.domains)
         assert run.grpo.prompt_format == run.eval.prompt_format  # trained and measured the same way
         trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
-        assert trained == set(run.eval.domains) and run.grpo.task_set == run.eval.task_set  # the same domains, or one set
+        # the same domains (or one set), and at most an out-of-distribution domain no training task comes from
+        assert trained <= set(run.eval.domains) and run.grpo.task_set == run.eval.task_set
+        assert set(run.eval.domains) - trained <= {"repair.humaneval"}
+        if run.sft is not None:  # demonstrations in the environment GRPO and the evaluation run
+            assert run.sft.demonstrations.environment == run.grpo.environment
+            assert {d.name for d in run.sft.demonstrations.domains} == trained
         assert run.eval.environment == (run.grpo.environment if run.grpo.environment.multi_turn else None)
         if run.grpo.task_set is not None:  # a document preset says which documents its set is built from, and how
             assert run.documents is not None and run.documents.task_set == run.grpo.task_set

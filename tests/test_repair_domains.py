@@ -81,3 +81,26 @@ def test_the_held_out_split_of_the_repair_domains_is_by_function() -> None:
             by_function = [t for t in held_out if t.metadata.get("held_out_by") == "function"]
             assert by_function and all(functions(t) & held for t in by_function)
             assert all(not functions(t) & held for t in held_out if t not in by_function)  # unseen modules of seen functions
+
+
+def test_humaneval_holds_out_whole_problems_an_out_of_distribution_set() -> None:
+    """A fifth of HumanEval's problems (by task id) are eval at every difficulty: no train task shows one, and
+    difficulty d draws from the shortest d fifths, so the larger difficulties hold out enough of them to evaluate."""
+    from posttrain.platform.tasks.domains.families.repair_tasks import held_out_function
+    from posttrain.platform.tasks.domains.registry import prompt_space
+
+    problems = humaneval_problems()
+    held = {p["task_id"] for p in problems if held_out_function(p["task_id"], "problem")}
+    assert 0.1 < len(held) / len(problems) < 0.3
+
+    def problem(task) -> str:  # type: ignore[no-untyped-def]
+        return next(p["task_id"] for p in problems if task.metadata["files"][MODULE].startswith(p["prompt"]))
+
+    for difficulty in range(1, 6):
+        train = generate("repair.humaneval", 60, seed=difficulty, difficulty=difficulty)
+        assert not {problem(t) for t in train} & held, difficulty
+    assert prompt_space("repair.humaneval", 3).has_held_out_split
+    held_out = generate("repair.humaneval", 24, seed=0, difficulty=3, split="eval")
+    assert len({t.prompt_text for t in held_out}) == 24
+    assert sum(t.metadata.get("held_out_by") == "problem" for t in held_out) > 12
+    assert all(problem(t) in held for t in held_out if t.metadata.get("held_out_by") == "problem")

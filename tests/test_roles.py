@@ -24,7 +24,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.registry import export_download, register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
-from posttrain.platform.serving.client import chat_as, chat_with_tools
+from posttrain.platform.serving.client import chat_as, chat_with_tools, try_task
 from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
 from posttrain.platform.serving.tiers import save_tiers, tiers_path
 from posttrain.platform.serving.profiles import TierCatalog
@@ -81,6 +81,7 @@ def action_calls(tiny_dir: Path, job_id: int, task_id: int, key_id: str) -> dict
         "sandbox.run": lambda who: run_snippet(who, no_pool, "bash", "touch /tmp/posttrain-viewer-was-here"),
         "model.chat": lambda who: chat_as(who, "http://127.0.0.1:9", "tiny", [{"role": "user", "content": "hi"}]),
         "model.chat_tools": lambda who: chat_with_tools(who, no_pool, "http://127.0.0.1:9", "tiny", [{"role": "user", "content": "hi"}]),
+        "task.try_episode": lambda who: try_task(who, no_pool, "http://127.0.0.1:9", "tiny", task_id),
         "user.create": lambda who: auth.create_user(who, "eve", PASSWORD, Role.admin),
         "user.password": lambda who: auth.set_password(who, "otto", "a new password!"),
         "user.role": lambda who: auth.set_role(who, "viv", Role.admin),

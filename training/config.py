@@ -189,6 +189,78 @@ class TrainConfig(BaseModel):
         return type(self).model_validate(base | changes)
 
 
+class EnvironmentConfig(BaseModel):
+    """What each rollout is: an environment (:mod:`posttrain.training.environments`) run per episode.
+
+    ``single_turn``: one completion per task (every domain; today's rollouts). ``tool_use``: the policy
+    may call the sandbox tools over several turns before it answers; ``code_repair``: it fixes a small
+    project in a sandbox. Others come from plugins (the ``posttrain.environments`` entry-point group)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="single_turn", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
+                      description="single_turn, tool_use, code_repair, or a plugin's name")
+    max_turns: int = Field(default=4, ge=1, le=64, description="policy turns per episode, at most")
+    max_episode_tokens: int = Field(default=2048, ge=16, description="prompt, policy and tool tokens of one episode, at most")
+    episode_timeout_s: float = Field(default=120.0, gt=0, description="wall clock of one episode, tools included")
+    tool_timeout_s: float = Field(default=10.0, gt=0, description="wall clock of one tool call")
+    tool_output_chars: int = Field(default=2000, ge=64, description="what the policy sees of one tool result, at most")
+    tools: list[str] | None = Field(default=None, description="the tools offered (None: the environment's own)")
+    concurrency: int = Field(default=8, ge=1, le=256, description="episodes run at once (and sandboxes kept warm)")
+    infra_retries: int = Field(default=2, ge=0, le=10, description="times an episode whose sandbox failed is redone")
+    options: dict[str, Any] = Field(default_factory=dict, description="the environment's own settings")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in (known := environment_names()):
+            raise ValueError(f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
+                             "the entry-point group 'posttrain.environments')")
+        return name
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[str] | None) -> list[str] | None:
+        from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
+
+        if tools is not None and (unknown := [t for t in tools if t not in TOOL_SCHEMAS]):
+            raise ValueError(f"unknown tools {unknown}; the sandbox has {', '.join(TOOL_SCHEMAS)}")
+        return tools
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name != "single_turn"
+
+
+class DemonstrationsConfig(BaseModel):
+    """Expert episodes an SFT run makes before it trains (:mod:`posttrain.training.demonstrations`): a scripted
+    agent repairs each ``train``-split task of ``domains`` through the real ``code_repair`` environment in real
+    sandboxes; the episodes whose final module passes every hidden test are the SFT data, trained on the policy's
+    tokens only. They are written to ``<output_dir>/demonstrations.jsonl`` once; a resumed run reads them back."""
+
+    model_config = ConfigDict(extra="forbid")
+    domains: list[DomainSpec] = Field(min_length=1, description="repair.* domains (with their difficulty) to demonstrate")
+    tasks_per_domain: int = Field(default=32, ge=1, le=4096)
+    seed: int = 0
+    environment: EnvironmentConfig = Field(default_factory=lambda: EnvironmentConfig(name="code_repair", max_turns=8,
+                                                                                    max_episode_tokens=4096),
+                                           description="the environment the episodes run in: the GRPO run's, so the "
+                                           "tools offered and the prompt are the ones it will see")
+
+    @field_validator("domains")
+    @classmethod
+    def _repair(cls, domains: list[DomainSpec]) -> list[DomainSpec]:
+        if not_repair := [d.name for d in domains if not d.name.startswith("repair.")]:
+            raise ValueError(f"demonstrations are of code repair: {not_repair} are not repair.* domains")
+        return domains
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, environment: EnvironmentConfig) -> EnvironmentConfig:
+        if environment.name != "code_repair":
+            raise ValueError(f"demonstrations run in the code_repair environment, not {environment.name!r}")
+        return environment
+
+
 class SFTConfig(TrainConfig):
     preset_section: ClassVar[str] = "sft"
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-4}
@@ -202,6 +274,8 @@ class SFTConfig(TrainConfig):
                                       "rollouts), trained on the policy's tokens only", json_schema_extra=JOB_PATH)
     episodes_min_reward: float | None = Field(default=None, description="train only on the episodes with at least "
                                               "this reward (None: every one)")
+    demonstrations: DemonstrationsConfig | None = Field(default=None, description="make expert code-repair episodes "
+                                                        "first and train on them (written to <output_dir>/demonstrations.jsonl)")
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
@@ -308,48 +382,6 @@ class LogprobCheck(MismatchTolerance):
     trajectories: int = Field(default=16, ge=1, description="completions rescored per check, at most")
 
 
-class EnvironmentConfig(BaseModel):
-    """What each rollout is: an environment (:mod:`posttrain.training.environments`) run per episode.
-
-    ``single_turn``: one completion per task (every domain; today's rollouts). ``tool_use``: the policy
-    may call the sandbox tools over several turns before it answers; ``code_repair``: it fixes a small
-    project in a sandbox. Others come from plugins (the ``posttrain.environments`` entry-point group)."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(default="single_turn", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
-                      description="single_turn, tool_use, code_repair, or a plugin's name")
-    max_turns: int = Field(default=4, ge=1, le=64, description="policy turns per episode, at most")
-    max_episode_tokens: int = Field(default=2048, ge=16, description="prompt, policy and tool tokens of one episode, at most")
-    episode_timeout_s: float = Field(default=120.0, gt=0, description="wall clock of one episode, tools included")
-    tool_timeout_s: float = Field(default=10.0, gt=0, description="wall clock of one tool call")
-    tool_output_chars: int = Field(default=2000, ge=64, description="what the policy sees of one tool result, at most")
-    tools: list[str] | None = Field(default=None, description="the tools offered (None: the environment's own)")
-    concurrency: int = Field(default=8, ge=1, le=256, description="episodes run at once (and sandboxes kept warm)")
-    infra_retries: int = Field(default=2, ge=0, le=10, description="times an episode whose sandbox failed is redone")
-    options: dict[str, Any] = Field(default_factory=dict, description="the environment's own settings")
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        if name not in (known := environment_names()):
-            raise ValueError(f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
-                             "the entry-point group 'posttrain.environments')")
-        return name
-
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, tools: list[str] | None) -> list[str] | None:
-        from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
-
-        if tools is not None and (unknown := [t for t in tools if t not in TOOL_SCHEMAS]):
-            raise ValueError(f"unknown tools {unknown}; the sandbox has {', '.join(TOOL_SCHEMAS)}")
-        return tools
-
-    @property
-    def multi_turn(self) -> bool:
-        return self.name != "single_turn"
-
-
 MULTI_TURN_BACKENDS = ("sync", "thread", "vllm")  # where multi-turn episodes run today
 
 
@@ -450,6 +482,8 @@ class EvalConfig(BaseModel):
     domains: list[str] = Field(default_factory=list, description="domains to evaluate; with a task_set, empty means all of its")
     tasks_per_domain: int = Field(default=32, ge=1)
     difficulty: int = Field(default=1, ge=1)
+    difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
+                                                                 "difficulty, where it differs from difficulty")
     prompt_format: PromptFormat | None = Field(default=None, description="how the tasks are put (the training run's)")
     general: GeneralCheck | None = Field(default=None, description="also the fixed general check on domains not "
                                          "evaluated here (None: off)")
@@ -481,11 +515,17 @@ class EvalConfig(BaseModel):
             raise ValueError(f"models lists a model twice: {self.models}")
         if not self.domains and self.task_set is None:
             raise ValueError("name the domains to evaluate, or a task_set to take them from")
+        if unknown := sorted(set(self.difficulties) - set(self.domains)):
+            raise ValueError(f"difficulties names {unknown}, which domains does not list")
         if self.split == "eval" and self.task_set is None:
-            _check_held_out(self.domains, self.difficulty)
+            for domain in self.domains:
+                _check_held_out([domain], self.difficulty_of(domain))
         if self.general is not None:
             _check_held_out(self.general.domains, self.general.difficulty)
         return self
+
+    def difficulty_of(self, domain: str) -> int:
+        return self.difficulties.get(domain, self.difficulty)
 
     @property
     def model_list(self) -> list[str]:

@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers.models import TaskSpec
-from posttrain.training.rollout import chat_messages
+from posttrain.platform.tasks.episodes import task_messages
 
 IGNORE = -100
 Message = dict[str, Any]
@@ -50,7 +50,7 @@ def task_messages(task: TaskSpec) -> list[Message]:
     """The task's prompt followed by its reference as the assistant's answer."""
     if task.reference is None:
         raise ValueError(f"task {task.task_id or task.domain!r} has no reference answer; SFT needs one")
-    return [*chat_messages(task), {"role": "assistant", "content": task.reference}]
+    return [*task_messages(task), {"role": "assistant", "content": task.reference}]
 
 
 def read_chat_jsonl(path: str | Path) -> list[list[Message]]:

@@ -12,6 +12,9 @@ order and the words vary with the seed, so a model trained on them does not lear
     write_episodes(path, episodes)   # JSON lines, the same form as sampled episodes (environments/base.py)
     SFTConfig(episodes_path=path, ...)  # SFT on the policy's tokens only
 
+    SFTConfig(demonstrations={"domains": [{"name": "repair.off_by_one", "difficulty": 2}]}, output_dir=..., ...)
+    # the run makes them itself (demonstration_file): <output_dir>/demonstrations.jsonl, made once
+
 Only episodes whose edits all applied and whose final module passes every hidden test are kept. The agent's turns are tokenised once
 each, with the end-of-turn token the policy would have sampled, so an episode is the sequence of ids
 sampling would have produced had the policy written the same text.
@@ -25,14 +28,15 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.sandbox import SandboxPool
 from posttrain.platform.tasks.domains.families.repair_tasks import MODULE, VISIBLE
 from posttrain.platform.verifiers import TaskSpec, VerifierService
-from posttrain.training.config import EnvironmentConfig, SamplingConfig
-from posttrain.training.environments.base import Episode
+from posttrain.training.config import DemonstrationsConfig, EnvironmentConfig, SamplingConfig
+from posttrain.training.environments.base import Episode, write_episodes
 from posttrain.training.environments.code_repair import CodeRepair
 from posttrain.training.inference import Completion
 
@@ -165,3 +169,44 @@ def demonstrations(tasks: Iterable[TaskSpec], tokenizer: PreTrainedTokenizerBase
         if episode.verdict is not None and episode.verdict.passed and edits_ran:
             kept.append(episode)
     return kept
+
+
+def demonstration_tasks(config: DemonstrationsConfig) -> list[TaskSpec]:
+    """The ``train``-split tasks ``config`` demonstrates (never an eval task: those stay held out)."""
+    from posttrain.platform.tasks.domains import generate
+
+    return [t for i, d in enumerate(config.domains)
+            for t in generate(d.name, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=d.difficulty)]
+
+
+def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """The demonstrations of ``config`` as an episodes file at ``path``: the file a run made before for the
+    same config and tokenizer (its ``.config.json`` beside it says which), else made now in sandboxes of the
+    platform's pool (the sandbox settings), graded by a verifier service of its own, and written at once."""
+    from posttrain.platform.sandbox import make_pool
+    from posttrain.platform.settings import get_settings
+    from posttrain.platform.verifiers import PoolConfig
+
+    path = Path(path)
+    made_for = json.dumps({"config": config.model_dump(mode="json"), "tokenizer": tokenizer.name_or_path,
+                           "vocab": len(tokenizer)}, sort_keys=True)
+    stamp = path.with_suffix(".config.json")
+    if path.is_file() and stamp.is_file() and stamp.read_text() == made_for:
+        return path
+    tasks = demonstration_tasks(config)
+    settings = get_settings()
+    pool = make_pool(settings.sandbox.model_copy(update={"pool_size": 1}), settings.data_dir, settings.ray_address)
+    service = VerifierService(PoolConfig(workers=1))
+    try:
+        sampling = SamplingConfig(max_new_tokens=config.environment.max_episode_tokens)
+        episodes = demonstrations(tasks, tokenizer, config.environment, sampling, service, pool, seed=config.seed)
+    finally:
+        service.close()
+        pool.close()
+    if not episodes:
+        raise RuntimeError(f"none of the {len(tasks)} scripted repairs of {[d.name for d in config.domains]} passed the hidden "
+                           "tests in this machine's sandboxes: a sandbox that cannot run python3 fails them all (see the "
+                           "[sandbox] settings and the job's log)")
+    write_episodes(path, episodes)
+    stamp.write_text(made_for)
+    return path

@@ -34,6 +34,7 @@ from posttrain.training.modeling import PolicySource, load_policy, resolve_devic
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
 
 if TYPE_CHECKING:
+    from posttrain.training.environments.base import Episode
     from posttrain.training.environments.runner import EpisodeRunner
 
 
@@ -63,14 +64,26 @@ def open_eval_episodes(config: EvalConfig, engine: EmbeddedRolloutEngine, servic
     return EpisodeRunner(environment, engine, config.environment, service, group_size=config.samples, seed=config.seed)
 
 
+def episode_figures(episode: Episode) -> dict[str, float]:
+    """What an episode did: its policy turns, tool calls and failed calls, and whether it ran a test file (a
+    ``bash`` command that names one) before it replied."""
+    calls = episode.tool_calls
+    tested = any(c.name == "bash" and "test" in str(c.arguments.get("command", "")) for c in calls)
+    return {"turns": float(episode.policy_turns), "tool_calls": float(len(calls)),
+            "tool_errors": float(sum(c.failed for c in calls)), "tested_before_reply": float(tested and episode.finished)}
+
+
 def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, service: VerifierService,
-            tasks: list[TaskSpec], config: EvalConfig) -> tuple[list[list[str]], list[Verdict]]:
+            tasks: list[TaskSpec], config: EvalConfig, figures: list[dict[str, float]] | None = None,
+            ) -> tuple[list[list[str]], list[Verdict]]:
     """``config.samples`` answers to each task and their verdicts (task by task): completions through the
     inference engine, or whole episodes of the environment, which scored them where they ran (an episode
-    whose sandbox failed counts as not passed)."""
+    whose sandbox failed counts as not passed). ``figures`` receives each episode's :func:`episode_figures`."""
     n = config.samples
     if episodes is not None:
         groups = episodes.groups(tasks)
+        if figures is not None:
+            figures += [episode_figures(t.episode) for g in groups for t in g.trajectories if t.episode is not None]
         verdicts = [t.verdict if t.verdict is not None and t.reward is not None
                     else Verdict.infra(t.episode.error if t.episode is not None and t.episode.error else "not scored")
                     for g in groups for t in g.trajectories]
@@ -109,7 +122,7 @@ def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
         return apply_format([t.spec for t in stored], config.prompt_format)
     from posttrain.platform.tasks.domains import generate
 
-    tasks = generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty, split=config.split)
+    tasks = generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty_of(domain), split=config.split)
     return apply_format(tasks, config.prompt_format)
 
 
@@ -133,7 +146,11 @@ def general_config(config: EvalConfig) -> EvalConfig | None:
 def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None,
                     records: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy
-    (``eval/<domain>/pass@1``, ``eval/pass@1``, ...), and with ``config.general`` the general check's
+    (``eval/<domain>/pass@1``, ``eval/pass@1``, ...); in the domains that hold out more than prompts, pass@1
+    and the task count by why each task is held out, per domain and over them all
+    (``eval/held_out_by/function/pass@1``: code repairs of functions no training task shows;
+    ``eval/repair.off_by_one/held_out_by/prompt/pass@1``: unseen modules of seen functions); for episodes, their
+    means (``eval/episodes/turns``, ``tool_calls``, ``tool_errors``, ``tested_before_reply``); and with ``config.general`` the general check's
     figures under ``general/`` (``general/pass@1``, ``general/<domain>/pass@1``).
 
     ``records``, when given, receives one row per task (its first completion and verdict), the
@@ -163,6 +180,8 @@ def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | Non
     n = config.samples
     report: dict[str, float] = {}
     totals: dict[str, list[float]] = {}
+    held_out: dict[str, list[float]] = {}  # why a task is held out -> pass@1 of each such task
+    episode_rows: list[dict[str, float]] = []
     for domain in domains:
         tasks = eval_tasks(config, domain)
         per_task: list[list[str]] = []
@@ -170,7 +189,7 @@ def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | Non
         for i in range(0, len(tasks), config.batch_size):
             if n > 1:
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-            texts, found = answers(engine, episodes, service, tasks[i : i + config.batch_size], config)
+            texts, found = answers(engine, episodes, service, tasks[i : i + config.batch_size], config, episode_rows)
             per_task += texts
             verdicts += found
         passes = [sum(v.passed for v in verdicts[j * n : (j + 1) * n]) for j in range(len(tasks))]
@@ -190,9 +209,23 @@ def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | Non
             report[f"eval/{domain}/{name}"] = value
             totals.setdefault(name, []).append(value * len(tasks))
         totals.setdefault("_tasks", []).append(float(len(tasks)))
+        reasons = [t.metadata.get("held_out_by") for t in tasks]
+        if any(reasons):  # a domain that holds out more than prompts (code repair: whole functions)
+            mine: dict[str, list[float]] = {}
+            for j, reason in enumerate(reasons):
+                mine.setdefault(reason or "prompt", []).append(pass_at_k(n, passes[j], 1))
+            for reason, rates in mine.items():
+                report[f"eval/{domain}/held_out_by/{reason}/pass@1"] = sum(rates) / len(rates)
+                report[f"eval/{domain}/held_out_by/{reason}/tasks"] = float(len(rates))
+                held_out.setdefault(reason, []).extend(rates)
     count = sum(totals.pop("_tasks"))
     for name, weighted in totals.items():
         report[f"eval/{name}"] = sum(weighted) / count
+    for name in episode_rows[0] if episode_rows else ():  # per episode, over every domain
+        report[f"eval/episodes/{name}"] = sum(row[name] for row in episode_rows) / len(episode_rows)
+    for reason, rates in sorted(held_out.items()):
+        report[f"eval/held_out_by/{reason}/pass@1"] = sum(rates) / len(rates)
+        report[f"eval/held_out_by/{reason}/tasks"] = float(len(rates))
     return report
 
 

@@ -26,7 +26,7 @@ Presets:
   three minutes on a 2-core CPU, for a first look at the console's flow (and its browser test).
 
 Real-model presets start from the built-in SmolLM2-135M-Instruct (``model`` names a registered model;
-no SFT on the evaluated domains), put every task the same way for training and evaluation
+no SFT on the evaluated tasks), put every task the same way for training and evaluation
 (``prompt_format``) and run the fixed general check beside each evaluation (``eval.general``):
 
 - ``smollm2-arith``: two-digit additions and subtractions, one worked example in the chat history, the
@@ -35,6 +35,11 @@ no SFT on the evaluated domains), put every task the same way for training and e
 
 - ``smollm2-tools``: the ``tool_use`` environment with a python tool in a sandbox: sums of four numbers, which the
   model does not think to hand to the tool after two worked products; episodes scored on the boxed answer.
+- ``smollm2-repair``: terminal programming: SFT on expert demonstrations the run makes in real sandboxes (a
+  scripted agent repairs train-split modules through the ``code_repair`` environment, ``sft.demonstrations``), then
+  GRPO on ``code_repair`` episodes; evaluated as greedy episodes on three held-out groups (repairs of functions no
+  training task shows, unseen modules of seen functions, HumanEval problems held out whole).
+  ``bench/learning.py --preset smollm2-repair --arms`` compares it with GRPO alone and SFT alone.
 - ``smollm2-docqa``: tasks built from uploaded documents (its ``documents`` section: which files, how the task set
   is built); the run trains on the task set's train split and is evaluated on its eval split.
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from posttrain.platform.models.loader import cache_keyword
+from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import SamplingConfig
 from posttrain.training.modeling import eval_mode
@@ -65,14 +66,9 @@ class RolloutGroup:
         return all(t.verdict is not None for t in self.trajectories)
 
 
-def chat_messages(task: TaskSpec) -> list[dict[str, Any]]:
-    """The task's prompt as chat-template messages."""
-    return [{"role": m.role, "content": m.content} for m in task.prompt]
-
-
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec | list[dict[str, Any]]) -> list[int]:
     """The ids of the task's prompt (or of ``messages``) with the generation prompt, as rollouts sample from."""
-    messages = chat_messages(task) if isinstance(task, TaskSpec) else task
+    messages = task_messages(task) if isinstance(task, TaskSpec) else task
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -33,13 +33,34 @@ StartFn = Callable[[int], None]  # called once with the step the run starts from
 
 
 def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
-    """The procedural tasks whose references an SFT run trains on (the ``train`` split)."""
+    """The procedural tasks an SFT run trains on (the ``train`` split): those whose references it learns, and those
+    its demonstrations repair."""
     from posttrain.platform.tasks.domains import generate
     from posttrain.platform.tasks.prompt_format import apply_format
 
+    demonstrated: list[TaskSpec] = []
+    if config.demonstrations is not None:
+        from posttrain.training.demonstrations import demonstration_tasks
+
+        demonstrated = demonstration_tasks(config.demonstrations)
     return apply_format([t for i, domain in enumerate(config.domains)
                          for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i,
-                                           difficulty=config.difficulty)], config.prompt_format)
+                                           difficulty=config.difficulty)], config.prompt_format) + demonstrated
+
+
+def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None]]:  # type: ignore[no-untyped-def]
+    """The episode files the run trains on, each with its reward floor: ``episodes_path``, and the
+    demonstrations it makes (once) under its output directory."""
+    files: list[tuple[Path, float | None]] = []
+    if config.episodes_path:
+        files.append((Path(config.episodes_path), config.episodes_min_reward))
+    if config.demonstrations is not None:
+        from posttrain.training.demonstrations import demonstration_file
+
+        if config.output_dir is None:
+            raise ValueError("SFT with demonstrations writes them under output_dir: set output_dir")
+        files.append((demonstration_file(config.demonstrations, tokenizer, Path(config.output_dir) / "demonstrations.jsonl"), None))
+    return files
 
 
 def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
@@ -48,14 +69,14 @@ def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: i
     examples: list[SFTExample] = task_examples(tokenizer, sft_tasks(config), config.max_seq_len) if config.domains else []
     if config.jsonl_path:
         examples += [chat_example(tokenizer, chat, config.max_seq_len) for chat in read_chat_jsonl(config.jsonl_path)]
-    if config.episodes_path:
-        episodes = read_episodes(config.episodes_path, min_reward=config.episodes_min_reward)
+    for path, min_reward in episode_files(config, tokenizer):
+        episodes = read_episodes(path, min_reward=min_reward)
         if not episodes:
-            raise ValueError(f"{config.episodes_path} holds no episode with a reward of at least {config.episodes_min_reward}; "
+            raise ValueError(f"{path} holds no episode with a reward of at least {min_reward}; "
                              "lower episodes_min_reward or make demonstrations first")
         examples += [episode_example(e.prompt_ids, e.token_ids, e.loss_mask, config.max_seq_len) for e in episodes]
     if not examples:
-        raise ValueError("no SFT data: set SFTConfig.domains, SFTConfig.jsonl_path or SFTConfig.episodes_path")
+        raise ValueError("no SFT data: set SFTConfig.domains, jsonl_path, episodes_path or demonstrations")
     return examples
 
 

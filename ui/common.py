@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import streamlit as st
 
 from posttrain.platform.auth import Identity
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
-from posttrain.platform.sandbox import SandboxPool, make_pool
+from posttrain.platform.sandbox import SandboxPool, make_pool, parse_tool_calls
 from posttrain.platform.settings import SettingsError, get_settings
 
 IDENTITY_KEY = "identity"
@@ -171,3 +174,18 @@ def console_pool() -> SandboxPool:
     settings = get_settings()
     config = settings.sandbox.model_copy(update={"pool_size": 1})
     return make_pool(config, settings.data_dir, settings.ray_address)  # type: ignore[return-value]
+
+
+def show_message(message: dict[str, Any]) -> None:
+    """One message of an agent exchange as it comes: the model's words and its tool calls (a message's
+    ``tool_calls``, or Hermes ``<tool_call>`` blocks in its text), or a call's output."""
+    if message["role"] == "tool":
+        st.caption(f"{message.get('name') or 'tool'} output")
+        st.code(message["content"] or "(no output)", language="text")
+        return
+    parsed = parse_tool_calls(message)
+    if parsed.content.strip():
+        st.markdown(parsed.content)
+    for call in parsed.calls:
+        st.caption(f"calls {call.name or 'a tool'}" + (f" (not run: {call.error})" if call.error else ""))
+        st.code(json.dumps(call.arguments, ensure_ascii=False), language="json")

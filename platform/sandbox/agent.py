@@ -115,8 +115,8 @@ def run_agent(
         answer = model(history, schemas)
         parsed = parse_tool_calls(answer)
         assistant: Message = {"role": "assistant", "content": answer.get("content") if isinstance(answer, Mapping) else answer}
-        if isinstance(answer, Mapping) and parsed.calls:
-            assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]
+        if isinstance(answer, Mapping) and answer.get("tool_calls") and parsed.calls:
+            assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]  # calls in the text stay in the text
         append(assistant)
         return parsed
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from posttrain.platform.auth import AUDITED_CHARS, Identity, action, audit
 from posttrain.platform.db.models import Role
-from posttrain.platform.sandbox.agent import EpisodeResult, run_agent
+from posttrain.platform.sandbox.agent import UNSCORED, EpisodeResult, ModelFn, run_agent
+from posttrain.platform.sandbox.parser import parse_tool_calls
+from posttrain.platform.verifiers import Verdict
 from posttrain.platform.serving.gateway import TIER_HEADER
 
 
@@ -160,23 +163,76 @@ def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
 PLAYGROUND_TOOLS = ("python", "bash", "read_file", "write_file", "edit_file", "list_dir")
 
 
+def agent_reply(identity: Identity, base_url: str, model: str, *, tier: str | None, max_tokens: int, temperature: float,
+                url: str | None, send_tools: bool = True) -> ModelFn:
+    """The agent loop's model side for a deployment: each reply through :func:`chat_as`, every tool call in it
+    audited before it runs. ``send_tools``: the tool schemas go in the request's ``tools`` (the deployment's chat
+    template describes them); else the messages describe them already (:func:`~posttrain.platform.tasks.episodes.
+    episode_messages`, as in training) and the calls come back as Hermes blocks in the reply's text."""
+    def reply(history: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
+        message = assistant_message(chat_as(identity, base_url, model, history, tier=tier, tools=schemas if send_tools else None,
+                                            max_tokens=max_tokens, temperature=temperature, url=url))
+        for call in parse_tool_calls(message).calls:
+            audit(identity.username, "sandbox.run", target=call.name,
+                  details={"arguments": json.dumps(call.arguments, ensure_ascii=False)[:AUDITED_CHARS], "model": model}, url=url)
+        return message
+
+    return reply
+
+
 @action("model.chat_tools", Role.operator)
 def chat_with_tools(identity: Identity, pool: Callable[[], Any], base_url: str, model: str, messages: list[dict[str, Any]], *,
                     tier: str | None = None, tools: Iterable[str] = PLAYGROUND_TOOLS, max_turns: int = 4, max_tokens: int = 256,
                     temperature: float = 0.0, on_message: Callable[[dict[str, Any]], None] | None = None,
                     url: str | None = None) -> EpisodeResult:
-    """The playground's agent: the deployment's replies (each through :func:`chat_as`) and the tool calls in them,
-    run in one sandbox lent by ``pool()`` for the whole conversation, for up to ``max_turns`` replies, through
-    the agent loop training episodes run through (:func:`~posttrain.platform.sandbox.agent.run_agent`). Every
-    call is audited before it runs; ``on_message`` sees each assistant and tool message as it comes. Returns
-    the :class:`~posttrain.platform.sandbox.agent.EpisodeResult`."""
-    def reply(history: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
-        message = assistant_message(chat_as(identity, base_url, model, history, tier=tier, tools=schemas, max_tokens=max_tokens,
-                                            temperature=temperature, url=url))
-        for call in message.get("tool_calls", []):
-            audit(identity.username, "sandbox.run", target=call["function"]["name"],
-                  details={"arguments": call["function"]["arguments"][:AUDITED_CHARS], "model": model}, url=url)
-        return message
-
+    """The playground's agent: the deployment's replies (:func:`agent_reply`) and the tool calls in them, run in one
+    sandbox lent by ``pool()`` for the whole conversation, for up to ``max_turns`` replies, through the agent loop
+    training episodes run through (:func:`~posttrain.platform.sandbox.agent.run_agent`). ``on_message`` sees each
+    assistant and tool message as it comes. Returns the :class:`~posttrain.platform.sandbox.agent.EpisodeResult`."""
+    reply = agent_reply(identity, base_url, model, tier=tier, max_tokens=max_tokens, temperature=temperature, url=url)
     with pool().acquire() as sandbox:
         return run_agent(reply, sandbox, messages, tools=list(tools), max_turns=max_turns, on_message=on_message)
+
+
+@dataclass
+class TaskEpisode:
+    """A stored task run as an episode by a deployment: the conversation, what was graded and its verdict."""
+
+    result: EpisodeResult
+    tools: list[str]
+    graded: str | None  # the final answer, or a project's final module
+    verdict: Verdict
+
+
+@action("task.try_episode", Role.operator)
+def try_task(identity: Identity, pool: Callable[[], Any], base_url: str, model: str, task_id: int, *, tier: str | None = None,
+             max_turns: int = 8, max_tokens: int = 256, on_message: Callable[[dict[str, Any]], None] | None = None,
+             url: str | None = None) -> TaskEpisode:
+    """Stored task ``task_id`` as a real episode, the way the ``tool_use`` and ``code_repair`` environments run it
+    in training: the tools described in the system message, a project's files laid into a sandbox from ``pool()``,
+    the deployment's replies (greedy) and its tool calls through the one agent loop for up to ``max_turns``
+    replies, then the environment's rubric (:mod:`posttrain.platform.tasks.episodes`): a project graded on its
+    final module by the hidden tests in the verifier's own sandbox, another task on its final answer."""
+    from posttrain.platform.sandbox import tool_schemas
+    from posttrain.platform.tasks import store
+    from posttrain.platform.tasks.episodes import (ANSWER_TOOLS, PROJECT_TOOLS, episode_messages, grade_answer, grade_project,
+                                                   is_project, lay_out, task_messages)
+    from posttrain.platform.verifiers import default_service
+
+    task = store.get_task(task_id, url=url).spec
+    project = is_project(task)
+    tools = list(PROJECT_TOOLS if project else ANSWER_TOOLS)
+    audit(identity.username, "task.try_episode", target=f"task:{task_id}", details={"model": model, "tools": tools}, url=url)
+    reply = agent_reply(identity, base_url, model, tier=tier, max_tokens=max_tokens, temperature=0.0, url=url, send_tools=False)
+    with pool().acquire() as sandbox:
+        lay_out(task, sandbox)
+        result = run_agent(reply, sandbox, episode_messages(task_messages(task), tool_schemas(tools)), tools=tools,
+                           max_turns=max_turns, on_message=on_message)
+        if result.stop_reason in UNSCORED:
+            return TaskEpisode(result, tools, None, Verdict.infra(f"the episode ended {result.stop_reason}; it is not scored"))
+        if project:  # the module as the episode left it, whether or not the model said it was done
+            graded, verdict = grade_project(task, sandbox, default_service())
+        else:
+            graded = result.answer or ""
+            verdict = grade_answer(task, graded, sandbox, default_service())
+    return TaskEpisode(result, tools, graded, verdict)

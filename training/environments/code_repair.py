@@ -14,44 +14,26 @@ running) reaches the grading. The reward is the fraction of hidden tests that pa
 
 from __future__ import annotations
 
-from posttrain.platform.sandbox import CallStatus, Sandbox
+from posttrain.platform.sandbox import Sandbox
+from posttrain.platform.tasks.episodes import PROJECT_TOOLS, grade_project, is_project
 from posttrain.platform.tasks.domains.families.repair_tasks import MODULE
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.environments.base import Episode
-from posttrain.training.environments.tool_use import ToolUse, settle
-
-def as_file(task: TaskSpec) -> TaskSpec:
-    """``task`` with its code verifier told that a completion is a source file, graded whole (a ``` inside a
-    docstring of the module is code, not the fence of a reply)."""
-    verifier = task.verifier.model_copy(update={"spec": {**task.verifier.spec, "completion": "file"}})
-    return task.model_copy(update={"verifier": verifier})
+from posttrain.training.environments.tool_use import ToolUse
 
 
 class CodeRepair(ToolUse):
     name = "code_repair"
-    default_tools = ["bash", "read_file", "write_file", "edit_file", "list_dir"]
+    default_tools = PROJECT_TOOLS
 
     def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
-        files = task.metadata.get("files")
-        if not isinstance(files, dict) or MODULE not in files:
+        if not is_project(task):
             raise ValueError(f"task {task.task_id or task.domain!r} has no project to repair (metadata.files with "
                              f"{MODULE}); train code_repair on the repair.* domains")
-        assert sandbox is not None
-        for path, text in files.items():
-            result = sandbox.write_file(str(path), str(text))
-            if not result.ok:
-                raise RuntimeError(f"could not lay out {path} in the sandbox: {result.to_message_content()}")
+        super().prepare(task, sandbox)
 
     def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:
         assert sandbox is not None
-        if (problem := settle(sandbox)) is not None:  # nothing left running rewrites the module as it is read
-            return Verdict.infra(problem)
-        final = sandbox.read_file(MODULE)
-        if final.is_infrastructure_failure:
-            return Verdict.infra(f"could not read {MODULE} back from the episode's sandbox: {final.to_message_content()}")
-        if final.status is not CallStatus.OK or not isinstance(final.value, str):
-            return Verdict(score=0.0, passed=False, details=f"{MODULE} is gone or unreadable after the episode: "
-                                                           f"{final.to_message_content()[:200]}")
-        episode.answer = final.value  # what was graded, stored with the episode
-        # hidden tests, in the verifier's own fresh sandbox, on the module whole (a file, not a chat reply)
-        return service.verify(as_file(episode.task), final.value)
+        graded, verdict = grade_project(episode.task, sandbox, service)
+        episode.answer = graded if graded is not None else episode.answer  # what was graded, stored with the episode
+        return verdict

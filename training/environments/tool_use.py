@@ -8,7 +8,7 @@ policy gets wrong about tools (a call that does not parse, an unknown tool, bad 
 times out or floods its output) is a tool error it reads in its next turn, never a failed episode; a
 sandbox that fails is an infrastructure failure, which the runner redoes and never scores.
 
-Before the rubric runs, the episode's sandbox is settled (:func:`settle`): every process the policy left
+Before the rubric runs, the episode's sandbox is settled (:func:`~posttrain.platform.tasks.episodes.settle`): every process the policy left
 in it is killed and a fresh interpreter started (its files are kept), so nothing the policy ran, left
 running or patched into its interpreter can answer for the checks or change what they find while they
 run. The ``tool_use`` verifier restarts the interpreter again before each of its checks, and code is
@@ -17,7 +17,6 @@ graded by the ``code`` verifier in a sandbox of its own (see platform/verifiers/
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -25,35 +24,15 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.platform.sandbox import Sandbox, parse_tool_calls, tool_schemas
 from posttrain.platform.sandbox.agent import Ending, Ran, run_turns
 from posttrain.platform.sandbox.parser import ParsedTurn
+from posttrain.platform.tasks.episodes import episode_messages, grade_answer, lay_out, task_messages
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn
-from posttrain.training.rollout import chat_messages
-
-TOOLS_PROMPT = """You can use tools. To call one, write on a line of its own:
-<tool_call>{{"name": "<tool name>", "arguments": {{<its arguments>}}}}</tool_call>
-Its result comes back in the next message. When you know the answer, reply with the answer alone, without a tool call.
-Tools:
-{tools}"""
-
 
 def clipped(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[output cut at {limit} of {len(text)} characters]"
-
-
-def settle(sandbox: Sandbox) -> str | None:
-    """Kill everything running in the episode's sandbox and start a fresh interpreter, keeping its files,
-    before anything reads it for the reward; why it could not (None when it did). A sandbox that cannot
-    restart its interpreter in place (a Ray lease) is left as it is: the verifiers that read it restart
-    it themselves where they can."""
-    reset = getattr(sandbox, "reset", None)
-    if reset is None:
-        return None
-    if not reset(wipe=False):
-        return f"the episode's sandbox (slot {getattr(sandbox, 'slot', '?')}) did not restart its interpreter before scoring"
-    return None
 
 
 class ToolUse(EnvironmentBase):
@@ -66,18 +45,14 @@ class ToolUse(EnvironmentBase):
         self.tools = list(config.tools if config.tools is not None else self.default_tools)
         self.schemas = tool_schemas(self.tools)
 
-    def system_prompt(self) -> str:
-        return TOOLS_PROMPT.format(tools="\n".join(json.dumps(s["function"], ensure_ascii=False) for s in self.schemas))
-
     def messages(self, task: TaskSpec) -> list[dict[str, Any]]:
         """The task's messages with the tools described in the system message (after the task's own)."""
-        messages = chat_messages(task)
-        if messages and messages[0]["role"] == "system":
-            return [{"role": "system", "content": messages[0]["content"] + "\n\n" + self.system_prompt()}, *messages[1:]]
-        return [{"role": "system", "content": self.system_prompt()}, *messages]
+        return episode_messages(task_messages(task), self.schemas)
 
     def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
-        """Lay out what the task needs in the sandbox before the first turn (nothing here)."""
+        """Lay out what the task needs in the sandbox before the first turn (a project task's files)."""
+        assert sandbox is not None
+        lay_out(task, sandbox)
 
     def rollout(self, client: PolicyClient, task: TaskSpec, sandbox: Sandbox | None) -> Episode:
         assert sandbox is not None
@@ -111,6 +86,4 @@ class ToolUse(EnvironmentBase):
 
     def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:
         """The task's verifier on the answer, with the settled sandbox in its context."""
-        if sandbox is not None and (problem := settle(sandbox)) is not None:
-            return Verdict.infra(problem)
-        return super().score(episode, service, sandbox)
+        return grade_answer(episode.task, episode.answer or "", sandbox, service)

@@ -26,7 +26,7 @@ from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
-from posttrain.ui.common import can, console_pool, flash, guard_platform, me, show_flash
+from posttrain.ui.common import can, console_pool, flash, guard_platform, me, show_flash, show_message
 
 METRICS = (
     "vllm:num_requests_running",
@@ -339,19 +339,6 @@ tool_turns = c4.number_input("Tool turns", 1, 16, 4, key="pg_tool_turns", disabl
                              help="replies the model may give in one exchange, calling tools between them")
 image = st.file_uploader("Image (for vision-language models)", type=["png", "jpg", "jpeg", "webp"], key="pg_image")
 
-
-
-def show_message(message: dict) -> None:
-    """One message of a tool exchange as it comes: the model's words and calls, or a call's output."""
-    if message["role"] == "tool":
-        st.caption(f"{message['name']} output")
-        st.code(message["content"] or "(no output)", language="text")
-        return
-    if message.get("content"):
-        st.markdown(message["content"])
-    for call in message.get("tool_calls", []):
-        st.caption(f"calls {call['function']['name']}")
-        st.code(call["function"]["arguments"], language="json")
 
 
 def tool_exchange(base: str, model_name: str, tier: str, messages: list[dict], turns: int, max_tokens: int, temperature: float) -> str:

@@ -14,7 +14,8 @@ from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.db.models import DocumentStatus, Role
 from posttrain.platform.documents import list_documents
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.ui.common import can, fields_table, guard_platform, me, yaml_block
+from posttrain.platform.tasks.episodes import is_project
+from posttrain.ui.common import can, console_pool, fields_table, guard_platform, me, show_message, yaml_block
 
 PAGE_SIZE = 50
 
@@ -215,28 +216,59 @@ def show_verdict(verdict) -> None:  # type: ignore[no-untyped-def]
         st.caption(verdict.details)
 
 
+def try_as_episode(target: tuple[str, str, str], turns: int, limit: int) -> None:
+    """The task as a real episode: the deployment's replies and tool calls, each call run in the console's sandbox,
+    shown turn by turn as they come, then what was graded and the verdict."""
+    from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
+    from posttrain.platform.serving.client import ChatError, try_task
+
+    try:
+        with st.container(border=True):
+            out = try_task(me(), console_pool, target[2], target[0], task.id, max_turns=turns, max_tokens=limit,
+                           on_message=show_message)
+    except (ChatError, OSError, VerifierError, PermissionError, SandboxUnavailableError, SandboxStartError) as exc:
+        st.error(str(exc))
+        return
+    calls = len(out.result.tool_results)
+    st.caption(f"{out.result.turns} replies, {calls} tool call{'s' * (calls != 1)} ({', '.join(out.tools)} offered), "
+               f"ended: {out.result.stop_reason.replace('_', ' ')}")
+    if project and out.graded is not None:
+        st.markdown("**solution.py as the episode left it** (what the hidden tests graded)")
+        st.code(out.graded, language="python")
+    show_verdict(out.verdict)
+
+
 st.markdown("**Try a model**")
 serving = running_deployments()
+project = is_project(spec)
 if not serving:
     st.caption("Deploy a model on the Models & Serving page (the built-in SmolLM2 first) to ask it this task here.")
 else:
     from posttrain.platform.serving.client import ChatError, chat_as
 
-    c1, c2 = st.columns([3, 1])
+    c1, c2, c3 = st.columns([3, 1, 1])
     target = c1.selectbox("Deployment", serving, format_func=lambda r: f"{r[0]} · {r[1]}", key="try_model")
-    limit = c2.number_input("Max tokens", 1, 4096, 256, key="try_model_tokens")
+    limit = c2.number_input("Max tokens", 1, 4096, 256, key="try_model_tokens", help="per reply")
+    episode = st.toggle("As an episode with sandbox tools", value=project, key="try_model_episode",
+                        help="The model may call sandbox tools (a repair task: bash, read_file, write_file, edit_file, "
+                             "list_dir on its project; another task: python and bash) over several replies, as the "
+                             "tool_use and code_repair environments run it in training; then the rubric grades it")
+    turns = c3.number_input("Max replies", 1, 16, 8, key="try_model_turns", disabled=not episode)
     if st.button("Ask the model", key="try_model_go", disabled=not operator,
                  help=None if operator else "Asking a model and verifying its answer needs the operator role"):
-        messages = [m.model_dump(exclude_none=True) for m in spec.prompt]
-        try:
-            reply = "".join(d.get("content") or "" for d in chat_as(me(), target[2], target[0], messages, max_tokens=int(limit)))
-            verdict = store.try_answer(me(), task.id, reply)
-        except (ChatError, OSError, VerifierError, PermissionError) as exc:
-            st.error(str(exc))
+        if episode:
+            try_as_episode(target, int(turns), int(limit))
         else:
-            st.markdown(f"**{target[0]} answers**")
-            st.code(reply or "(nothing)", language="text")
-            show_verdict(verdict)
+            messages = [m.model_dump(exclude_none=True) for m in spec.prompt]
+            try:
+                reply = "".join(d.get("content") or "" for d in chat_as(me(), target[2], target[0], messages, max_tokens=int(limit)))
+                verdict = store.try_answer(me(), task.id, reply)
+            except (ChatError, OSError, VerifierError, PermissionError) as exc:
+                st.error(str(exc))
+            else:
+                st.markdown(f"**{target[0]} answers**")
+                st.code(reply or "(nothing)", language="text")
+                show_verdict(verdict)
 
 st.markdown("**Try the verifier**")
 answer = st.text_area("Answer", key="try_answer", height=100)

