@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/pipeline.py [--model DIR] [--steps 20] [--batch 16] [--group 8] [--ray 2 [--ray-address ADDR]]
     .venv/bin/python bench/pipeline.py --env code_repair     # multi-turn episodes in sandboxes
+    .venv/bin/python bench/pipeline.py --env code_repair --preset smollm2-repair --model DIR --threads 2
+        # the real model after its SFT warm-up (DIR), the repair preset's GRPO config: groups with a learning signal
 
 ``--env code_repair`` (or ``tool_use``) measures the same way on an environment's episodes: each
 rollout lays a project into a sandbox from the warm pool, runs its turns and is graded by the hidden
@@ -80,7 +82,7 @@ REPAIR_DOMAINS = ["repair.off_by_one", "repair.wrong_operator", "repair.missing_
 
 
 def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,
-            ray_address: str | None = None, env: str | None = None) -> dict[str, Any]:
+            ray_address: str | None = None, env: str | None = None, preset: str = "cpu-demo") -> dict[str, Any]:
     """One run of ``variant``: ``mode`` lockstep (``threads``: rollout and update), pipelined (``backend``
     thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
@@ -105,10 +107,13 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
         "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "verifier_workers": 1,
         "rollout": rollout,
     }
-    if env:  # episodes of an environment: every episode of a step at once, each with its own sandbox
+    base = get_preset(preset).grpo
+    if env and base.environment.name == env:  # the preset's own environment, every episode of a step at once
+        update["environment"] = base.environment.model_copy(update={"concurrency": min(64, batch * group)})
+    elif env:  # episodes of an environment: every episode of a step at once, each with its own sandbox
         update |= {"environment": {"name": env, "max_turns": 3, "concurrency": min(64, batch * group)},
                    **({"domains": REPAIR_DOMAINS} if env == "code_repair" else {})}
-    config = get_preset("cpu-demo").grpo.updated(**update)
+    config = base.updated(**update)
     threads = variant.get("threads", (os.cpu_count() or 1,))
     torch.set_num_threads(threads[-1])
     pinned = stage_threads(*threads) if mode == "lockstep" else contextlib.nullcontext()
@@ -130,10 +135,10 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     }
 
 
-def variants(cores: int, env: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def variants(cores: int, env: str | None = None, threads: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(lock-step variants, pipelined variants) for a machine with ``cores`` cores (an environment's
-    episodes run on the sync and thread backends only)."""
-    counts = sorted({1, max(1, cores // 2), cores})
+    episodes run on the sync and thread backends only); ``threads``: that torch thread count alone."""
+    counts = [threads] if threads else sorted({1, max(1, cores // 2), cores})
     lockstep = [{"mode": "lockstep", "threads": (r, u)} for r in counts for u in counts]
     pipelined: list[dict[str, Any]] = [{"mode": "pipelined", "backend": "thread", "threads": (t,)} for t in counts]
     if env:
@@ -164,7 +169,16 @@ def main() -> None:
     parser.add_argument("--ray-address", default=None, help="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS or a local Ray)")
     parser.add_argument("--env", default=None, choices=["tool_use", "code_repair"],
                         help="episodes of this environment (code_repair: the repair.* domains) instead of single completions")
+    parser.add_argument("--preset", default="cpu-demo", help="whose GRPO config (and environment) the runs take; a "
+                        "real-model preset needs --model (e.g. smollm2-repair with its SFT warm-up's model directory)")
+    parser.add_argument("--threads", type=int, default=None, help="measure this torch thread count only (each side)")
     args = parser.parse_args()
+    if args.model is None and args.preset != "cpu-demo":  # the SFT warm-up the preset's arms made (bench/learning.py)
+        warm = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms" / "data" / "models" / "repair-sft"
+        if not (warm / "config.json").is_file():
+            raise SystemExit(f"--preset {args.preset} measures its SFT warm-up, which is not at {warm}: run "
+                             f"`bench/learning.py --preset {args.preset} --arm sft-grpo` first, or pass --model DIR")
+        args.model = str(warm)
     cores = os.cpu_count() or 1
     model = args.model
     if model is None:
@@ -177,10 +191,11 @@ def main() -> None:
         assert result.checkpoint is not None
         model = str(result.checkpoint / "model")
     work = Path(tempfile.mkdtemp(prefix="posttrain-pipeline-runs-"))
-    lockstep_variants, pipelined_variants = variants(cores, args.env)
+    lockstep_variants, pipelined_variants = variants(cores, args.env, args.threads)
     runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "pipelined": []}
     for variant in [*lockstep_variants, *pipelined_variants]:
-        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work, env=args.env))
+        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work, env=args.env,
+                                             preset=args.preset))
         print(json.dumps(runs[variant["mode"]][-1]), flush=True)
     lock = max(runs["lockstep"], key=lambda m: m["traj_per_s"])
     best = max(runs["pipelined"], key=lambda m: m["traj_per_s"])
@@ -192,7 +207,8 @@ def main() -> None:
         on_ray = {"ray_rollout_workers": args.ray, "ray_traj_per_s": ray_run["traj_per_s"], "ray_learner_busy": ray_run["learner_busy"]}
     setting = {k: best[k] for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads") if k in best}
     print(json.dumps({
-        "figure": FIGURES[args.env], "workload": args.env or "single_turn", "cores": cores, "steps": args.steps,
+        "figure": FIGURES[args.env] + ("" if args.preset == "cpu-demo" else "-real"), "workload": args.env or "single_turn",
+        "preset": args.preset, "model": model, "cores": cores, "steps": args.steps,
         "lockstep_traj_per_s": lock["traj_per_s"],
         "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],

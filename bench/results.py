@@ -192,6 +192,33 @@ def learning_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def learning_repair_rows(s: Summary) -> list[Row]:
+    """One row per arm of ``bench/learning.py --preset smollm2-repair --arms``."""
+    names = {"cold": "GRPO alone, from the model as it ships", "sft": "the SFT warm-up alone, continued",
+             "sft-grpo": "SFT warm-up, then GRPO"}
+    groups = ("unseen_functions", "unseen_modules", "humaneval")
+    label = {"unseen_functions": "unseen functions", "unseen_modules": "unseen modules", "humaneval": "HumanEval"}
+    before = ", ".join(f"{label[g]} {_pct(s['pass_before'][g])}" for g in groups)
+    rows = []
+    for arm, a in s["arms"].items():
+        e = a["episodes"]
+        result = (", ".join(f"{label[g]} {_pct(a['pass_after'][g])} ± {100 * a['pass_after_se'][g]:.1f}" for g in groups)
+                  + f" (held-out pass@1, {s['eval_tasks']['unseen_functions']}/{s['eval_tasks']['unseen_modules']}/"
+                  f"{s['eval_tasks']['humaneval']} tasks); an episode: {e['turns']:.1f} turns, {e['tool_calls']:.1f} tool "
+                  f"calls, {e['tool_errors']:.1f} failed, {_pct(e['tested_before_reply'])} ran the tests before replying; "
+                  f"general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; {a['steps']} steps, "
+                  f"{_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone, {_n(a['cpu_minutes'])} CPU-min), "
+                  f"peak RSS {a['peak_rss_gb']:.1f} GiB")
+        if arm == "sft-grpo" and "sft" in s["arms"]:
+            peer = (f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
+                    f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points; goal +10 "
+                    f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})")
+        else:
+            peer = f"the model as it ships, the same tasks: {before}"
+        rows.append(Row(f"code repair on {s['model']} ({names.get(arm, arm)})", result, peer))
+    return rows
+
+
 def ablation_rows(s: Summary) -> list[Row]:
     base = s["variants"]["all savings"]
     return [Row(
@@ -211,7 +238,8 @@ def pipeline_rows(s: Summary) -> list[Row]:
     rollout, update = s["peer"]["threads"]
     workload = s.get("workload", "single_turn")
     return [Row(
-        "pipelined GRPO" + ("" if workload == "single_turn" else f", {workload} episodes in sandboxes"),
+        "pipelined GRPO" + ("" if workload == "single_turn" else f", {workload} episodes in sandboxes")
+        + (f" ({s['preset']} preset's GRPO on its SFT warm-up)" if s.get("preset", "cpu-demo") != "cpu-demo" else ""),
         f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}); "
         f"best of {s['pipelined_variants_tried']} settings on {s['cores']} cores",
         f"lock-step, best of {s['peer']['variants_tried']} thread settings (rollout {rollout}, update {update}): "

@@ -171,3 +171,45 @@ def test_a_reliability_record_keeps_its_own_counts_apart_from_its_details(monkey
     assert recorder.records == [{"test": "t::roles", "kind": "inputs", "surface": "clicks", "tried": 3, "refused_cleanly": 2,
                                  "accepted": 0, "mishandled": 1, "mishandled_actions": ["Jobs: cancel"]}]
     assert load_reliability_module().summarize(recorder.records)["inputs_mishandled"] == 1
+
+
+def test_the_repair_arms_combine_into_one_summary_and_its_rows(tmp_path: Path) -> None:
+    """``bench/learning.py --combine``: the arms' results and the shared stages as one summary, each held-out
+    group's pass@1 and standard error from the evaluation reports, and a README row per arm."""
+    import subprocess
+
+    def report(functions: float, modules: float, humaneval: float) -> dict[str, float]:
+        return {"eval/pass@1": 0.0, "general/pass@1": 0.25, "eval/episodes/turns": 5.0, "eval/episodes/tool_calls": 4.0,
+                "eval/episodes/tool_errors": 0.5, "eval/episodes/tested_before_reply": 0.75,
+                "eval/repair.off_by_one/held_out_by/function/pass@1": functions, "eval/repair.off_by_one/held_out_by/function/tasks": 20.0,
+                "eval/repair.off_by_one/held_out_by/prompt/pass@1": modules, "eval/repair.off_by_one/held_out_by/prompt/tasks": 10.0,
+                "eval/repair.missing_case/held_out_by/prompt/pass@1": modules, "eval/repair.missing_case/held_out_by/prompt/tasks": 10.0,
+                "eval/repair.humaneval/held_out_by/problem/pass@1": humaneval, "eval/repair.humaneval/held_out_by/problem/tasks": 8.0,
+                "eval/repair.humaneval/held_out_by/prompt/pass@1": humaneval, "eval/repair.humaneval/held_out_by/prompt/tasks": 2.0}
+
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "arms").mkdir()
+    (tmp_path / "stages" / "base.json").write_text(json.dumps({"model": "m", "params": 1, "minutes": 5.0, "report": report(0, 0, 0)}))
+    (tmp_path / "stages" / "sft.json").write_text(json.dumps({"model": "s", "steps": 32, "demonstrations": 96, "minutes": 20.0}))
+    spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
+    assert spec is not None and spec.loader is not None
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    for arm, rates in {"cold": (0.0, 0.0, 0.0), "sft": (0.2, 0.5, 0.0), "sft-grpo": (0.6, 0.7, 0.1)}.items():
+        figures = {"arm": arm, "steps": 8, **learning.arm_figures(report(*rates)), "minutes": 30.0, "minutes_alone": 50.0,
+                   "cpu_minutes": 55.0, "peak_rss_gb": 5.5, "reward_curve": [0.5, 0.6], "groups_used_mean": 1.5}
+        (tmp_path / "arms" / f"{arm}.json").write_text(json.dumps(figures))
+    out = subprocess.run([sys.executable, str(BENCH / "learning.py"), "--preset", "smollm2-repair", "--combine",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, check=True)
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["figure"] == "learning-repair" and summary["eval_tasks"] == {"unseen_functions": 20, "unseen_modules": 20, "humaneval": 10}
+    assert summary["arms"]["sft-grpo"]["pass_after"]["unseen_functions"] == 0.6
+    assert summary["arms"]["sft"]["pass_after_se"]["unseen_functions"] == round((0.2 * 0.8 / 20) ** 0.5, 4)
+    assert summary["sft_grpo_over_sft_unseen_functions_points"] == 40.0 and summary["goal_met"]
+    assert summary["minutes"] == 5 + 20 + 3 * 30 and summary["peer"]["name"] == "the SFT-only arm"
+    rows = results.learning_repair_rows(summary)
+    assert len(rows) == 3 and "unseen functions 60.0%" in rows[2].result and "+40.0" in rows[2].peer
+    (tmp_path / "arms" / "cold.json").unlink()
+    missing = subprocess.run([sys.executable, str(BENCH / "learning.py"), "--preset", "smollm2-repair", "--combine",
+                              "--workdir", str(tmp_path)], capture_output=True, text=True)
+    assert missing.returncode != 0 and "arms ['cold'] have no result" in missing.stderr

@@ -5,7 +5,8 @@ The flow, from an empty data directory holding only the built-in model (``make r
 the first admin in the browser, run a job live, upload a real PDF and see its page with boxes, build tasks
 from it, estimate the one-click demo on the real model, run it watching its charts live, see the held-out
 gain and the estimate against the actual wall time, open an episode, compare the result with its base,
-export it and download the archive, deploy it and chat with it in the playground.
+export it and download the archive, deploy it and chat with it in the playground; then a model that calls
+tools, whose call runs in a sandbox and comes back to it, shown turn by turn in the playground.
 
 Each step saves a screenshot under ``test-artifacts/e2e/`` and fails when the step's content is
 missing, not only when a page errors.
@@ -30,6 +31,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from conftest import REPO_ROOT, ImportedRealModel
+from test_models_page import tiny_model, tool_caller  # noqa: F401 - the tiny model taught to call the python tool
 from posttrain.platform.db.models import JobStatus
 from required_parts import require
 
@@ -96,7 +98,7 @@ def console(real_model_dir: ImportedRealModel) -> Iterator[dict[str, str]]:
     base = f"http://127.0.0.1:{port}"
     wait_for_console(base, proc, data / "up.log")
     try:
-        yield {"base": base, "data": str(data), "gateway": f"http://127.0.0.1:{gateway}"}
+        yield {"base": base, "data": str(data), "gateway": f"http://127.0.0.1:{gateway}", "env": env}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -371,3 +373,30 @@ def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # t
     # the demo trained a boxed answer: the real model replies in words and digits, not in riddles
     assert re.search(r"\d", reply), f"no number in the reply: {reply!r}"
     shot(page, "14-playground")
+
+
+def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, console, tool_caller) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """A model that asks for ``print(6 * 7)`` with the python tool (the tiny model taught that one exchange): with
+    "Offer sandbox tools" on, its call runs in the console's sandbox and the output goes back to it before it
+    answers; the page shows the call, what the sandbox printed and the answer, turn by turn."""
+    cli = [sys.executable, "-m", "posttrain.platform.cli"]
+    subprocess.run([*cli, "models", "register", "caller", str(tool_caller)], env=console["env"], check=True, capture_output=True)
+    submitted = subprocess.run([*cli, "jobs", "submit", "deploy", "--config", '{"model": "caller", "tier": "standard"}'],
+                               env=console["env"], check=True, capture_output=True, text=True)
+    job_id = int(re.search(r"(\d+)", submitted.stdout).group(1))  # type: ignore[union-attr]
+    wait_for_job(console, job_id, timeout_s=240)
+    page = browser_page
+    goto(page, console, "Models & Serving")
+    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_text("caller · standard").count() > 0, timeout_s=120)
+    page.get_by_text("Offer sandbox tools").click()
+    max_tokens = page.get_by_label("Max tokens").first
+    max_tokens.fill("128")
+    max_tokens.press("Enter")
+    page.get_by_test_id("stChatInputTextArea").fill("six times seven?")
+    page.get_by_test_id("stChatInputTextArea").press("Enter")
+    page.get_by_text("2 replies, 1 tool call, ended: answer").wait_for(timeout=120_000)
+    page.get_by_text("python output").first.wait_for()
+    shown = [c.inner_text().strip() for c in page.get_by_test_id("stCode").all()]
+    assert any("print(6 * 7)" in c for c in shown) and "42" in shown, shown  # the call, then what the sandbox printed
+    page.get_by_text("It is 42.").first.wait_for()
+    shot(page, "15-playground-tool-call")
