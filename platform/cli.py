@@ -5,8 +5,14 @@
     posttrain console               serve the Streamlit console
     posttrain up                    worker + console together (what ``make run`` starts)
     posttrain jobs submit|list|show|cancel|logs|kinds
+    posttrain models list|register|import|export|compare|default-tier
+    posttrain docs add|list
     posttrain users bootstrap-admin|add|passwd|disable|enable|list   console users (admins)
     posttrain keys create|list|revoke   API keys of the OpenAI-compatible API (admins)
+
+Every ``list`` command (and ``jobs kinds``) takes ``--json``: a JSON array of objects, one a row, with every
+column as a JSON value (numbers, booleans, null, lists; times in ISO 8601, UTC). A table written to a pipe or
+a file is never folded or cut: each row is one whole line, whatever its width.
 
 Errors a user can cause (bad settings, an unreachable database, an unknown job
 kind, a malformed config, a role that may not do that) print one line naming the
@@ -21,6 +27,7 @@ local administrator ``cli:<login name>``, or the console user named by
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import json
 import logging
@@ -28,7 +35,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -36,6 +45,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
+from rich.text import Text
 
 import posttrain
 from posttrain.platform.api_keys import ApiKeyError
@@ -65,8 +75,18 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
 app.add_typer(docs_app, name="docs")
 
-out = Console()
-err = Console(stderr=True)
+PIPED_WIDTH = 1_000_000  # the width of a console that is not a terminal: a row is never folded or cut
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A terminal gets tables fitted to its width; a pipe or a file (``posttrain models list | grep``) gets every
+    row whole on one line, never cut with an ellipsis at 80 columns."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=PIPED_WIDTH)
+
+
+out = _console()
+err = _console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,6 +129,79 @@ def require_schema() -> None:
         url = redact(get_settings().resolved_database_url)
         state = "has no posttrain schema" if current is None else f"is at schema revision {current}, not {head}"
         raise SchemaOutOfDate(f"the database at {url} {state}: run `posttrain db upgrade`")
+
+
+# --- lists: a table, or JSON with --json -----------------------------------------------------
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print a JSON array of objects (every column; times in ISO 8601)")]
+
+
+def utc_text(when: datetime | None) -> str:
+    """A time as every table here shows it: ``2026-12-05 08:42:55 UTC`` (empty when there is none)."""
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC") if when is not None else ""
+
+
+def json_value(value: Any) -> Any:
+    """A value as JSON holds it: times in ISO 8601, enums by their value, paths as text, the rest as they are."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value
+
+
+def cell_text(value: Any) -> str:
+    """A value as a table cell: a missing value is an empty cell (never "None"), a time :func:`utc_text`,
+    a flag yes or no, a list joined."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return utc_text(value)
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(cell_text(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ListField:
+    """One column of a list: the key of its value in the rows (and in the JSON), its table header and how a
+    cell shows it (default :func:`cell_text`); ``table=False`` keeps it to the JSON."""
+
+    key: str
+    header: str | None = None
+    show: Callable[[Any], str | Text] | None = None
+    table: bool = True
+    no_wrap: bool = False
+
+
+def print_rows(rows: Sequence[dict[str, Any]], fields: Sequence[ListField], as_json: bool) -> None:
+    """The rows of a list command: with ``--json`` a JSON array of objects holding every field, else a table (in
+    a terminal, fitted to it; in a pipe or file, each row whole on one line)."""
+    if as_json:
+        sys.stdout.write(json.dumps([{f.key: json_value(row.get(f.key)) for f in fields} for row in rows], indent=2) + "\n")
+        return
+    shown = [f for f in fields if f.table]
+    table = Table(*(Column(f.header or f.key.replace("_", " "), no_wrap=f.no_wrap) for f in shown))
+    for row in rows:
+        cells = [(f.show or cell_text)(row.get(f.key)) for f in shown]
+        table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))  # text, never read as markup
+    out.print(table)
+
+
+def _cut(text: str | None, limit: int) -> str:
+    """A long text cut to ``limit`` characters in a terminal only: a pipe gets it whole."""
+    text = text or ""
+    return text[: limit - 1] + "…" if out.is_terminal and len(text) > limit else text
 
 
 # --- db -------------------------------------------------------------------------------
@@ -320,14 +413,15 @@ def _explained(source: ConfigFile | None, kind: str) -> contextlib.AbstractConte
 
 @jobs_app.command("kinds")
 @user_errors
-def jobs_kinds() -> None:
+def jobs_kinds(as_json: JsonOption = False) -> None:
     """List the job kinds this installation knows."""
     from posttrain.platform.jobs.registry import kinds
 
-    table = Table("kind", "resumable", "retryable", "slots", "description")
-    for k in kinds().values():
-        table.add_row(k.name, str(k.resumable), str(k.retryable), f"cpu {k.cpu_slots} gpu {k.gpu_slots}", k.description)
-    out.print(table)
+    rows = [{"kind": k.name, "resumable": k.resumable, "retryable": k.retryable, "max_attempts": k.max_attempts,
+             "cpu_slots": k.cpu_slots, "gpu_slots": k.gpu_slots, "description": k.description}
+            for k in kinds().values()]  # fmt: skip
+    print_rows(rows, [ListField("kind"), ListField("resumable"), ListField("retryable"), ListField("max_attempts", "attempts"),
+                      ListField("cpu_slots", "cpu"), ListField("gpu_slots", "gpu"), ListField("description")], as_json)  # fmt: skip
 
 
 @jobs_app.command("submit")
@@ -394,26 +488,35 @@ def _status_style(status: JobStatus) -> str:
     }.get(status, "white")
 
 
+JOB_FIELDS = (
+    ListField("id"), ListField("kind"),
+    ListField("status", show=lambda s: Text(s.value, style=_status_style(s))),
+    ListField("priority", "prio"),
+    ListField("attempts", "try", table=False), ListField("max_attempts", table=False),
+    ListField("attempt", "try"),
+    ListField("progress", show=lambda p: "" if p is None else f"{p:.0%}"),
+    ListField("progress_message", "message", show=lambda m: _cut(m, 60)),
+    ListField("created_at", "created", no_wrap=True),
+    ListField("started_at", table=False), ListField("finished_at", table=False), ListField("submitted_by", table=False),
+    ListField("error", show=lambda e: _cut(e, 60)), ListField("error_cause", table=False),
+)  # fmt: skip
+
+
 @jobs_app.command("list")
 @user_errors
 def jobs_list(
     status: Annotated[JobStatus | None, typer.Option(help="Only jobs with this status")] = None,
     kind: Annotated[str | None, typer.Option(help="Only jobs of this kind")] = None,
     limit: Annotated[int, typer.Option(help="How many, newest first")] = 30,
+    as_json: JsonOption = False,
 ) -> None:
     """List jobs, newest first."""
     from posttrain.platform.jobs import queue
 
     require_schema()
-    table = Table("id", "kind", "status", "prio", "try", "progress", "created (UTC)", "error")
-    for job in queue.list_jobs(status=status, kind=kind, limit=limit):
-        progress = "" if job.progress is None else f"{job.progress:.0%}"
-        table.add_row(
-            str(job.id), job.kind, f"[{_status_style(job.status)}]{job.status.value}[/]", str(job.priority),
-            f"{job.attempts}/{job.max_attempts}", progress, job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            (job.error or "")[:60],
-        )  # fmt: skip
-    out.print(table)
+    rows = [{**job.model_dump(), "attempt": f"{job.attempts}/{job.max_attempts}"}
+            for job in queue.list_jobs(status=status, kind=kind, limit=limit)]  # fmt: skip
+    print_rows(rows, JOB_FIELDS, as_json)
 
 
 @jobs_app.command("show")
@@ -427,8 +530,8 @@ def jobs_show(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
     table = Table(show_header=False)
     for name, value in job.model_dump().items():
         if isinstance(value, (dict, list)):
-            value = json.dumps(value, default=str)
-        table.add_row(name, "" if value is None else str(value))
+            value = json.dumps(json_value(value))
+        table.add_row(Text(name), Text(cell_text(value)))
     out.print(table)
 
 
@@ -535,15 +638,16 @@ def docs_add(
 
 @docs_app.command("list")
 @user_errors
-def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")] = 50) -> None:
+def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")] = 50, as_json: JsonOption = False) -> None:
     """List documents with their status."""
     from posttrain.platform.documents import list_documents
 
     require_schema()
-    table = Table("id", "file", "kind", "pages", "status", "error")
-    for d in list_documents(limit=limit):
-        table.add_row(str(d.id), d.filename, d.kind, str(d.page_count), d.status.value, (d.error or "")[:80])
-    out.print(table)
+    rows = [d.model_dump(exclude={"meta"}) for d in list_documents(limit=limit)]
+    print_rows(rows, [ListField("id"), ListField("filename", "file"), ListField("kind"), ListField("page_count", "pages"),
+                      ListField("status"), ListField("size_bytes", table=False), ListField("sha256", table=False),
+                      ListField("storage_path", table=False), ListField("created_at", "added", no_wrap=True),
+                      ListField("updated_at", table=False), ListField("error", show=lambda e: _cut(e, 80))], as_json)  # fmt: skip
 
 
 # --- models -----------------------------------------------------------------------------
@@ -551,17 +655,19 @@ def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")]
 
 @models_app.command("list")
 @user_errors
-def models_list() -> None:
+def models_list(as_json: JsonOption = False) -> None:
     """List registered models with their lineage."""
     from posttrain.platform.models.registry import list_models
 
     require_schema()
-    rows = list_models()
-    names = {m.id: m.name for m in rows}
-    table = Table("name", "architecture", "base", "from job", "path")
-    for m in rows:
-        table.add_row(m.name, m.architecture, names.get(m.base_model_id, ""), str(m.produced_by_job_id or ""), m.path)
-    out.print(table)
+    found = list_models()
+    names = {m.id: m.name for m in found}
+    rows = [{"id": m.id, "name": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id),
+             "from_job": m.produced_by_job_id, "default_tier": (m.meta or {}).get("default_tier"), "path": m.path,
+             "registered_at": m.created_at} for m in found]  # fmt: skip
+    print_rows(rows, [ListField("id", table=False), ListField("name"), ListField("architecture"), ListField("base"),
+                      ListField("from_job", "from job"), ListField("default_tier", table=False), ListField("path"),
+                      ListField("registered_at", "registered", no_wrap=True)], as_json)  # fmt: skip
 
 
 @models_app.command("default-tier")
@@ -793,16 +899,15 @@ def _change_account(change: Callable[[Identity, str], Any], username: str, keys_
 
 @users_app.command("list")
 @user_errors
-def users_list() -> None:
+def users_list(as_json: JsonOption = False) -> None:
     """List console users."""
     from posttrain.platform import auth
 
     require_schema()
-    table = Table("user", "role", "disabled", "failed logins", "last login (UTC)")
-    for u in auth.list_users():
-        last = u.last_login_at.strftime("%Y-%m-%d %H:%M") if u.last_login_at else ""
-        table.add_row(u.username, u.role.value, str(u.disabled), str(u.failed_logins), last)
-    out.print(table)
+    rows = [u.model_dump(exclude={"password_hash", "id"}) for u in auth.list_users()]
+    print_rows(rows, [ListField("username", "user"), ListField("role"), ListField("disabled"), ListField("failed_logins", "failed logins"),
+                      ListField("locked_until", table=False), ListField("last_login_at", "last login", no_wrap=True),
+                      ListField("created_at", "created", no_wrap=True)], as_json)  # fmt: skip
 
 
 # --- API keys ---------------------------------------------------------------------------
@@ -826,17 +931,18 @@ def keys_create(
 
 @keys_app.command("list")
 @user_errors
-def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False) -> None:
-    """List API keys (their public ids; never the secrets)."""
+def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False, as_json: JsonOption = False) -> None:
+    """List API keys (their public ids; never the secrets). A key's models: empty (JSON) or "all" (table) is every model."""
     from posttrain.platform.api_keys import list_keys, shown
 
     require_schema()
-    table = Table(Column("key", no_wrap=True), "name", "models", "created (UTC)", "by", "last used (UTC)", "revoked (UTC)")
-    when = lambda t: t.strftime("%Y-%m-%d %H:%M") if t else ""  # noqa: E731
-    for k in list_keys(me(), include_revoked=all_):
-        table.add_row(shown(k.key_id), k.name, ", ".join(k.models) or "all", when(k.created_at), k.created_by,
-                      when(k.last_used_at), when(k.revoked_at))  # fmt: skip
-    out.print(table)
+    rows = [{"key": shown(k.key_id), "name": k.name, "models": list(k.models or []), "created_at": k.created_at,
+             "created_by": k.created_by, "last_used_at": k.last_used_at, "revoked_at": k.revoked_at,
+             "revoked_by": k.revoked_by} for k in list_keys(me(), include_revoked=all_)]  # fmt: skip
+    print_rows(rows, [ListField("key", no_wrap=True), ListField("name"), ListField("models", show=lambda m: ", ".join(m) or "all"),
+                      ListField("created_at", "created", no_wrap=True), ListField("created_by", "by"),
+                      ListField("last_used_at", "last used", no_wrap=True), ListField("revoked_at", "revoked", no_wrap=True),
+                      ListField("revoked_by", table=False)], as_json)  # fmt: skip
 
 
 @keys_app.command("revoke")

@@ -237,6 +237,65 @@ def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[
     return at
 
 
+class BrowserTimers:
+    """What a browser left open on a page does and AppTest does not: when a live panel's timer fires
+    (``st.fragment(run_every=...)``), :meth:`tick` reruns each fragment the page's last whole run asked to be rerun
+    on a timer (Streamlit's ``auto_rerun`` messages), alone, with the widget values the page holds, and draws what
+    they draw over the page it shows: the rest stays as the whole run drew it (Streamlit's own queue keeps the deltas
+    of what did not rerun). A fragment that calls ``st.rerun(scope="app")`` then reruns the whole page, as in a
+    browser. ``messages``: what the last run sent (the tab's icon, the timers). Through Streamlit's own script runner,
+    three of whose names (``streamlit.testing.v1.local_script_runner``) it replaces for the test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import streamlit.testing.v1.local_script_runner as runner
+        from streamlit.runtime.scriptrunner import RerunData
+
+        self.timed: dict[str, float] = {}  # fragment id -> seconds, as the last whole run announced them
+        self.messages: list = []  # the page the browser holds: the messages of the last run, whole or merged
+        self._fragments: list[str] = []  # the fragments the next run reruns (empty: the whole script)
+        parse, make_queue = runner.parse_tree_from_messages, runner.ForwardMsgQueue
+
+        def recording(messages):  # type: ignore[no-untyped-def]
+            if not self._fragments:  # a page load starts the timers afresh
+                self.timed.clear()
+            self.timed.update({m.auto_rerun.fragment_id: m.auto_rerun.interval for m in messages if m.HasField("auto_rerun")})
+            self.messages = list(messages)
+            return parse(messages)
+
+        def holding():  # type: ignore[no-untyped-def]  # a fragment's rerun starts from the page shown; a whole run from nothing
+            queue = make_queue()
+            for message in self.messages if self._fragments else []:
+                queue.enqueue(message)
+            return queue
+
+        def rerun_data(**fields):  # type: ignore[no-untyped-def]
+            return RerunData(**fields, fragment_id_queue=list(self._fragments), is_auto_rerun=bool(self._fragments))
+
+        monkeypatch.setattr(runner, "parse_tree_from_messages", recording)
+        monkeypatch.setattr(runner, "ForwardMsgQueue", holding)
+        monkeypatch.setattr(runner, "RerunData", rerun_data)
+
+    def tick(self, at):  # type: ignore[no-untyped-def]
+        """The page's timers fire once; returns ``at``, showing that page."""
+        assert self.timed, "the page's last whole run started no live panel: nothing would change without a reload"
+        self._fragments[:] = list(self.timed)
+        try:
+            at.run()
+        finally:
+            self._fragments.clear()
+        assert not at.exception, at.exception
+        return at
+
+    def favicon(self) -> str:
+        configs = [m.page_config_changed for m in self.messages if m.HasField("page_config_changed")]
+        return next(c.favicon for c in reversed(configs) if c.favicon)
+
+
+@pytest.fixture
+def browser_timers(monkeypatch: pytest.MonkeyPatch) -> BrowserTimers:
+    return BrowserTimers(monkeypatch)
+
+
 class Reliability:
     """What a reliability test measured: faults injected and survived, hostile inputs tried and how
     they were handled, load latencies, data lost. Tests assert on their own outcomes; this only

@@ -289,9 +289,65 @@ def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[
     at.run()  # shown once: the next run of the page no longer holds it
     assert not [c.value for c in at.code if KEY.fullmatch(c.value)]
     assert list(at.dataframe[1].value["key"]) == [f"pt-{key_id}"]
-    at.selectbox(key="revoke_key_id").set_value(key_id)
-    at.button(key="FormSubmitter:revoke_key-Revoke").click().run()
+    assert at.selectbox(key="revoke_key_id").value is None and at.button(key="revoke_key_go").disabled
+    at.selectbox(key="revoke_key_id").set_value(key_id).run()
+    assert "(notebook) was last used at" in at.warning[0].value  # check_key above used it: confirmed first
+    at.checkbox(key="revoke_confirm").check().run()
+    at.button(key="revoke_key_go").click().run()
     assert any(f"Revoked pt-{key_id}" in s.value for s in at.success)
+    assert at.selectbox(key="revoke_key_id").value is None  # nothing chosen again
     with pytest.raises(KeyRefused, match="was revoked"):
         check_key(shown_key)
     assert {"key.create", "key.revoke"} <= {e.action for e in audit_log() if e.username == "root"}
+
+
+def test_console_revoke_chooses_nothing_and_asks_before_revoking_a_key_in_use(platform_env: dict[str, str], db_url: str,
+                                                                             tiny_dir: Path) -> None:
+    """Issue 35, items 14 and 19: "Revoke a key" preselects no key (it used to preselect the newest, often the
+    console's own), and a key in use (the console's own, or one used lately) is revoked only once the admin
+    confirms, having read what stops working; the keys table and the audit log show plain values."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import REPO_ROOT, login_as
+    from posttrain.platform.serving.client import CONSOLE_KEY
+
+    register_model(OPERATOR, "tiny", tiny_dir)
+    idle = create_key(ADMIN, "old-notebook")
+    busy = create_key(ADMIN, "ci-bot", ["tiny"])
+    check_key(busy.secret)  # used just now
+    console = api_keys.service_key(CONSOLE_KEY, "tiny", get_settings().secrets_dir())  # newest: it used to be preselected
+    console_id = KEY.fullmatch(console).group(1)  # type: ignore[arg-type, union-attr]
+
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "admin.py"), default_timeout=60), "admin", "root").run()
+    assert not at.exception
+    assert at.selectbox(key="revoke_key_id").value is None and at.button(key="revoke_key_go").disabled
+
+    at.selectbox(key="revoke_key_id").set_value(console_id).run()
+    (warning,) = [w.value for w in at.warning]
+    assert f"pt-{console_id} ({CONSOLE_KEY}: tiny) is the console's own key for the model tiny" in warning
+    assert "playground" in warning and "refused" in warning
+    assert at.button(key="revoke_key_go").disabled
+    at.checkbox(key="revoke_confirm").check().run()
+    assert not at.button(key="revoke_key_go").disabled
+    at.button(key="revoke_key_go").click().run()
+    assert not at.exception and any(f"Revoked pt-{console_id}" in s.value for s in at.success)
+    with pytest.raises(KeyRefused, match="was revoked"):
+        check_key(console)
+    assert at.selectbox(key="revoke_key_id").value is None and not at.warning
+
+    at.selectbox(key="revoke_key_id").set_value(busy.key.key_id).run()
+    assert "(ci-bot) was last used at 20" in at.warning[0].value and " UTC: whoever sends it" in at.warning[0].value
+    assert not at.checkbox(key="revoke_confirm").value and at.button(key="revoke_key_go").disabled  # asked again
+    at.selectbox(key="revoke_key_id").set_value(idle.key.key_id).run()
+    assert not at.warning and not at.button(key="revoke_key_go").disabled  # never used: revoked in one click
+
+    keys = at.dataframe[1].value
+    row = keys.loc[keys["name"] == "old-notebook"].iloc[0]
+    assert row["revoked"] == "—" and row["last used"] == "—" and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row["created"])
+    assert keys.loc[keys["name"] == f"{CONSOLE_KEY}: tiny", "revoked"].iloc[0].endswith(" UTC")
+    assert not any("None" in str(v) for v in keys.to_numpy().ravel())
+    audit = at.dataframe[2].value
+    created = audit.loc[(audit["action"] == "key.create") & (audit["target"] == f"pt-{busy.key.key_id}"), "details"]
+    assert list(created) == ["name: ci-bot · models: tiny"]
+    assert not any("{" in str(v) or "None" in str(v) for v in audit.to_numpy().ravel())
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", t) for t in audit["time"])

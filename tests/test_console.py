@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as, wait_for
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 
@@ -92,10 +92,25 @@ def test_sandboxes_page_runs_snippet_and_shows_pool(platform_env: dict[str, str]
         assert not at.exception
         assert at.success and at.success[0].value.startswith("ok in")
         assert any("answer 42" in c.value for c in at.code)
-        at.run()  # the panel now lists the console's pool, with a latency histogram
-        frame = at.dataframe[0].value
-        assert frame["pool"].iloc[0].startswith("console@") and frame["calls"].iloc[0] >= 1
-        assert at.get("arrow_vega_lite_chart") or at.get("bar_chart") or any("Call latency" in s.value for s in at.subheader)
+        # the same page, no reload: the panel lists the console's pool, back in the pool after the snippet
+        assert not any("No sandbox pool has reported yet" in i.value for i in at.info)
+        row = at.dataframe[0].value.iloc[0]
+        assert row["pool"].startswith("console@") and row["calls"] >= 1 and row["episodes"] >= 1
+        assert (row["state"], row["ready"], row["size"]) == ("idle", 1, 1), row.to_dict()
+        assert any("Call latency" in s.value for s in at.subheader) and at.get("vega_lite_chart")
+
+        # and it goes on reporting while the console has it, so it never looks dead a minute later
+        from sqlmodel import select
+
+        from posttrain.platform.db.engine import session
+        from posttrain.platform.db.models import SandboxPool
+
+        def reported_at():  # type: ignore[no-untyped-def]
+            with session(read_only=True) as s:
+                return s.exec(select(SandboxPool.updated_at).where(SandboxPool.name == row["pool"])).one()
+
+        first = reported_at()
+        wait_for(lambda: reported_at() > first, timeout=30, message="the console's pool reporting again")
     finally:
         import streamlit as st
 

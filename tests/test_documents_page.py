@@ -9,10 +9,10 @@ from sqlalchemy import delete
 from sqlmodel import col
 from streamlit.testing.v1 import AppTest
 
-from conftest import REPO_ROOT, login_as, start_worker
+from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle, start_worker
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Chunk, Document, DocumentStatus, JobStatus, Page
-from posttrain.platform.documents import get_pages, list_documents
+from posttrain.platform.documents import add_document, get_document, get_pages, list_documents
 from posttrain.platform.jobs import queue
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import build_document_tasks
@@ -81,3 +81,24 @@ def test_viewer_cannot_upload(platform_env: dict[str, str]) -> None:
     assert not at.exception
     assert len(at.file_uploader) == 0 and not [b for b in at.button if b.key == "doc_upload_go"]
     assert any("Only operators" in i.value for i in at.info)
+
+
+@pytest.mark.slow
+def test_page_viewer_follows_preprocessing_without_a_reload(platform_env: dict[str, str], browser_timers) -> None:  # type: ignore[no-untyped-def]
+    """The page is opened while the document is still queued; its job then runs. The browser stays on the
+    page and nobody reloads it: only the page's own timers run, and the viewer shows the pages."""
+    doc = add_document(OPERATOR, LTNEWS07.read_bytes(), filename="ltnews07.pdf").document
+    at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
+    assert not at.exception
+    assert any(i.value.startswith("No preprocessed pages yet") for i in at.info)
+    assert any(c.value.startswith(f"Being preprocessed: #{doc.id} ltnews07.pdf (uploaded)") for c in at.caption)
+
+    run_worker_until_idle(platform_env)
+    assert get_document(doc.id).status is DocumentStatus.ready  # type: ignore[arg-type]
+
+    at = browser_timers.tick(at)  # the timers fire; the viewer sees the document is ready and draws it
+    assert at.selectbox(key="viewer_doc").value == doc.id
+    assert not any(i.value.startswith("No preprocessed pages yet") for i in at.info)
+    assert any("LATEX News" in m.value for m in at.markdown) and at.image
+    assert at.dataframe[0].value["status"].tolist() == ["ready"]  # the plain word: no emoji to draw as a box
+    assert not any(c.value.startswith("Being preprocessed") for c in at.caption)

@@ -25,10 +25,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import expect
 
 from conftest import REPO_ROOT, ImportedRealModel
 from test_models_page import tiny_model, tool_caller  # noqa: F401 - the tiny model taught to call the python tool
@@ -108,6 +110,18 @@ def console(real_model_dir: ImportedRealModel) -> Iterator[dict[str, str]]:
         log.close()
 
 
+OUTSIDE: list[str] = []  # every request the console's pages made to a host other than this machine (the last test)
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def record_outside(request) -> None:  # type: ignore[no-untyped-def]
+    """``page.on("request")``: keep the URL of a request whose host is not this machine (data: and blob: URLs
+    have none and stay in the page)."""
+    url = urlsplit(request.url)
+    if url.scheme in ("http", "https", "ws", "wss") and url.hostname not in LOCAL_HOSTS:
+        OUTSIDE.append(request.url)
+
+
 @pytest.fixture(scope="module")
 def browser_page(console: dict[str, str]):  # type: ignore[no-untyped-def]
     from playwright.sync_api import sync_playwright
@@ -117,6 +131,7 @@ def browser_page(console: dict[str, str]):  # type: ignore[no-untyped-def]
         browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
+        page.on("request", record_outside)
         yield page
         browser.close()
 
@@ -189,16 +204,41 @@ def pick_run(page, job_id: int) -> None:  # type: ignore[no-untyped-def]
     page.get_by_role("heading", name="Trajectories").first.wait_for()  # the run's view, to its end
 
 
+def job_status(console: dict[str, str], job_id: int) -> JobStatus:
+    """Job ``job_id``'s status as the console's database has it now."""
+    with sqlite3.connect(Path(console["data"]) / "posttrain.db", timeout=30) as db:
+        (status,) = db.execute("select status from job where id = ?", (job_id,)).fetchone()
+    return JobStatus(status)
+
+
 def wait_for_job(console: dict[str, str], job_id: int, timeout_s: float) -> None:
     """Until job ``job_id`` has ended, read from the console's database (the browser stays idle meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with sqlite3.connect(Path(console["data"]) / "posttrain.db", timeout=30) as db:
-            (status,) = db.execute("select status from job where id = ?", (job_id,)).fetchone()
-        if JobStatus(status).finished:
+        if job_status(console, job_id).finished:
             return
         time.sleep(5)
     raise AssertionError(f"job {job_id} did not end within {timeout_s:.0f} s")
+
+
+def run_box(page):  # type: ignore[no-untyped-def]
+    """The Training page's "Run" select box (below the runs table)."""
+    return page.get_by_test_id("stSelectbox").filter(has=page.get_by_text("Run", exact=True)).first
+
+
+def wait_for_run_box_status(page, console: dict[str, str], job_id: int, timeout_s: float = 60) -> JobStatus:  # type: ignore[no-untyped-def]
+    """Until the Run box, left open, shows run ``job_id`` with the status the database has for it at that moment (its
+    live panel reruns every few seconds: a label computed once would keep the status of the page's first draw)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = job_status(console, job_id)
+        shown = run_box(page).inner_text()
+        if f"#{job_id} · train_preset · {status.value}" in shown:
+            return status
+        if time.monotonic() > deadline:
+            shot(page, "timeout-run-box-status")
+            raise AssertionError(f"the Run box shows {shown!r} while the database says job {job_id} is {status.value}")
+        time.sleep(1)
 
 
 def reopen_until(page, console: dict[str, str], title: str, ready, timeout_s: float = 300.0) -> None:  # type: ignore[no-untyped-def]
@@ -255,18 +295,39 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     # the demo's preset post-trains the built-in model (imported as make run imports it); estimate it first
     page.get_by_role("button", name="Estimate wall time").first.click()
     page.get_by_text(re.compile(r"Estimating \(job \d+\)")).first.wait_for()  # the calibration's progress, live
+    # the demo cannot start beside its estimate: both would run at once, and the estimate would time a shared machine
+    demo = page.get_by_role("button", name="Run the demo")
+    expect(demo).to_be_disabled(timeout=30_000)
+    page.get_by_text(re.compile(r"Run the demo waits: its estimate \(job \d+\) is (queued|calibrating)")).first.wait_for()
     estimate = page.get_by_text(re.compile(r"about [\d.]+ (s|min|h) on this host: 8 training steps, 256 trajectories"))
     estimate.first.wait_for(timeout=1_200_000)
+    expect(demo).to_be_enabled(timeout=60_000)  # the estimate ended: the demo can start
     page.get_by_text("How it was estimated").first.click()
     page.get_by_test_id("stDataFrame").first.wait_for()  # the stages and how each was measured
     shot(page, "07-estimate-before-launch")
-    page.get_by_role("button", name="Run the demo").click()
+    demo.click()
     launched = page.get_by_text(re.compile(r"Launched the whole 'smollm2-quick' recipe as job \d+"))
     launched.wait_for()
     job_id = DEMO["job"] = int(re.findall(r"\d+", launched.inner_text())[-1])
-    # the run view follows it live (no reload): the held-out figure before GRPO, then the reward chart
+    # the run view follows it live (no reload). The Run box shows the job's status as the database has it: the page
+    # drew "queued" at launch, the worker has claimed it since
+    deadline = time.monotonic() + 300
+    while job_status(console, job_id) is JobStatus.queued and time.monotonic() < deadline:
+        time.sleep(1)
+    assert wait_for_run_box_status(page, console, job_id) is JobStatus.running
+    # the held-out figure before GRPO, under a header that names the model evaluated (the built-in one: this preset
+    # has no SFT stage), and the general check beside it
+    page.get_by_text(re.compile(r"^Evaluation of smollm2-135m-instruct \(before GRPO\)$")).first.wait_for(timeout=1_200_000)
+    page.get_by_text("Held-out pass@1 of smollm2-135m-instruct before GRPO:").first.wait_for()
+    page.get_by_text(re.compile(r"^General check on \d+ tasks of \d+ domains it never trained on: smollm2-135m-instruct "
+                                r"[\d.]+% before GRPO\.$")).first.wait_for()
+    # then the reward chart, and each step's trajectories as the step stores them, before the run ends
     page.get_by_text("Reward", exact=True).first.wait_for(timeout=1_200_000)
     page.get_by_test_id("stVegaLiteChart").first.wait_for()
+    page.get_by_text(re.compile(r"^Page \(of \d+, \d+ trajectories\)$")).first.wait_for(timeout=300_000)
+    page.get_by_text(re.compile(r"Steps \d+ to \d+ so far")).first.wait_for()  # drawn only while the run is live
+    assert job_status(console, job_id) is JobStatus.running, "the trajectories should show while the run runs"
+    assert wait_for_run_box_status(page, console, job_id) is JobStatus.running
     page.get_by_text("Reward", exact=True).first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "08-demo-training.png"))
     # the rest of the run unwatched (a page of no live parts): the live view and Chromium drawing it took a third of
@@ -291,6 +352,16 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     # alone on the machine it was 19% under (twice); beside the other xdist worker the load differs between the
     # calibration and the run, so the suite holds it to the bound that survives that, and prints the figure
     assert 0.5 <= estimated / actual <= 2.0, f"the estimate is {off}% off the actual wall time"
+    # the finished run: the Run box says so, the evaluation names both models, and the general check (domains the run
+    # never trained on) stands beside the gain, with its standard error
+    assert wait_for_run_box_status(page, console, job_id) is JobStatus.succeeded
+    page.get_by_text(re.compile(r"^Evaluation of smollm2-135m-instruct \(before GRPO\), smollm2-quick-job\d+ "
+                                r"\(after GRPO\)$")).first.wait_for()
+    general = page.get_by_text(re.compile(r"^General check on \d+ tasks of \d+ domains it never trained on: "
+                                          r"smollm2-135m-instruct [\d.]+% → smollm2-quick-job\d+ [\d.]+% "
+                                          r"\([+-][\d.]+ ± [\d.]+ points"))
+    general.first.wait_for()
+    print(f"demo's general check: {general.first.inner_text()}")
     gain.first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "09-demo-gain-and-estimate.png"))
 
@@ -366,7 +437,8 @@ def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # t
     page.get_by_test_id("stChatInputTextArea").press("Enter")
     answer = page.get_by_test_id("stChatMessage").nth(1)
     answer.wait_for(timeout=120_000)
-    page.get_by_role("button", name="Clear chat").wait_for(timeout=120_000)  # the script ran to its end: the reply is in
+    # written at the end of the script's run, counting the reply: the reply is in
+    page.get_by_text("2 earlier messages are sent with each question").wait_for(timeout=120_000)
     caption = answer.get_by_test_id("stCaptionContainer").inner_text()
     reply = answer.inner_text().replace(caption, "").strip()
     assert caption.startswith("smollm2-quick-job"), f"not the demo's model: {answer.inner_text()!r}"
@@ -400,3 +472,9 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
     assert any("print(6 * 7)" in c for c in shown) and "42" in shown, shown  # the call, then what the sandbox printed
     page.get_by_text("It is 42.").first.wait_for()
     shot(page, "15-playground-tool-call")
+
+
+def test_no_request_left_the_machine(browser_page) -> None:  # type: ignore[no-untyped-def]
+    """Every page the flow above opened loaded everything from this machine: the console, its scripts, fonts and
+    charts, the gateway (``browser_page`` records each request to another host as it is made)."""
+    assert OUTSIDE == [], f"{len(OUTSIDE)} requests left the machine, to: {sorted({urlsplit(u).hostname for u in OUTSIDE})}"

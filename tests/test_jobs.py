@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -200,3 +201,47 @@ def test_transient_failures_are_retried_with_backoff(platform_env: dict[str, str
     assert "transient failure on attempt 2" in queue.read_log(job)
     gave_up = queue.get_job(hopeless)
     assert gave_up.status is JobStatus.failed and gave_up.attempts == 2 and gave_up.error_cause == "transient"
+
+
+def test_an_ended_job_says_how_it_ended_not_what_it_last_reported(platform_env: dict[str, str]) -> None:
+    """Issue 35, item 11: a job's last progress message ("step 3/3", "7/8 pages") is replaced, in the
+    transaction that records its end, by how it ended: succeeded in N s, failed: the cause, cancelled."""
+    ok = queue.submit(OPERATOR, "selftest", {"steps": 3, "sleep_s": 0.05}, priority=3)
+    bad = queue.submit(OPERATOR, "selftest", {"steps": 5, "sleep_s": 0.6, "fail_at_step": 2}, priority=2)
+    never = queue.submit(OPERATOR, "selftest", {"steps": 1}, priority=-5)
+    assert queue.cancel(OPERATOR, never) is JobStatus.cancelled
+    assert queue.get_job(never).progress_message == "cancelled before it started"
+    proc = start_worker(platform_env)
+    try:
+        wait_for(lambda: status_of(ok).finished and status_of(bad).finished, timeout=60, message="both jobs ended")
+        long = queue.submit(OPERATOR, "selftest", {"steps": 1000, "sleep_s": 0.1})
+        wait_for(lambda: queue.get_job(long).progress_message.startswith("step "), message="the long job reports")
+        queue.cancel(OPERATOR, long)
+        wait_for(lambda: status_of(long) is JobStatus.cancelled, timeout=30, message="cancelled")
+    finally:
+        stop_worker(proc)
+    done = queue.get_job(ok)
+    assert done.status is JobStatus.succeeded and done.progress == 1.0
+    assert re.fullmatch(r"succeeded in \d+ s", done.progress_message), done.progress_message
+    failed = queue.get_job(bad)
+    assert failed.status is JobStatus.failed
+    assert re.fullmatch(r"failed after \d+ s: RuntimeError: selftest failing on purpose at step 2", failed.progress_message), \
+        failed.progress_message
+    stopped = queue.get_job(long)
+    assert re.fullmatch(r"cancelled after \d+ s", stopped.progress_message), stopped.progress_message
+    assert not any(re.search(r"step \d+/\d+", queue.get_job(j).progress_message) for j in (ok, bad, long, never))
+
+
+def test_a_retried_or_interrupted_attempt_says_so(platform_env: dict[str, str]) -> None:
+    """The end of an attempt that is followed by another says that too (not the attempt's last progress)."""
+    job_id = queue.submit(OPERATOR, "selftest", {"steps": 2}, max_attempts=2)
+    queue.claim("w", 1, 0)
+    assert queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: the worker stopped")) \
+        is JobStatus.queued
+    assert queue.get_job(job_id).progress_message == \
+        "queued again for attempt 2 of 2, after: interrupted: the worker stopped"
+    queue.claim("w", 1, 0)
+    assert queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: worker w was lost")) \
+        is JobStatus.interrupted
+    assert queue.get_job(job_id).progress_message == "interrupted: worker w was lost"
+    assert queue.took(41) == "41 s" and queue.took(200) == "3 min 20 s" and queue.took(7500) == "2 h 5 min"

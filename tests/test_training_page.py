@@ -174,7 +174,7 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     }  # fmt: skip
     assert len(plotted["train/loss"]) == 300 and plotted["str.copy.letters"]["value"].eq(0.25).all()
     tiles = {m.label: m.value for m in at.metric}
-    assert tiles["Step"] == "299" and tiles["Reward"] == "0.9967" and tiles["Tokens/s"] == "1234"
+    assert tiles["Step"] == "299" and tiles["Reward"] == "0.997" and tiles["Tokens/s"] == "1,234"  # figures that fit a tile
 
     # trajectories: 45 rows, 20 per page, newest step first
     table = trajectory_table(at)
@@ -257,7 +257,7 @@ def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
     insert_metrics(job, [(0, "eval/arith.add.int/pass@1", 0.25), (0, "eval/pass@1", 0.25),
                          (1, "eval/arith.add.int/pass@1", 0.75), (1, "eval/pass@1", 0.75)])  # fmt: skip
     at = page()
-    assert "**Evaluation**" in [m.value for m in at.markdown]
+    assert "**Evaluation** of before, after" in [m.value for m in at.markdown]  # the models evaluated, by name
     table = at.dataframe[-1].value.set_index("domain")
     assert table.loc["arith.add.int", "before · pass@1"] == 0.25 and table.loc["all", "after · pass@1"] == 0.75
     assert {m.label: m.value for m in at.metric}["Eval pass@1"] == "0.75"

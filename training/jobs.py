@@ -100,6 +100,7 @@ class PresetJobResult(BaseModel):
     gain_over_control_points: float | None = None
     general_before: float | None = Field(default=None, description="the general check's pass@1 before GRPO")
     general_after: float | None = Field(default=None, description="... and after: what training cost elsewhere")
+    general_tasks: int | None = Field(default=None, description="the general check's tasks (for its standard error)")
     arena: dict[str, Any] | None = Field(default=None, description="the held-out evaluations before and after GRPO "
                                          "paired task by task (training.evaluate.head_to_head): the run's comparison")
     peak_rss_gb: float | None = Field(default=None, description="the job process's peak RSS (learner, rollouts, "
@@ -378,7 +379,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     from posttrain.training.loop import train_grpo
     from posttrain.training.presets import get_preset
     from posttrain.platform.tasks.heldout import check_held_out
-    from posttrain.training.evaluate import all_eval_tasks
+    from posttrain.training.evaluate import all_eval_tasks, general_config
     from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 
     sft_config, grpo_config, eval_config = config.sections()
@@ -523,6 +524,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         "eval_tasks": len(held_out), "eval_unseen_fraction": grpo["eval_unseen_fraction"],
         "grpo_steps_checked": grpo["grpo_steps_checked"], "general_before": before.get("general/pass@1"),
         "general_after": after.get("general/pass@1"), "peak_rss_gb": round(peak_rss_bytes() / 2**30, 3),
+        "general_tasks": general.tasks_per_domain * len(general.domains) if (general := general_config(eval_config)) else None,
     }  # fmt: skip
     paired = [out / f"{stage}.records.json" for stage in ("eval_before", "eval_after")]
     if eval_config.samples == 1 and all(p.is_file() for p in paired):  # greedy, as the Compare tab's arena

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import streamlit as st
+from PIL import Image, ImageDraw
 
 from posttrain.platform import auth
 from posttrain.platform.db.engine import DatabaseUnavailable
@@ -19,8 +20,19 @@ from posttrain.ui.common import IDENTITY_KEY, refreshed_identity
 
 VIEWS = Path(__file__).resolve().parent / "views"
 
-st.set_page_config(page_title="posttrain", page_icon=":material/model_training:", layout="wide")
 
+def favicon() -> Image.Image:
+    """The tab's icon, drawn here and served by the console itself: a ``:material/...:`` page icon makes
+    the browser fetch the icon's SVG from fonts.gstatic.com, a name no machine without internet resolves
+    (each page then logged net::ERR_NAME_NOT_RESOLVED), and an emoji needs a colour-emoji font."""
+    image = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    draw.rounded_rectangle((2, 2, 61, 61), radius=12, fill=(37, 99, 235, 255))
+    draw.line([(12, 48), (24, 38), (34, 42), (52, 16)], fill=(255, 255, 255, 255), width=6, joint="curve")
+    return image
+
+
+st.set_page_config(page_title="posttrain", page_icon=favicon(), layout="wide")
 
 
 def bind_host() -> str:

@@ -189,3 +189,61 @@ def show_message(message: dict[str, Any]) -> None:
     for call in parsed.calls:
         st.caption(f"calls {call.name or 'a tool'}" + (f" (not run: {call.error})" if call.error else ""))
         st.code(json.dumps(call.arguments, ensure_ascii=False), language="json")
+
+
+# --- plain values in tables (issue 35): one time format, no "None", no raw dicts ---------------------------
+
+MISSING = "—"  # what a table cell shows for a value that is not there
+
+
+def utc_time(when: Any) -> str:
+    """A time as the console shows it everywhere: ``2026-12-05 08:42:55 UTC`` (a naive time is taken as UTC,
+    as the database stores them); ``—`` when there is none."""
+    from datetime import datetime, timezone
+
+    if when is None:
+        return MISSING
+    if not isinstance(when, datetime):
+        return str(when)
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def details_text(details: Any) -> str:
+    """A mapping (an audit entry's details, a verdict's) as readable text, ``name: ci-bot · models: tiny``;
+    nested fields dotted; ``—`` when empty. Never a Python dict's repr."""
+    if details is None or details == {} or details == []:
+        return MISSING
+    if not isinstance(details, dict):
+        return _shown(details)
+    return " · ".join(f"{field}: {value}" for field, value in field_rows(details))
+
+
+def cell(value: Any) -> Any:
+    """One value as a table cell: nothing is ``—`` (never "None"), a time :func:`utc_time`, a mapping
+    :func:`details_text`, a list joined; numbers, booleans and text stay as they are (they sort and tick)."""
+    from datetime import datetime
+
+    if value is None:
+        return MISSING
+    if isinstance(value, datetime):
+        return utc_time(value)
+    if isinstance(value, dict):
+        return details_text(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(cell(v)) for v in value) or MISSING
+    return value
+
+
+def plain_table(rows: list[dict[str, Any]], *, columns: list[str] | None = None, long: dict[str, str] | None = None,
+                column_config: dict[str, Any] | None = None, key: str | None = None) -> None:
+    """Rows of values as a table that fits the page: every value through :func:`cell`, the table as wide as the
+    page (``width="stretch"``) and scrolling sideways when its columns are wider; ``long`` sizes its long text
+    columns (``{"details": "large"}``) so one long path or message does not push the others out of view."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{name: cell(value) for name, value in row.items()} for row in rows], columns=columns)
+    config: dict[str, Any] = {name: st.column_config.TextColumn(name, width=size) for name, size in (long or {}).items()}
+    config.update(column_config or {})
+    st.dataframe(frame, hide_index=True, width="stretch", column_config=config, key=key)

@@ -21,7 +21,7 @@ from sqlmodel import select
 
 from posttrain.platform.auth import Identity, job_identity
 from posttrain.platform.db.engine import retry_transient, session
-from posttrain.platform.db.models import Job, Metric
+from posttrain.platform.db.models import Job, JobStatus, Metric
 from posttrain.platform.settings import Settings
 
 PROGRESS_MIN_INTERVAL_S = 0.5
@@ -88,7 +88,9 @@ class JobContext:
 
         def write() -> None:
             with session(self.url) as s:
-                s.exec(update(Job).where(Job.id == self.job_id).values(progress=value, progress_message=message[:500]))
+                # only while it runs: a late report never replaces the message its end left (queue.final_message)
+                s.exec(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.running)
+                       .values(progress=value, progress_message=message[:500]))
 
         retry_transient(write, what="recording progress")
 

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psutil
@@ -179,6 +179,39 @@ def cancel_requested(job_ids: list[int], *, url: str | None = None) -> set[int]:
         return {int(r) for r in rows}
 
 
+CANCELLED_QUEUED = "cancelled before it started"
+MESSAGE_MAX = 500  # the progress_message a job reports is cut to this length too (JobContext.progress)
+
+
+def took(seconds: float) -> str:
+    """A duration as people read it: ``41 s``, ``3 min 20 s``, ``2 h 5 min``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def final_message(job: Job, now: datetime) -> str:
+    """The progress message a job keeps once its attempt has ended: how it ended, in place of the last
+    thing it reported while running ("7/8 pages" on a job that succeeded says nothing true any more)."""
+    ran = f" after {took((now - job.started_at).total_seconds())}" if job.started_at is not None else ""
+    if job.status == JobStatus.succeeded:
+        text = f"succeeded in {took((now - job.started_at).total_seconds())}" if job.started_at is not None else "succeeded"
+    elif job.status == JobStatus.failed:
+        text = f"failed{ran}: {job.error or 'no cause recorded'}"
+    elif job.status == JobStatus.cancelled:
+        text = job.error if job.error == CANCELLED_QUEUED else f"cancelled{ran}"
+    elif job.status == JobStatus.interrupted:
+        text = job.error or "interrupted: the worker running it stopped"
+    elif job.status == JobStatus.queued:  # an attempt ended and another follows
+        text = f"queued again for attempt {job.attempts + 1} of {job.max_attempts}, after: {job.error or 'an interruption'}"
+    else:
+        text = job.progress_message
+    return text[:MESSAGE_MAX]
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How an attempt ended, as the worker saw it."""
@@ -243,6 +276,7 @@ def finish(
             job.finished_at = None
         else:
             job.finished_at = now
+        job.progress_message = final_message(job, now)
         s.add(job)
         if outcome.interrupted:
             s.add(AuditLog(action="job.interrupted", target=f"job:{job_id}", details={"requeued": status == JobStatus.queued}))
@@ -257,8 +291,9 @@ def cancel(identity: Identity, job_id: int, *, url: str | None = None) -> JobSta
         if job.status == JobStatus.queued:
             job.status = JobStatus.cancelled
             job.finished_at = utcnow()
-            job.error = "cancelled before it started"
+            job.error = CANCELLED_QUEUED
             job.error_cause = "cancelled"
+            job.progress_message = final_message(job, job.finished_at)
         elif job.status == JobStatus.running:
             job.cancel_requested = True
         s.add(job)

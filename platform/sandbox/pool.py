@@ -209,13 +209,15 @@ class SandboxPool:
         calls = [r.duration_ms for r in list(self._calls)]
         acquires = list(self._acquire_ms)
         with self._cond:
+            closed = self._closed
             ready, busy = len(self._ready), len(self._busy)
+        # A closed pool has no sandbox ready, lent or starting: its size with all three at zero says so.
         return PoolStatus(
             backend=self.config.backend,
             size=len(self._slots),
-            ready=ready,
-            busy=busy,
-            starting=len(self._slots) - ready - busy,
+            ready=0 if closed else ready,
+            busy=0 if closed else busy,
+            starting=0 if closed else len(self._slots) - ready - busy,
             failures=self._failures,
             infra_failures=self._infra,
             episodes=self._episodes,

@@ -33,7 +33,7 @@ from test_roles import CODE_TASK, PASSWORD, png, state
 CATEGORY = "role_enforcement"
 PAGES = sorted((REPO_ROOT / "ui" / "views").glob("*.py"))
 # Buttons that change nothing stored: check a config, copy a preset into the editor, clear a chat.
-NOT_ACTIONS = {"yaml_validate", "preset_edit", "pg_clear"}
+NOT_ACTIONS = {"yaml_validate", "preset_edit", "pg_new_chat"}
 SFT = {"model": "tiny", "domains": ["arith.add.int"], "max_steps": 1}
 Setup = Callable[[AppTest], None]
 

@@ -2,14 +2,57 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from datetime import timedelta
+
 import streamlit as st
 
 from posttrain.platform import api_keys, auth
-from posttrain.platform.db.models import Role
+from posttrain.platform.db.models import ApiKey, Role, utcnow
 from posttrain.platform.models.registry import list_models
+from posttrain.platform.serving.client import CONSOLE_KEY
 from posttrain.platform.users import disable_user, enable_user
-from posttrain.ui.common import can, guard_platform, me
+from posttrain.ui.common import can, details_text, guard_platform, me, plain_table, utc_time
+
+RECENT_USE = timedelta(days=1)  # a key used this recently is "in use": revoking it asks for a confirmation first
+
+
+def console_model(key: ApiKey) -> str | None:
+    """The model a key is the console's own key for (``console: <model>``, made by the platform), else None."""
+    prefix = f"{CONSOLE_KEY}: "
+    return key.name.removeprefix(prefix) if key.created_by == "system" and key.name.startswith(prefix) else None
+
+
+def what_breaks(key: ApiKey) -> str | None:
+    """What stops working when ``key`` is revoked, when it is in use (the console's own key, or a key used within
+    :data:`RECENT_USE`); None for a key nothing seems to use."""
+    label = f"{api_keys.shown(key.key_id)} ({key.name})"
+    model = console_model(key)
+    if model is not None:
+        return (f"{label} is the console's own key for the model {model}: the Models & Serving playground and the "
+                f"Tasks page's \"ask the model\" send it to the gateway. Revoked, every request sent with it is refused "
+                f"from then on; the console makes itself a new key for {model} at its next question (it then appears "
+                "here), so revoke it only to replace it.")  # fmt: skip
+    if key.last_used_at is not None and utcnow() - key.last_used_at < RECENT_USE:
+        return (f"{label} was last used at {utc_time(key.last_used_at)}: whoever sends it ({key.name}) is refused (401) "
+                "from their next request on, until they are given a new key.")  # fmt: skip
+    return None
+
+
+def revoke_chosen() -> None:
+    """The Revoke button's callback: revoke the chosen key, say how it went, and choose nothing again."""
+    chosen = st.session_state.get("revoke_key_id")
+    if not chosen:
+        return
+    try:
+        row = api_keys.revoke_key(me(), chosen)
+    except (api_keys.ApiKeyError, PermissionError) as exc:
+        st.session_state["revoke_outcome"] = ("error", str(exc))
+    else:
+        st.session_state["revoke_outcome"] = (
+            "success", f"Revoked {api_keys.shown(row.key_id)} ({row.name}); requests with it are refused from now on.")
+    st.session_state["revoke_key_id"] = None
+    st.session_state["revoke_confirm"] = False
+
 
 st.title("Users & audit")
 if not guard_platform():
@@ -60,17 +103,9 @@ with st.form("account"):
                 keys = f" (with the {done.keys} API key(s) they created)" if done.keys else ""
                 st.success(f"{account} is {'disabled' if done.disabled else 'enabled'}{keys}.")
 users = auth.list_users()
-users_table.dataframe(
-    pd.DataFrame(
-        [
-            {"user": u.username, "role": u.role.value, "disabled": u.disabled, "failed logins": u.failed_logins,
-             "last login": u.last_login_at, "created": u.created_at}
-            for u in users
-        ]  # fmt: skip
-    ),
-    hide_index=True,
-    width="stretch",
-)
+with users_table.container():
+    plain_table([{"user": u.username, "role": u.role.value, "disabled": u.disabled, "failed logins": u.failed_logins,
+                  "last login": u.last_login_at, "created": u.created_at} for u in users])  # fmt: skip
 
 st.subheader("API keys")
 st.caption("Keys of the OpenAI-compatible API: clients send one as `Authorization: Bearer pt-...` (the OpenAI "
@@ -89,43 +124,35 @@ with left, st.form("create_key", clear_on_submit=True):
             st.success(f"Created {api_keys.shown(made.key.key_id)} ({made.key.name}). Copy it now; it is not shown again.")
             st.code(made.secret, language="text")
 keys = api_keys.list_keys(me())
-active = [k for k in keys if k.revoked_at is None]
-with right, st.form("revoke_key"):
+active = {k.key_id: k for k in keys if k.revoked_at is None}
+with right, st.container(border=True):
     st.markdown("**Revoke a key**")
-    labels = {k.key_id: f"{api_keys.shown(k.key_id)} · {k.name}" for k in active}
-    doomed = st.selectbox("Key", list(labels), format_func=labels.get, key="revoke_key_id")
-    if st.form_submit_button("Revoke", disabled=not active) and doomed:
-        try:
-            row = api_keys.revoke_key(me(), doomed)
-        except (api_keys.ApiKeyError, PermissionError) as exc:
-            st.error(str(exc))
-        else:
-            st.success(f"Revoked {api_keys.shown(row.key_id)} ({row.name}); requests with it are refused from now on.")
-            keys = api_keys.list_keys(me())
+    # nothing is chosen until the admin chooses: a preselected key (often the console's own) is one click from revoked
+    doomed = st.selectbox("Key", list(active), index=None, key="revoke_key_id", placeholder="Choose the key to revoke",
+                          format_func=lambda key_id: f"{api_keys.shown(key_id)} · {active[key_id].name}"
+                          if key_id in active else api_keys.shown(key_id))  # fmt: skip
+    breaks = what_breaks(active[doomed]) if doomed in active else None
+    confirmed = True
+    if breaks:
+        st.warning(breaks)
+        confirmed = st.checkbox("Revoke it anyway", key="revoke_confirm")
+    st.button("Revoke", key="revoke_key_go", on_click=revoke_chosen, disabled=doomed not in active or not confirmed,
+              help="Choose a key first" if doomed not in active else None if confirmed else "Confirm above first")  # fmt: skip
+    outcome = st.session_state.pop("revoke_outcome", None)
+    if outcome:
+        (st.success if outcome[0] == "success" else st.error)(outcome[1])
 if keys:
     disabled = {u.username for u in users if u.disabled}
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {"key": api_keys.shown(k.key_id), "name": k.name, "models": ", ".join(k.models) or "all",
-                 "created": k.created_at, "by": k.created_by, "last used": k.last_used_at, "revoked": k.revoked_at,
-                 "refused": "creator disabled" if k.created_by in disabled else ""}
-                for k in keys
-            ]  # fmt: skip
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+    plain_table([{"key": api_keys.shown(k.key_id), "name": k.name, "models": ", ".join(k.models) or "all",
+                  "created": k.created_at, "by": k.created_by, "last used": k.last_used_at, "revoked": k.revoked_at,
+                  "refused": "creator disabled" if k.created_by in disabled else None} for k in keys],
+                long={"name": "medium", "models": "medium"})  # fmt: skip
 else:
     st.caption("No API keys yet: the gateway serves everyone on loopback, and refuses to listen beyond it, until one exists.")
 
 st.subheader("Audit log")
 page = st.number_input("Page", min_value=1, value=1, key="audit_page")
 entries = auth.audit_log(limit=100, offset=100 * (int(page) - 1))
-st.dataframe(
-    pd.DataFrame(
-        [{"time": e.ts, "user": e.username, "action": e.action, "target": e.target, "details": str(e.details or "")} for e in entries]
-    ),
-    hide_index=True,
-    width="stretch",
-)
+plain_table([{"time": e.ts, "user": e.username, "action": e.action, "target": e.target or None,
+              "details": details_text(e.details)} for e in entries],
+            columns=["time", "user", "action", "target", "details"], long={"details": "large"})  # fmt: skip

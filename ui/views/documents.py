@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+from sqlalchemy import func
+from sqlmodel import col, select
 
-from posttrain.platform.db.models import DocumentStatus, Role
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import DocumentStatus, Page, Role
 from posttrain.platform.documents import add_document, get_chunks, get_pages, list_documents
 from posttrain.preprocess.errors import PreprocessError
 from posttrain.ui.common import can, guard_platform, me, show_flash
 from posttrain.ui.page_images import page_image
 
 PAGE_SIZE = 20
-STATUS_ICONS = {
-    DocumentStatus.uploaded: "⏳",
-    DocumentStatus.processing: "▶️",
-    DocumentStatus.ready: "✅",
-    DocumentStatus.failed: "❌",
-}
+PENDING = (DocumentStatus.uploaded, DocumentStatus.processing)  # still being preprocessed
+FOLLOW_EVERY = "2s"  # how often the page viewer checks a document that is still being preprocessed
 
 st.title("Documents")
 st.caption("Upload PDFs and images; each is preprocessed by a job (pages, layout, tables, OCR, renders, chunks).")
@@ -27,7 +26,9 @@ show_flash()
 
 
 def status_text(status: DocumentStatus) -> str:
-    return f"{STATUS_ICONS.get(status, '')} {status.value}"
+    """A document's status as a table shows it: the plain word, which every font has (an emoji
+    needs a colour-emoji font, and Debian's Chromium draws a box without one)."""
+    return status.value
 
 
 def upload(files: list, password: str) -> None:
@@ -85,17 +86,50 @@ def document_list() -> None:
     )
     failed = [d for d in rows if d.status is DocumentStatus.failed]
     for d in failed:
-        st.error(f"Document {d.id} ({d.filename}) failed: {d.error or 'no message'}")
+        st.error(f"Document {d.id} ({d.filename}) failed: {d.error or 'no message'}", icon=":material/error:")
     st.caption(f"Page {page}" + (", more on the next page." if more else "."))
 
 
 st.subheader("Documents")
 document_list()
 
+
+def documents_state(documents: list) -> tuple:
+    """What the page viewer shows depends on: each document's status and page count, and for a document
+    still being preprocessed, how many of its pages are stored so far."""
+    pending = [d.id for d in documents if d.status in PENDING]
+    stored: dict[int, int] = {}
+    if pending:
+        with session(read_only=True) as s:
+            stored = dict(s.exec(select(Page.document_id, func.count()).where(col(Page.document_id).in_(pending))
+                                 .group_by(Page.document_id)).all())  # fmt: skip
+    return tuple((d.id, d.status.value, d.page_count, stored.get(d.id, 0)) for d in documents)
+
+
+@st.fragment(run_every=FOLLOW_EVERY)
+def follow_preprocessing(shown: tuple) -> None:
+    """While a document is being preprocessed, check every few seconds whether any document's status or
+    page count moved on from what the viewer below was drawn with, and draw the page again if so: the
+    viewer follows the job live, with no reload."""
+    documents = list_documents(limit=500)
+    if documents_state(documents) != shown:
+        st.rerun(scope="app")
+    pending = [d for d in documents if d.status in PENDING]
+    if pending:
+        st.caption("Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
+                   + ". Pages show here as they are stored; this viewer follows the job live, no reload needed.")  # fmt: skip
+
+
 st.subheader("Page viewer")
-documents = [d for d in list_documents(limit=500) if d.page_count > 0 and d.status is not DocumentStatus.failed]
+listed = list_documents(limit=500)
+if any(d.status in PENDING for d in listed):
+    follow_preprocessing(documents_state(listed))
+documents = [d for d in listed if d.page_count > 0 and d.status is not DocumentStatus.failed]
 if not documents:
-    st.info("No preprocessed pages yet: upload a document and wait for its job.")
+    if any(d.status in PENDING for d in listed):
+        st.info("No preprocessed pages yet: they show here as soon as the preprocess job has stored them.")
+    else:
+        st.info("No preprocessed pages yet: upload a document and wait for its job.")
     st.stop()
 labels = {d.id: f"#{d.id} {d.filename} ({d.status.value}, {d.page_count} pages)" for d in documents}
 doc_id = st.selectbox("Document", list(labels), format_func=labels.get, key="viewer_doc")

@@ -8,7 +8,7 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, status_label, yaml_block
+from posttrain.ui.common import can, fields_table, guard_platform, me, plain_table, status_label, utc_time, yaml_block
 
 PAGE_SIZE = 25
 
@@ -41,7 +41,16 @@ def live_queue() -> None:
     if not jobs:
         st.info("No jobs yet. Submit one below, or launch work from the other pages.")
         return
-    job_table(jobs, ("id", "kind", "status", "priority", "attempt", "progress", "message", "created", "error"))
+    plain_table(
+        [
+            {"id": j.id, "kind": j.kind, "status": status_label(j.status), "priority": j.priority,
+             "attempt": f"{j.attempts}/{j.max_attempts}", "progress": j.progress or 0.0, "message": j.progress_message or None,
+             "created": j.created_at, "finished": j.finished_at, "by": j.submitted_by, "error": j.error}
+            for j in jobs
+        ],  # fmt: skip
+        long={"message": "medium", "error": "large"},
+        column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")},
+    )
 
 
 live_queue()
@@ -71,8 +80,12 @@ def job_detail(job_id: int) -> None:
         st.warning(str(exc))
         return
     st.markdown(f"**Job {job.id}** · `{job.kind}` · {status_label(job.status)} · attempt {job.attempts}/{job.max_attempts}")
+    times = [("submitted", job.created_at), ("started", job.started_at), ("finished", job.finished_at)]
+    st.caption(" · ".join(f"{what} {utc_time(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}")
     if job.progress is not None:
         st.progress(job.progress, text=job.progress_message or None)
+    elif job.progress_message:
+        st.caption(job.progress_message)
     if job.error:
         st.error(f"{job.error_cause or 'error'} (exit code {job.exit_code}): {job.error}")
     if job.result:

@@ -354,7 +354,21 @@ def tool_exchange(base: str, model_name: str, tier: str, messages: list[dict], t
     return episode.answer or ""
 
 
+def new_chat() -> None:
+    st.session_state["pg_history"] = []
+
+
+def sent_along(history: list[dict]) -> list[dict]:
+    """The earlier messages every question carries: the model reads the whole conversation each time."""
+    return [{"role": m["role"], "content": m["text"]} for m in history if m["role"] in ("user", "assistant")]
+
+
 history: list[dict] = st.session_state.setdefault("pg_history", [])
+about_history, new_chat_column = st.columns([4, 1], vertical_alignment="center")
+# what each question carries is said once the exchange below is done (it adds to the history in this run)
+history_note = about_history.empty()
+new_chat_column.button("New chat", key="pg_new_chat", type="primary", icon=":material/add_comment:", on_click=new_chat,
+                       width="stretch", help="Forget this conversation: the next question is sent alone")  # fmt: skip
 for message in history:
     with st.chat_message(message["role"]):
         st.markdown(message["text"])
@@ -365,6 +379,7 @@ if prompt and picked:
     if image is not None:
         data_url = f"data:{image.type};base64,{base64.b64encode(image.getvalue()).decode()}"
         content = [{"type": "text", "text": prompt}, {"type": "image_url", "image_url": {"url": data_url}}]
+    before = list(history)  # what each model side by side is sent along (never the other's answer to this question)
     history.append({"role": "user", "text": prompt})
     with st.chat_message("user"):
         st.markdown(prompt)
@@ -372,8 +387,7 @@ if prompt and picked:
     for column, label in zip(columns, picked):
         model_name, deployment = choices[label]
         base = gateway_url if route == "through the gateway" else deployment.url
-        messages = [{"role": m["role"], "content": m["text"]} for m in history[:-1] if m["role"] in ("user", "assistant")]
-        messages.append({"role": "user", "content": content})
+        messages = [*sent_along(before), {"role": "user", "content": content}]
         with column, st.chat_message("assistant"):
             st.caption(label)
             if use_tools:
@@ -387,6 +401,8 @@ if prompt and picked:
                     st.error(str(exc))
                     text = ""
         history.append({"role": "assistant", "text": f"**{label}**: {text}" if len(picked) > 1 else str(text)})
-if st.button("Clear chat", key="pg_clear"):
-    st.session_state["pg_history"] = []
-    st.rerun()
+earlier = len(sent_along(history))
+history_note.caption(
+    f"{earlier} earlier message{'s are' if earlier != 1 else ' is'} sent with each question: the model reads the whole "
+    "conversation, so it may answer an earlier question again. **New chat** starts afresh." if earlier else
+    "Each question is sent with the conversation before it; **New chat** starts afresh.")  # fmt: skip

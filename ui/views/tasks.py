@@ -69,22 +69,32 @@ with from_docs:
                     },
                 }  # fmt: skip
             )
+
+
+def procedural_count_caption(chosen: list[str], per_domain: int, eval_per_domain: int, difficulty: int) -> str:
+    """How many domains and tasks the build form's current values make, and which domains get no eval tasks."""
+    picked_domains = [d for f in chosen for d in list_domains(f)]
+    small = [d.name for d in picked_domains if not d.prompt_space(difficulty).has_held_out_split] if eval_per_domain else []
+    n_domains = len(picked_domains)
+    return (f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
+            + (f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
+               f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}." if small else ""))
+
+
 with build:
     families = list_families()
+    # What decides the task count sits outside the form: a form sends its values only when submitted, so
+    # the count below would keep showing the values of the last run instead of the ones on screen.
+    chosen = st.multiselect("Families", families, default=families[:1], key="build_families")
+    c1, c2, c3 = st.columns(3)
+    per_domain = c1.number_input("Train tasks per domain", 1, 10_000, 32, key="build_per_domain")
+    eval_per_domain = c2.number_input("Eval tasks per domain", 0, 10_000, 8, key="build_eval_per_domain")
+    difficulty = c3.slider("Difficulty", 1, 5, 1, key="build_difficulty")
+    st.caption(procedural_count_caption(chosen, int(per_domain), int(eval_per_domain), int(difficulty)))
     with st.form("build_procedural"):
-        name = st.text_input("Task set name", value="procedural", key="build_set_name")
-        chosen = st.multiselect("Families", families, default=families[:1], key="build_families")
-        c1, c2, c3, c4 = st.columns(4)
-        per_domain = c1.number_input("Train tasks per domain", 1, 10_000, 32, key="build_per_domain")
-        eval_per_domain = c2.number_input("Eval tasks per domain", 0, 10_000, 8, key="build_eval_per_domain")
-        difficulty = c3.slider("Difficulty", 1, 5, 1, key="build_difficulty")
-        seed = c4.number_input("Seed", 0, 2**31 - 1, 0, key="build_seed")
-        picked_domains = [d for f in chosen for d in list_domains(f)]
-        small = [d.name for d in picked_domains if not d.prompt_space(int(difficulty)).has_held_out_split] if eval_per_domain else []
-        n_domains = len(picked_domains)
-        st.caption(f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
-                   + (f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
-                      f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}." if small else ""))
+        c1, c2 = st.columns(2)
+        name = c1.text_input("Task set name", value="procedural", key="build_set_name")
+        seed = c2.number_input("Seed", 0, 2**31 - 1, 0, key="build_seed")
         if st.form_submit_button("Build", type="primary", disabled=not operator):
             submit_build(
                 {

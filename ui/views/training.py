@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from urllib.parse import urlencode
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -28,7 +30,11 @@ RUN_KINDS = (*TRAIN_KINDS, "evaluate")
 QUEUE_SIZE = 50
 TRAJECTORY_PAGE_SIZE = 20
 MAX_POINTS = 1000
-DEMO_PRESET = "smollm2-quick"  # the one-click demo's default: the built-in real model
+DEMO_PRESET = "smollm2-quick"  # the one-click demo's default (and the preset tab's): the built-in real model
+EMA_ALPHA = 0.3  # the smoothed reward: an exponential moving average, each step weighing 0.3 and the average before it 0.7
+GENERAL_CHECK = "general/pass@1"  # an evaluation's general check (training.evaluate: domains the run never trained on)
+HELD_OUT = "held-out pass@1"  # the Reward chart's before/after series
+SMOOTHED_CHARTS = ("Reward",)  # charts of a noisy per-step figure: the raw points and their moving average
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -247,6 +253,17 @@ def estimate_line(job: Job) -> None:
                    f"{metrics.duration((utcnow() - job.started_at).total_seconds())} so far.")
 
 
+def demo_calibrating(preset: str) -> str | None:
+    """Why the demo of ``preset`` cannot start now: its estimate is queued or calibrating (a run beside it would
+    slow both and spoil the estimate), or None."""
+    found = find_estimate("train_preset", {"preset": preset})
+    if found is None or found.status.finished:
+        return None
+    doing = "calibrating" if found.status is JobStatus.running else "queued"
+    return (f"its estimate (job {found.id}) is {doing} on this host, and a run beside it would slow both and spoil the "
+            f"estimate; the button comes back when the estimate ends")
+
+
 operator = can(Role.operator)
 if not operator:
     st.info("You are signed in as a viewer: you can watch runs, but launching and stopping them needs an operator.")
@@ -256,8 +273,10 @@ presets = load_presets()
 if presets:
     with st.container(border=True):
         st.markdown("**One-click demo**: the preset's whole recipe in one job: evaluate the model it starts from on "
-                    "prompts it will never train on, train it with GRPO while you watch the reward climb, and evaluate "
-                    "it again (a from-scratch preset first builds and warms up its small model, beside an SFT control).")
+                    "prompts it will never train on, train it with GRPO, and evaluate it again on the same held-out prompts "
+                    "(a from-scratch preset first builds and warms up its small model, beside an SFT control). The "
+                    "reward per step is noisy (a few prompts a step): the run view draws it with its moving average, "
+                    "and the held-out pass@1 before and after is what shows whether the model learned.")
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
         names = list(presets)
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
@@ -267,11 +286,16 @@ if presets:
         missing = start is not None and start not in model_names()
         why = (f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
                f"import builtin:{start}` (make run does)") if missing else None
-        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", disabled=not operator or missing,
-                     help=why):
+        calibrating = demo_calibrating(demo)
+        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:",
+                     disabled=not operator or missing or calibrating is not None, help=why or calibrating):
+            # (a click from a page drawn before the estimate started never gets here: Streamlit drops a disabled
+            # button's click on the server)
             launch("train_preset", {"preset": demo}, f"the whole {demo!r} recipe")
         if why:
             st.warning(why[0].upper() + why[1:] + ".")
+        elif calibrating is not None:
+            st.caption(f"**Run the demo** waits: {calibrating}.")
         st.caption(presets[demo].description)
         live_estimate("train_preset", {"preset": demo}, "demo")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
@@ -287,16 +311,74 @@ def _edit_preset(preset: Preset, kind: str, model: str | None) -> None:
     st.session_state["yaml_text"] = yaml.safe_dump(fields, sort_keys=False)
 
 
+def own_model(name: str, kind: str, registered: list[str]) -> str | None:
+    """The Model choice preset ``name`` was made for in stage ``kind``: the model its section names, else the registered
+    model a real-model preset starts from, else the newest registered model it fits (for a from-scratch preset: one
+    that is not a real model); None when none is registered."""
+    preset = presets[name]
+    if preset.sections.get(kind, {}).get("model"):
+        return f"(the preset's: {preset.sections[kind]['model']})"
+    if preset.model in registered:
+        return preset.model
+    return next((m for m in registered if model_mismatch(name, preset, kind, m) is None), None)
+
+
+def _pick_own_model() -> None:
+    """On a new preset: the Model box moves to the model that preset was made for (when one is registered)."""
+    preset = presets[st.session_state["preset_name"]]
+    kind = st.session_state.get("preset_kind")
+    kind = kind if kind in preset.sections else next(k for k in RUN_KINDS if k in preset.sections)
+    own = own_model(st.session_state["preset_name"], kind, model_names())
+    if own is None:
+        st.session_state.pop("preset_model", None)
+    else:
+        st.session_state["preset_model"] = own
+
+
+def model_mismatch(name: str, preset: Preset, kind: str, model: str) -> str | None:
+    """Why ``preset`` was not made for the registered model ``model`` (None: it was, or nothing says it was not). A
+    real-model preset names its model (the model itself or one trained from it fits); a from-scratch preset is made
+    for the small model it builds, so a real model (an imported one, or one a real-model preset starts from) does not."""
+    from posttrain.platform.models.registry import ModelNotFound, lineage
+
+    try:
+        chain = lineage(model)
+    except ModelNotFound:
+        return None
+    ancestors = [m.name for m in chain]
+    section = preset.sections.get(kind, {})
+    tokens = (section.get("sampling") or {}).get("max_new_tokens", section.get("max_new_tokens"))
+    budget = f" (it samples at most {tokens} new tokens)" if tokens else ""
+    if preset.model is not None:
+        if preset.model in ancestors:
+            return None
+        return (f"Preset {name!r} was made for {preset.model!r}{budget}: its prompt format and settings were tuned on it, "
+                f"and {model!r} is neither that model nor trained from it. Pick {preset.model!r}, or a preset made for "
+                f"{model!r}.")
+    real = {p.model for p in presets.values() if p.model is not None}
+    if any(m.name in real or "source" in (m.meta or {}) for m in chain):  # imported weights: a real model
+        demo = DEMO_PRESET if DEMO_PRESET in presets else next(n for n, p in presets.items() if p.model is not None)
+        return (f"Preset {name!r} is made for the small model it builds from scratch{budget}, and {model!r} is a real "
+                f"model: pick a real-model preset (such as {demo!r}) for it, or a model built for this preset.")
+    return None
+
+
 with tab_preset:
     if not presets:
         st.info("No presets are installed (`posttrain.training.presets`). Write a config in the **Edit YAML** tab.")
     else:
         c1, c2, c3 = st.columns(3)
-        name = c1.selectbox("Preset", list(presets), key="preset_name")
+        preset_names = list(presets)  # opens on the demo's preset, a real-model one, with its own model
+        name = c1.selectbox("Preset", preset_names, index=preset_names.index(DEMO_PRESET) if DEMO_PRESET in presets else 0,
+                            key="preset_name", on_change=_pick_own_model)
         preset_kind = c2.selectbox("Stage", [k for k in RUN_KINDS if k in presets[name].sections],
                                    format_func=KIND_LABELS.get, key="preset_kind")  # fmt: skip
         preset_model = presets[name].sections[preset_kind].get("model")
-        choices = ([f"(the preset's: {preset_model})"] if preset_model else []) + model_names()
+        registered = model_names()
+        choices = ([f"(the preset's: {preset_model})"] if preset_model else []) + registered
+        own = own_model(name, preset_kind, registered) if "preset_model" not in st.session_state else None
+        if "preset_model" not in st.session_state and own is not None:
+            st.session_state["preset_model"] = own  # the first time the box shows: the preset's own model
         model = None
         if choices:  # (a select box first shown with no options would keep its empty value)
             model = c3.selectbox("Model", choices, key="preset_model", help="a registered model to start from")
@@ -304,6 +386,8 @@ with tab_preset:
         else:
             st.warning("No model is registered yet: build or register one on the **Models & Serving** page first.")
         preset = presets[name]
+        if model is not None and (mismatch := model_mismatch(name, preset, preset_kind, model)):
+            st.warning(mismatch, icon=":material/warning:")
         st.caption(preset.description)
         st.code(yaml.safe_dump({**preset.sections[preset_kind], **({"model": model} if model else {})}, sort_keys=False),
                 language="yaml")  # fmt: skip
@@ -362,16 +446,9 @@ def run_queue() -> None:
     job_table(jobs, ("id", "kind", "status", "progress", "message", "by", "created", "error"))
 
 
-st.subheader("Runs")
-run_queue()
-
-jobs = run_jobs()
-if not jobs:
-    st.stop()
-labels = {j.id: f"#{j.id} · {j.kind} · {j.status.value}" for j in jobs}
-if st.session_state.get("run_id") not in labels:
-    st.session_state.pop("run_id", None)
-run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run_id")
+def run_label(job: Job) -> str:
+    """A run as the Run box lists it, from its current row: ``#7 · train_preset · running``."""
+    return f"#{job.id} · {job.kind} · {status_label(job.status)}"
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -434,13 +511,58 @@ def evaluate_config(job: Job) -> dict[str, Any]:
         {"max_new_tokens": tokens} if tokens is not None else {})
 
 
+def preset_run(job: Job) -> Any:
+    """A whole-recipe job's config, typed (``training.jobs.PresetRunConfig``: its preset with the job's overrides),
+    or None: another kind, or a config that no longer validates."""
+    if job.kind != "train_preset":
+        return None
+    try:
+        return validate_config(job.kind, job.config)
+    except (JobConfigError, ValueError):
+        return None
+
+
+def grpo_config(job: Job) -> Any:
+    """The GRPO config a run trains with (``training.config.GRPOConfig``), or None: it has no GRPO stage, or its
+    config no longer validates."""
+    try:
+        if job.kind == "train_grpo":
+            return validate_config(job.kind, job.config)
+        run = preset_run(job)
+        return run.sections()[1] if run is not None else None
+    except (JobConfigError, ValueError):
+        return None
+
+
+def preset_models(job: Job) -> list[str]:
+    """The models a whole-recipe job evaluates, as it names them (``training.jobs.run_preset_job``), in the order it
+    logs their evaluations: the model GRPO starts from (its SFT warm-up, or the model as it is when the preset has no
+    SFT), GRPO's result, and the SFT control when there is one. From the result once there is one, else from the
+    config (while it runs)."""
+    result = job_result(job)
+    if getattr(result, "models", None):
+        return [*result.models, *([result.control_model] if getattr(result, "control_model", None) else [])]
+    run = preset_run(job)
+    if run is None:
+        return []
+    from posttrain.training.presets import get_preset
+
+    sft = run.sections()[0]
+    name = run.name or f"{run.preset}-job{job.id}"
+    start = run.model or get_preset(run.preset).model
+    base = Path(start).name if isinstance(start, str) else f"{name}-base"  # a registered name, or a directory's
+    before = f"{name}-sft" if sft is not None else base
+    return [before, name, *([f"{name}-control"] if run.control and sft is not None else [])]
+
+
 def eval_labels(job: Job) -> list[str]:
-    """The model behind each step of a job's ``eval/`` metrics."""
+    """The model behind each step of a job's ``eval/`` metrics, by name."""
     if job.kind == "train_preset":
-        result = job_result(job)
-        control = [f"{result.control_model} (SFT control)"] if getattr(result, "control_model", None) else []
-        return [*(getattr(result, "models", None) or ["before GRPO (SFT model)", "after GRPO"]), *control]
+        return preset_models(job) or ["the model before GRPO", "the model after GRPO"]
     return list(job.config.get("models") or [job.config.get("model") or "model"])
+
+
+PRESET_ROLES = ("before GRPO", "after GRPO", "SFT control")  # what each step of a whole-recipe job's evaluations is
 
 
 def act(action: str, job: Job) -> None:
@@ -494,45 +616,104 @@ def actions(job: Job) -> None:
 # --- the live run view -------------------------------------------------------------------------
 
 
-def chart_spec() -> dict[str, Any]:
-    """A plain Vega-Lite line chart of long-format (metric, step, value) rows (cheaper to build than Altair)."""
+def chart_spec(smoothed: bool = False) -> dict[str, Any]:
+    """A plain Vega-Lite chart of long-format (metric, step, value, shown) rows (cheaper to build than Altair): lines
+    by step, on an axis of whole steps. ``smoothed``: the ``per step`` rows as points, their ``smoothed`` moving
+    average as a line, and a ``held-out`` before/after as a dashed line."""
+    encoding = {
+        "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": "d", "tickMinStep": 1}},
+        "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
+        "color": {"field": "metric", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
+    }
+    if not smoothed:
+        return {"mark": {"type": "line", "tooltip": True, "interpolate": "linear"}, "height": 220, "encoding": encoding}
+
+    def shown(what: str) -> list[dict[str, str]]:
+        return [{"filter": f"datum.shown == '{what}'"}]
+
     return {
-        "mark": {"type": "line", "tooltip": True, "interpolate": "linear"},
         "height": 220,
-        "encoding": {
-            "x": {"field": "step", "type": "quantitative", "title": "step"},
-            "y": {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}},
-            "color": {"field": "metric", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
-        },
+        "encoding": encoding,
+        "layer": [
+            {"transform": shown("per step"), "mark": {"type": "point", "filled": True, "opacity": 0.45, "tooltip": True}},
+            {"transform": shown("smoothed"), "mark": {"type": "line", "tooltip": True, "interpolate": "linear"}},
+            {"transform": shown("held-out"), "mark": {"type": "line", "point": True, "strokeDash": [6, 3], "tooltip": True}},
+        ],
     }
 
 
-def chart(title: str, points: dict[str, list[metrics.Point]]) -> None:
-    frame = pd.DataFrame(
-        [(name, step, value) for name, rows in points.items() for step, value in rows], columns=["metric", "step", "value"]
-    )
+def ema(values: list[float], alpha: float = EMA_ALPHA) -> list[float]:
+    """The exponential moving average of ``values``: each value weighs ``alpha``, the average before it ``1 - alpha``
+    (it starts at the first value)."""
+    out: list[float] = []
+    for value in values:
+        out.append(value if not out else alpha * value + (1 - alpha) * out[-1])
+    return out
+
+
+def chart(title: str, points: dict[str, list[metrics.Point]], smoothed: bool = False,
+          held_out: list[metrics.Point] | None = None) -> None:
+    """One chart of a run's series; ``smoothed``: each series' points with their moving average, and ``held_out``
+    (the held-out pass@1 before and after training, at the steps it was measured between) beside them."""
+    rows = [(name, step, value, "per step") for name, series in points.items() for step, value in series]
+    if smoothed:
+        rows += [(name, step, value, "smoothed") for name, series in points.items()
+                 for (step, _), value in zip(series, ema([v for _, v in series]))]  # fmt: skip
+        rows += [(HELD_OUT, step, value, "held-out") for step, value in held_out or []]
+    frame = pd.DataFrame(rows, columns=["metric", "step", "value", "shown"])
     st.markdown(f"**{title}**")
-    st.vega_lite_chart(frame, chart_spec(), width="stretch")
+    st.vega_lite_chart(frame, chart_spec(smoothed), width="stretch")
+    if smoothed:
+        st.caption(f"Dots: each step's mean over its rollouts (a few prompts a step, so it is noisy); line: their "
+                   f"exponential moving average (each step weighs {EMA_ALPHA:g}, the average before it {1 - EMA_ALPHA:g})."
+                   + (f" Dashed: {HELD_OUT} before and after training, on prompts no step drew: the figure that shows "
+                      "whether the model learned." if held_out else ""))
+
+
+def zero_reason(title: str, job: Job) -> str:
+    """Why a chart of ``job`` is 0 at every step, in words, from its config where that says."""
+    grpo = grpo_config(job)
+    if title == "KL to the initial policy" and grpo is not None and grpo.algorithm.kl_coef == 0:
+        return "its `kl_coef` is 0, so it keeps no reference model and logs KL as 0"
+    if title == "Clip fraction" and grpo is not None and grpo.algorithm.updates_per_batch == 1 and grpo.rollout.backend == "sync":
+        return ("one update per batch of rollouts from the current policy (`updates_per_batch: 1`, lock-step): the "
+                "probability ratio stays at 1, so no token is clipped")
+    if title == "Pipeline" and grpo is not None and grpo.rollout.backend == "sync":
+        return ("rollouts and updates run in lock-step (`rollout: {backend: sync}`): no batch waits in a queue and "
+                "none comes from an older policy")
+    return "every value the run logged is 0"
+
+
+def tile_value(value: float) -> str:
+    """A figure that fits a tile: whole numbers from 100 up (``1,234``), else 3 significant digits (``0.0123``)."""
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def evaluation_table(job: Job, names: list[str]) -> None:
     """``eval/<domain>/<figure>`` and ``eval/<figure>`` of an evaluate job: one row per domain, one
     column per model and figure (a comparison logs model i's figures at step i)."""
     models = eval_labels(job)
-    rows = []
+    if job.kind == "train_preset":  # which model each is: the one GRPO starts from, its result, the SFT control
+        models = [f"{m} ({role})" for m, role in zip(models, PRESET_ROLES)]
+    rows, steps = [], set()
     for name, points in metrics.series(int(job.id or 0), names, max_points=MAX_POINTS).items():
         parts = name.split("/")
         domain, figure = ("/".join(parts[1:-1]) or "all"), parts[-1]
         for step, value in points:
+            steps.add(step)
             model = models[step] if 0 <= step < len(models) else f"step {step}"
             rows.append({"domain": domain, "column": f"{model} · {figure}", "value": value})
     table = pd.DataFrame(rows).pivot_table(index="domain", columns="column", values="value", aggfunc="last")
-    st.markdown("**Evaluation**")
+    evaluated = [models[s] for s in sorted(steps) if 0 <= s < len(models)]
+    st.markdown("**Evaluation**" + (f" of {', '.join(evaluated)}" if evaluated else ""))
     st.dataframe(table.reset_index(), hide_index=True, width="stretch")
 
 
 def gain_line(job: Job) -> None:
-    """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1)."""
+    """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1); for a whole-recipe run
+    before its after-evaluation, what happens next (it is evaluated again) or what happened (it ended without)."""
     points = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
     labels = eval_labels(job)
     if 0 in points and 1 in points and len(labels) >= 2:
@@ -547,7 +728,58 @@ def gain_line(job: Job) -> None:
         st.success(f"Held-out pass@1{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
                    f"({100 * (after - before):+.1f} points){control}")  # fmt: skip
     elif 0 in points and job.kind == "train_preset":
-        st.info(f"Held-out pass@1 before GRPO: {points[0]:.1%}; evaluated again when GRPO finishes.")
+        first = f"Held-out pass@1 of {labels[0]} before GRPO: {points[0]:.1%}"
+        if not job.status.finished:
+            st.info(f"{first}; evaluated again when GRPO finishes.")
+            return
+        reward = metrics.latest(int(job.id or 0), [metric_names.REWARD_MEAN]).get(metric_names.REWARD_MEAN)
+        grpo = grpo_config(job)
+        of = f" of {grpo.max_steps}" if grpo is not None else ""
+        when = f"at GRPO step {reward.step}{of}" if reward is not None else "before its first GRPO step"
+        happened = {JobStatus.cancelled: "was cancelled", JobStatus.failed: "failed", JobStatus.interrupted: "was interrupted"}
+        resume = " Resume continues it from its last checkpoint." if job.status is not JobStatus.succeeded else ""
+        st.warning(f"{first}. The run {happened.get(job.status, job.status.value)} {when}, so there is no "
+                   f"after-evaluation: no held-out figure after GRPO, and no gain.{resume}")
+
+
+def general_tasks(job: Job) -> tuple[int, int] | None:
+    """(tasks, domains) of a whole-recipe run's general check, from its preset's ``eval.general``: the tasks per domain
+    on its domains less those the run evaluates (as ``training.evaluate.general_config`` builds it); None: no check."""
+    run = preset_run(job)
+    if run is None:
+        return None
+    evaluation = run.sections()[2]
+    check = evaluation.general
+    domains = [d for d in check.domains if d not in evaluation.domains] if check is not None else []
+    return (check.tasks_per_domain * len(domains), len(domains)) if check is not None and domains else None
+
+
+def general_line(job: Job) -> None:
+    """A whole-recipe run's general check beside its held-out result: pass@1 before and after GRPO on domains it never
+    trained on (what training cost elsewhere), the difference with its standard error."""
+    if job.kind != "train_preset":
+        return
+    result = job_result(job)
+    points = dict(metrics.series(int(job.id or 0), [GENERAL_CHECK], max_points=MAX_POINTS).get(GENERAL_CHECK, []))
+    before = getattr(result, "general_before", None)
+    after = getattr(result, "general_after", None)
+    before = points.get(0) if before is None else before
+    after = points.get(1) if after is None else after
+    if before is None:
+        return
+    labels = eval_labels(job)
+    n = getattr(result, "general_tasks", None)
+    size = general_tasks(job)
+    n = n or (size[0] if size else None)
+    scope = f" on {n} tasks of {size[1]} domains it never trained on" if n and size else " on domains it never trained on"
+    if after is None:
+        st.info(f"General check{scope}: {labels[0]} {before:.1%} before GRPO.", icon=":material/balance:")
+        return
+    # the difference of two pass rates on n tasks each: sqrt(p(1-p)/n + q(1-q)/n), in points
+    error = f" ± {100 * math.sqrt(before * (1 - before) / n + after * (1 - after) / n):.1f}" if n else ""
+    st.info(f"General check{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
+            f"({100 * (after - before):+.1f}{error} points{', ± one standard error' if error else ''}): what training "
+            f"cost elsewhere.", icon=":material/balance:")
 
 
 def compare_link(job: Job) -> None:
@@ -573,26 +805,13 @@ def compare_link(job: Job) -> None:
             st.link_button(label, f"models?{urlencode(query)}", icon=":material/compare_arrows:", help=why)
 
 
-@st.fragment(run_every=LIVE_EVERY)
-def live_run_view(job_id: int) -> None:
-    """A queued or running run, followed live without a reload; once it ends, the page shows it once more and
-    stops polling."""
-    job = queue.get_job(job_id)
-    if job.status.finished:
-        st.rerun()
-    run_view(job)
-
-
-def show_run(job_id: int) -> None:
-    try:
-        job = queue.get_job(job_id)
-    except queue.JobNotFound as exc:
-        st.warning(str(exc))
-        return
-    if job.status.finished:
-        run_view(job)
-    else:
-        live_run_view(job_id)
+def held_out_points(job: Job, last_step: int) -> list[metrics.Point]:
+    """The held-out pass@1 of a whole-recipe run as the Reward chart draws it: before GRPO at step 0, after it at the
+    run's last step (none when the run evaluated nothing yet)."""
+    if job.kind != "train_preset":
+        return []
+    found = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
+    return [metrics.Point(step, found[i]) for i, step in ((0, 0), (1, max(1, last_step))) if i in found]
 
 
 def run_view(job: Job) -> None:
@@ -613,13 +832,17 @@ def run_view(job: Job) -> None:
     if not names:
         st.caption("No metrics yet.")
     else:
+        evals = [n for n in names if n.startswith("eval/")]
+        if evals:  # what the run is measured by, before the per-step figures
+            gain_line(job)
+            general_line(job)
         last = metrics.latest(job_id, [n for _, n in TILES if n in names] + [n for n in names if n.startswith("eval/")])
         tiles = [(label, last[name]) for label, name in TILES if name in last]
         step = (metrics.step_range(job_id) or (0, 0))[1]
         cols = st.columns(len(tiles) + 1)
         cols[0].metric("Step", f"{step:,}")
         for col, (label, point) in zip(cols[1:], tiles):
-            col.metric(label, f"{point.value:.4g}")
+            col.metric(label, tile_value(point.value))
 
         domain_names = [n for n in names if n.startswith("sched/") and n.endswith("/pass_rate")]
         charts = [(title, [n for n in group if n in names]) for title, group in CHARTS]
@@ -628,25 +851,28 @@ def run_view(job: Job) -> None:
             charts.insert(1, ("Pass rate by domain", domain_names))
         wanted = [n for _, group in charts for n in group]
         data = metrics.series(job_id, wanted, max_points=MAX_POINTS)
+        flat = [(t, group) for t, group in charts
+                if any(data.get(n) for n in group) and all(v == 0 for n in group for _, v in data.get(n, []))]
+        for title, _ in flat:  # a figure the run logs as 0 at every step: a note, not a flat line
+            st.caption(f"**{title}**: not drawn: 0 at every step, because {zero_reason(title, job)}.")
+        charts = [c for c in charts if c not in flat]
         pairs = st.columns(2)
         for i, (title, group) in enumerate(charts):
             with pairs[i % 2]:
-                chart(title, {name.removeprefix("sched/").removesuffix("/pass_rate") if name in domain_names else name:
-                              data.get(name, []) for name in group})  # fmt: skip
-
-        evals = [n for n in names if n.startswith("eval/")]
+                series = {name.removeprefix("sched/").removesuffix("/pass_rate") if name in domain_names else name:
+                          data.get(name, []) for name in group}  # fmt: skip
+                if title in SMOOTHED_CHARTS:
+                    reward_steps = [p.step for p in data.get(metric_names.REWARD_MEAN, [])]
+                    chart(title, series, smoothed=True, held_out=held_out_points(job, max(reward_steps, default=1)))
+                else:
+                    chart(title, series)
         if evals:
-            gain_line(job)
             evaluation_table(job, evals)
     if job.result:
         with st.expander("Result"):
             fields_table(job.result)
     with st.expander("Config"):
         yaml_block(job.config)
-
-
-st.subheader("Run")
-show_run(int(run_id))
 
 
 # --- trajectories ----------------------------------------------------------------------------
@@ -664,84 +890,147 @@ def preview(text: str, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-st.subheader("Trajectories")
-domains = metrics.trajectory_domains(int(run_id))
-if not domains:
-    st.caption("This run has stored no trajectories.")
+def followed_steps(run_id: int, first: int, last: int) -> tuple[int, int]:
+    """The Steps range to draw: the run's whole range at first; after that the operator's choice, each end that was at
+    the run's first or newest step following it as a live run stores more steps (a slider whose bounds change is a
+    new widget, which takes this value)."""
+    drawn = st.session_state.get("traj_extent")  # (run, first, last) the slider was last drawn with
+    chosen = st.session_state.get("traj_steps")
+    st.session_state["traj_extent"] = (run_id, first, last)
+    if drawn is None or chosen is None or drawn[0] != run_id:
+        return first, last
+    low, high = chosen
+    low, high = (first if low <= drawn[1] else low), (last if high >= drawn[2] else high)
+    low, high = min(max(low, first), last), min(max(high, first), last)
+    return (low, high) if low < high or first == last else (first, last)
+
+
+def trajectory_browser(job: Job) -> None:
+    """A run's stored trajectories, read from the database on every rerun (a live run's as each step stores them)."""
+    run_id = int(job.id or 0)
+    domains = metrics.trajectory_domains(run_id)
+    if not domains:
+        live = not job.status.finished and job.kind in ("train_preset", "train_grpo")
+        st.caption("No trajectories yet: GRPO stores each step's as the step ends, and they show here as they come."
+                   if live else "This run has stored no trajectories.")
+        return
+    first, last = metrics.trajectory_steps(run_id) or (0, 0)
+    f1, f2, f3 = st.columns([2, 2, 2])
+    chosen = f1.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
+    steps = f2.slider("Steps", first, last, followed_steps(run_id, first, last), key="traj_steps") if last > first else (first, last)
+    rewards = f3.slider("Reward", 0.0, 1.0, (0.0, 1.0), step=0.05, key="traj_rewards",
+                        help="0 to 1: every trajectory; 1 to 1: only full marks; 0 to 0: only failures")
+    filters = {"domains": chosen, "steps": steps, "rewards": rewards}
+    total = metrics.trajectory_count(run_id, **filters)
+    pages = max(1, -(-total // TRAJECTORY_PAGE_SIZE))
+    page = st.number_input(f"Page (of {pages}, {total:,} trajectories)", min_value=1, max_value=pages, value=1, step=1,
+                           key="traj_page")  # fmt: skip
+    rows = metrics.trajectories(run_id, **filters, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1))
+    if not rows:
+        st.info("No trajectories match: widen the domains, steps or reward range.")
+        return
+    if not job.status.finished:
+        st.caption(f"Steps {first} to {last} so far: each new step's trajectories appear here as it stores them.")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "id": t.id,
+                    "step": t.step,
+                    "domain": t.domain,
+                    "reward": t.reward,
+                    "passed": t.verdict.get("passed"),
+                    "prompt": preview(message_text(t.prompt[-1]) if t.prompt else ""),
+                    "completion": preview(t.completion),
+                }
+                for t in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    trajectory_detail(rows)
+
+
+def trajectory_detail(rows: list[Any]) -> None:
+    """The picked trajectory of a page: its prompt, the episode turn by turn or its completion, and its verdict."""
+    by_id = {t.id: t for t in rows}
+    picked = st.selectbox(
+        "Trajectory", list(by_id), format_func=lambda i: f"#{i} · step {by_id[i].step} · {by_id[i].domain} · reward {by_id[i].reward:.3g}",
+        key="traj_pick",
+    )
+    trajectory = by_id[picked]
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Prompt**")
+        for message in trajectory.prompt:
+            with st.chat_message(str(message.get("role", "user"))):
+                st.text(message_text(message))
+        turns = [t for t in trajectory.tool_calls if isinstance(t, dict) and "role" in t]  # an environment's episode
+        if turns:
+            stop = trajectory.verdict.get("stop_reason", "?")
+            st.markdown(f"**Episode** · {sum(t['role'] == 'assistant' for t in turns)} policy turns · stopped: {stop}")
+            for turn in turns:
+                if turn["role"] == "assistant":
+                    with st.chat_message("assistant"):
+                        st.text(turn.get("content") or "(empty)")
+                        for call in turn.get("tool_calls", []):
+                            st.caption(f"called {call.get('name')} · {call.get('status')} · {float(call.get('elapsed_s', 0)):.2f} s")
+                else:
+                    with st.expander(f"{turn['role']} output · {len(str(turn.get('content', '')))} chars", expanded=False):
+                        st.text(turn.get("content") or "(empty)")
+            if trajectory.verdict.get("error"):
+                st.error(f"The episode was not scored: {trajectory.verdict['error']}")
+            st.markdown("**Answer**")
+        else:
+            st.markdown("**Completion**")
+        st.code(trajectory.completion or "(empty)", language="text")
+    with right:
+        verdict = trajectory.verdict
+        passed = {True: "yes", False: "no"}.get(verdict.get("passed"), "?")  # type: ignore[call-overload]
+        st.markdown(f"**Reward** {trajectory.reward:.4g} · **passed** {passed} · **score** {verdict.get('score', '?')}")
+        if verdict.get("infra_error"):
+            st.error(f"The verifier itself failed: {verdict['infra_error']}")
+        if verdict.get("details"):
+            st.caption(str(verdict["details"]))
+        st.markdown("**Verdict**")
+        fields_table(verdict)
+        if trajectory.tool_calls and not turns:
+            st.markdown("**Tool calls**")
+            yaml_block(json.loads(json.dumps(trajectory.tool_calls, default=str)))
+
+
+# --- the run: its view and its trajectories, followed live -----------------------------------
+
+
+def run_section(polling: bool) -> None:
+    """The Run box (each run labelled from its current row), the chosen run's view and its trajectories. ``polling``:
+    this is the live fragment's rerun; once no run is queued or running, the page shows them once more and stops."""
+    jobs = run_jobs()
+    if polling and all(j.status.finished for j in jobs):
+        st.rerun()
+    labels = {j.id: run_label(j) for j in jobs}
+    if st.session_state.get("run_id") not in labels:
+        st.session_state.pop("run_id", None)
+    run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run_id")
+    job = next(j for j in jobs if j.id == run_id)
+    st.subheader("Run")
+    run_view(job)
+    st.subheader("Trajectories")
+    trajectory_browser(job)
+
+
+@st.fragment(run_every=LIVE_EVERY)
+def live_run_section() -> None:
+    """The run section while a run is queued or running: rerun on its own every few seconds, from the database."""
+    run_section(polling=True)
+
+
+st.subheader("Runs")
+run_queue()
+if not (listed := run_jobs()):
     st.stop()
-first, last = metrics.trajectory_steps(int(run_id)) or (0, 0)
-f1, f2, f3 = st.columns([2, 2, 2])
-chosen = f1.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
-steps = f2.slider("Steps", first, last, (first, last), key="traj_steps") if last > first else (first, last)
-rewards = f3.slider("Reward", 0.0, 1.0, (0.0, 1.0), step=0.05, key="traj_rewards",
-                    help="0 to 1: every trajectory; 1 to 1: only full marks; 0 to 0: only failures")
-filters = {"domains": chosen, "steps": steps, "rewards": rewards}
-total = metrics.trajectory_count(int(run_id), **filters)
-pages = max(1, -(-total // TRAJECTORY_PAGE_SIZE))
-page = st.number_input(f"Page (of {pages}, {total:,} trajectories)", min_value=1, max_value=pages, value=1, step=1, key="traj_page")
-rows = metrics.trajectories(int(run_id), **filters, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1))
-if not rows:
-    st.info("No trajectories match: widen the domains, steps or reward range.")
-    st.stop()
-st.dataframe(
-    pd.DataFrame(
-        [
-            {
-                "id": t.id,
-                "step": t.step,
-                "domain": t.domain,
-                "reward": t.reward,
-                "passed": t.verdict.get("passed"),
-                "prompt": preview(message_text(t.prompt[-1]) if t.prompt else ""),
-                "completion": preview(t.completion),
-            }
-            for t in rows
-        ]
-    ),
-    hide_index=True,
-    width="stretch",
-)
-by_id = {t.id: t for t in rows}
-picked = st.selectbox(
-    "Trajectory", list(by_id), format_func=lambda i: f"#{i} · step {by_id[i].step} · {by_id[i].domain} · reward {by_id[i].reward:.3g}",
-    key="traj_pick",
-)
-trajectory = by_id[picked]
-left, right = st.columns(2)
-with left:
-    st.markdown("**Prompt**")
-    for message in trajectory.prompt:
-        with st.chat_message(str(message.get("role", "user"))):
-            st.text(message_text(message))
-    turns = [t for t in trajectory.tool_calls if isinstance(t, dict) and "role" in t]  # an environment's episode
-    if turns:
-        stop = trajectory.verdict.get("stop_reason", "?")
-        st.markdown(f"**Episode** · {sum(t['role'] == 'assistant' for t in turns)} policy turns · stopped: {stop}")
-        for turn in turns:
-            if turn["role"] == "assistant":
-                with st.chat_message("assistant"):
-                    st.text(turn.get("content") or "(empty)")
-                    for call in turn.get("tool_calls", []):
-                        st.caption(f"called {call.get('name')} · {call.get('status')} · {float(call.get('elapsed_s', 0)):.2f} s")
-            else:
-                with st.expander(f"{turn['role']} output · {len(str(turn.get('content', '')))} chars", expanded=False):
-                    st.text(turn.get("content") or "(empty)")
-        if trajectory.verdict.get("error"):
-            st.error(f"The episode was not scored: {trajectory.verdict['error']}")
-        st.markdown("**Answer**")
-    else:
-        st.markdown("**Completion**")
-    st.code(trajectory.completion or "(empty)", language="text")
-with right:
-    verdict = trajectory.verdict
-    passed = {True: "yes", False: "no"}.get(verdict.get("passed"), "?")  # type: ignore[call-overload]
-    st.markdown(f"**Reward** {trajectory.reward:.4g} · **passed** {passed} · **score** {verdict.get('score', '?')}")
-    if verdict.get("infra_error"):
-        st.error(f"The verifier itself failed: {verdict['infra_error']}")
-    if verdict.get("details"):
-        st.caption(str(verdict["details"]))
-    st.markdown("**Verdict**")
-    fields_table(verdict)
-    if trajectory.tool_calls and not turns:
-        st.markdown("**Tool calls**")
-        yaml_block(json.loads(json.dumps(trajectory.tool_calls, default=str)))
+if any(not j.status.finished for j in listed):
+    live_run_section()
+else:
+    run_section(polling=False)
