@@ -333,7 +333,9 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
 
     path = jobs.workdir / "stages" / f"{name}.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        made = json.loads(path.read_text())
+        if Path(made.get("checkpoint") or made.get("path") or "").exists():  # its model is still on this machine
+            return made
     from posttrain.training.presets import get_preset
 
     run = get_preset(preset)
