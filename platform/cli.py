@@ -49,6 +49,7 @@ from rich.text import Text
 
 import posttrain
 from posttrain.platform.api_keys import ApiKeyError
+from posttrain.platform.display import shown
 from posttrain.platform.auth import AuthError, Identity, PermissionDenied, command_line_identity, is_loopback
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
@@ -136,11 +137,6 @@ def require_schema() -> None:
 JsonOption = Annotated[bool, typer.Option("--json", help="Print a JSON array of objects (every column; times in ISO 8601)")]
 
 
-def utc_text(when: datetime | None) -> str:
-    """A time as every table here shows it: ``2026-12-05 08:42:55 UTC`` (empty when there is none)."""
-    return when.strftime("%Y-%m-%d %H:%M:%S UTC") if when is not None else ""
-
-
 def json_value(value: Any) -> Any:
     """A value as JSON holds it: times in ISO 8601, enums by their value, paths as text, the rest as they are."""
     if isinstance(value, datetime):
@@ -157,19 +153,9 @@ def json_value(value: Any) -> Any:
 
 
 def cell_text(value: Any) -> str:
-    """A value as a table cell: a missing value is an empty cell (never "None"), a time :func:`utc_text`,
-    a flag yes or no, a list joined."""
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return utc_text(value)
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(cell_text(v) for v in value)
-    return str(value)
+    """A value as a table cell (:func:`posttrain.platform.display.shown`), a missing one an empty cell: what a
+    script reading the table finds there is the value or nothing."""
+    return shown(value, missing="")
 
 
 @dataclass(frozen=True)
@@ -190,10 +176,10 @@ def print_rows(rows: Sequence[dict[str, Any]], fields: Sequence[ListField], as_j
     if as_json:
         sys.stdout.write(json.dumps([{f.key: json_value(row.get(f.key)) for f in fields} for row in rows], indent=2) + "\n")
         return
-    shown = [f for f in fields if f.table]
-    table = Table(*(Column(f.header or f.key.replace("_", " "), no_wrap=f.no_wrap) for f in shown))
+    columns = [f for f in fields if f.table]
+    table = Table(*(Column(f.header or f.key.replace("_", " "), no_wrap=f.no_wrap) for f in columns))
     for row in rows:
-        cells = [(f.show or cell_text)(row.get(f.key)) for f in shown]
+        cells = [(f.show or cell_text)(row.get(f.key)) for f in columns]
         table.add_row(*(c if isinstance(c, Text) else Text(c) for c in cells))  # text, never read as markup
     out.print(table)
 

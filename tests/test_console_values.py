@@ -14,15 +14,16 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
-from posttrain.ui.common import cell, details_text, utc_time
+from posttrain.platform.display import details_text, utc_text
+from posttrain.ui.common import cell
 
 UTC_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 
 
 def test_one_time_format_and_no_raw_values() -> None:
     aware = datetime(2026, 12, 5, 8, 42, 55, 123456, tzinfo=timezone.utc)
-    assert utc_time(aware) == utc_time(aware.replace(tzinfo=None)) == "2026-12-05 08:42:55 UTC"
-    assert utc_time(None) == cell(None) == "—"
+    assert utc_text(aware) == utc_text(aware.replace(tzinfo=None)) == "2026-12-05 08:42:55 UTC"
+    assert utc_text(None) == cell(None) == "—"
     assert details_text({"name": "ci-bot", "models": ["tiny", "tiny2"], "limits": {"rpm": 5}, "why": None}) == \
         "name: ci-bot · models: tiny, tiny2 · limits.rpm: 5 · why: —"
     assert details_text({}) == details_text(None) == "—"

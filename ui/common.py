@@ -8,6 +8,7 @@ from typing import Any
 import streamlit as st
 
 from posttrain.platform.auth import Identity
+from posttrain.platform.display import field_rows, shown
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.sandbox import SandboxPool, make_pool, parse_tool_calls
@@ -128,32 +129,6 @@ def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
     )
 
 
-def _shown(value: object) -> str:
-    """One value as a page shows it: numbers to four significant digits, lists joined, nothing as a dash."""
-    if value is None or value == [] or value == {}:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
-        return ", ".join(_shown(v) for v in value)
-    if isinstance(value, list):
-        return f"{len(value)} items"
-    return str(value)
-
-
-def field_rows(data: dict, prefix: str = "") -> list[tuple[str, str]]:
-    """A nested mapping as (dotted field, shown value) rows."""
-    rows: list[tuple[str, str]] = []
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            rows += field_rows(value, f"{prefix}{key}.")
-        else:
-            rows.append((f"{prefix}{key}", _shown(value)))
-    return rows
-
-
 def fields_table(data: dict) -> None:
     """A result, verdict or provenance as a two-column table: no raw dict on any page."""
     import pandas as pd
@@ -191,49 +166,15 @@ def show_message(message: dict[str, Any]) -> None:
         st.code(json.dumps(call.arguments, ensure_ascii=False), language="json")
 
 
-# --- plain values in tables (issue 35): one time format, no "None", no raw dicts ---------------------------
-
-MISSING = "—"  # what a table cell shows for a value that is not there
-
-
-def utc_time(when: Any) -> str:
-    """A time as the console shows it everywhere: ``2026-12-05 08:42:55 UTC`` (a naive time is taken as UTC,
-    as the database stores them); ``—`` when there is none."""
-    from datetime import datetime, timezone
-
-    if when is None:
-        return MISSING
-    if not isinstance(when, datetime):
-        return str(when)
-    if when.tzinfo is not None:
-        when = when.astimezone(timezone.utc)
-    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def details_text(details: Any) -> str:
-    """A mapping (an audit entry's details, a verdict's) as readable text, ``name: ci-bot · models: tiny``;
-    nested fields dotted; ``—`` when empty. Never a Python dict's repr."""
-    if details is None or details == {} or details == []:
-        return MISSING
-    if not isinstance(details, dict):
-        return _shown(details)
-    return " · ".join(f"{field}: {value}" for field, value in field_rows(details))
+# --- plain values in tables (issue 35): one time format, no "None", no raw dicts (posttrain.platform.display) ---
 
 
 def cell(value: Any) -> Any:
-    """One value as a table cell: nothing is ``—`` (never "None"), a time :func:`utc_time`, a mapping
-    :func:`details_text`, a list joined; numbers, booleans and text stay as they are (they sort and tick)."""
-    from datetime import datetime
-
-    if value is None:
-        return MISSING
-    if isinstance(value, datetime):
-        return utc_time(value)
-    if isinstance(value, dict):
-        return details_text(value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(cell(v)) for v in value) or MISSING
-    return value
+    """One value as a table cell: numbers and flags stay as they are (they sort and tick), the rest as
+    :func:`~posttrain.platform.display.shown` (a time in UTC, a mapping as one line, nothing as a dash)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    return shown(value)
 
 
 def plain_table(rows: list[dict[str, Any]], *, columns: list[str] | None = None, long: dict[str, str] | None = None,

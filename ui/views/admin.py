@@ -11,7 +11,8 @@ from posttrain.platform.db.models import ApiKey, Role, utcnow
 from posttrain.platform.models.registry import list_models
 from posttrain.platform.serving.client import CONSOLE_KEY
 from posttrain.platform.users import disable_user, enable_user
-from posttrain.ui.common import can, details_text, guard_platform, me, plain_table, utc_time
+from posttrain.platform.display import details_text, utc_text
+from posttrain.ui.common import can, guard_platform, me, plain_table
 
 RECENT_USE = timedelta(days=1)  # a key used this recently is "in use": revoking it asks for a confirmation first
 
@@ -33,7 +34,7 @@ def what_breaks(key: ApiKey) -> str | None:
                 f"from then on; the console makes itself a new key for {model} at its next question (it then appears "
                 "here), so revoke it only to replace it.")  # fmt: skip
     if key.last_used_at is not None and utcnow() - key.last_used_at < RECENT_USE:
-        return (f"{label} was last used at {utc_time(key.last_used_at)}: whoever sends it ({key.name}) is refused (401) "
+        return (f"{label} was last used at {utc_text(key.last_used_at)}: whoever sends it ({key.name}) is refused (401) "
                 "from their next request on, until they are given a new key.")  # fmt: skip
     return None
 

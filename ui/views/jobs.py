@@ -8,7 +8,8 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.db.models import Role
-from posttrain.ui.common import can, fields_table, guard_platform, me, plain_table, status_label, utc_time, yaml_block
+from posttrain.platform.display import utc_text
+from posttrain.ui.common import can, fields_table, guard_platform, me, plain_table, status_label, yaml_block
 
 PAGE_SIZE = 25
 
@@ -81,7 +82,7 @@ def job_detail(job_id: int) -> None:
         return
     st.markdown(f"**Job {job.id}** · `{job.kind}` · {status_label(job.status)} · attempt {job.attempts}/{job.max_attempts}")
     times = [("submitted", job.created_at), ("started", job.started_at), ("finished", job.finished_at)]
-    st.caption(" · ".join(f"{what} {utc_time(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}")
+    st.caption(" · ".join(f"{what} {utc_text(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}")
     if job.progress is not None:
         st.progress(job.progress, text=job.progress_message or None)
     elif job.progress_message:
