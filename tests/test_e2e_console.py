@@ -232,7 +232,7 @@ def wait_for_run_box_status(page, console: dict[str, str], job_id: int, timeout_
     deadline = time.monotonic() + timeout_s
     while True:
         status = job_status(console, job_id)
-        shown = run_box(page).inner_text()
+        shown = run_box(page).get_by_role("combobox").input_value()  # the chosen option is the combobox input's value
         if f"#{job_id} · train_preset · {status.value}" in shown:
             return status
         if time.monotonic() > deadline:
