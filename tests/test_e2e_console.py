@@ -190,7 +190,7 @@ def pick_run(page, job_id: int) -> None:  # type: ignore[no-untyped-def]
     """Open run ``job_id`` on the Training page (its "Run" selectbox, below the runs table)."""
     runs = page.get_by_test_id("stSelectbox").filter(has=page.get_by_text("Run", exact=True))
     runs.first.wait_for()
-    option = page.get_by_role("option", name=re.compile(rf"^#{job_id} · train_preset · succeeded")).first
+    option = page.get_by_role("option", name=re.compile(rf"^#{job_id} · train_preset\b")).first
     for attempt in range(6):  # the page's live panels rerun every few seconds; one may close the list just opened
         runs.first.click()
         try:
@@ -227,17 +227,20 @@ def run_box(page):  # type: ignore[no-untyped-def]
 
 
 def wait_for_run_box_status(page, console: dict[str, str], job_id: int, timeout_s: float = 60) -> JobStatus:  # type: ignore[no-untyped-def]
-    """Until the Run box, left open, shows run ``job_id`` with the status the database has for it at that moment (its
-    live panel reruns every few seconds: a label computed once would keep the status of the page's first draw)."""
+    """Until the Run box, left open, has run ``job_id`` chosen and the run's header shows the status the database has
+    for it at that moment (its live panel reruns every few seconds: a status computed once would keep the first draw's)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = job_status(console, job_id)
-        shown = run_box(page).get_by_role("combobox").input_value()  # the chosen option is the combobox input's value
-        if f"#{job_id} · train_preset · {status.value}" in shown:
+        chosen = run_box(page).get_by_role("combobox").input_value()  # the chosen option is the combobox input's value
+        header = page.get_by_text(re.compile(rf"^Run {job_id} · train_preset · "))
+        shown = header.first.inner_text() if header.count() else ""
+        if chosen.startswith(f"#{job_id} · train_preset") and shown.startswith(f"Run {job_id} · train_preset · {status.value} ·"):
             return status
         if time.monotonic() > deadline:
             shot(page, "timeout-run-box-status")
-            raise AssertionError(f"the Run box shows {shown!r} while the database says job {job_id} is {status.value}")
+            raise AssertionError(f"the Run box shows {chosen!r} and the run's header {shown!r} while the database says "
+                                 f"job {job_id} is {status.value}")
         time.sleep(1)
 
 

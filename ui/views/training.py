@@ -447,8 +447,11 @@ def run_queue() -> None:
 
 
 def run_label(job: Job) -> str:
-    """A run as the Run box lists it, from its current row: ``#7 · train_preset · running``."""
-    return f"#{job.id} · {job.kind} · {status_label(job.status)}"
+    """A run as the Run box lists it: ``#7 · train_preset · smollm2-quick``. Not its status: the browser keeps a
+    select box's shown text when only its options' labels change, so a status there would stay as first drawn
+    (the run's header below and the runs table above show the live status)."""
+    name = job.config.get("preset") or job.config.get("register_as") or job.config.get("name")
+    return f"#{job.id} · {job.kind}" + (f" · {name}" if name else "")
 
 
 # --- actions ---------------------------------------------------------------------------------
