@@ -46,7 +46,7 @@ class PackedBatch:
     position_ids: torch.Tensor  # (B, T), restarting at 0 for every packed example
 
 
-def task_messages(task: TaskSpec) -> list[Message]:
+def reference_messages(task: TaskSpec) -> list[Message]:
     """The task's prompt followed by its reference as the assistant's answer."""
     if task.reference is None:
         raise ValueError(f"task {task.task_id or task.domain!r} has no reference answer; SFT needs one")
@@ -118,7 +118,7 @@ def episode_example(prompt_ids: Sequence[int], token_ids: Sequence[int], loss_ma
 
 
 def task_examples(tokenizer: PreTrainedTokenizerBase, tasks: Iterable[TaskSpec], max_len: int | None = None) -> list[SFTExample]:
-    return [chat_example(tokenizer, task_messages(t), max_len) for t in tasks]
+    return [chat_example(tokenizer, reference_messages(t), max_len) for t in tasks]
 
 
 def pack(examples: Sequence[SFTExample], max_len: int) -> list[list[SFTExample]]:
