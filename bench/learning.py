@@ -125,119 +125,6 @@ def standard_error(before: float, after: float, n: int) -> float:
     return round(100 * math.sqrt((before * (1 - before) + after * (1 - after)) / n), 2)
 
 
-def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
-    """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
-    import subprocess
-    import time
-
-    data = workdir / "data"
-    env = {"POSTTRAIN_DATA_DIR": str(data), "POSTTRAIN_DATABASE_URL": f"sqlite:///{data / 'posttrain.db'}",
-           "POSTTRAIN_WORKER_POLL_INTERVAL_S": "0.5", "OMP_NUM_THREADS": str(threads)}
-    os.environ.update(env)
-    from sqlmodel import select
-
-    from posttrain.platform.auth import Identity
-    from posttrain.platform.db import migrate
-    from posttrain.platform.db.engine import session
-    from posttrain.platform.db.models import JobStatus, Metric, Role
-    from posttrain.platform.jobs import queue
-    from posttrain.platform.models.importer import import_model
-    from posttrain.training.evaluate import general_config
-    from posttrain.training.presets import get_preset
-
-    run = get_preset(preset)
-    data.mkdir(parents=True, exist_ok=True)
-    migrate.upgrade(env["POSTTRAIN_DATABASE_URL"])
-    bench = Identity("bench", Role.admin)
-    row = import_model(bench, f"builtin:{run.model}", dest_root=data / "models")
-    started = time.perf_counter()
-
-    def work() -> None:  # a worker runs every queued job, then exits
-        subprocess.run([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"], env={**os.environ, **env},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-
-    if run.documents is not None:  # a document preset: upload, preprocess, build its task set, as an operator would
-        import glob
-
-        from posttrain.platform.documents import add_document
-
-        files = sorted({f for pattern in run.documents.paths for f in glob.glob(pattern)})
-        if not files:
-            raise SystemExit(f"preset {preset}: none of {run.documents.paths} exists (make system-deps installs them)")
-        added = [add_document(bench, Path(f)) for f in files]
-        work()
-        ready = [a.document.id for a in added if queue.get_job(a.job_id).status is JobStatus.succeeded]
-        build = queue.submit(bench, "build_tasks", {"task_set": run.documents.task_set, "source": {
-            "type": "documents", "document_ids": ready, **run.documents.source}})
-        work()
-        built = queue.get_job(build)
-        if built.status is not JobStatus.succeeded:
-            raise SystemExit(f"building task set {run.documents.task_set} failed: {built.error}")
-        print(json.dumps({"documents": len(files), "preprocessed": len(ready), **(built.result or {}),
-                          "minutes": round((time.perf_counter() - started) / 60, 2)}), flush=True)
-        started = time.perf_counter()
-    job_id = queue.submit(bench, "train_preset",
-                          {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation})
-    worker = subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"],
-                              env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    printed = 0
-    curve: dict[int, dict[str, float]] = {}
-    while True:
-        done = worker.poll() is not None
-        with session(read_only=True) as s:
-            rows = s.exec(select(Metric).where(Metric.job_id == job_id, Metric.name.startswith("rollout/")
-                                               | Metric.name.startswith("time/"))).all()
-        for m in rows:
-            curve.setdefault(m.step, {})[m.name] = m.value
-        for step in sorted(k for k in curve if k > printed and "time/step_s" in curve[k]):
-            print(json.dumps({"curve": "grpo", "step": step, "reward_mean": round(curve[step]["rollout/reward_mean"], 4),
-                              "groups_used": curve[step].get("rollout/groups_used"),
-                              "step_s": round(curve[step]["time/step_s"], 2)}), flush=True)
-            printed = step
-        if done:
-            break
-        time.sleep(5)
-    minutes = (time.perf_counter() - started) / 60
-    job = queue.get_job(job_id)
-    if job.status is not JobStatus.succeeded:
-        raise SystemExit(f"the train_preset job ended {job.status.value}: {job.error} (log: {job.log_path})")
-    result = job.result or {}
-    steps = [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]
-    used = sum(p.get("rollout/groups_used", 0.0) for p in steps)
-    before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
-    general = general_config(run.eval) if result.get("general_before") is not None else None
-    general_tasks = len(general.domains) * general.tasks_per_domain if general is not None else 0
-    print(json.dumps({
-        "figure": FIGURES.get(preset, "learning-real") + ("-vllm" if grpo.get("rollout", {}).get("backend") == "vllm" else ""),
-        "preset": preset, "rollout": grpo.get("rollout", {}).get("backend", run.grpo.rollout.backend),
-        "device": grpo.get("device", run.grpo.device), "model": run.model, "model_params": (row.meta or {}).get("parameters"),
-        "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
-        "gain_se_points": standard_error(before, after, n), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
-        "general_before": result.get("general_before"), "general_after": result.get("general_after"),
-        "general_change_points": round(100 * (result["general_after"] - result["general_before"]), 2)
-        if result.get("general_before") is not None else None,
-        "general_se_points": standard_error(result["general_before"], result["general_after"], general_tasks)
-        if general_tasks else None,
-        "minutes": round(minutes, 2), "steps": result["steps"], "peak_rss_gb": result.get("peak_rss_gb"),
-        "step_s_mean": round(sum(p["time/step_s"] for p in steps) / max(1, len(steps)), 2),
-        "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in steps) / max(1.0, used), 3),
-        "groups_used_mean": round(used / max(1, len(steps)), 2), "torch_threads": threads,
-        "per_domain": result.get("comparison", {}).get("pass@1", {}),
-        "peer": {"name": "the model before training", "setting": "the same held-out tasks, greedy, in the same run"},
-        "job_id": job_id, "workdir": str(workdir),
-    }), flush=True)
-
-
-# --- the repair preset's three arms ----------------------------------------------------------------------
-ARMS = {  # arm -> (the stage it starts from, whether it trains with GRPO or continues SFT)
-    "cold": ("base", "grpo"),      # GRPO from the model as it ships
-    "sft": ("sft", "sft"),         # the SFT warm-up continued for as many steps as GRPO takes
-    "sft-grpo": ("sft", "grpo"),   # GRPO from the SFT warm-up
-}
-GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
-EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "tested_before_reply")
-
-
 class Jobs:
     """Jobs of one arm run through real workers in ``workdir``'s data directory (shared by every arm)."""
 
@@ -288,11 +175,86 @@ class Jobs:
         job = queue.get_job(job_id)
         if job.status is not JobStatus.succeeded:
             raise SystemExit(f"{label}: the {kind} job ended {job.status.value}: {job.error} (log: {job.log_path})")
-        return {**(job.result or {}), "curve": [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]}
+        return {**(job.result or {}), "job_id": job_id, "curve": [curve[k] for k in sorted(curve) if "time/step_s" in curve[k]]}
+
+    def work(self) -> None:
+        """A worker runs every queued job, then exits."""
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "posttrain.platform.cli", "worker", "--exit-when-idle"], env={**os.environ, **self.env},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
     def evaluate(self, preset: str, model: str, label: str, tasks: int | None) -> dict[str, float]:
         config = {"preset": preset, "model": model, **({"tasks_per_domain": tasks} if tasks else {})}
         return self.run("evaluate", config, label)["reports"][model]
+
+
+def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
+    """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
+    import time
+
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.models.importer import import_model
+    from posttrain.training.evaluate import general_config
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    jobs = Jobs(workdir, threads)
+    row = import_model(jobs.identity, f"builtin:{run.model}", dest_root=jobs.data / "models")
+    started = time.perf_counter()
+    if run.documents is not None:  # a document preset: upload, preprocess, build its task set, as an operator would
+        import glob
+
+        from posttrain.platform.documents import add_document
+
+        files = sorted({f for pattern in run.documents.paths for f in glob.glob(pattern)})
+        if not files:
+            raise SystemExit(f"preset {preset}: none of {run.documents.paths} exists (make system-deps installs them)")
+        added = [add_document(jobs.identity, Path(f)) for f in files]
+        jobs.work()
+        ready = [a.document.id for a in added if queue.get_job(a.job_id).status is JobStatus.succeeded]
+        built = jobs.run("build_tasks", {"task_set": run.documents.task_set, "source": {
+            "type": "documents", "document_ids": ready, **run.documents.source}}, f"building task set {run.documents.task_set}")
+        print(json.dumps({"documents": len(files), "preprocessed": len(ready), **{k: v for k, v in built.items() if k not in ("curve", "job_id")},
+                          "minutes": round((time.perf_counter() - started) / 60, 2)}), flush=True)
+        started = time.perf_counter()
+    result = jobs.run("train_preset", {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation}, "grpo")
+    minutes = (time.perf_counter() - started) / 60
+    steps = result["curve"]
+    used = sum(p.get("rollout/groups_used", 0.0) for p in steps)
+    before, after, n = result["pass_before"], result["pass_after"], result["eval_tasks"]
+    general = general_config(run.eval) if result.get("general_before") is not None else None
+    general_tasks = len(general.domains) * general.tasks_per_domain if general is not None else 0
+    print(json.dumps({
+        "figure": FIGURES.get(preset, "learning-real") + ("-vllm" if grpo.get("rollout", {}).get("backend") == "vllm" else ""),
+        "preset": preset, "rollout": grpo.get("rollout", {}).get("backend", run.grpo.rollout.backend),
+        "device": grpo.get("device", run.grpo.device), "model": run.model, "model_params": (row.meta or {}).get("parameters"),
+        "pass_before": round(before, 4), "pass_after": round(after, 4), "gain_points": result["gain_points"],
+        "gain_se_points": standard_error(before, after, n), "eval_tasks": n, "eval_unseen_fraction": result["eval_unseen_fraction"],
+        "general_before": result.get("general_before"), "general_after": result.get("general_after"),
+        "general_change_points": round(100 * (result["general_after"] - result["general_before"]), 2)
+        if result.get("general_before") is not None else None,
+        "general_se_points": standard_error(result["general_before"], result["general_after"], general_tasks)
+        if general_tasks else None,
+        "minutes": round(minutes, 2), "steps": result["steps"], "peak_rss_gb": result.get("peak_rss_gb"),
+        "step_s_mean": round(sum(p["time/step_s"] for p in steps) / max(1, len(steps)), 2),
+        "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in steps) / max(1.0, used), 3),
+        "groups_used_mean": round(used / max(1, len(steps)), 2), "torch_threads": threads,
+        "per_domain": result.get("comparison", {}).get("pass@1", {}),
+        "peer": {"name": "the model before training", "setting": "the same held-out tasks, greedy, in the same run"},
+        "job_id": result["job_id"], "workdir": str(workdir),
+    }), flush=True)
+
+
+# --- the repair preset's three arms ----------------------------------------------------------------------
+ARMS = {  # arm -> (the stage it starts from, whether it trains with GRPO or continues SFT)
+    "cold": ("base", "grpo"),      # GRPO from the model as it ships
+    "sft": ("sft", "sft"),         # the SFT warm-up continued for as many steps as GRPO takes
+    "sft-grpo": ("sft", "grpo"),   # GRPO from the SFT warm-up
+}
+GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
+EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "tested_before_reply")
 
 
 def held_out_groups(report: dict[str, float]) -> dict[str, dict[str, float]]:
