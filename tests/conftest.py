@@ -18,6 +18,7 @@ import os
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import contextlib
 import fcntl
 import json
 import statistics
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -235,6 +237,27 @@ def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[
 
     at.session_state["identity"] = Identity(name, Role(role))
     return at
+
+
+@contextlib.contextmanager
+def console_deployment(name: str, model_dir: Path, tier: str = "standard") -> Iterator[Any]:
+    """``model_dir`` registered as ``name``, served by a real embedded engine in ``tier`` and recorded as a running,
+    healthy deployment: what the console's pages find after a deploy job. Yields the running server."""
+    from posttrain.platform.db.engine import session
+    from posttrain.platform.db.models import Deployment
+    from posttrain.platform.models.registry import register_model
+    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
+    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+
+    model = register_model(OPERATOR, name, model_dir)
+    engine = EmbeddedEngine(EngineConfig(model_path=str(model_dir), served_model_name=name, tier=DEFAULT_TIERS[tier])).start()
+    try:
+        with serve_in_thread(create_engine_app(engine)) as server:
+            with session() as s:
+                s.add(Deployment(model_id=model.id, tier=tier, url=server.base_url, status="running", healthy=True))
+            yield server
+    finally:
+        engine.stop()
 
 
 class BrowserTimers:

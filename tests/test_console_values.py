@@ -9,11 +9,9 @@ from datetime import datetime, timezone
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
-from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Deployment, JobStatus
+from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as, run_worker_until_idle
+from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
-from posttrain.platform.models.registry import register_model
 from posttrain.platform.display import details_text, utc_text
 from posttrain.ui.common import cell
 
@@ -67,36 +65,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # starts an engine: once
 def test_playground_says_the_history_is_sent_and_new_chat_starts_afresh(platform_env: dict[str, str], db_url: str,
                                                                         tiny_model) -> None:  # type: ignore[no-untyped-def]
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+    with console_deployment("tiny", tiny_model, "fast"):
+        at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=120)).run()
+        assert not at.exception
 
-    model = register_model(OPERATOR, "tiny", tiny_model)
-    engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["fast"])).start()
-    try:
-        with serve_in_thread(create_engine_app(engine)) as server:
-            with session() as s:
-                s.add(Deployment(model_id=model.id, tier="fast", url=server.base_url, status="running", healthy=True))
-            at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=120)).run()
-            assert not at.exception
+        def note() -> str:
+            (found,) = [c.value for c in at.caption if "**New chat** starts afresh" in c.value]
+            return found
 
-            def note() -> str:
-                (found,) = [c.value for c in at.caption if "**New chat** starts afresh" in c.value]
-                return found
+        new_chat = at.button(key="pg_new_chat")
+        assert new_chat.label == "New chat" and new_chat.proto.type == "primary"
+        assert note().startswith("Each question is sent with the conversation before it; **New chat** starts afresh")
+        at.radio(key="pg_route").set_value("straight to the deployment")
+        at.number_input(key="pg_max_tokens").set_value(4)
+        at.chat_input(key="pg_input").set_value("What is 2 + 2?").run()
+        assert not at.exception and not at.error
+        assert note().startswith("2 earlier messages are sent with each question: the model reads the whole conversation")
+        at.chat_input(key="pg_input").set_value("And 3 + 3?").run()
+        assert not at.exception and not at.error and len(at.session_state["pg_history"]) == 4
+        assert note().startswith("4 earlier messages are sent with each question")
 
-            new_chat = at.button(key="pg_new_chat")
-            assert new_chat.label == "New chat" and new_chat.proto.type == "primary"
-            assert note().startswith("Each question is sent with the conversation before it; **New chat** starts afresh")
-            at.radio(key="pg_route").set_value("straight to the deployment")
-            at.number_input(key="pg_max_tokens").set_value(4)
-            at.chat_input(key="pg_input").set_value("What is 2 + 2?").run()
-            assert not at.exception and not at.error
-            assert note().startswith("2 earlier messages are sent with each question: the model reads the whole conversation")
-            at.chat_input(key="pg_input").set_value("And 3 + 3?").run()
-            assert not at.exception and not at.error and len(at.session_state["pg_history"]) == 4
-            assert note().startswith("4 earlier messages are sent with each question")
-
-            at.button(key="pg_new_chat").click().run()
-            assert not at.exception and at.session_state["pg_history"] == [] and not at.chat_message
-            assert note().startswith("Each question is sent with the conversation before it")
-    finally:
-        engine.stop()
+        at.button(key="pg_new_chat").click().run()
+        assert not at.exception and at.session_state["pg_history"] == [] and not at.chat_message
+        assert note().startswith("Each question is sent with the conversation before it")

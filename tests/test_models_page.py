@@ -7,9 +7,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
-from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Deployment
+from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.serving.tiers import tiers_path
@@ -57,27 +55,17 @@ def test_registry_forms_and_tiers(platform_env: dict[str, str], tiny_model) -> N
 
 
 def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
-
-    model = register_model(OPERATOR, "tiny", tiny_model)
-    engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["fast"])).start()
-    try:
-        with serve_in_thread(create_engine_app(engine)) as server:
-            with session() as s:
-                s.add(Deployment(model_id=model.id, tier="fast", url=server.base_url, status="running", healthy=True))
-            at = login_as(AppTest.from_file(PAGE, default_timeout=120)).run()
-            assert not at.exception
-            deployments = at.dataframe[1].value
-            assert list(deployments["status"]) == ["running"] and deployments["tokens out"].iloc[0] == 0
-            at.radio(key="pg_route").set_value("straight to the deployment")
-            at.chat_input(key="pg_input").set_value("hello there").run()
-            assert not at.exception and not at.error
-            assert at.session_state["pg_history"][0]["text"] == "hello there"
-            assert at.session_state["pg_history"][1]["role"] == "assistant"
-            assert len(at.session_state["pg_history"][1]["text"]) > 0
-    finally:
-        engine.stop()
+    with console_deployment("tiny", tiny_model, "fast"):
+        at = login_as(AppTest.from_file(PAGE, default_timeout=120)).run()
+        assert not at.exception
+        deployments = at.dataframe[1].value
+        assert list(deployments["status"]) == ["running"] and deployments["tokens out"].iloc[0] == 0
+        at.radio(key="pg_route").set_value("straight to the deployment")
+        at.chat_input(key="pg_input").set_value("hello there").run()
+        assert not at.exception and not at.error
+        assert at.session_state["pg_history"][0]["text"] == "hello there"
+        assert at.session_state["pg_history"][1]["role"] == "assistant"
+        assert len(at.session_state["pg_history"][1]["text"]) > 0
 
 
 def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -143,30 +131,21 @@ def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(platform_env: d
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from test_code_verifier import reachable_dir
     from posttrain.platform.auth import audit_log
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
 
     monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the console's sandbox: a directory its uid can enter
     get_settings.cache_clear()
 
-    model = register_model(OPERATOR, "caller", tool_caller)
-    engine = EmbeddedEngine(EngineConfig(model_path=str(tool_caller), served_model_name="caller", tier=DEFAULT_TIERS["standard"])).start()
-    try:
-        with serve_in_thread(create_engine_app(engine)) as server:
-            with session() as s:
-                s.add(Deployment(model_id=model.id, tier="standard", url=server.base_url, status="running", healthy=True))
-            at = login_as(AppTest.from_file(PAGE, default_timeout=180)).run()
-            at.radio(key="pg_route").set_value("straight to the deployment")
-            at.toggle(key="pg_tools").set_value(True)
-            at.number_input(key="pg_max_tokens").set_value(128)
-            at.chat_input(key="pg_input").set_value("six times seven?").run()
-            assert not at.exception and not at.error, (at.exception, at.error)
-            shown = [c.value for c in at.code]
-            # The model's call, then what the sandbox really printed, shown turn by turn; then its answer.
-            assert shown == ['{"code": "print(6 * 7)"}', "42"], shown
-            assert any("2 replies, 1 tool call, ended: answer" in c.value for c in at.caption), [c.value for c in at.caption]
-            assert at.session_state["pg_history"][-1] == {"role": "assistant", "text": "It is 42."}
-            ran = [e for e in audit_log(limit=50) if e.action == "sandbox.run"]
-            assert ran and ran[0].target == "python" and "print(6 * 7)" in ran[0].details["arguments"]
-    finally:
-        engine.stop()
+    with console_deployment("caller", tool_caller, "standard"):
+        at = login_as(AppTest.from_file(PAGE, default_timeout=180)).run()
+        at.radio(key="pg_route").set_value("straight to the deployment")
+        at.toggle(key="pg_tools").set_value(True)
+        at.number_input(key="pg_max_tokens").set_value(128)
+        at.chat_input(key="pg_input").set_value("six times seven?").run()
+        assert not at.exception and not at.error, (at.exception, at.error)
+        shown = [c.value for c in at.code]
+        # The model's call, then what the sandbox really printed, shown turn by turn; then its answer.
+        assert shown == ['{"code": "print(6 * 7)"}', "42"], shown
+        assert any("2 replies, 1 tool call, ended: answer" in c.value for c in at.caption), [c.value for c in at.caption]
+        assert at.session_state["pg_history"][-1] == {"role": "assistant", "text": "It is 42."}
+        ran = [e for e in audit_log(limit=50) if e.action == "sandbox.run"]
+        assert ran and ran[0].target == "python" and "print(6 * 7)" in ran[0].details["arguments"]

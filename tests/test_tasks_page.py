@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
+from conftest import REPO_ROOT, console_deployment, login_as
 from test_code_verifier import reachable_dir
 from test_models_page import tiny_model  # noqa: F401 - its module-scoped tiny model
-from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Deployment
-from posttrain.platform.models.registry import register_model
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains.registry import generate
@@ -78,19 +75,13 @@ def repairer(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # t
 def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(platform_env: dict[str, str], repairer: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from posttrain.platform.auth import audit_log
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
 
     monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the console's sandbox: a directory its uid can enter
     get_settings.cache_clear()
     task = repair_task()
     store.save_tasks("repairs", [task])
-    model = register_model(OPERATOR, "repairer", repairer)
-    engine = EmbeddedEngine(EngineConfig(model_path=str(repairer), served_model_name="repairer", tier=DEFAULT_TIERS["standard"])).start()
     try:
-        with serve_in_thread(create_engine_app(engine)) as server:
-            with session() as s:
-                s.add(Deployment(model_id=model.id, tier="standard", url=server.base_url, status="running", healthy=True))
+        with console_deployment("repairer", repairer, "standard"):
             at = login_as(AppTest.from_file(PAGE, default_timeout=180)).run()
             assert not at.exception, at.exception
             assert at.toggle(key="try_model_episode").value  # a repair task runs as an episode by default
@@ -114,5 +105,4 @@ def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(platform_env:
             at.button(key="try_model_go").click().run()
             assert not at.exception and any("repairer answers" in m.value for m in at.markdown)
     finally:
-        engine.stop()
         get_settings.cache_clear()
