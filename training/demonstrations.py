@@ -183,9 +183,8 @@ def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokeni
     """The demonstrations of ``config`` as an episodes file at ``path``: the file a run made before for the
     same config and tokenizer (its ``.config.json`` beside it says which), else made now in sandboxes of the
     platform's pool (the sandbox settings), graded by a verifier service of its own, and written at once."""
-    from posttrain.platform.sandbox import make_pool
-    from posttrain.platform.settings import get_settings
     from posttrain.platform.verifiers import PoolConfig
+    from posttrain.training.environments.runner import open_pool
 
     path = Path(path)
     made_for = json.dumps({"config": config.model_dump(mode="json"), "tokenizer": tokenizer.name_or_path,
@@ -194,8 +193,7 @@ def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokeni
     if path.is_file() and stamp.is_file() and stamp.read_text() == made_for:
         return path
     tasks = demonstration_tasks(config)
-    settings = get_settings()
-    pool = make_pool(settings.sandbox.model_copy(update={"pool_size": 1}), settings.data_dir, settings.ray_address)
+    pool = open_pool(1)
     service = VerifierService(PoolConfig(workers=1))
     try:
         sampling = SamplingConfig(max_new_tokens=config.environment.max_episode_tokens)

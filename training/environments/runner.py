@@ -35,7 +35,7 @@ class EpisodeRunner:
         self.environment, self.env_config, self.service, self.group_size = environment, env_config, service, group_size
         self.client = engine.batcher(seed=seed)
         self._own_pool = pool is None and environment.needs_sandbox
-        self.pool = _open_pool(self.env_config.concurrency) if self._own_pool else pool
+        self.pool = open_pool(self.env_config.concurrency) if self._own_pool else pool
         self._threads = ThreadPoolExecutor(max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode")
 
     def groups(self, tasks: Sequence[TaskSpec]) -> list[RolloutGroup]:
@@ -103,7 +103,8 @@ class EpisodeRunner:
             self.pool.close()
 
 
-def _open_pool(size: int) -> Any:
+def open_pool(size: int) -> Any:
+    """A sandbox pool of ``size`` from the platform's sandbox settings (local, or on Ray when configured)."""
     from posttrain.platform.sandbox import make_pool
     from posttrain.platform.settings import get_settings
 
