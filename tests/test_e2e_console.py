@@ -470,13 +470,12 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
     answers; the page shows the call, what the sandbox printed and the answer, turn by turn."""
     cli = [sys.executable, "-m", "posttrain.platform.cli"]
     subprocess.run([*cli, "models", "register", "caller", str(tool_caller)], env=console["env"], check=True, capture_output=True)
-    submitted = subprocess.run([*cli, "jobs", "submit", "deploy", "--config", '{"model": "caller", "tier": "standard"}'],
-                               env=console["env"], check=True, capture_output=True, text=True)
-    job_id = int(re.search(r"(\d+)", submitted.stdout).group(1))  # type: ignore[union-attr]
-    wait_for_job(console, job_id, timeout_s=240)
+    # a deployment is a job that serves until cancelled: the page shows it once its server answers
+    subprocess.run([*cli, "jobs", "submit", "deploy", "--config", '{"model": "caller", "tier": "standard"}'],
+                   env=console["env"], check=True, capture_output=True, text=True)
     page = browser_page
     goto(page, console, "Models & Serving")
-    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_text("caller · standard").count() > 0, timeout_s=120)
+    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_text("caller · standard").count() > 0, timeout_s=240)
     page.get_by_text("Offer sandbox tools").click()
     max_tokens = page.get_by_label("Max tokens").first
     max_tokens.fill("128")
