@@ -241,16 +241,6 @@ def test_mismatch_check_passes_for_the_engine_and_fails_for_stale_weights(
 # ----------------------------------------------------------------------------- the vLLM engine, on a fake LLM
 
 
-class FakeModel:
-    """Stands in for vLLM's model object: records the weights it is given."""
-
-    def __init__(self) -> None:
-        self.loaded: list[dict[str, torch.Tensor]] = []
-
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        self.loaded.append(dict(weights))
-
-
 class FakeLLM:
     """Records what a ``vllm.LLM`` is built with and asked; samples ``[prompt[-1] + k + 1 for k < len]``
     with log-prob ``-0.5 * (k + 1)``, length 3 and finish reason ``stop`` for the first sample, 2 and
@@ -261,9 +251,7 @@ class FakeLLM:
     def __init__(self, **kwargs: Any) -> None:
         FakeLLM.built.append(kwargs)
         self.kwargs, self.calls, self.resets = kwargs, [], 0
-        self.model = FakeModel()
-        worker = SimpleNamespace(model_runner=SimpleNamespace(model=self.model))
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+        self.rpcs: list[tuple[str, dict[str, Any]]] = []
 
     def generate(self, prompts: list[dict[str, list[int]]], sampling_params: dict[str, Any], use_tqdm: bool) -> list[Any]:
         self.calls.append({"prompts": prompts, "params": sampling_params, "use_tqdm": use_tqdm})
@@ -279,21 +267,12 @@ class FakeLLM:
     def reset_prefix_cache(self) -> None:
         self.resets += 1
 
-
-class RpcLLM(FakeLLM):
-    """A vLLM whose workers run in other processes: weights go through ``collective_rpc``."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        del self.llm_engine
-        self.rpcs: list[tuple[str, dict[str, Any]]] = []
-
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None) -> list:
         self.rpcs.append((method, kwargs or {}))
         return [None]
 
 
-class OldRpcLLM(RpcLLM):
+class OldRpcLLM(FakeLLM):
     """Workers without an in-place reload: the engine saves the weights and builds a new LLM on them."""
 
     def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None) -> list:
@@ -326,27 +305,23 @@ def test_vllm_engine_builds_its_arguments_and_reads_the_outputs(tiny_dir: Path, 
         assert group.policy_version == 0
 
 
-def test_vllm_engine_pushes_weights_in_process_and_tags_the_version(tiny_dir: Path, tmp_path: Path,
-                                                                    other_state: dict[str, torch.Tensor]) -> None:
+def test_vllm_engine_pushes_weights_through_the_workers_reload_and_tags_the_version(
+        tiny_dir: Path, tmp_path: Path, other_state: dict[str, torch.Tensor]) -> None:
+    """Weights go through ``collective_rpc("reload_weights")``, never the model object's private attributes, with
+    ``lm_head.weight`` named though the state ties it to the embeddings (vLLM's CPU backend keeps its own copy)."""
     engine = _vllm(tiny_dir, FakeLLM, tmp_path)
-    engine.load_weights(other_state, version=2)
+    tied = {k: v for k, v in other_state.items() if k != "lm_head.weight"}
+    engine.load_weights(tied, version=2)
     engine.load_weights(other_state, version=3)
-    model = engine.llm.model
-    assert len(model.loaded) == 2 and model.loaded[-1].keys() == other_state.keys()
-    assert all(torch.equal(model.loaded[-1][k], v) for k, v in other_state.items())
-    assert engine.weight_sync == "in_process" and engine.llm.resets == 2 and engine.version == 3
-    assert len(FakeLLM.built) == 1  # no rebuild
+    (method, first), (_, second) = engine.llm.rpcs
+    assert method == "reload_weights" and engine.weight_sync == "collective_rpc"
+    sent = dict(first["weights_iterator"])
+    assert sent.keys() == tied.keys() | {"lm_head.weight"}
+    assert torch.equal(sent["lm_head.weight"], tied["model.embed_tokens.weight"])
+    assert dict(second["weights_iterator"]).keys() == other_state.keys() | {"lm_head.weight"}
+    assert engine.llm.resets == 2 and engine.version == 3 and len(FakeLLM.built) == 1  # no rebuild
     _, tokenizer = load_policy(tiny_dir)
     assert {g.policy_version for g in rollout_groups(engine, tokenizer, TASKS[:1], 2, SamplingConfig())} == {3}
-
-
-def test_vllm_engine_pushes_weights_through_collective_rpc(tiny_dir: Path, tmp_path: Path,
-                                                           other_state: dict[str, torch.Tensor]) -> None:
-    engine = _vllm(tiny_dir, RpcLLM, tmp_path)
-    engine.load_weights(other_state, version=5)
-    [(method, kwargs)] = engine.llm.rpcs
-    assert method == "reload_weights" and [name for name, _ in kwargs["weights_iterator"]] == list(other_state)
-    assert engine.weight_sync == "collective_rpc" and engine.llm.resets == 1 and engine.version == 5
 
 
 def test_vllm_engine_falls_back_to_saving_and_reloading(tiny_dir: Path, tmp_path: Path,
@@ -359,7 +334,8 @@ def test_vllm_engine_falls_back_to_saving_and_reloading(tiny_dir: Path, tmp_path
     assert json.loads((saved / "config.json").read_text()) == json.loads((tiny_dir / "config.json").read_text())
     assert (saved / "tokenizer.json").is_file() and [p.name for p in saved.parent.iterdir()] == ["version-6"]
     tensors = load_file(str(saved / "model.safetensors"))
-    assert tensors.keys() == other_state.keys() and all(torch.equal(tensors[k], v) for k, v in other_state.items())
+    assert tensors.keys() == other_state.keys() | {"lm_head.weight"}
+    assert all(torch.equal(tensors[k], v) for k, v in other_state.items())
     engine.load_weights(other_state, version=7)
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["version-7"]  # the older version is gone
 

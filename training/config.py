@@ -330,17 +330,24 @@ class RayRollout(PipelinedRollout):
 
 
 class VLLMRollout(BaseModel):
-    """A vLLM engine in the learner's process, on its GPU, sampling on-policy; the learner's weights are
-    pushed into it after every update (:mod:`posttrain.training.rollouts.vllm`)."""
+    """Rollouts through vLLM, sampling on-policy; the learner's weights are pushed into it after every update
+    (:mod:`posttrain.training.rollouts.vllm`): in the learner's process when its environment has vLLM (a GPU
+    host's ``gpu`` extra), else in a process of its own from vLLM's environment (``make vllm``)."""
 
     model_config = ConfigDict(extra="forbid")
     backend: Literal["vllm"] = "vllm"
+    engine: Literal["auto", "colocated", "server"] = Field(
+        default="auto", description="colocated: vllm.LLM in the learner's process; server: in a process of its own "
+        "from vLLM's environment (.venv-vllm); auto: colocated when this environment has vLLM, else server")
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="the share of the GPU vLLM takes "
                                           "(the learner needs the rest)")
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=2**20, description="the KV cache in bytes; a CPU "
+                                              "host's default is 1 GiB")
     dtype: str = Field(default="auto", description="vLLM's weight dtype ('auto': the model's; bf16 drifts from an "
                        "fp32 learner by about 0.01 in log-prob, which the log-prob check allows)")
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's own")
-    enforce_eager: bool = Field(default=False, description="no CUDA graphs (slower decoding, faster start)")
+    enforce_eager: bool | None = Field(default=None, description="no compiled graphs (slower decoding, start-up "
+                                       "in seconds); None: on a CPU, not on a GPU")
 
 
 RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout | VLLMRollout,

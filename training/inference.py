@@ -18,12 +18,13 @@ makes, tagged with the engine's policy version.
   (:func:`~posttrain.platform.serving.generation.decode_groups`): each prompt is prefilled once and
   its KV cache repeated for its group, and finished rows leave the batch as they finish, where
   ``generate`` keeps them until the longest completion ends.
-- :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in-process on a GPU host and pushes the learner's
-  weights into it after every update.
+- :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in the learner's process (an environment with vLLM, a GPU
+  host's), :class:`VLLMServerEngine` drives it in a process of its own from vLLM's own environment (``.venv-vllm``
+  on a CPU host); both push the learner's weights into it after every update.
 
 Each engine's :meth:`~InferenceEngine.batcher` serves a multi-turn environment's episodes, one completion
 at a time per episode thread, batched underneath: :class:`ContinuousBatcher` on the embedded engine's
-decode loop, :class:`VLLMBatcher` on vLLM's engine loop.
+decode loop, :class:`VLLMBatcher` and :class:`VLLMServerBatcher` on vLLM's engine loop.
 
 Behaviour and learner log-probs of the same tokens should agree up to numerics (fp32 CPU: about
 1e-6; bf16 engines: about 1e-2 mean absolute difference); :func:`measure_logprob_mismatch` and
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import shutil
@@ -52,6 +54,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.platform.models.loader import load_model
 from posttrain.platform.serving.generation import DecodeBatch, KVPrefix, SamplingParams, SpeculationConfig, decode_groups
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
+from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
@@ -335,7 +338,7 @@ class ContinuousBatcher:
                 future.set_result(Completion(seq.generated, seq.logprobs, seq.finish_reason == "stop"))
 
 
-# ----------------------------------------------------------------------------- the vLLM engine
+# ----------------------------------------------------------------------------- the vLLM engines
 
 
 @dataclass(frozen=True)
@@ -344,7 +347,9 @@ class VLLMEngineArgs:
 
     ``logprobs_mode="processed_logprobs"`` makes vLLM report log-probs after temperature scaling
     (its default, ``raw_logprobs``, ignores the temperature); with ``top_p < 1`` vLLM's processed
-    log-probs are those of the truncated distribution, unlike the embedded engine's.
+    log-probs are those of the truncated distribution, unlike the embedded engine's. On a CPU
+    (``device="cpu"``) the KV cache is sized in bytes (``kv_cache_memory_bytes``; a memory share there would
+    be a share of the RAM) and ``gpu_memory_utilization`` is not passed.
     """
 
     dtype: str = "auto"
@@ -353,14 +358,21 @@ class VLLMEngineArgs:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     seed: int = 0
+    device: str = "cuda"
+    kv_cache_memory_bytes: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def llm_kwargs(self, model: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "model": model, "dtype": self.dtype, "gpu_memory_utilization": self.gpu_memory_utilization,
-            "enable_prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager,
-            "seed": self.seed, "logprobs_mode": "processed_logprobs",
+            "model": model, "dtype": self.dtype, "enable_prefix_caching": self.enable_prefix_caching,
+            "enforce_eager": self.enforce_eager, "seed": self.seed, "logprobs_mode": "processed_logprobs",
         }  # fmt: skip
+        if self.device == "cpu":
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+        else:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+            if self.kv_cache_memory_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         return kwargs | dict(self.extra)
@@ -369,28 +381,30 @@ class VLLMEngineArgs:
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 
+def with_output_layer(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The learner's weights as vLLM must get them: ``lm_head.weight`` named even when the model ties it to the
+    embeddings (vLLM's CPU backend keeps a packed copy of the output layer, which an update without it leaves
+    stale: log-probs then drift by about 0.6)."""
+    weights = dict(state_dict)
+    if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
+
+
 class VLLMRolloutEngine:
-    """Rollouts through vLLM in-process (``vllm.LLM``) on a GPU host.
+    """Rollouts through vLLM in the learner's process (``vllm.LLM``): a host whose environment has vLLM (a GPU
+    host's ``gpu`` extra), the engine colocated with the learner.
 
     Sampling: one ``SamplingParams(n=..., temperature, top_p, max_tokens, logprobs=0, seed)`` per
     call, prompts given as token ids; ``logprobs=0`` returns the sampled token's log-prob only.
 
-    Weights (:meth:`load_weights`, after every update) go the first way that works:
-
-    1. ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)``: the model
-       object in this process (TRL's colocate path; vLLM's engine core runs in-process because
-       ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before vLLM is imported, unless already set);
-    2. ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``: current vLLM
-       workers' in-place reload;
-    3. the state saved as a model directory under ``weights_dir`` and a new ``LLM`` built on it.
-
-    Each is followed by ``llm.reset_prefix_cache()`` (cached prefixes hold the old weights' keys
-    and values); ``weight_sync`` says which way the last update went.
-
-    What ran where: no GPU was lent while this was written, so vLLM itself has not run here. The
-    tests drive this class with a fake ``LLM`` that records its calls: the arguments built, the
-    outputs read back, each weight path and the version tags. The paths follow TRL's
-    ``trl/generation/vllm_generation.py`` and vLLM's worker API as published, untried on a GPU.
+    Weights (:meth:`load_weights`, after every update) go through the workers' supported in-place reload,
+    ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` with ``lm_head`` named
+    (:func:`with_output_layer`), never through the model object's private attributes (on vLLM's CPU backend,
+    which repacks linear weights, the model's own ``load_weights`` fails). A vLLM without that reload gets the
+    state saved as a model directory under ``weights_dir`` and a new ``LLM`` built on it. Either is followed
+    by ``llm.reset_prefix_cache()`` (cached prefixes hold the old weights' keys and values); ``weight_sync``
+    says which way the last update went.
     """
 
     def __init__(
@@ -424,19 +438,19 @@ class VLLMRolloutEngine:
         return [[_vllm_completion(o) for o in out.outputs] for out in outputs]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        weights = list(state_dict.items())
-        model = _in_process_model(self.llm)
-        if model is not None:
-            model.load_weights(weights)
-            self.weight_sync = "in_process"
-        elif not self._reload_through_rpc(weights):
-            self._rebuild_from(save_weights(state_dict, self.model_path, self.weights_dir, version))
+        weights = with_output_layer(state_dict)
+        if not self._reload_through_rpc(list(weights.items())):
+            self._rebuild_from(save_weights(weights, self.model_path, self.weights_dir, version))
             self.weight_sync = "reload_from_dir"
         self.llm.reset_prefix_cache()
         self.version = version
 
     def batcher(self, *, seed: int = 0) -> VLLMBatcher:
         return VLLMBatcher(self, seed=seed)
+
+    def close(self) -> None:
+        self.llm = None
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def _reload_through_rpc(self, weights: list[tuple[str, torch.Tensor]]) -> bool:
         if not hasattr(self.llm, "collective_rpc"):
@@ -458,18 +472,20 @@ class VLLMRolloutEngine:
 
 
 class VLLMBatcher:
-    """:class:`ContinuousBatcher`'s contract on a :class:`VLLMRolloutEngine`, for multi-turn episodes on a GPU host:
-    callers' requests go into vLLM's own engine loop (``llm.llm_engine.add_request``, then ``step`` until each
-    finishes), which batches them continuously and shares cached prefixes (a group's first turns, an episode's
-    earlier turns). One driver thread makes every engine call. Request j draws with seed ``seed + j``, so the same
-    requests in the same order sample the same completions."""
+    """:class:`ContinuousBatcher`'s contract on a colocated :class:`VLLMRolloutEngine`, for multi-turn episodes:
+    callers' requests go into vLLM's own engine loop through the rollout server's
+    :class:`~posttrain.training.vllm_server.Driver` (``add_request`` between ``step`` s, one driver thread making
+    every engine call), which batches them continuously and shares cached prefixes (a group's first turns, an
+    episode's earlier turns). Request j draws with seed ``seed + j``, so the same requests in the same order sample
+    the same completions."""
 
     def __init__(self, engine: VLLMRolloutEngine, *, seed: int = 0) -> None:
+        from posttrain.training.vllm_server import Driver
+
         self.engine, self._seed, self._asked = engine, seed, 0
-        self._cond = threading.Condition()
-        self._pending: list[tuple[str, list[int], Any, Future[Completion]]] = []
-        self._closed = False
-        self._thread = threading.Thread(target=self._drive, name="posttrain-vllm-batcher", daemon=True)
+        self._lock = threading.Lock()
+        self._driver = Driver(engine.llm, engine._sampling_params_class)
+        self._thread = threading.Thread(target=self._driver.run, name="posttrain-vllm-batcher", daemon=True)
         self._thread.start()
 
     @property
@@ -478,78 +494,153 @@ class VLLMBatcher:
 
     def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
         """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
-        future: Future[Completion] = Future()
-        with self._cond:
+        with self._lock:
+            j, self._asked = self._asked, self._asked + 1
+        answer = self._driver.generate(vllm_request(prompt_ids, 1, sampling, self._seed + j, max_new_tokens)).result()
+        return Completion(**answer["completions"][0])
+
+    def close(self) -> None:
+        self._driver.close()
+        self._thread.join(timeout=30)
+
+
+def vllm_request(prompt: Sequence[int], n: int, sampling: SamplingConfig, seed: int | None,
+                 max_new_tokens: int | None = None) -> dict[str, Any]:
+    """One request as the rollout server's :class:`~posttrain.training.vllm_server.Driver` takes it."""
+    return {"prompt": list(prompt), "n": n, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "max_tokens": max_new_tokens or sampling.max_new_tokens, "seed": seed}  # fmt: skip
+
+
+SERVER_SCRIPT = Path(__file__).resolve().parent / "vllm_server.py"
+
+
+class VLLMServerEngine:
+    """Rollouts through vLLM in a process of its own, run by another environment's Python (``.venv-vllm`` on a
+    CPU host, :func:`~posttrain.platform.serving.vllm.find_python`): :mod:`~posttrain.training.vllm_server`
+    on loopback, the learner keeping the platform's environment. The same contract as :class:`VLLMRolloutEngine`:
+
+    - :meth:`generate` sends every prompt in one request; the server's engine loop batches them;
+    - :meth:`load_weights` writes the learner's state (``lm_head`` named: :func:`with_output_layer`) to one
+      safetensors file in shared memory and the server reloads it through the workers' ``reload_weights``;
+      ``sync_seconds`` keeps each update's time;
+    - every answer names the policy version its weights were when the request went in, and a completion sampled
+      from any other version than the engine's raises (a rollout always knows what sampled it);
+    - :meth:`batcher` serves multi-turn episodes: each episode thread's request goes to the server, whose engine
+      loop batches the concurrent ones.
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str], *, args: VLLMEngineArgs = VLLMEngineArgs(),
+                 version: int = 0, python: str | os.PathLike[str] | None = None, start_timeout_s: float = 600.0) -> None:
+        import httpx
+
+        from posttrain.platform.serving.jobs import free_port
+        from posttrain.platform.serving.launcher import ServerProcess
+        from posttrain.platform.serving.vllm import SERVER_ENV, find_python
+
+        self.model_path, self.args, self.version = Path(model_path), args, version
+        port = free_port("127.0.0.1")
+        command = [str(find_python(python)), "-P", str(SERVER_SCRIPT), "--port", str(port),
+                   "--llm", json.dumps(args.llm_kwargs(str(self.model_path))), "--version", str(version)]  # fmt: skip
+        self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env={**SERVER_ENV, "PYTHONNOUSERSITE": "1"},
+                                    on_log=lambda line: log.info("vllm: %s", line))  # fmt: skip
+        self.server.start(timeout_s=start_timeout_s)
+        self.client = httpx.Client(base_url=self.server.base_url, timeout=httpx.Timeout(None, connect=10.0))
+        shm = Path("/dev/shm")
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="posttrain-vllm-weights-", dir=shm if shm.is_dir() else None))
+        self.weight_sync = "reload_weights"
+        self.sync_seconds: list[float] = []
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        resp = self.client.post(path, json=body)
+        if resp.status_code != 200:
+            raise RuntimeError(f"the vLLM rollout server at {self.server.base_url} answered {path} with "
+                               f"{resp.status_code}: {resp.text[:500]}")  # fmt: skip
+        return resp.json()
+
+    def _completions(self, answer: dict[str, Any]) -> list[Completion]:
+        if answer["version"] != self.version:
+            raise RuntimeError(f"the vLLM rollout server sampled with policy version {answer['version']}, "
+                               f"not {self.version}: a weight update and a rollout overlapped")  # fmt: skip
+        return [Completion(**c) for c in answer["completions"]]
+
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
+    ) -> list[list[Completion]]:
+        answers = self._post("/generate", {"requests": [vllm_request(p, n, sampling, seed) for p in prompts]})
+        return [self._completions(a) for a in answers["outputs"]]
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, seed: int | None,
+                 max_new_tokens: int | None = None) -> Completion:
+        (answer,) = self._post("/generate", {"requests": [vllm_request(prompt_ids, 1, sampling, seed, max_new_tokens)]})["outputs"]
+        return self._completions(answer)[0]
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        from safetensors.torch import save_file
+
+        path = self._weights_dir / "weights.safetensors"
+        weights, seen = {}, set()
+        for name, tensor in with_output_layer(state_dict).items():  # a tensor shared by two names is written twice
+            tensor = tensor.detach().to("cpu").contiguous()
+            weights[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+            seen.add(tensor.data_ptr())
+        save_file(weights, str(path), metadata={"format": "pt"})
+        try:
+            answer = self._post("/weights", {"path": str(path), "version": version})
+        finally:
+            path.unlink(missing_ok=True)
+        self.sync_seconds.append(float(answer["seconds"]))
+        self.version = version
+
+    def batcher(self, *, seed: int = 0) -> VLLMServerBatcher:
+        return VLLMServerBatcher(self, seed=seed)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+class VLLMServerBatcher:
+    """:class:`ContinuousBatcher`'s contract on a :class:`VLLMServerEngine`: each caller's request goes to the
+    server as it comes, and the server's engine loop batches the concurrent ones. Request j draws with seed
+    ``seed + j``."""
+
+    def __init__(self, engine: VLLMServerEngine, *, seed: int = 0) -> None:
+        self.engine, self._seed, self._asked = engine, seed, 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
             j, self._asked = self._asked, self._asked + 1
-            params = self.engine.sampling_params(1, sampling, self._seed + j, max_new_tokens)
-            self._pending.append((f"posttrain-{id(self)}-{j}", list(prompt_ids), params, future))
-            self._cond.notify_all()
-        return future.result()
+        return self.engine.complete(prompt_ids, sampling, self._seed + j, max_new_tokens)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
-
-    def _drive(self) -> None:
-        out: dict[str, Future[Completion]] = {}
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closed or self._pending or out)
-                joining, self._pending = self._pending, []
-                closed = self._closed
-            core = self.engine.llm.llm_engine
-            try:
-                if closed:
-                    raise RuntimeError("the batcher closed")
-                for request_id, prompt, params, future in joining:
-                    out[request_id] = future
-                    core.add_request(request_id, {"prompt_token_ids": prompt}, params)
-                for output in core.step():
-                    future = out.pop(output.request_id, None) if output.finished else None
-                    if future is not None:
-                        future.set_result(_vllm_completion(output.outputs[0]))
-            except BaseException as exc:  # noqa: BLE001 - every caller waiting gets it
-                if out:
-                    with contextlib.suppress(Exception):
-                        core.abort_request(list(out))
-                for future in [*out.values(), *(f for *_, f in joining)]:
-                    if not future.done():
-                        future.set_exception(exc)
-                out.clear()
-                if closed:
-                    return
 
 
 def _import_vllm() -> Any:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: weight path 1
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process (its batcher drives it)
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError("VLLMRolloutEngine needs vLLM, which a GPU host installs with the gpu extra: "
-                          "pip install 'posttrain[gpu]'; on CPU use EmbeddedRolloutEngine") from exc
+        raise ImportError("VLLMRolloutEngine needs vLLM in this environment (a GPU host: pip install 'posttrain[gpu]'); "
+                          "elsewhere VLLMServerEngine runs it from its own environment (make vllm)") from exc
     return vllm
-
-
-def _in_process_model(llm: Any) -> Any | None:
-    """The vLLM model object when its worker runs in this process, else None."""
-    try:
-        return llm.llm_engine.model_executor.driver_worker.model_runner.model
-    except AttributeError:
-        return None
 
 
 def _vllm_completion(output: Any) -> Completion:
     """A vLLM ``CompletionOutput`` (token ids, per-token ``{token_id: Logprob}``, finish reason) as a Completion."""
-    ids = list(output.token_ids)
-    steps = output.logprobs or []
-    if len(steps) != len(ids):
-        raise RuntimeError(f"vLLM returned log-probs for {len(steps)} of {len(ids)} sampled tokens; "
-                           "sample with SamplingParams(logprobs=0)")
-    return Completion(ids, [float(step[tok].logprob) for step, tok in zip(steps, ids)], output.finish_reason == "stop")
+    from posttrain.training.vllm_server import completion
+
+    return Completion(**completion(output))
 
 
 def save_weights(state_dict: Mapping[str, torch.Tensor], source: Path, weights_dir: Path, version: int) -> Path:
