@@ -86,9 +86,10 @@ BENCH_learning-real := bench/learning.py --preset smollm2-arith
 BENCH_learning-tools := bench/learning.py --preset smollm2-tools
 BENCH_learning-docqa := bench/learning.py --preset smollm2-docqa
 BENCH_learning-ablation := bench/learning.py --preset smollm2-arith --ablation --ablation-steps 3
+BENCH_rollout := bench/rollout.py --engine vllm
 BENCH_pipeline-repair := bench/pipeline.py --env code_repair --steps 8 --batch 8 --group 4
 
-bench: venv system-deps
+bench: venv system-deps llamacpp vllm
 	@failed=""; \
 	$(foreach name,$(BENCHMARKS),echo "== bench $(name)"; \
 	  $(BIN)/python bench/results.py record $(name) -- $(BIN)/python $(or $(BENCH_$(name)),bench/$(name).py) \

