@@ -464,6 +464,30 @@ def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # t
     shot(page, "14-playground")
 
 
+def pick_deployment(label: str):  # type: ignore[no-untyped-def]
+    """For :func:`reopen_until`: choose the deployment whose label starts with ``label`` in the playground's
+    Deployments box (the session keeps an earlier choice; the box takes one), once the page lists it."""
+
+    def ready(p) -> bool:  # type: ignore[no-untyped-def]
+        box = p.get_by_test_id("stMultiSelect").filter(has=p.get_by_text("Deployments", exact=True))
+        if box.get_by_text(label).count():
+            return True
+        clear = box.get_by_role("button", name="Clear all")
+        if clear.count():
+            clear.click()
+        box.get_by_role("button", name="Open").click()
+        option = p.get_by_role("option", name=re.compile("^" + re.escape(label)))
+        if option.count() == 0:
+            p.keyboard.press("Escape")
+            return False
+        option.first.click()
+        p.keyboard.press("Escape")
+        box.get_by_text(label).first.wait_for()
+        return True
+
+    return ready
+
+
 def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, console, tool_caller) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     """A model that asks for ``print(6 * 7)`` with the python tool (the tiny model taught that one exchange): with
     "Offer sandbox tools" on, its call runs in the console's sandbox and the output goes back to it before it
@@ -475,7 +499,7 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
                    env=console["env"], check=True, capture_output=True, text=True)
     page = browser_page
     goto(page, console, "Models & Serving")
-    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_text("caller · standard").count() > 0, timeout_s=240)
+    reopen_until(page, console, "Models & Serving", pick_deployment("caller · standard"), timeout_s=240)
     page.get_by_text("Offer sandbox tools").click()
     max_tokens = page.get_by_label("Max tokens").first
     max_tokens.fill("128")

@@ -108,9 +108,10 @@ def test_launcher_reports_a_server_that_dies(tmp_path: Path) -> None:
 def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str], real_model_dir) -> None:  # type: ignore[no-untyped-def]
     """Without vLLM's environment a vllm deployment fails at once, naming `make vllm`; with it, vLLM's own OpenAI
     server runs from that environment on loopback with a CPU host's settings (KV cache in bytes, eager mode, the
-    model's own context at most though the deployment asks for more, the string content format), and the official
-    client reaches it through the gateway: chat in the model's template, plain and streamed (the same greedy text),
-    log-probs, the tier's metrics on the deployment; cancelling stops the server."""
+    model's own context at most though the deployment asks for more, the string content format, the fast tier's
+    n-gram speculation), and the official client reaches it through the gateway: chat in the model's template, plain
+    and streamed (the same greedy text), log-probs, completions, the tier's metrics (drafted tokens too) on the
+    deployment; cancelling stops the server."""
     import psutil
     from openai import OpenAI
 
@@ -126,7 +127,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
 
     python = find_python()  # make test installs it (make vllm)
     register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)
-    config = {"model": "smol", "tier": "standard", "engine": "vllm", "max_model_len": 65536}
+    config = {"model": "smol", "tier": "fast", "engine": "vllm", "max_model_len": 65536}
 
     worker = start_worker({**platform_env, "POSTTRAIN_VLLM_PYTHON": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")})
     try:
@@ -142,7 +143,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     try:
         deployed = queue.submit(OPERATOR, "deploy", config)
         route = wait_deployed(deployed, timeout=600)
-        assert route.tier == "standard" and route.base_url.startswith("http://127.0.0.1:")
+        assert route.tier == "fast" and route.base_url.startswith("http://127.0.0.1:")
         server = next(p for p in psutil.process_iter(["cmdline"])
                       if (p.info["cmdline"] or [""])[0] == str(python) and "--served-model-name" in p.info["cmdline"])  # fmt: skip
         args = server.info["cmdline"]
@@ -150,6 +151,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
         assert _arg(args, "--max-model-len") == "8192"  # SmolLM2's own, not the 65536 asked for
         assert _arg(args, "--kv-cache-memory-bytes") == str(2**30) and "--enforce-eager" in args
         assert _arg(args, "--chat-template-content-format") == "string"
+        assert json.loads(_arg(args, "--speculative-config"))["method"] == "ngram"  # the fast tier's speculation
 
         gateway = serve_in_thread(
             create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments))
@@ -159,7 +161,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
             (listed,) = client.models.list().data
             assert listed.id == "smol"
             messages = [{"role": "user", "content": "What is the capital of France?"}]
-            reply = client.chat.completions.create(model="smol@standard", messages=messages, max_tokens=24, temperature=0,
+            reply = client.chat.completions.create(model="smol@fast", messages=messages, max_tokens=24, temperature=0,
                                                    logprobs=True, top_logprobs=2)  # fmt: skip
             text = reply.choices[0].message.content
             assert text and "Paris" in text, text  # the chat template reached the model: it answers the question
@@ -171,8 +173,13 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
             completion = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=4, temperature=0)
             assert completion.usage.completion_tokens == 4 and completion.choices[0].text
-        metrics = prometheus_values(route.base_url, ("vllm:generation_tokens_total",))
+            echo = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, "
+                                                "the quick brown fox jumps over the lazy dog"}]  # fmt: skip
+            client.chat.completions.create(model="smol", messages=echo, max_tokens=40, temperature=0)
+        names = ("vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
+        metrics = prometheus_values(route.base_url, names)
         assert metrics["vllm:generation_tokens_total"] >= 2 * reply.usage.completion_tokens
+        assert metrics["vllm:spec_decode_num_draft_tokens_total"] > 0, metrics  # n-gram drafts on the repetition
 
         queue.cancel(OPERATOR, deployed)
         wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
