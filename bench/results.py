@@ -291,6 +291,24 @@ def queue_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def tiers_rows(s: Summary) -> list[Row]:
+    """One row a tier: its speed, then its quality beside the standard tier's (the peer, in the same run)."""
+    standard = s["tiers"]["standard"]
+    rows = []
+    for name, t in s["tiers"].items():
+        delta = ("" if name == "standard" else f"; {100 * t['quality_delta_vs_standard']:+.1f} points vs standard "
+                 f"± {200 * t['quality_delta_se']:.1f}" + (" (FLAGGED: below beyond 2 SE)" if t["quality_flag"] else ""))
+        rows.append(Row(
+            f"tier card: {name} ({t['engine']}) serving {s['model']}",
+            f"{_n(t['tokens_per_s_1'])} tokens/s one stream ({_x(t['speedup_1_vs_standard'])} standard), "
+            f"{_n(t['tokens_per_s_4'])} at four, first token {_n(t['ttft_p50_ms'])} ms; pass@1 "
+            f"{100 * t['pass_at_1']:.1f}% ± {100 * t['pass_at_1_se']:.1f} on {s['tasks']} held-out tasks{delta}",
+            f"the standard tier (embedded, fp32) in the same run: {_n(standard['tokens_per_s_1'])} tokens/s, pass@1 "
+            f"{100 * standard['pass_at_1']:.1f}%; best of {_of(s['rounds'], 'interleaved round')}",
+        ))  # fmt: skip
+    return rows
+
+
 def reliability_rows(s: Summary) -> list[Row]:
     return [Row(
         "reliability suite",
@@ -306,7 +324,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
     "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
-    "reliability": reliability_rows,
+    "reliability": reliability_rows, "tiers": tiers_rows,
 }  # fmt: skip
 
 

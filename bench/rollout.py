@@ -138,11 +138,11 @@ def main() -> None:
     domains = [d for d in args.domains.split(",") if d]
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
 
-    with tempfile.TemporaryDirectory(prefix="posttrain-bench-rollout-") as tmp:
-        t0 = time.perf_counter()
-        path, name = model_dir(args.model, Path(tmp))
-        ready_s = time.perf_counter() - t0
-        engine = EmbeddedRolloutEngine.from_dir(path)
+    tmp = tempfile.TemporaryDirectory(prefix="posttrain-bench-rollout-")  # vLLM reads the model directory: kept to the end
+    t0 = time.perf_counter()
+    path, name = model_dir(args.model, Path(tmp.name))
+    ready_s = time.perf_counter() - t0
+    engine = EmbeddedRolloutEngine.from_dir(path)
     model, tokenizer, tasks = engine.model, engine.tokenizer, tasks_of(domains, args.seed)
     peers: dict[str, Callable[[int], list[RolloutGroup]]] = {
         "engine": lambda r: rollout_groups(engine, tokenizer, tasks, args.group, sampling, seed=r),
@@ -207,6 +207,7 @@ def main() -> None:
     }), flush=True)  # fmt: skip
     if vllm is not None:
         vllm.close()
+    tmp.cleanup()
 
 
 def vllm_summary(vllm: VLLMServerEngine, runs: dict[str, list[list[RolloutGroup]]], seconds: dict[str, float],  # type: ignore[no-untyped-def]

@@ -254,6 +254,7 @@ def test_the_vllm_backend_samples_through_vllm_and_gets_every_update(real_model_
     result = train_grpo(_vllm_config(max_steps=3), str(real_model_dir.path), service=service,
                         on_metrics=seen.__setitem__, on_groups=groups.__setitem__)  # fmt: skip
     assert result.steps == 3
+    assert all(len(g.trajectories) == 4 for s in (1, 2, 3) for g in groups[s])  # the whole group from one request
     assert [sorted({g.policy_version for g in groups[s]}) for s in (1, 2, 3)] == [[0], [1], [2]]
     assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), seen
     with pytest.raises(ValueError, match="loads the policy from its model directory"):
@@ -282,6 +283,7 @@ def test_the_vllm_backend_runs_a_multi_turn_environments_episodes_through_vllms_
         shutil.rmtree(sandboxes, ignore_errors=True)
     assert result.steps == 2
     episodes = [t for s in (1, 2) for g in groups[s] for t in g.trajectories]
+    assert all(len(g.trajectories) == 2 for s in (1, 2) for g in groups[s])
     assert episodes and all(t.loss_mask is not None and t.episode is not None for t in episodes)
     assert [sorted({g.policy_version for g in groups[s]}) for s in (1, 2)] == [[0], [1]]
     assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), seen

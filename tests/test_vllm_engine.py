@@ -50,6 +50,8 @@ def test_a_weight_update_changes_what_vllm_samples_and_the_old_weights_restore_i
     prompts, sampling = _prompts(tokenizer), SamplingConfig(temperature=1.0, max_new_tokens=16)
     pad = tokenizer.pad_token_id or 0
     before = vllm_engine.generate(prompts, 2, sampling, seed=5)
+    assert [len(group) for group in before] == [2] * len(prompts)  # n completions of every prompt, in order
+    assert all(len(c.logprobs) == len(c.token_ids) > 0 for group in before for c in group)
     check_logprob_mismatch(measure_logprob_mismatch(model, _trajectories(prompts, before), pad_id=pad, temperature=1.0),
                            FLOAT32)  # fmt: skip
     original = {k: v.clone() for k, v in model.state_dict().items()}

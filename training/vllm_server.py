@@ -39,10 +39,11 @@ from typing import Any
 
 class Driver:
     """The engine's one caller: requests and weight updates queue here and run on :meth:`run`'s thread. The
-    server's, and the colocated engine's batcher's (:class:`posttrain.training.inference.VLLMBatcher`)."""
+    server's, and the colocated engine's batcher's (:class:`posttrain.training.inference.VLLMBatcher`). ``params``
+    go into every request's ``SamplingParams``."""
 
-    def __init__(self, llm: Any, sampling_params_class: Any, version: int = 0) -> None:
-        self.llm, self.sampling_params_class = llm, sampling_params_class
+    def __init__(self, llm: Any, sampling_params_class: Any, version: int = 0, **params: Any) -> None:
+        self.llm, self.sampling_params_class, self.params = llm, sampling_params_class, params
         self.version = version
         self._cond = threading.Condition()
         self._requests: list[tuple[str, dict[str, Any], Future[Any]]] = []
@@ -78,7 +79,7 @@ class Driver:
     def _params(self, r: dict[str, Any]) -> Any:
         return self.sampling_params_class(n=int(r.get("n", 1)), temperature=float(r["temperature"]),
                                           top_p=float(r.get("top_p", 1.0)), max_tokens=int(r["max_tokens"]),
-                                          logprobs=0, seed=r.get("seed"))  # fmt: skip
+                                          logprobs=0, seed=r.get("seed"), **self.params)  # fmt: skip
 
     def _reload(self, path: str, version: int) -> float:
         from safetensors import safe_open
@@ -200,7 +201,11 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one driver thread
     import vllm
 
-    driver = Driver(vllm.LLM(**json.loads(args.llm)), vllm.SamplingParams, args.version)
+    from vllm.sampling_params import RequestOutputKind
+
+    # FINAL_ONLY: a request with n > 1 comes back once, with all n completions (by default each step returns one)
+    driver = Driver(vllm.LLM(**json.loads(args.llm)), vllm.SamplingParams, args.version,
+                    output_kind=RequestOutputKind.FINAL_ONLY)
     threading.Thread(target=driver.run, name="vllm-driver", daemon=True).start()
     server = ThreadingHTTPServer((args.host, args.port), handler(driver))
     print(f"rollout server on http://{args.host}:{args.port}", flush=True)

@@ -1,4 +1,5 @@
-"""Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model`` and ``deploy``.
+"""Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model``, ``deploy`` and
+``measure_tiers`` (the tier card, :mod:`posttrain.platform.serving.tier_card`).
 
 ``deploy`` is a long-running job: it starts a server for a registered model
 (the embedded engine, ``llama-server`` on its GGUF export, or vLLM's OpenAI server from its own environment), waits for ``/health``,
@@ -29,6 +30,7 @@ from posttrain.platform.models.importer import BUILTIN_PREFIX, sha256_file
 from posttrain.platform.models.importer import import_model as run_import
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, get_model, record_export, register_model
+from posttrain.platform.serving.tier_card import MeasureTiersConfig
 from posttrain.platform.serving.tiers import tier_catalog, tiers_path
 
 HEALTH_INTERVAL_S = 2.0
@@ -344,6 +346,24 @@ register(
         description="Serve a registered model in a speed tier (embedded engine, llama.cpp or vLLM) until cancelled.",
         resumable=True,
         max_attempts=5,
+    )
+)
+
+
+def measure_tiers_job(ctx: JobContext, config: Any) -> dict[str, Any]:
+    from posttrain.platform.serving.tier_card import card_tasks, measure_tiers
+
+    return measure_tiers(ctx.identity, config, ctx.settings, card_tasks(config, url=ctx.url), url=ctx.url,
+                         progress=lambda f, m: ctx.progress(f, m, force=True), log=ctx.log.info)  # fmt: skip
+
+
+register(
+    JobKind(
+        name="measure_tiers",
+        config_model=MeasureTiersConfig,
+        run=measure_tiers_job,
+        description="Serve a model in every tier this host can run and measure each one's speed beside its quality "
+        "(the tier card on the Models page).",
     )
 )
 

@@ -248,7 +248,54 @@ with compare_tab:
             ]), hide_index=True, width="stretch")  # fmt: skip
     else:
         st.caption("No comparisons yet.")
+def tier_card_rows(card: dict) -> list[dict]:
+    """The tier card as a table: speed, then quality beside standard's with the difference's 95% interval."""
+    rows = []
+    for t in card["tiers"]:
+        low, high = (t["quality_delta_vs_standard"] + k * 2 * t["quality_delta_se"] for k in (-1, 1))
+        rows.append({
+            "tier": t["name"], "engine": t["engine"], "tokens/s (1 stream)": t["tokens_per_s_1"],
+            "tokens/s (4 streams)": t["tokens_per_s_4"], "first token (ms, median)": t["ttft_p50_ms"],
+            "× standard (1 stream)": t["speedup_1_vs_standard"],
+            "pass@1": f"{100 * t['pass_at_1']:.1f}% ± {100 * t['pass_at_1_se']:.1f}",
+            "Δ vs standard (95% CI)": "(the peer)" if t["name"] == "standard" else
+            f"{100 * t['quality_delta_vs_standard']:+.1f} pts [{100 * low:+.1f}, {100 * high:+.1f}]",
+            "quality": "BELOW standard beyond 2 SE" if t["quality_flag"] else "same within noise",
+        })  # fmt: skip
+    return rows
+
+
 with tiers_tab:
+    st.markdown("**Tier card**: the same model in every tier this host can serve, speed beside quality, from one run.")
+    measured = queue.list_jobs(kind="measure_tiers", status=JobStatus.succeeded, limit=1)
+    if measured:
+        card = measured[0].result or {}
+        st.dataframe(pd.DataFrame(tier_card_rows(card)), hide_index=True, width="stretch")
+        flagged = [t["name"] for t in card["tiers"] if t["quality_flag"]]
+        st.caption(f"{card['model']}, job #{measured[0].id}: greedy pass@1 on {card['tasks']} held-out tasks of "
+                   f"{len(card['domains'])} domains (at most {card['max_tokens']} tokens an answer), the difference "
+                   f"paired task by task; speed: the best of {card['rounds']} interleaved rounds of {card['speed_prompts']} "
+                   "chat prompts. " + (f"Flagged: {', '.join(flagged)} (pass@1 more than twice the standard error "
+                   "below standard's)." if flagged else "No tier's quality falls beyond twice the standard error."))  # fmt: skip
+    else:
+        st.caption("No tier card yet: measure one below (several minutes a tier on a CPU).")
+    from posttrain.platform.serving.gateway import RoutingPolicy
+
+    policy = RoutingPolicy()
+    st.caption("Routing: the gateway sends a request without a tier by its task type (`x-task-type` header or "
+               "`metadata.task_type`): " + ", ".join(f"{task} → **{tier}**" for task, tier in policy.task_tiers.items())
+               + f"; anything else to the model's default tier, else **{policy.default_tier}**. A client names a tier "
+               "with a suffix of the model's name (`model@fast`).")  # fmt: skip
+    c1, c2 = st.columns([3, 1])
+    card_model = c1.selectbox("Model to measure", model_names, index=first_choice(model_names), key="card_model")
+    if c2.button("Measure tiers", disabled=not operator or not model_names, key="card_go",
+                 help="serves the model in every tier this host can run and measures each one's speed and quality"):
+        try:
+            job_id = queue.submit(me(), "measure_tiers", {"model": card_model})
+        except (JobConfigError, PermissionError) as exc:
+            st.error(str(exc))
+        else:
+            st.success(f"Queued measure_tiers job {job_id}; the card appears here when it ends (the Jobs page follows it).")
     st.caption("Named speed tiers; every deployment started after a change uses the edited profile.")
     text = st.text_area("Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json")
     if st.button("Save tiers", disabled=not operator, key="tiers_save"):

@@ -1,0 +1,81 @@
+"""The tier card: a measure_tiers job serves a model in several tiers through a real worker, measures each one's
+speed and quality, and the Models page shows the card; the quality flag's arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import OPERATOR, REPO_ROOT, login_as, start_worker, stop_worker, wait_for
+from posttrain.platform.db.models import JobStatus
+from posttrain.platform.jobs import queue
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
+from posttrain.platform.models.registry import register_model
+from posttrain.platform.serving.tier_card import host_variants, quality
+
+PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
+
+
+def test_a_tier_is_flagged_only_when_its_quality_falls_beyond_twice_the_standard_error() -> None:
+    standard = [True] * 40 + [False] * 20
+    same = quality(standard, standard)
+    assert same["pass_at_1"] == pytest.approx(40 / 60) and same["quality_delta_vs_standard"] == 0 and not same["quality_flag"]
+    assert same["pass_at_1_se"] == pytest.approx((40 / 60 * 20 / 60 / 60) ** 0.5)
+    # two tasks flipped each way: no change on the whole, within noise
+    noisy = [False, False] + standard[2:40] + [True, True] + standard[42:]
+    assert quality(noisy, standard)["quality_delta_vs_standard"] == 0 and not quality(noisy, standard)["quality_flag"]
+    worse = [False] * 12 + standard[12:]  # twelve of forty right answers lost: 20 points, far beyond noise
+    lost = quality(worse, standard)
+    assert lost["quality_delta_vs_standard"] == pytest.approx(-0.2) and lost["quality_flag"]
+    assert lost["quality_delta_se"] == pytest.approx(((0.2 * 0.8) * 60 / 59) ** 0.5 / 60**0.5)
+    one_lost = [False] + standard[1:]  # one task: a difference, but not beyond twice its standard error
+    assert not quality(one_lost, standard)["quality_flag"]
+
+
+def test_the_host_lists_the_tiers_it_can_run() -> None:
+    """The embedded tiers always; llama.cpp and vLLM (plain, n-gram, fp8 KV) as `make test` installs them."""
+    from types import SimpleNamespace
+
+    names = [v.name for v in host_variants(SimpleNamespace(llama_server=None, vllm_python=None))]
+    assert names == ["standard", "fast", "q8", "llamacpp", "vllm", "vllm-ngram", "vllm-fp8kv"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_measure_tiers_job_serves_each_tier_and_the_models_page_shows_the_card(
+        platform_env: dict[str, str], tmp_path: Path) -> None:
+    """A real worker runs the job: the model served in the standard and fast tiers (two embedded servers), speed
+    in interleaved rounds and greedy answers to held-out tasks graded by their verifiers; the page shows the card,
+    each tier's speed beside its pass@1 and the difference from standard with its interval."""
+    tiny = build_tiny_model(tmp_path / "tiny", TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                                                             intermediate_size=128))  # fmt: skip
+    register_model(OPERATOR, "tiny", tiny)
+    config = {"model": "tiny", "variants": [{"name": "standard", "tier": "standard", "engine": "embedded"},
+                                            {"name": "fast", "tier": "fast", "engine": "embedded"}],
+              "domains": ["list.int.sum", "str.copy.letters"], "tasks_per_domain": 3, "max_tokens": 8,
+              "speed_max_tokens": 8, "rounds": 2}  # fmt: skip
+    worker = start_worker(platform_env)
+    try:
+        job_id = queue.submit(OPERATOR, "measure_tiers", config)
+        wait_for(lambda: queue.get_job(job_id).status.finished, timeout=300, message="measure_tiers ends")
+    finally:
+        stop_worker(worker)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    card = job.result
+    assert card["model"] == "tiny" and card["tasks"] == 6 and card["domains"] == ["list.int.sum", "str.copy.letters"]
+    assert [t["name"] for t in card["tiers"]] == ["standard", "fast"]
+    for tier in card["tiers"]:
+        assert tier["engine"] == "embedded" and len(tier["rounds_tokens_per_s_1"]) == 2
+        assert tier["tokens_per_s_1"] > 0 and tier["tokens_per_s_4"] > 0 and tier["ttft_p50_ms"] > 0
+        assert 0 <= tier["pass_at_1"] <= 1 and tier["tasks"] == 6
+    assert card["tiers"][0]["quality_delta_vs_standard"] == 0 and card["tiers"][0]["speedup_1_vs_standard"] == 1.0
+
+    at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
+    assert not at.exception
+    shown = next(d.value for d in at.dataframe if "pass@1" in d.value.columns)
+    assert list(shown["tier"]) == ["standard", "fast"] and list(shown["Δ vs standard (95% CI)"])[0] == "(the peer)"
+    assert list(shown["tokens/s (1 stream)"]) == [t["tokens_per_s_1"] for t in card["tiers"]]
+    assert any(f"job #{job_id}" in c.value and "6 held-out tasks of 2 domains" in c.value for c in at.caption)
+    assert any("chat → **fast**" in c.value for c in at.caption)  # the routing rules beside the card
