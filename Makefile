@@ -79,7 +79,7 @@ test: venv system-deps llamacpp vllm
 # is rewritten from those files (bench/results.py). A failing benchmark does not stop
 # the others; make fails at the end and names it. A benchmark runs bench/<name>.py
 # unless BENCH_<name> gives its command.
-BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair rollout turns reliability learning learning-real learning-tools learning-docqa learning-ablation
+BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair rollout tiers turns reliability learning learning-real learning-tools learning-docqa learning-ablation
 BENCH_serving-real := bench/serving.py --model smollm2-135m-instruct
 BENCH_serving-engines := bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 BENCH_learning-real := bench/learning.py --preset smollm2-arith

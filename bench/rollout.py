@@ -203,7 +203,7 @@ def main() -> None:
         **(vllm_summary(vllm, runs, seconds, rate, sync_s, vllm_ready_s, model, engine.pad_token_id, args) if vllm else {}),
         "peer": {"name": "generate_groups: one batched Hugging Face generate, each prompt prefilled once for its group",
                  "threads": args.threads, "rounds": args.rounds, "warmup": "one 4-token call of each",
-                 "order": "engine then generate in every round, the same prompts and sampling"},
+                 "order": f"{', then '.join(peers)} in every round, the same prompts and sampling"},
     }), flush=True)  # fmt: skip
     if vllm is not None:
         vllm.close()

@@ -126,6 +126,28 @@ def _gguf(path: Path, architecture: str, tensor: np.ndarray, raw_dtype=None) -> 
     return path
 
 
+def test_a_gguf_s_quantization_is_the_file_type_it_declares(tmp_path: Path) -> None:
+    """A Q4_K_M file holds F32 norms beside its Q4_K and Q6_K blocks: the registry reports the file's declared
+    type (``general.file_type``), not its commonest tensor type; a file that declares none, the commonest."""
+    import gguf
+
+    from posttrain.platform.models.importer import describe_gguf
+
+    declared = tmp_path / "declared.gguf"
+    writer = gguf.GGUFWriter(str(declared), "llama")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.zeros(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    described = describe_gguf(declared)
+    assert described["quantization"] == "Q4_K_M" and described["tensor_types"] == {"F32": 2}
+    undeclared = _gguf(tmp_path / "undeclared.gguf", "llama", np.zeros((4, 8), dtype=np.float32))
+    assert describe_gguf(undeclared)["quantization"] == "F32"
+
+
 def test_bad_sources_fail_with_one_line_and_register_nothing(tmp_path: Path) -> None:
     import gguf
 

@@ -178,7 +178,11 @@ def describe_gguf(path: Path) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for t in reader.tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    quantization = max(counts, key=lambda k: counts[k]) if counts else "none"
+    file_type = reader.get_field("general.file_type")  # what the file says it is (Q4_K_M mixes Q4_K, Q6_K and F32)
+    try:
+        quantization = gguf.LlamaFileType(int(file_type.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (AttributeError, TypeError, ValueError):  # no such key, or a type this gguf does not know: the commonest
+        quantization = max(counts, key=lambda k: counts[k]) if counts else "none"
     pre = reader.get_field("tokenizer.ggml.pre")
     return {"architecture": architecture, "quantization": quantization, "tensor_types": counts, "tensors": len(reader.tensors),
             "pre_tokenizer": pre.contents() if pre is not None else None}

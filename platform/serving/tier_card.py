@@ -19,6 +19,7 @@ tier card, beside the gateway's routing rules); ``bench/tiers.py`` runs it on th
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -124,9 +125,10 @@ def _first_token_ms(client: httpx.Client, base: str, model: str, prompt: str) ->
             "stream": True}  # fmt: skip
     with client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and '"content"' in line and '"content":""' not in line.replace(" ", ""):
-                return (time.perf_counter() - start) * 1000
+        for line in resp.iter_lines():  # the first chunk with text (a role-only or empty one comes first on some)
+            if line.startswith("data: ") and line != "data: [DONE]":
+                if any((c.get("delta") or {}).get("content") for c in json.loads(line[6:]).get("choices", [])):
+                    return (time.perf_counter() - start) * 1000
     return (time.perf_counter() - start) * 1000
 
 
