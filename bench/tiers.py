@@ -46,6 +46,7 @@ def document_tasks(count: int) -> list:  # type: ignore[type-arg]
     spec = importlib.util.spec_from_file_location("bench_serving", Path(__file__).with_name("serving.py"))
     assert spec is not None and spec.loader is not None
     serving = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = serving  # its dataclasses look their module up there
     spec.loader.exec_module(serving)
     return [case.task for case in serving.document_cases(count)]
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from posttrain.platform.serving.vllm import SERVER_ENV, find_python
+from posttrain.platform.serving.vllm import find_python, server_env
 from posttrain.training.inference import (
     MismatchTolerance, VLLMEngineArgs, VLLMServerEngine, check_logprob_mismatch, measure_logprob_mismatch,
 )
@@ -26,8 +26,9 @@ FLOAT32 = MismatchTolerance(mean_abs_diff=1e-4, kl_k3=1e-8, max_abs_diff=1e-3)
 
 @pytest.fixture(scope="module")
 def vllm_engine(real_model_dir) -> Iterator[VLLMServerEngine]:  # type: ignore[no-untyped-def]
-    engine = VLLMServerEngine(real_model_dir.path, args=VLLMEngineArgs(dtype="float32", device="cpu", enforce_eager=True,
-                                                                       max_model_len=1024))  # fmt: skip
+    args = VLLMEngineArgs(dtype="float32", device="cpu", enforce_eager=True, max_model_len=1024,
+                          cpu_threads=torch.get_num_threads())  # this process's share of the cores, as a run's learner
+    engine = VLLMServerEngine(real_model_dir.path, args=args)
     yield engine
     engine.close()
 
@@ -108,7 +109,7 @@ llm = vllm.LLM(model={str(real_model_dir.path)!r}, dtype="float32", enforce_eage
 print("RESULT", json.dumps({{"prompt": list(out.prompt_token_ids), "text": out.outputs[0].text}}))
 """
     done = subprocess.run([str(find_python()), "-P", "-c", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **SERVER_ENV})  # fmt: skip
+                          env={**os.environ, **server_env(cpu_threads=torch.get_num_threads())})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     tokenizer = real_model.tokenizer

@@ -348,6 +348,8 @@ class VLLMRollout(BaseModel):
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's own")
     enforce_eager: bool | None = Field(default=None, description="no compiled graphs (slower decoding, start-up "
                                        "in seconds); None: on a CPU, not on a GPU")
+    cpu_threads: int | None = Field(default=None, ge=1, description="a CPU host's vLLM process: compute threads "
+                                    "(None: the learner's torch threads, its share of the cores)")
 
 
 RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout | VLLMRollout,

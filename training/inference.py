@@ -536,15 +536,13 @@ class VLLMServerEngine:
 
         from posttrain.platform.serving.jobs import free_port
         from posttrain.platform.serving.launcher import ServerProcess
-        from posttrain.platform.serving.vllm import SERVER_ENV, find_python
+        from posttrain.platform.serving.vllm import find_python, server_env
 
         self.model_path, self.args, self.version = Path(model_path), args, version
         port = free_port("127.0.0.1")
         command = [str(find_python(python)), "-P", str(SERVER_SCRIPT), "--port", str(port),
                    "--llm", json.dumps(args.llm_kwargs(str(self.model_path))), "--version", str(version)]  # fmt: skip
-        env = {**SERVER_ENV, "PYTHONNOUSERSITE": "1"}
-        if args.device == "cpu" and args.cpu_threads:  # vLLM's CPU backend binds one OpenMP thread to each core named
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.cpu_threads - 1}" if args.cpu_threads > 1 else "0"
+        env = {**server_env(cpu_threads=args.cpu_threads if args.device == "cpu" else None), "PYTHONNOUSERSITE": "1"}
         self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env=env,
                                     on_log=lambda line: log.info("vllm: %s", line))  # fmt: skip
         self.server.start(timeout_s=start_timeout_s)

@@ -59,7 +59,7 @@ class Driver:
             if self._closed:
                 raise RuntimeError("the vLLM driver is closed")
             self._asked += 1
-            self._requests.append((f"r{self._asked}", request, future))
+            self._requests.append((f"posttrain-{id(self)}-{self._asked}", request, future))  # unique in a shared engine
             self._cond.notify_all()
         return future
 

@@ -253,7 +253,7 @@ def _update(deployment_id: int, url: str, **values: Any) -> None:
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
     from posttrain.platform.serving.launcher import LaunchError, ServerProcess
-    from posttrain.platform.serving.vllm import SERVER_ENV
+    from posttrain.platform.serving.vllm import server_env
 
     try:
         model = get_model(config.model, url=ctx.url)
@@ -273,7 +273,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         deployment_id = int(row.id)  # type: ignore[arg-type]
     ctx.log.info("starting %s", " ".join(command))
     ctx.progress(None, f"starting {engine} server for {config.model} ({config.tier})", force=True)
-    env = SERVER_ENV if engine == "vllm" else None
+    env = server_env(cpu_threads=ctx.settings.job_threads) if engine == "vllm" else None
     server = ServerProcess(command, base_url, env=env, on_log=lambda line: print(line, flush=True))
     try:
         server.start(timeout_s=config.start_timeout_s)

@@ -179,7 +179,7 @@ def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any,
     from posttrain.platform.models.registry import ModelNotFound, get_model
     from posttrain.platform.serving.jobs import DeployConfig, free_port, server_command
     from posttrain.platform.serving.launcher import ServerProcess
-    from posttrain.platform.serving.vllm import SERVER_ENV
+    from posttrain.platform.serving.vllm import server_env
     from posttrain.platform.verifiers import default_service
 
     try:
@@ -199,7 +199,8 @@ def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any,
             deploy = DeployConfig(model=model.name, tier=v.tier, engine=v.engine, vllm_overrides=v.vllm_overrides)
             engine, command = server_command(deploy, model, port, settings, identity, url=url)
             started = time.perf_counter()
-            server = ServerProcess(command, f"http://127.0.0.1:{port}", env=SERVER_ENV if engine == "vllm" else None).start(600)
+            env = server_env(cpu_threads=getattr(settings, "job_threads", None)) if engine == "vllm" else None
+            server = ServerProcess(command, f"http://127.0.0.1:{port}", env=env).start(600)
             servers[v.name] = (server, engine, command)
             _chat(client, server.base_url, model.name, [{"role": "user", "content": "Hello"}], 4)  # warm-up
             log(f"{v.name}: {engine} up in {time.perf_counter() - started:.0f} s")

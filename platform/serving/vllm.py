@@ -50,6 +50,17 @@ SERVER_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE":
 CPU_KV_CACHE_BYTES = 2**30  # 46k tokens of SmolLM2-135M in bf16; a larger model on a CPU host sets its own
 
 
+def server_env(*, cpu_threads: int | None = None) -> dict[str, str]:
+    """The environment a vLLM process runs with: offline (:data:`SERVER_ENV`), and on a CPU host with
+    ``cpu_threads`` compute threads, bound to no core in particular (vLLM's default binds a thread to every core:
+    beside another computing process that made generation several times slower on two cores, and two processes
+    each bound to "their" first core would share one)."""
+    env = dict(SERVER_ENV)
+    if cpu_threads:
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cpu_threads)}
+    return env
+
+
 class VllmMissing(FileNotFoundError):
     """No Python with vLLM: the message names the make target that installs it."""
 

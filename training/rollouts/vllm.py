@@ -46,7 +46,8 @@ class VLLMRollouts(SyncRollouts):
         args = VLLMEngineArgs(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
                               kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
                               enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
-                              device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed)  # fmt: skip
+                              device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed,
+                              cpu_threads=spec.cpu_threads or torch.get_num_threads())  # fmt: skip
         colocated = spec.engine == "colocated" or (spec.engine == "auto" and (
             llm_class is not None or importlib.util.find_spec("vllm") is not None))
         engine: VLLMRolloutEngine | VLLMServerEngine
