@@ -34,6 +34,7 @@ def test_a_tier_is_flagged_only_when_its_quality_falls_beyond_twice_the_standard
     assert not quality(one_lost, standard)["quality_flag"]
 
 
+@pytest.mark.requires("llama-server", "vllm")
 def test_the_host_lists_the_tiers_it_can_run() -> None:
     """The embedded tiers always; llama.cpp and vLLM (plain, n-gram, fp8 KV) as `make test` installs them."""
     from types import SimpleNamespace
