@@ -1,7 +1,7 @@
 """Every tier's speed beside its quality: the tier card of the built-in model, measured in one run.
 
-    .venv/bin/python bench/tiers.py [--model smollm2-135m-instruct] [--tasks-per-domain 24] [--doc-tasks 32]
-        [--rounds 2] [--max-tokens 128] [--variants standard,fast,q8,llamacpp,vllm,vllm-ngram,vllm-fp8kv]
+    .venv/bin/python bench/tiers.py [--model smollm2-135m-instruct] [--tasks-per-domain 48] [--doc-tasks 32]
+        [--rounds 2] [--max-tokens 64] [--variants standard,fast,q8,llamacpp,vllm,vllm-ngram,vllm-fp8kv]
 
 Runs :func:`posttrain.platform.serving.tier_card.measure_tiers`, what the ``measure_tiers`` job runs, in a fresh
 data directory with the model imported: the model served in every tier this host can run (the embedded engine's
@@ -10,10 +10,10 @@ cache, ``make vllm``), each as a deployment runs it, all started side by side an
 
 - speed, in ``--rounds`` interleaved rounds (the order reversed every other round; each tier's best round counts):
   time to the first token, and completion tokens per second of whole requests one and four at a time;
-- quality: greedy answers to one fixed task set, the held-out eval tasks of eight procedural domains of eight
-  families (``--tasks-per-domain`` each) and ``--doc-tasks`` document-QA tasks the platform builds from Debian's
-  LaTeX news PDFs, graded by the tasks' verifiers: pass@1 with its standard error and the difference from the
-  standard tier, paired task by task.
+- quality: greedy answers to one fixed task set, the held-out eval tasks of the general check's four procedural
+  domains at difficulty 2 (``--tasks-per-domain`` each; the built-in model answers about a quarter of them) and
+  ``--doc-tasks`` document-QA tasks the platform builds from Debian's LaTeX news PDFs, graded by the tasks'
+  verifiers: pass@1 with its standard error and the difference from the standard tier, paired task by task.
 
 Prints one JSON object per tier, then the summary (``figure: tiers``): ``tiers`` with each tier's
 ``tokens_per_s_1``, ``tokens_per_s_4``, ``ttft_p50_ms``, ``pass_at_1``, ``pass_at_1_se`` and
@@ -54,10 +54,10 @@ def document_tasks(count: int) -> list:  # type: ignore[type-arg]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=REAL_MODEL, help=f"a built-in model name (default: {REAL_MODEL})")
-    parser.add_argument("--tasks-per-domain", type=int, default=24)
+    parser.add_argument("--tasks-per-domain", type=int, default=48)
     parser.add_argument("--doc-tasks", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--variants", default="", help="comma-separated tier variants (default: every one this host can run)")
     args = parser.parse_args()
 

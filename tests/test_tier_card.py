@@ -54,7 +54,7 @@ def test_the_measure_tiers_job_serves_each_tier_and_the_models_page_shows_the_ca
     register_model(OPERATOR, "tiny", tiny)
     config = {"model": "tiny", "variants": [{"name": "standard", "tier": "standard", "engine": "embedded"},
                                             {"name": "fast", "tier": "fast", "engine": "embedded"}],
-              "domains": ["list.int.sum", "str.copy.letters"], "tasks_per_domain": 3, "max_tokens": 8,
+              "domains": ["list.int.sum", "str.copy.letters"], "tasks_per_domain": 3, "difficulty": 1, "max_tokens": 8,
               "speed_max_tokens": 8, "rounds": 2}  # fmt: skip
     worker = start_worker(platform_env)
     try:
