@@ -230,6 +230,22 @@ def wait_deployed(job_id: int, timeout: float = 300.0):  # type: ignore[no-untyp
     return wait_for(healthy, timeout=timeout, message=f"deploy job {job_id} healthy")
 
 
+def stop_deployment(job_id: int, server: Any, timeout: float = 30.0) -> None:
+    """Cancel deploy job ``job_id``: the job ends cancelled, its server process (``server``, a psutil process)
+    exits, and no deployment is left for the gateway to route to."""
+    import psutil
+
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.serving.jobs import registered_deployments
+
+    queue.cancel(OPERATOR, job_id)
+    wait_for(lambda: queue.get_job(job_id).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
+    wait_for(lambda: not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE, timeout=timeout,
+             message=f"the server of deploy job {job_id} gone")  # fmt: skip
+    assert registered_deployments() == []
+
+
 def login_as(at, role: str = "operator", name: str = "tester"):  # type: ignore[no-untyped-def]
     """Put a logged-in identity into an AppTest session (pages are only reachable after login)."""
     from posttrain.platform.auth import Identity

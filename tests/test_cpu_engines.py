@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import OPERATOR, start_worker, stop_worker, wait_deployed, wait_for
+from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 
@@ -206,11 +206,7 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
                                                     stream=True)  # fmt: skip
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
 
-        queue.cancel(OPERATOR, deployed)
-        wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
-        wait_for(lambda: not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE,
-                 timeout=15, message="llama-server gone")  # fmt: skip
-        assert registered_deployments() == []
+        stop_deployment(deployed, server)
     finally:
         stop_worker(worker)
 

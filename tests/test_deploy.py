@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import OPERATOR, start_worker, stop_worker, wait_deployed, wait_for
+from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
 from posttrain.platform.jobs import queue
@@ -69,15 +69,10 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
         assert job.pid is not None and psutil.Process(job.pid).create_time() == pytest.approx(job.proc_started, abs=1)
         servers = [p for p in psutil.Process(job.pid).children(recursive=True) if "--served-model-name" in p.cmdline()]
         assert len(servers) == 1 and "posttrain.platform.serving" in " ".join(servers[0].cmdline()), servers
-        server_pid = servers[0].pid
-        queue.cancel(OPERATOR, deployed)
-        wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
+        stop_deployment(deployed, servers[0])
         with session(read_only=True) as s:
             row = s.get(Deployment, 1)
             assert row is not None and row.status == "stopped" and not row.healthy
-        wait_for(lambda: not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE,
-                 timeout=15, message="server process gone")  # fmt: skip
-        assert registered_deployments() == []
         assert [m.name for m in list_models()] == ["tiny"]
     finally:
         stop_worker(worker)

@@ -115,7 +115,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     import psutil
     from openai import OpenAI
 
-    from conftest import OPERATOR, start_worker, stop_worker, wait_deployed, wait_for
+    from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
     from posttrain.platform.db.models import JobStatus
     from posttrain.platform.jobs import queue
     from posttrain.platform.models.registry import register_model
@@ -181,10 +181,6 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
         assert metrics["vllm:generation_tokens_total"] >= 2 * reply.usage.completion_tokens
         assert metrics["vllm:spec_decode_num_draft_tokens_total"] > 0, metrics  # n-gram drafts on the repetition
 
-        queue.cancel(OPERATOR, deployed)
-        wait_for(lambda: queue.get_job(deployed).status is JobStatus.cancelled, timeout=60, message="deploy cancelled")
-        wait_for(lambda: not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE,
-                 timeout=30, message="the vLLM server gone")  # fmt: skip
-        assert registered_deployments() == []
+        stop_deployment(deployed, server)
     finally:
         stop_worker(worker)
