@@ -500,6 +500,8 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
     page = browser_page
     goto(page, console, "Models & Serving")
     reopen_until(page, console, "Models & Serving", pick_deployment("caller · standard"), timeout_s=240)
+    page.get_by_role("button", name="New chat").click()  # the demo's chat stays in the session: start afresh
+    page.get_by_text("Each question is sent with the conversation before it").wait_for()
     page.get_by_text("Offer sandbox tools").click()
     max_tokens = page.get_by_label("Max tokens").first
     max_tokens.fill("128")
