@@ -154,6 +154,10 @@ class TrainConfig(BaseModel):
     max_steps: int = Field(default=100, ge=1)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: LoRAConfig | None = None
+    activation_checkpointing: bool = Field(default=False, description="recompute each layer's activations in the "
+                                           "backward pass instead of keeping them: a long sequence's memory for about "
+                                           "a third more update compute (GRPO then runs each completion with its "
+                                           "prompt: a group's prompt is not run once for all)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
                                 "with FSDP; 1: train in the job's own process. A step's global batch is the one "

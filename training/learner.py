@@ -32,7 +32,7 @@ from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpo
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, collate
 from posttrain.training.grpo import group_advantages, grpo_loss
-from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device, token_logprobs
+from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.platform import metric_names as names
@@ -94,7 +94,7 @@ def local_context(config: TrainConfig) -> DistContext:
 class CompletionBatch:
     input_ids: torch.Tensor  # (B, P+L) prompt + completion, right-padded
     attention_mask: torch.Tensor
-    gather_index: torch.Tensor  # (B, Lmax): index into token_logprobs' time axis of each completion token
+    gather_index: torch.Tensor  # (B, Lmax): the position whose output scores each completion token
     mask: torch.Tensor  # (B, Lmax) 1 on completion tokens
     old_logprobs: torch.Tensor  # (B, Lmax) behaviour log-probs
     advantages: torch.Tensor  # (B,)
@@ -109,7 +109,7 @@ def completion_batch(trajectories: Sequence[Trajectory], advantages: Sequence[fl
         ids.append(seq + [pad_id] * (width - len(seq)))
         attn.append([1] * len(seq) + [0] * (width - len(seq)))
         n = len(t.completion_ids)
-        # token_logprobs[:, k] scores input_ids[:, k + 1]: completion token j sits at P + j
+        # the output at position k scores input_ids[:, k + 1]: completion token j sits at P + j
         index.append([len(t.prompt_ids) - 1 + j for j in range(n)] + [0] * (lmax - n))
         mask.append([float(m) for m in (t.loss_mask or [1] * n)] + [0.0] * (lmax - n))
         old.append(t.behaviour_logprobs + [0.0] * (lmax - n))
@@ -118,9 +118,39 @@ def completion_batch(trajectories: Sequence[Trajectory], advantages: Sequence[fl
     )
 
 
+def scored_logprobs(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, *,
+                    temperature: float = 1.0, **inputs: Any) -> torch.Tensor:
+    """``out[b, t] = log p(targets[b, t])`` from the model's output at input position ``t``, at the positions
+    ``keep`` marks, 0 elsewhere; shape ``ids.shape``, fp32. ``inputs``: the model's other inputs
+    (``attention_mask``, ``position_ids``, a KV cache).
+
+    The output head runs at the kept positions only when the model's body and head are at hand (a plain
+    Hugging Face causal LM, not sharded or wrapped): the head is a large share of a small model's compute,
+    and its fp32 logits (positions x vocabulary, three copies kept for the backward pass) are most of a
+    long episode's memory, whose tool outputs and padding are never scored. Either way, the same values."""
+    keep = keep.bool()
+    body, head = getattr(model, getattr(model, "base_model_prefix", ""), None), model.get_output_embeddings()
+    if body is None or body is model or head is None or hasattr(model, "peft_config") or _is_sharded(model):
+        logits = model(input_ids=ids, **inputs).logits[keep].float()
+    else:
+        logits = head(body(input_ids=ids, **inputs).last_hidden_state[keep]).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    out = torch.zeros(ids.shape, dtype=logits.dtype, device=logits.device)
+    out[keep] = -F.cross_entropy(logits, targets[keep], reduction="none")
+    return out
+
+
 def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, device: torch.device, temperature: float) -> torch.Tensor:
-    all_lp = token_logprobs(model, batch.input_ids.to(device), batch.attention_mask.to(device), temperature=temperature)
-    return torch.gather(all_lp, 1, batch.gather_index.to(device))
+    """The log-probs of the batch's completion tokens under ``model``, shape ``(B, longest completion)``, at the
+    tokens ``batch.mask`` scores (0 elsewhere)."""
+    ids = batch.input_ids.to(device)
+    index, mask = batch.gather_index.to(device), batch.mask.to(device) > 0
+    keep = torch.zeros(ids.shape, dtype=torch.int32, device=device).scatter_add_(1, index, mask.int()) > 0  # positions scored
+    targets = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # the output at position t predicts input t + 1
+    scored = scored_logprobs(model, ids, targets, keep, temperature=temperature, attention_mask=batch.attention_mask.to(device),
+                             use_cache=False)
+    return torch.gather(scored, 1, index) * mask
 
 
 def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device,
@@ -129,7 +159,7 @@ def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajec
     cache (all but its last token) is computed for one row and repeated for every completion, with its
     graph, so the gradient still flows through it. Column ``j`` scores completion token ``j``; shape
     ``(len(trajectories), longest completion)``. A group's prompt is most of its tokens in GRPO, so the
-    update costs about what its completions do (and the output head runs on completion positions only)."""
+    update costs about what its completions do (and the output head runs on the policy's tokens only)."""
     prompt = trajectories[0].prompt_ids
     assert all(t.prompt_ids == prompt for t in trajectories), "shared_prompt_logprobs takes completions of one prompt"
     rows, lmax, start = len(trajectories), max(len(t.completion_ids) for t in trajectories), len(prompt) - 1
@@ -137,6 +167,8 @@ def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajec
     suffix = [[prompt[-1], *t.completion_ids[:-1]] for t in trajectories]
     ids = torch.tensor([s + [prompt[-1]] * (lmax - len(s)) for s in suffix], device=device)
     valid = torch.tensor([[1] * len(s) + [0] * (lmax - len(s)) for s in suffix], device=device)
+    scored = torch.tensor([[bool(m) for m in (t.loss_mask or [1] * len(t.completion_ids))] + [False] * (lmax - len(t.completion_ids))
+                           for t in trajectories], device=device)
     extra: dict[str, Any] = {}
     if start > 0:
         key = cache_keyword(model)
@@ -146,10 +178,9 @@ def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajec
         extra = {key: cache}
     attention = torch.cat([torch.ones(rows, start, dtype=valid.dtype, device=device), valid], dim=1)
     positions = torch.arange(start, start + lmax, device=device).expand(rows, lmax)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=bool(extra), **extra).logits
-    logits = logits.float() / temperature if temperature != 1.0 else logits.float()
     targets = torch.tensor([t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device)
-    return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
+    return scored_logprobs(model, ids, targets, scored, temperature=temperature, attention_mask=attention, position_ids=positions,
+                           use_cache=bool(extra), **extra)
 
 
 def prompt_passes(indices: Sequence[int], trajectories: Sequence[Trajectory], micro_batch_size: int) -> list[list[int]]:
@@ -175,21 +206,11 @@ def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[l
 
 
 def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.device) -> torch.Tensor:
-    """Summed NLL of the labelled tokens (packed rows: positions restart, no cross-example attention).
-
-    The output projection runs only at the labelled positions when the model's body and head are at
-    hand (a plain Hugging Face causal LM, not sharded or wrapped): a large share of a small model's
-    compute, for the same value."""
+    """Summed NLL of the labelled tokens (packed rows: positions restart, no cross-example attention)."""
     ids, positions = batch.input_ids.to(device), batch.position_ids.to(device)
-    targets = batch.labels[:, 1:].to(device)
+    targets = torch.cat([batch.labels[:, 1:], torch.full_like(batch.labels[:, -1:], IGNORE)], dim=1).to(device)
     keep = targets != IGNORE
-    body, head = getattr(model, getattr(model, "base_model_prefix", ""), None), model.get_output_embeddings()
-    if body is None or body is model or head is None or hasattr(model, "peft_config") or _is_sharded(model):
-        logprobs = token_logprobs(model, ids, None, position_ids=positions)
-        return -(logprobs * keep).sum()
-    hidden = body(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
-    logits = head(hidden[:, :-1][keep]).float()
-    return torch.nn.functional.cross_entropy(logits, targets[keep], reduction="sum")
+    return -scored_logprobs(model, ids, targets.clamp(min=0), keep, position_ids=positions, use_cache=False).sum()
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:
@@ -243,6 +264,8 @@ class Learner:
         torch.manual_seed(config.seed)
         sharded = ctx.world > 1
         model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device)  # shards move to the device
+        if config.activation_checkpointing:  # off in eval mode: the rollout copy and the reference keep their cache
+            model.activation_checkpointing_enable({"use_reentrant": False})
         if config.lora is not None:
             model = apply_lora(model, config.lora)
         model.train()
@@ -340,7 +363,8 @@ class Learner:
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
             normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            if world == 1 and algo.shared_prompt:  # a group's completions in one pass, its prompt run once
+            shared = world == 1 and algo.shared_prompt and not self.config.activation_checkpointing  # needs its KV cache
+            if shared:  # a group's completions in one pass, its prompt run once
                 groups = prompt_passes(mini, trajectories, algo.micro_batch_size)
             else:  # every rank runs the same number of passes, whatever its rows' prompts
                 groups = [mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
@@ -354,7 +378,7 @@ class Learner:
                 batch = completion_batch(rows, [advantages[i] for i in idx], self.tokenizer.pad_token_id)
 
                 def logprobs_of(model: torch.nn.Module) -> torch.Tensor:
-                    if world == 1 and algo.shared_prompt:
+                    if shared:
                         return shared_prompt_logprobs(model, rows, device, temperature)
                     return completion_logprobs(model, batch, device, temperature)
 
