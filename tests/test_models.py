@@ -110,3 +110,62 @@ def test_inspect_rejects_what_is_not_a_model(tmp_path: Path) -> None:
 def test_spec_validation_names_the_problem() -> None:
     with pytest.raises(ValueError, match="divisible by num_heads"):
         TinyModelSpec(hidden_size=100, num_heads=3)
+
+
+# Gemma 3's own chat template (google/gemma-3-*-it, text part): the peer the platform's Gemma template must
+# render exactly for conversations without tools.
+GEMMA3_OFFICIAL = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}{%- for message in loop_messages -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}{%- set role = message['role'] -%}"
+    "{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "{{'<start_of_turn>model\n'}}{%- endif -%}"
+)
+
+
+def test_gemma_template_renders_gemma_turns_and_the_tool_format(text_dir: Path) -> None:
+    """The platform's Gemma template writes Gemma 3's turns exactly (the peer: Gemma's own template) and, with
+    tools, the same Hermes tool format as ChatML inside them, which the platform's parser reads back; a Gemma
+    template without tools gets that format from ``with_tool_support``, a tool-less chat still renders as before."""
+    from posttrain.platform.models.chat_template import (
+        GEMMA_TEMPLATE,
+        model_family,
+        template_family,
+        with_tool_support,
+    )
+    from posttrain.platform.serving.tool_parser import parse_tool_calls
+
+    tok = load_model(text_dir).tokenizer
+    chats = [
+        [{"role": "user", "content": "hi "}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": " hello"},
+         {"role": "user", "content": "again"}],
+    ]
+    for chat in chats:
+        for gen in (True, False):
+            ours = tok.apply_chat_template(chat, chat_template=GEMMA_TEMPLATE, add_generation_prompt=gen, tokenize=False)
+            assert ours == tok.apply_chat_template(chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=gen, tokenize=False)
+    assert ours.startswith((tok.bos_token or "") + "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nhello")
+    extended = with_tool_support(GEMMA3_OFFICIAL)
+    assert template_family(extended) == "gemma" and template_family(GEMMA3_OFFICIAL) == "gemma"
+    for chat in chats:  # no tools: the model's own template, unchanged
+        assert tok.apply_chat_template(chat, chat_template=extended, add_generation_prompt=True, tokenize=False) == \
+            tok.apply_chat_template(chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=True, tokenize=False)
+    messages = [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+    ]
+    text = tok.apply_chat_template(messages, tools=TOOLS, chat_template=extended, add_generation_prompt=True, tokenize=False)
+    assert text.startswith((tok.bos_token or "") + "<start_of_turn>user\nUse tools.\n\n# Tools\n")
+    assert json.dumps(TOOLS[0]) in text and "Weather in Paris?<end_of_turn>\n" in text
+    model_turn = text.split("<start_of_turn>model\n")[1].split("<end_of_turn>")[0]
+    content, calls = parse_tool_calls(model_turn)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert "<start_of_turn>user\n<tool_response>\n21 C\n</tool_response><end_of_turn>\n<start_of_turn>model\n" in text
+    assert model_family("gemma3_text") == "gemma" and model_family("llama") == "chatml"

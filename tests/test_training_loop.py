@@ -122,15 +122,19 @@ def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: Ver
 def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir: Path, service: VerifierService) -> None:
     """The switches ``bench/learning.py --ablation`` measures each saving with: running every completion with its
     whole prompt (``shared_prompt: false``), and zero-signal groups through forward and backward at advantage 0
-    (``skip_zero_signal: false``) train the same weights as the savings on, from the same seed."""
+    (``skip_zero_signal: false``) train the same weights as the savings on, from the same seed; so does recomputing
+    activations in the backward pass (``activation_checkpointing``, which saves memory for compute)."""
     from posttrain.training.learner import select_groups
 
     weights = []
-    for switches in ({}, {"shared_prompt": False, "skip_zero_signal": False}):
-        result = train_grpo(_config(max_steps=2, algorithm=switches), str(tiny_dir), service=service)
+    for switches in ({"algorithm": {}}, {"algorithm": {"shared_prompt": False, "skip_zero_signal": False}},
+                     {"activation_checkpointing": True}):
+        result = train_grpo(_config(max_steps=2, **switches), str(tiny_dir), service=service)
         assert result.model is not None
         weights.append(result.model.state_dict()["model.embed_tokens.weight"].clone())
+    assert not torch.equal(weights[0], load_policy(tiny_dir)[0].state_dict()["model.embed_tokens.weight"])
     torch.testing.assert_close(weights[1], weights[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(weights[2], weights[0], atol=2e-5, rtol=1e-4)
     flat = [Trajectory([1], [2], [-0.5], "x", True) for _ in range(8)]
     groups = [RolloutGroup(task=TASKS[0], trajectories=flat[:4], policy_version=0),
               RolloutGroup(task=TASKS[1], trajectories=flat[4:], policy_version=0)]

@@ -1,4 +1,4 @@
-"""The chat template the locally built tokenizers carry.
+"""The chat templates the platform writes: ChatML (the locally built tokenizers carry it) and Gemma's turns.
 
 Qwen2.5 / Hermes conventions, so that a real Qwen checkpoint and a tiny local
 one render messages, tools and tool calls the same way (and vLLM's
@@ -12,8 +12,9 @@ one render messages, tools and tool calls the same way (and vLLM's
 """
 
 # Every literal is inside {{ '...' }} so that the trim_blocks/lstrip_blocks settings
-# transformers renders with cannot eat a newline.
-CHAT_TEMPLATE = (
+# transformers renders with cannot eat a newline. The pieces below are shared by every family's template:
+# how content is rendered, how tools are listed, how a tool call is written.
+_RENDER_CONTENT = (
     "{%- macro render_content(content) -%}"
     "{%- if content is string -%}{{ content }}"
     "{%- elif content is iterable and content is not mapping -%}"
@@ -24,16 +25,42 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- endif -%}"
     "{%- endmacro -%}"
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\\n' -}}"
-    "{%- if messages[0].role == 'system' -%}{{- render_content(messages[0].content) -}}"
-    "{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
+)
+_TOOLS_LIST = (
     "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
     "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\\n</tool_call><|im_end|>\\n' -}}"
+    "\\n</tool_call>' -}}"
+)
+_TOOL_CALLS = (
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
+    "{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+)
+
+
+def _tool_results(open_turn: str, close_turn: str) -> str:
+    """Consecutive tool results as one user turn of ``<tool_response>`` blocks."""
+    return (
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '" + open_turn + "' -}}{%- endif -%}"
+        "{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' -}}"
+        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '" + close_turn + "' -}}{%- endif -%}"
+    )
+
+
+CHAT_TEMPLATE = (
+    _RENDER_CONTENT
+    + "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0].role == 'system' -%}{{- render_content(messages[0].content) -}}"
+    "{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
+    + _TOOLS_LIST + "{{- '<|im_end|>\\n' -}}"
     "{%- elif messages[0].role != 'system' -%}"
     "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -46,22 +73,60 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' -}}"
     "{%- elif message.role == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n' + render_content(message.content) -}}"
-    "{%- for call in message.tool_calls or [] -%}"
-    "{%- set fn = call.function if call.function is defined else call -%}"
-    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
-    "{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
+    + _TOOL_CALLS + "{{- '<|im_end|>\\n' -}}"
     "{%- elif message.role == 'tool' -%}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' -}}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    + _tool_results("<|im_start|>user", "<|im_end|>\\n") +
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+
+# Gemma's own turns (Gemma 3's template: a system message opens the first user turn, the assistant's role is
+# ``model``, content trimmed), with the same tool format: the tools listed after the system text in the first
+# user turn, calls in the model's turn, results in a user turn.
+GEMMA_TEMPLATE = (
+    _RENDER_CONTENT
+    + "{{- bos_token -}}"
+    "{%- set ns = namespace(prefix='', pending=true) -%}"
+    "{%- if messages[0].role == 'system' -%}{%- set ns.prefix = render_content(messages[0].content) | trim -%}{%- endif -%}"
+    "{%- if tools -%}{%- set listed -%}" + _TOOLS_LIST + "{%- endset -%}"
+    "{%- set ns.prefix = (ns.prefix + listed) | trim -%}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if not (loop.first and message.role == 'system') -%}"
+    "{%- if ns.pending and ns.prefix and message.role != 'user' -%}"
+    "{{- '<start_of_turn>user\\n' + ns.prefix + '<end_of_turn>\\n' -}}{%- set ns.pending = false -%}"
+    "{%- endif -%}"
+    "{%- if message.role in ['user', 'system'] -%}"
+    "{{- '<start_of_turn>user\\n' -}}"
+    "{%- if ns.pending and ns.prefix -%}{{- ns.prefix + '\\n\\n' -}}{%- endif -%}"
+    "{{- render_content(message.content) | trim + '<end_of_turn>\\n' -}}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{{- '<start_of_turn>model\\n' + render_content(message.content) | trim -}}"
+    + _TOOL_CALLS + "{{- '<end_of_turn>\\n' -}}"
+    "{%- elif message.role == 'tool' -%}"
+    + _tool_results("<start_of_turn>user", "<end_of_turn>\\n") +
+    "{%- endif -%}"
+    "{%- set ns.pending = false -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+FAMILY_TEMPLATES = {"chatml": CHAT_TEMPLATE, "gemma": GEMMA_TEMPLATE}  # the templates an operator can assign, by family
+_FAMILY_MARKERS = {"chatml": "<|im_start|>", "gemma": "<start_of_turn>"}
+_FAMILY_OF_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
+
+
+def template_family(template: str) -> str | None:
+    """The turn format a template writes (``chatml``, ``gemma``), or None when it is neither."""
+    return next((family for family, marker in _FAMILY_MARKERS.items() if marker in template), None)
+
+
+def model_family(model_type: str) -> str:
+    """The family template offered first for a model of this ``config.model_type``: its own family's turn
+    markers (Gemma's), else ChatML, the platform's default."""
+    return _FAMILY_OF_MODEL_TYPE.get(model_type, "chatml")
+
+
 # A conversation that offers tools, or carries tool calls or tool results.
 _USES_TOOLS = (
     "tools or (messages | selectattr('role', 'equalto', 'tool') | list)"
@@ -74,11 +139,12 @@ def supports_tools(template: str) -> bool:
 
 
 def with_tool_support(template: str) -> str:
-    """A ChatML template that ignores tools (SmolLM2's: each turn is ``role + content``, so a tool
-    call's ``content: None`` fails to render) extended with the Hermes tool format above: a
-    conversation with tools renders as Qwen2.5 / vLLM's ``hermes`` parser expect, any other
-    renders exactly as the model's own template did. A template that handles tools, or is not
-    ChatML, is returned unchanged."""
-    if supports_tools(template) or "<|im_start|>" not in template:
+    """A template that ignores tools (SmolLM2's ChatML: each turn is ``role + content``, so a tool call's
+    ``content: None`` fails to render; a Gemma template) extended with the Hermes tool format above in its own
+    family's turns: a conversation with tools renders as Qwen2.5 / vLLM's ``hermes`` parser expect, any other
+    renders exactly as the model's own template did. A template that handles tools, or whose turns are of no
+    family known here, is returned unchanged."""
+    family = template_family(template)
+    if supports_tools(template) or family is None:
         return template
-    return "{%- if " + _USES_TOOLS + " -%}" + CHAT_TEMPLATE + "{%- else -%}" + template + "{%- endif -%}"
+    return "{%- if " + _USES_TOOLS + " -%}" + FAMILY_TEMPLATES[family] + "{%- else -%}" + template + "{%- endif -%}"

