@@ -701,19 +701,27 @@ def models_import(
                                                "builtin:smollm2-135m-instruct, builtin:gemma3-270m")],
     name: Annotated[str | None, typer.Option(help="Name to register it under (default: from the source)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 weights")] = "float32",
+    chat_template: Annotated[str | None, typer.Option(
+        "--chat-template", help="give the model a chat template in place of its own (a base model has none): a family "
+                                "(chatml, gemma) or a Jinja template file")] = None,
 ) -> None:
     """Import real weights into the data directory and register them (a built-in model twice is a no-op);
-    a built-in's provenance and licence are printed after it."""
+    a built-in's provenance and licence are printed after it. A model without a chat template is a base model:
+    it answers prompts on /v1/completions, and trains in the plain completion format."""
     from posttrain.platform.models.importer import import_model
 
     require_schema()
     if dtype not in ("float32", "bfloat16"):
         raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
     with _progress_line("import") as progress:
-        row = import_model(me(), source, name=name, dtype=dtype, progress=progress)  # type: ignore[arg-type]
+        template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
+        row = import_model(me(), source, name=name, dtype=dtype, progress=progress, chat_template=template)  # type: ignore[arg-type]
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
+    if not meta.get("chat_template", True):
+        out.print(f"{row.name} is a base model (no chat template): it answers prompts on /v1/completions; give it a template "
+                  "with --chat-template gemma|chatml, or in its SFT run", soft_wrap=True, markup=False, highlight=False)  # fmt: skip
     if meta.get("provenance"):
         out.print(f"from {meta['provenance']}", soft_wrap=True, markup=False, highlight=False)
     if meta.get("licence"):

@@ -280,6 +280,10 @@ class SFTConfig(TrainConfig):
                                               "this reward (None: every one)")
     demonstrations: DemonstrationsConfig | None = Field(default=None, description="make expert code-repair episodes "
                                                         "first and train on them (written to <output_dir>/demonstrations.jsonl)")
+    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
+                                      description="train in this chat template (a family: chatml, gemma; or a Jinja "
+                                                  "template), stored with the model the run makes: how a base model, "
+                                                  "which has none, is given one; None: the model's own")
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")

@@ -263,7 +263,8 @@ class Learner:
             raise ValueError(f"no model: set {type(config).__name__}.model to a model directory or pass a (model, tokenizer) pair")
         torch.manual_seed(config.seed)
         sharded = ctx.world > 1
-        model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device)  # shards move to the device
+        model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device,  # shards move to the device
+                                            chat_template=getattr(config, "chat_template", None))
         if config.activation_checkpointing:  # off in eval mode: the rollout copy and the reference keep their cache
             model.activation_checkpointing_enable({"use_reentrant": False})
         if config.lora is not None:

@@ -23,8 +23,10 @@ Policy = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 PolicySource = str | Path | tuple[Any, Any]
 
 
-def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Policy:
-    """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``)."""
+def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                chat_template: str | None = None) -> Policy:
+    """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``); with
+    ``chat_template`` (a family or a Jinja template), the tokenizer renders in that template instead of its own."""
     if isinstance(source, tuple):
         model, tokenizer = source
     else:
@@ -37,8 +39,13 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a pad token nor an eos token; set one of them")
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template is not None:
+        from posttrain.platform.models.chat_template import resolve_template
+
+        tokenizer.chat_template = resolve_template(chat_template)
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the tokenizer has no chat template; training renders prompts with apply_chat_template")
+        raise ValueError("the tokenizer has no chat template (a base model); training renders prompts with one: give the "
+                         "SFT run chat_template (a family: chatml, gemma), or import the model with --chat-template")
     return model.to(device), tokenizer
 
 

@@ -116,6 +116,22 @@ _FAMILY_MARKERS = {"chatml": "<|im_start|>", "gemma": "<start_of_turn>"}
 _FAMILY_OF_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
 
 
+def resolve_template(spec: str) -> str:
+    """The template an operator assigns: a family's by name (``chatml``, ``gemma``; each writes the platform's
+    tool format) or a Jinja template's own text."""
+    if spec in FAMILY_TEMPLATES:
+        return FAMILY_TEMPLATES[spec]
+    if "{{" in spec or "{%" in spec:
+        return spec
+    raise ValueError(f"chat template {spec!r} is neither a family ({', '.join(FAMILY_TEMPLATES)}) nor a Jinja template; "
+                     "give a family name or the template's text")
+
+
+def assigned_name(spec: str) -> str:
+    """How the registry records an assigned template: its family's name, or ``custom``."""
+    return spec if spec in FAMILY_TEMPLATES else "custom"
+
+
 def template_family(template: str) -> str | None:
     """The turn format a template writes (``chatml``, ``gemma``), or None when it is neither."""
     return next((family for family, marker in _FAMILY_MARKERS.items() if marker in template), None)

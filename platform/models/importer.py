@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
-from posttrain.platform.models.chat_template import with_tool_support
+from posttrain.platform.models.chat_template import assigned_name, resolve_template, with_tool_support
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.settings import get_settings
@@ -454,6 +454,15 @@ def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progres
     tokenizer.save_pretrained(out)
 
 
+def assign_template(model_dir: Path, template: str) -> None:
+    """Store ``template`` as the chat template of the model directory's tokenizer (``chat_template.jinja``)."""
+    from posttrain.platform.models.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(model_dir)
+
+
 def _copy_hf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:
     """Copy a Hugging Face directory in, converting its weights to ``dtype`` when they differ."""
     progress(0.2, "copying the directory")
@@ -500,12 +509,16 @@ def models_dir() -> Path:
     return Path(get_settings().data_dir) / "models"
 
 
-def _already_imported(name: str, digest: str, url: str | None) -> Any | None:
+def _already_imported(name: str, digest: str, url: str | None, template: str | None) -> Any | None:
     try:
         row = get_model(name, url=url)
     except ModelNotFound:
         return None
     if (row.meta or {}).get("sha256") == digest and Path(row.path).is_dir():
+        if (row.meta or {}).get("chat_template_assigned") != (assigned_name(template) if template else None):
+            raise ModelDirError(f"{name!r} is imported already from this source with "
+                                f"{(row.meta or {}).get('chat_template_assigned') or 'its own'} chat template; import it "
+                                "under another --name to give it another")  # fmt: skip
         return row
     raise ModelDirError(f"a model named {name!r} is registered already (at {row.path}) from another source; choose another --name")
 
@@ -528,16 +541,25 @@ def import_model(
     produced_by_job_id: int | None = None,
     progress: Progress | None = None,
     dest_root: Path | None = None,
+    chat_template: str | None = None,
 ) -> Any:
-    """Import ``source`` as a registered model; the same source under the same name is a no-op."""
+    """Import ``source`` as a registered model; the same source under the same name is a no-op.
+
+    ``chat_template``: a family (``chatml``, ``gemma``) or a Jinja template to give the model in place of its
+    own, or to a base model, which has none (:func:`~posttrain.platform.models.chat_template.resolve_template`);
+    it is stored in the model's directory, so exports carry it."""
     import torch
 
     report: Progress = progress or (lambda fraction, message: None)
+    try:  # a bad name fails first
+        template = resolve_template(chat_template) if chat_template is not None else None
+    except ValueError as exc:
+        raise ModelDirError(str(exc)) from None
     resolved = resolve_source(source, report)
     name = name or default_name(resolved)
     report(0.02, f"hashing {resolved.label}")
     digest = source_digest(resolved)
-    existing = _already_imported(name, digest, url)
+    existing = _already_imported(name, digest, url, chat_template)
     if existing is not None:
         report(1.0, f"{name} is imported already")
         return existing
@@ -554,6 +576,8 @@ def import_model(
             _dequantise_gguf(resolved.path, work, torch_dtype, described.get("pre_tokenizer"), report)
         else:
             _copy_hf(resolved.path, work, torch_dtype, report)
+        if template is not None:
+            assign_template(work, template)
         checked = check_model(work, report)
         work.chmod(0o755)
         for file in work.rglob("*"):
@@ -565,6 +589,7 @@ def import_model(
     meta = {
         "source": resolved.label, "source_format": resolved.kind, "sha256": digest, "dtype": dtype,
         **({"gguf": described} if described else {}), **(resolved.builtin.meta if resolved.builtin else {}), **checked,
+        **({"chat_template_assigned": assigned_name(chat_template)} if chat_template is not None else {}),
     }  # fmt: skip
     try:
         row = register_model(identity, name, final, meta=meta, url=url, produced_by_job_id=produced_by_job_id)

@@ -48,7 +48,8 @@ def register_model(
         row.architecture = (info.architectures or [info.model_type])[0]
         row.base_model_id = base_id
         row.produced_by_job_id = produced_by_job_id
-        row.meta = {**(meta or {}), "is_vision": info.is_vision, "max_position_embeddings": info.max_position_embeddings}
+        row.meta = {**(meta or {}), "is_vision": info.is_vision, "max_position_embeddings": info.max_position_embeddings,
+                    "chat_template": info.has_chat_template}  # False: a base model
         s.add(row)
         s.add(AuditLog(username=identity.username, action="model.register", target=name, details={"path": row.path}))
         s.flush()

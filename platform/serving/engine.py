@@ -46,7 +46,7 @@ import torch
 from PIL import Image
 
 from posttrain.platform.models.loader import LoadedModel, load_model
-from posttrain.platform.serving.errors import APIError, bad_request
+from posttrain.platform.serving.errors import APIError, bad_request, base_model_cannot_chat
 from posttrain.platform.serving.generation import (
     SamplingParams,
     Sequence,
@@ -299,6 +299,8 @@ class EmbeddedEngine:
             raise bad_request("this vision model's engine returns one answer, without log-probs, penalties or logit "
                               "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
                               param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias")
+        if not self.is_vision and self.tokenizer.chat_template is None:
+            raise base_model_cannot_chat(self.name)
         self.refuse_long_text(sum(m.text_chars for m in req.messages))
         messages, images = _template_messages(
             req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes,

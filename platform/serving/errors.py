@@ -35,5 +35,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+def base_model_cannot_chat(model: str) -> APIError:
+    """A chat request to a base model (one with no chat template: nothing says how turns are written)."""
+    return APIError(400, f"`{model}` is a base model: it has no chat template, so it cannot take chat messages. Send it a "
+                         "prompt on /v1/completions, or give it a chat template: import it with `posttrain models import "
+                         "SOURCE --chat-template gemma|chatml`, or post-train it with `chat_template` set in its SFT run.",
+                    param="model")  # fmt: skip
+
+
 def model_not_found(model: str, served: list[str]) -> APIError:
     return APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(served) or 'none'}.", param="model")

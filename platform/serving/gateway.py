@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 from posttrain.platform.api_keys import KeyGrant
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
 from posttrain.platform.serving.disconnect import CLIENT_CLOSED_REQUEST, unless_client_leaves
-from posttrain.platform.serving.errors import APIError
+from posttrain.platform.serving.errors import APIError, base_model_cannot_chat
 from posttrain.platform.serving.protocol import IGNORED_HEADER, read_json_body
 
 log = logging.getLogger("posttrain.gateway")
@@ -67,6 +67,7 @@ class Deployment(BaseModel):
     base_url: str
     healthy: bool = True
     default: bool = False
+    chat: bool = True  # False: a base model (no chat template), whose chat requests the gateway refuses
 
 
 class RoutingPolicy(BaseModel):
@@ -295,6 +296,8 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         routed = gw.route(body["model"], request.headers.get(TIER_HEADER), task_type)
         model, tier = routed.model, routed.tier
         allow_model(granted, model)
+        if path == "/v1/chat/completions" and not any(d.chat for d in gw.deployments if d.model == model):
+            raise base_model_cannot_chat(model)
         log.info("request %s: %s -> model %s, tier %s (%s)", rid, body["model"], model, tier, routed.how)
         if body["model"] != model:  # name@tier: the deployment serves the model under its own name
             raw = json.dumps({**body, "model": model}).encode()

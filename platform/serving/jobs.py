@@ -76,6 +76,9 @@ class ImportModelConfig(BaseModel):
     )
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
+                                      description="a family (chatml, gemma) or a Jinja template to give the model in "
+                                                  "place of its own; a base model has none")
 
 
 def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
@@ -83,10 +86,12 @@ def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
         config = config.model_copy(update={"source": str(Path(ctx.settings.data_dir).resolve() / config.source)})
     try:
         row = run_import(ctx.identity, config.source, name=config.name, dtype=config.dtype, url=ctx.url,
-                         produced_by_job_id=ctx.job_id, progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
+                         produced_by_job_id=ctx.job_id, progress=lambda f, m: ctx.progress(f, m, force=True),
+                         chat_template=config.chat_template)  # fmt: skip
     except ModelDirError as exc:
         raise BadInput(str(exc)) from None
-    return {"model": row.name, "path": row.path, **{k: row.meta.get(k) for k in ("parameters", "sha256", "check_answer")}}
+    return {"model": row.name, "path": row.path, **{k: row.meta.get(k) for k in (
+        "parameters", "sha256", "check_answer", "chat_template", "chat_template_assigned", "provenance", "licence")}}
 
 
 class ExportModelConfig(BaseModel):
@@ -381,5 +386,5 @@ def registered_deployments(url: str | None = None) -> list[Any]:
             .join(Model, col(Model.id) == col(Deployment.model_id))
             .where(col(Deployment.status).in_(("running", "unhealthy")))
         ).all()
-    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy, default=(meta or {}).get("default_tier") == d.tier)
-            for d, name, meta in rows]
+    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy, default=(meta or {}).get("default_tier") == d.tier,
+                  chat=(meta or {}).get("chat_template", True)) for d, name, meta in rows]

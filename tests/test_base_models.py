@@ -1,0 +1,95 @@
+"""Base models (no chat template) are first-class: the registry knows them, serving answers their prompts on
+/v1/completions and refuses chat with a message naming the fix, and a chat template assigned at import is
+stored with the model and survives export (GGUF and HF) and re-import."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import OPERATOR
+from posttrain.platform.db import migrate
+from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model, inspect_model_dir, load_model
+from posttrain.platform.models.chat_template import CHAT_TEMPLATE, GEMMA_TEMPLATE
+from posttrain.platform.models.exporter import export_model
+from posttrain.platform.models.importer import CHECK_PROMPT, assign_template, import_model
+from posttrain.platform.models.tuning import ChatExample, memorize
+from posttrain.platform.serving import (
+    DEFAULT_TIERS,
+    Deployment,
+    EmbeddedEngine,
+    EngineConfig,
+    GatewayConfig,
+    create_engine_app,
+    create_gateway_app,
+    serve_in_thread,
+)
+
+SMALL = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
+
+def base_model_dir(root: Path, *, answers_in: tuple[str, ...] = ()) -> Path:
+    """A tiny model directory without a chat template: what a pretrained base model's looks like. With
+    ``answers_in`` (templates), its weights first learn to answer the importer's check question in each of them
+    (a random tiny model says nothing but special tokens, which the importer's check refuses)."""
+    path = build_tiny_model(root / "base", TinyModelSpec(**SMALL))
+    for template in answers_in:
+        assign_template(path, template)
+        memorize(path, [ChatExample([{"role": "user", "content": CHECK_PROMPT}], "Paris")], steps=40)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("chat_template", None)
+    config_file.write_text(json.dumps(config))
+    assert not inspect_model_dir(path).has_chat_template
+    return path
+
+
+def test_an_assigned_template_is_stored_with_the_model_and_survives_export_and_reimport(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'models.db'}"
+    migrate.upgrade(url)
+    base, models = base_model_dir(tmp_path, answers_in=(GEMMA_TEMPLATE, CHAT_TEMPLATE)), tmp_path / "models"
+    row = import_model(OPERATOR, base, name="base", url=url, dest_root=models)
+    assert row.meta["chat_template"] is False and "chat_template_assigned" not in row.meta  # the registry: a base model
+    with pytest.raises(ModelDirError, match=r"chat template 'llama9' is neither a family \(chatml, gemma\) nor a Jinja"):
+        import_model(OPERATOR, base, name="other", chat_template="llama9", url=url, dest_root=models)
+    assert not (models / "other").exists()
+    chat = import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models)
+    assert chat.meta["chat_template"] is True and chat.meta["chat_template_assigned"] == "gemma"
+    assert load_model(chat.path).tokenizer.chat_template == GEMMA_TEMPLATE and chat.meta["check_answer"] == "Paris"
+    assert import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models).id == chat.id
+    with pytest.raises(ModelDirError, match="imported already from this source with gemma chat template"):
+        import_model(OPERATOR, base, name="base-gemma", chat_template="chatml", url=url, dest_root=models)
+    own = import_model(OPERATOR, base, name="base-own", chat_template=CHAT_TEMPLATE, url=url, dest_root=models)
+    assert own.meta["chat_template_assigned"] == "custom" and load_model(own.path).tokenizer.chat_template == CHAT_TEMPLATE
+    for fmt, out in (("gguf", tmp_path / "exports" / "base-gemma.gguf"), ("hf", tmp_path / "exports" / "base-gemma-hf")):
+        export_model(chat.path, out, fmt, outtype="f16")  # type: ignore[arg-type]
+        back = import_model(OPERATOR, out, name=f"back-{fmt}", url=url, dest_root=models)
+        assert back.meta["chat_template"] is True, fmt
+        assert load_model(back.path).tokenizer.chat_template == GEMMA_TEMPLATE, fmt
+
+
+def test_a_base_model_answers_completions_and_refuses_chat_naming_the_fix(tmp_path: Path) -> None:
+    """Straight to the engine and through the gateway (which refuses before any deployment is asked)."""
+    engine = EmbeddedEngine(EngineConfig(model_path=str(base_model_dir(tmp_path)), served_model_name="raw",
+                                         tier=DEFAULT_TIERS["fast"], max_model_len=256)).start()
+    server = serve_in_thread(create_engine_app(engine))
+    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
+        Deployment(model="raw", tier="fast", base_url=server.base_url, chat=False)])))
+    try:
+        for where in (server, gateway):
+            client = openai.OpenAI(base_url=where.base_url + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="raw", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            message = refused.value.body["message"]  # type: ignore[index]
+            assert message.startswith("`raw` is a base model: it has no chat template"), message
+            assert "/v1/completions" in message and "--chat-template gemma|chatml" in message
+            out = client.completions.create(model="raw", prompt="Once upon a time", max_tokens=5, temperature=0)
+            assert out.usage is not None and out.usage.completion_tokens >= 1 and isinstance(out.choices[0].text, str)
+    finally:
+        gateway.stop()
+        server.stop()
+        engine.stop()
