@@ -93,3 +93,34 @@ def test_a_base_model_answers_completions_and_refuses_chat_naming_the_fix(tmp_pa
         gateway.stop()
         server.stop()
         engine.stop()
+
+
+def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path) -> None:
+    """Evaluation renders a base model's tasks as text (worked examples as earlier questions and answers, then
+    "Answer:") and cuts its continuation where it goes on to a question of its own; training still refuses a
+    base model until it is given a template, naming how."""
+    import jinja2
+    import torch
+
+    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, completion_answer
+    from posttrain.training.config import EvalConfig
+    from posttrain.training.evaluate import evaluate_policy
+    from posttrain.training.modeling import load_policy
+
+    base = base_model_dir(tmp_path)
+    with pytest.raises(ValueError, match="no chat template \\(a base model\\).*chat_template \\(a family: chatml, gemma\\)"):
+        load_policy(base)
+    _, tokenizer = load_policy(base, completion_format=True)
+    assert tokenizer.chat_template == COMPLETION_TEMPLATE
+    text = tokenizer.apply_chat_template([{"role": "system", "content": "Add."}, {"role": "user", "content": "1 + 1?"},
+                                          {"role": "assistant", "content": "\\boxed{2}"}, {"role": "user", "content": "2 + 2?"}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert text == (tokenizer.bos_token or "") + "Add.\n\nQuestion: 1 + 1?\nAnswer: \\boxed{2}\n\nQuestion: 2 + 2?\nAnswer:"
+    with pytest.raises(jinja2.TemplateError, match="no tool calls or tool results"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}], tokenize=False)
+    assert completion_answer(" \\boxed{4}\n\nQuestion: 3 + 3?\nAnswer: 6") == "\\boxed{4}"
+    assert load_policy(base, chat_template="chatml")[1].chat_template != COMPLETION_TEMPLATE
+    torch.manual_seed(0)
+    report = evaluate_policy(EvalConfig(model=str(base), domains=["arith.add.int"], difficulty=2, tasks_per_domain=4, max_new_tokens=8,
+                                        device="cpu"))
+    assert report["eval/arith.add.int/pass@1"] == 0.0 and "eval/pass@1" in report  # a random model, but evaluated

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, completion_answer
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService, default_service
 from posttrain.training.config import EvalConfig, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy, resolve_device
@@ -89,6 +90,8 @@ def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, servi
                     for g in groups for t in g.trajectories]
         return [[t.text for t in g.trajectories] for g in groups], verdicts
     per_task = [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, eval_sampling(config))]
+    if engine.tokenizer.chat_template == COMPLETION_TEMPLATE:  # a base model: its answer ends where its next question begins
+        per_task = [[completion_answer(text) for text in outs] for outs in per_task]
     return per_task, service.verify_batch([t for t, outs in zip(tasks, per_task) for _ in outs],
                                           [c for outs in per_task for c in outs])
 
@@ -159,7 +162,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
         raise ValueError("no model: set EvalConfig.model or pass a (model, tokenizer) pair")
-    model, tokenizer = load_policy(source, device=resolve_device(config.device))
+    model, tokenizer = load_policy(source, device=resolve_device(config.device), completion_format=True)  # a base model too
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
     episodes = open_eval_episodes(config, engine, service)

@@ -24,9 +24,11 @@ PolicySource = str | Path | tuple[Any, Any]
 
 
 def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                chat_template: str | None = None) -> Policy:
+                chat_template: str | None = None, completion_format: bool = False) -> Policy:
     """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``); with
-    ``chat_template`` (a family or a Jinja template), the tokenizer renders in that template instead of its own."""
+    ``chat_template`` (a family or a Jinja template), the tokenizer renders in that template instead of its own.
+    ``completion_format``: a base model (no chat template) renders in the plain completion format
+    (:data:`~posttrain.platform.models.chat_template.COMPLETION_TEMPLATE`; evaluation) instead of being refused."""
     if isinstance(source, tuple):
         model, tokenizer = source
     else:
@@ -39,10 +41,12 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a pad token nor an eos token; set one of them")
         tokenizer.pad_token = tokenizer.eos_token
-    if chat_template is not None:
-        from posttrain.platform.models.chat_template import resolve_template
+    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, resolve_template
 
+    if chat_template is not None:
         tokenizer.chat_template = resolve_template(chat_template)
+    elif completion_format and getattr(tokenizer, "chat_template", None) is None:
+        tokenizer.chat_template = COMPLETION_TEMPLATE
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the tokenizer has no chat template (a base model); training renders prompts with one: give the "
                          "SFT run chat_template (a family: chatml, gemma), or import the model with --chat-template")

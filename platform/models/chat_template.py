@@ -111,6 +111,32 @@ GEMMA_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
 )
+# The plain completion format a base model (no chat template) is evaluated in: the conversation as text, each
+# question after "Question:" and each answer after "Answer:", the worked examples first, then "Answer:" for the
+# model to continue. A base model does not stop after its answer: it goes on with another "Question:", where its
+# answer is cut (:func:`completion_answer`). It has no tool turns.
+COMPLETION_TEMPLATE = (
+    _RENDER_CONTENT
+    + "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' -%}{{- render_content(message.content) | trim + '\\n\\n' -}}"
+    "{%- elif message.role == 'user' -%}{{- 'Question: ' + render_content(message.content) | trim + '\\n' -}}"
+    "{%- elif message.role == 'assistant' and not message.tool_calls -%}"
+    "{{- 'Answer: ' + render_content(message.content) | trim + '\\n\\n' -}}"
+    "{%- else -%}{{- raise_exception('the plain completion format has no tool calls or tool results: give the model "
+    "a chat template (a family: chatml, gemma) to use tools') -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Answer:' -}}{%- endif -%}"
+)
+COMPLETION_STOP = "\nQuestion:"
+
+
+def completion_answer(text: str) -> str:
+    """A base model's continuation in the completion format, cut where it goes on to a question of its own."""
+    return text.split(COMPLETION_STOP, 1)[0].strip()
+
+
 FAMILY_TEMPLATES = {"chatml": CHAT_TEMPLATE, "gemma": GEMMA_TEMPLATE}  # the templates an operator can assign, by family
 _FAMILY_MARKERS = {"chatml": "<|im_start|>", "gemma": "<start_of_turn>"}
 _FAMILY_OF_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
