@@ -111,3 +111,18 @@ def test_a_worked_example_calls_tools_the_way_the_tool_environment_reads_calls()
         a, b = map(int, re.fullmatch(r"print\((\d+) \* (\d+)\)", step.arguments["code"]).groups())  # type: ignore[union-attr]
         product = a * b
         assert step.result == f"{product}\n" and shown.assistant == f"\\boxed{{{product}}}"
+
+
+def test_the_base_model_preset_starts_from_the_second_built_in_and_gives_it_gemma_s_template() -> None:
+    """gemma3-base-to-instruct: the base model evaluated as it ships (in the completion format), SFT on the same
+    domains GRPO trains and the evaluation holds out prompts of, in Gemma's template, the general check beside."""
+    from posttrain.platform.models.importer import BUILTIN_MODELS
+
+    run = get_preset("gemma3-base-to-instruct")
+    assert run.model in BUILTIN_MODELS and run.model != "smollm2-135m-instruct" and run.evaluate_base
+    assert run.sft is not None and run.sft.chat_template == "gemma" and run.sft.demonstrations is None
+    trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
+    assert set(run.sft.domains) == trained == set(run.eval.domains)
+    assert run.sft.prompt_format == run.grpo.prompt_format == run.eval.prompt_format
+    assert run.sft.difficulty == run.eval.difficulty
+    assert run.eval.general is not None and not set(run.eval.general.domains) & trained

@@ -209,6 +209,28 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     assert result["gain_over_control_points"] == pytest.approx(100 * (result["pass_after"] - result["control_after"]), abs=0.01)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_recipe_that_evaluates_its_model_before_sft_shows_three_models_side_by_side(
+    platform_env: dict[str, str], db_url: str
+) -> None:
+    """``evaluate_base`` (gemma3-base-to-instruct's: a base model is evaluated before SFT too, in the completion
+    format): the evaluations of the model before SFT, after SFT and after GRPO log at steps 0, 1 and 2, the result
+    names the three models in that order with the figures of the first, and the comparison puts them side by side."""
+    job_id = queue.submit(OPERATOR, "train_preset", {
+        "preset": "cpu-quick", "name": "three", "sft": {"max_steps": 5}, "grpo": {"max_steps": 2},
+        "eval": {"tasks_per_domain": 8}, "control": False, "evaluate_base": True})  # fmt: skip
+    run_worker_until_idle(platform_env)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    assert _metric_steps(db_url, job_id, "eval/pass@1") == [0, 1, 2]
+    result = job.result or {}
+    assert result["models"] == ["three-base", "three-sft", "three"] and result["pass_base"] is not None
+    assert list(result["comparison"]["pass@1"]["all"]) == ["three-base", "three-sft", "three", "delta"]
+    assert result["comparison"]["pass@1"]["all"]["three-base"] == result["pass_base"]
+    assert result["gain_points"] == pytest.approx(100 * (result["pass_after"] - result["pass_before"]), abs=0.01)
+    assert "continues after" not in Path(job.log_path or "").read_text()
+
+
 def test_job_kinds_store_typed_results_that_read_back_typed() -> None:
     from pydantic import ValidationError
 

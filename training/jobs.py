@@ -101,6 +101,9 @@ class PresetJobResult(BaseModel):
     general_before: float | None = Field(default=None, description="the general check's pass@1 before GRPO")
     general_after: float | None = Field(default=None, description="... and after: what training cost elsewhere")
     general_tasks: int | None = Field(default=None, description="the general check's tasks (for its standard error)")
+    pass_base: float | None = Field(default=None, description="held-out pass@1 of the model before SFT, when the run "
+                                    "evaluated it (a base model: in the plain completion format)")
+    general_base: float | None = Field(default=None, description="... and its general check")
     arena: dict[str, Any] | None = Field(default=None, description="the held-out evaluations before and after GRPO "
                                          "paired task by task (training.evaluate.head_to_head): the run's comparison")
     peak_rss_gb: float | None = Field(default=None, description="the job process's peak RSS (learner, rollouts, "
@@ -346,6 +349,8 @@ class PresetRunConfig(BaseModel):
     grpo: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     control: bool = Field(default=True, description="also continue SFT for GRPO's number of steps and evaluate it (the peer)")
+    evaluate_base: bool | None = Field(default=None, description="also evaluate the model before SFT (a base model in "
+                                       "the plain completion format); None: as the preset says")
 
     @model_validator(mode="after")
     def _check(self) -> PresetRunConfig:
@@ -363,9 +368,16 @@ class PresetRunConfig(BaseModel):
         evaluation = EvalConfig.model_validate({**run.eval.model_dump(exclude_unset=True), **self.eval})
         return sft, grpo, evaluation
 
+    def evaluates_base(self) -> bool:
+        """Whether the run evaluates the model before SFT too (only a run with SFT has a "before SFT")."""
+        from posttrain.training.presets import get_preset
+
+        run = get_preset(self.preset)
+        return run.sft is not None and (self.evaluate_base if self.evaluate_base is not None else run.evaluate_base)
+
 
 # a stage's share of the job's progress bar
-_STAGE_SHARES = {"base": 0.02, "sft": 0.23, "eval_before": 0.05, "grpo": 0.5, "eval_after": 0.05, "control": 0.1, "eval_control": 0.05}
+_STAGE_SHARES = {"base": 0.02, "eval_base": 0.05, "sft": 0.18, "eval_before": 0.05, "grpo": 0.5, "eval_after": 0.05, "control": 0.1, "eval_control": 0.05}
 
 
 def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
@@ -433,6 +445,12 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
                            meta={"job_kind": ctx.kind, "preset": config.preset})  # fmt: skip
         finish("base", {"path": path, "model": base_name})
     base = state["base"]
+    first = 1 if config.evaluates_base() else 0  # the step the model GRPO starts from logs its evaluation at
+    if first and "eval_base" not in state:
+        ctx.progress(done, f"evaluating {base['model']} before SFT", force=True)
+        before_sft = evaluated("eval_base", base["path"])
+        ctx.log_metrics(0, before_sft)
+        finish("eval_base", before_sft)
 
     if "sft" not in state and sft_config is None:  # GRPO starts from the model as it is
         finish("sft", {"model": base["model"], "path": base["path"], "checkpoint": None})
@@ -456,7 +474,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if "eval_before" not in state:
         ctx.progress(done, f"evaluating {sft['model']}", force=True)
         before = evaluated("eval_before", sft["path"])
-        ctx.log_metrics(0, before)
+        ctx.log_metrics(first, before)
         finish("eval_before", before)
 
     held_out = all_eval_tasks(eval_config)
@@ -488,7 +506,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if "eval_after" not in state:
         ctx.progress(done, f"evaluating {grpo['model']}", force=True)
         after = evaluated("eval_after", grpo["path"])
-        ctx.log_metrics(1, after)
+        ctx.log_metrics(first + 1, after)
         finish("eval_after", after)
 
     control = config.control and sft_config is not None
@@ -510,21 +528,22 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if control and "eval_control" not in state:
         ctx.progress(done, f"evaluating {state['control']['model']}", force=True)
         controlled = evaluate_policy(eval_config, state["control"]["path"])
-        ctx.log_metrics(2, controlled)
+        ctx.log_metrics(first + 2, controlled)
         finish("eval_control", controlled)
-    before, after = state["eval_before"], state["eval_after"]
-    comparison = {m: compare_reports({sft["model"]: before, grpo["model"]: after}, eval_config.domains, m)
-                  for m in ("pass@1",)}  # fmt: skip
+    before, after, raw = state["eval_before"], state["eval_after"], state.get("eval_base")
+    evaluated_models = {**({base["model"]: raw} if first else {}), sft["model"]: before, grpo["model"]: after}
+    comparison = {m: compare_reports(evaluated_models, eval_config.domains, m) for m in ("pass@1",)}  # side by side
     log_comparison(ctx, comparison)
     result_fields: dict[str, Any] = {
         "preset": config.preset, "model": grpo["model"], "sft_model": sft["model"], "base_model": base["model"],
-        "models": [sft["model"], grpo["model"]], "domains": eval_config.domains, "difficulty": eval_config.difficulty,
+        "models": list(evaluated_models), "domains": eval_config.domains, "difficulty": eval_config.difficulty,
         "steps": grpo["steps"], "pass_before": before["eval/pass@1"], "pass_after": after["eval/pass@1"],
         "gain_points": round(100 * (after["eval/pass@1"] - before["eval/pass@1"]), 2), "comparison": comparison,
         "eval_tasks": len(held_out), "eval_unseen_fraction": grpo["eval_unseen_fraction"],
         "grpo_steps_checked": grpo["grpo_steps_checked"], "general_before": before.get("general/pass@1"),
         "general_after": after.get("general/pass@1"), "peak_rss_gb": round(peak_rss_bytes() / 2**30, 3),
         "general_tasks": general.tasks_per_domain * len(general.domains) if (general := general_config(eval_config)) else None,
+        **({"pass_base": raw["eval/pass@1"], "general_base": raw.get("general/pass@1")} if first else {}),
     }  # fmt: skip
     paired = [out / f"{stage}.records.json" for stage in ("eval_before", "eval_after")]
     if eval_config.samples == 1 and all(p.is_file() for p in paired):  # greedy, as the Compare tab's arena

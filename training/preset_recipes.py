@@ -226,10 +226,33 @@ def _smollm2_repair() -> Recipe:
     )
 
 
+# --- a base model, post-trained from raw -----------------------------------------------------------------
+GEMMA_BASE = "gemma3-270m"  # the second built-in: a pretrained base model with no chat template
+
+
+def _gemma3_base_to_instruct() -> Recipe:
+    arith = _smollm2_arith()
+    return dict(
+        name="gemma3-base-to-instruct",
+        description="Gemma 3 270M, a pretrained base model (no chat template), post-trained from raw: evaluated as it "
+                    "ships in the plain completion format (questions and answers as text, one worked example), then SFT "
+                    "on the platform's own two-digit additions and subtractions (their reference answers, boxed) in "
+                    "Gemma's chat template, then GRPO on the same domains; each model evaluated on prompts no step "
+                    "trained on, with the general check beside it",
+        model=GEMMA_BASE, evaluate_base=True,
+        sft=dict(domains=[d.name for d in ARITH_DOMAINS], difficulty=2, prompt_format=BOXED, tasks_per_domain=256,
+                 chat_template="gemma", max_seq_len=512, packing=True, micro_batch_size=4, grad_accum_steps=2, lr=3e-5,
+                 max_steps=40, checkpoint_every=20, device="cpu", seed=0),
+        grpo=arith["grpo"] | {"max_steps": 8, "micro_batch_size": 8, "checkpoint_every": 4,
+                              "logprob_check": {"every": 4, "trajectories": 8}},
+        eval=arith["eval"] | {"general": {"tasks_per_domain": 32}},
+    )
+
+
 _RECIPES: dict[str, Callable[[], Recipe]] = {
     "cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick, "smollm2-arith": _smollm2_arith,
     "smollm2-quick": _smollm2_quick, "smollm2-tools": _smollm2_tools, "smollm2-docqa": _smollm2_docqa,
-    "smollm2-repair": _smollm2_repair,
+    "smollm2-repair": _smollm2_repair, "gemma3-base-to-instruct": _gemma3_base_to_instruct,
 }
 
 

@@ -539,9 +539,9 @@ def grpo_config(job: Job) -> Any:
 
 def preset_models(job: Job) -> list[str]:
     """The models a whole-recipe job evaluates, as it names them (``training.jobs.run_preset_job``), in the order it
-    logs their evaluations: the model GRPO starts from (its SFT warm-up, or the model as it is when the preset has no
-    SFT), GRPO's result, and the SFT control when there is one. From the result once there is one, else from the
-    config (while it runs)."""
+    logs their evaluations: the model before SFT when the run evaluates it, the model GRPO starts from (its SFT
+    warm-up, or the model as it is when the preset has no SFT), GRPO's result, and the SFT control when there is
+    one. From the result once there is one, else from the config (while it runs)."""
     result = job_result(job)
     if getattr(result, "models", None):
         return [*result.models, *([result.control_model] if getattr(result, "control_model", None) else [])]
@@ -555,7 +555,14 @@ def preset_models(job: Job) -> list[str]:
     start = run.model or get_preset(run.preset).model
     base = Path(start).name if isinstance(start, str) else f"{name}-base"  # a registered name, or a directory's
     before = f"{name}-sft" if sft is not None else base
-    return [before, name, *([f"{name}-control"] if run.control and sft is not None else [])]
+    return [*([base] if run.evaluates_base() else []), before, name, *([f"{name}-control"] if run.control and sft is not None else [])]
+
+
+def preset_roles(job: Job) -> tuple[str, ...]:
+    """What each model of :func:`preset_models` is in the recipe."""
+    result, run = job_result(job), preset_run(job)
+    evaluated_base = getattr(result, "pass_base", None) is not None if result is not None else bool(run and run.evaluates_base())
+    return (("before SFT",) if evaluated_base else ()) + PRESET_ROLES
 
 
 def eval_labels(job: Job) -> list[str]:
@@ -699,7 +706,7 @@ def evaluation_table(job: Job, names: list[str]) -> None:
     column per model and figure (a comparison logs model i's figures at step i)."""
     models = eval_labels(job)
     if job.kind == "train_preset":  # which model each is: the one GRPO starts from, its result, the SFT control
-        models = [f"{m} ({role})" for m, role in zip(models, PRESET_ROLES)]
+        models = [f"{m} ({role})" for m, role in zip(models, preset_roles(job))]
     rows, steps = [], set()
     for name, points in metrics.series(int(job.id or 0), names, max_points=MAX_POINTS).items():
         parts = name.split("/")
@@ -715,10 +722,15 @@ def evaluation_table(job: Job, names: list[str]) -> None:
 
 
 def gain_line(job: Job) -> None:
-    """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1); for a whole-recipe run
-    before its after-evaluation, what happens next (it is evaluated again) or what happened (it ended without)."""
+    """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1; a whole-recipe run that
+    evaluated its model before SFT too: steps 1 and 2, with step 0 before them); for a whole-recipe run before its
+    after-evaluation, what happens next (it is evaluated again) or what happened (it ended without)."""
     points = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
     labels = eval_labels(job)
+    raw = ""
+    if job.kind == "train_preset" and preset_roles(job)[0] == "before SFT":  # step 0: the model before SFT
+        raw = f"{labels[0]} before SFT {points[0]:.1%}; " if 0 in points else ""
+        points, labels = {step - 1: value for step, value in points.items() if step > 0}, labels[1:]
     if 0 in points and 1 in points and len(labels) >= 2:
         before, after = points[0], points[1]
         result = job_result(job)
@@ -728,7 +740,7 @@ def gain_line(job: Job) -> None:
         if 2 in points and getattr(result, "control_steps", None):
             control = (f"; SFT control ({result.control_steps} more SFT steps from the same warm-up) {points[2]:.1%}, "
                        f"GRPO {100 * (after - points[2]):+.1f} points over it")
-        st.success(f"Held-out pass@1{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
+        st.success(f"Held-out pass@1{scope}: {raw}{labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
                    f"({100 * (after - before):+.1f} points){control}")  # fmt: skip
     elif 0 in points and job.kind == "train_preset":
         first = f"Held-out pass@1 of {labels[0]} before GRPO: {points[0]:.1%}"
