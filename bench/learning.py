@@ -311,11 +311,11 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
     else:
         base = stage(jobs, preset, "base", args)
         steps = args.sft_steps or run.sft.max_steps
-        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": "repair-sft", "max_steps": steps,
+        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"{preset}-sft", "max_steps": steps,
                                         "output_dir": str(jobs.data / "runs" / "sft")}, "SFT warm-up")
         episodes = jobs.data / "runs" / "sft" / "demonstrations.jsonl"
         out = {"model": result["model"], "checkpoint": result["checkpoint"], "steps": result["steps"],
-               "demonstrations": sum(1 for line in episodes.read_text().splitlines() if line.strip())}
+               "demonstrations": sum(1 for line in episodes.read_text().splitlines() if line.strip()) if episodes.is_file() else 0}
     out["minutes"] = round((time.perf_counter() - started) / 60, 2)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
@@ -375,6 +375,92 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
     return figures
 
 
+# --- a base model's stages: as it ships, after SFT, after GRPO -------------------------------------------------
+STAGES = ("base", "sft", "grpo")  # gemma3-base-to-instruct's parts, each from the one before it
+PARTS = {"smollm2-repair": tuple(ARMS), "gemma3-base-to-instruct": STAGES}  # a preset's parts, each runnable alone
+
+
+def rate_figures(report: dict[str, float], key: str, n: int) -> dict[str, float]:
+    import math
+
+    p = report.get(key)
+    return {"pass_at_1": round(p, 4), "pass_at_1_se": round(math.sqrt(p * (1 - p) / n), 4)} if p is not None and n else {}
+
+
+def run_stage(preset: str, name: str, args: argparse.Namespace) -> dict:
+    """One of :data:`STAGES`: the model as it ships (evaluated as a base model: in the completion format), the SFT
+    warm-up evaluated, or GRPO from the warm-up evaluated; written to ``<workdir>/arms/<name>.json``. Made stages
+    are reused, missing ones made (``minutes_alone``: this part from nothing)."""
+    import resource
+    import time
+
+    from posttrain.training.evaluate import all_eval_tasks, general_config
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    jobs = Jobs(args.workdir, args.threads)
+    started = time.perf_counter()
+    base = stage(jobs, preset, "base", args)
+    if name == "base":
+        model, report, minutes = base["model"], base["report"], base["minutes"]
+        alone = minutes
+    else:
+        sft = stage(jobs, preset, "sft", args)
+        model = sft["model"]
+        if name == "grpo":
+            model = jobs.run("train_grpo", {"preset": preset, "model": sft["model"], "register_as": f"{preset}-grpo",
+                                            "max_steps": args.grpo_steps or run.grpo.max_steps,
+                                            "output_dir": str(jobs.data / "runs" / "grpo")}, "GRPO")["model"]
+        own = time.perf_counter()
+        report = jobs.evaluate(preset, model, f"evaluate after {name.upper()}", args.eval_tasks)
+        minutes = (time.perf_counter() - own) / 60 + (sft["minutes"] if name == "sft" else (own - started) / 60)
+        alone = (time.perf_counter() - started) / 60 if name == "sft" else minutes + sft["minutes"]
+    evaluation = type(run.eval).model_validate({**run.eval.model_dump(exclude_unset=True),
+                                                **({"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {})})
+    general = general_config(evaluation)
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    figures = {
+        "stage": name, "model": model, **rate_figures(report, "eval/pass@1", len(all_eval_tasks(evaluation))),
+        "general": rate_figures(report, "general/pass@1", len(general.domains) * general.tasks_per_domain if general else 0),
+        "per_domain": {k.split("/")[1]: round(v, 4) for k, v in report.items() if k.count("/") == 2 and k.endswith("/pass@1")
+                       and k.startswith("eval/")},
+        "minutes": round(minutes, 2), "minutes_alone": round(alone, 2),
+        "cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
+        "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3),
+    }
+    path = jobs.workdir / "arms" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures))
+    print(json.dumps(figures), flush=True)
+    return figures
+
+
+def combine_stages(preset: str, args: argparse.Namespace) -> None:
+    """The stages' results in the workdir as one summary (``bench/results/learning-base-to-instruct.json``)."""
+    found = {s: json.loads(p.read_text()) for s in STAGES if (p := args.workdir / "arms" / f"{s}.json").is_file()}
+    if missing := [s for s in STAGES if s not in found]:
+        raise SystemExit(f"stages {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
+                         f"--workdir {args.workdir} --arm NAME for each")
+    base, sft, grpo = (found[s] for s in STAGES)
+
+    def gap(a: dict, b: dict) -> tuple[float, float]:
+        return (round(100 * (a["pass_at_1"] - b["pass_at_1"]), 2),
+                round(100 * (a["pass_at_1_se"] ** 2 + b["pass_at_1_se"] ** 2) ** 0.5, 2))
+
+    (grpo_gain, grpo_se), (sft_gain, sft_se) = gap(grpo, sft), gap(sft, base)
+    print(json.dumps({
+        "figure": "learning-base-to-instruct", "preset": preset, "model": base["model"],
+        "stages": {s: {k: v for k, v in f.items() if k not in ("stage",)} for s, f in found.items()},
+        "sft_over_base_points": sft_gain, "sft_over_base_se_points": sft_se,
+        "grpo_over_sft_points": grpo_gain, "grpo_over_sft_se_points": grpo_se,
+        "goal_met": grpo_gain > 2 * grpo_se and sft_gain > 0,
+        "minutes": round(sum(f["minutes"] for f in found.values()), 2), "peak_rss_gb": max(f["peak_rss_gb"] for f in found.values()),
+        "peer": {"name": "the stage before", "setting": "the same held-out tasks, greedy, in the same workdir; the base "
+                                                        "model in the plain completion format, the others in Gemma's template"},
+        "workdir": str(args.workdir),
+    }), flush=True)
+
+
 def combine_arms(preset: str, args: argparse.Namespace) -> None:
     """The arms' results in the workdir as one summary (``bench/results/learning-repair.json`` when recorded)."""
     found = {arm: json.loads(p.read_text()) for arm in ARMS if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
@@ -426,26 +512,33 @@ def main() -> None:
     parser.add_argument("--ablation-steps", type=int, default=3, help="GRPO steps per ablation variant")
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--arms", action="store_true", help="every arm of the preset (cold, sft, sft-grpo), each in a "
-                        "process of its own, then their summary")
-    parser.add_argument("--arm", choices=list(ARMS), help="one arm; its result goes to <workdir>/arms/<arm>.json")
+    parser.add_argument("--arms", action="store_true", help="every part of the preset (smollm2-repair: the arms cold, "
+                        "sft, sft-grpo; gemma3-base-to-instruct: the stages base, sft, grpo), each in a process of its "
+                        "own, then their summary")
+    parser.add_argument("--arm", choices=sorted({p for parts in PARTS.values() for p in parts}),
+                        help="one part; its result goes to <workdir>/arms/<part>.json")
     parser.add_argument("--combine", action="store_true", help="the summary of the arms already run in --workdir")
     args = parser.parse_args()
     if args.arms or args.arm or args.combine:
         import subprocess
 
+        parts = PARTS.get(args.preset)
+        if parts is None or (args.arm and args.arm not in parts):
+            raise SystemExit(f"--arms/--arm/--combine: preset {args.preset} has no parts{' named ' + args.arm if parts else ''}; "
+                             + "; ".join(f"{p}: {', '.join(names)}" for p, names in PARTS.items()))
+
         args.workdir = args.workdir or Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms"
         args.workdir.mkdir(parents=True, exist_ok=True)
         args.workdir.chmod(0o755)  # the episodes' sandboxes live under it: the sandbox uid must be able to enter it
         if args.arm:
-            run_arm(args.preset, args.arm, args)
+            (run_stage if parts is STAGES else run_arm)(args.preset, args.arm, args)
             return None
         if args.arms:
             passed = [a for a in sys.argv[1:] if a not in ("--arms",)]
-            for arm in ARMS:
-                if not (args.workdir / "arms" / f"{arm}.json").is_file():
-                    subprocess.run([sys.executable, __file__, *passed, "--workdir", str(args.workdir), "--arm", arm], check=True)
-        return combine_arms(args.preset, args)
+            for part in parts:
+                if not (args.workdir / "arms" / f"{part}.json").is_file():
+                    subprocess.run([sys.executable, __file__, *passed, "--workdir", str(args.workdir), "--arm", part], check=True)
+        return (combine_stages if parts is STAGES else combine_arms)(args.preset, args)
     if args.ablation_variant:
         print(json.dumps(ablation_variant(args.preset, args.ablation_variant, args.model_dir, args.ablation_steps, args.threads)))
         return None

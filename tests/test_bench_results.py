@@ -213,3 +213,25 @@ def test_the_repair_arms_combine_into_one_summary_and_its_rows(tmp_path: Path) -
     missing = subprocess.run([sys.executable, str(BENCH / "learning.py"), "--preset", "smollm2-repair", "--combine",
                               "--workdir", str(tmp_path)], capture_output=True, text=True)
     assert missing.returncode != 0 and "arms ['cold'] have no result" in missing.stderr
+
+
+def test_a_base_model_s_stages_combine_into_one_summary(tmp_path: Path) -> None:
+    """``bench/learning.py --preset gemma3-base-to-instruct --combine``: the three stages (as it ships, after SFT,
+    after GRPO) side by side, the gains between them with their standard errors, and whether the goal holds."""
+    import subprocess
+
+    (tmp_path / "arms").mkdir()
+    for stage, p in {"base": 0.02, "sft": 0.30, "grpo": 0.45}.items():
+        (tmp_path / "arms" / f"{stage}.json").write_text(json.dumps({
+            "stage": stage, "model": f"m-{stage}", "pass_at_1": p, "pass_at_1_se": round((p * (1 - p) / 100) ** 0.5, 4),
+            "general": {"pass_at_1": 0.2, "pass_at_1_se": 0.02}, "minutes": 20.0, "minutes_alone": 40.0, "peak_rss_gb": 6.0}))
+    args = [sys.executable, str(BENCH / "learning.py"), "--preset", "gemma3-base-to-instruct", "--combine", "--workdir", str(tmp_path)]
+    summary = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    assert list(summary["stages"]) == ["base", "sft", "grpo"] and summary["stages"]["sft"]["pass_at_1"] == 0.30
+    assert summary["grpo_over_sft_points"] == 15.0 and summary["sft_over_base_points"] == 28.0
+    se = round(100 * ((0.3 * 0.7 / 100) + (0.45 * 0.55 / 100)) ** 0.5, 2)
+    assert summary["grpo_over_sft_se_points"] == pytest.approx(se, abs=0.02) and summary["goal_met"] == (15.0 > 2 * se)
+    assert summary["minutes"] == 60.0 and summary["peak_rss_gb"] == 6.0
+    (tmp_path / "arms" / "sft.json").unlink()
+    missing = subprocess.run(args, capture_output=True, text=True)
+    assert missing.returncode != 0 and "stages ['sft'] have no result" in missing.stderr
