@@ -202,7 +202,14 @@ def test_models_page_imports_a_builtin_on_demand(platform_env: dict[str, str], t
     at.button[0].click().run()  # Import
     assert any("Queued import_model job" in s.value for s in at.success), [e.value for e in at.error]
     job = queue.list_jobs(limit=1)[0]
-    assert job.kind == "import_model" and job.config["source"] == "builtin:gemma3-270m"
+    assert job.kind == "import_model" and job.config["source"] == "builtin:gemma3-270m" and job.config["chat_template"] is None
+    template = at.selectbox(key="import_template")  # as it ships (a base model), or with a family's template
+    assert template.options[0].startswith("the model's own") and [o.split(":")[0] for o in template.options[1:]] == ["gemma", "chatml"]
+    at.text_input(key="import_name").set_value("gemma3-270m-chat")
+    template.set_value("gemma")
+    at.button[0].click().run()
+    job = queue.list_jobs(limit=1)[0]
+    assert job.config["chat_template"] == "gemma" and job.config["name"] == "gemma3-270m-chat"
 
     tiny = build_tiny_model(tmp_path / "tiny", TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
     register_model(OPERATOR, "gemma3-270m", tiny, meta={"source": "builtin:gemma3-270m", **GEMMA.meta})

