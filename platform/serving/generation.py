@@ -17,6 +17,7 @@ member. Sampling rows that share a generator and settings draw their tokens in o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.platform.models.loader import cache_keyword, forward_parameters
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -316,12 +319,22 @@ class LeanDecoder:
         self.fused = FusedLayers.of(self.inner, self.heads, self.kv_heads)  # a quantized model's layers in C
 
     @classmethod
-    def supports(cls, model: PreTrainedModel) -> bool:
+    def unsupported(cls, model: PreTrainedModel) -> str | None:
+        """Why this step cannot run ``model`` exactly (None: it can); the model then decodes through ``forward``."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = base.config
-        return (config.model_type in cls.ARCHITECTURES and not getattr(config, "use_sliding_window", False)
-                and all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
-                and getattr(config, "hidden_act", "silu") == "silu")  # fmt: skip
+        if config.model_type not in cls.ARCHITECTURES:
+            return f"the lean decode step knows {' and '.join(cls.ARCHITECTURES)} layers, not {config.model_type!r}"
+        if getattr(config, "use_sliding_window", False) or any(
+                t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]):
+            return "the model has sliding-window attention layers, which the lean decode step does not mask"
+        if getattr(config, "hidden_act", "silu") != "silu":
+            return f"the model's activation is {config.hidden_act!r}; the lean decode step computes silu"
+        return None
+
+    @classmethod
+    def supports(cls, model: PreTrainedModel) -> bool:
+        return cls.unsupported(model) is None
 
     def __call__(self, cache: DynamicCache, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  position_ids: torch.Tensor) -> torch.Tensor:
@@ -419,7 +432,9 @@ class DecodeBatch:
         self.pending: list[int] = []  # each row's next input token (chosen, not yet in the cache)
         self._left: list[Sequence] = []  # finished rows that step() removed, for the next pop_finished
         self._keeps_logits = "logits_to_keep" in forward_parameters(model)
-        self._lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
+        self._lean = LeanDecoder(model) if (why := LeanDecoder.unsupported(model)) is None else None
+        if why is not None:
+            log.info("%s: every decode step goes through the model's forward (the same tokens, slower)", why)
 
     def __len__(self) -> int:
         return len(self.seqs)
