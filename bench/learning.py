@@ -5,6 +5,8 @@
     .venv/bin/python bench/learning.py --preset smollm2-tools     # episodes in the tool_use environment
     .venv/bin/python bench/learning.py --preset smollm2-docqa     # uploads the preset's documents, builds its task set
     .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
+    .venv/bin/python bench/learning.py --preset smollm2-repair --arms        # three arms: GRPO alone, SFT alone, SFT then GRPO
+    .venv/bin/python bench/learning.py --preset gemma3-base-to-instruct --arms   # a base model: as it ships, SFT, GRPO
     .venv/bin/python bench/learning.py --preset smollm2-arith --rollout vllm --device cuda      # a GPU host (the gpu extra)
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
@@ -506,7 +508,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the job (real-model presets)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks per domain (default: the preset's)")
     parser.add_argument("--rollout", choices=["sync", "vllm"], default=None,
-                        help="the rollout backend of a real-model preset (default: the preset's; vllm needs a GPU host)")
+                        help="the rollout backend of a real-model preset (default: the preset's; vllm: colocated on a GPU host with the gpu extra, else its CPU server from make vllm)")
     parser.add_argument("--device", default=None, help="the learner's and the evaluations' device (default: the preset's)")
     parser.add_argument("--ablation", action="store_true", help="measure each saving of the GRPO step on its own instead")
     parser.add_argument("--ablation-steps", type=int, default=3, help="GRPO steps per ablation variant")
