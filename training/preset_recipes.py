@@ -242,7 +242,8 @@ def _gemma3_base_to_instruct() -> Recipe:
         model=GEMMA_BASE, evaluate_base=True,
         sft=dict(domains=[d.name for d in ARITH_DOMAINS], difficulty=2, prompt_format=BOXED, tasks_per_domain=256,
                  chat_template="gemma", max_seq_len=512, packing=True, micro_batch_size=4, grad_accum_steps=2, lr=3e-5,
-                 max_steps=40, checkpoint_every=20, device="cpu", seed=0),
+                 max_steps=40, checkpoint_every=20, device="cpu", seed=0,
+                 activation_checkpointing=True),  # 7.2 GB at peak here, 9.9 without (the same losses; 38 s a step, 34)
         grpo=arith["grpo"] | {"max_steps": 8, "micro_batch_size": 8, "checkpoint_every": 4,
                               "logprob_check": {"every": 4, "trajectories": 8}},
         eval=arith["eval"] | {"general": {"tasks_per_domain": 32}},
