@@ -328,7 +328,6 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
 def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
     """One arm from its stage: GRPO (``cold``, ``sft-grpo``) or SFT continued (``sft``) for the preset's GRPO steps,
     then the evaluation; written to ``<workdir>/arms/<arm>.json``. Made stages are reused, missing ones made."""
-    import resource
     import shutil
     import time
 
@@ -357,24 +356,17 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
                                         "max_steps": origin["steps"] + grpo_steps, "output_dir": str(out_dir)}, f"{arm} SFT")
     report = jobs.evaluate(preset, result["model"], f"evaluate {arm}", args.eval_tasks)
     minutes = (time.perf_counter() - started) / 60
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     curve = result.get("curve", [])
     figures = {
         "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps, **arm_figures(report),
         "minutes": round(minutes, 2),  # this arm's own training and evaluation
         "minutes_alone": round(minutes + base["minutes"] + (origin["minutes"] if origin is not base else 0.0), 2),  # from nothing
         "stages_made_here": [s for s, was in made.items() if not was and (s == "base" or start_from == "sft")],
-        "cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
-        "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3),
         "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
         "groups_used_mean": round(sum(p.get("rollout/groups_used", 0.0) for p in curve) / len(curve), 2) if curve else None,
         "model": result["model"],
     }
-    path = jobs.workdir / "arms" / f"{arm}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures))
-    print(json.dumps(figures), flush=True)
-    return figures
+    return write_part(jobs, arm, figures)
 
 
 # --- a base model's stages: as it ships, after SFT, after GRPO -------------------------------------------------
@@ -393,7 +385,6 @@ def run_stage(preset: str, name: str, args: argparse.Namespace) -> dict:
     """One of :data:`STAGES`: the model as it ships (evaluated as a base model: in the completion format), the SFT
     warm-up evaluated, or GRPO from the warm-up evaluated; written to ``<workdir>/arms/<name>.json``. Made stages
     are reused, missing ones made (``minutes_alone``: this part from nothing)."""
-    import resource
     import time
 
     from posttrain.training.evaluate import all_eval_tasks, general_config
@@ -408,33 +399,27 @@ def run_stage(preset: str, name: str, args: argparse.Namespace) -> dict:
         alone = minutes
     else:
         sft = stage(jobs, preset, "sft", args)
-        model = sft["model"]
+        model, started = sft["model"], time.perf_counter()  # this part's own work starts here
         if name == "grpo":
             model = jobs.run("train_grpo", {"preset": preset, "model": sft["model"], "register_as": f"{preset}-grpo",
                                             "max_steps": args.grpo_steps or run.grpo.max_steps,
                                             "output_dir": str(jobs.data / "runs" / "grpo")}, "GRPO")["model"]
         own = time.perf_counter()
         report = jobs.evaluate(preset, model, f"evaluate after {name.upper()}", args.eval_tasks)
+        # sft: the warm-up's own minutes and its evaluation; grpo: GRPO and its evaluation. Alone: plus what it starts from
         minutes = (time.perf_counter() - own) / 60 + (sft["minutes"] if name == "sft" else (own - started) / 60)
-        alone = (time.perf_counter() - started) / 60 if name == "sft" else minutes + sft["minutes"]
+        alone = minutes + base["minutes"] + (sft["minutes"] if name == "grpo" else 0.0)
     evaluation = type(run.eval).model_validate({**run.eval.model_dump(exclude_unset=True),
                                                 **({"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {})})
     general = general_config(evaluation)
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     figures = {
         "stage": name, "model": model, **rate_figures(report, "eval/pass@1", len(all_eval_tasks(evaluation))),
         "general": rate_figures(report, "general/pass@1", len(general.domains) * general.tasks_per_domain if general else 0),
         "per_domain": {k.split("/")[1]: round(v, 4) for k, v in report.items() if k.count("/") == 2 and k.endswith("/pass@1")
                        and k.startswith("eval/")},
         "minutes": round(minutes, 2), "minutes_alone": round(alone, 2),
-        "cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
-        "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3),
     }
-    path = jobs.workdir / "arms" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures))
-    print(json.dumps(figures), flush=True)
-    return figures
+    return write_part(jobs, name, figures)
 
 
 def combine_stages(preset: str, args: argparse.Namespace) -> None:
@@ -461,6 +446,21 @@ def combine_stages(preset: str, args: argparse.Namespace) -> None:
                                                         "model in the plain completion format, the others in Gemma's template"},
         "workdir": str(args.workdir),
     }), flush=True)
+
+
+def write_part(jobs: Jobs, name: str, figures: dict) -> dict:
+    """A part's figures with this process tree's CPU-minutes and peak RSS, written to ``<workdir>/arms/<name>.json``
+    and printed."""
+    import resource
+
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    figures |= {"cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
+                "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3)}
+    path = jobs.workdir / "arms" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures))
+    print(json.dumps(figures), flush=True)
+    return figures
 
 
 def combine_arms(preset: str, args: argparse.Namespace) -> None:
