@@ -472,17 +472,22 @@ def pick_deployment(label: str):  # type: ignore[no-untyped-def]
         box = p.get_by_test_id("stMultiSelect").filter(has=p.get_by_text("Deployments", exact=True))
         if box.get_by_text(label).count():
             return True
-        clear = box.get_by_role("button", name="Clear all")
-        if clear.count():
-            clear.click()
-        box.get_by_role("button", name="Open").click()
-        option = p.get_by_role("option", name=re.compile("^" + re.escape(label)))
-        if option.count() == 0:
+        # each step re-renders the box (a rerun of the page, a deployment listed meanwhile): a click on a box being
+        # replaced can be lost or find nothing to click, and then the page is opened again and the choice made anew
+        try:
+            clear = box.get_by_role("button", name="Clear all")
+            if clear.count():
+                clear.click(timeout=15_000)
+            box.get_by_role("button", name="Open").click(timeout=15_000)
+            option = p.get_by_role("option", name=re.compile("^" + re.escape(label)))
+            if option.count() == 0:
+                p.keyboard.press("Escape")
+                return False
+            option.first.click(timeout=15_000)
             p.keyboard.press("Escape")
+            box.get_by_text(label).first.wait_for(timeout=15_000)
+        except PlaywrightTimeoutError:
             return False
-        option.first.click()
-        p.keyboard.press("Escape")
-        box.get_by_text(label).first.wait_for()
         return True
 
     return ready

@@ -100,3 +100,78 @@ def test_bad_domain_lists_are_rejected() -> None:
         Scheduler().set_domains([])
     with pytest.raises(ValueError, match="listed twice"):
         Scheduler().set_domains(["arith.add.int", "arith.add.int"])
+
+
+def test_the_signal_curriculum_draws_toward_domains_whose_groups_disagree() -> None:
+    """Weighed by learning signal, a domain whose groups are all right or all wrong falls to the floor, and one
+    whose groups disagree takes the draws; its pass rate alone would not say so (the pass-rate curriculum weighs
+    a domain solved in half its groups and failed in the rest, no group ever disagreeing, as the best to learn)."""
+    sched = Scheduler(SchedulerConfig(batch_size=50, seed=0, ema_alpha=1.0, weigh_by="signal"))
+    sched.set_domains(DOMAINS)
+    for _ in range(2):
+        sched.record("arith.add.int", [True] * 4)              # all right: no signal
+        sched.record("str.copy.letters", [False] * 4)          # all wrong: no signal
+    sched.record("compare.larger.int", [True] * 4)             # half its groups right, half wrong, none mixed
+    sched.record("compare.larger.int", [False] * 4)
+    sched.record("str.upper.letters", [True, False, False, False])  # mixed: signal
+    assert sched.stats()["compare.larger.int"].pass_rate == 0.0  # EMA with alpha 1: the last group
+    counts = Counter(t.domain for batch in _take(sched, 40) for t in batch)
+    # weights 0.05 : 0.05 : 0.05 : 1 -> 87% of 2000 draws to the one domain with signal, the floor keeps the rest
+    assert counts["str.upper.letters"] > 1650
+    assert all(0 < counts[d] < 200 for d in DOMAINS if d != "str.upper.letters"), counts
+    metrics = sched.metrics()
+    assert metrics["sched/str.upper.letters/signal_rate"] == 1.0
+    assert metrics["sched/arith.add.int/signal_rate"] == 0.0
+    assert metrics["sched/str.upper.letters/prob"] == pytest.approx(1 / 1.15)
+
+
+def test_rewards_that_differ_are_signal_even_when_every_answer_fails() -> None:
+    """Signal is rewards that differ (partial credit, format rewards), not pass flags."""
+    sched = Scheduler(SchedulerConfig(weigh_by="signal", ema_alpha=1.0))
+    sched.set_domains(DOMAINS)
+    sched.record("arith.add.int", [False] * 4, rewards=[0.0, 0.1, 0.0, 0.0])
+    sched.record("str.copy.letters", [False] * 4, rewards=[0.1] * 4)
+    stats = sched.stats()
+    assert stats["arith.add.int"].signal_rate == 1.0 and stats["str.copy.letters"].signal_rate == 0.0
+    assert stats["arith.add.int"].groups == 1
+
+
+def test_difficulty_steps_up_and_down_with_the_pass_rate_and_resumes() -> None:
+    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8,
+                          step_up_at=0.8, step_down_at=0.2)
+    sched = Scheduler(cfg)
+    sched.set_domains(["arith.add.int", "str.copy.letters"])
+    _take(sched, 2)
+    sched.record("arith.add.int", [True] * 4)
+    assert sched.difficulty("arith.add.int") == 1  # 4 results: too few to step
+    sched.record("arith.add.int", [True] * 4)
+    assert sched.difficulty("arith.add.int") == 2
+    stats = sched.stats()["arith.add.int"]
+    assert stats.pass_rate is None and stats.signal_rate is None and stats.at_difficulty == 0  # afresh
+    drawn = [t for batch in _take(sched, 30) for t in batch if t.domain == "arith.add.int"]
+    assert drawn and all(t.metadata["difficulty"] == 2 for t in drawn)
+    sched.record("str.copy.letters", [False] * 8)
+    assert sched.difficulty("str.copy.letters") == 1  # never below the lowest
+    for _ in range(2):
+        sched.record("arith.add.int", [False] * 4)
+    assert sched.difficulty("arith.add.int") == 1
+    sched.record("arith.add.int", [True] * 8)
+    state = json.loads(json.dumps(sched.state_dict()))
+    expected = _take(sched, 3)
+    resumed = Scheduler(cfg)
+    resumed.set_domains(["arith.add.int", "str.copy.letters"])
+    resumed.load_state_dict(state)
+    assert resumed.difficulty("arith.add.int") == 2
+    assert _ids(_take(resumed, 3)) == _ids(expected)
+    assert resumed.metrics()["sched/arith.add.int/difficulty"] == 2.0
+    with pytest.raises(ValueError, match="step_down_at"):
+        SchedulerConfig(step_up_at=0.3, step_down_at=0.5)
+
+
+def test_fixed_task_lists_keep_their_difficulty() -> None:
+    tasks = [TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}}) for i in range(3)]
+    sched = Scheduler(SchedulerConfig(batch_size=3, adapt_difficulty=True, min_results=1))
+    sched.set_domains([DomainSpec(name="mine", tasks=tasks)])
+    sched.record("mine", [True] * 4)
+    assert sched.difficulty("mine") == 1
+    assert [t.prompt_text for t in next(sched.stream())] == ["q0", "q1", "q2"]

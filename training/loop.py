@@ -32,7 +32,7 @@ from posttrain.training.learner import DistContext, Learner, TrainResult, local_
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
-from posttrain.training.scheduler import Scheduler, stored_domains
+from posttrain.training.scheduler import DomainSpec, Scheduler, stored_domains
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
 from posttrain.platform import metric_names as names
 
@@ -119,6 +119,7 @@ def train_grpo(
     result = TrainResult(steps=learner.start, checkpoint=None, model=learner.model, resumed_from=learner.start)
     with contextlib.ExitStack() as stack:
         rollouts: RolloutBackend | None = None
+        domains: Sequence[str | DomainSpec] = ()
         if ctx.main:
             scheduler = scheduler or Scheduler(config.scheduler)
             domains = stored_domains(config.task_set, config.domains) if config.task_set else config.domains
@@ -141,6 +142,8 @@ def train_grpo(
             if batch is not None and check_due(config, step):  # the engine samples what the learner scores
                 payload[2] |= check_logprobs(learner, batch, step, config)
             trajectories, advantages, metrics = ctx.broadcast(payload)
+            if ctx.main and scheduler is not None and len(domains) > 1:  # per domain: draw share, pass and signal rates
+                metrics |= scheduler.metrics()
             t_learn = time.perf_counter()
             metrics |= learner.grpo_update(trajectories, advantages) if trajectories else learner.skip_step()
             updated = learner.refresh_rollout_policy()  # every rank takes part when the learner is sharded

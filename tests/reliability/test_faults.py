@@ -798,7 +798,7 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The data directory on a 24 MiB filesystem; a GRPO run checkpoints every step; at a random step
-    the disk is filled. The run fails at once with a "disk full ... free space in <dir>" cause (no
+    the disk is filled and kept full. The run fails at once with a "disk full ... free space in <dir>" cause (no
     retries burnt, nothing left running), the checkpoints and documents written before are intact,
     and once space is freed a new run continues from the last good checkpoint."""
     from posttrain.platform.documents import add_document
@@ -821,7 +821,13 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
             at = wait_steps(db_url, job_id, rng.randint(2, 4))
             assert steps_done(db_url, job_id) < steps, "the run finished before the disk filled; make it longer"
             filler = fill(data)
-            failed = _wait_quietly(lambda: queue.get_job(job_id).status.finished, timeout=90)
+            # kept full, as a disk another writer fills stays: what the run frees by removing its oldest checkpoint
+            # is taken again at once (filled once, a fill landing between the run's new checkpoint and that removal
+            # left it exactly one checkpoint of room a step, and it finished all its steps)
+            deadline = time.monotonic() + 90
+            while not (failed := queue.get_job(job_id).status.finished) and time.monotonic() < deadline:
+                fill(data)
+                time.sleep(0.02)
             job = queue.get_job(job_id)
             clear = (job.status is JobStatus.failed and job.error_cause == "disk_full" and "disk full" in (job.error or "")
                      and f"free space in {data}" in (job.error or ""))  # fmt: skip

@@ -67,9 +67,9 @@ def usable(group: RolloutGroup) -> bool:
 
 
 def record(scheduler: Scheduler, group: RolloutGroup) -> None:
-    """Fold a verified group's results into the scheduler's pass rates (not when verification failed)."""
+    """Fold a verified group's results into the scheduler's pass and signal rates (not when verification failed)."""
     if usable(group):
-        scheduler.record(group.task.domain, [bool(t.passed) for t in group.trajectories])
+        scheduler.record(group.task.domain, [bool(t.passed) for t in group.trajectories], rewards=group.rewards)
 
 
 def has_signal(group: RolloutGroup) -> bool:
