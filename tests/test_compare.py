@@ -20,6 +20,7 @@ from posttrain.platform.tasks.store import save_tasks
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import EvalConfig
 from posttrain.training.evaluate import _paired, evaluate_models
+from posttrain.ui.common import beyond_noise
 
 pytestmark = pytest.mark.requires("real model")
 
@@ -102,11 +103,14 @@ def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_di
     assert at.selectbox(key="compare_open").index == 0  # the newest comparison opens first
     tables = [df.value for df in at.dataframe]
     figures = next(t for t in tables if "wins/ties/losses" in t.columns)
-    assert list(figures["domain"]) == [*arena["domains"]]
-    assert list(figures["smollm2-135m-instruct"]) == [r["b"] for r in arena["domains"].values()]
+    order = [*sorted((d for d in arena["domains"] if d != "all"), key=lambda d: -arena["domains"][d]["delta"]), "all"]
+    assert list(figures["domain"]) == order  # sorted by the difference, the overall row last
+    assert list(figures["smollm2-135m-instruct"]) == [arena["domains"][d]["b"] for d in order]
+    assert list(figures[""]) == [beyond_noise(arena["domains"][d]) for d in order]
     if arena["disagreements"]:
         listed = next(t for t in tables if "reference" in t.columns)
-        assert len(listed) == len(arena["disagreements"])
+        picked = at.selectbox(key="compare_flipped").value
+        assert len(listed) == sum(picked in ("(all)", d["domain"]) for d in arena["disagreements"])
 
     # the compare form queues an evaluate job of the two picked models on the task set
     at.selectbox(key="compare_a").set_value("tiny")

@@ -143,3 +143,78 @@ def test_large_run_queries_and_renders_like_a_small_one(platform_env: dict[str, 
     assert query_s * 5 < raw_s, f"the downsampled query took {query_s:.2f}s, reading every point {raw_s:.2f}s"
     assert render_s < 2 * (small_render_s + query_s), \
         f"rendering the run took {render_s:.2f}s, a 1,000-point run {small_render_s:.2f}s, the query {query_s:.2f}s"
+
+
+def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_small_runs_time(platform_env: dict[str, str]) -> None:
+    """A run over every procedural domain (253), 1,000 steps of each domain's pass rate, draw share and signal rate
+    (759,000 points), finished with a per-domain before/after comparison: the page draws a domains x steps heatmap of
+    step buckets averaged in the database (not 248 lines) and the per-domain table sorted by the difference, and
+    renders in about the time of a 1,000-point run's page plus the heatmap's query (the peers, measured here)."""
+    from posttrain.platform.db.models import Job, JobStatus
+    from posttrain.platform.tasks.domains import list_domains
+    from posttrain.training.evaluate import head_to_head
+
+    domains = [d.name for d in list_domains()]
+    assert len(domains) >= 248
+    job = queue.submit(OPERATOR, "train_preset", {"preset": "smollm2-quick"})
+    steps = 1000
+    insert_metrics(job, [(s, f"sched/{d}/{figure}", value)
+                         for s in range(steps) for i, d in enumerate(domains)
+                         for figure, value in (("pass_rate", (i % 10) / 10 + s / 10_000), ("prob", 1 / len(domains)),
+                                               ("signal_rate", 1 - (i % 10) / 10))])  # fmt: skip
+
+    def records(i: int, after: bool) -> list[dict[str, object]]:  # 8 tasks a domain: a tenth lose 6, a tenth win 7
+        def passed(t: int) -> bool:
+            return (t < 6 and not after) if i % 10 == 3 else (after or t == 0) if i % 10 == 5 else t == 0
+
+        return [{"domain": domains[i], "task_id": f"{domains[i]}#{t}", "prompt": f"{domains[i]} task {t}", "reference": "1",
+                 "completion": "1" if passed(t) else "2", "passed": passed(t), "score": float(passed(t)), "details": ""}
+                for t in range(8)]  # fmt: skip
+
+    before = [r for i in range(len(domains)) for r in records(i, False)]
+    after = [r for i in range(len(domains)) for r in records(i, True)]
+    arena = {"a": "smollm2-135m-instruct", "b": "broad-job", **head_to_head(before, after)}
+    with session() as s:
+        row = s.get(Job, job)
+        row.status, row.result = JobStatus.succeeded, {
+            "model": "broad-job", "sft_model": "smollm2-135m-instruct", "preset": "smollm2-quick",
+            "models": ["smollm2-135m-instruct", "broad-job"], "domains": domains, "gain_points": 0.0,
+            "eval_tasks": 8 * len(domains), "eval_unseen_fraction": 1.0, "arena": arena}  # fmt: skip
+        s.add(row)
+    small = queue.submit(OPERATOR, "train_grpo", GRPO)
+    insert_metrics(small, [(s, "train/loss", 2.0 - s / 500) for s in range(500)] + [(s, "rollout/reward_mean", s / 500) for s in range(500)])
+
+    names = [f"sched/{d}/pass_rate" for d in domains]
+    query_times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        got = metrics.series(job, names, max_points=100)
+        query_times.append(time.perf_counter() - start)
+    query_s = min(query_times)
+    assert len(got) == len(domains) and {len(points) for points in got.values()} == {63}  # 1,000 steps in buckets of 16
+
+    _, small_render_s, small_timings = _best_render_s(small)
+    at, render_s, timings = _best_render_s(job)
+    (heatmap,) = [f for f in map(chart_frame, at.get("vega_lite_chart")) if "domain" in f.columns]
+    assert heatmap["domain"].nunique() == len(domains) and heatmap["step"].nunique() == 63 and len(heatmap) == len(domains) * 63
+    assert heatmap["value"].between(0, 1).all()
+    assert not any(m.value == "**Pass rate by domain**" for m in at.markdown)  # no 253 lines
+    tables = [df.value for df in at.dataframe]
+    table = next(t for t in tables if "wins/ties/losses" in t.columns)
+    assert len(table) == len(domains) + 1 and table["domain"].iloc[-1] == "all"
+    assert list(table["difference"].iloc[:-1]) == sorted(table["difference"].iloc[:-1], reverse=True)
+    lost = table[table[""] == "▼ lost"]["domain"].tolist()
+    assert sorted(lost) == sorted(d for i, d in enumerate(domains) if i % 10 == 3)
+    assert (table[""] == "▲ gained").sum() == sum(i % 10 == 5 for i in range(len(domains)))
+    flipped = at.selectbox(key=f"run{job}_flipped")
+    assert flipped.value in lost  # the flips of a domain that lost open first
+    flips = next(t for t in tables if "reference" in t.columns)
+    assert set(flips["domain"]) == {flipped.value} and len(flips) == 6
+    at.radio(key=f"heatmap_{job}").set_value("draw share").run()
+    (heatmap,) = [f for f in map(chart_frame, at.get("vega_lite_chart")) if "domain" in f.columns]
+    assert list(heatmap["value"]) == pytest.approx([1 / len(domains)] * len(heatmap))
+    print(f"\n{len(domains)} domains x 1,000 steps: heatmap query {query_s * 1000:.0f} ms, page render {render_s * 1000:.0f} ms "
+          f"(all renders: {', '.join(f'{t * 1000:.0f}' for t in timings)} ms; a 1,000-point run: "
+          f"{', '.join(f'{t * 1000:.0f}' for t in small_timings)} ms)")
+    assert render_s < 3 * (small_render_s + query_s), \
+        f"rendering the run took {render_s:.2f}s, a 1,000-point run {small_render_s:.2f}s, the heatmap's query {query_s:.2f}s"

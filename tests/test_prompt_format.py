@@ -53,6 +53,26 @@ def test_boxed_is_refused_for_a_verifier_that_cannot_read_a_box() -> None:
         BOXED.apply(task)
 
 
+def test_domains_of_another_kind_get_a_format_of_their_own_in_training_and_evaluation_alike() -> None:
+    json_format = PromptFormat(instruction="Reply with the JSON only.")
+    mixed = BOXED.model_copy(update={"domains": {"json.": json_format, "json.pick": PromptFormat(instruction="Only it.")}})
+    assert mixed.for_domain("json.drop") is json_format and mixed.for_domain("json.pick").instruction == "Only it."
+    assert mixed.for_domain("arith.add.int") is mixed and mixed.for_domain("jsonish") is mixed
+    scheduler = Scheduler(SchedulerConfig(batch_size=16, seed=0))
+    domains = [DomainSpec(name="arith.add.int", difficulty=2), DomainSpec(name="json.drop", difficulty=2)]
+    scheduler.set_domains(domains, mixed)
+    drawn = {t.domain: t for _ in range(4) for t in scheduler.next_batch()}
+    assert drawn["arith.add.int"].verifier.spec["extract"] == "boxed_only"
+    assert drawn["json.drop"].prompt[-1].text.endswith("\nReply with the JSON only.")
+    assert drawn["json.drop"].verifier.kind == "json_schema" and len(drawn["json.drop"].prompt) == 1
+    evaluation = EvalConfig(domains=["arith.add.int", "json.drop"], difficulty=2, prompt_format=mixed, tasks_per_domain=4)
+    held = {t.domain: t for t in all_eval_tasks(evaluation)}
+    assert held["json.drop"].prompt[-1].text.endswith("\nReply with the JSON only.")
+    assert EvalConfig.model_validate_json(evaluation.model_dump_json()) == evaluation  # stored with the job and back
+    with pytest.raises(ValueError, match="one level only"):
+        PromptFormat(domains={"json.": mixed})
+
+
 def test_the_scheduler_and_the_evaluation_put_tasks_the_same_way_and_stay_disjoint() -> None:
     scheduler = Scheduler(SchedulerConfig(batch_size=16, seed=0))
     scheduler.set_domains([DomainSpec(name="arith.add.int", difficulty=2)], BOXED)

@@ -263,7 +263,8 @@ def _paired(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
 
 def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Two models' per-task records on the same tasks (:func:`evaluate_policy`'s ``records``): per
-    domain and overall the paired figures of :func:`_paired`, and the tasks where their verdicts differ."""
+    domain and overall the paired figures of :func:`_paired`, and the tasks where their verdicts differ (up to
+    ``MAX_DISAGREEMENTS``, those of the domains where B lost beyond noise first)."""
     if [r["task_id"] for r in a] != [r["task_id"] for r in b]:
         raise ValueError("head_to_head needs both models' records on the same tasks in the same order")
     domains = list(dict.fromkeys(r["domain"] for r in a))
@@ -275,6 +276,9 @@ def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]])
          "a": x["completion"], "a_passed": x["passed"], "b": y["completion"], "b_passed": y["passed"]}
         for x, y in zip(a, b) if x["passed"] != y["passed"]
     ]  # fmt: skip
+    # what the flips of a domain that lost beyond noise show is the interference: those are kept before the rest
+    lost = {d for d, row in table.items() if d != "all" and row["ci_high"] < 0}
+    differ = [x for x in differ if x["domain"] in lost] + [x for x in differ if x["domain"] not in lost]
     return {"domains": table, "disagreements": differ[:MAX_DISAGREEMENTS], "disagreements_total": len(differ)}
 
 

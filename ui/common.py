@@ -188,3 +188,47 @@ def plain_table(rows: list[dict[str, Any]], *, columns: list[str] | None = None,
     config: dict[str, Any] = {name: st.column_config.TextColumn(name, width=size) for name, size in (long or {}).items()}
     config.update(column_config or {})
     st.dataframe(frame, hide_index=True, width="stretch", column_config=config, key=key)
+
+
+def beyond_noise(row: dict[str, Any]) -> str:
+    """A per-domain difference read against its 95% interval: gained or lost beyond noise, or within it."""
+    return "▲ gained" if row["ci_low"] > 0 else "▼ lost" if row["ci_high"] < 0 else "within noise"
+
+
+def per_domain_results(arena: dict[str, Any], key: str) -> None:
+    """Two models on the same held-out tasks (a run's before and after, or the Compare tab's A and B): one row per
+    domain sorted by the difference, each with its 95% interval and marked where it gained or lost beyond noise,
+    then the tasks whose verdict flipped, the answers side by side: first those of the domains that lost."""
+    import pandas as pd
+
+    a_name, b_name = arena["a"], arena["b"]
+    rows = sorted(((d, r) for d, r in arena["domains"].items() if d != "all"), key=lambda item: -item[1]["delta"])
+    rows += [("all", arena["domains"]["all"])] if "all" in arena["domains"] else []
+    marks = {d: beyond_noise(r) for d, r in rows}
+    lost = [d for d, r in rows if d != "all" and marks[d] == "▼ lost"]
+    gained = sum(marks[d] == "▲ gained" for d, _ in rows if d != "all")
+    st.caption(f"{len(rows) - ('all' in arena['domains'])} domains: {gained} gained and {len(lost)} lost beyond noise "
+               "(the 95% interval of the paired difference clear of zero), sorted by the difference")
+    st.dataframe(pd.DataFrame([
+        {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
+         "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "": marks[d],
+         "wins/ties/losses": f"{r['wins']}/{r['ties']}/{r['losses']}"}
+        for d, r in rows
+    ]), hide_index=True, width="stretch", key=f"{key}_table", column_config={
+        a_name: st.column_config.NumberColumn(format="percent"), b_name: st.column_config.NumberColumn(format="percent"),
+        "difference": st.column_config.NumberColumn(format="percent")})  # fmt: skip
+    differ = arena["disagreements"]
+    st.caption(f"{arena['disagreements_total']} tasks where they disagree" +
+               (f" ({len(differ)} kept: every one of the domains that lost first)" if len(differ) < arena["disagreements_total"]
+                else ""))  # fmt: skip
+    if differ:
+        flipped = sorted({d["domain"] for d in differ}, key=lambda d: (d not in lost, d))
+        options = ["(all)", *flipped]
+        domain = st.selectbox("Flipped tasks in", options, key=f"{key}_flipped", index=1 if lost and lost[0] in flipped else 0,
+                              format_func=lambda d: f"{d} (lost)" if d in lost else d)
+        shown_rows = [d for d in differ if domain == "(all)" or d["domain"] == domain]
+        st.dataframe(pd.DataFrame([
+            {"domain": d["domain"], "prompt": d["prompt"], "reference": d["reference"],
+             f"{a_name}": ("✓ " if d["a_passed"] else "✗ ") + d["a"], f"{b_name}": ("✓ " if d["b_passed"] else "✗ ") + d["b"]}
+            for d in shown_rows
+        ]), hide_index=True, width="stretch", key=f"{key}_flips")  # fmt: skip

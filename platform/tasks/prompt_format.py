@@ -11,7 +11,9 @@ way a run in the ``tool_use`` environment shows the policy how its tools are cal
 
 A run names one format for training and evaluation alike (``prompt_format`` in the GRPO, SFT and
 evaluation configs), so the tasks a run learns from and the ones it is measured on are put the same
-way, and the held-out check compares like with like. ``answer: boxed`` is the strict reading: a
+way, and the held-out check compares like with like. A run over many domains whose answers differ in kind
+gives some of them a format of their own in ``domains`` (``{"json.": PromptFormat(...)}``: every ``json.*``
+domain is put that way, the longest matching name winning). ``answer: boxed`` is the strict reading: a
 completion whose answer is not boxed scores 0 even when its last number is right.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posttrain.platform.verifiers.models import ChatMessage, TaskSpec
 
@@ -68,10 +70,27 @@ class PromptFormat(BaseModel):
     answer: Literal["as_task", "boxed"] = Field(
         default="as_task", description="as_task: the task's verifier reads the answer as it always does; boxed: only the "
         "last \\boxed{...} of the completion is read (numeric and exact verifiers), no box scores 0")
+    domains: dict[str, PromptFormat] = Field(
+        default_factory=dict, description="a format of its own for some domains: a key is a domain's name, or the start "
+        "of names when it ends with a dot (json.: every json.* domain); the longest match wins, the rest are put this way")
+
+    @field_validator("domains")
+    @classmethod
+    def _flat(cls, value: dict[str, PromptFormat]) -> dict[str, PromptFormat]:
+        if nested := [k for k, f in value.items() if f.domains]:
+            raise ValueError(f"the formats for domains {nested} have domains of their own: one level only")
+        return value
+
+    def for_domain(self, domain: str) -> PromptFormat:
+        """The format ``domain``'s tasks are put in."""
+        keys = [k for k in self.domains if domain == k or (k.endswith(".") and domain.startswith(k))]
+        return self.domains[max(keys, key=len)] if keys else self
 
     def apply(self, task: TaskSpec) -> TaskSpec:
-        """``task`` put this way: its prompt framed, and for ``answer: boxed`` its verifier made strict and its
-        reference boxed (a reference must still score 1)."""
+        """``task`` put this way (its domain's format, see ``domains``): its prompt framed, and for ``answer: boxed``
+        its verifier made strict and its reference boxed (a reference must still score 1)."""
+        if (own := self.for_domain(task.domain)) is not self:
+            return own.apply(task)
         prompt = list(task.prompt)
         if self.instruction:
             last = max(i for i, m in enumerate(prompt) if m.role == "user")
@@ -85,7 +104,7 @@ class PromptFormat(BaseModel):
             if task.verifier.kind not in EXTRACTING_KINDS:
                 raise ValueError(f"prompt_format answer 'boxed' reads the answer from \\boxed{{}} with a "
                                  f"{' or '.join(EXTRACTING_KINDS)} verifier; domain {task.domain!r} uses "
-                                 f"{task.verifier.kind!r}: set answer: as_task for it")
+                                 f"{task.verifier.kind!r}: give it a format of its own with answer: as_task (the format's domains)")
             spec = dict(task.verifier.spec) | {"extract": "boxed_only"}
             update["verifier"] = task.verifier.model_copy(update={"spec": spec})
             if task.reference is not None and "\\boxed{" not in task.reference:

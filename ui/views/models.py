@@ -26,7 +26,7 @@ from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
-from posttrain.ui.common import can, console_pool, flash, guard_platform, me, show_flash, show_message
+from posttrain.ui.common import can, console_pool, flash, guard_platform, me, per_domain_results, show_flash, show_message
 
 METRICS = (
     "vllm:num_requests_running",
@@ -251,26 +251,7 @@ with compare_tab:
         chosen = st.selectbox("Comparisons", list(compared), key="compare_open", format_func=lambda job_id: (
             f"job {job_id}: {compared[job_id].arena['a']} vs {compared[job_id].arena['b']} on {compared_on(job_id)}"),
             index=list(compared).index(int(opened)) if opened.isdigit() and int(opened) in compared else 0)  # fmt: skip
-        arena = compared[chosen].arena
-        a_name, b_name = arena["a"], arena["b"]
-        st.dataframe(pd.DataFrame([
-            {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
-             "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "wins/ties/losses": f"{r['wins']}/{r['ties']}/{r['losses']}"}
-            for d, r in arena["domains"].items()
-        ]), hide_index=True, width="stretch", column_config={
-            a_name: st.column_config.NumberColumn(format="percent"), b_name: st.column_config.NumberColumn(format="percent"),
-            "difference": st.column_config.NumberColumn(format="percent")})  # fmt: skip
-        differ = arena["disagreements"]
-        st.caption(f"{arena['disagreements_total']} tasks where they disagree" +
-                   (f" ({len(differ)} kept)" if len(differ) < arena["disagreements_total"] else ""))  # fmt: skip
-        if differ:
-            domain_filter = st.selectbox("Domain", ["(all)", *sorted({d["domain"] for d in differ})], key="compare_domain_filter")
-            shown = [d for d in differ if domain_filter == "(all)" or d["domain"] == domain_filter]
-            st.dataframe(pd.DataFrame([
-                {"domain": d["domain"], "prompt": d["prompt"], "reference": d["reference"],
-                 f"{a_name}": ("✓ " if d["a_passed"] else "✗ ") + d["a"], f"{b_name}": ("✓ " if d["b_passed"] else "✗ ") + d["b"]}
-                for d in shown
-            ]), hide_index=True, width="stretch")  # fmt: skip
+        per_domain_results(compared[chosen].arena, "compare")
     else:
         st.caption("No comparisons yet.")
 def tier_card_rows(card: dict) -> list[dict]:

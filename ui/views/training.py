@@ -23,7 +23,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.settings import get_settings
-from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, status_label, yaml_block
+from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, per_domain_results, status_label, yaml_block
 
 TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -35,6 +35,9 @@ EMA_ALPHA = 0.3  # the smoothed reward: an exponential moving average, each step
 GENERAL_CHECK = "general/pass@1"  # an evaluation's general check (training.evaluate: domains the run never trained on)
 HELD_OUT = "held-out pass@1"  # the Reward chart's before/after series
 SMOOTHED_CHARTS = ("Reward",)  # charts of a noisy per-step figure: the raw points and their moving average
+LINES_UP_TO = 8  # a run over more domains draws its per-domain figures as a domains x steps heatmap, not as lines
+HEATMAP_COLUMNS = 100  # the heatmap's steps: the run's steps in at most this many buckets, averaged in the database
+HEATMAP_FIGURES = {"pass rate": "pass_rate", "draw share": "prob", "signal rate": "signal_rate"}  # sched/<domain>/<figure>
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -680,6 +683,35 @@ def chart(title: str, points: dict[str, list[metrics.Point]], smoothed: bool = F
                       "whether the model learned." if held_out else ""))
 
 
+def domain_heatmap(job_id: int, domains: list[str]) -> None:
+    """A many-domain run's per-domain figures as a domains x steps heatmap (live, as the charts are): each domain's
+    pass rate, draw share or learning-signal rate as the scheduler saw it, the steps bucketed in the database."""
+    st.markdown(f"**By domain** ({len(domains)} domains)")
+    figure = st.radio("Heatmap of", list(HEATMAP_FIGURES), horizontal=True, key=f"heatmap_{job_id}",
+                      help="pass rate and signal rate (the share of groups whose rewards differ): moving averages of "
+                           "the run's own rollouts; draw share: the chance a prompt of the batch comes from the domain")
+    suffix = HEATMAP_FIGURES[figure]
+    data = metrics.series(job_id, [f"sched/{d}/{suffix}" for d in domains], max_points=HEATMAP_COLUMNS)
+    frame = pd.DataFrame([(name.removeprefix("sched/").removesuffix(f"/{suffix}"), step, value)
+                          for name, points in data.items() for step, value in points], columns=["domain", "step", "value"])
+    if frame.empty:
+        st.caption(f"No {figure} logged yet.")
+        return
+    color: dict[str, Any] = {"field": "value", "type": "quantitative", "title": figure, "scale": {"scheme": "viridis"}}
+    if suffix != "prob":
+        color["scale"]["domain"] = [0, 1]
+    spec = {
+        "mark": {"type": "rect", "tooltip": True},
+        "height": min(1200, max(160, 6 * len(domains))),
+        "encoding": {
+            "x": {"field": "step", "type": "ordinal", "title": "step", "axis": {"labelOverlap": True}},
+            "y": {"field": "domain", "type": "nominal", "title": None, "sort": sorted(domains), "axis": {"labelOverlap": True}},
+            "color": color,
+        },
+    }
+    st.vega_lite_chart(frame, spec, width="stretch")
+
+
 def zero_reason(title: str, job: Job) -> str:
     """Why a chart of ``job`` is 0 at every step, in words, from its config where that says."""
     grpo = grpo_config(job)
@@ -851,7 +883,7 @@ def run_view(job: Job) -> None:
         if evals:  # what the run is measured by, before the per-step figures
             gain_line(job)
             general_line(job)
-        last = metrics.latest(job_id, [n for _, n in TILES if n in names] + [n for n in names if n.startswith("eval/")])
+        last = metrics.latest(job_id, [n for _, n in TILES if n in names])  # one query a name: the tiles' only
         tiles = [(label, last[name]) for label, name in TILES if name in last]
         step = (metrics.step_range(job_id) or (0, 0))[1]
         cols = st.columns(len(tiles) + 1)
@@ -862,7 +894,9 @@ def run_view(job: Job) -> None:
         domain_names = [n for n in names if n.startswith("sched/") and n.endswith("/pass_rate")]
         charts = [(title, [n for n in group if n in names]) for title, group in CHARTS]
         charts = [(t, group) for t, group in charts if group]
-        if domain_names:
+        if len(domain_names) > LINES_UP_TO:
+            domain_heatmap(job_id, [n.removeprefix("sched/").removesuffix("/pass_rate") for n in domain_names])
+        elif domain_names:
             charts.insert(1, ("Pass rate by domain", domain_names))
         wanted = [n for _, group in charts for n in group]
         data = metrics.series(job_id, wanted, max_points=MAX_POINTS)
@@ -883,6 +917,10 @@ def run_view(job: Job) -> None:
                     chart(title, series)
         if evals:
             evaluation_table(job, evals)
+    arena = getattr(job_result(job), "arena", None) if job.status is JobStatus.succeeded else None
+    if arena and len(arena["domains"]) > 2:  # more than one domain (and their overall row)
+        st.markdown(f"**Per domain: {arena['a']} → {arena['b']}** on the held-out tasks")
+        per_domain_results(arena, f"run{job_id}")
     if job.result:
         with st.expander("Result"):
             fields_table(job.result)
