@@ -226,6 +226,51 @@ def _smollm2_repair() -> Recipe:
     )
 
 
+# --- the real model across many domains at once ------------------------------------------------------------
+# nine families, 36 domains, none of them the general check's; each at the lowest difficulty (2 or more) whose
+# prompts hold out an eval split: the SmolLM2 as it ships answers few of them greedily (2 of 36 above 25% in a
+# probe of 8 tasks each), so the learning signal is where sampling finds it
+BROAD_LEVELS = {
+    "arith.add.int": 2, "arith.sub.int": 2, "arith.mul.int": 2, "arith.div.int": 2, "arith.mod.int": 2,
+    "compare.larger.int": 2, "compare.smaller.int": 2, "compare.max3.int": 2, "compare.min3.int": 2,
+    "dates.days_in_month": 2, "dates.quarter": 2, "dates.iso_to_us": 2, "dates.add_days": 2,
+    "units.km_to_m": 2, "units.kg_to_g": 3, "units.h_to_min": 3, "units.min_to_s": 3, "units.week_to_day": 3,
+    "list.int.sum": 2, "list.int.length": 2, "list.int.count_value": 2, "list.int.range": 2, "list.int.count_greater": 2,
+    "str.length.letters": 2, "str.upper.letters": 2, "str.first_char.letters": 2, "str.count_char.words": 3,
+    "regex.zip.count": 2, "regex.integer.count": 2, "regex.capitalized.count": 2,
+    "format.zero_pad": 2, "format.thousands": 2, "format.round": 2,
+    "json.pick": 2, "json.sum_field": 2, "json.drop": 2,
+}  # fmt: skip
+# boxed answers, but a JSON reply is read as JSON: the json.* domains are put with a worked example of their own
+BROAD_FORMAT = BOXED.model_copy(update={"domains": {"json.": PromptFormat(examples=[WorkedExample(
+    user='Keep only keys x, z of {"x":1,"y":2,"z":3}. Reply with JSON.', assistant='{"x": 1, "z": 3}')])}})
+# the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ),
+# floored so no domain starves, and each domain's difficulty stepped by its pass rate; uniform is its peer
+BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", adapt_difficulty=True, min_results=16)
+BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
+
+
+def _smollm2_broad() -> Recipe:
+    arith = _smollm2_arith()
+    return dict(
+        name="smollm2-broad",
+        description="SmolLM2-135M-Instruct as it ships, GRPO across 36 domains of nine families at once (arithmetic, "
+                    "comparison, dates, units, lists, strings, regex extraction, formatting, JSON restructuring), answers "
+                    "boxed (JSON replies as JSON); the scheduler draws toward the domains whose groups disagree and steps "
+                    "each domain's difficulty by its pass rate; evaluated per domain on prompts it never trained on, with "
+                    "the general check beside it",
+        model=REAL_MODEL, sft=None,
+        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()],
+                              "prompt_format": BROAD_FORMAT, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
+                              "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,
+                              "logprob_check": {"every": 10, "trajectories": 8}},
+        eval=arith["eval"] | {"domains": list(BROAD_LEVELS), "difficulty": 2,
+                              "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
+                              "prompt_format": BROAD_FORMAT, "tasks_per_domain": 16, "max_new_tokens": 48,
+                              "general": {"tasks_per_domain": 32}},
+    )
+
+
 # --- a base model, post-trained from raw -----------------------------------------------------------------
 GEMMA_BASE = "gemma3-270m"  # the second built-in: a pretrained base model with no chat template
 
@@ -253,7 +298,7 @@ def _gemma3_base_to_instruct() -> Recipe:
 _RECIPES: dict[str, Callable[[], Recipe]] = {
     "cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick, "smollm2-arith": _smollm2_arith,
     "smollm2-quick": _smollm2_quick, "smollm2-tools": _smollm2_tools, "smollm2-docqa": _smollm2_docqa,
-    "smollm2-repair": _smollm2_repair, "gemma3-base-to-instruct": _gemma3_base_to_instruct,
+    "smollm2-repair": _smollm2_repair, "smollm2-broad": _smollm2_broad, "gemma3-base-to-instruct": _gemma3_base_to_instruct,
 }
 
 
