@@ -7,6 +7,7 @@
     .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
     .venv/bin/python bench/learning.py --preset smollm2-repair --arms        # three arms: GRPO alone, SFT alone, SFT then GRPO
     .venv/bin/python bench/learning.py --preset gemma3-base-to-instruct --arms   # a base model: as it ships, SFT, GRPO
+    .venv/bin/python bench/learning.py --preset smollm2-broad --arms   # 36 domains: uniform draws, then the curriculum
     .venv/bin/python bench/learning.py --preset smollm2-arith --rollout vllm --device cuda      # a GPU host (the gpu extra)
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
@@ -249,11 +250,18 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     }), flush=True)
 
 
-# --- the repair preset's three arms ----------------------------------------------------------------------
-ARMS = {  # arm -> (the stage it starts from, whether it trains with GRPO or continues SFT)
-    "cold": ("base", "grpo"),      # GRPO from the model as it ships
-    "sft": ("sft", "sft"),         # the SFT warm-up continued for as many steps as GRPO takes
-    "sft-grpo": ("sft", "grpo"),   # GRPO from the SFT warm-up
+# --- arms: the repair preset's three, the broad preset's two ------------------------------------------------
+# preset -> arm -> (the stage it starts from, whether it trains with GRPO or continues SFT, GRPO fields it sets)
+ARMS: dict[str, dict[str, tuple[str, str, dict]]] = {
+    "smollm2-repair": {
+        "cold": ("base", "grpo", {}),      # GRPO from the model as it ships
+        "sft": ("sft", "sft", {}),         # the SFT warm-up continued for as many steps as GRPO takes
+        "sft-grpo": ("sft", "grpo", {}),   # GRPO from the SFT warm-up
+    },
+    "smollm2-broad": {  # the same model, seed, steps and trajectories; only the draws differ
+        "uniform": ("base", "grpo", {"scheduler": {"batch_size": 8, "seed": 0, "curriculum": False}}),
+        "curriculum": ("base", "grpo", {}),  # the preset's: toward the signal, difficulty stepped per domain
+    },
 }
 GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
 EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "tested_before_reply")
@@ -282,7 +290,8 @@ def held_out_groups(report: dict[str, float]) -> dict[str, dict[str, float]]:
     }
 
 
-def arm_figures(report: dict[str, float]) -> dict:
+def arm_figures(report: dict[str, float], before: dict[str, float] | None = None, tasks: int = 0) -> dict:
+    """The repair arms' figures: pass@1 of each held-out group, the episodes, the general check."""
     groups = held_out_groups(report)
     return {"pass": {g: groups[g]["pass"] for g in GROUPS}, "se": {g: groups[g]["se"] for g in GROUPS},
             "tasks": {g: groups[g]["tasks"] for g in GROUPS},
@@ -336,15 +345,15 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
     run = get_preset(preset)
     jobs = Jobs(args.workdir, args.threads)
     made = {s: (jobs.workdir / "stages" / f"{s}.json").is_file() for s in ("base", "sft")}
-    start_from, trainer = ARMS[arm]
+    start_from, trainer, fields = ARMS[preset][arm]
     base = stage(jobs, preset, "base", args)
     origin = stage(jobs, preset, start_from, args)
     started = time.perf_counter()
     grpo_steps = args.grpo_steps or run.grpo.max_steps
     out_dir = jobs.data / "runs" / f"arm-{arm}"  # job paths lie under the data directory
     if trainer == "grpo":
-        result = jobs.run("train_grpo", {"preset": preset, "model": origin["model"], "register_as": f"repair-{arm}",
-                                         "max_steps": grpo_steps, "output_dir": str(out_dir)}, f"{arm} GRPO")
+        result = jobs.run("train_grpo", {"preset": preset, "model": origin["model"], "register_as": f"{preset}-{arm}",
+                                         "max_steps": grpo_steps, "output_dir": str(out_dir), **fields}, f"{arm} GRPO")
     else:  # the warm-up's checkpoint (model, optimizer, data position) and demonstrations, continued
         checkpoints = out_dir / "checkpoints"
         if not checkpoints.is_dir():
@@ -352,18 +361,23 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
             shutil.copytree(origin["checkpoint"], checkpoints / Path(origin["checkpoint"]).name)
             for made_file in ("demonstrations.jsonl", "demonstrations.config.json"):
                 shutil.copy(jobs.data / "runs" / "sft" / made_file, out_dir / made_file)
-        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"repair-{arm}",
+        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"{preset}-{arm}",
                                         "max_steps": origin["steps"] + grpo_steps, "output_dir": str(out_dir)}, f"{arm} SFT")
     report = jobs.evaluate(preset, result["model"], f"evaluate {arm}", args.eval_tasks)
     minutes = (time.perf_counter() - started) / 60
     curve = result.get("curve", [])
+    used = sum(p.get("rollout/groups_used", 0.0) for p in curve)
     figures = {
-        "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps, **arm_figures(report),
+        "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps,
+        **ARM_FIGURES[preset](report, base["report"], args.eval_tasks or run.eval.tasks_per_domain),
         "minutes": round(minutes, 2),  # this arm's own training and evaluation
         "minutes_alone": round(minutes + base["minutes"] + (origin["minutes"] if origin is not base else 0.0), 2),  # from nothing
         "stages_made_here": [s for s, was in made.items() if not was and (s == "base" or start_from == "sft")],
         "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
-        "groups_used_mean": round(sum(p.get("rollout/groups_used", 0.0) for p in curve) / len(curve), 2) if curve else None,
+        "groups_used_mean": round(used / len(curve), 2) if curve else None,
+        # the share of the drawn groups whose rewards differed (the rest teach nothing), and what a useful one cost
+        "signal_rate": round(used / max(1.0, sum(p.get("rollout/groups", 0.0) for p in curve)), 4) if curve else None,
+        "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in curve) / max(1.0, used), 3),
         "model": result["model"],
     }
     return write_part(jobs, arm, figures)
@@ -371,7 +385,8 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
 
 # --- a base model's stages: as it ships, after SFT, after GRPO -------------------------------------------------
 STAGES = ("base", "sft", "grpo")  # gemma3-base-to-instruct's parts, each from the one before it
-PARTS = {"smollm2-repair": tuple(ARMS), "gemma3-base-to-instruct": STAGES}  # a preset's parts, each runnable alone
+# a preset's parts, each runnable alone
+PARTS = {**{preset: tuple(arms) for preset, arms in ARMS.items()}, "gemma3-base-to-instruct": STAGES}
 
 
 def rate_figures(report: dict[str, float], key: str, n: int) -> dict[str, float]:
@@ -463,10 +478,77 @@ def write_part(jobs: Jobs, name: str, figures: dict) -> dict:
     return figures
 
 
+def domain_figures(report: dict[str, float], before: dict[str, float] | None = None, tasks: int = 0) -> dict:
+    """The broad arms' figures: each domain's held-out pass@1 (``tasks`` a domain), and with the model as it
+    ships (``before``) each domain's gain, whether it gained or lost beyond twice its standard error, and the mean
+    gain over the domains with its standard error; the general check."""
+    import math
+
+    def rates(r: dict[str, float]) -> dict[str, float]:
+        return {k.split("/")[1]: v for k, v in r.items() if k.startswith("eval/") and k.count("/") == 2 and k.endswith("/pass@1")}
+
+    after = rates(report)
+    out: dict = {"pass": {d: round(p, 4) for d, p in after.items()}, "general": report.get("general/pass@1"),
+                 "tasks_per_domain": tasks}
+    if before is None:
+        return out
+    was = rates(before)
+    per = {}
+    for d, p in after.items():
+        se = math.sqrt((p * (1 - p) + was[d] * (1 - was[d])) / tasks)
+        gain = p - was[d]
+        per[d] = {"before": round(was[d], 4), "after": round(p, 4), "gain_points": round(100 * gain, 2), "se_points": round(100 * se, 2),
+                  "beyond_noise": "gained" if gain > 2 * se else "lost" if gain < -2 * se else ""}
+    gains = [f["gain_points"] for f in per.values()]
+    mean = sum(gains) / len(gains)
+    # the mean over independent domains: its standard error from the domains' own
+    mean_se = math.sqrt(sum(f["se_points"] ** 2 for f in per.values())) / len(per)
+    return out | {"per_domain": per, "mean_gain_points": round(mean, 2), "mean_gain_se_points": round(mean_se, 2),
+                  "domains_gained": sum(f["beyond_noise"] == "gained" for f in per.values()),
+                  "domains_lost": sum(f["beyond_noise"] == "lost" for f in per.values())}
+
+
+ARM_FIGURES = {"smollm2-repair": arm_figures, "smollm2-broad": domain_figures}  # an arm's figures from its evaluation
+
+
+def combine_broad(preset: str, args: argparse.Namespace) -> None:
+    """The broad preset's two arms as one summary (``bench/results/learning-broad.json`` when recorded)."""
+    found = {arm: json.loads(p.read_text()) for arm in ARMS[preset] if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
+    if missing := [arm for arm in ARMS[preset] if arm not in found]:
+        raise SystemExit(f"arms {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
+                         f"--workdir {args.workdir} --arm NAME for each")
+    base = json.loads((args.workdir / "stages" / "base.json").read_text())
+    uniform, curriculum = found["uniform"], found["curriculum"]
+    keys = ("signal_rate", "update_s_per_useful_group", "mean_gain_points", "mean_gain_se_points", "domains_gained",
+            "domains_lost", "general", "steps", "minutes", "minutes_alone", "cpu_minutes", "peak_rss_gb", "reward_curve")
+    ratio = curriculum["signal_rate"] / uniform["signal_rate"] if uniform["signal_rate"] else float("inf")
+    print(json.dumps({
+        "figure": "learning-broad", "preset": preset, "model": base["model"], "model_params": base["params"],
+        "domains": len(curriculum["per_domain"]), "general_before": base["report"].get("general/pass@1"),
+        "arms": {arm: {k: f[k] for k in keys if k in f} | {"general_after": f["general"]} for arm, f in found.items()},
+        "tasks_per_domain": curriculum["tasks_per_domain"],
+        "per_domain": {d: {"before": f["before"],
+                           "before_se_points": round(100 * (f["before"] * (1 - f["before"]) / curriculum["tasks_per_domain"]) ** 0.5, 2),
+                           **{arm: found[arm]["per_domain"][d]["after"] for arm in found},
+                           **{f"{arm}_gain_points": found[arm]["per_domain"][d]["gain_points"] for arm in found},
+                           **{f"{arm}_se_points": found[arm]["per_domain"][d]["se_points"] for arm in found}}
+                       for d, f in curriculum["per_domain"].items()},
+        "signal_rate_ratio": round(ratio, 3),
+        "goals": {"signal_rate_ratio_at_least_1.3": ratio >= 1.3,
+                  "curriculum_mean_gain_at_least_5_points": curriculum["mean_gain_points"] >= 5,
+                  "curriculum_loses_no_more_domains": curriculum["domains_lost"] <= uniform["domains_lost"]},
+        "minutes": round(base["minutes"] + uniform["minutes"] + curriculum["minutes"], 2),
+        "peak_rss_gb": max(f["peak_rss_gb"] for f in found.values()),
+        "peer": {"name": "the uniform arm", "setting": "uniform draws over the same domains at their fixed difficulty: the "
+                                                      "same model, seed, steps and trajectories, the same held-out tasks"},
+        "workdir": str(args.workdir),
+    }), flush=True)
+
+
 def combine_arms(preset: str, args: argparse.Namespace) -> None:
-    """The arms' results in the workdir as one summary (``bench/results/learning-repair.json`` when recorded)."""
-    found = {arm: json.loads(p.read_text()) for arm in ARMS if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
-    if missing := [arm for arm in ARMS if arm not in found]:
+    """The repair arms' results in the workdir as one summary (``bench/results/learning-repair.json`` when recorded)."""
+    found = {arm: json.loads(p.read_text()) for arm in ARMS[preset] if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
+    if missing := [arm for arm in ARMS[preset] if arm not in found]:
         raise SystemExit(f"arms {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
                          f"--workdir {args.workdir} --arm NAME for each")
     base = json.loads((args.workdir / "stages" / "base.json").read_text())
@@ -515,8 +597,8 @@ def main() -> None:
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--arms", action="store_true", help="every part of the preset (smollm2-repair: the arms cold, "
-                        "sft, sft-grpo; gemma3-base-to-instruct: the stages base, sft, grpo), each in a process of its "
-                        "own, then their summary")
+                        "sft, sft-grpo; smollm2-broad: uniform, curriculum; gemma3-base-to-instruct: the stages base, "
+                        "sft, grpo), each in a process of its own, then their summary")
     parser.add_argument("--arm", choices=sorted({p for parts in PARTS.values() for p in parts}),
                         help="one part; its result goes to <workdir>/arms/<part>.json")
     parser.add_argument("--combine", action="store_true", help="the summary of the arms already run in --workdir")
@@ -540,7 +622,7 @@ def main() -> None:
             for part in parts:
                 if not (args.workdir / "arms" / f"{part}.json").is_file():
                     subprocess.run([sys.executable, __file__, *passed, "--workdir", str(args.workdir), "--arm", part], check=True)
-        return (combine_stages if parts is STAGES else combine_arms)(args.preset, args)
+        return {"gemma3-base-to-instruct": combine_stages, "smollm2-broad": combine_broad}.get(args.preset, combine_arms)(args.preset, args)
     if args.ablation_variant:
         print(json.dumps(ablation_variant(args.preset, args.ablation_variant, args.model_dir, args.ablation_steps, args.threads)))
         return None

@@ -228,8 +228,9 @@ def _smollm2_repair() -> Recipe:
 
 # --- the real model across many domains at once ------------------------------------------------------------
 # nine families, 36 domains, none of them the general check's; each at the lowest difficulty (2 or more) whose
-# prompts hold out an eval split: the SmolLM2 as it ships answers few of them greedily (2 of 36 above 25% in a
-# probe of 8 tasks each), so the learning signal is where sampling finds it
+# prompts hold out an eval split. Each is put with a worked example of its own: with BOXED's one sum before every
+# question SmolLM2 as it ships answered 2% of them greedily (8 tasks a domain; 2 of 36 domains above 25%), with its
+# own 21.5% (22 of 36 domains neither always nor never right), so the groups have something to disagree on
 BROAD_LEVELS = {
     "arith.add.int": 2, "arith.sub.int": 2, "arith.mul.int": 2, "arith.div.int": 2, "arith.mod.int": 2,
     "compare.larger.int": 2, "compare.smaller.int": 2, "compare.max3.int": 2, "compare.min3.int": 2,
@@ -241,13 +242,30 @@ BROAD_LEVELS = {
     "format.zero_pad": 2, "format.thousands": 2, "format.round": 2,
     "json.pick": 2, "json.sum_field": 2, "json.drop": 2,
 }  # fmt: skip
-# boxed answers, but a JSON reply is read as JSON: the json.* domains are put with a worked example of their own
-BROAD_FORMAT = BOXED.model_copy(update={"domains": {"json.": PromptFormat(examples=[WorkedExample(
-    user='Keep only keys x, z of {"x":1,"y":2,"z":3}. Reply with JSON.', assistant='{"x": 1, "z": 3}')])}})
+
+
+def _worked(domain: str, level: int) -> PromptFormat:
+    """``domain``'s own format: one of its train-split tasks solved before the question (the one arithmetic example of
+    BOXED shows no date, list or JSON answer), answered boxed, or as JSON for a JSON domain."""
+    from posttrain.platform.tasks.domains import generate
+
+    (example,) = generate(domain, 1, seed=7, difficulty=level, split="train")
+    assert example.reference is not None
+    if domain.startswith("json."):  # a JSON reply is read as JSON: no box
+        return PromptFormat(examples=[WorkedExample(user=example.prompt_text, assistant=example.reference)])
+    return BOXED.model_copy(update={"examples": [WorkedExample(user=f"{example.prompt_text}\n{BOXED.instruction}",
+                                                                assistant=f"\\boxed{{{example.reference}}}")]})
+
+
 # the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ),
 # floored so no domain starves, and each domain's difficulty stepped by its pass rate; uniform is its peer
 BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", adapt_difficulty=True, min_results=16)
 BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
+
+
+def broad_format() -> PromptFormat:
+    """Each broad domain put in its own format (:func:`_worked`), the run's format holding them all."""
+    return BOXED.model_copy(update={"domains": {d: _worked(d, level) for d, level in BROAD_LEVELS.items()}})
 
 
 def _smollm2_broad() -> Recipe:
@@ -261,12 +279,12 @@ def _smollm2_broad() -> Recipe:
                     "the general check beside it",
         model=REAL_MODEL, sft=None,
         grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()],
-                              "prompt_format": BROAD_FORMAT, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
+                              "prompt_format": broad_format(), "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
                               "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,
                               "logprob_check": {"every": 10, "trajectories": 8}},
         eval=arith["eval"] | {"domains": list(BROAD_LEVELS), "difficulty": 2,
                               "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
-                              "prompt_format": BROAD_FORMAT, "tasks_per_domain": 16, "max_new_tokens": 48,
+                              "prompt_format": broad_format(), "tasks_per_domain": 16, "max_new_tokens": 48,
                               "general": {"tasks_per_domain": 32}},
     )
 
