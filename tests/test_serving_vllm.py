@@ -150,6 +150,7 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
         assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and _arg(args, "--host") == "127.0.0.1"
         assert _arg(args, "--max-model-len") == "8192"  # SmolLM2's own, not the 65536 asked for
         assert _arg(args, "--kv-cache-memory-bytes") == str(2**30) and "--enforce-eager" in args
+        assert _arg(args, "--dtype") == "float32"  # vLLM's CPU "auto" is bf16, whose kernels answered wrongly on an AMX host
         assert _arg(args, "--chat-template-content-format") == "string"
         assert json.loads(_arg(args, "--speculative-config"))["method"] == "ngram"  # the fast tier's speculation
 

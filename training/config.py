@@ -351,8 +351,8 @@ class VLLMRollout(BaseModel):
                                           "(the learner needs the rest)")
     kv_cache_memory_bytes: int | None = Field(default=None, ge=2**20, description="the KV cache in bytes; a CPU "
                                               "host's default is 1 GiB")
-    dtype: str = Field(default="auto", description="vLLM's weight dtype ('auto': the model's; bf16 drifts from an "
-                       "fp32 learner by about 0.01 in log-prob, which the log-prob check allows)")
+    dtype: str = Field(default="auto", description="vLLM's weight dtype ('auto': the model's on a GPU, float32 on a "
+                       "CPU host; bf16 drifts from an fp32 learner by about 0.01 in log-prob, which the log-prob check allows)")
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's own")
     enforce_eager: bool | None = Field(default=None, description="no compiled graphs (slower decoding, start-up "
                                        "in seconds); None: on a CPU, not on a GPU")

@@ -54,7 +54,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.platform.models.loader import load_model
 from posttrain.platform.serving.generation import DecodeBatch, KVPrefix, SamplingParams, SpeculationConfig, decode_groups
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
-from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES
+from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, engine_dtype
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
@@ -365,7 +365,7 @@ class VLLMEngineArgs:
 
     def llm_kwargs(self, model: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "model": model, "dtype": self.dtype, "enable_prefix_caching": self.enable_prefix_caching,
+            "model": model, "dtype": engine_dtype(self.dtype, self.device), "enable_prefix_caching": self.enable_prefix_caching,
             "enforce_eager": self.enforce_eager, "seed": self.seed, "logprobs_mode": "processed_logprobs",
         }  # fmt: skip
         if self.device == "cpu":

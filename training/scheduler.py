@@ -24,8 +24,8 @@ reaches ``step_up_at`` and down once it falls to ``step_down_at`` (after ``min_r
 difficulty it has), and its estimates start afresh at the new difficulty.
 
 The cost of a batch is O(D + batch_size log D) for D domains (one pass over the weights, a bisection per
-draw) and a recorded group costs O(1): all 248 domains in one run cost a few hundred microseconds a step
-(``bench/scheduler.py`` measures it). Tasks come from the procedural generators
+draw), a recorded group O(1) and the per-domain figures logged a step O(D) (``bench/scheduler.py`` measures
+it against 4 domains). Tasks come from the procedural generators
 (``posttrain.platform.tasks.domains.generate``) in seeded chunks, or from a fixed list on the
 ``DomainSpec`` (a stored task set's split: :func:`stored_domains`); the position in each domain is part of the state, so ``state_dict()`` (plain
 JSON) and ``load_state_dict()`` resume the same stream.

