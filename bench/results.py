@@ -192,6 +192,18 @@ def learning_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def scheduler_rows(s: Summary) -> list[Row]:
+    counts = list(s["us_per_step"])
+    top = counts[-1]
+    return [Row(
+        f"task scheduler a step, signal curriculum with difficulty steps ({s['batch']} prompts x {s['group']} samples)",
+        f"{top} domains: {s['us_per_step'][top]:,.0f} µs a step ({s['per_domain_us'][top]:.1f} µs a domain); "
+        + ", ".join(f"{c} domains {s['us_per_step'][c]:,.0f} µs" for c in counts[:-1]),
+        f"the same run over {counts[0]} domains: {s['us_per_step'][counts[0]]:,.0f} µs a step "
+        f"({_x(s['ratio_vs_4_domains'][top])} for {top} domains)",
+    )]  # fmt: skip
+
+
 def learning_broad_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-broad --arms``: the curriculum's against uniform's."""
     names = {"uniform": "uniform draws at fixed difficulty", "curriculum": "the signal curriculum, difficulty stepped"}
@@ -343,7 +355,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
     "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
-    "learning-docqa": learning_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
+    "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows, "tiers": tiers_rows,
 }  # fmt: skip
 

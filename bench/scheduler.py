@@ -80,7 +80,7 @@ def main() -> None:
         print(json.dumps(rows[label]), flush=True)
     peer = rows["4"]["us_per_step_total"]
     print(json.dumps({
-        "figure": "scheduler-scaling", "steps": args.steps, "batch": args.batch, "group": args.group,
+        "figure": "scheduler", "steps": args.steps, "batch": args.batch, "group": args.group,
         "us_per_step": {label: r["us_per_step_total"] for label, r in rows.items()},
         "parts_us_per_step": {label: r["us_per_step"] for label, r in rows.items()},
         "per_domain_us": {label: round(r["us_per_step_total"] / r["domains"], 2) for label, r in rows.items()},
