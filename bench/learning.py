@@ -511,13 +511,18 @@ def domain_figures(report: dict[str, float], before: dict[str, float] | None = N
 ARM_FIGURES = {"smollm2-repair": arm_figures, "smollm2-broad": domain_figures}  # an arm's figures from its evaluation
 
 
-def combine_broad(preset: str, args: argparse.Namespace) -> None:
-    """The broad preset's two arms as one summary (``bench/results/learning-broad.json`` when recorded)."""
+def read_arms(preset: str, args: argparse.Namespace) -> tuple[dict[str, dict], dict]:
+    """Every arm's result in the workdir and the base stage they start from; exits naming the arms not run yet."""
     found = {arm: json.loads(p.read_text()) for arm in ARMS[preset] if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
     if missing := [arm for arm in ARMS[preset] if arm not in found]:
         raise SystemExit(f"arms {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
                          f"--workdir {args.workdir} --arm NAME for each")
-    base = json.loads((args.workdir / "stages" / "base.json").read_text())
+    return found, json.loads((args.workdir / "stages" / "base.json").read_text())
+
+
+def combine_broad(preset: str, args: argparse.Namespace) -> None:
+    """The broad preset's two arms as one summary (``bench/results/learning-broad.json`` when recorded)."""
+    found, base = read_arms(preset, args)
     uniform, curriculum = found["uniform"], found["curriculum"]
     keys = ("signal_rate", "update_s_per_useful_group", "mean_gain_points", "mean_gain_se_points", "domains_gained",
             "domains_lost", "general", "steps", "minutes", "minutes_alone", "cpu_minutes", "peak_rss_gb", "reward_curve")
@@ -547,11 +552,7 @@ def combine_broad(preset: str, args: argparse.Namespace) -> None:
 
 def combine_arms(preset: str, args: argparse.Namespace) -> None:
     """The repair arms' results in the workdir as one summary (``bench/results/learning-repair.json`` when recorded)."""
-    found = {arm: json.loads(p.read_text()) for arm in ARMS[preset] if (p := args.workdir / "arms" / f"{arm}.json").is_file()}
-    if missing := [arm for arm in ARMS[preset] if arm not in found]:
-        raise SystemExit(f"arms {missing} have no result in {args.workdir / 'arms'}: run bench/learning.py --preset {preset} "
-                         f"--workdir {args.workdir} --arm NAME for each")
-    base = json.loads((args.workdir / "stages" / "base.json").read_text())
+    found, base = read_arms(preset, args)
     sft = json.loads((args.workdir / "stages" / "sft.json").read_text())
     before = arm_figures(base["report"])
     a, b = found["sft-grpo"], found["sft"]

@@ -269,7 +269,7 @@ def broad_format() -> PromptFormat:
 
 
 def _smollm2_broad() -> Recipe:
-    arith = _smollm2_arith()
+    arith, fmt = _smollm2_arith(), broad_format()  # the format once: training and evaluation put tasks alike
     return dict(
         name="smollm2-broad",
         description="SmolLM2-135M-Instruct as it ships, GRPO across 36 domains of nine families at once (arithmetic, "
@@ -279,12 +279,12 @@ def _smollm2_broad() -> Recipe:
                     "the general check beside it",
         model=REAL_MODEL, sft=None,
         grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()],
-                              "prompt_format": broad_format(), "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
+                              "prompt_format": fmt, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
                               "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,
                               "logprob_check": {"every": 10, "trajectories": 8}},
         eval=arith["eval"] | {"domains": list(BROAD_LEVELS), "difficulty": 2,
                               "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
-                              "prompt_format": broad_format(), "tasks_per_domain": 16, "max_new_tokens": 48,
+                              "prompt_format": fmt, "tasks_per_domain": 16, "max_new_tokens": 48,
                               "general": {"tasks_per_domain": 32}},
     )
 
