@@ -7,7 +7,7 @@
     .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
     .venv/bin/python bench/learning.py --preset smollm2-repair --arms        # three arms: GRPO alone, SFT alone, SFT then GRPO
     .venv/bin/python bench/learning.py --preset gemma3-base-to-instruct --arms   # a base model: as it ships, SFT, GRPO
-    .venv/bin/python bench/learning.py --preset smollm2-broad --arms   # 36 domains: uniform draws, then the curriculum
+    .venv/bin/python bench/learning.py --preset smollm2-broad --arms   # 37 domains: uniform draws, the curriculum, stepped
     .venv/bin/python bench/learning.py --preset smollm2-arith --rollout vllm --device cuda      # a GPU host (the gpu extra)
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
@@ -48,6 +48,8 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from posttrain.training.preset_recipes import BROAD_STEPPED, BROAD_UNIFORM  # noqa: E402
 
 
 FIGURES = {"smollm2-tools": "learning-tools", "smollm2-docqa": "learning-docqa"}  # bench/results/<figure>.json
@@ -192,12 +194,37 @@ class Jobs:
         return self.run("evaluate", config, label)["reports"][model]
 
 
+def build_documents(jobs: Jobs, preset: str) -> None:
+    """A document preset's task set made as an operator would make it: its documents uploaded, preprocessed by the
+    worker, one ``build_tasks`` job over them (nothing for a preset without documents)."""
+    import glob
+    import time
+
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.documents import add_document
+    from posttrain.platform.jobs import queue
+    from posttrain.training.presets import get_preset
+
+    documents = get_preset(preset).documents
+    if documents is None:
+        return
+    started = time.perf_counter()
+    files = sorted({f for pattern in documents.paths for f in glob.glob(pattern)})
+    if not files:
+        raise SystemExit(f"preset {preset}: none of {documents.paths} exists (make system-deps installs them)")
+    added = [add_document(jobs.identity, Path(f)) for f in files]
+    jobs.work()
+    ready = [a.document.id for a in added if queue.get_job(a.job_id).status is JobStatus.succeeded]
+    built = jobs.run("build_tasks", {"task_set": documents.task_set, "source": {
+        "type": "documents", "document_ids": ready, **documents.source}}, f"building task set {documents.task_set}")
+    print(json.dumps({"documents": len(files), "preprocessed": len(ready), **{k: v for k, v in built.items() if k not in ("curve", "job_id")},
+                      "minutes": round((time.perf_counter() - started) / 60, 2)}), flush=True)
+
+
 def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
     """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
     import time
 
-    from posttrain.platform.db.models import JobStatus
-    from posttrain.platform.jobs import queue
     from posttrain.platform.models.importer import import_model
     from posttrain.training.evaluate import general_config
     from posttrain.training.presets import get_preset
@@ -205,23 +232,8 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
     run = get_preset(preset)
     jobs = Jobs(workdir, threads)
     row = import_model(jobs.identity, f"builtin:{run.model}", dest_root=jobs.data / "models")
+    build_documents(jobs, preset)
     started = time.perf_counter()
-    if run.documents is not None:  # a document preset: upload, preprocess, build its task set, as an operator would
-        import glob
-
-        from posttrain.platform.documents import add_document
-
-        files = sorted({f for pattern in run.documents.paths for f in glob.glob(pattern)})
-        if not files:
-            raise SystemExit(f"preset {preset}: none of {run.documents.paths} exists (make system-deps installs them)")
-        added = [add_document(jobs.identity, Path(f)) for f in files]
-        jobs.work()
-        ready = [a.document.id for a in added if queue.get_job(a.job_id).status is JobStatus.succeeded]
-        built = jobs.run("build_tasks", {"task_set": run.documents.task_set, "source": {
-            "type": "documents", "document_ids": ready, **run.documents.source}}, f"building task set {run.documents.task_set}")
-        print(json.dumps({"documents": len(files), "preprocessed": len(ready), **{k: v for k, v in built.items() if k not in ("curve", "job_id")},
-                          "minutes": round((time.perf_counter() - started) / 60, 2)}), flush=True)
-        started = time.perf_counter()
     result = jobs.run("train_preset", {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation}, "grpo")
     minutes = (time.perf_counter() - started) / 60
     steps = result["curve"]
@@ -259,8 +271,9 @@ ARMS: dict[str, dict[str, tuple[str, str, dict]]] = {
         "sft-grpo": ("sft", "grpo", {}),   # GRPO from the SFT warm-up
     },
     "smollm2-broad": {  # the same model, seed, steps and trajectories; only the draws differ
-        "uniform": ("base", "grpo", {"scheduler": {"batch_size": 8, "seed": 0, "curriculum": False}}),
-        "curriculum": ("base", "grpo", {}),  # the preset's: toward the signal, difficulty stepped per domain
+        "uniform": ("base", "grpo", {"scheduler": BROAD_UNIFORM.model_dump()}),
+        "curriculum": ("base", "grpo", {}),  # the preset's: toward the signal, each domain at its held-out difficulty
+        "stepped": ("base", "grpo", {"scheduler": BROAD_STEPPED.model_dump()}),  # the curriculum, difficulty stepped too
     },
 }
 GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
@@ -317,6 +330,7 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
         from posttrain.platform.models.importer import import_model
 
         row = import_model(jobs.identity, f"builtin:{run.model}", dest_root=jobs.data / "models")
+        build_documents(jobs, preset)  # the task set the arms train and are evaluated on, made once
         report = jobs.evaluate(preset, row.name, "evaluate the model as it ships", args.eval_tasks)
         out = {"model": row.name, "path": row.path, "params": (row.meta or {}).get("parameters"), "report": report}
     else:
@@ -521,7 +535,8 @@ def read_arms(preset: str, args: argparse.Namespace) -> tuple[dict[str, dict], d
 
 
 def combine_broad(preset: str, args: argparse.Namespace) -> None:
-    """The broad preset's two arms as one summary (``bench/results/learning-broad.json`` when recorded)."""
+    """The broad preset's arms as one summary (``bench/results/learning-broad.json`` when recorded): the goals set the
+    curriculum against uniform draws; the stepped arm shows what stepping each domain's difficulty did."""
     found, base = read_arms(preset, args)
     uniform, curriculum = found["uniform"], found["curriculum"]
     keys = ("signal_rate", "update_s_per_useful_group", "mean_gain_points", "mean_gain_se_points", "domains_gained",
@@ -542,7 +557,7 @@ def combine_broad(preset: str, args: argparse.Namespace) -> None:
         "goals": {"signal_rate_ratio_at_least_1.3": ratio >= 1.3,
                   "curriculum_mean_gain_at_least_5_points": curriculum["mean_gain_points"] >= 5,
                   "curriculum_loses_no_more_domains": curriculum["domains_lost"] <= uniform["domains_lost"]},
-        "minutes": round(base["minutes"] + uniform["minutes"] + curriculum["minutes"], 2),
+        "minutes": round(base["minutes"] + sum(f["minutes"] for f in found.values()), 2),
         "peak_rss_gb": max(f["peak_rss_gb"] for f in found.values()),
         "peer": {"name": "the uniform arm", "setting": "uniform draws over the same domains at their fixed difficulty: the "
                                                       "same model, seed, steps and trajectories, the same held-out tasks"},
@@ -598,7 +613,7 @@ def main() -> None:
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--arms", action="store_true", help="every part of the preset (smollm2-repair: the arms cold, "
-                        "sft, sft-grpo; smollm2-broad: uniform, curriculum; gemma3-base-to-instruct: the stages base, "
+                        "sft, sft-grpo; smollm2-broad: uniform, curriculum, stepped; gemma3-base-to-instruct: the stages base, "
                         "sft, grpo), each in a process of its own, then their summary")
     parser.add_argument("--arm", choices=sorted({p for parts in PARTS.values() for p in parts}),
                         help="one part; its result goes to <workdir>/arms/<part>.json")

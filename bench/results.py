@@ -206,7 +206,8 @@ def scheduler_rows(s: Summary) -> list[Row]:
 
 def learning_broad_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-broad --arms``: the curriculum's against uniform's."""
-    names = {"uniform": "uniform draws at fixed difficulty", "curriculum": "the signal curriculum, difficulty stepped"}
+    names = {"uniform": "uniform draws at fixed difficulty", "curriculum": "the signal curriculum at fixed difficulty",
+             "stepped": "the signal curriculum, difficulty stepped by pass rate"}
     rows = []
     for arm, a in s["arms"].items():
         result = (f"{_pct(a['signal_rate'])} of groups with a learning signal, {a['update_s_per_useful_group']:.2f} s of "
@@ -215,10 +216,10 @@ def learning_broad_rows(s: Summary) -> list[Row]:
                   f"{a['domains_lost']} lost beyond 2 SE; general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; "
                   f"{a['steps']} steps, {_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone), peak RSS {a['peak_rss_gb']:.1f} GiB")
         peer = "the model as it ships, the same held-out tasks"
-        if arm == "curriculum" and "uniform" in s["arms"]:
+        if arm != "uniform" and "uniform" in s["arms"]:
             u = s["arms"]["uniform"]
             peer = (f"uniform, the same model, seed, steps and trajectories: signal {_pct(u['signal_rate'])} "
-                    f"(×{s['signal_rate_ratio']:.2f}; goal ×1.3), gain {u['mean_gain_points']:+.1f} points, "
+                    f"(×{a['signal_rate'] / u['signal_rate']:.2f}; goal ×1.3), gain {u['mean_gain_points']:+.1f} points, "
                     f"{u['domains_lost']} domains lost")
         rows.append(Row(f"learning on {s['model']} across many domains ({s['preset']}: {names.get(arm, arm)})", result, peer))
     return rows

@@ -79,6 +79,30 @@ def test_head_to_head_of_the_real_model_and_a_tiny_one(platform_env: dict[str, s
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_stored_domain_beside_generated_ones_and_the_general_checks_flips(
+        platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:  # fmt: skip
+    """``task_sets``: one domain from a stored set, another generated, in one evaluation; the general check's
+    per-task records come back as ``general/<domain>`` rows of the arena (a general-check loss shows its flips),
+    and ``all`` stays the evaluation's own tasks."""
+    _task_set()
+    config = EvalConfig(models=["tiny", "smol"], domains=["compare.smaller.int", "list.int.sum"], difficulty=2,
+                        task_sets={"compare.smaller.int": "numbers"}, tasks_per_domain=4, max_new_tokens=8, device="cpu",
+                        general={"domains": ["list.int.max"], "tasks_per_domain": 4, "max_new_tokens": 8})
+    out = evaluate_models(config, {"tiny": str(tiny_dir), "smol": str(real_model_dir.path)}.__getitem__)
+    arena, smol = out["arena"], out["models"]["smol"]
+    assert list(arena["domains"]) == ["compare.smaller.int", "list.int.sum", "general/list.int.max", "all"]
+    assert arena["domains"]["all"]["tasks"] == 8 and arena["domains"]["all"]["b"] == smol["eval/pass@1"]
+    assert arena["domains"]["general/list.int.max"]["tasks"] == 4
+    assert arena["domains"]["general/list.int.max"]["b"] == smol["general/list.int.max/pass@1"]
+    flips = [d for d in arena["disagreements"] if d["domain"] == "general/list.int.max"]
+    assert len(flips) == arena["domains"]["general/list.int.max"]["wins"] + arena["domains"]["general/list.int.max"]["losses"]
+    stored = {t.prompt_text for t in generate("compare.smaller.int", 10, seed=3, difficulty=2, split="eval")}
+    assert all(d["prompt"] in stored for d in arena["disagreements"] if d["domain"] == "compare.smaller.int")
+    with pytest.raises(ValueError, match=r"task_sets names \['list.int.min'\]"):
+        EvalConfig(model="smol", domains=["list.int.sum"], task_sets={"list.int.min": "numbers"})
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
     register_model(OPERATOR, "tiny", tiny_dir)
     register_model(OPERATOR, "smollm2-135m-instruct", real_model_dir.path)

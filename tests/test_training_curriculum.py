@@ -50,7 +50,7 @@ def run_config(scheduler: dict[str, object] | None = None) -> dict[str, object]:
     }
     grpo["scheduler"] = scheduler if scheduler is not None else {"batch_size": BATCH}  # the preset's curriculum
     return {"preset": "smollm2-broad", "model": "tiny", "grpo": grpo,
-            "eval": {"task_set": "signals", "domains": [], "difficulties": {}, "prompt_format": None, "general": None,
+            "eval": {"task_set": "signals", "domains": [], "difficulties": {}, "task_sets": {}, "prompt_format": None, "general": None,
                      "tasks_per_domain": 8, "max_new_tokens": 1, "batch_size": 32}}  # fmt: skip
 
 

@@ -253,7 +253,8 @@ def test_job_kinds_store_typed_results_that_read_back_typed() -> None:
 def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_at_the_start(
         platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:  # fmt: skip
     """``task_set``: the run draws the set's train tasks only (its eval split is what evaluation reads); a set
-    that is not there, or a domain it does not hold, fails the job at its start as bad input, naming it."""
+    that is not there, or a domain it does not hold, fails the job at its start as bad input, naming it. A domain
+    naming its own ``task_set`` is drawn from that set beside generated domains."""
     from posttrain.platform.tasks import store
     from posttrain.platform.tasks.domains import generate
 
@@ -265,14 +266,31 @@ def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_a
     good = queue.submit(OPERATOR, "train_grpo", config)
     missing = queue.submit(OPERATOR, "train_grpo", {**config, "task_set": "no-such-set"})
     other = queue.submit(OPERATOR, "train_grpo", {**config, "domains": ["format.zero_pad"]})
+    beside = {**config, "task_set": None, "scheduler": {"batch_size": 4, "seed": 0},
+              "domains": [{"name": "format.zero_pad", "difficulty": 2}, {"name": "format.to_hex", "task_set": "hexes"}]}
+    mixed = queue.submit(OPERATOR, "train_grpo", beside)
+    mixed_missing = queue.submit(OPERATOR, "train_grpo", {**beside, "domains": [
+        "format.zero_pad", {"name": "format.to_hex", "task_set": "no-such-set"}]})
     run_worker_until_idle(platform_env, timeout=300)
     job = queue.get_job(good)
     assert job.status is JobStatus.succeeded, job.error
     with session(db_url, read_only=True) as s:
         drawn = {t.verdict["task_id"] for t in s.exec(select(Trajectory).where(Trajectory.job_id == good)).all()}
     assert drawn and drawn <= {t.task_id for t in train}  # 2 steps x 2 prompts, none from the eval split
-    for job_id, named in ((missing, "task set 'no-such-set' holds no train tasks"), (other, "no train tasks in domains ['format.zero_pad']")):
+    job = queue.get_job(mixed)
+    assert job.status is JobStatus.succeeded, job.error
+    with session(db_url, read_only=True) as s:
+        rows = s.exec(select(Trajectory).where(Trajectory.job_id == mixed)).all()
+    stored = {t.verdict["task_id"] for t in rows if t.verdict["task_id"] in {x.task_id for x in train}}
+    generated = [t for t in rows if t.verdict["task_id"] not in {x.task_id for x in train}]
+    assert stored and generated, rows  # 2 steps x 4 prompts: both domains drawn, the stored one from its train split
+    assert {t.verdict["task_id"] for t in rows} & {t.task_id for t in held} == set()
+    for job_id, named in ((missing, "task set 'no-such-set' holds no train tasks"), (other, "no train tasks in domains ['format.zero_pad']"),
+                          (mixed_missing, "task set 'no-such-set' holds no train tasks in domains ['format.to_hex']")):
         failed = queue.get_job(job_id)
         assert failed.status is JobStatus.failed and failed.error_cause == "bad_input" and named in (failed.error or ""), failed.error
     with pytest.raises(JobConfigError, match="list their own tasks"):
         validate_config("train_grpo", {**config, "domains": [{"name": "format.to_hex", "tasks": [t.model_dump() for t in train]}]})
+    with pytest.raises(JobConfigError, match="list their own tasks"):
+        validate_config("train_grpo", {**beside, "domains": [{"name": "format.to_hex", "task_set": "hexes",
+                                                              "tasks": [t.model_dump() for t in train]}]})

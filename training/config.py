@@ -455,8 +455,8 @@ class GRPOConfig(TrainConfig):
     def _check(self) -> GRPOConfig:
         if not self.domains and self.task_set is None:
             raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on, or a task_set")
-        if self.task_set is not None and (listed := [d.name for d in self.domains if isinstance(d, DomainSpec) and d.tasks]):
-            raise ValueError(f"domains {listed} list their own tasks; with task_set the tasks come from the set")
+        if listed := [d.name for d in self.domains if isinstance(d, DomainSpec) and d.tasks and (d.task_set or self.task_set)]:
+            raise ValueError(f"domains {listed} list their own tasks; with a task_set the tasks come from the set")
         if self.sampling.temperature <= 0:
             raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
         if self.environment.multi_turn and self.rollout.backend not in MULTI_TURN_BACKENDS:
@@ -497,6 +497,8 @@ class EvalConfig(BaseModel):
     task_set: str | None = Field(default=None, description="a stored task set to draw tasks from (its eval split); "
                                  "unset: the procedural domains generate them")
     domains: list[str] = Field(default_factory=list, description="domains to evaluate; with a task_set, empty means all of its")
+    task_sets: dict[str, str] = Field(default_factory=dict, description="a domain's own stored task set (its split's "
+                                      "tasks), beside generated domains or another set's")
     tasks_per_domain: int = Field(default=32, ge=1)
     difficulty: int = Field(default=1, ge=1)
     difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
@@ -532,17 +534,23 @@ class EvalConfig(BaseModel):
             raise ValueError(f"models lists a model twice: {self.models}")
         if not self.domains and self.task_set is None:
             raise ValueError("name the domains to evaluate, or a task_set to take them from")
-        if unknown := sorted(set(self.difficulties) - set(self.domains)):
-            raise ValueError(f"difficulties names {unknown}, which domains does not list")
-        if self.split == "eval" and self.task_set is None:
+        for field in ("difficulties", "task_sets"):
+            if unknown := sorted(set(getattr(self, field)) - set(self.domains)):
+                raise ValueError(f"{field} names {unknown}, which domains does not list")
+        if self.split == "eval":
             for domain in self.domains:
-                _check_held_out([domain], self.difficulty_of(domain))
+                if self.task_set_of(domain) is None:
+                    _check_held_out([domain], self.difficulty_of(domain))
         if self.general is not None:
             _check_held_out(self.general.domains, self.general.difficulty)
         return self
 
     def difficulty_of(self, domain: str) -> int:
         return self.difficulties.get(domain, self.difficulty)
+
+    def task_set_of(self, domain: str) -> str | None:
+        """The stored task set ``domain``'s tasks come from (None: generated)."""
+        return self.task_sets.get(domain, self.task_set)
 
     @property
     def model_list(self) -> list[str]:

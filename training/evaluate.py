@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from posttrain.training.environments.base import Episode
     from posttrain.training.environments.runner import EpisodeRunner
 
+GENERAL = "general/"  # the general check's figures and per-task records are named under it
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples of which ``c`` passed: ``1 - C(n-c, k) / C(n, k)``."""
@@ -116,12 +118,12 @@ def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
     procedurally in the ``eval`` split unless set otherwise."""
     from posttrain.platform.tasks.prompt_format import apply_format
 
-    if config.task_set is not None:
+    if (task_set := config.task_set_of(domain)) is not None:
         from posttrain.platform.tasks.store import load_tasks
 
-        stored = load_tasks(task_set=config.task_set, domains=[domain], split=config.split, limit=config.tasks_per_domain)
+        stored = load_tasks(task_set=task_set, domains=[domain], split=config.split, limit=config.tasks_per_domain)
         if not stored:
-            raise ValueError(f"task set {config.task_set!r} has no {config.split} tasks in domain {domain!r}")
+            raise ValueError(f"task set {task_set!r} has no {config.split} tasks in domain {domain!r}")
         return apply_format([t.spec for t in stored], config.prompt_format)
     from posttrain.platform.tasks.domains import generate
 
@@ -157,7 +159,8 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     figures under ``general/`` (``general/pass@1``, ``general/<domain>/pass@1``).
 
     ``records``, when given, receives one row per task (its first completion and verdict), the
-    material of a head-to-head comparison (:func:`head_to_head`)."""
+    material of a head-to-head comparison (:func:`head_to_head`); the general check's rows name their domain
+    ``general/<domain>``."""
     sources = config.model_list
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
@@ -172,8 +175,11 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
         if episodes is not None:
             episodes.close()
     if (general := general_config(config)) is not None:
-        found = _domains_report(engine, None, service, general, general.domains, None)
-        report |= {"general/" + key.removeprefix("eval/"): value for key, value in found.items()}
+        kept: list[dict[str, Any]] | None = [] if records is not None else None
+        found = _domains_report(engine, None, service, general, general.domains, kept)
+        report |= {GENERAL + key.removeprefix("eval/"): value for key, value in found.items()}
+        if records is not None and kept is not None:  # its flips explain a general-check loss
+            records += [row | {"domain": GENERAL + row["domain"]} for row in kept]
     return report
 
 
@@ -263,14 +269,16 @@ def _paired(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
 
 def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Two models' per-task records on the same tasks (:func:`evaluate_policy`'s ``records``): per
-    domain and overall the paired figures of :func:`_paired`, and the tasks where their verdicts differ (up to
-    ``MAX_DISAGREEMENTS``, those of the domains where B lost beyond noise first)."""
+    domain (the general check's too) and over the evaluation's own tasks (``all``) the paired figures of
+    :func:`_paired`, and the tasks where their verdicts differ (up to ``MAX_DISAGREEMENTS``, those of the domains
+    where B lost beyond noise first)."""
     if [r["task_id"] for r in a] != [r["task_id"] for r in b]:
         raise ValueError("head_to_head needs both models' records on the same tasks in the same order")
     domains = list(dict.fromkeys(r["domain"] for r in a))
     table = {d: _paired([x["passed"] for x in a if x["domain"] == d], [y["passed"] for y in b if y["domain"] == d])
              for d in domains}  # fmt: skip
-    table["all"] = _paired([x["passed"] for x in a], [y["passed"] for y in b])
+    main = [(x["passed"], y["passed"]) for x, y in zip(a, b) if not x["domain"].startswith(GENERAL)]
+    table["all"] = _paired([x for x, _ in main], [y for _, y in main])  # the evaluation's own tasks, as eval/pass@1
     differ = [
         {"domain": x["domain"], "task_id": x["task_id"], "prompt": x["prompt"], "reference": x["reference"],
          "a": x["completion"], "a_passed": x["passed"], "b": y["completion"], "b_passed": y["passed"]}

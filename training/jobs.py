@@ -224,16 +224,16 @@ class TrajectoryWriter:
 
 
 def check_task_set(ctx: JobContext, config: GRPOConfig, hint: str = "") -> None:
-    """A run on a stored task set fails at its start, naming the set (and ``hint``: how to build it), when the
-    set holds no train tasks there."""
-    from posttrain.training.scheduler import stored_domains
+    """A run on stored task sets (its own, or a domain's) fails at its start, naming the set (and ``hint``: how to
+    build it), when a set holds no train tasks where the run draws them."""
+    from posttrain.training.scheduler import DomainSpec, resolve_domains
 
-    if config.task_set is not None:
-        try:
-            found = stored_domains(config.task_set, config.domains, url=ctx.url)
-        except ValueError as exc:
-            raise BadInput(f"{exc}{hint}") from None
-        ctx.log.info("task set %s: %s", config.task_set, ", ".join(f"{d.name} ({len(d.tasks or [])} train tasks)" for d in found))
+    try:
+        found = resolve_domains(config.domains, config.task_set, url=ctx.url)
+    except ValueError as exc:
+        raise BadInput(f"{exc}{hint}") from None
+    if stored := [d for d in found if isinstance(d, DomainSpec) and d.tasks is not None]:
+        ctx.log.info("stored tasks: %s", ", ".join(f"{d.name} ({len(d.tasks or [])} train tasks)" for d in stored))
 
 
 def _with_output_dir(ctx: JobContext, config: Any) -> Any:

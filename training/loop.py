@@ -32,7 +32,7 @@ from posttrain.training.learner import DistContext, Learner, TrainResult, local_
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
-from posttrain.training.scheduler import DomainSpec, Scheduler, stored_domains
+from posttrain.training.scheduler import DomainSpec, Scheduler, resolve_domains
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
 from posttrain.platform import metric_names as names
 
@@ -122,7 +122,7 @@ def train_grpo(
         domains: Sequence[str | DomainSpec] = ()
         if ctx.main:
             scheduler = scheduler or Scheduler(config.scheduler)
-            domains = stored_domains(config.task_set, config.domains) if config.task_set else config.domains
+            domains = resolve_domains(config.domains, config.task_set)
             scheduler.set_domains(domains, config.prompt_format)
             if learner.state:
                 scheduler.load_state_dict(learner.state["scheduler"])

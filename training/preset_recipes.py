@@ -174,6 +174,13 @@ DOC_QUOTE = PromptFormat(examples=[WorkedExample(user=user, assistant=reply) for
                           "sent corrections. A new Index lists all commands.", "A new Index lists all commands.", "Index"))])
 
 
+# the LaTeX News issues Debian ships, made into span-recovery tasks (domain doc.span), a quarter held out
+DOCQA_DOCUMENTS = dict(task_set=DOCQA_TASK_SET, paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
+                       source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
+                               "eval_fraction": 0.25, "seed": 0})
+DOC_DOMAIN = "doc.span"
+
+
 def _smollm2_docqa() -> Recipe:
     return dict(
         name="smollm2-docqa",
@@ -182,9 +189,7 @@ def _smollm2_docqa() -> Recipe:
                     "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
                     f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
         model=REAL_MODEL, sft=None,
-        documents=dict(task_set=DOCQA_TASK_SET, paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
-                       source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
-                               "eval_fraction": 0.25, "seed": 0}),
+        documents=DOCQA_DOCUMENTS,
         grpo=dict(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, scheduler=SchedulerConfig(batch_size=8, seed=0),
                   group_size=8, max_new_tokens=80, temperature=0.7, lr=2e-5, max_steps=12, micro_batch_size=16,
                   max_rollout_batches_per_step=2, checkpoint_every=6, device="cpu", seed=0, verifier_workers=1,
@@ -230,7 +235,8 @@ def _smollm2_repair() -> Recipe:
 # nine families, 36 domains, none of them the general check's; each at the lowest difficulty (2 or more) whose
 # prompts hold out an eval split. Each is put with a worked example of its own: with BOXED's one sum before every
 # question SmolLM2 as it ships answered 2% of them greedily (8 tasks a domain; 2 of 36 domains above 25%), with its
-# own 21.5% (22 of 36 domains neither always nor never right), so the groups have something to disagree on
+# own 21.5% (22 of 36 domains neither always nor never right), so the groups have something to disagree on.
+# Beside them the document task set's domain (DOC_DOMAIN), put as the docqa preset puts it
 BROAD_LEVELS = {
     "arith.add.int": 2, "arith.sub.int": 2, "arith.mul.int": 2, "arith.div.int": 2, "arith.mod.int": 2,
     "compare.larger.int": 2, "compare.smaller.int": 2, "compare.max3.int": 2, "compare.min3.int": 2,
@@ -258,34 +264,40 @@ def _worked(domain: str, level: int) -> PromptFormat:
 
 
 # the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ),
-# floored so no domain starves, and each domain's difficulty stepped by its pass rate; uniform is its peer
-BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", adapt_difficulty=True, min_results=16)
+# floored so no domain starves, every domain at the difficulty it is evaluated at. Its peers: uniform draws, and the
+# same curriculum stepping each domain's difficulty by its pass rate (BROAD_STEPPED): measured here, a domain
+# stepped past its held-out difficulty lost it (bench/learning.py --preset smollm2-broad; README)
+BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal")
+BROAD_STEPPED = BROAD_CURRICULUM.model_copy(update={"adapt_difficulty": True, "min_results": 16})
 BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
 
 
 def broad_format() -> PromptFormat:
-    """Each broad domain put in its own format (:func:`_worked`), the run's format holding them all."""
-    return BOXED.model_copy(update={"domains": {d: _worked(d, level) for d, level in BROAD_LEVELS.items()}})
+    """Each broad domain put in its own format (:func:`_worked`), the document domain as the docqa preset puts it;
+    the run's format holding them all."""
+    return BOXED.model_copy(update={"domains": {d: _worked(d, level) for d, level in BROAD_LEVELS.items()} | {DOC_DOMAIN: DOC_QUOTE}})
 
 
 def _smollm2_broad() -> Recipe:
     arith, fmt = _smollm2_arith(), broad_format()  # the format once: training and evaluation put tasks alike
     return dict(
         name="smollm2-broad",
-        description="SmolLM2-135M-Instruct as it ships, GRPO across 36 domains of nine families at once (arithmetic, "
+        description="SmolLM2-135M-Instruct as it ships, GRPO across 37 domains at once: 36 of nine families (arithmetic, "
                     "comparison, dates, units, lists, strings, regex extraction, formatting, JSON restructuring), answers "
-                    "boxed (JSON replies as JSON); the scheduler draws toward the domains whose groups disagree and steps "
-                    "each domain's difficulty by its pass rate; evaluated per domain on prompts it never trained on, with "
-                    "the general check beside it",
-        model=REAL_MODEL, sft=None,
-        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()],
-                              "prompt_format": fmt, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 48,
+                    "boxed (JSON replies as JSON), and the span-recovery tasks of the LaTeX News documents (doc_qa "
+                    f"verifier); the scheduler draws toward the domains whose groups disagree, with a floor; evaluated per "
+                    f"domain on prompts it never trained on, with the general check beside it. Build the task set "
+                    f"{DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-broad does)",
+        model=REAL_MODEL, sft=None, documents=DOCQA_DOCUMENTS,
+        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()]
+                              + [DomainSpec(name=DOC_DOMAIN, task_set=DOCQA_TASK_SET)],
+                              "prompt_format": fmt, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 80,
                               "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,
                               "logprob_check": {"every": 10, "trajectories": 8}},
-        eval=arith["eval"] | {"domains": list(BROAD_LEVELS), "difficulty": 2,
+        eval=arith["eval"] | {"domains": [*BROAD_LEVELS, DOC_DOMAIN], "difficulty": 2,
                               "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
-                              "prompt_format": fmt, "tasks_per_domain": 16, "max_new_tokens": 48,
-                              "general": {"tasks_per_domain": 32}},
+                              "task_sets": {DOC_DOMAIN: DOCQA_TASK_SET}, "prompt_format": fmt, "tasks_per_domain": 16,
+                              "max_new_tokens": 80, "general": {"tasks_per_domain": 32}},
     )
 
 

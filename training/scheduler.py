@@ -27,7 +27,7 @@ The cost of a batch is O(D + batch_size log D) for D domains (one pass over the 
 draw), a recorded group O(1) and the per-domain figures logged a step O(D) (``bench/scheduler.py`` measures
 it against 4 domains). Tasks come from the procedural generators
 (``posttrain.platform.tasks.domains.generate``) in seeded chunks, or from a fixed list on the
-``DomainSpec`` (a stored task set's split: :func:`stored_domains`); the position in each domain is part of the state, so ``state_dict()`` (plain
+``DomainSpec`` (a stored task set's split: :func:`resolve_domains`); the position in each domain is part of the state, so ``state_dict()`` (plain
 JSON) and ``load_state_dict()`` resume the same stream.
 """
 
@@ -47,7 +47,8 @@ CHUNK = 32
 
 
 class DomainSpec(BaseModel):
-    """One domain in the mix. ``tasks``: a fixed task list (imported sets) instead of the generator."""
+    """One domain in the mix: generated procedurally, or a fixed task list (``tasks``) instead of the generator,
+    which :func:`resolve_domains` fills from a stored task set (``task_set``: that set's domain of this name)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,6 +56,8 @@ class DomainSpec(BaseModel):
     weight: float = Field(default=1.0, gt=0)
     priority: int = Field(default=0, ge=-10, le=10)
     difficulty: int = Field(default=1, ge=1)
+    task_set: str | None = Field(default=None, min_length=1, max_length=256, description="a stored task set whose "
+                                 "domain of this name the tasks come from (its train split), beside generated domains")
     tasks: list[TaskSpec] | None = None
 
 
@@ -128,6 +131,24 @@ def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, s
         raise ValueError(f"task set {task_set!r} has no {split} tasks in domains {missing}; it holds {sorted(by_domain)}")
     specs = named or [DomainSpec(name=name) for name in by_domain]
     return [spec.model_copy(update={"tasks": by_domain[spec.name]}) for spec in specs]
+
+
+def resolve_domains(domains: Sequence[str | DomainSpec], task_set: str | None = None, *, split: Split = "train",
+                    url: str | None = None) -> list[str | DomainSpec]:
+    """``domains`` with the tasks of every stored one filled in (:func:`stored_domains`): a domain naming its own
+    ``task_set``, and with ``task_set`` (the run's) every other domain, or all of that set's when none is named."""
+    if task_set is not None and not domains:
+        return list(stored_domains(task_set, split=split, url=url))
+    specs = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
+    by_set: dict[str, list[DomainSpec]] = {}
+    for spec in specs:
+        if (source := spec.task_set or task_set) is not None:
+            by_set.setdefault(source, []).append(spec)
+    if not by_set:
+        return list(domains)
+    found = {(source, d.name): d for source, named in by_set.items() for d in stored_domains(source, named, split=split, url=url)}
+    sources = [spec.task_set or task_set for spec in specs]
+    return [found[(source, spec.name)] if source else domain for source, spec, domain in zip(sources, specs, domains)]
 
 
 def _chunk_seed(seed: int, name: str, chunk: int) -> int:

@@ -207,8 +207,11 @@ def per_domain_results(arena: dict[str, Any], key: str) -> None:
     marks = {d: beyond_noise(r) for d, r in rows}
     lost = [d for d, r in rows if d != "all" and marks[d] == "▼ lost"]
     gained = sum(marks[d] == "▲ gained" for d, _ in rows if d != "all")
-    st.caption(f"{len(rows) - ('all' in arena['domains'])} domains: {gained} gained and {len(lost)} lost beyond noise "
-               "(the 95% interval of the paired difference clear of zero), sorted by the difference")
+    general = sum(d.startswith("general/") for d, _ in rows)
+    st.caption(f"{len(rows) - ('all' in arena['domains']) - general} domains"
+               + (f" and the general check's {general} (general/...: domains the run never trained on)" if general else "")
+               + f": {gained} gained and {len(lost)} lost beyond noise (the 95% interval of the paired difference clear "
+               "of zero), sorted by the difference; all: the evaluation's own tasks")
     st.dataframe(pd.DataFrame([
         {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
          "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "": marks[d],
