@@ -7,7 +7,7 @@
     .venv/bin/python bench/learning.py --preset smollm2-arith --ablation [--ablation-steps 3]   # each saving on its own
     .venv/bin/python bench/learning.py --preset smollm2-repair --arms        # three arms: GRPO alone, SFT alone, SFT then GRPO
     .venv/bin/python bench/learning.py --preset gemma3-base-to-instruct --arms   # a base model: as it ships, SFT, GRPO
-    .venv/bin/python bench/learning.py --preset smollm2-broad --arms   # 37 domains: uniform draws, the curriculum, stepped
+    .venv/bin/python bench/learning.py --preset smollm2-broad --arms   # 37 domains: uniform draws, signal weights alone, the curriculum
     .venv/bin/python bench/learning.py --preset smollm2-arith --rollout vllm --device cuda      # a GPU host (the gpu extra)
 
 A real-model preset (``smollm2-*``: the built-in SmolLM2-135M-Instruct, no SFT) runs as a job, the
@@ -49,7 +49,7 @@ import json  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from posttrain.training.preset_recipes import BROAD_STEPPED, BROAD_UNIFORM  # noqa: E402
+from posttrain.training.preset_recipes import BROAD_SIGNAL, BROAD_UNIFORM  # noqa: E402
 
 
 FIGURES = {"smollm2-tools": "learning-tools", "smollm2-docqa": "learning-docqa"}  # bench/results/<figure>.json
@@ -272,8 +272,8 @@ ARMS: dict[str, dict[str, tuple[str, str, dict]]] = {
     },
     "smollm2-broad": {  # the same model, seed, steps and trajectories; only the draws differ
         "uniform": ("base", "grpo", {"scheduler": BROAD_UNIFORM.model_dump()}),
-        "curriculum": ("base", "grpo", {}),  # the preset's: toward the signal, each domain at its held-out difficulty
-        "stepped": ("base", "grpo", {"scheduler": BROAD_STEPPED.model_dump()}),  # the curriculum, difficulty stepped too
+        "signal": ("base", "grpo", {"scheduler": BROAD_SIGNAL.model_dump()}),  # signal weights alone, at fixed difficulty
+        "curriculum": ("base", "grpo", {}),  # the preset's: signal weights, stepped difficulty, revisits
     },
 }
 GROUPS = ("unseen_functions", "unseen_modules", "humaneval")  # the held-out groups of smollm2-repair's evaluation
@@ -536,7 +536,7 @@ def read_arms(preset: str, args: argparse.Namespace) -> tuple[dict[str, dict], d
 
 def combine_broad(preset: str, args: argparse.Namespace) -> None:
     """The broad preset's arms as one summary (``bench/results/learning-broad.json`` when recorded): the goals set the
-    curriculum against uniform draws; the stepped arm shows what stepping each domain's difficulty did."""
+    curriculum against uniform draws; the signal arm shows what signal weights alone did."""
     found, base = read_arms(preset, args)
     uniform, curriculum = found["uniform"], found["curriculum"]
     keys = ("signal_rate", "update_s_per_useful_group", "mean_gain_points", "mean_gain_se_points", "domains_gained",
@@ -613,7 +613,7 @@ def main() -> None:
     parser.add_argument("--ablation-variant", choices=list(ABLATIONS), help=argparse.SUPPRESS)  # one variant (a child)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--arms", action="store_true", help="every part of the preset (smollm2-repair: the arms cold, "
-                        "sft, sft-grpo; smollm2-broad: uniform, curriculum, stepped; gemma3-base-to-instruct: the stages base, "
+                        "sft, sft-grpo; smollm2-broad: uniform, signal, curriculum; gemma3-base-to-instruct: the stages base, "
                         "sft, grpo), each in a process of its own, then their summary")
     parser.add_argument("--arm", choices=sorted({p for parts in PARTS.values() for p in parts}),
                         help="one part; its result goes to <workdir>/arms/<part>.json")

@@ -206,8 +206,8 @@ def scheduler_rows(s: Summary) -> list[Row]:
 
 def learning_broad_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-broad --arms``: the curriculum's against uniform's."""
-    names = {"uniform": "uniform draws at fixed difficulty", "curriculum": "the signal curriculum at fixed difficulty",
-             "stepped": "the signal curriculum, difficulty stepped by pass rate"}
+    names = {"uniform": "uniform draws at fixed difficulty", "signal": "signal weights alone, at fixed difficulty",
+             "curriculum": "the curriculum: signal weights, stepped difficulty, revisits"}
     rows = []
     for arm, a in s["arms"].items():
         result = (f"{_pct(a['signal_rate'])} of groups with a learning signal, {a['update_s_per_useful_group']:.2f} s of "

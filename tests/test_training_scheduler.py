@@ -152,6 +152,10 @@ def test_difficulty_steps_up_and_down_with_the_pass_rate_and_resumes() -> None:
     assert drawn and all(t.metadata["difficulty"] == 2 for t in drawn)
     sched.record("str.copy.letters", [False] * 8)
     assert sched.difficulty("str.copy.letters") == 1  # never below the lowest
+    floored = Scheduler(cfg)
+    floored.set_domains([DomainSpec(name="str.copy.letters", difficulty=2, min_difficulty=2)])
+    floored.record("str.copy.letters", [False] * 8)
+    assert floored.difficulty("str.copy.letters") == 2  # nor below its own floor
     for _ in range(2):
         sched.record("arith.add.int", [False] * 4)
     assert sched.difficulty("arith.add.int") == 1
@@ -175,3 +179,31 @@ def test_fixed_task_lists_keep_their_difficulty() -> None:
     sched.record("mine", [True] * 4)
     assert sched.difficulty("mine") == 1
     assert [t.prompt_text for t in next(sched.stream())] == ["q0", "q1", "q2"]
+
+
+def test_revisits_draw_a_domain_at_the_floor_again_and_a_record_sends_it_back() -> None:
+    """``revisit_after``: the weight of a domain left unrecorded ages toward an unseen domain's, so one at the floor
+    (solved, or never solved) is drawn again to check whether the policy has forgotten it or begun to answer it;
+    the measured estimate itself stays, and a new group without signal sends the domain back to the floor."""
+    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, weigh_by="signal", revisit_after=5)
+    sched, kept = Scheduler(cfg), Scheduler(cfg.model_copy(update={"revisit_after": None}))
+    for s in (sched, kept):
+        s.set_domains(["arith.add.int", "str.copy.letters"])
+        s.record("arith.add.int", [True] * 4)  # solved: no signal
+        s.record("str.copy.letters", [True, False, False, False])
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.05 / 1.05)  # no batch drawn yet: at the floor
+    for s in (sched, kept):
+        _take(s, 10)
+        s.record("str.copy.letters", [True, False, False, False])  # the other domain, recorded all along
+    # 10 batches unrecorded: 1 - exp(-2) = 86% of the way back to all signal; without revisits it stays at the floor
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.8647 / 1.8647, abs=1e-3)
+    assert kept.probabilities()["arith.add.int"] == pytest.approx(0.05 / 1.05)
+    assert sched.stats()["arith.add.int"].signal_rate == 0.0  # the measured estimate is what was measured
+    sched.record("arith.add.int", [True] * 4)  # checked: still no signal, back to the floor
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.05 / 1.05)
+    state = json.loads(json.dumps(sched.state_dict()))
+    resumed = Scheduler(cfg)
+    resumed.set_domains(["arith.add.int", "str.copy.letters"])
+    resumed.load_state_dict(state)
+    _take(sched, 3), _take(resumed, 3)
+    assert resumed.probabilities() == sched.probabilities()  # the clock is in the state

@@ -263,12 +263,14 @@ def _worked(domain: str, level: int) -> PromptFormat:
                                                                 assistant=f"\\boxed{{{example.reference}}}")]})
 
 
-# the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ),
-# floored so no domain starves, every domain at the difficulty it is evaluated at. Its peers: uniform draws, and the
-# same curriculum stepping each domain's difficulty by its pass rate (BROAD_STEPPED): measured here, a domain
-# stepped past its held-out difficulty lost it (bench/learning.py --preset smollm2-broad; README)
-BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal")
-BROAD_STEPPED = BROAD_CURRICULUM.model_copy(update={"adapt_difficulty": True, "min_results": 16})
+# the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ;
+# estimates quick to follow a 30-step run), floored so no domain starves, each domain's difficulty stepped by its pass
+# rate, and a domain left at the floor drawn again once its weight has aged (revisit_after): measured here, signal
+# weights alone (BROAD_SIGNAL: slow estimates, no steps, no revisits) forgot domains they stopped drawing (units.kg_to_g
+# 62% -> 0%) and found little more signal than uniform draws (BROAD_UNIFORM), the peers in bench/learning.py
+BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True,
+                                   min_results=16, revisit_after=15)
+BROAD_SIGNAL = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal")
 BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
 
 
@@ -285,11 +287,14 @@ def _smollm2_broad() -> Recipe:
         description="SmolLM2-135M-Instruct as it ships, GRPO across 37 domains at once: 36 of nine families (arithmetic, "
                     "comparison, dates, units, lists, strings, regex extraction, formatting, JSON restructuring), answers "
                     "boxed (JSON replies as JSON), and the span-recovery tasks of the LaTeX News documents (doc_qa "
-                    f"verifier); the scheduler draws toward the domains whose groups disagree, with a floor; evaluated per "
+                    f"verifier); the scheduler draws toward the domains whose groups disagree, with a floor and revisits, and "
+                    f"steps each domain's difficulty by its pass rate; evaluated per "
                     f"domain on prompts it never trained on, with the general check beside it. Build the task set "
                     f"{DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-broad does)",
         model=REAL_MODEL, sft=None, documents=DOCQA_DOCUMENTS,
-        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level) for d, level in BROAD_LEVELS.items()]
+        # never stepped below the difficulty it is evaluated at (below it, list.int.length's answer is always 3, not 4)
+        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level, min_difficulty=level)
+                                          for d, level in BROAD_LEVELS.items()]
                               + [DomainSpec(name=DOC_DOMAIN, task_set=DOCQA_TASK_SET)],
                               "prompt_format": fmt, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 80,
                               "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,

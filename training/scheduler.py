@@ -19,7 +19,11 @@ where the curriculum's ``factor`` is, by ``weigh_by``:
 
 An unseen domain counts as p = 0.5 and s = 1, so everything gets explored, and ``min_factor`` is the floor
 that keeps any domain from being starved. Pass and signal rates are exponential moving averages over
-recorded results. With ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate
+recorded results. With ``revisit_after``, the weight a domain is drawn by ages while it goes unrecorded: its
+estimates count as relaxed toward an unseen domain's (63% of the way in ``revisit_after`` batches; the
+estimates themselves stay what was measured), so a domain the curriculum let fall to the floor (solved, or
+never solved) is drawn again to check it, and one the policy has forgotten since, or begun to answer, shows
+signal again. With ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate
 reaches ``step_up_at`` and down once it falls to ``step_down_at`` (after ``min_results`` results at the
 difficulty it has), and its estimates start afresh at the new difficulty.
 
@@ -33,6 +37,7 @@ JSON) and ``load_state_dict()`` resume the same stream.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections.abc import Iterator, Sequence
@@ -56,6 +61,8 @@ class DomainSpec(BaseModel):
     weight: float = Field(default=1.0, gt=0)
     priority: int = Field(default=0, ge=-10, le=10)
     difficulty: int = Field(default=1, ge=1)
+    min_difficulty: int | None = Field(default=None, ge=1, description="the lowest difficulty adapt_difficulty steps it "
+                                       "down to (None: its generator's lowest)")
     task_set: str | None = Field(default=None, min_length=1, max_length=256, description="a stored task set whose "
                                  "domain of this name the tasks come from (its train split), beside generated domains")
     tasks: list[TaskSpec] | None = None
@@ -78,6 +85,9 @@ class SchedulerConfig(BaseModel):
     step_up_at: float = Field(default=0.8, gt=0, le=1, description="pass rate at which a domain's difficulty steps up")
     step_down_at: float = Field(default=0.1, ge=0, lt=1, description="pass rate at which it steps down")
     min_results: int = Field(default=16, ge=1, description="results at a difficulty before it may step")
+    revisit_after: float | None = Field(default=None, gt=0, description="batches in which the estimates a domain is "
+                                        "weighed by, while it goes unrecorded, relax 63% of the way back to an unseen "
+                                        "domain's, so one held at the floor is drawn again (None: they keep)")
 
     @model_validator(mode="after")
     def _thresholds(self) -> SchedulerConfig:
@@ -96,6 +106,7 @@ class DomainStats(BaseModel):
     groups: int = 0
     difficulty: int | None = None  # where adapt_difficulty moved it (None: the spec's)
     at_difficulty: int = 0  # results since the difficulty last changed
+    seen_at: int = 0  # the batch its estimates were last updated at
     drawn: int = 0
     chunk: int = 0
     offset: int = 0
@@ -105,6 +116,14 @@ def learnability(pass_rate: float | None, min_factor: float) -> float:
     """4 p (1 - p), floored at ``min_factor``; unseen domains count as p = 0.5."""
     p = 0.5 if pass_rate is None else pass_rate
     return max(min_factor, 4.0 * p * (1.0 - p))
+
+
+def aged(value: float | None, prior: float, age: float, revisit_after: float | None) -> float | None:
+    """An estimate ``age`` batches old, relaxed toward ``prior`` (an unseen domain's) with time constant
+    ``revisit_after`` (None: kept as it is)."""
+    if value is None or revisit_after is None or age <= 0:
+        return value
+    return value + (prior - value) * (1.0 - math.exp(-age / revisit_after))
 
 
 def signal_factor(signal_rate: float | None, min_factor: float) -> float:
@@ -164,6 +183,7 @@ class Scheduler:
         self._stats: dict[str, DomainStats] = {}
         self._buffers: dict[str, list[TaskSpec]] = {}
         self._format: PromptFormat | None = None
+        self._batch = 0  # batches drawn: the clock estimates age by
         self._lock = threading.Lock()
 
     # --- domains --------------------------------------------------------------
@@ -190,9 +210,10 @@ class Scheduler:
         for name, spec in self._specs.items():
             w = spec.weight * cfg.priority_factor**spec.priority
             if cfg.curriculum:
-                stats = self._stats[name]
-                w *= (signal_factor(stats.signal_rate, cfg.min_factor) if cfg.weigh_by == "signal"
-                      else learnability(stats.pass_rate, cfg.min_factor))
+                stats, age = self._stats[name], self._batch - self._stats[name].seen_at
+                w *= (signal_factor(aged(stats.signal_rate, 1.0, age, cfg.revisit_after), cfg.min_factor)
+                      if cfg.weigh_by == "signal" else
+                      learnability(aged(stats.pass_rate, 0.5, age, cfg.revisit_after), cfg.min_factor))
             out[name] = w
         return out
 
@@ -218,6 +239,7 @@ class Scheduler:
             names = list(weights)
             picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size)
             tasks = [self._take(name) for name in picks]
+            self._batch += 1
         return apply_format(tasks, self._format)
 
     def _take(self, name: str) -> TaskSpec:
@@ -264,6 +286,7 @@ class Scheduler:
             stats = self._stats.get(domain)
             if stats is None:
                 stats = self._stats[domain] = DomainStats(name=domain)
+            stats.seen_at = self._batch
             rate = sum(float(p) for p in passed) / len(passed)
             stats.pass_rate = rate if stats.pass_rate is None else (1 - a) * stats.pass_rate + a * rate
             stats.results += len(passed)
@@ -285,7 +308,7 @@ class Scheduler:
         if stats.pass_rate >= self.config.step_up_at:
             to = min(now + 1, get_domain(spec.name).max_difficulty)
         elif stats.pass_rate <= self.config.step_down_at:
-            to = max(now - 1, MIN_DIFFICULTY)
+            to = max(now - 1, spec.min_difficulty or MIN_DIFFICULTY)
         else:
             return
         if to == now:
@@ -325,6 +348,7 @@ class Scheduler:
             return {
                 "rng": [version, list(internal), gauss],
                 "stats": {k: v.model_dump() for k, v in self._stats.items()},
+                "batch": self._batch,
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -332,4 +356,5 @@ class Scheduler:
         with self._lock:
             self._rng.setstate((version, tuple(internal), gauss))
             self._stats = {k: DomainStats.model_validate(v) for k, v in state["stats"].items()}
+            self._batch = int(state.get("batch", 0))  # checkpoints before revisit_after kept no clock
             self._buffers = {}  # regenerated from (seed, chunk) on next use; offsets are kept
