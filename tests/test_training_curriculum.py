@@ -22,7 +22,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.tasks.store import save_tasks
 from posttrain.platform.verifiers.models import TaskSpec
-from posttrain.training.preset_recipes import BROAD_UNIFORM
+from posttrain.training.preset_recipes import BROAD_CURRICULUM, BROAD_UNIFORM
 
 REPLIES = sorted({c.strip() for c in CHARS})  # what a one-character reply reads as ("" for a space, a newline or none)
 ACCEPTS = {  # domain -> the replies it accepts
@@ -48,7 +48,8 @@ def run_config(scheduler: dict[str, object] | None = None) -> dict[str, object]:
         "group_size": GROUP, "max_steps": STEPS, "lr": 1e-6, "micro_batch_size": 32, "checkpoint_every": 0,
         "logprob_check": {"every": 0}, "max_rollout_batches_per_step": 1,
     }
-    grpo["scheduler"] = scheduler if scheduler is not None else {"batch_size": BATCH}  # the preset's curriculum
+    # a scheduler given replaces the preset's whole: the preset's curriculum is given as it is, at this batch size
+    grpo["scheduler"] = (scheduler if scheduler is not None else BROAD_CURRICULUM.model_dump()) | {"batch_size": BATCH}
     return {"preset": "smollm2-broad", "model": "tiny", "grpo": grpo,
             "eval": {"task_set": "signals", "domains": [], "difficulties": {}, "task_sets": {}, "prompt_format": None, "general": None,
                      "tasks_per_domain": 8, "max_new_tokens": 1, "batch_size": 32}}  # fmt: skip
@@ -71,7 +72,7 @@ def test_the_broad_presets_curriculum_draws_where_the_signal_is_and_uniform_draw
     register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny"))
     save_signal_tasks()
     curriculum = queue.submit(OPERATOR, "train_preset", run_config())
-    uniform = queue.submit(OPERATOR, "train_preset", run_config(BROAD_UNIFORM.model_dump() | {"batch_size": BATCH}))
+    uniform = queue.submit(OPERATOR, "train_preset", run_config(BROAD_UNIFORM.model_dump()))
     run_worker_until_idle(platform_env, timeout=600)
     for job_id in (curriculum, uniform):
         job = queue.get_job(job_id)
