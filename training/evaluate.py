@@ -178,7 +178,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
         kept: list[dict[str, Any]] | None = [] if records is not None else None
         found = _domains_report(engine, None, service, general, general.domains, kept)
         report |= {GENERAL + key.removeprefix("eval/"): value for key, value in found.items()}
-        if records is not None and kept is not None:  # its flips explain a general-check loss
+        if kept is not None:  # its flips explain a general-check loss
             records += [row | {"domain": GENERAL + row["domain"]} for row in kept]
     return report
 

@@ -49,6 +49,7 @@ from posttrain.platform.tasks.prompt_format import PromptFormat, apply_format
 from posttrain.platform.verifiers.models import Split, TaskSpec
 
 CHUNK = 32
+UNSEEN_PASS_RATE, UNSEEN_SIGNAL_RATE = 0.5, 1.0  # what a domain not yet recorded counts as
 
 
 class DomainSpec(BaseModel):
@@ -114,7 +115,7 @@ class DomainStats(BaseModel):
 
 def learnability(pass_rate: float | None, min_factor: float) -> float:
     """4 p (1 - p), floored at ``min_factor``; unseen domains count as p = 0.5."""
-    p = 0.5 if pass_rate is None else pass_rate
+    p = UNSEEN_PASS_RATE if pass_rate is None else pass_rate
     return max(min_factor, 4.0 * p * (1.0 - p))
 
 
@@ -128,7 +129,7 @@ def aged(value: float | None, prior: float, age: float, revisit_after: float | N
 
 def signal_factor(signal_rate: float | None, min_factor: float) -> float:
     """The learning-signal rate, floored at ``min_factor``; an unseen domain counts as all signal."""
-    return max(min_factor, 1.0 if signal_rate is None else signal_rate)
+    return max(min_factor, UNSEEN_SIGNAL_RATE if signal_rate is None else signal_rate)
 
 
 def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, split: Split = "train",
@@ -159,14 +160,14 @@ def resolve_domains(domains: Sequence[str | DomainSpec], task_set: str | None = 
     if task_set is not None and not domains:
         return list(stored_domains(task_set, split=split, url=url))
     specs = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
+    sources = [spec.task_set or task_set for spec in specs]
     by_set: dict[str, list[DomainSpec]] = {}
-    for spec in specs:
-        if (source := spec.task_set or task_set) is not None:
+    for source, spec in zip(sources, specs):
+        if source is not None:
             by_set.setdefault(source, []).append(spec)
     if not by_set:
         return list(domains)
     found = {(source, d.name): d for source, named in by_set.items() for d in stored_domains(source, named, split=split, url=url)}
-    sources = [spec.task_set or task_set for spec in specs]
     return [found[(source, spec.name)] if source else domain for source, spec, domain in zip(sources, specs, domains)]
 
 
@@ -211,9 +212,9 @@ class Scheduler:
             w = spec.weight * cfg.priority_factor**spec.priority
             if cfg.curriculum:
                 stats, age = self._stats[name], self._batch - self._stats[name].seen_at
-                w *= (signal_factor(aged(stats.signal_rate, 1.0, age, cfg.revisit_after), cfg.min_factor)
+                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, cfg.revisit_after), cfg.min_factor)
                       if cfg.weigh_by == "signal" else
-                      learnability(aged(stats.pass_rate, 0.5, age, cfg.revisit_after), cfg.min_factor))
+                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, cfg.revisit_after), cfg.min_factor))
             out[name] = w
         return out
 
