@@ -12,10 +12,12 @@ adapter is merged into its base first, so both formats always hold full weights.
 GGUF export speaks llama.cpp's conventions (those of its ``convert_hf_to_gguf.py``): tensor
 names from gguf-py's tensor map, the attention q/k rows of a ``llama`` model permuted the way
 llama.cpp expects (transformers undoes exactly that permutation when it reads a llama GGUF),
-norms and biases in F32, a byte-level BPE tokenizer written as ``gpt2`` with the
-``tokenizer.ggml.pre`` name llama.cpp uses for its pre-tokenizer, and the chat template. Only
-``llama`` and ``qwen2`` models can be exported to GGUF; anything else is refused before any
-weights are read.
+Gemma 3's norms stored as the ``1 + w`` they apply, its sliding window written layer by layer
+with the local layers' RoPE base, norms and biases in F32, the tokenizer (a byte-level BPE one
+as ``gpt2`` with the ``tokenizer.ggml.pre`` name llama.cpp uses for its pre-tokenizer; a
+SentencePiece-style one, spaces as ``▁`` and byte fallback, as ``llama`` with scores from its
+merge order) and the chat template. Only ``llama``, ``qwen2`` and Gemma 3 text models can be
+exported to GGUF; anything else is refused before any weights are read.
 
 Every export is written next to ``out`` under a temporary name and renamed into place, so a
 failed export leaves nothing at ``out``. Bad input fails with an :class:`ExportError` that
@@ -63,11 +65,14 @@ class GgufArch:
 
     name: str  # general.architecture, as llama.cpp spells it
     permute_qk: bool  # llama.cpp's llama kernels expect q/k rows interleaved per head
+    activation: str = "silu"  # the MLP's activation, the one llama.cpp's graph for the architecture applies
+    norm_shift: float = 0.0  # added to every norm weight: Gemma's RMSNorm scales by 1 + w, llama.cpp's by w
 
 
 GGUF_ARCHITECTURES: dict[str, GgufArch] = {
     "llama": GgufArch("llama", permute_qk=True),
     "qwen2": GgufArch("qwen2", permute_qk=False),
+    "gemma3_text": GgufArch("gemma3", permute_qk=False, activation="gelu_pytorch_tanh", norm_shift=1.0),
 }
 
 
@@ -197,23 +202,52 @@ def gguf_arch(model_dir: Path, config_dir: Path) -> GgufArch:
             f"{model_dir} holds a {model_type or 'untyped'!r} model ({declared}); GGUF export supports "
             f"{', '.join(GGUF_ARCHITECTURES)} text models only; export it with fmt='hf' instead"
         )
-    if config.get("hidden_act", "silu") != "silu":
-        raise ExportError(f"{model_dir}: hidden_act={config['hidden_act']!r}; llama.cpp's {arch.name} needs silu; use fmt='hf'")
-    if model_type == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
-        raise ExportError(f"{model_dir}: a llama model with attention/MLP biases does not round-trip through GGUF; use fmt='hf'")
+    activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    if activation != arch.activation:
+        raise ExportError(f"{model_dir}: its MLP activation is {activation!r}; llama.cpp's {arch.name} applies "
+                          f"{arch.activation}; use fmt='hf'")
+    if model_type in ("llama", "gemma3_text") and (config.get("attention_bias") or config.get("mlp_bias")):
+        raise ExportError(f"{model_dir}: a {model_type} model with attention/MLP biases does not round-trip through GGUF; use fmt='hf'")
+    if model_type == "gemma3_text":
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        scalar = config.get("query_pre_attn_scalar") or head_dim
+        unlike = [what for what, differs in (
+            (f"query_pre_attn_scalar={scalar} (llama.cpp scales queries by 1/sqrt(head_dim={head_dim}))", scalar != head_dim),
+            ("attn_logit_softcapping (llama.cpp's gemma3 has none)", bool(config.get("attn_logit_softcapping"))),
+            ("use_bidirectional_attention (llama.cpp's gemma3 is causal)", bool(config.get("use_bidirectional_attention"))),
+        ) if differs]  # fmt: skip
+        if unlike:
+            raise ExportError(f"{model_dir}: a gemma3 model with {'; '.join(unlike)} does not run in llama.cpp as it does "
+                              "here; use fmt='hf'")
     return arch
 
 
-def rope_metadata(model_dir: Path, config: Any) -> tuple[float, float | None]:
-    """(rope theta, linear scaling factor or None); other RoPE scalings are refused."""
+def rope_metadata(model_dir: Path, config: Any, layer_type: str = "full_attention") -> tuple[float, float | None]:
+    """(rope theta, linear scaling factor or None) of one kind of layer (a model with sliding-window layers keeps
+    RoPE parameters per kind); other RoPE scalings are refused."""
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    if isinstance(params.get("full_attention"), dict):  # per kind of layer
+        params = dict(params.get(layer_type) or {})
     theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
-    if kind == "linear":
+    if kind == "linear" and layer_type == "full_attention":
         return theta, float(params["factor"])
-    raise ExportError(f"{model_dir}: RoPE scaling {kind!r} cannot be written to GGUF by this exporter yet; use fmt='hf'")
+    raise ExportError(f"{model_dir}: RoPE scaling {kind!r} of its {layer_type} layers cannot be written to GGUF by this "
+                      "exporter; use fmt='hf'")
+
+
+def add_sliding_window(writer: Any, model_dir: Path, config: Any) -> None:
+    """Which layers attend through the sliding window, layer by layer (llama.cpp would otherwise assume the family's
+    usual pattern), its width, and those layers' own RoPE base."""
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    sliding = [kind == "sliding_attention" for kind in layer_types]
+    if not any(sliding) or not getattr(config, "sliding_window", None):
+        return
+    writer.add_sliding_window(int(config.sliding_window))
+    writer.add_sliding_window_pattern(sliding)
+    writer.add_rope_freq_base_swa(rope_metadata(model_dir, config, "sliding_attention")[0])
 
 
 def add_hparams(writer: Any, model_dir: Path, config: Any) -> None:
@@ -222,6 +256,9 @@ def add_hparams(writer: Any, model_dir: Path, config: Any) -> None:
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     theta, linear = rope_metadata(model_dir, config)
+    add_sliding_window(writer, model_dir, config)
+    if softcap := getattr(config, "final_logit_softcapping", None):
+        writer.add_final_logit_softcapping(float(softcap))
     writer.add_vocab_size(int(config.vocab_size))
     writer.add_context_length(int(config.max_position_embeddings))
     writer.add_embedding_length(int(config.hidden_size))
@@ -232,9 +269,9 @@ def add_hparams(writer: Any, model_dir: Path, config: Any) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(theta)
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    if head_dim != config.hidden_size // heads:
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
+    # always stated: a reader's default is not always hidden/heads (transformers' gemma3 config assumes 256)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     if linear is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(linear)
@@ -293,13 +330,56 @@ def bpe_merges(model_dir: Path, backend: dict[str, Any]) -> list[str]:
     return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair) for pair in merges]
 
 
+def _normalizers(backend: dict[str, Any]) -> list[dict[str, Any]]:
+    norm = backend.get("normalizer")
+    if not norm:
+        return []
+    return list(norm["normalizers"]) if norm.get("type") == "Sequence" else [norm]
+
+
+def spm_space_prefix(model_dir: Path, backend: dict[str, Any]) -> bool | None:
+    """Whether a SentencePiece-style tokenizer (BPE over the whole text with its spaces written ``▁``, bytes it cannot
+    spell as ``<0xNN>`` tokens), which llama.cpp runs as its ``llama`` tokenizer, prepends a ``▁`` to the text; None
+    for a tokenizer that is not one (byte-level BPE goes as ``gpt2``)."""
+    model = backend.get("model") or {}
+    if model.get("type") != "BPE" or not model.get("byte_fallback"):
+        return None
+    kinds = [(n.get("type"), n.get("prepend") or (n.get("pattern") or {}).get("String"), n.get("content"))
+             for n in _normalizers(backend)]
+    pre = backend.get("pre_tokenizer")
+    # Gemma's split on " " finds nothing once the normalizer has replaced every space
+    pre_noop = pre is None or (pre.get("type") == "Split" and (pre.get("pattern") or {}).get("String") == " ")
+    if pre_noop and kinds == [("Replace", " ", "▁")]:
+        return False
+    if pre_noop and kinds == [("Prepend", "▁", None), ("Replace", " ", "▁")]:
+        return True
+    raise ExportError(
+        f"{model_dir}: its tokenizer is byte-fallback BPE with normalizer {[k[0] for k in kinds]} and pre-tokenizer "
+        f"{(pre or {}).get('type')}, not a SentencePiece layout llama.cpp runs (spaces replaced by '▁', optionally "
+        "prepended); use fmt='hf'"
+    )
+
+
+def spm_scores(backend: dict[str, Any], tokens: list[str]) -> list[float]:
+    """llama.cpp's ``llama`` tokenizer merges the adjacent pair whose joined token scores highest: each token scored by
+    the rank of the first merge that makes it, so that it merges in the order the model's own tokenizer does; a token
+    no merge makes scores below every merge (one character long, it is never the join of two)."""
+    first: dict[str, int] = {}
+    for rank, pair in enumerate((backend.get("model") or {}).get("merges") or []):
+        left, right = pair.split(" ", 1) if isinstance(pair, str) else pair
+        first.setdefault(left + right, rank)
+    unmade = len(first) + 1
+    return [-float(first[t]) if t in first else -float(unmade + i) for i, t in enumerate(tokens)]
+
+
 def _looks_special(token: str) -> bool:
     return (token.startswith("<|") and token.endswith("|>")) or token in ("<pad>", "<mask>")
 
 
-def token_table(model_dir: Path, tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
+def token_table(model_dir: Path, tokenizer: Any, vocab_size: int, byte_fallback: bool = False) -> tuple[list[str], list[int]]:
     """Every id's token and type: control for special added tokens, user-defined for other
-    added ones, unused ``[PADn]`` for ids the model has but the tokenizer does not."""
+    added ones, byte for a byte-fallback tokenizer's ``<0xNN>``, unused ``[PADn]`` for ids the
+    model has but the tokenizer does not."""
     import gguf
 
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
@@ -321,7 +401,8 @@ def token_table(model_dir: Path, tokenizer: Any, vocab_size: int) -> tuple[list[
             types.append(gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED)
         else:
             tokens.append(reverse[i])
-            types.append(gguf.TokenType.NORMAL)
+            byte = byte_fallback and re.fullmatch(r"<0x[0-9A-F]{2}>", reverse[i])
+            types.append(gguf.TokenType.BYTE if byte else gguf.TokenType.NORMAL)
     return tokens, types
 
 
@@ -343,13 +424,20 @@ def special_ids(tokenizer: Any, config: Any) -> dict[str, int | None]:
 
 def add_tokenizer(writer: Any, model_dir: Path, tokenizer: Any, config: Any) -> None:
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    merges = bpe_merges(model_dir, backend)
-    tokens, types = token_table(model_dir, tokenizer, int(config.vocab_size))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre_tokenizer_name(model_dir, backend))
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    space_prefix = spm_space_prefix(model_dir, backend)
+    tokens, types = token_table(model_dir, tokenizer, int(config.vocab_size), byte_fallback=space_prefix is not None)
+    if space_prefix is None:
+        merges = bpe_merges(model_dir, backend)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre_tokenizer_name(model_dir, backend))
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+    else:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(spm_scores(backend, tokens))
+        writer.add_token_types(types)
     ids = special_ids(tokenizer, config)
     for kind, token_id in ids.items():
         if token_id is not None:
@@ -358,7 +446,7 @@ def add_tokenizer(writer: Any, model_dir: Path, tokenizer: Any, config: Any) -> 
     extra = len(marked) > len(plain)  # what encoding adds around the text, as llama.cpp must
     writer.add_add_bos_token(extra and ids["bos"] is not None and marked[0] == ids["bos"])
     writer.add_add_eos_token(extra and ids["eos"] is not None and marked[-1] == ids["eos"])
-    writer.add_add_space_prefix(False)
+    writer.add_add_space_prefix(bool(space_prefix))
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = [{"name": k, "template": v} for k, v in template.items()]
@@ -416,6 +504,8 @@ def tensor_data(planned: PlannedTensor, state: dict[str, Any], config: Any, arch
     import gguf
 
     array = state[planned.hf_name].detach().to("cpu").float().numpy()
+    if arch.norm_shift and planned.name.endswith("_norm.weight"):
+        array = array + arch.norm_shift
     if arch.permute_qk and ".attn_q." in planned.name:
         array = permute_for_llama(array, int(config.num_attention_heads))
     elif arch.permute_qk and ".attn_k." in planned.name:

@@ -420,12 +420,35 @@ def _fix_pre_tokenizer(tokenizer: Any, pre: str | None) -> None:
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), current])
 
 
+def _read_gemma3_layout(path: Path, config: Any) -> None:
+    """transformers reads a gemma3 GGUF's sliding-window width but assumes the family's usual layer pattern (five
+    local layers, then a global one), local RoPE base and query scale (1/sqrt(256)); a file that states the pattern
+    and base layer by layer (posttrain's exports do) is read as it says, and queries are scaled as llama.cpp scales
+    them for this file (by 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(hidden/heads))."""
+    import gguf
+
+    if getattr(config, "model_type", None) != "gemma3_text":
+        return
+    reader = gguf.GGUFReader(str(path))
+    pattern = reader.get_field("gemma3.attention.sliding_window_pattern")
+    values = pattern.contents() if pattern is not None else None
+    if isinstance(values, list) and len(values) == config.num_hidden_layers:
+        config.layer_types = ["sliding_attention" if v else "full_attention" for v in values]
+    base = reader.get_field("gemma3.rope.freq_base_swa")
+    rope = getattr(config, "rope_parameters", None)
+    if base is not None and isinstance(rope, dict) and isinstance(rope.get("sliding_attention"), dict):
+        rope["sliding_attention"]["rope_theta"] = float(base.contents())
+    big = config.num_hidden_layers == 62
+    config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if big else config.head_dim
+
+
 def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progress: Progress) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder, name = str(path.parent), path.name
     progress(0.1, "reading the tokenizer and chat template")
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    _read_gemma3_layout(path, config)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     _fix_pre_tokenizer(tokenizer, pre)
     if tokenizer.chat_template:
