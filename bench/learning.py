@@ -342,6 +342,7 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
         out = {"model": result["model"], "checkpoint": result["checkpoint"], "steps": result["steps"],
                "demonstrations": sum(1 for line in episodes.read_text().splitlines() if line.strip()) if episodes.is_file() else 0}
     out["minutes"] = round((time.perf_counter() - started) / 60, 2)
+    out["peak_rss_gb"] = peak_rss_gb()  # a part that reuses the stage still reports what making it took
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
     print(json.dumps({"stage": name, **{k: v for k, v in out.items() if k != "report"}}), flush=True)
@@ -447,6 +448,7 @@ def run_stage(preset: str, name: str, args: argparse.Namespace) -> dict:
         "per_domain": {k.split("/")[1]: round(v, 4) for k, v in report.items() if k.count("/") == 2 and k.endswith("/pass@1")
                        and k.startswith("eval/")},
         "minutes": round(minutes, 2), "minutes_alone": round(alone, 2),
+        **({"peak_rss_gb": sft.get("peak_rss_gb", 0.0)} if name == "sft" else {}),  # the SFT run it evaluates
     }
     return write_part(jobs, name, figures)
 
@@ -477,14 +479,22 @@ def combine_stages(preset: str, args: argparse.Namespace) -> None:
     }), flush=True)
 
 
+def peak_rss_gb() -> float:
+    """The largest resident set of this process and of the job processes it has waited for, GiB."""
+    import resource
+
+    return round(max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20, 3)
+
+
 def write_part(jobs: Jobs, name: str, figures: dict) -> dict:
-    """A part's figures with this process tree's CPU-minutes and peak RSS, written to ``<workdir>/arms/<name>.json``
+    """A part's figures with this process tree's CPU-minutes and peak RSS (or the larger one a reused stage it evaluates
+    reported), written to ``<workdir>/arms/<name>.json``
     and printed."""
     import resource
 
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     figures |= {"cpu_minutes": round(sum(u.ru_utime + u.ru_stime for u in usage) / 60, 2),
-                "peak_rss_gb": round(max(u.ru_maxrss for u in usage) / 2**20, 3)}
+                "peak_rss_gb": max(peak_rss_gb(), figures.get("peak_rss_gb", 0.0))}
     path = jobs.workdir / "arms" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(figures))

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tiers.py [--model smollm2-135m-instruct] [--tasks-per-domain 48] [--doc-tasks 32]
         [--rounds 2] [--max-tokens 64] [--variants standard,fast,q8,llamacpp,vllm,vllm-ngram,vllm-fp8kv]
+    .venv/bin/python bench/tiers.py --model gemma3-270m --chat-template gemma   # the second built-in, a base model
 
 Runs :func:`posttrain.platform.serving.tier_card.measure_tiers`, what the ``measure_tiers`` job runs, in a fresh
 data directory with the model imported: the model served in every tier this host can run (the embedded engine's
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--variants", default="", help="comma-separated tier variants (default: every one this host can run)")
+    parser.add_argument("--chat-template", default=None,
+                        help="import the model with this chat template (a family: chatml, gemma): a base model has none, "
+                             "and the card's requests are chats")
     args = parser.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="posttrain-bench-tiers-"))
@@ -75,7 +79,7 @@ def main() -> None:
     settings = get_settings()
     migrate.upgrade(os.environ["POSTTRAIN_DATABASE_URL"])
     operator = Identity("bench", Role.operator)
-    model = import_model(operator, f"{BUILTIN_PREFIX}{args.model}")
+    model = import_model(operator, f"{BUILTIN_PREFIX}{args.model}", chat_template=args.chat_template)
     variants = host_variants(settings)
     if args.variants:
         wanted = args.variants.split(",")
@@ -93,7 +97,7 @@ def main() -> None:
     vllm_vs_llamacpp = (tiers["vllm"]["tokens_per_s_4"] / tiers["llamacpp"]["tokens_per_s_4"]
                         if "vllm" in tiers and "llamacpp" in tiers else None)  # fmt: skip
     print(json.dumps({
-        "figure": "tiers", "model": card["model"], "tasks": card["tasks"], "domains": card["domains"],
+        "figure": "tiers", "model": card["model"], "chat_template": args.chat_template, "tasks": card["tasks"], "domains": card["domains"],
         "doc_tasks": args.doc_tasks, "max_tokens": card["max_tokens"], "rounds": card["rounds"],
         "tiers": {name: {k: v for k, v in t.items() if k != "name"} for name, t in tiers.items()},
         "standard_tokens_per_s_1": standard["tokens_per_s_1"],

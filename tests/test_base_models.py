@@ -124,3 +124,25 @@ def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path
     report = evaluate_policy(EvalConfig(model=str(base), domains=["arith.add.int"], difficulty=2, tasks_per_domain=4, max_new_tokens=8,
                                         device="cpu"))
     assert report["eval/arith.add.int/pass@1"] == 0.0 and "eval/pass@1" in report  # a random model, but evaluated
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_base_models_sft_run_registers_a_model_in_the_template_it_trained_in(platform_env: dict[str, str],
+                                                                                 tmp_path: Path) -> None:
+    """An SFT run given a chat template trains a base model in it; the model it registers renders in it too (and so
+    is evaluated and served in it, not in the completion format) and ends its replies where the template ends a
+    turn."""
+    from conftest import run_worker_until_idle
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.jobs import queue
+    from posttrain.platform.models.registry import get_model, register_model
+
+    register_model(OPERATOR, "raw", base_model_dir(tmp_path))
+    job_id = queue.submit(OPERATOR, "train_sft", {"preset": "cpu-demo", "model": "raw", "chat_template": "chatml",
+                                                  "max_steps": 2, "checkpoint_every": 2, "register_as": "raw-sft"})
+    run_worker_until_idle(platform_env)
+    job = queue.get_job(job_id)
+    assert job.status is JobStatus.succeeded, job.error
+    trained = load_model(get_model("raw-sft").path)
+    assert trained.tokenizer.chat_template == CHAT_TEMPLATE
+    assert trained.tokenizer.convert_tokens_to_ids("<|im_end|>") in trained.eos_token_ids

@@ -19,6 +19,7 @@ import torch
 from conftest import OPERATOR
 from posttrain.platform.db import migrate
 from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
+from posttrain.platform.models.chat_template import GEMMA_TEMPLATE, reply_end_ids
 from posttrain.platform.models.exporter import export_model
 from posttrain.platform.models.importer import BUILTIN_MODELS, import_model
 from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
@@ -163,6 +164,10 @@ def test_gemmas_sentencepiece_vocabulary_exports_as_llama_cpp_tokenizes_it_and_i
 
     joined = BUILTIN_MODELS["gemma3-270m"].locate()
     tokenizer = AutoTokenizer.from_pretrained(str(joined.parent), gguf_file=joined.name)
+    # given Gemma's template, its replies end at <end_of_turn> as well as at the <eos> that ends a document
+    tokenizer.chat_template = GEMMA_TEMPLATE
+    assert reply_end_ids(tokenizer, tokenizer.eos_token_id) == [1, tokenizer.convert_tokens_to_ids("<end_of_turn>")] == [1, 106]
+    tokenizer.chat_template = None
     config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                               layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512)  # fmt: skip

@@ -51,6 +51,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.platform.models.chat_template import reply_end_ids
 from posttrain.platform.models.loader import load_model
 from posttrain.platform.serving.generation import DecodeBatch, KVPrefix, SamplingParams, SpeculationConfig, decode_groups
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
@@ -147,7 +148,8 @@ def _trajectory(tokenizer: PreTrainedTokenizerBase, prompt: list[int], completio
 class EmbeddedRolloutEngine:
     """Rollouts on the embedded serving engine's decode loop, on CPU or one torch device.
 
-    Stops at ``stop_token_ids`` (default: the tokenizer's end-of-turn token, as ``generate_groups``).
+    Stops at ``stop_token_ids`` (default: where the model's replies end, its end-of-sequence and end-of-turn tokens,
+    :func:`~posttrain.platform.models.chat_template.reply_end_ids`).
     ``max_num_seqs`` caps the rows decoded together (None: every group of a call at once); waiting
     groups join as rows leave. With ``seed`` a call draws from one generator of its own, so the same
     prompts, weights and seed give the same completions. ``prefix_cache_bytes``: the KV its batchers keep for
@@ -167,7 +169,9 @@ class EmbeddedRolloutEngine:
         eos = tokenizer.eos_token_id
         self.model, self.tokenizer, self.max_num_seqs, self.version = model, tokenizer, max_num_seqs, version
         self.prefix_cache_bytes = prefix_cache_bytes
-        self.stop_token_ids = frozenset(stop_token_ids if stop_token_ids is not None else [eos])
+        if stop_token_ids is None:
+            stop_token_ids = reply_end_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        self.stop_token_ids = frozenset(stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
 

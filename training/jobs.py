@@ -138,7 +138,9 @@ def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
 
 def register_final_model(ctx: JobContext, config: TrainConfig, model: torch.nn.Module, source_dir: str,
                          base: str | None, meta: dict[str, Any]) -> str:
-    """Save ``model`` (LoRA merged) with the source's tokenizer under ``<data_dir>/models/<name>`` and register it."""
+    """Save ``model`` (LoRA merged) with the source's tokenizer, in the chat template the run trained in when it gave
+    one (a base model's SFT), under ``<data_dir>/models/<name>`` and register it."""
+    from posttrain.platform.models.chat_template import resolve_template
     from posttrain.platform.models.registry import register_model
     from posttrain.training.modeling import load_tokenizer
 
@@ -150,7 +152,10 @@ def register_final_model(ctx: JobContext, config: TrainConfig, model: torch.nn.M
     try:
         merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model  # type: ignore[operator]
         merged.save_pretrained(tmp)  # type: ignore[operator]
-        load_tokenizer(source_dir).save_pretrained(tmp)
+        tokenizer = load_tokenizer(source_dir)
+        if (template := getattr(config, "chat_template", None)) is not None:
+            tokenizer.chat_template = resolve_template(template)
+        tokenizer.save_pretrained(tmp)
         if final.exists():  # a resumed attempt registering again
             shutil.rmtree(final)
         tmp.rename(final)

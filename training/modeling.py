@@ -41,10 +41,12 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a pad token nor an eos token; set one of them")
         tokenizer.pad_token = tokenizer.eos_token
-    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, resolve_template
+    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, reply_end_ids, resolve_template
 
     if chat_template is not None:
         tokenizer.chat_template = resolve_template(chat_template)
+        # the template's end of turn ends replies too, in every model saved from this one (its generation config)
+        model.generation_config.eos_token_id = reply_end_ids(tokenizer, model.generation_config.eos_token_id)
     elif completion_format and getattr(tokenizer, "chat_template", None) is None:
         tokenizer.chat_template = COMPLETION_TEMPLATE
     if getattr(tokenizer, "chat_template", None) is None:

@@ -11,6 +11,10 @@ one render messages, tools and tool calls the same way (and vLLM's
 - an image part is ``<|vision_start|><|image_pad|><|vision_end|>``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 # Every literal is inside {{ '...' }} so that the trim_blocks/lstrip_blocks settings
 # transformers renders with cannot eat a newline. The pieces below are shared by every family's template:
 # how content is rendered, how tools are listed, how a tool call is written.
@@ -139,6 +143,7 @@ def completion_answer(text: str) -> str:
 
 FAMILY_TEMPLATES = {"chatml": CHAT_TEMPLATE, "gemma": GEMMA_TEMPLATE}  # the templates an operator can assign, by family
 _FAMILY_MARKERS = {"chatml": "<|im_start|>", "gemma": "<start_of_turn>"}
+_TURN_ENDS = {"chatml": "<|im_end|>", "gemma": "<end_of_turn>"}  # what each family writes after a message
 _FAMILY_OF_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma"}
 
 
@@ -161,6 +166,22 @@ def assigned_name(spec: str) -> str:
 def template_family(template: str) -> str | None:
     """The turn format a template writes (``chatml``, ``gemma``), or None when it is neither."""
     return next((family for family, marker in _FAMILY_MARKERS.items() if marker in template), None)
+
+
+def reply_end_ids(tokenizer: Any, eos: int | list[int] | None = None) -> list[int]:
+    """Where a reply ends: the generation config's end-of-sequence ids (``eos``), the tokenizer's, and the token that
+    ends a turn in the tokenizer's chat template. A base model given Gemma's template learns to end its turn with
+    ``<end_of_turn>``, not the ``<eos>`` that ends its documents: a decoder that stops at ``<eos>`` alone runs on
+    past the answer."""
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    template = getattr(tokenizer, "chat_template", None)
+    text = template if isinstance(template, str) else " ".join(template.values()) if isinstance(template, dict) else ""
+    family = template_family(text)
+    candidates = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids(_TURN_ENDS[family])] if family else [])
+    for token_id in candidates:
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    return ids
 
 
 def model_family(model_type: str) -> str:

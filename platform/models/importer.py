@@ -478,12 +478,20 @@ def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progres
 
 
 def assign_template(model_dir: Path, template: str) -> None:
-    """Store ``template`` as the chat template of the model directory's tokenizer (``chat_template.jinja``)."""
+    """Store ``template`` as the chat template of the model directory's tokenizer (``chat_template.jinja``), and its
+    end of turn among the generation config's end-of-sequence ids, where replies stop."""
+    from transformers import GenerationConfig
+
+    from posttrain.platform.models.chat_template import reply_end_ids
     from posttrain.platform.models.loader import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     tokenizer.chat_template = template
     tokenizer.save_pretrained(model_dir)
+    if (model_dir / "generation_config.json").is_file():
+        generation = GenerationConfig.from_pretrained(model_dir)
+        generation.eos_token_id = reply_end_ids(tokenizer, generation.eos_token_id)
+        generation.save_pretrained(model_dir)
 
 
 def _copy_hf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:

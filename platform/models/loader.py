@@ -111,11 +111,10 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        eos = self.model.generation_config.eos_token_id
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
+        """Where a reply ends (:func:`~posttrain.platform.models.chat_template.reply_end_ids`)."""
+        from posttrain.platform.models.chat_template import reply_end_ids
+
+        return reply_end_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
 
 def load_model(
