@@ -225,6 +225,28 @@ def learning_broad_rows(s: Summary) -> list[Row]:
     return rows
 
 
+def base_to_instruct_rows(s: Summary) -> list[Row]:
+    """One row per stage of ``bench/learning.py --preset gemma3-base-to-instruct --arms``: a base model as it ships,
+    after SFT, after GRPO; each stage's peer is the stage before it."""
+    names = {"base": "as it ships, in the plain completion format", "sft": "after SFT, in Gemma's chat template",
+             "grpo": "after GRPO on the same domains"}
+    gains = {"sft": (s["sft_over_base_points"], s["sft_over_base_se_points"]),
+             "grpo": (s["grpo_over_sft_points"], s["grpo_over_sft_se_points"])}
+    rows, before = [], None
+    for stage, f in s["stages"].items():
+        general = f.get("general") or {}
+        result = (f"held-out pass@1 {_pct(f['pass_at_1'])} ± {100 * f['pass_at_1_se']:.1f}"
+                  + (f" ({gains[stage][0]:+.1f} ± {gains[stage][1]:.1f} points)" if stage in gains else "")
+                  + (f"; general check {_pct(general['pass_at_1'])}" if general.get("pass_at_1") is not None else "")
+                  + f"; {_n(f['minutes'])} min ({_n(f['minutes_alone'])} alone), peak RSS {f['peak_rss_gb']:.1f} GiB")
+        peer = ("none: the raw material" if before is None else
+                f"the stage before ({before[0]}), the same held-out tasks: {_pct(before[1]['pass_at_1'])}"
+                + ("" if stage != "grpo" else f"; goal beyond 2 SE: {'met' if s['goal_met'] else 'not met'}"))
+        rows.append(Row(f"base model post-trained from raw: {s['model']} {names.get(stage, stage)}", result, peer))
+        before = (stage, f)
+    return rows
+
+
 def learning_repair_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-repair --arms``."""
     names = {"cold": "GRPO alone, from the model as it ships", "sft": "the SFT warm-up alone, continued",
@@ -357,7 +379,8 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
     "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
-    "reliability": reliability_rows, "tiers": tiers_rows,
+    "reliability": reliability_rows, "tiers": tiers_rows, "tiers-gemma": tiers_rows,
+    "learning-base-to-instruct": base_to_instruct_rows,
 }  # fmt: skip
 
 

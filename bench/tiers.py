@@ -40,6 +40,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REAL_MODEL = "smollm2-135m-instruct"
+FIGURES = {REAL_MODEL: "tiers", "gemma3-270m": "tiers-gemma"}  # each built-in's card is a benchmark of its own
 
 
 def document_tasks(count: int) -> list:  # type: ignore[type-arg]
@@ -97,7 +98,7 @@ def main() -> None:
     vllm_vs_llamacpp = (tiers["vllm"]["tokens_per_s_4"] / tiers["llamacpp"]["tokens_per_s_4"]
                         if "vllm" in tiers and "llamacpp" in tiers else None)  # fmt: skip
     print(json.dumps({
-        "figure": "tiers", "model": card["model"], "chat_template": args.chat_template, "tasks": card["tasks"], "domains": card["domains"],
+        "figure": FIGURES.get(args.model, f"tiers-{args.model}"), "model": card["model"], "chat_template": args.chat_template, "tasks": card["tasks"], "domains": card["domains"],
         "doc_tasks": args.doc_tasks, "max_tokens": card["max_tokens"], "rounds": card["rounds"],
         "tiers": {name: {k: v for k, v in t.items() if k != "name"} for name, t in tiers.items()},
         "standard_tokens_per_s_1": standard["tokens_per_s_1"],

@@ -7,8 +7,11 @@ on the built-in Gemma's own SentencePiece tokenizer."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -62,7 +65,7 @@ def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("gemma3")
     tokenizer_from = build_tiny_model(root / "tok", TinyModelSpec(hidden_size=64, num_layers=1))
     config = Gemma3TextConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+                              num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=4,
                               max_position_embeddings=512, layer_types=["sliding_attention"] * 3 + ["full_attention"])  # fmt: skip
     torch.manual_seed(0)
     path = root / "g3"
@@ -75,7 +78,8 @@ def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_embedded_tier_serves_gemma3_as_transformers_generates(gemma3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Greedy completions of prompts longer than the window, two at once (so rows are left-padded): the standard
-    and fast (speculating) tiers give exactly transformers' ``generate`` tokens; the q8 tier the same up to the first
+    and fast (speculating: a rejected draft is cropped from the sliding-window layers too, which keep their past
+    until the crop) tiers give exactly transformers' ``generate`` tokens; the q8 tier the same up to the first
     position where the reference's top two logits are within a near tie. The lean decode step says why it is off."""
     from posttrain.platform.serving.generation import LeanDecoder
     from posttrain.platform.serving.q8 import Q8Linear
@@ -149,6 +153,32 @@ def test_a_gemma3_export_runs_in_llama_cpp_as_in_transformers(gemma3_dir: Path, 
             assert agree_until_a_near_tie(got, reference, margins), (prompt, got, reference, margins)
     finally:
         server.stop()
+
+
+@pytest.mark.requires("vllm")
+def test_vllm_runs_gemma3_as_transformers_does(gemma3_dir: Path) -> None:
+    """vLLM (its own environment, fp32 on this CPU) on the same gemma3 model, its window shorter than the prompts:
+    greedy tokens equal transformers' up to the first near tie."""
+    import torch
+
+    from posttrain.platform.serving.vllm import find_python, server_env
+
+    source = load_model(gemma3_dir)
+    prompts = [source.tokenizer(p)["input_ids"] for p in PROMPTS]
+    script = f"""
+import json, vllm
+llm = vllm.LLM(model={str(gemma3_dir)!r}, dtype="float32", enforce_eager=True, max_model_len=256, kv_cache_memory_bytes=2**26)
+outs = llm.generate([{{"prompt_token_ids": p}} for p in {prompts!r}],
+                    vllm.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)
+print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+    done = subprocess.run([str(find_python()), "-P", "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **server_env(cpu_threads=torch.get_num_threads())})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for prompt, tokens in zip(PROMPTS, got):
+        reference, margins = greedy_reference(source, prompt)
+        assert agree_until_a_near_tie(tokens, reference, margins), (prompt, tokens, reference, margins)
 
 
 @pytest.mark.requires("gemma chunks")

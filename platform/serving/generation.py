@@ -394,6 +394,11 @@ def _common_prefix(prompts: list[list[int]]) -> int:
     return n
 
 
+def _records_past(cache: DynamicCache) -> bool:
+    """Whether a sliding-window layer of ``cache`` keeps its past for a crop (set when drafts were first verified)."""
+    return any(getattr(layer, "record_past", False) for layer in cache.layers)
+
+
 def _mergeable(cache: DynamicCache) -> bool:
     """Rows can join a running batch only when every layer is a plain growing cache (no sliding window)."""
     return all(type(layer) is DynamicLayer for layer in cache.layers)
@@ -613,6 +618,8 @@ class DecodeBatch:
             step_mask[i, : 1 + len(draft)] = 1
         step_pos = self.valid[:, None] + torch.arange(1 + k)[None, :]
         mask = torch.cat([self.mask, step_mask], dim=1)
+        if k:  # a rejected draft is cropped: a sliding-window layer must keep what it would drop until the crop decides
+            self.cache.activate_past_recording()
         inputs = {"input_ids": step_ids.to(self.device), "attention_mask": mask.to(self.device),
                   "position_ids": step_pos.to(self.device)}
         logits = self._lean(self.cache, **inputs) if self._lean else _forward(self.model, self.cache, **inputs).logits
@@ -639,8 +646,9 @@ class DecodeBatch:
             accept_tokens(seq, new_ids, logprobs)
         # rejected drafts: crop what no row kept, mask out the rest
         crop = 1 + k - max(kept_per_row)
-        if crop:
+        if crop or _records_past(self.cache):  # a recording sliding-window layer goes back to its window, even by 0
             self.cache.crop(-crop)  # negative: remove that many trailing positions
+        if crop:
             mask = mask[:, : mask.shape[1] - crop]
         for i, kept in enumerate(kept_per_row):
             mask[i, mask.shape[1] - (1 + k - crop) + kept :] = 0
