@@ -1,7 +1,7 @@
 """The names of a training run's metrics: the trainers write them, the console charts them, from here.
 
 Per step of a run (``Metric`` rows at step ``n``): the learner's ``train/*``, the rollout side's
-``rollout/*``, ``verifier/*`` and ``pipeline/*``, a multi-turn environment's ``env/*``, and ``time/step_s``. A whole-recipe job logs its SFT
+``rollout/*``, ``verifier/*`` and ``pipeline/*``, a multi-turn environment's ``env/*``, ``time/step_s`` and ``memory/*``. A whole-recipe job logs its SFT
 warm-up and control arm under :data:`SFT_PREFIX` and :data:`CONTROL_PREFIX` (the same ``train/``
 names, renamed), and evaluations under ``eval/`` (``eval/pass@1``, ``eval/<domain>/pass@1``, ...).
 """
@@ -43,6 +43,10 @@ ACTORS_REPLACED = "pipeline/actors_replaced"
 BATCHES_REDONE = "pipeline/batches_redone"
 STEP_S = "time/step_s"
 UPDATE_S = "time/update_s"  # the learner's update and weight publish of a step
+# the process's peak resident set so far (GiB) when the step's rollouts were in and when its update was done: the
+# step and phase where it rises is where a run's memory goes
+PEAK_RSS_ROLLOUT_GB = "memory/peak_rss_rollout_gb"
+PEAK_RSS_GB = "memory/peak_rss_gb"
 
 # --- a multi-turn environment's episodes (per step)
 ENV_TURNS_MEAN = "env/turns_mean"

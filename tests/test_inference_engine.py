@@ -501,6 +501,25 @@ def test_turns_that_go_on_from_a_cached_prefix_give_the_tokens_a_whole_prefill_g
         assert torch.allclose(torch.tensor([x for c in a for x in c.logprobs]), torch.tensor([x for c in b for x in c.logprobs]), atol=1e-4)
 
 
+def test_a_turn_from_a_cached_prefix_keeps_one_copy_of_its_kv(engine: EmbeddedRolloutEngine) -> None:
+    """Once the batch holds a turn's cache, the prefix it was made from is let go: an episode's kept KV is not
+    held twice (in the batch and in the sequence) while the turn decodes."""
+    import weakref
+
+    from posttrain.platform.serving.generation import DecodeBatch
+
+    first = Sequence([1, 20, 30, 31, 32, 33], SamplingParams(max_new_tokens=4), frozenset(), keep_kv=True)
+    generate_batch(engine.model, [first], pad_token_id=engine.pad_token_id)
+    assert first.kv is not None
+    prefix, first.kv = first.kv, None
+    kept = weakref.ref(prefix.layers[0][0])
+    turn = Sequence(list(prefix.token_ids) + [5, 7, 9], SamplingParams(max_new_tokens=4), frozenset(), prefix=prefix)
+    del prefix
+    batch = DecodeBatch(engine.model, pad_token_id=engine.pad_token_id)
+    batch.add([turn])
+    assert turn.prefix is None and kept() is None and len(batch) == 1
+
+
 def test_the_prefix_store_keeps_its_budget_and_forgets_stale_weights() -> None:
     from posttrain.platform.serving.generation import KVPrefix
     from posttrain.training.inference import PrefixStore

@@ -85,8 +85,10 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
     for m in rows:
         per_name.setdefault(m.name, []).append(m.step)
     assert sorted(per_name["rollout/reward_mean"]) == list(range(1, STEPS + 1))
-    for name in ("rollout/pass_rate", "time/step_s", "pipeline/learner_busy_frac"):
+    for name in ("rollout/pass_rate", "time/step_s", "pipeline/learner_busy_frac", "memory/peak_rss_rollout_gb", "memory/peak_rss_gb"):
         assert sorted(per_name[name]) == list(range(1, STEPS + 1)), name
+    peaks = {(m.name, m.step): m.value for m in rows if m.name.startswith("memory/")}  # the process's peak so far, GiB
+    assert all(0.1 < peaks["memory/peak_rss_rollout_gb", n] <= peaks["memory/peak_rss_gb", n] < 64 for n in range(1, STEPS + 1))
     # trajectories: every step, at most PER_STEP each (a redone step replaced, not doubled)
     counts = Counter(t.step for t in trajectories)
     assert sorted(counts) == list(range(1, STEPS + 1))

@@ -282,9 +282,9 @@ class ContinuousBatcher:
                                 top_p=sampling.top_p, logprobs=True)
         seq = DecodeSequence(list(prompt_ids), params, self.engine.stop_token_ids, generator=self._generator,
                              keep_kv=self._prefixes is not None)
-        if self._prefixes is not None and (prefix := self._prefixes.take(prompt_ids, self.engine.version)) is not None:
-            seq.prefix = prefix
-            self.reused_tokens += len(prefix.token_ids)
+        if self._prefixes is not None:  # held by the sequence alone, which lets it go once the batch has a copy
+            seq.prefix = self._prefixes.take(prompt_ids, self.engine.version)
+            self.reused_tokens += len(seq.prefix.token_ids) if seq.prefix is not None else 0
         future: Future[Completion] = Future()
         with self._cond:
             if self._closed:

@@ -110,13 +110,6 @@ class PresetJobResult(BaseModel):
                                       "evaluation), GiB")
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 # --- models in and out ------------------------------------------------------------
 def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
     """``(directory, registered name or None)`` for a config's ``model`` (a name or a directory)."""
@@ -394,6 +387,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     from posttrain.platform.models.registry import register_model
     from posttrain.training.evaluate import compare_reports, evaluate_policy, head_to_head
     from posttrain.training.loop import train_grpo
+    from posttrain.training.modeling import peak_rss_bytes
     from posttrain.training.presets import get_preset
     from posttrain.platform.tasks.heldout import check_held_out
     from posttrain.training.evaluate import all_eval_tasks, general_config

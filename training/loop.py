@@ -29,7 +29,7 @@ from posttrain.training.config import GRPOConfig
 from posttrain.training.environments.runner import episode_metrics
 from posttrain.training.inference import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context, select_groups
-from posttrain.training.modeling import PolicySource
+from posttrain.training.modeling import PolicySource, peak_rss_bytes
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
 from posttrain.training.scheduler import DomainSpec, Scheduler, resolve_domains
@@ -142,6 +142,7 @@ def train_grpo(
             if batch is not None and check_due(config, step):  # the engine samples what the learner scores
                 payload[2] |= check_logprobs(learner, batch, step, config)
             trajectories, advantages, metrics = ctx.broadcast(payload)
+            metrics[names.PEAK_RSS_ROLLOUT_GB] = peak_rss_bytes() / 2**30
             if ctx.main and scheduler is not None and len(domains) > 1:  # per domain: draw share, pass and signal rates
                 metrics |= scheduler.metrics()
             t_learn = time.perf_counter()
@@ -150,6 +151,7 @@ def train_grpo(
             if rollouts is not None and updated is not None:
                 rollouts.publish(updated, version=step + 1)
             last_end = time_step(metrics, t_learn, last_end)
+            metrics[names.PEAK_RSS_GB] = peak_rss_bytes() / 2**30
             result.metrics.append(metrics)
             result.steps = step + 1
             if on_groups is not None and batch is not None:

@@ -87,6 +87,13 @@ def token_logprobs(
     return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def snapshot_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached CPU copy of the weights (what the rollout workers load after each update)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -478,6 +478,8 @@ class DecodeBatch:
         prompts = [g[0].prompt_ids for g in groups]
         if prefix is not None:
             cache, mask, every = self._prefill_after(prefix, prompts[0])
+            for seq in seqs:  # the batch holds a copy of it from here on: its own tensors may go
+                seq.prefix = None
         else:
             cache, mask, every = self._prefill(prompts, every=any(s.params.prompt_logprobs for s in seqs))
         logits = every[:, -1]

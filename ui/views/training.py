@@ -53,6 +53,7 @@ CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Gradient norm", (metric_names.GRAD_NORM,)),
     ("Learning rate", (metric_names.LR,)),
     ("Train/inference log-prob gap", (metric_names.LOGPROB_PREFIX + "mean_abs_diff",)),
+    ("Peak memory (GiB): after rollouts, after the update", (metric_names.PEAK_RSS_ROLLOUT_GB, metric_names.PEAK_RSS_GB)),
 )
 TILES = (
     ("Reward", metric_names.REWARD_MEAN),
