@@ -386,7 +386,7 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
         "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps,
         **ARM_FIGURES[preset](report, base["report"], args.eval_tasks or run.eval.tasks_per_domain),
         "minutes": round(minutes, 2),  # this arm's own training and evaluation
-        "minutes_alone": round(minutes + base["minutes"] + (origin["minutes"] if origin is not base else 0.0), 2),  # from nothing
+        "minutes_alone": round(minutes + base["minutes"] + (origin["minutes"] if start_from != "base" else 0.0), 2),  # from nothing
         "stages_made_here": [s for s, was in made.items() if not was and (s == "base" or start_from == "sft")],
         "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
         "groups_used_mean": round(used / len(curve), 2) if curve else None,
