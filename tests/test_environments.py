@@ -68,6 +68,10 @@ class ScriptedClient:
             logprobs = torch.gather(F.log_softmax(logits / sampling.temperature, -1), 1, torch.tensor(ids)[:, None])[:, 0].tolist()
         return Completion(ids, logprobs, True)
 
+    def forget_prefixes(self) -> None:
+        if self.then is not None:
+            self.then.forget_prefixes()
+
 
 @pytest.fixture(scope="module")
 def pool() -> SandboxPool:

@@ -535,3 +535,22 @@ def test_the_prefix_store_keeps_its_budget_and_forgets_stale_weights() -> None:
     store.put(prefix((7, 8, 9)), version=0)  # over budget: the oldest goes
     assert store.take([1, 2, 3, 4], version=0) is None and store.take([4, 5, 6, 0], version=0) is not None
     assert store.take([7, 8, 9, 0], version=1) is None  # new weights: nothing cached is valid
+    store.put(prefix((7, 8, 9)), version=1)
+    store.clear()
+    assert store.take([7, 8, 9, 0], version=1) is None
+
+
+def test_a_batcher_forgets_its_prefixes_when_the_episodes_are_over(tiny_dir: Path) -> None:
+    engine = EmbeddedRolloutEngine.from_dir(tiny_dir, stop_token_ids=[])
+    batcher = engine.batcher(seed=0)
+    sampling = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    try:
+        first = batcher.complete([1, 20, 30, 31], sampling)
+        batcher.forget_prefixes()
+        turn = [1, 20, 30, 31, *first.token_ids, 5, 7]
+        second = batcher.complete(turn, sampling)
+        assert batcher.reused_tokens == 0  # the next turn was prefilled whole: nothing was kept
+        batcher.complete([*turn, *second.token_ids, 9], sampling)
+        assert batcher.reused_tokens >= len(turn)  # kept as before when not forgotten
+    finally:
+        batcher.close()

@@ -109,6 +109,11 @@ class PolicyBatcher(Protocol):
 
     def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion: ...
 
+    def forget_prefixes(self) -> None:
+        """Drop what is kept for later turns (the episodes it was kept for are over): memory the learner's update
+        can use."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -239,6 +244,11 @@ class PrefixStore:
             self._bytes -= prefix.nbytes
             return prefix
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
     def _at(self, version: int) -> None:
         if version != self.version:  # new weights: every cached key and value is stale
             self._entries.clear()
@@ -292,6 +302,10 @@ class ContinuousBatcher:
             self._pending.append((seq, future))
             self._cond.notify_all()
         return future.result()
+
+    def forget_prefixes(self) -> None:
+        if self._prefixes is not None:
+            self._prefixes.clear()
 
     def close(self) -> None:
         with self._cond:
@@ -504,6 +518,9 @@ class VLLMBatcher:
         answer = self._driver.generate(vllm_request(prompt_ids, 1, sampling, self._seed + j, max_new_tokens)).result()
         return Completion(**answer["completions"][0])
 
+    def forget_prefixes(self) -> None:  # vLLM's prefix cache is its own, within its KV budget
+        pass
+
     def close(self) -> None:
         self._driver.close()
         self._thread.join(timeout=30)
@@ -626,6 +643,9 @@ class VLLMServerBatcher:
                 raise RuntimeError("the batcher is closed")
             j, self._asked = self._asked, self._asked + 1
         return self.engine.complete(prompt_ids, sampling, self._seed + j, max_new_tokens)
+
+    def forget_prefixes(self) -> None:  # the server's prefix cache is its own, within its KV budget
+        pass
 
     def close(self) -> None:
         with self._lock:

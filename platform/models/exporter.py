@@ -426,18 +426,15 @@ def add_tokenizer(writer: Any, model_dir: Path, tokenizer: Any, config: Any) -> 
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     space_prefix = spm_space_prefix(model_dir, backend)
     tokens, types = token_table(model_dir, tokenizer, int(config.vocab_size), byte_fallback=space_prefix is not None)
-    if space_prefix is None:
-        merges = bpe_merges(model_dir, backend)
+    if space_prefix is None:  # byte-level BPE: its merges
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre_tokenizer_name(model_dir, backend))
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-    else:
+        writer.add_token_merges(bpe_merges(model_dir, backend))
+    else:  # SentencePiece-style: scores from the merge order
         writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
         writer.add_token_scores(spm_scores(backend, tokens))
-        writer.add_token_types(types)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
     ids = special_ids(tokenizer, config)
     for kind, token_id in ids.items():
         if token_id is not None:

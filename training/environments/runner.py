@@ -50,6 +50,7 @@ class EpisodeRunner:
             elapsed = [e.verdict.elapsed_s or 0.0 for e in episodes if e.verdict is not None]
             group.verify_latency_s = max(elapsed, default=0.0)
             groups.append(group)
+        self.client.forget_prefixes()  # these episodes are over: their last turns' KV would sit through the update
         return groups
 
     def episode(self, task: TaskSpec) -> Episode:
