@@ -84,13 +84,14 @@ test: venv system-deps llamacpp vllm
 # is rewritten from those files (bench/results.py). A failing benchmark does not stop
 # the others; make fails at the end and names it. A benchmark runs bench/<name>.py
 # unless BENCH_<name> gives its command.
-BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-base-to-instruct learning-ablation scheduler
+BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation scheduler
 BENCH_serving-real := bench/serving.py --model smollm2-135m-instruct
 BENCH_serving-engines := bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 BENCH_learning-real := bench/learning.py --preset smollm2-arith
 BENCH_learning-tools := bench/learning.py --preset smollm2-tools
 BENCH_learning-docqa := bench/learning.py --preset smollm2-docqa
 BENCH_learning-broad := bench/learning.py --preset smollm2-broad --arms --threads 2
+BENCH_learning-repair := bench/learning.py --preset smollm2-repair --arms --threads 2
 BENCH_learning-base-to-instruct := bench/learning.py --preset gemma3-base-to-instruct --arms
 BENCH_learning-ablation := bench/learning.py --preset smollm2-arith --ablation --ablation-steps 3
 BENCH_rollout := bench/rollout.py --engine vllm

@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="measure this torch thread count only (each side)")
     args = parser.parse_args()
     if args.model is None and args.preset != "cpu-demo":  # the SFT warm-up the preset's arms made (bench/learning.py)
-        warm = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms" / "data" / "models" / "repair-sft"
+        warm = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms" / "data" / "models" / f"{args.preset}-sft"
         if not (warm / "config.json").is_file():
             raise SystemExit(f"--preset {args.preset} measures its SFT warm-up, which is not at {warm}: run "
                              f"`bench/learning.py --preset {args.preset} --arm sft-grpo` first, or pass --model DIR")
@@ -212,7 +212,8 @@ def main() -> None:
         "lockstep_traj_per_s": lock["traj_per_s"],
         "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
         "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
-        "lockstep_learner_busy": lock["learner_busy"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,
+        "lockstep_learner_busy": lock["learner_busy"], "groups_used_mean": best["groups_used_mean"],
+        "lockstep_groups_used_mean": lock["groups_used_mean"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,
         "batch": args.batch, "group": args.group, "pipelined_variants_tried": len(runs["pipelined"]),
         "peer": {"name": "lock-step loop (rollout, then verify, then update), the best of its thread settings",
                  "threads": lock["threads"], "variants_tried": len(runs["lockstep"]), "steps": args.steps,

@@ -263,11 +263,14 @@ def learning_repair_rows(s: Summary) -> list[Row]:
                   f"calls, {e['tool_errors']:.1f} failed, {_pct(e['tested_before_reply'])} ran the tests before replying; "
                   f"general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; {a['steps']} steps, "
                   f"{_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone, {_n(a['cpu_minutes'])} CPU-min), "
-                  f"peak RSS {a['peak_rss_gb']:.1f} GiB")
+                  f"peak RSS {a['peak_rss_gb']:.1f} GiB"
+                  + (f"; groups with reward variance a step {a['groups_used_mean']:.2f}" if a.get("groups_used_mean") is not None else ""))
         if arm == "sft-grpo" and "sft" in s["arms"]:
+            unmet = [g.replace("_", " ") for g, held in s.get("goals", {}).items() if not held]
             peer = (f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
                     f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points; goal +10 "
-                    f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})")
+                    f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})"
+                    + (f"; goals not met: {', '.join(unmet)}" if unmet else ""))
         else:
             peer = f"the model as it ships, the same tasks: {before}"
         rows.append(Row(f"code repair on {s['model']} ({names.get(arm, arm)})", result, peer))
@@ -295,7 +298,8 @@ def pipeline_rows(s: Summary) -> list[Row]:
     return [Row(
         "pipelined GRPO" + ("" if workload == "single_turn" else f", {workload} episodes in sandboxes")
         + (f" ({s['preset']} preset's GRPO on its SFT warm-up)" if s.get("preset", "cpu-demo") != "cpu-demo" else ""),
-        f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}); "
+        f"{_n(s['pipelined_traj_per_s'])} trajectories/s with {how} (learner busy {_pct(s['learner_busy'])}"
+        + (f", {s['groups_used_mean']:.2f} groups a step with reward variance" if "groups_used_mean" in s else "") + "); "
         f"best of {s['pipelined_variants_tried']} settings on {s['cores']} cores",
         f"lock-step, best of {s['peer']['variants_tried']} thread settings (rollout {rollout}, update {update}): "
         f"{_n(s['lockstep_traj_per_s'])} trajectories/s ({_x(s['speedup'])}; goal {_x(s['goal_speedup'])})",
@@ -380,7 +384,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
     "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows, "tiers": tiers_rows, "tiers-gemma": tiers_rows,
-    "learning-base-to-instruct": base_to_instruct_rows,
+    "learning-base-to-instruct": base_to_instruct_rows, "learning-repair": learning_repair_rows,
 }  # fmt: skip
 
 
