@@ -336,7 +336,8 @@ def stage(jobs: Jobs, preset: str, name: str, args: argparse.Namespace) -> dict:
     else:
         base = stage(jobs, preset, "base", args)
         steps = args.sft_steps or run.sft.max_steps
-        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"{preset}-sft", "max_steps": steps,
+        # named apart from the sft arm's model (``{preset}-sft``), which continues it
+        result = jobs.run("train_sft", {"preset": preset, "model": base["model"], "register_as": f"{preset}-warmup", "max_steps": steps,
                                         "output_dir": str(jobs.data / "runs" / "sft")}, "SFT warm-up")
         episodes = jobs.data / "runs" / "sft" / "demonstrations.jsonl"
         out = {"model": result["model"], "checkpoint": result["checkpoint"], "steps": result["steps"],
@@ -633,8 +634,10 @@ def main() -> None:
     parser.add_argument("--arm", choices=sorted({p for parts in PARTS.values() for p in parts}),
                         help="one part; its result goes to <workdir>/arms/<part>.json")
     parser.add_argument("--combine", action="store_true", help="the summary of the arms already run in --workdir")
+    parser.add_argument("--stage", choices=["base", "sft"], help="only make this stage the parts share in --workdir (base: "
+                        "the model as it ships, evaluated; sft: demonstrations and the SFT warm-up), or reuse it if made")
     args = parser.parse_args()
-    if args.arms or args.arm or args.combine:
+    if args.arms or args.arm or args.combine or args.stage:
         import subprocess
 
         parts = PARTS.get(args.preset)
@@ -645,6 +648,9 @@ def main() -> None:
         args.workdir = args.workdir or Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms"
         args.workdir.mkdir(parents=True, exist_ok=True)
         args.workdir.chmod(0o755)  # the episodes' sandboxes live under it: the sandbox uid must be able to enter it
+        if args.stage:
+            stage(Jobs(args.workdir, args.threads), args.preset, args.stage, args)
+            return None
         if args.arm:
             (run_stage if parts is STAGES else run_arm)(args.preset, args.arm, args)
             return None

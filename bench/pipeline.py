@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/pipeline.py [--model DIR] [--steps 20] [--batch 16] [--group 8] [--ray 2 [--ray-address ADDR]]
     .venv/bin/python bench/pipeline.py --env code_repair     # multi-turn episodes in sandboxes
-    .venv/bin/python bench/pipeline.py --env code_repair --preset smollm2-repair --model DIR --threads 2
-        # the real model after its SFT warm-up (DIR), the repair preset's GRPO config: groups with a learning signal
+    .venv/bin/python bench/pipeline.py --env code_repair --preset smollm2-repair --threads 2 [--model DIR]
+        # the real model after its SFT warm-up (made as bench/learning.py's arms make it, or DIR), the repair
+        # preset's GRPO config: groups with a learning signal
 
 ``--env code_repair`` (or ``tool_use``) measures the same way on an environment's episodes: each
 rollout lays a project into a sandbox from the warm pool, runs its turns and is graded by the hidden
@@ -170,14 +171,17 @@ def main() -> None:
     parser.add_argument("--env", default=None, choices=["tool_use", "code_repair"],
                         help="episodes of this environment (code_repair: the repair.* domains) instead of single completions")
     parser.add_argument("--preset", default="cpu-demo", help="whose GRPO config (and environment) the runs take; a "
-                        "real-model preset needs --model (e.g. smollm2-repair with its SFT warm-up's model directory)")
+                        "real-model preset measures its SFT warm-up (made if missing) or --model DIR")
     parser.add_argument("--threads", type=int, default=None, help="measure this torch thread count only (each side)")
     args = parser.parse_args()
-    if args.model is None and args.preset != "cpu-demo":  # the SFT warm-up the preset's arms made (bench/learning.py)
-        warm = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms" / "data" / "models" / f"{args.preset}-sft"
-        if not (warm / "config.json").is_file():
-            raise SystemExit(f"--preset {args.preset} measures its SFT warm-up, which is not at {warm}: run "
-                             f"`bench/learning.py --preset {args.preset} --arm sft-grpo` first, or pass --model DIR")
+    if args.model is None and args.preset != "cpu-demo":  # the SFT warm-up the preset's arms share (bench/learning.py)
+        import subprocess
+
+        arms = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms"
+        warm = arms / "data" / "models" / f"{args.preset}-warmup"
+        if not (warm / "config.json").is_file():  # made here as the arms would make it, and left for them to reuse
+            subprocess.run([sys.executable, str(Path(__file__).with_name("learning.py")), "--preset", args.preset, "--stage", "sft",
+                            "--workdir", str(arms), "--threads", str(args.threads or 1)], check=True)
         args.model = str(warm)
     cores = os.cpu_count() or 1
     model = args.model
