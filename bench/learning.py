@@ -383,6 +383,7 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
     minutes = (time.perf_counter() - started) / 60
     curve = result.get("curve", [])
     used = sum(p.get("rollout/groups_used", 0.0) for p in curve)
+    signal = sum(p.get("rollout/groups_signal", p.get("rollout/groups_used", 0.0)) for p in curve)  # uncapped where logged
     figures = {
         "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps,
         **ARM_FIGURES[preset](report, base["report"], args.eval_tasks or run.eval.tasks_per_domain),
@@ -392,7 +393,7 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
         "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
         "groups_used_mean": round(used / len(curve), 2) if curve else None,
         # the share of the drawn groups whose rewards differed (the rest teach nothing), and what a useful one cost
-        "signal_rate": round(used / max(1.0, sum(p.get("rollout/groups", 0.0) for p in curve)), 4) if curve else None,
+        "signal_rate": round(signal / max(1.0, sum(p.get("rollout/groups", 0.0) for p in curve)), 4) if curve else None,
         "update_s_per_useful_group": round(sum(p.get("time/update_s", 0.0) for p in curve) / max(1.0, used), 3),
         "model": result["model"],
     }

@@ -62,8 +62,8 @@ def last(job_id: int, figure: str) -> dict[str, float]:
 
 def signal_share(job_id: int) -> float:
     """The share of the run's groups that had a learning signal (their rewards differed), over all its steps."""
-    data = metrics.series(job_id, [metric_names.GROUPS, metric_names.GROUPS_USED], max_points=10**6)
-    return sum(v for _, v in data[metric_names.GROUPS_USED]) / sum(v for _, v in data[metric_names.GROUPS])
+    data = metrics.series(job_id, [metric_names.GROUPS, metric_names.GROUPS_SIGNAL], max_points=10**6)
+    return sum(v for _, v in data[metric_names.GROUPS_SIGNAL]) / sum(v for _, v in data[metric_names.GROUPS])
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -26,7 +26,7 @@ from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import completion_batch, completion_logprobs, prompt_passes, shared_prompt_logprobs
 from posttrain.training.loop import train_grpo
 from posttrain.training.rollout import RolloutGroup, Trajectory
-from posttrain.training.inference import LogprobMismatchError
+from posttrain.training.inference import Completion, LogprobMismatchError
 from posttrain.training.rollouts.base import Generated, PolicySampler, RolloutBatch, assemble_batch
 from posttrain.training.modeling import load_policy
 from posttrain.training.rollout import SamplingConfig, generate_groups
@@ -144,6 +144,58 @@ def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir
     assert len(kept) == 4 and zero == 1
     kept, advantages, zero = select_groups(groups, _config(algorithm={"skip_zero_signal": False}))
     assert len(kept) == 8 and advantages[4:] == [0.0] * 4 and zero == 1
+
+
+class Alternating:
+    """An engine whose completions of every prompt alternate between two replies, ``a`` and ``B``."""
+
+    version = 0
+
+    def __init__(self, tokenizer: object) -> None:
+        self.replies = [tokenizer.encode(reply, add_special_tokens=False) for reply in ("a", "B")]  # type: ignore[attr-defined]
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None) -> list[list[Completion]]:
+        return [[Completion(self.replies[i % 2], [-0.5] * len(self.replies[i % 2]), True) for i in range(n)] for _ in prompts]
+
+
+register_verifier(VerifierKind(name="test_never", spec_model=BaseSpec, check=lambda spec, completion, task: Verdict.of_score(0.0, threshold=0.5),
+                               isolation="thread"), replace=True)
+
+
+def test_extra_draws_ask_only_for_the_groups_with_a_signal_the_step_lacks(tiny_dir: Path, service: VerifierService) -> None:
+    """Dynamic sampling on the sync backend: a group of ``mixed`` (lowercase share: ``a`` scores 1, ``B`` 0) always
+    has a learning signal, one of ``flat`` (scores 0 whatever the reply) never; each extra draw asks for as many
+    prompts as the step still lacks groups with a signal, so no group is sampled only to be cut from the update,
+    and the step logs all its groups with a signal beside the ones the update took."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from posttrain.training.loop import batch_metrics
+    from posttrain.training.rollouts.base import RolloutSetup, has_signal
+    from posttrain.training.rollouts.sync import SyncRollouts
+
+    _, tokenizer = load_policy(tiny_dir)
+    mixed = [TaskSpec(domain="mixed", prompt=t.prompt, verifier={"kind": "test_lowercase_share"}, task_id=f"m{t.task_id}") for t in TASKS]
+    flat = [TaskSpec(domain="flat", prompt=t.prompt, verifier={"kind": "test_never"}, task_id=f"f{t.task_id}") for t in TASKS]
+    config = _config(domains=[DomainSpec(name="mixed", tasks=mixed), DomainSpec(name="flat", tasks=flat)],
+                     scheduler=SchedulerConfig(batch_size=4, seed=0, curriculum=False), max_rollout_batches_per_step=4)
+    scheduler = Scheduler(config.scheduler)
+    scheduler.set_domains(config.domains)
+    sizes: list[int] = []
+    draw = scheduler.next_batch
+    scheduler.next_batch = lambda size=None: sizes.append(size or 4) or draw(size)  # type: ignore[method-assign]
+    with ThreadPoolExecutor(2) as executor:
+        setup = RolloutSetup(model=None, tokenizer=tokenizer, scheduler=scheduler, config=config, version=0,  # type: ignore[arg-type]
+                             source=str(tiny_dir), service=service, executor=executor)
+        batch = SyncRollouts(setup, Alternating(tokenizer)).next_batch(version=0)
+    signal = [has_signal(g) for g in batch.groups]
+    assert signal == [g.task.domain == "mixed" for g in batch.groups] and len(signal) == sum(sizes)
+    assert len(sizes) > 1 and sizes[0] == 4, sizes  # seed 0 draws some flat groups first
+    for i, size in enumerate(sizes[1:], 1):
+        assert size == 4 - sum(signal[: sum(sizes[:i])]), sizes
+    assert sum(signal) == 4 or len(sizes) == 4
+    used = [g for g in batch.groups if has_signal(g)][:4]
+    metrics = batch_metrics(batch, 0, used)
+    assert metrics["rollout/groups_signal"] == sum(signal) and metrics["rollout/groups"] == len(signal)
 
 
 def test_pipelined_loop_respects_the_staleness_bound(tiny_dir: Path, service: VerifierService) -> None:

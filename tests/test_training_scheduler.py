@@ -207,3 +207,13 @@ def test_revisits_draw_a_domain_at_the_floor_again_and_a_record_sends_it_back() 
     resumed.load_state_dict(state)
     _take(sched, 3), _take(resumed, 3)
     assert resumed.probabilities() == sched.probabilities()  # the clock is in the state
+    # a second group in a row without signal doubled its revisit time: 10 batches now age it 1 - exp(-1) = 63%
+    _take(sched, 7)
+    sched.record("str.copy.letters", [True, False, False, False])
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.6321 / 1.6321, abs=1e-3)
+    sched.record("arith.add.int", [True] * 4)  # a third: four times the time, 10 batches age it 1 - exp(-0.5) = 39%
+    _take(sched, 10)
+    sched.record("str.copy.letters", [True, False, False, False])
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.3935 / 1.3935, abs=1e-3)
+    sched.record("arith.add.int", [True, False, True, True])  # a group with signal: the revisit time is back to 5
+    assert sched.stats()["arith.add.int"].quiet == 0

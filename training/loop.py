@@ -52,6 +52,7 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
         names.ROLLOUT_TOKENS_PER_S: batch.generated_tokens / max(batch.generation_s, 1e-9),
         names.GROUPS: float(len(batch.groups)),
         names.GROUPS_USED: float(len(used)),
+        names.GROUPS_SIGNAL: float(sum(has_signal(g) for g in batch.groups)),
         names.GROUPS_STALE_DROPPED: float(batch.stale_dropped),
         names.VERIFIER_LATENCY_S: sum(latencies) / max(1, len(latencies)),
         names.VERIFIER_INFRA_ERRORS: float(sum(g.infra_errors for g in batch.groups)),

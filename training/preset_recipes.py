@@ -265,7 +265,8 @@ def _worked(domain: str, level: int) -> PromptFormat:
 
 # the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ;
 # estimates quick to follow a 30-step run), floored so no domain starves, each domain's difficulty stepped by its pass
-# rate, and a domain left at the floor drawn again once its weight has aged (revisit_after): measured here, signal
+# rate, and a domain left at the floor drawn again once its weight has aged (revisit_after; each further check that finds
+# no signal doubles that time, so the domains out of the model's reach cost ever less of a batch): measured here, signal
 # weights alone (BROAD_SIGNAL: slow estimates, no steps, no revisits) forgot domains they stopped drawing (units.kg_to_g
 # 62% -> 0%) and found little more signal than uniform draws (BROAD_UNIFORM), the peers in bench/learning.py
 BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True,

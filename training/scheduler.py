@@ -23,7 +23,9 @@ recorded results. With ``revisit_after``, the weight a domain is drawn by ages w
 estimates count as relaxed toward an unseen domain's (63% of the way in ``revisit_after`` batches; the
 estimates themselves stay what was measured), so a domain the curriculum let fall to the floor (solved, or
 never solved) is drawn again to check it, and one the policy has forgotten since, or begun to answer, shows
-signal again. With ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate
+signal again. Each further group in a row without a signal doubles that time (a domain found all wrong or all
+right at every check is checked ever less often: with many domains out of the policy's reach, fixed-interval
+checks would spend a steady share of every batch on them), and a group with a signal resets it. With ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate
 reaches ``step_up_at`` and down once it falls to ``step_down_at`` (after ``min_results`` results at the
 difficulty it has), and its estimates start afresh at the new difficulty.
 
@@ -88,7 +90,8 @@ class SchedulerConfig(BaseModel):
     min_results: int = Field(default=16, ge=1, description="results at a difficulty before it may step")
     revisit_after: float | None = Field(default=None, gt=0, description="batches in which the estimates a domain is "
                                         "weighed by, while it goes unrecorded, relax 63% of the way back to an unseen "
-                                        "domain's, so one held at the floor is drawn again (None: they keep)")
+                                        "domain's, so one held at the floor is drawn again (None: they keep); doubled "
+                                        "for each further group in a row without a learning signal")
 
     @model_validator(mode="after")
     def _thresholds(self) -> SchedulerConfig:
@@ -108,6 +111,7 @@ class DomainStats(BaseModel):
     difficulty: int | None = None  # where adapt_difficulty moved it (None: the spec's)
     at_difficulty: int = 0  # results since the difficulty last changed
     seen_at: int = 0  # the batch its estimates were last updated at
+    quiet: int = 0  # its groups in a row whose rewards all agreed (each after the first doubles its revisit time)
     drawn: int = 0
     chunk: int = 0
     offset: int = 0
@@ -212,9 +216,10 @@ class Scheduler:
             w = spec.weight * cfg.priority_factor**spec.priority
             if cfg.curriculum:
                 stats, age = self._stats[name], self._batch - self._stats[name].seen_at
-                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, cfg.revisit_after), cfg.min_factor)
+                revisit = None if cfg.revisit_after is None else cfg.revisit_after * 2.0 ** min(max(0, stats.quiet - 1), 32)
+                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, revisit), cfg.min_factor)
                       if cfg.weigh_by == "signal" else
-                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, cfg.revisit_after), cfg.min_factor))
+                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, revisit), cfg.min_factor))
             out[name] = w
         return out
 
@@ -234,11 +239,12 @@ class Scheduler:
         while True:
             yield self.next_batch()
 
-    def next_batch(self) -> list[TaskSpec]:
+    def next_batch(self, size: int | None = None) -> list[TaskSpec]:
+        """``size`` tasks (default: ``batch_size``), each domain drawn by its weight now."""
         with self._lock:
             weights = self.weights()
             names = list(weights)
-            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size)
+            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=size or self.config.batch_size)
             tasks = [self._take(name) for name in picks]
             self._batch += 1
         return apply_format(tasks, self._format)
@@ -297,6 +303,7 @@ class Scheduler:
                 signal = float(max(scores) - min(scores) > 1e-6)
                 stats.signal_rate = signal if stats.signal_rate is None else (1 - a) * stats.signal_rate + a * signal
                 stats.groups += 1
+                stats.quiet = 0 if signal else stats.quiet + 1
             spec = self._specs.get(domain)
             if cfg.adapt_difficulty and spec is not None and spec.tasks is None and stats.at_difficulty >= cfg.min_results:
                 self._step_difficulty(spec, stats)
@@ -317,6 +324,7 @@ class Scheduler:
         # a new difficulty is a new domain to the policy: its estimates start afresh, its stream at a new chunk
         stats.difficulty, stats.at_difficulty = to, 0
         stats.pass_rate = stats.signal_rate = None
+        stats.quiet = 0
         stats.chunk, stats.offset = stats.chunk + 1, 0
         self._buffers.pop(spec.name, None)
 

@@ -16,7 +16,8 @@ from posttrain.training.rollouts.base import (
 
 class SyncRollouts:
     """On-policy: sample through ``engine`` (default: the embedded engine on the learner's own model),
-    verify, return; extra draws replace groups without a learning signal (``max_rollout_batches_per_step``)."""
+    verify, return; extra draws replace groups without a learning signal (``max_rollout_batches_per_step``), each
+    as many prompts as the step still lacks groups with a signal, so none is sampled only to be left out."""
 
     def __init__(self, setup: RolloutSetup, engine: InferenceEngine | None = None) -> None:
         assert setup.service is not None and setup.executor is not None
@@ -30,7 +31,7 @@ class SyncRollouts:
         useful = 0
         for _ in range(config.algorithm.max_rollout_batches_per_step):
             t0 = time.perf_counter()
-            groups = sample_groups(self.engine, self.episodes, s.tokenizer, s.scheduler.next_batch(),
+            groups = sample_groups(self.engine, self.episodes, s.tokenizer, s.scheduler.next_batch(config.scheduler.batch_size - useful),
                                    config.algorithm.group_size, config.sampling)
             out.generation_s += time.perf_counter() - t0
             out.generated_tokens += generated_tokens(groups)
