@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from posttrain.platform.verifiers.models import TaskSpec
-from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig, learnability, signal_factor
+from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig, learnability
 
 DOMAINS = ["arith.add.int", "str.copy.letters", "compare.larger.int", "str.upper.letters"]
 
@@ -38,9 +38,6 @@ def test_learnability_peaks_at_half() -> None:
     assert learnability(1.0, 0.05) == 0.05
     assert learnability(0.0, 0.05) == 0.05
     assert learnability(0.9, 0.05) == pytest.approx(0.36)
-    assert learnability(0.9, 0.05, sharpness=2.0) == pytest.approx(0.36**2)
-    assert learnability(0.99, 0.05, sharpness=2.0) == 0.05  # raised, then floored
-    assert signal_factor(0.5, 0.05, sharpness=2.0) == 0.25 and signal_factor(None, 0.05, sharpness=2.0) == 1.0
 
 
 def test_sampling_shifts_toward_mid_pass_rates() -> None:
@@ -220,15 +217,3 @@ def test_revisits_draw_a_domain_at_the_floor_again_and_a_record_sends_it_back() 
     assert sched.probabilities()["arith.add.int"] == pytest.approx(0.3935 / 1.3935, abs=1e-3)
     sched.record("arith.add.int", [True, False, True, True])  # a group with signal: the revisit time is back to 5
     assert sched.stats()["arith.add.int"].quiet == 0
-
-
-def test_sharpness_leans_the_draws_harder_toward_the_domains_with_the_most_signal() -> None:
-    """Two domains whose groups differed half and a quarter of the time: drawn 2:1 at sharpness 1, 4:1 at 2."""
-    shares = {}
-    for sharpness in (1.0, 2.0):
-        sched = Scheduler(SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, weigh_by="signal", sharpness=sharpness))
-        sched.set_domains(["arith.add.int", "str.copy.letters"])
-        assert sched.probabilities() == {"arith.add.int": 0.5, "str.copy.letters": 0.5}
-        sched._stats["arith.add.int"].signal_rate, sched._stats["str.copy.letters"].signal_rate = 0.5, 0.25  # noqa: SLF001
-        shares[sharpness] = sched.probabilities()["arith.add.int"]
-    assert shares == {1.0: pytest.approx(2 / 3), 2.0: pytest.approx(4 / 5)}

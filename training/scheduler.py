@@ -11,14 +11,11 @@ Each draw picks a domain with probability proportional to
 
 where the curriculum's ``factor`` is, by ``weigh_by``:
 
-- ``"pass_rate"``: ``learnability(p) = max(min_factor, (4 p (1 - p)) ** sharpness)``, which peaks at 1 for a
-  pass rate of 0.5 and falls toward ``min_factor`` for domains the policy always or never solves;
-- ``"signal"``: ``max(min_factor, s ** sharpness)``, where ``s`` is the domain's learning-signal rate: the share
-  of its rollout groups whose rewards differ (a group all right or all wrong gives GRPO nothing to learn from),
+- ``"pass_rate"``: ``learnability(p) = max(min_factor, 4 p (1 - p))``, which peaks at 1 for a pass rate of
+  0.5 and falls toward ``min_factor`` for domains the policy always or never solves;
+- ``"signal"``: ``max(min_factor, s)``, where ``s`` is the domain's learning-signal rate: the share of its
+  rollout groups whose rewards differ (a group all right or all wrong gives GRPO nothing to learn from),
   estimated online from the run's own rollouts.
-
-``sharpness`` (prioritized replay's exponent) sets how hard draws lean toward the best domains: at 1 a domain
-whose groups differ a third as often is drawn a third as often; at 2, a ninth.
 
 An unseen domain counts as p = 0.5 and s = 1, so everything gets explored, and ``min_factor`` is the floor
 that keeps any domain from being starved. Pass and signal rates are exponential moving averages over
@@ -83,8 +80,6 @@ class SchedulerConfig(BaseModel):
     ema_alpha: float = Field(default=0.1, gt=0, le=1, description="weight of a new result in the pass-rate EMA")
     priority_factor: float = Field(default=2.0, ge=1.0, description="each priority level multiplies the weight by this")
     min_factor: float = Field(default=0.05, gt=0, le=1, description="floor of the learnability factor")
-    sharpness: float = Field(default=1.0, ge=0.25, le=8.0, description="the curriculum's factor is raised to this power "
-                             "before its floor: above 1, draws lean harder toward the domains with the most signal")
     curriculum: bool = Field(default=True, description="False: sample by weight and priority only")
     weigh_by: Literal["pass_rate", "signal"] = Field(
         default="pass_rate", description="what the curriculum weighs a domain by: its pass rate's learnability, "
@@ -122,10 +117,10 @@ class DomainStats(BaseModel):
     offset: int = 0
 
 
-def learnability(pass_rate: float | None, min_factor: float, sharpness: float = 1.0) -> float:
-    """(4 p (1 - p)) ** sharpness, floored at ``min_factor``; unseen domains count as p = 0.5."""
+def learnability(pass_rate: float | None, min_factor: float) -> float:
+    """4 p (1 - p), floored at ``min_factor``; unseen domains count as p = 0.5."""
     p = UNSEEN_PASS_RATE if pass_rate is None else pass_rate
-    return max(min_factor, (4.0 * p * (1.0 - p)) ** sharpness)
+    return max(min_factor, 4.0 * p * (1.0 - p))
 
 
 def aged(value: float | None, prior: float, age: float, revisit_after: float | None) -> float | None:
@@ -136,10 +131,9 @@ def aged(value: float | None, prior: float, age: float, revisit_after: float | N
     return value + (prior - value) * (1.0 - math.exp(-age / revisit_after))
 
 
-def signal_factor(signal_rate: float | None, min_factor: float, sharpness: float = 1.0) -> float:
-    """The learning-signal rate to the power ``sharpness``, floored at ``min_factor``; an unseen domain counts as
-    all signal."""
-    return max(min_factor, (UNSEEN_SIGNAL_RATE if signal_rate is None else signal_rate) ** sharpness)
+def signal_factor(signal_rate: float | None, min_factor: float) -> float:
+    """The learning-signal rate, floored at ``min_factor``; an unseen domain counts as all signal."""
+    return max(min_factor, UNSEEN_SIGNAL_RATE if signal_rate is None else signal_rate)
 
 
 def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, split: Split = "train",
@@ -223,9 +217,9 @@ class Scheduler:
             if cfg.curriculum:
                 stats, age = self._stats[name], self._batch - self._stats[name].seen_at
                 revisit = None if cfg.revisit_after is None else cfg.revisit_after * 2.0 ** min(max(0, stats.quiet - 1), 32)
-                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, revisit), cfg.min_factor, cfg.sharpness)
+                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, revisit), cfg.min_factor)
                       if cfg.weigh_by == "signal" else
-                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, revisit), cfg.min_factor, cfg.sharpness))
+                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, revisit), cfg.min_factor))
             out[name] = w
         return out
 
