@@ -269,7 +269,7 @@ def _worked(domain: str, level: int) -> PromptFormat:
 # no signal doubles that time, so the domains out of the model's reach cost ever less of a batch): measured here, signal
 # weights alone (BROAD_SIGNAL: slow estimates, no steps, no revisits) forgot domains they stopped drawing (units.kg_to_g
 # 62% -> 0%) and found little more signal than uniform draws (BROAD_UNIFORM), the peers in bench/learning.py
-BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.5, adapt_difficulty=True,
+BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True,
                                    min_results=16, revisit_after=15)
 BROAD_SIGNAL = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal")
 BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
