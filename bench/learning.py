@@ -383,7 +383,7 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
     minutes = (time.perf_counter() - started) / 60
     curve = result.get("curve", [])
     used = sum(p.get("rollout/groups_used", 0.0) for p in curve)
-    signal = sum(p.get("rollout/groups_signal", p.get("rollout/groups_used", 0.0)) for p in curve)  # uncapped where logged
+    signal = sum(p.get("rollout/groups_signal", 0.0) for p in curve)  # every group with a signal, not capped like used
     figures = {
         "arm": arm, "starts_from": start_from, "trainer": trainer, "steps": grpo_steps,
         **ARM_FIGURES[preset](report, base["report"], args.eval_tasks or run.eval.tasks_per_domain),

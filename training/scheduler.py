@@ -25,9 +25,10 @@ estimates themselves stay what was measured), so a domain the curriculum let fal
 never solved) is drawn again to check it, and one the policy has forgotten since, or begun to answer, shows
 signal again. Each further group in a row without a signal doubles that time (a domain found all wrong or all
 right at every check is checked ever less often: with many domains out of the policy's reach, fixed-interval
-checks would spend a steady share of every batch on them), and a group with a signal resets it. With ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate
-reaches ``step_up_at`` and down once it falls to ``step_down_at`` (after ``min_results`` results at the
-difficulty it has), and its estimates start afresh at the new difficulty.
+checks would spend a steady share of every batch on them), and a group with a signal resets it. With
+``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate reaches ``step_up_at``
+and down once it falls to ``step_down_at`` (after ``min_results`` results at the difficulty it has), and its
+estimates start afresh at the new difficulty.
 
 The cost of a batch is O(D + batch_size log D) for D domains (one pass over the weights, a bisection per
 draw), a recorded group O(1) and the per-domain figures logged a step O(D) (``bench/scheduler.py`` measures
@@ -244,7 +245,7 @@ class Scheduler:
         with self._lock:
             weights = self.weights()
             names = list(weights)
-            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=size or self.config.batch_size)
+            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size if size is None else size)
             tasks = [self._take(name) for name in picks]
             self._batch += 1
         return apply_format(tasks, self._format)
