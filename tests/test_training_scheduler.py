@@ -172,6 +172,36 @@ def test_difficulty_steps_up_and_down_with_the_pass_rate_and_resumes() -> None:
         SchedulerConfig(step_up_at=0.3, step_down_at=0.5)
 
 
+def test_a_difficulty_stepped_back_to_comes_back_with_its_estimates() -> None:
+    """Each difficulty is its own domain to the policy: a domain solved at 1 and never solved at 2 steps between
+    them, and each step back restores what was measured there (weighed by it: the floor, not an unseen domain's top
+    weight), with the clock it was measured by; a difficulty not measured yet starts afresh. Checkpointed."""
+    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, weigh_by="signal", adapt_difficulty=True,
+                          min_results=8, step_up_at=0.8, step_down_at=0.2)
+    sched = Scheduler(cfg)
+    sched.set_domains(["arith.add.int", "str.copy.letters"])
+    sched.record("str.copy.letters", [True, False, False, False])
+    sched.record("arith.add.int", [True] * 8)  # solved at 1: up to 2, afresh (an unseen domain's weight)
+    assert sched.difficulty("arith.add.int") == 2 and sched.stats()["arith.add.int"].signal_rate is None
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(1 / 2)
+    _take(sched, 2)
+    sched.record("arith.add.int", [False] * 8)  # never solved at 2: back to 1, where it was solved at batch 0
+    stats = sched.stats()["arith.add.int"]
+    assert sched.difficulty("arith.add.int") == 1
+    assert (stats.pass_rate, stats.signal_rate, stats.at_difficulty, stats.seen_at, stats.quiet) == (1.0, 0.0, 8, 0, 1)
+    assert set(stats.levels) == {2} and stats.levels[2].pass_rate == 0.0 and stats.levels[2].seen_at == 2
+    assert sched.probabilities()["arith.add.int"] == pytest.approx(0.05 / 1.05)  # the floor: nothing to learn at 1
+    state = json.loads(json.dumps(sched.state_dict()))
+    resumed = Scheduler(cfg)
+    resumed.set_domains(["arith.add.int", "str.copy.letters"])
+    resumed.load_state_dict(state)
+    assert resumed.stats()["arith.add.int"] == stats
+    resumed.record("arith.add.int", [True] * 4)  # still solved at 1: up to 2 again, as measured there (not afresh)
+    back = resumed.stats()["arith.add.int"]
+    assert resumed.difficulty("arith.add.int") == 2 and (back.pass_rate, back.signal_rate, back.seen_at) == (0.0, 0.0, 2)
+    assert back.levels[1].at_difficulty == 12
+
+
 def test_fixed_task_lists_keep_their_difficulty() -> None:
     tasks = [TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}}) for i in range(3)]
     sched = Scheduler(SchedulerConfig(batch_size=3, adapt_difficulty=True, min_results=1))

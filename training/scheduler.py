@@ -27,8 +27,10 @@ signal again. Each further group in a row without a signal doubles that time (a 
 right at every check is checked ever less often: with many domains out of the policy's reach, fixed-interval
 checks would spend a steady share of every batch on them), and a group with a signal resets it. With
 ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate reaches ``step_up_at``
-and down once it falls to ``step_down_at`` (after ``min_results`` results at the difficulty it has), and its
-estimates start afresh at the new difficulty.
+and down once it falls to ``step_down_at`` (after ``min_results`` results at the difficulty it has); each difficulty
+is a domain of its own to the policy, so the estimates at the one it leaves are kept and those at the one it steps to
+come back as last measured (aged since; afresh where never measured): a domain solved at one difficulty and never
+solved at the next is weighed at the floor on both, not as unseen at each step.
 
 The cost of a batch is O(D + batch_size log D) for D domains (one pass over the weights, a bisection per
 draw), a recorded group O(1) and the per-domain figures logged a step O(D) (``bench/scheduler.py`` measures
@@ -101,6 +103,16 @@ class SchedulerConfig(BaseModel):
         return self
 
 
+class LevelEstimates(BaseModel):
+    """What a domain's estimates were at a difficulty it has since left, restored when it steps back there."""
+
+    pass_rate: float | None = None
+    signal_rate: float | None = None
+    at_difficulty: int = 0
+    seen_at: int = 0
+    quiet: int = 0
+
+
 class DomainStats(BaseModel):
     """Exported per-domain figures (and the domain's place in its task stream)."""
 
@@ -113,6 +125,7 @@ class DomainStats(BaseModel):
     at_difficulty: int = 0  # results since the difficulty last changed
     seen_at: int = 0  # the batch its estimates were last updated at
     quiet: int = 0  # its groups in a row whose rewards all agreed (each after the first doubles its revisit time)
+    levels: dict[int, LevelEstimates] = Field(default_factory=dict)  # the estimates at the difficulties it has left
     drawn: int = 0
     chunk: int = 0
     offset: int = 0
@@ -322,10 +335,13 @@ class Scheduler:
             return
         if to == now:
             return
-        # a new difficulty is a new domain to the policy: its estimates start afresh, its stream at a new chunk
-        stats.difficulty, stats.at_difficulty = to, 0
-        stats.pass_rate = stats.signal_rate = None
-        stats.quiet = 0
+        # each difficulty is a domain of its own to the policy: the estimates at the one it leaves are kept, those at
+        # the one it steps to come back as they were last measured (aged since, as any estimate), or start afresh
+        stats.levels[now] = LevelEstimates.model_validate(stats.model_dump(include=set(LevelEstimates.model_fields)))
+        back = stats.levels.pop(to, None) or LevelEstimates(seen_at=self._batch)
+        for field, value in back:
+            setattr(stats, field, value)
+        stats.difficulty = to
         stats.chunk, stats.offset = stats.chunk + 1, 0
         self._buffers.pop(spec.name, None)
 
