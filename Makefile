@@ -84,7 +84,7 @@ test: venv system-deps llamacpp vllm
 # is rewritten from those files (bench/results.py). A failing benchmark does not stop
 # the others; make fails at the end and names it. A benchmark runs bench/<name>.py
 # unless BENCH_<name> gives its command.
-BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation scheduler
+BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair pipeline-repair-real rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation scheduler
 BENCH_serving-real := bench/serving.py --model smollm2-135m-instruct
 BENCH_serving-engines := bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 BENCH_learning-real := bench/learning.py --preset smollm2-arith
@@ -98,6 +98,7 @@ BENCH_rollout := bench/rollout.py --engine vllm
 # Gemma in seven servers at once exhausts 24 GiB (each vLLM worker holds 4 GiB): its card runs five of them
 BENCH_tiers-gemma := bench/tiers.py --model gemma3-270m --chat-template gemma --tasks-per-domain 24 --doc-tasks 16 --variants standard,fast,q8,llamacpp,vllm
 BENCH_pipeline-repair := bench/pipeline.py --env code_repair --steps 8 --batch 8 --group 4
+BENCH_pipeline-repair-real := bench/pipeline.py --env code_repair --preset smollm2-repair --threads 2 --steps 4 --batch 3 --group 4
 
 bench: venv system-deps llamacpp vllm
 	@failed=""; \

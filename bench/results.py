@@ -382,7 +382,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "sandbox": sandbox_rows, "verify": verify_rows, "preprocess": preprocess_rows, "serving": serving_rows, "serving-real": serving_real_rows,
     "serving-engines": serving_engines_rows,
     "learning": learning_rows, "learning-real": learning_rows, "learning-tools": learning_rows,
-    "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
+    "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "pipeline-repair-real": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows, "tiers": tiers_rows, "tiers-gemma": tiers_rows,
     "learning-base-to-instruct": base_to_instruct_rows, "learning-repair": learning_repair_rows,
 }  # fmt: skip
