@@ -104,27 +104,23 @@ class SchedulerConfig(BaseModel):
 
 
 class LevelEstimates(BaseModel):
-    """What a domain's estimates were at a difficulty it has since left, restored when it steps back there."""
+    """A domain's estimates at one difficulty: those at the difficulty it has now are its :class:`DomainStats`'
+    own, those at a difficulty it has left are kept in ``levels`` and restored when it steps back there."""
 
-    pass_rate: float | None = None
-    signal_rate: float | None = None
-    at_difficulty: int = 0
-    seen_at: int = 0
-    quiet: int = 0
-
-
-class DomainStats(BaseModel):
-    """Exported per-domain figures (and the domain's place in its task stream)."""
-
-    name: str
     pass_rate: float | None = None
     signal_rate: float | None = None  # share of groups whose rewards differ (EMA)
-    results: int = 0
-    groups: int = 0
-    difficulty: int | None = None  # where adapt_difficulty moved it (None: the spec's)
     at_difficulty: int = 0  # results since the difficulty last changed
     seen_at: int = 0  # the batch its estimates were last updated at
     quiet: int = 0  # its groups in a row whose rewards all agreed (each after the first doubles its revisit time)
+
+
+class DomainStats(LevelEstimates):
+    """Exported per-domain figures (and the domain's place in its task stream)."""
+
+    name: str
+    results: int = 0
+    groups: int = 0
+    difficulty: int | None = None  # where adapt_difficulty moved it (None: the spec's)
     levels: dict[int, LevelEstimates] = Field(default_factory=dict)  # the estimates at the difficulties it has left
     drawn: int = 0
     chunk: int = 0
