@@ -144,5 +144,5 @@ def test_the_base_model_preset_starts_from_the_second_built_in_and_gives_it_gemm
     trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
     assert set(run.sft.domains) == trained == set(run.eval.domains)
     assert run.sft.prompt_format == run.grpo.prompt_format == run.eval.prompt_format
-    assert run.sft.difficulty == run.eval.difficulty
+    assert all(run.sft.difficulty_of(d) == run.eval.difficulty_of(d) for d in trained)
     assert run.eval.general is not None and not set(run.eval.general.domains) & trained

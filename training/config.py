@@ -131,6 +131,24 @@ def _with_preset(values: dict[str, Any], section: str, groups: tuple[str, ...]) 
     return merged
 
 
+class Difficulties(BaseModel):
+    """The difficulty a run's procedural domains are put at: one for all, or a domain's own (an SFT run's
+    tasks and the evaluation that holds out prompts of the same domains set them alike)."""
+
+    difficulty: int = Field(default=1, ge=1)
+    difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
+                                                                 "difficulty, where it differs from difficulty")
+
+    @model_validator(mode="after")
+    def _check_difficulties(self) -> Self:
+        if unknown := sorted(set(self.difficulties) - set(getattr(self, "domains"))):
+            raise ValueError(f"difficulties names {unknown}, which domains does not list")
+        return self
+
+    def difficulty_of(self, domain: str) -> int:
+        return self.difficulties.get(domain, self.difficulty)
+
+
 class TrainConfig(BaseModel):
     """What every trainer shares: the model, the optimiser, precision, checkpoints.
 
@@ -265,12 +283,11 @@ class DemonstrationsConfig(BaseModel):
         return environment
 
 
-class SFTConfig(TrainConfig):
+class SFTConfig(TrainConfig, Difficulties):
     preset_section: ClassVar[str] = "sft"
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-4}
     domains: list[str] = Field(default_factory=list, description="procedural domains whose references are the targets")
     tasks_per_domain: int = Field(default=256, ge=1)
-    difficulty: int = Field(default=1, ge=1)
     prompt_format: PromptFormat | None = Field(default=None, description="how the domains' tasks are put (None: as generated)")
     jsonl_path: str | None = Field(default=None, description='chat JSONL, one {"messages": [...]} per line',
                                    json_schema_extra=JOB_PATH)
@@ -481,7 +498,7 @@ class GeneralCheck(BaseModel):
     max_new_tokens: int = Field(default=48, ge=1)
 
 
-class EvalConfig(BaseModel):
+class EvalConfig(Difficulties):
     """Held-out evaluation of one model, or a before/after comparison of several.
 
     ``samples == 1``: greedy decoding, ``pass@1`` is the greedy pass rate.
@@ -500,9 +517,6 @@ class EvalConfig(BaseModel):
     task_sets: dict[str, str] = Field(default_factory=dict, description="a domain's own stored task set (its split's "
                                       "tasks), beside generated domains or another set's")
     tasks_per_domain: int = Field(default=32, ge=1)
-    difficulty: int = Field(default=1, ge=1)
-    difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
-                                                                 "difficulty, where it differs from difficulty")
     prompt_format: PromptFormat | None = Field(default=None, description="how the tasks are put (the training run's)")
     general: GeneralCheck | None = Field(default=None, description="also the fixed general check on domains not "
                                          "evaluated here (None: off)")
@@ -534,9 +548,8 @@ class EvalConfig(BaseModel):
             raise ValueError(f"models lists a model twice: {self.models}")
         if not self.domains and self.task_set is None:
             raise ValueError("name the domains to evaluate, or a task_set to take them from")
-        for field in ("difficulties", "task_sets"):
-            if unknown := sorted(set(getattr(self, field)) - set(self.domains)):
-                raise ValueError(f"{field} names {unknown}, which domains does not list")
+        if unknown := sorted(set(self.task_sets) - set(self.domains)):
+            raise ValueError(f"task_sets names {unknown}, which domains does not list")
         if self.split == "eval":
             for domain in self.domains:
                 if self.task_set_of(domain) is None:
@@ -544,9 +557,6 @@ class EvalConfig(BaseModel):
         if self.general is not None:
             _check_held_out(self.general.domains, self.general.difficulty)
         return self
-
-    def difficulty_of(self, domain: str) -> int:
-        return self.difficulties.get(domain, self.difficulty)
 
     def task_set_of(self, domain: str) -> str | None:
         """The stored task set ``domain``'s tasks come from (None: generated)."""

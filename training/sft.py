@@ -45,7 +45,7 @@ def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
         demonstrated = demonstration_tasks(config.demonstrations)
     return apply_format([t for i, domain in enumerate(config.domains)
                          for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i,
-                                           difficulty=config.difficulty)], config.prompt_format) + demonstrated
+                                           difficulty=config.difficulty_of(domain))], config.prompt_format) + demonstrated
 
 
 def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None]]:  # type: ignore[no-untyped-def]
