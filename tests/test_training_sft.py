@@ -12,7 +12,7 @@ from test_training_tiny import char_tokenizer, tiny_policy_dir
 from posttrain.training.config import LoRAConfig, SFTConfig
 from posttrain.training.data import IGNORE, chat_example, collate, pack, read_chat_jsonl
 from posttrain.training.modeling import load_policy, token_logprobs
-from posttrain.training.sft import train_sft
+from posttrain.training.sft import sft_tasks, train_sft
 
 CHAT = [
     {"role": "user", "content": "hi"},
@@ -47,6 +47,22 @@ def test_chat_jsonl_is_read_and_bad_lines_are_named(tmp_path: Path) -> None:
     bad.write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: .*no assistant"):
         read_chat_jsonl(bad)
+
+
+def test_each_domain_s_tasks_come_at_its_own_difficulty_and_unknown_domains_are_named() -> None:
+    """``difficulties`` sets a domain's own level, as the evaluation that holds out its prompts does (units at 3: a
+    unit conversion at level 2 is another prompt space); a level for a domain the run does not train on is refused."""
+    from posttrain.platform.tasks.domains import generate
+
+    config = SFTConfig(domains=["arith.add.int", "units.kg_to_g"], difficulty=2, difficulties={"units.kg_to_g": 3},
+                       tasks_per_domain=4)
+    tasks = sft_tasks(config)
+    made = {domain: [t.prompt for t in tasks if t.domain == domain] for domain in config.domains}
+    assert [t.prompt for t in generate("units.kg_to_g", 4, seed=1, difficulty=3)] == made["units.kg_to_g"]
+    assert [t.prompt for t in generate("arith.add.int", 4, seed=0, difficulty=2)] == made["arith.add.int"]
+    assert made["units.kg_to_g"] != [t.prompt for t in generate("units.kg_to_g", 4, seed=1, difficulty=2)]
+    with pytest.raises(ValueError, match=r"difficulties names \['units.h_to_min'\], which domains does not list"):
+        SFTConfig(domains=["arith.add.int"], difficulties={"units.h_to_min": 3})
 
 
 def test_packed_rows_score_each_example_as_if_alone(tiny_dir: Path) -> None:
