@@ -92,7 +92,7 @@ BENCH_learning-tools := bench/learning.py --preset smollm2-tools
 BENCH_learning-docqa := bench/learning.py --preset smollm2-docqa
 BENCH_learning-broad := bench/learning.py --preset smollm2-broad --arms --threads 2
 BENCH_learning-repair := bench/learning.py --preset smollm2-repair --arms --threads 2
-BENCH_learning-base-to-instruct := bench/learning.py --preset gemma3-base-to-instruct --arms
+BENCH_learning-base-to-instruct := bench/learning.py --preset gemma3-base-to-instruct --arms --threads 2
 BENCH_learning-ablation := bench/learning.py --preset smollm2-arith --ablation --ablation-steps 3
 BENCH_rollout := bench/rollout.py --engine vllm
 # Gemma in seven servers at once exhausts 24 GiB (each vLLM worker holds 4 GiB): its card runs five of them

@@ -42,9 +42,10 @@ no SFT on the evaluated tasks), put every task the same way for training and eva
   ``bench/learning.py --preset smollm2-repair --arms`` compares it with GRPO alone and SFT alone.
 - ``smollm2-docqa``: tasks built from uploaded documents (its ``documents`` section: which files, how the task set
   is built); the run trains on the task set's train split and is evaluated on its eval split.
-- ``gemma3-base-to-instruct``: the second built-in, Gemma 3 270M, a pretrained base model with no chat template:
-  evaluated as it ships in the plain completion format, SFT on the platform's arithmetic tasks in Gemma's chat
-  template (``sft.chat_template``), GRPO on the same domains; the run evaluates all three (``evaluate_base``).
+- ``gemma3-base-to-instruct``: the second built-in, Gemma 3 270M, a pretrained base model with no chat template, on
+  the broad preset's 36 procedural domains: evaluated as it ships in the plain completion format, SFT on their
+  references in Gemma's chat template (``sft.chat_template``), GRPO on the same domains; the run evaluates all three
+  (``evaluate_base``).
 
 The recipes themselves are in :mod:`posttrain.training.preset_recipes`, below the configs that name them.
 """
