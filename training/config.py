@@ -135,13 +135,14 @@ class Difficulties(BaseModel):
     """The difficulty a run's procedural domains are put at: one for all, or a domain's own (an SFT run's
     tasks and the evaluation that holds out prompts of the same domains set them alike)."""
 
+    domains: list[str] = Field(default_factory=list)  # each config says what its domains are for
     difficulty: int = Field(default=1, ge=1)
     difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
                                                                  "difficulty, where it differs from difficulty")
 
     @model_validator(mode="after")
     def _check_difficulties(self) -> Self:
-        if unknown := sorted(set(self.difficulties) - set(getattr(self, "domains"))):
+        if unknown := sorted(set(self.difficulties) - set(self.domains)):
             raise ValueError(f"difficulties names {unknown}, which domains does not list")
         return self
 
