@@ -84,7 +84,7 @@ test: venv system-deps llamacpp vllm
 # is rewritten from those files (bench/results.py). A failing benchmark does not stop
 # the others; make fails at the end and names it. A benchmark runs bench/<name>.py
 # unless BENCH_<name> gives its command.
-BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair pipeline-repair-real rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation scheduler
+BENCHMARKS ?= sandbox verify preprocess serving serving-real serving-engines queue pipeline pipeline-repair pipeline-repair-real rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation forgetting-smollm2-broad scheduler
 BENCH_serving-real := bench/serving.py --model smollm2-135m-instruct
 BENCH_serving-engines := bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 BENCH_learning-real := bench/learning.py --preset smollm2-arith
@@ -94,6 +94,7 @@ BENCH_learning-broad := bench/learning.py --preset smollm2-broad --arms --thread
 BENCH_learning-repair := bench/learning.py --preset smollm2-repair --arms --threads 2
 BENCH_learning-base-to-instruct := bench/learning.py --preset gemma3-base-to-instruct --arms --threads 2
 BENCH_learning-ablation := bench/learning.py --preset smollm2-arith --ablation --ablation-steps 3
+BENCH_forgetting-smollm2-broad := bench/learning.py --forgetting --preset smollm2-broad --threads 1
 BENCH_rollout := bench/rollout.py --engine vllm
 # Gemma in seven servers at once exhausts 24 GiB (each vLLM worker holds 4 GiB): its card runs five of them
 BENCH_tiers-gemma := bench/tiers.py --model gemma3-270m --chat-template gemma --tasks-per-domain 24 --doc-tasks 16 --variants standard,fast,q8,llamacpp,vllm

@@ -9,9 +9,14 @@ long variant (bigger loads, longer fuzz budgets, more kill points). Prints one J
 per record kind and the report last: one JSON object with ``faults_injected``,
 ``faults_survived``, ``inputs_tried``, ``inputs_refused_cleanly``, ``inputs_accepted``,
 ``inputs_mishandled``, ``data_lost``, ``categories`` (the distinct ``category`` of the records, such
-as ``reward_integrity``), the load figures, the suite's pass/fail counts and ``peer``: there is no outside peer; each figure is counted against what the same run
-injected, tried or checked. A record the report cannot count (a field missing or of another type)
-stops it with a message naming the record, its test and the field: no report is better than a wrong one.
+as ``reward_integrity``), the load figures, the suite's pass/fail counts and ``peer``: there is
+no outside peer; each figure is counted against what the same run injected, tried or checked.
+A load counted in an engine's decode steps as well as in time carries ``decode_steps`` (its
+``p50``, its ``max`` and the ``bound`` its test holds them to) beside its milliseconds: such as
+``request_lifetime.client_leaving``, from a client closing its connection to its request aborted
+and gone from the engine, per round. A record the report cannot count (a field missing or of
+another type) stops it with a message naming the record, its test and the field: no report is
+better than a wrong one.
 """
 
 from __future__ import annotations
@@ -47,11 +52,17 @@ TEXT: Check = ("a string", lambda v: isinstance(v, str))
 FLAG: Check = ("true or false", lambda v: isinstance(v, bool))
 COUNT: Check = ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
 MS: Check = ("milliseconds or null", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))
+STEPS: Check = ("an object of decode steps, p50, max and bound, each a number",
+                lambda v: isinstance(v, dict) and v.keys() == {"p50", "max", "bound"}
+                and all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in v.values()))
 FIELDS: dict[str, dict[str, Check]] = {  # each record kind's fields that the report reads
     "fault": {"name": TEXT, "survived": FLAG},
     "inputs": {"surface": TEXT, "tried": COUNT, "refused_cleanly": COUNT, "accepted": COUNT, "mishandled": COUNT},
     "load": {"name": TEXT, "requests": COUNT, "errors": COUNT, "p50_ms": MS, "p95_ms": MS, "p99_ms": MS, "max_ms": MS},
     "data": {"what": TEXT, "lost": COUNT},
+}
+OPTIONAL: dict[str, dict[str, Check]] = {  # fields a record of the kind may have, read when it has them
+    "load": {"decode_steps": STEPS},
 }
 
 
@@ -62,8 +73,11 @@ def check_record(index: int, record: dict) -> None:
     named = f"record {index} ({record.get('test', 'no test')}, {kind}" + (f" {label!r})" if label else ")")
     if kind not in FIELDS:
         raise MalformedRecord(f"{named}: kind must be one of {', '.join(FIELDS)}")
-    for field, (expected, holds) in FIELDS[kind].items():
+    optional = OPTIONAL.get(kind, {})
+    for field, (expected, holds) in {**FIELDS[kind], **optional}.items():
         if field not in record:
+            if field in optional:
+                continue
             raise MalformedRecord(f"{named}: it has no {field!r}")
         if not holds(record[field]):
             shown = repr(record[field])
@@ -95,7 +109,8 @@ def summarize(records: list[dict]) -> dict:
         "inputs_mishandled": sum(s["mishandled"] for s in surfaces.values()),
         "surfaces": dict(sorted(surfaces.items())),
         "load": {
-            _labelled(r): {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")}
+            _labelled(r): {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms", "decode_steps")
+                           if k in r}
             for r in loads
         },
         "data_checked": len(data),

@@ -1,17 +1,18 @@
-"""Benchmark results: each run's summary with where and when it ran, and README's figures table made from them.
+"""Benchmark results: each run's summary with where and when it ran, and the figures tables made from them.
 
     .venv/bin/python bench/results.py record NAME -- CMD...  run CMD (its output streams through), save its
                                                               summary (its last JSON line with "figure": NAME)
                                                               to bench/results/NAME.json with date, commit and
-                                                              machine, then rewrite README's table
+                                                              machine, then rewrite the tables
     .venv/bin/python bench/results.py record --from-log FILE [--commit REV] NAME -- CMD...   the same from CMD's saved output
     .venv/bin/python bench/results.py table                  print the tables the results make
-    .venv/bin/python bench/results.py readme                 rewrite README's tables between their markers
-    .venv/bin/python bench/results.py check                  exit 1 when README's tables are not what the results make
+    .venv/bin/python bench/results.py readme                 rewrite the generated blocks between their markers
+    .venv/bin/python bench/results.py check                  exit 1 when a block or plot is not what the results make
 
-``make bench`` records every benchmark. README.md holds two generated blocks, each between its
-``markers``: the figures table, each row made by one small function per benchmark (``ROWS``) from
-that run's summary, and the reliability run part by part.
+``make bench`` records every benchmark. Generated blocks, each between its ``markers`` in the file
+``HOMES`` names: docs/benchmarks.md holds the figures table (each row made by one small function per
+benchmark, ``ROWS``, from that run's summary), the reliability run part by part and the forgetting
+runs' plots; README.md holds the headline rows of the same table (``HEADLINE``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -39,6 +41,7 @@ from typing import Any  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 README = REPO / "README.md"
+BENCHMARKS_DOC = REPO / "docs" / "benchmarks.md"
 
 Summary = dict[str, Any]
 
@@ -170,14 +173,20 @@ def serving_engines_rows(s: Summary) -> list[Row]:
     return rows
 
 
+def _se(label: object) -> str:
+    """Which standard error a difference carries, as its figure says: a summary recorded before differences were paired
+    task by task says nothing, and had the unpaired one."""
+    return "paired SE" if isinstance(label, str) and label.startswith("paired") else "unpaired SE"
+
+
 def learning_rows(s: Summary) -> list[Row]:
     if "general_before" in s:  # a real-model preset: no SFT, no control; the peer is the model before training
         return [Row(
             f"learning on {s['model']} ({s['preset']} preset: GRPO, no SFT)",
             f"held-out pass@1 {_pct(s['pass_before'])} → {_pct(s['pass_after'])} ({s['gain_points']:+.1f} ± "
-            f"{s['gain_se_points']:.1f} points, {s['steps']} steps) in {_n(s['minutes'])} min; general check "
-            f"{_pct(s['general_before'])} → {_pct(s['general_after'])}"
-            + (f" (± {s['general_se_points']:.1f} points)" if s.get("general_se_points") is not None else "")
+            f"{s['gain_se_points']:.1f} points, {_se(s.get('gain_se'))}, {s['steps']} steps) in {_n(s['minutes'])} min; "
+            f"general check {_pct(s['general_before'])} → {_pct(s['general_after'])}"
+            + (f" (± {s['general_se_points']:.1f} points, {_se(s.get('general_se'))})" if s.get("general_se_points") is not None else "")
             + f"; peak RSS {s['peak_rss_gb']:.1f} GiB",
             f"the model before training, the same {s['eval_tasks']} held-out tasks: {_pct(s['pass_before'])}",
         )]  # fmt: skip
@@ -212,7 +221,7 @@ def learning_broad_rows(s: Summary) -> list[Row]:
     for arm, a in s["arms"].items():
         result = (f"{_pct(a['signal_rate'])} of groups with a learning signal, {a['update_s_per_useful_group']:.2f} s of "
                   f"update per useful group; mean held-out gain {a['mean_gain_points']:+.1f} ± {a['mean_gain_se_points']:.1f} "
-                  f"points over {s['domains']} domains ({s['tasks_per_domain']} tasks each), {a['domains_gained']} gained and "
+                  f"points ({_se(a.get('se'))}) over {s['domains']} domains ({s['tasks_per_domain']} tasks each), {a['domains_gained']} gained and "
                   f"{a['domains_lost']} lost beyond 2 SE; general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; "
                   f"{a['steps']} steps, {_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone), peak RSS {a['peak_rss_gb']:.1f} GiB")
         peer = "the model as it ships, the same held-out tasks"
@@ -230,13 +239,14 @@ def base_to_instruct_rows(s: Summary) -> list[Row]:
     after SFT, after GRPO; each stage's peer is the stage before it."""
     names = {"base": "as it ships, in the plain completion format", "sft": "after SFT, in Gemma's chat template",
              "grpo": "after GRPO on the same domains"}
-    gains = {"sft": (s["sft_over_base_points"], s["sft_over_base_se_points"]),
-             "grpo": (s["grpo_over_sft_points"], s["grpo_over_sft_se_points"])}
+    kinds = s.get("se") or {}
+    gains = {"sft": (s["sft_over_base_points"], s["sft_over_base_se_points"], _se(kinds.get("sft_over_base"))),
+             "grpo": (s["grpo_over_sft_points"], s["grpo_over_sft_se_points"], _se(kinds.get("grpo_over_sft")))}
     rows, before = [], None
     for stage, f in s["stages"].items():
         general = f.get("general") or {}
         result = (f"held-out pass@1 {_pct(f['pass_at_1'])} ± {100 * f['pass_at_1_se']:.1f}"
-                  + (f" ({gains[stage][0]:+.1f} ± {gains[stage][1]:.1f} points)" if stage in gains else "")
+                  + (f" ({gains[stage][0]:+.1f} ± {gains[stage][1]:.1f} points, {gains[stage][2]})" if stage in gains else "")
                   + (f"; general check {_pct(general['pass_at_1'])}" if general.get("pass_at_1") is not None else "")
                   + f"; {_n(f['minutes'])} min ({_n(f['minutes_alone'])} alone), peak RSS {f['peak_rss_gb']:.1f} GiB")
         peer = ("none: the raw material" if before is None else
@@ -267,14 +277,123 @@ def learning_repair_rows(s: Summary) -> list[Row]:
                   + (f"; groups with reward variance a step {a['groups_used_mean']:.2f}" if a.get("groups_used_mean") is not None else ""))
         if arm == "sft-grpo" and "sft" in s["arms"]:
             unmet = [g.replace("_", " ") for g, held in s.get("goals", {}).items() if not held]
-            peer = (f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
-                    f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points; goal +10 "
+            # a summary combined before the arms' starting weights were checked says whether they shared the warm-up
+            apart = s["peer"].get("same_warm_up") is False
+            peer = (("NOT a same-run pair: " + s["peer"]["differs"] + "; " if apart else "")
+                    + f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
+                    f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points, "
+                    f"{_se(s.get('gap_se'))}; goal +10 "
                     f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})"
                     + (f"; goals not met: {', '.join(unmet)}" if unmet else ""))
         else:
             peer = f"the model as it ships, the same tasks: {before}"
         rows.append(Row(f"code repair on {s['model']} ({names.get(arm, arm)})", result, peer))
     return rows
+
+
+FORGETTING_ARMS = {"none": "no control", "replay": "replay of general train-split tasks", "kl": "KL to the start",
+                   "self-generated": "SFT on the start's own passing answers and episodes (rejection sampling)",
+                   "lora": "LoRA", "lora-kl": "LoRA with KL to the start (adapters off: no second copy)", "interpolate": "interpolation of the uncontrolled model with its start"}
+
+
+def forgetting_rows(s: Summary) -> list[Row]:
+    """One row per arm of ``bench/learning.py --forgetting --preset P``: its held-out gain and general-check change from
+    the start, both paired, against the uncontrolled arm's."""
+    none = s["arms"]["none"]
+    rows = []
+    for arm, a in s["arms"].items():
+        how = ", ".join(f"{k} {v}" for k, v in a["controls"].items() if k != "candidates") or "the preset as it is"
+        verdict = ("meets both bounds" if a["meets_bounds"] else
+                   "; ".join(part for part, ok in ((f"general below -{s['bounds']['general_drop_points']:g} points",
+                                                    a["general_within_bound"]),
+                                                   (f"under {s['bounds']['gain_kept']:.0%} of the gain", a["gain_within_bound"]))
+                             if not ok)) if arm != "none" else "the uncontrolled recipe"
+        untouched = ("" if "untouched_change_points" not in a else
+                     f", untouched check {a['untouched_change_points']:+.1f} ± {a['untouched_se_points']:.1f} from "
+                     f"{_pct(s['untouched_check']['start'])} ({len(s['untouched_check']['domains'])} domains nothing "
+                     "trains, checks or replays)")
+        result = (f"held-out gain {a['gain_points']:+.1f} ± {a['gain_se_points']:.1f} points, general check "
+                  f"{a['general_change_points']:+.1f} ± {a['general_se_points']:.1f} (paired SEs) from the start's "
+                  f"{_pct(s['start_general'])}{untouched}; {verdict}{' (the pick)' if arm == s['best'] else ''}; {how}; "
+                  f"{_n(a['minutes'])} min, peak RSS {a['peak_rss_gb']:.1f} GiB")
+        peer = ("the start, the same tasks" if arm == "none" else
+                f"no control from the same start: gain {none['gain_points']:+.1f}, general {none['general_change_points']:+.1f} points")
+        rows.append(Row(f"forgetting on {s['model']} ({s['preset']}'s {s['trainer'].upper()} stage: {FORGETTING_ARMS.get(arm, arm)})",
+                        result, peer))
+    return rows
+
+
+def _ticks(low: float, high: float, count: int = 6) -> list[float]:
+    """Round tick values spanning ``low .. high`` (a step of 1, 2 or 5 times a power of ten)."""
+    import math
+
+    raw = (high - low) / count or 1.0
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [round(step * i, 6) for i in range(math.ceil(low / step), math.floor(high / step) + 1)]
+
+
+ZERO, GRID = ' stroke="#888" stroke-dasharray="4 3"', ' stroke="#ddd"'  # the zero lines, the other grid lines
+
+
+def forgetting_plot(s: Summary) -> str:
+    """The forgetting arms as an SVG: each arm's held-out gain (x) against its general-check change (y), both paired
+    against the start with a bar of one SE each way, over the region that meets the bounds (general no more than
+    ``general_drop_points`` below the start, ``gain_kept`` of the uncontrolled gain)."""
+    from html import escape
+
+    arms, bounds = s["arms"], s["bounds"]
+    width, height, left, right, top, bottom = 720, 440, 64, 200, 40, 52
+    xs = [v for a in arms.values() for v in (a["gain_points"] - a["gain_se_points"], a["gain_points"] + a["gain_se_points"])]
+    ys = [v for a in arms.values() for v in (a["general_change_points"] - a["general_se_points"],
+                                             a["general_change_points"] + a["general_se_points"])]
+    x_floor = bounds["gain_kept"] * arms["none"]["gain_points"]
+    x0, x1 = min(0.0, *xs) - 2, max(0.0, x_floor, *xs) + 2
+    y0, y1 = min(-bounds["general_drop_points"], *ys) - 2, max(0.0, *ys) + 2
+
+    def px(x: float) -> float:
+        return round(left + (x - x0) / (x1 - x0) * (width - left - right), 1)
+
+    def py(y: float) -> float:
+        return round(top + (y1 - y) / (y1 - y0) * (height - top - bottom), 1)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+           'font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="22" font-size="13">Forgetting on {escape(s["model"])}, {s["preset"]}\'s {s["trainer"].upper()} '
+           f'stage: every arm from one start</text>']
+    band_x, band_y = px(max(x0, x_floor)), py(-bounds["general_drop_points"])
+    out.append(f'<rect x="{band_x}" y="{top}" width="{round(width - right - band_x, 1)}" height="{round(band_y - top, 1)}" '
+               'fill="#e3f4e3"/>')
+    out.append(f'<text x="{round(width - right - 6, 1)}" y="{top + 14}" text-anchor="end" fill="#2e7d32">meets both bounds'
+               '</text>')
+    for x in _ticks(x0, x1):
+        out.append(f'<line x1="{px(x)}" y1="{top}" x2="{px(x)}" y2="{height - bottom}"'
+                   f'{ZERO if x == 0 else GRID}/>')
+        out.append(f'<text x="{px(x)}" y="{height - bottom + 16}" text-anchor="middle">{x:g}</text>')
+    for y in _ticks(y0, y1):
+        out.append(f'<line x1="{left}" y1="{py(y)}" x2="{width - right}" y2="{py(y)}"'
+                   f'{ZERO if y == 0 else GRID}/>')
+        out.append(f'<text x="{left - 6}" y="{round(py(y) + 4, 1)}" text-anchor="end">{y:g}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="none" '
+               'stroke="#444"/>')
+    out.append(f'<text x="{round((left + width - right) / 2, 1)}" y="{height - 12}" text-anchor="middle">held-out gain '
+               '(points, paired with the start; bars: 1 SE)</text>')
+    out.append(f'<text transform="translate(16 {round((top + height - bottom) / 2, 1)}) rotate(-90)" text-anchor="middle">'
+               'general-check change (points)</text>')
+    for i, (arm, a) in enumerate(arms.items()):
+        colour = "#c62828" if arm == "none" else "#1565c0" if arm == s["best"] else "#555"
+        x, y = a["gain_points"], a["general_change_points"]
+        out.append(f'<line x1="{px(x - a["gain_se_points"])}" y1="{py(y)}" x2="{px(x + a["gain_se_points"])}" y2="{py(y)}" '
+                   f'stroke="{colour}"/>')
+        out.append(f'<line x1="{px(x)}" y1="{py(y - a["general_se_points"])}" x2="{px(x)}" '
+                   f'y2="{py(y + a["general_se_points"])}" stroke="{colour}"/>')
+        out.append(f'<circle cx="{px(x)}" cy="{py(y)}" r="4" fill="{colour}"/>')
+        out.append(f'<text x="{round(px(x) + 6, 1)}" y="{round(py(y) - 6, 1)}" fill="{colour}">{arm}</text>')
+        out.append(f'<text x="{width - right + 12}" y="{top + 14 + 18 * i}" fill="{colour}">{arm}: {x:+.1f} / {y:+.1f}'
+                   f'{" (pick)" if arm == s["best"] else ""}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def ablation_rows(s: Summary) -> list[Row]:
@@ -350,20 +469,31 @@ def queue_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def _median_round(tier: Summary, key: str) -> float:
+    """A tier's median round of ``key`` (``tokens_per_s_1``, ``tokens_per_s_4``): as recorded, or from its rounds
+    where the run predates the median's field."""
+    return tier.get(f"{key}_median", round(statistics.median(tier[f"rounds_{key}"]), 1))
+
+
 def tiers_rows(s: Summary) -> list[Row]:
-    """One row a tier: its speed, then its quality beside the standard tier's (the peer, in the same run)."""
+    """One row a tier: its speed (the best round, the median round beside it), then its quality beside the standard
+    tier's (the peer, in the same run)."""
     standard = s["tiers"]["standard"]
     rows = []
     for name, t in s["tiers"].items():
         delta = ("" if name == "standard" else f"; {100 * t['quality_delta_vs_standard']:+.1f} points vs standard "
                  f"± {200 * t['quality_delta_se']:.1f}" + (" (FLAGGED: below beyond 2 SE)" if t["quality_flag"] else ""))
+        median_1 = _median_round(t, "tokens_per_s_1")
+        median_speedup = t.get("speedup_1_vs_standard_median", median_1 / _median_round(standard, "tokens_per_s_1"))
         rows.append(Row(
             f"tier card: {name} ({t['engine']}) serving {s['model']}",
-            f"{_n(t['tokens_per_s_1'])} tokens/s one stream ({_x(t['speedup_1_vs_standard'])} standard), "
-            f"{_n(t['tokens_per_s_4'])} at four, first token {_n(t['ttft_p50_ms'])} ms; pass@1 "
+            f"{_n(t['tokens_per_s_1'])} tokens/s one stream ({_x(t['speedup_1_vs_standard'])} standard; median round "
+            f"{_n(median_1)}, {_x(median_speedup)}), {_n(t['tokens_per_s_4'])} at four (median "
+            f"{_n(_median_round(t, 'tokens_per_s_4'))}), first token {_n(t['ttft_p50_ms'])} ms; pass@1 "
             f"{100 * t['pass_at_1']:.1f}% ± {100 * t['pass_at_1_se']:.1f} on {s['tasks']} held-out tasks{delta}",
-            f"the standard tier (embedded, fp32) in the same run: {_n(standard['tokens_per_s_1'])} tokens/s, pass@1 "
-            f"{100 * standard['pass_at_1']:.1f}%; best of {_of(s['rounds'], 'interleaved round')}",
+            f"the standard tier (embedded, fp32) in the same run: {_n(standard['tokens_per_s_1'])} tokens/s (median round "
+            f"{_n(_median_round(standard, 'tokens_per_s_1'))}), pass@1 {100 * standard['pass_at_1']:.1f}%; best of "
+            f"{_of(s['rounds'], 'interleaved round')}, median against median beside it",
         ))  # fmt: skip
     return rows
 
@@ -385,6 +515,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "pipeline-repair-real": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows, "tiers": tiers_rows, "tiers-gemma": tiers_rows,
     "learning-base-to-instruct": base_to_instruct_rows, "learning-repair": learning_repair_rows,
+    "forgetting-smollm2-broad": forgetting_rows,
 }  # fmt: skip
 
 
@@ -487,13 +618,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def table(results: Path = RESULTS) -> str:
-    """The figures table (and a line on where they were measured) from ``results/*.json``; a benchmark
-    without a results file gets a row saying so."""
+def table(results: Path = RESULTS, names: tuple[str, ...] | None = None) -> str:
+    """The figures table (and a line on where they were measured) from ``results/*.json``, of every benchmark or
+    of ``names``; a benchmark without a results file gets a row saying so."""
     lines = ["| benchmark | command | result | peer, same run |", "|---|---|---|---|"]
     machines: set[str] = set()
     dates: list[str] = []
-    for name, rows_of in ROWS.items():
+    for name in names or tuple(ROWS):
+        rows_of = ROWS[name]
         path = results / f"{name}.json"
         if not path.exists():
             lines.append(f"| {name} | `make bench BENCHMARKS={name}` | no result recorded yet "
@@ -532,15 +664,50 @@ def reliability_table(results: Path = RESULTS) -> str:
             continue  # each job kind's share of the same load: in the results file
         pcts = " / ".join("-" if load[k] is None else f"{_n(load[k] / 1000)} s" if load[k] >= 10_000 else
                           f"{_n(load[k])} ms" for k in ("p50_ms", "p95_ms", "p99_ms"))
-        rows.append((f"load: {name}", f"{_n(load['requests'])} requests, {load['errors']} errors; p50 / p95 / p99 {pcts}"))
+        steps = load.get("decode_steps")  # a load counted in the engine's decode steps too
+        counted = "" if steps is None else (f"; decode steps p50 / max {_n(steps['p50'])} / {_n(steps['max'])} "
+                                            f"(bound {_n(steps['bound'])})")
+        rows.append((f"load: {name}", f"{_n(load['requests'])} requests, {load['errors']} errors; p50 / p95 / p99 {pcts}"
+                                      f"{counted}"))
     mode = "soak sizes" if s["soak"] else "CI sizes (`--soak` multiplies them)"
     head = (f"`{result['command']}`, {result['date'][:10]}, {_n(s['minutes'])} min, {mode}; tests {s['tests_passed']} "
             f"passed, {s['tests_failed']} failed:\n\n| part | figures |\n|---|---|\n")
     return head + "".join(f"| {_cell(a)} | {_cell(b)} |\n" for a, b in rows)
 
 
-# README's generated blocks: each lies between its two markers.
-BLOCKS: dict[str, Callable[[Path], str]] = {"figures": table, "reliability": reliability_table}
+# README's headline rows: what post-training gained and kept, what serving gives, what survived
+HEADLINE = ("learning-base-to-instruct", "learning-broad", "learning-repair", "learning-real", "tiers", "reliability")
+
+
+def headline(results: Path = RESULTS) -> str:
+    """README's rows of the figures table: the benchmarks of :data:`HEADLINE`, and the forgetting runs recorded."""
+    recorded = tuple(sorted(p.stem for p in results.glob("forgetting-*.json") if p.stem in ROWS))
+    return table(results, HEADLINE + recorded)
+
+
+def forgetting_figures(results: Path = RESULTS) -> dict[Path, str]:
+    """Each recorded forgetting run's plot (:func:`forgetting_plot`), kept beside its results file."""
+    return {path.with_suffix(".svg"): forgetting_plot(json.loads(path.read_text())["summary"])
+            for path in sorted(results.glob("forgetting-*.json"))}
+
+
+def forgetting_block(results: Path = RESULTS) -> str:
+    """The plots of the forgetting runs (docs/benchmarks.md links them), each with its pick and the bounds it failed."""
+    parts = []
+    for path in sorted(results.glob("forgetting-*.json")):
+        s = json.loads(path.read_text())["summary"]
+        failed = "; ".join(s["bounds_failed"]) or "none"
+        parts.append(f"![{s['figure']}](../bench/results/{path.stem}.svg)\n\n`{s['figure']}`: the pick is `{s['best']}` "
+                     f"({s['best_because']}); bounds failed: {failed}.\n")
+    return "\n".join(parts) or ("No forgetting run recorded yet (`.venv/bin/python bench/learning.py --forgetting "
+                                "--preset smollm2-broad`).\n")
+
+
+# The generated blocks, each between its two markers in the file HOMES names.
+BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "figures": table, "reliability": reliability_table,
+                                            "forgetting": forgetting_block}
+HOMES: dict[str, Path] = {"headline": README, "figures": BENCHMARKS_DOC, "reliability": BENCHMARKS_DOC,
+                          "forgetting": BENCHMARKS_DOC}
 
 
 def markers(block: str) -> tuple[str, str]:
@@ -548,57 +715,68 @@ def markers(block: str) -> tuple[str, str]:
             f"<!-- {block}:end -->")  # fmt: skip
 
 
-def readme_section(readme: str, block: str = "figures") -> str:
+def block_text(text: str, block: str = "figures") -> str:
+    """What lies between ``block``'s markers in ``text`` (the contents of its home file)."""
     begin, end = markers(block)
-    if begin not in readme or end not in readme:
-        raise SystemExit(f"{README.name} has no {block} markers: put {begin!r} and {end!r} where it goes")
-    return readme.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+    if begin not in text or end not in text:
+        raise SystemExit(f"{HOMES[block].relative_to(REPO)} has no {block} markers: put {begin!r} and {end!r} where it goes")
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
-def with_block(readme: str, block: str, generated: str) -> str:
+def with_block(text: str, block: str, generated: str) -> str:
     begin, end = markers(block)
-    head, rest = readme.split(begin, 1)
+    head, rest = text.split(begin, 1)
     return head + begin + "\n" + generated + end + rest.split(end, 1)[1]
 
 
-def stale_blocks(results: Path = RESULTS, readme: Path = README) -> list[str]:
-    text = readme.read_text()
-    return [block for block, make in BLOCKS.items() if readme_section(text, block) != make(results)]
+def stale_blocks(results: Path = RESULTS, homes: dict[str, Path] = HOMES) -> list[str]:
+    """The blocks (and forgetting plots) that differ from what ``results`` make."""
+    return ([block for block, make in BLOCKS.items() if block_text(homes[block].read_text(), block) != make(results)]
+            + [path.name for path, plot in forgetting_figures(results).items() if not path.is_file() or path.read_text() != plot])
 
 
-def write_readme(results: Path = RESULTS, readme: Path = README) -> bool:
-    """Rewrite the generated blocks in ``readme``; whether it changed."""
-    text = new = readme.read_text()
-    for block, make in BLOCKS.items():
-        readme_section(new, block)  # the markers must be there
-        new = with_block(new, block, make(results))
-    if new != text:
-        write_atomic(readme, new)
-    return new != text
+def write_blocks(results: Path = RESULTS, homes: dict[str, Path] = HOMES) -> bool:
+    """Rewrite every generated block in its file and the plots beside the results; whether a file of ``homes``
+    changed."""
+    for path, plot in forgetting_figures(results).items():
+        if not path.is_file() or path.read_text() != plot:
+            write_atomic(path, plot)
+    changed = False
+    for home in dict.fromkeys(homes.values()):
+        text = new = home.read_text()
+        for block, make in BLOCKS.items():
+            if homes[block] == home:
+                block_text(new, block)  # the markers must be there
+                new = with_block(new, block, make(results))
+        if new != text:
+            write_atomic(home, new)
+            changed = True
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite README's table")
+    rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite the tables")
     rec.add_argument("name", choices=sorted(ROWS))
     rec.add_argument("--from-log", type=Path, default=None, help="the saved output of the command, run earlier, instead of running it")
     rec.add_argument("--commit", default=None, help="with --from-log: the commit the run was made at")
     rec.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     sub.add_parser("table", help="print the table")
-    sub.add_parser("readme", help="rewrite README's table")
-    sub.add_parser("check", help="exit 1 when README's table is not what the results make")
+    sub.add_parser("readme", help="rewrite the generated blocks (README.md, docs/benchmarks.md) and plots")
+    sub.add_parser("check", help="exit 1 when a generated block or plot is not what the results make")
     args = parser.parse_args(argv)
     if args.action == "record":
         status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command, from_log=args.from_log, commit=args.commit)
-        write_readme()
+        write_blocks()
         return status
     if args.action == "table":
         print("\n".join(make(RESULTS) for make in BLOCKS.values()), end="")
     elif args.action == "readme":
-        print("README.md's figures " + ("rewritten" if write_readme() else "already up to date"))
+        print("the figures in README.md and docs/benchmarks.md " + ("rewritten" if write_blocks() else "already up to date"))
     elif stale := stale_blocks():
-        print(f"README.md's {' and '.join(stale)} block differs from bench/results/*.json: run "
+        print(f"{', '.join(stale)} differ from what bench/results/*.json make (the blocks in README.md and "
+              "docs/benchmarks.md, the plots beside the results): run "
               ".venv/bin/python bench/results.py readme", file=sys.stderr)
         return 1
     return 0

@@ -9,18 +9,21 @@ data directory with the model imported: the model served in every tier this host
 standard, fast and q8 tiers; llama.cpp, ``make llamacpp``; vLLM plain, with n-gram speculation and with an fp8 KV
 cache, ``make vllm``), each as a deployment runs it, all started side by side and measured in turn:
 
-- speed, in ``--rounds`` interleaved rounds (the order reversed every other round; each tier's best round counts):
-  time to the first token, and completion tokens per second of whole requests one and four at a time;
+- speed, in ``--rounds`` interleaved rounds (the order reversed every other round; each tier's best round, and
+  the median of its rounds beside it): time to the first token, and completion tokens per second of whole requests
+  one and four at a time;
 - quality: greedy answers to one fixed task set, the held-out eval tasks of the general check's four procedural
   domains at difficulty 2 (``--tasks-per-domain`` each; the built-in model answers about a quarter of them) and
   ``--doc-tasks`` document-QA tasks the platform builds from Debian's LaTeX news PDFs, graded by the tasks'
   verifiers: pass@1 with its standard error and the difference from the standard tier, paired task by task.
 
 Prints one JSON object per tier, then the summary (``figure: tiers``): ``tiers`` with each tier's
-``tokens_per_s_1``, ``tokens_per_s_4``, ``ttft_p50_ms``, ``pass_at_1``, ``pass_at_1_se`` and
-``quality_delta_vs_standard`` (with its ``quality_delta_se`` and ``quality_flag``), and the issue's two goals:
-a tier at least 3x standard's one-stream tokens/s with pass@1 within twice its standard error of standard's, and
-vLLM within 1.2x of llama.cpp at four streams.
+``tokens_per_s_1``, ``tokens_per_s_4`` and ``speedup_1_vs_standard`` (the best round), the same of the median
+round (``*_median``), ``ttft_p50_ms``, ``pass_at_1``, ``pass_at_1_se`` and ``quality_delta_vs_standard`` (with its
+``quality_delta_se``, the paired difference's standard error, and ``quality_flag``), and the issue's two goals: a
+tier at least 3x standard's one-stream tokens/s (best round; ``tiers_on_median`` names those that are at the median
+too) whose pass@1 differs from standard's by at most twice the paired difference's standard error, and vLLM within
+1.2x of llama.cpp at four streams.
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ def document_tasks(count: int) -> list:  # type: ignore[type-arg]
     sys.modules[spec.name] = serving  # its dataclasses look their module up there
     spec.loader.exec_module(serving)
     return [case.task for case in serving.document_cases(count)]
+
+
+def goal_3x_with_quality(tiers: list[dict]) -> dict:  # type: ignore[type-arg]
+    """The tiers at least 3x standard's one-stream speed whose pass@1 is within twice the standard error of the
+    paired difference from standard's (task by task, the error that applies to a difference on the same tasks);
+    ``tiers`` by the best round, ``tiers_on_median`` by the median round."""
+    same_quality = [t for t in tiers if abs(t["quality_delta_vs_standard"]) <= 2 * t["quality_delta_se"]]
+    best = [t["name"] for t in same_quality if t["speedup_1_vs_standard"] >= 3.0]
+    return {"met": bool(best), "tiers": best,
+            "tiers_on_median": [t["name"] for t in same_quality if t["speedup_1_vs_standard_median"] >= 3.0],
+            "quality_bound": "twice the paired difference's standard error"}
 
 
 def main() -> None:
@@ -93,21 +107,20 @@ def main() -> None:
         print(json.dumps({"figure": "tier", **tier}), flush=True)
     tiers = {t["name"]: t for t in card["tiers"]}
     standard = tiers["standard"]
-    fast_enough = [t["name"] for t in card["tiers"] if t["speedup_1_vs_standard"] >= 3.0
-                   and abs(t["quality_delta_vs_standard"]) <= 2 * max(t["quality_delta_se"], t["pass_at_1_se"])]
     vllm_vs_llamacpp = (tiers["vllm"]["tokens_per_s_4"] / tiers["llamacpp"]["tokens_per_s_4"]
                         if "vllm" in tiers and "llamacpp" in tiers else None)  # fmt: skip
     print(json.dumps({
         "figure": FIGURES.get(args.model, f"tiers-{args.model}"), "model": card["model"], "chat_template": args.chat_template, "tasks": card["tasks"], "domains": card["domains"],
         "doc_tasks": args.doc_tasks, "max_tokens": card["max_tokens"], "rounds": card["rounds"],
         "tiers": {name: {k: v for k, v in t.items() if k != "name"} for name, t in tiers.items()},
-        "standard_tokens_per_s_1": standard["tokens_per_s_1"],
-        "goal_3x_with_quality": {"met": bool(fast_enough), "tiers": fast_enough},
+        "standard_tokens_per_s_1": standard["tokens_per_s_1"], "standard_tokens_per_s_1_median": standard["tokens_per_s_1_median"],
+        "goal_3x_with_quality": goal_3x_with_quality(card["tiers"]),
         "vllm_vs_llamacpp_4_streams": round(vllm_vs_llamacpp, 3) if vllm_vs_llamacpp else None,
         "goal_vllm_within_1_2x_of_llamacpp": (1 / 1.2 <= vllm_vs_llamacpp <= 1.2) if vllm_vs_llamacpp else None,
         "minutes": round((time.perf_counter() - started) / 60, 1), "cores": os.cpu_count(),
         "peer": {"name": "the standard tier: the embedded engine on the model's own fp32 weights",
-                 "quality": "the same tasks, greedy, paired task by task", "rounds": args.rounds},
+                 "quality": "the same tasks, greedy, paired task by task", "rounds": args.rounds,
+                 "speed": "best round against best round, median against median"},
     }), flush=True)  # fmt: skip
 
 

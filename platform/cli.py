@@ -5,7 +5,7 @@
     posttrain console               serve the Streamlit console
     posttrain up                    worker + console together (what ``make run`` starts)
     posttrain jobs submit|list|show|cancel|logs|kinds
-    posttrain models list|register|import|export|compare|default-tier
+    posttrain models list|register|import|export|interpolate|deploy|compare|default-tier
     posttrain docs add|list
     posttrain users bootstrap-admin|add|passwd|disable|enable|list   console users (admins)
     posttrain keys create|list|revoke   API keys of the OpenAI-compatible API (admins)
@@ -294,6 +294,8 @@ def gateway(
     (on loopback: everyone is served until the first key exists; elsewhere a key must exist first)."""
     import uvicorn
 
+    from posttrain.platform.models.downloads import open_export
+    from posttrain.platform.models.registry import is_registered
     from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
     from posttrain.platform.serving.jobs import registered_deployments
 
@@ -303,7 +305,8 @@ def gateway(
     host = host or settings.gateway_host
     auth = ApiAuth(host)
     refuse_open_server("gateway", host, auth)
-    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments, auth=auth)
+    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments, auth=auth,
+                              exports=open_export, registered=is_registered)
     uvicorn.run(app_, host=host, port=port or settings.gateway_port, log_level="warning")
 
 
@@ -507,18 +510,26 @@ def jobs_list(
 
 @jobs_app.command("show")
 @user_errors
-def jobs_show(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
-    """Show everything recorded about one job."""
+def jobs_show(job_id: Annotated[int, typer.Argument(help="Job id")],
+              as_json: Annotated[bool, typer.Option("--json", help="One JSON object, every field")] = False) -> None:
+    """Show everything recorded about one job: id, kind and status first, then the rest (its config and result as
+    indented JSON, one field a line, so a pipe gets short lines too)."""
     from posttrain.platform.jobs import queue
 
     require_schema()
-    job = queue.get_job(job_id)
-    table = Table(show_header=False)
-    for name, value in job.model_dump().items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(json_value(value))
-        table.add_row(Text(name), Text(cell_text(value)))
+    fields = queue.get_job(job_id).model_dump()
+    ordered = {k: json_value(fields[k]) for k in ("id", "kind", "status", *[k for k in fields if k not in SHOWN_FIRST])}
+    if as_json:
+        out.print_json(json.dumps(ordered))
+        return
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for name, value in ordered.items():
+        text = json.dumps(value, indent=2) if isinstance(value, (dict, list)) and value else cell_text(value)
+        table.add_row(Text(name, style="bold"), Text(text))
     out.print(table)
+
+
+SHOWN_FIRST = ("id", "kind", "status")  # what `jobs show` leads with
 
 
 @jobs_app.command("cancel")
@@ -642,18 +653,54 @@ def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")]
 @models_app.command("list")
 @user_errors
 def models_list(as_json: JsonOption = False) -> None:
-    """List registered models with their lineage."""
+    """List registered models with their lineage and general check: the change on the held-out tasks of domains its
+    run never trained on, beside the model it was trained from, with its paired SE (``general_regressed``: it fell
+    beyond 2 SEs, and deploying it needs --allow-regression; null: never measured)."""
+    from posttrain.platform.models.general_check import GeneralCheck, describe
     from posttrain.platform.models.registry import list_models
 
     require_schema()
     found = list_models()
     names = {m.id: m.name for m in found}
-    rows = [{"id": m.id, "name": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id),
-             "from_job": m.produced_by_job_id, "default_tier": (m.meta or {}).get("default_tier"), "path": m.path,
-             "registered_at": m.created_at} for m in found]  # fmt: skip
+    rows = []
+    for m in found:
+        check = GeneralCheck.of(m)
+        rows.append({"id": m.id, "name": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id),
+                     "from_job": m.produced_by_job_id, "default_tier": (m.meta or {}).get("default_tier"),
+                     "general": check.short() if check else "not measured", "general_check": describe(m),
+                     "general_against": check and check.against, "general_before": check and check.before,
+                     "general_after": check and check.after, "general_delta": check and check.delta,
+                     "general_se": check and check.se, "general_tasks": check and check.tasks,
+                     "general_regressed": check and check.regressed, "path": m.path, "registered_at": m.created_at})  # fmt: skip
     print_rows(rows, [ListField("id", table=False), ListField("name"), ListField("architecture"), ListField("base"),
-                      ListField("from_job", "from job"), ListField("default_tier", table=False), ListField("path"),
-                      ListField("registered_at", "registered", no_wrap=True)], as_json)  # fmt: skip
+                      ListField("from_job", "from job"), ListField("default_tier", table=False),
+                      ListField("general", "general check"), ListField("general_check", table=False),
+                      *(ListField(f"general_{k}", table=False) for k in ("against", "before", "after", "delta", "se",
+                                                                         "tasks", "regressed")),
+                      ListField("path"), ListField("registered_at", "registered", no_wrap=True)], as_json)  # fmt: skip
+
+
+@models_app.command("deploy")
+@user_errors
+def models_deploy(
+    name: Annotated[str, typer.Argument(help="Registered model to serve")],
+    tier: Annotated[str, typer.Option(help="Speed tier: fast or standard (or one of the Tiers tab's)")] = "standard",
+    engine: Annotated[str | None, typer.Option(help="embedded, llamacpp or vllm (default: the tier's)")] = None,
+    allow_regression: Annotated[bool, typer.Option(
+        "--allow-regression", help="deploy it although its general check fell beyond 2 paired SEs below the model it "
+                                   "was trained from (refused without; the audit log records who overrode it)")] = False,
+) -> None:
+    """Queue a deploy job: the model served in a tier until the job is cancelled (a worker runs it); the gateway
+    routes to it. A model whose general check regressed is refused unless --allow-regression."""
+    from posttrain.platform.jobs import queue
+
+    require_schema()
+    config: dict[str, Any] = {"model": name, "tier": tier, "allow_regression": allow_regression}
+    if engine is not None:
+        config["engine"] = engine
+    job_id = queue.submit(me(), "deploy", config)
+    out.print(f"queued deploy job {job_id}: {name} in the {tier} tier"
+              + (" (general check regression allowed; audited)" if allow_regression else ""), soft_wrap=True)
 
 
 @models_app.command("default-tier")
@@ -707,7 +754,9 @@ def models_import(
 ) -> None:
     """Import real weights into the data directory and register them (a built-in model twice is a no-op);
     a built-in's provenance and licence are printed after it. A model without a chat template is a base model:
-    it answers prompts on /v1/completions, and trains in the plain completion format."""
+    it answers prompts on /v1/completions and refuses chat; SFT, GRPO and evaluation put its tasks to it in the
+    plain completion format ("Question: ..." then "Answer:", worked examples first; SFT trains the answer and EOS,
+    an answer is cut where the model goes on to a question of its own) unless the run sets chat_template."""
     from posttrain.platform.models.importer import import_model
 
     require_schema()
@@ -720,8 +769,9 @@ def models_import(
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
     if not meta.get("chat_template", True):
-        out.print(f"{row.name} is a base model (no chat template): it answers prompts on /v1/completions; give it a template "
-                  "with --chat-template gemma|chatml, or in its SFT run", soft_wrap=True, markup=False, highlight=False)  # fmt: skip
+        out.print(f"{row.name} is a base model (no chat template): it answers prompts on /v1/completions and trains and is "
+                  "evaluated in the plain completion format; to chat, give it a template with --chat-template gemma|chatml, "
+                  "or with chat_template in its SFT run", soft_wrap=True, markup=False, highlight=False)  # fmt: skip
     if meta.get("provenance"):
         out.print(f"from {meta['provenance']}", soft_wrap=True, markup=False, highlight=False)
     if meta.get("licence"):
@@ -755,17 +805,42 @@ def models_export(
         out.print(f"serve it with {runtime}:\n  {command}", soft_wrap=True, markup=False, highlight=False)
 
 
+@models_app.command("interpolate")
+@user_errors
+def models_interpolate(
+    a: Annotated[str, typer.Argument(help="The model training started from (registered name): alpha 0")],
+    b: Annotated[str, typer.Argument(help="The model trained from A (registered name): alpha 1")],
+    alpha: Annotated[float, typer.Option(help="Weight of B, between 0 and 1: (1 - alpha) * A + alpha * B")],
+    name: Annotated[str | None, typer.Option(help="Name to register it under (default: <B>-alpha<alpha>)")] = None,
+) -> None:
+    """Interpolate the weights of a trained model B and the model A it started from (WiSE-FT, a forgetting control):
+    every floating tensor (1 - alpha) * A + alpha * B, A's weights at alpha 0 and B's at alpha 1 exactly; config,
+    tokenizer and chat template from B. Registered with A as its base. To pick alpha on validation tasks from the
+    train split, run the interpolate_model job with alphas: [...]."""
+    from posttrain.platform.models.interpolate import interpolate_models
+
+    require_schema()
+    with _progress_line("interpolate") as progress:
+        row = interpolate_models(me(), a, b, alpha, name=name, progress=progress)
+    out.print(f"registered {row.name}: {1 - alpha:g} x {a} + {alpha:g} x {b} at {row.path}", soft_wrap=True,
+              markup=False, highlight=False)  # fmt: skip
+
+
 def _print_arena(result: dict[str, Any], show: int) -> None:
-    """A stored comparison: pass@1 side by side per domain, the paired difference with its 95% CI,
-    B's wins/ties/losses, then the first ``show`` tasks where their verdicts differ."""
+    """A stored comparison: pass@1 side by side per domain, the paired difference with its paired SE (clustered by
+    source where tasks share one) and 95% CI, B's wins/ties/losses, the general check's row (domains neither was
+    trained on) apart, then the first ``show`` tasks where their verdicts differ."""
     arena = result.get("arena")
     if not arena:
         raise JobConfigError("that job holds no head-to-head comparison (it evaluated one model, or sampled)")
     a, b = arena["a"], arena["b"]
-    table = Table("domain", "tasks", a, b, f"{b} - {a} (95% CI)", "wins/ties/losses")
-    for domain, row in arena["domains"].items():
+    table = Table("domain", "tasks", a, b, f"{b} - {a} ± paired SE (95% CI)", "wins/ties/losses")
+    rows = [*arena["domains"].items(), *([("general check (all)", arena["general"])] if arena.get("general") else [])]
+    for domain, row in rows:
+        se = f" ± {row['se']:.1%}" + (f", {row['clusters']} sources" if row.get("clusters") not in (None, row["tasks"]) else "") \
+            if "se" in row else ""  # a comparison stored before the SE was kept shows its interval only
         table.add_row(domain, str(row["tasks"]), f"{row['a']:.1%}", f"{row['b']:.1%}",
-                      f"{row['delta']:+.1%} ({row['ci_low']:+.1%} .. {row['ci_high']:+.1%})",
+                      f"{row['delta']:+.1%}{se} ({row['ci_low']:+.1%} .. {row['ci_high']:+.1%})",
                       f"{row['wins']}/{row['ties']}/{row['losses']}")  # fmt: skip
     out.print(table)
     shown = arena["disagreements"][:show]

@@ -442,7 +442,7 @@ class ImportedRealModel:
 
 # The longest files first: ``make test`` hands files to its two workers in collection order (--dist loadfile
 # --no-loadscope-reorder), so the longest one starts at once instead of being the suite's tail.
-LONGEST_FIRST = ("test_e2e_console.py",)
+LONGEST_FIRST = ("test_e2e_console.py", "test_base_model_training.py")  # each on a worker from the start
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

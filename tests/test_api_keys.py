@@ -284,6 +284,8 @@ def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[
     at.button(key="FormSubmitter:create_key-Create key").click().run()
     assert not at.exception and not at.error
     (shown_key,) = [c.value for c in at.code if KEY.fullmatch(c.value)]
+    (block,) = [c for c in at.code if c.value == shown_key]
+    assert block.proto.wrap_lines  # the whole key inside its half-width card, not cut at the card's edge
     key_id = KEY.fullmatch(shown_key).group(1)  # type: ignore[union-attr]
     assert check_key(shown_key).name == "notebook" and any(f"pt-{key_id}" in s.value for s in at.success)
     at.run()  # shown once: the next run of the page no longer holds it

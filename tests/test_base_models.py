@@ -54,7 +54,8 @@ def test_an_assigned_template_is_stored_with_the_model_and_survives_export_and_r
     base, models = base_model_dir(tmp_path, answers_in=(GEMMA_TEMPLATE, CHAT_TEMPLATE)), tmp_path / "models"
     row = import_model(OPERATOR, base, name="base", url=url, dest_root=models)
     assert row.meta["chat_template"] is False and "chat_template_assigned" not in row.meta  # the registry: a base model
-    with pytest.raises(ModelDirError, match=r"chat template 'llama9' is neither a family \(chatml, gemma\) nor a Jinja"):
+    with pytest.raises(ModelDirError, match=r"chat template 'llama9' is neither a family \(chatml, gemma\), completion "
+                                            r"\(the plain completion format\) nor a Jinja"):
         import_model(OPERATOR, base, name="other", chat_template="llama9", url=url, dest_root=models)
     assert not (models / "other").exists()
     chat = import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models)
@@ -97,8 +98,8 @@ def test_a_base_model_answers_completions_and_refuses_chat_naming_the_fix(tmp_pa
 
 def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path) -> None:
     """Evaluation renders a base model's tasks as text (worked examples as earlier questions and answers, then
-    "Answer:") and cuts its continuation where it goes on to a question of its own; training still refuses a
-    base model until it is given a template, naming how."""
+    "Answer:") and cuts its continuation where it goes on to a question of its own; training loads it the same way
+    (``tests/test_base_model_training.py`` trains it), unless given a chat template."""
     import jinja2
     import torch
 
@@ -108,9 +109,7 @@ def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path
     from posttrain.training.modeling import load_policy
 
     base = base_model_dir(tmp_path)
-    with pytest.raises(ValueError, match="no chat template \\(a base model\\).*chat_template \\(a family: chatml, gemma\\)"):
-        load_policy(base)
-    _, tokenizer = load_policy(base, completion_format=True)
+    _, tokenizer = load_policy(base)
     assert tokenizer.chat_template == COMPLETION_TEMPLATE
     text = tokenizer.apply_chat_template([{"role": "system", "content": "Add."}, {"role": "user", "content": "1 + 1?"},
                                           {"role": "assistant", "content": "\\boxed{2}"}, {"role": "user", "content": "2 + 2?"}],

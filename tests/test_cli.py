@@ -84,6 +84,11 @@ def test_submit_follow_list_show_cancel(platform_env: dict[str, str], tmp_path) 
     assert "selftest" in listed.stdout and "succeeded" in listed.stdout
     shown = cli(platform_env, "jobs", "show", "1")
     assert '"counter": 2' in shown.stdout
+    lines = shown.stdout.splitlines()  # piped: id, kind and status lead, and no line is the whole config on one row
+    assert [line.split()[0] for line in lines[:3]] == ["id", "kind", "status"] and lines[1].split()[1] == "selftest"
+    assert max(map(len, lines)) < 200, max(lines, key=len)
+    whole = json.loads(cli(platform_env, "jobs", "show", "1", "--json").stdout)
+    assert list(whole)[:3] == ["id", "kind", "status"] and whole["status"] == "succeeded" and whole["result"]["counter"] == 2
     second = queue.submit(OPERATOR, "selftest", {"steps": 1})
     cancelled = cli(platform_env, "jobs", "cancel", str(second))
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout

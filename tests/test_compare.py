@@ -3,6 +3,8 @@ the head-to-head figures, an evaluate job run by a worker, the CLI and the Model
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.store import save_tasks
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import EvalConfig
-from posttrain.training.evaluate import _paired, evaluate_models
+from posttrain.training.evaluate import _paired, evaluate_models, head_to_head
 from posttrain.ui.common import beyond_noise
 
 pytestmark = pytest.mark.requires("real model")
@@ -48,13 +50,34 @@ def _task_set(url: str | None = None) -> None:
     save_tasks("numbers", specs, source="jsonl", url=url)
 
 
+def _records(passed: list[bool], domains: list[str], sources: list[str] | None = None) -> list[dict[str, object]]:
+    return [{"domain": d, "task_id": f"t{i}", "passed": p, "prompt": "q", "reference": "r", "completion": "c"}
+            | ({"source": sources[i]} if sources else {}) for i, (p, d) in enumerate(zip(passed, domains))]
+
+
 def test_paired_figures() -> None:
-    row = _paired([True, True, False, False, True], [True, False, True, True, True])
+    row = _paired(_records([True, True, False, False, True], ["d"] * 5), _records([True, False, True, True, True], ["d"] * 5))
     assert (row["wins"], row["ties"], row["losses"]) == (2, 2, 1)
     assert row["delta"] == pytest.approx(0.2) and row["a"] == pytest.approx(0.6) and row["b"] == pytest.approx(0.8)
-    assert row["ci_low"] < 0.2 < row["ci_high"]
-    same = _paired([True, False], [True, False])
+    # differences 0 -1 1 1 0: the paired SE by hand, sqrt(sum((d - 0.2)^2) / 4 / 5)
+    assert row["se"] == pytest.approx((2 * 0.04 + 1.44 + 2 * 0.64) ** 0.5 / 2 / 5**0.5)
+    assert row["ci_low"] < 0.2 < row["ci_high"] and row["paired"]
+    same = _paired(_records([True, False], ["d"] * 2), _records([True, False], ["d"] * 2))
     assert same["delta"] == same["ci_low"] == same["ci_high"] == 0.0
+
+
+def test_head_to_head_clusters_by_source_and_reports_the_general_check_apart() -> None:
+    domains = ["repair.x"] * 6 + ["general/arith"] * 4
+    sources = ["function:f"] * 3 + ["function:g"] * 3 + [f"task:{i}" for i in range(4)]
+    a = _records([False] * 6 + [True] * 4, domains, sources)
+    b = _records([True, True, True, False, False, False, True, False, False, True], domains, sources)
+    out = head_to_head(a, b)
+    mine = out["domains"]["all"]
+    assert mine["tasks"] == 6 and mine["clusters"] == 2 and mine["delta"] == pytest.approx(0.5)
+    # two clusters, sums 3 * 0.5 and 3 * -0.5: sqrt(2 * 2 * 2.25) / 6
+    assert mine["se"] == pytest.approx((2 * 2 * 2.25) ** 0.5 / 6)
+    assert out["general"]["tasks"] == 4 and out["general"]["delta"] == pytest.approx(-0.5)
+    assert "general" not in out["domains"] and "general" not in head_to_head(a[:6], b[:6])
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -114,10 +137,15 @@ def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_di
     assert job.status is JobStatus.succeeded, job.error
     arena = job.result["arena"]
     assert arena["domains"]["all"]["tasks"] == 20
+    # each model's per-task records are kept beside the result: paired again later, they give the same figures
+    kept = [json.loads(Path(job.result["records"][m]).read_text()) for m in ("tiny", "smollm2-135m-instruct")]
+    assert head_to_head(*kept)["domains"] == arena["domains"]
+    assert all(r["source"].startswith("task:") and r["held_out_by"] == "prompt" for r in kept[0])
 
     shown = cli({**platform_env, "COLUMNS": "250"}, "models", "compare", "--job", str(job_id), "--show", "3")
     assert shown.returncode == 0, shown.stderr
-    assert "compare.smaller.int" in shown.stdout and "wins/ties/losses" in shown.stdout
+    assert "compare.smaller.int" in shown.stdout and "wins/ties/losses" in shown.stdout and "paired SE" in shown.stdout
+    assert f"{arena['domains']['all']['delta']:+.1%} ± {arena['domains']['all']['se']:.1%}" in shown.stdout
     assert f"{arena['disagreements_total']} tasks where they disagree" in shown.stdout
     refused = cli(platform_env, "models", "compare", "tiny")
     assert refused.returncode == 2 and "name two models" in refused.stderr
@@ -131,6 +159,7 @@ def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_di
     assert list(figures["domain"]) == order  # sorted by the difference, the overall row last
     assert list(figures["smollm2-135m-instruct"]) == [arena["domains"][d]["b"] for d in order]
     assert list(figures[""]) == [beyond_noise(arena["domains"][d]) for d in order]
+    assert list(figures["paired SE"]) == [arena["domains"][d]["se"] for d in order]
     if arena["disagreements"]:
         listed = next(t for t in tables if "reference" in t.columns)
         picked = at.selectbox(key="compare_flipped").value

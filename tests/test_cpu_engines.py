@@ -154,6 +154,14 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
     assert ratio > 2.0, rates
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    """A process's command line; none for one that ended meanwhile."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 @sqlite_only
 @pytest.mark.requires("llama-server")
 def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, str], real_model_dir) -> None:  # type: ignore[no-untyped-def]
@@ -185,9 +193,14 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
         deployed = queue.submit(OPERATOR, "deploy", {"model": "smol", "tier": "llamacpp"})
         route = wait_deployed(deployed)
         assert route.tier == "llamacpp" and route.base_url.startswith("http://127.0.0.1:")
-        server = next(p for p in psutil.process_iter(["exe", "cmdline"])
-                      if (p.info["cmdline"] or [""])[0] == str(binary))  # fmt: skip
-        args = server.info["cmdline"]
+        # llama-server is a child of this deployment's job process, whose pid the job row records (not any
+        # llama-server on the machine: another deployment may be serving beside the test)
+        job = queue.get_job(deployed)
+        assert job.pid is not None and psutil.Process(job.pid).create_time() == pytest.approx(job.proc_started, abs=1)
+        servers = [(p, args) for p in psutil.Process(job.pid).children(recursive=True)
+                   if (args := _cmdline(p))[:1] == [str(binary)]]  # fmt: skip
+        assert len(servers) == 1, servers
+        ((server, args),) = servers
         assert args[args.index("--model") + 1].endswith("smol.Q8_0.gguf") and args[args.index("--parallel") + 1] == "4"
 
         gateway = serve_in_thread(

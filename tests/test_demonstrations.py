@@ -163,3 +163,51 @@ def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer
         DemonstrationsConfig(domains=[{"name": "repair.off_by_one"}], environment={"name": "tool_use"})
     with pytest.raises(ValueError, match="set output_dir"):
         build_examples(SFTConfig(demonstrations=demos), tokenizer)
+
+
+def test_self_generated_episodes_keep_only_what_the_rubric_passed_up_to_the_share_of_a_task() -> None:
+    """Of each group of episodes, the first ``keep_per_task`` whose reward reaches ``min_reward``; an unscored episode
+    (its sandbox failed) is never kept, whatever its answer."""
+    from types import SimpleNamespace
+
+    from posttrain.training.config import SelfGeneratedConfig
+    from posttrain.training.sft import own_successes
+
+    def group(*rewards: float | None) -> SimpleNamespace:
+        return SimpleNamespace(trajectories=[SimpleNamespace(reward=r, episode=f"e{i}:{r}") for i, r in enumerate(rewards)])
+
+    groups = [group(0.0, 1.0, 1.0, 1.0), group(None, 0.5, 0.0), group(None, 1.0)]
+    assert own_successes(groups, SelfGeneratedConfig(keep_per_task=2)) == ["e1:1.0", "e2:1.0", "e1:1.0"]
+    assert own_successes(groups, SelfGeneratedConfig(keep_per_task=1, min_reward=0.5)) == ["e1:1.0", "e1:0.5", "e1:1.0"]
+
+
+def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passed_beside_the_expert(
+        real_model_dir: ImportedRealModel, tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``self_generated`` with ``demonstrations``: the starting model plays whole episodes of each demonstrated task in
+    real sandboxes; only the episodes the rubric passed are written (a model that passes none leaves the expert's
+    episodes to train on, not a failed run), and the run trains on both."""
+    from test_code_verifier import reachable_dir
+
+    from posttrain.platform.settings import get_settings
+    from posttrain.training.config import SFTConfig
+    from posttrain.training.demonstrations import demonstration_tasks
+    from posttrain.training.sft import build_examples, train_sft
+
+    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the sandbox uid must be able to enter it
+    get_settings.cache_clear()
+    try:
+        out = reachable_dir()
+        demos = {"domains": [{"name": "repair.off_by_one", "difficulty": 2}], "tasks_per_domain": 1, "environment": ENV.model_dump()}
+        config = SFTConfig(model=str(real_model_dir.path), output_dir=str(out), demonstrations=demos, max_seq_len=4096,
+                           max_steps=1, device="cpu", micro_batch_size=2, self_generated={"samples": 2, "max_new_tokens": 32})
+        assert train_sft(config).steps == 1
+        own = [json.loads(line) for line in (out / "self-generated.jsonl").read_text().splitlines()]
+        task_ids = {t.task_id for t in demonstration_tasks(config.demonstrations)}  # type: ignore[arg-type]
+        assert all(e["task"]["task_id"] in task_ids and e["reward"] >= 1.0 for e in own), own
+        assert len(own) <= len(task_ids)  # one kept a task at most
+        expert = read_episodes(out / "demonstrations.jsonl")
+        assert len(build_examples(config, tokenizer)) == len(expert) + len(own)
+    finally:
+        get_settings.cache_clear()
+    with pytest.raises(ValueError, match="name them in domains or demonstrations"):
+        SFTConfig(output_dir="o", self_generated={})

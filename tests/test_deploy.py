@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import psutil
@@ -74,6 +75,14 @@ def test_build_deploy_chat_through_gateway_and_stop(platform_env: dict[str, str]
             row = s.get(Deployment, 1)
             assert row is not None and row.status == "stopped" and not row.healthy
         assert [m.name for m in list_models()] == ["tiny"]
+        # the job's log holds the server's own lines and the chat, not the health and metrics polls of its whole life
+        from posttrain.platform.jobs.worker import job_dir
+        from posttrain.platform.settings import get_settings
+
+        log = (job_dir(get_settings(), deployed) / "job.log").read_text()
+        assert '"POST /v1/chat/completions HTTP/1.1" 200' in log and "GET /health" not in log, log[-3000:]
+        polls = re.search(r"answered (\d+) health and metrics polls \(not logged\)", log)
+        assert polls and int(polls.group(1)) >= 1, log[-2000:]
     finally:
         stop_worker(worker)
 
@@ -99,3 +108,21 @@ def test_a_models_default_tier_marks_its_deployment_for_the_gateway(platform_env
         set_default_tier(Identity("v", Role.viewer), "m", None)
     set_default_tier(OPERATOR, "m", None)
     assert not any(d.default for d in registered_deployments()) and get_model("m").meta == {}
+
+
+def test_a_deployment_s_log_keeps_its_lines_but_the_polls_it_answered() -> None:
+    """Every engine's health and metrics polls, as each logs them, are counted instead of written; a failed poll and
+    every other request stay."""
+    from posttrain.platform.serving.launcher import LogLines
+
+    kept: list[str] = []
+    lines = LogLines(kept.append)
+    polls = ['INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 200 OK',  # uvicorn: the embedded engine
+             '(APIServer pid=4242) INFO:     127.0.0.1:5678 - "GET /metrics HTTP/1.1" 200 OK',  # vLLM
+             "srv  log_server_r: request: GET /health 127.0.0.1 200"]  # llama-server
+    others = ['INFO:     127.0.0.1:40022 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+              'INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 503 Service Unavailable',
+              "srv  log_server_r: request: GET /health 127.0.0.1 503", "INFO:     Application startup complete."]
+    for line in polls + others:
+        lines(line)
+    assert kept == others and lines.polls == 3

@@ -69,29 +69,25 @@ def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str],
 
 
 def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
-    """From the Export tab: the commands that serve an export elsewhere and its download (a directory as a .tar);
-    the download is an operator's action in the platform, for the model's recorded exports only."""
-    import io
-    import tarfile
-
+    """From the Export tab: the commands that serve an export elsewhere and its download, a link to the gateway that
+    streams it (a directory as a .tar); signing the link is an operator's action, for the model's recorded exports only."""
+    from posttrain.platform.models.downloads import export_link
     from posttrain.platform.models.inspect import ModelDirError
-    from posttrain.platform.models.registry import export_download
     from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
 
     register_model(OPERATOR, "mine", tiny_model)
     entry = export_registered(OPERATOR, ExportModelConfig(model="mine", format="hf"), get_settings())
-    with tarfile.open(fileobj=io.BytesIO(export_download(OPERATOR, "mine", entry["path"]))) as tar:
-        names = tar.getnames()
-    assert any(n.endswith("/config.json") for n in names) and any(n.endswith(".safetensors") for n in names), names
     with pytest.raises(ModelDirError, match="is not an export of model 'mine'"):
-        export_download(OPERATOR, "mine", str(tiny_model))  # the registered directory is not an export
+        export_link(OPERATOR, "mine", str(tiny_model))  # the registered directory is not an export
+    gateway = f"http://{get_settings().gateway_host}:{get_settings().gateway_port}/v1/exports/"
     for role, enabled in (("operator", True), ("viewer", False)):
         at = login_as(AppTest.from_file(PAGE, default_timeout=60), role).run()
         assert not at.exception
         commands = [c.value for c in at.code]
         assert any(c.startswith("vllm serve ") and entry["path"] in c for c in commands), commands
-        (download,) = at.get("download_button")
+        (download,) = at.get("link_button")
         assert download.proto.disabled is not enabled and ".tar archive" in download.proto.label
+        assert download.proto.url.startswith(gateway) is enabled, download.proto.url  # a viewer gets no signed link
 
 
 @pytest.fixture(scope="module")

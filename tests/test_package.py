@@ -1,4 +1,4 @@
-"""The package layout DESIGN.md describes, checked rather than trusted."""
+"""The package layout docs/architecture.md describes, checked rather than trusted."""
 
 from __future__ import annotations
 

@@ -326,4 +326,4 @@ def test_console_asks_the_deployed_real_model_a_task(platform_env: dict[str, str
 
     page = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=120)).run()
     assert not page.exception
-    assert page.multiselect(key="pg_targets").value[0].startswith(f"{DEFAULT_MODEL} · standard")
+    assert page.multiselect(key="pg_targets").value[0].startswith(f"{DEFAULT_MODEL} · standard on embedded (#")  # the engine named

@@ -22,7 +22,9 @@ from posttrain.platform.db.models import ApiKey, Document, Job, Model, Role, Tas
 from posttrain.platform.documents import add_document
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.importer import import_model
-from posttrain.platform.models.registry import export_download, register_model, set_default_tier
+from posttrain.platform.models.interpolate import interpolate_models
+from posttrain.platform.models.downloads import export_link
+from posttrain.platform.models.registry import register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.serving.client import chat_as, chat_with_tools, try_task
 from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
@@ -73,7 +75,8 @@ def action_calls(tiny_dir: Path, job_id: int, task_id: int, key_id: str) -> dict
         "model.register": lambda who: register_model(who, "mine", tiny_dir),
         "model.import": lambda who: import_model(who, str(tiny_dir), name="imported"),
         "model.export": lambda who: export_registered(who, ExportModelConfig(model="tiny", format="hf"), settings),
-        "model.download": lambda who: export_download(who, "tiny", str(tiny_dir)),
+        "model.download": lambda who: export_link(who, "tiny", str(tiny_dir)),
+        "model.interpolate": lambda who: interpolate_models(who, "tiny", "tiny", 0.5, name="halfway"),
         "model.default_tier": lambda who: set_default_tier(who, "tiny", "fast"),
         "tiers.save": lambda who: save_tiers(who, TierCatalog().model_dump_json(), settings),
         "task.verify": lambda who: store.try_answer(who, task_id, "def f():\n    return 1\n"),

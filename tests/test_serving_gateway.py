@@ -178,6 +178,44 @@ def test_route_picks_the_asked_tier_then_the_task_type_then_the_models_default()
     assert gw(named).route("a@b", None, None).model == "a@b"
 
 
+def test_a_model_not_served_is_told_apart_from_one_registered_but_not_deployed() -> None:
+    """The 404 for a model no deployment serves: a registered one is told how to deploy it (the registry asked only on
+    that path), an unknown one that it does not exist; the served models listed are those the key may use, and a
+    gateway with nothing deployed says so instead of an empty list. A key that may not use the model learns nothing of
+    the registry."""
+    import asyncio
+
+    from posttrain.platform.api_keys import KeyGrant
+    from posttrain.platform.serving.errors import APIError
+    from posttrain.platform.serving.gateway import Gateway
+
+    asked: list[str] = []
+
+    def registered(name: str) -> bool:
+        asked.append(name)
+        return name == "trained"
+
+    def refusal(gw: Gateway, model: str, grant: KeyGrant | None = None) -> str:
+        with pytest.raises(APIError) as err:
+            asyncio.run(gw.resolve(model, None, None, grant))
+        assert err.value.status_code == 404
+        return err.value.message
+
+    served = Gateway(GatewayConfig(deployments=[Deployment(model="a", tier="standard", base_url="x"),
+                                                Deployment(model="b", tier="standard", base_url="y")]), registered=registered)
+    assert asyncio.run(served.resolve("a", None, None, None)).model == "a" and asked == []  # served: no registry query
+    assert refusal(served, "trained") == ("The model `trained` is registered but not deployed: deploy it (Deploy on the "
+                                          "console's Models page, or `posttrain models deploy trained`) and ask again. "
+                                          "Served models: a, b.")
+    assert refusal(served, "nothing") == "The model `nothing` does not exist. Served models: a, b."
+    scoped = KeyGrant(key_id="k", name="n", models=("b",))
+    assert refusal(served, "trained", scoped) == "The model `trained` does not exist. Served models: b."
+    assert asked == ["trained", "nothing"]  # the scoped key's request never asked the registry
+    empty = Gateway(GatewayConfig(deployments=[]), registered=registered)
+    assert refusal(empty, "nothing").endswith("does not exist. Nothing is deployed yet.")
+    assert refusal(Gateway(GatewayConfig(deployments=[])), "trained").startswith("The model `trained` does not exist")
+
+
 def test_dead_replica_is_skipped_and_marked(stack: dict[str, object]) -> None:
     client = _client(stack, **{"x-posttrain-tier": "fast"})
     for _ in range(3):  # round robin lands on the dead replica at least once

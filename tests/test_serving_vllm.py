@@ -1,4 +1,6 @@
-"""vLLM profile to arguments, and the subprocess launcher against a real stand-in server."""
+"""vLLM's tier profiles as its server's arguments; the subprocess launcher running the embedded engine's own
+server (one that serves, one that dies on start); and a vllm deployment: vLLM's OpenAI server from its own
+environment (``make vllm``, on the CPU here), started by a deploy job and reached through the gateway."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
@@ -71,6 +74,14 @@ def test_tier_catalog_is_editable_on_disk(tmp_path: Path) -> None:
         loaded.get("turbo")
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    """A process's command line; none for one that ended meanwhile."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,7 +123,6 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     n-gram speculation), and the official client reaches it through the gateway: chat in the model's template, plain
     and streamed (the same greedy text), log-probs, completions, the tier's metrics (drafted tokens too) on the
     deployment; cancelling stops the server."""
-    import psutil
     from openai import OpenAI
 
     from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
@@ -144,9 +154,14 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
         deployed = queue.submit(OPERATOR, "deploy", config)
         route = wait_deployed(deployed, timeout=600)
         assert route.tier == "fast" and route.base_url.startswith("http://127.0.0.1:")
-        server = next(p for p in psutil.process_iter(["cmdline"])
-                      if (p.info["cmdline"] or [""])[0] == str(python) and "--served-model-name" in p.info["cmdline"])  # fmt: skip
-        args = server.info["cmdline"]
+        # vLLM's server is a child of this deployment's job process, whose pid the job row records (not any vLLM
+        # server on the machine: another deployment may be serving beside the test)
+        job = queue.get_job(deployed)
+        assert job.pid is not None and psutil.Process(job.pid).create_time() == pytest.approx(job.proc_started, abs=1)
+        servers = [(p, args) for p in psutil.Process(job.pid).children(recursive=True)
+                   if (args := _cmdline(p))[:1] == [str(python)] and "--served-model-name" in args]  # fmt: skip
+        assert len(servers) == 1, servers
+        ((server, args),) = servers
         assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and _arg(args, "--host") == "127.0.0.1"
         assert _arg(args, "--max-model-len") == "8192"  # SmolLM2's own, not the 65536 asked for
         assert _arg(args, "--kv-cache-memory-bytes") == str(2**30) and "--enforce-eager" in args

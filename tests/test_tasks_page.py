@@ -106,3 +106,38 @@ def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(platform_env:
             assert not at.exception and any("repairer answers" in m.value for m in at.markdown)
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_tasks_page_shows_tests_forgeable_by_mutation(platform_env: dict[str, str]) -> None:
+    """A build of imported code tasks: its summary counts the tests code can pass by rewriting an argument in place and
+    names each with its task; the flagged task says so when opened, the other does not."""
+    from conftest import OPERATOR, start_worker
+    from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.jobs import queue
+    from test_importers import WEAK_TESTS, code_line
+
+    path = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "sorting.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1]) == [1, 3]\n", "fine")]) + "\n")
+    job_id = queue.submit(OPERATOR, "build_tasks", {"task_set": "sorting", "source": {"type": "jsonl", "path": str(path)}})
+    assert start_worker(platform_env, "--exit-when-idle").wait(timeout=120) == 0
+    assert queue.get_job(job_id).status is JobStatus.succeeded
+
+    at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
+    assert not at.exception, at.exception
+    builds = next(d.value for d in at.dataframe if "tests forgeable by mutation" in d.value.columns)
+    assert builds.set_index("job").loc[job_id, "tests forgeable by mutation"] == 1
+    (expander,) = [e for e in at.expander if "forgeable by mutation" in e.label]
+    assert expander.label == f"Build job {job_id} (sorting): 1 test(s) in 1 task(s) are forgeable by mutation"
+    reason = "passes `xs` to `f` and reads it again: code that rewrites `xs` in place can pass"
+    assert any(f"weak, test 2: `assert f(xs) == sorted(xs)` {reason}" in m.value for m in expander.markdown)
+
+    tasks = {t.spec.task_id: t.id for t in store.load_tasks(task_set="sorting")}
+    box = at.selectbox(key="browse_task")
+    assert "[forgeable by mutation]" in box.format_func(tasks["weak"]) and "forgeable" not in box.format_func(tasks["fine"])
+    box.set_value(tasks["weak"]).run()
+    warned = [w.value for w in at.warning if "Forgeable by mutation" in w.value]
+    assert len(warned) == 1 and f"test 2: `assert f(xs) == sorted(xs)` {reason}" in warned[0], warned
+    at.selectbox(key="browse_task").set_value(tasks["fine"]).run()
+    assert not at.exception and not [w for w in at.warning if "Forgeable by mutation" in w.value]

@@ -3,6 +3,7 @@ speed and quality, and the Models page shows the card; the quality flag's arithm
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.registry import register_model
-from posttrain.platform.serving.tier_card import host_variants, quality
+from posttrain.platform.serving.tier_card import host_variants, quality, speed_figures
 
 PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 
@@ -32,6 +33,45 @@ def test_a_tier_is_flagged_only_when_its_quality_falls_beyond_twice_the_standard
     assert lost["quality_delta_se"] == pytest.approx(((0.2 * 0.8) * 60 / 59) ** 0.5 / 60**0.5)
     one_lost = [False] + standard[1:]  # one task: a difference, but not beyond twice its standard error
     assert not quality(one_lost, standard)["quality_flag"]
+
+
+def test_each_tier_reports_its_best_round_and_the_median_beside_it() -> None:
+    """Speed over interleaved rounds: the best round and the median of the rounds, each set against standard's the
+    same way (best against best, median against median)."""
+    def rounds(*tokens_per_s: float) -> list[dict]:  # type: ignore[type-arg]
+        return [{"tokens_per_s_1": t, "tokens_per_s_4": 2 * t, "ttft_ms": [t, 2 * t]} for t in tokens_per_s]
+
+    standard = rounds(10.0, 12.0, 20.0)  # one lucky round
+    figures = speed_figures(rounds(30.0, 33.0, 90.0), standard)
+    assert (figures["tokens_per_s_1"], figures["tokens_per_s_1_median"]) == (90.0, 33.0)
+    assert (figures["tokens_per_s_4"], figures["tokens_per_s_4_median"]) == (180.0, 66.0)
+    assert figures["speedup_1_vs_standard"] == 4.5 and figures["speedup_1_vs_standard_median"] == 2.75
+    assert figures["rounds_tokens_per_s_1"] == [30.0, 33.0, 90.0] and figures["ttft_p50_ms"] == 63.0
+    own = speed_figures(standard, standard)
+    assert own["speedup_1_vs_standard"] == own["speedup_1_vs_standard_median"] == 1.0
+    assert speed_figures(rounds(25.0, 35.0), rounds(10.0, 10.0))["tokens_per_s_1_median"] == 30.0  # an even count
+
+
+def test_the_3x_goal_bounds_quality_by_the_paired_standard_error() -> None:
+    """bench/tiers.py's goal: a tier at least 3x standard's speed whose pass@1 is within twice the paired
+    difference's standard error of standard's. A loss within twice pass@1's own (larger) standard error but beyond
+    twice the paired one does not meet it; the tiers that are 3x at the median round too are named apart."""
+    spec = importlib.util.spec_from_file_location("bench_tiers", REPO_ROOT / "bench" / "tiers.py")
+    assert spec is not None and spec.loader is not None
+    tiers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiers)
+
+    def tier(name: str, speedup: float, median: float, delta: float, delta_se: float) -> dict:  # type: ignore[type-arg]
+        return {"name": name, "speedup_1_vs_standard": speedup, "speedup_1_vs_standard_median": median,
+                "quality_delta_vs_standard": delta, "quality_delta_se": delta_se, "pass_at_1_se": 0.027}
+
+    card = [tier("standard", 1.0, 1.0, 0.0, 0.0), tier("same", 3.9, 3.7, 0.0, 0.0),  # answers identical to standard's
+            tier("within", 6.3, 2.9, -0.009, 0.0167),  # within twice the paired SE; 3x only at its best round
+            tier("lost", 8.0, 8.0, -0.045, 0.01)]  # 4.5 points: within 2 x 2.7 (pass@1's SE), beyond 2 x 1.0 (paired)
+    goal = tiers.goal_3x_with_quality(card)
+    assert goal["met"] and goal["tiers"] == ["same", "within"] and goal["tiers_on_median"] == ["same"]
+    assert "paired" in goal["quality_bound"]
+    assert not tiers.goal_3x_with_quality([card[0], card[3]])["met"]
 
 
 @pytest.mark.requires("llama-server", "vllm")
@@ -69,9 +109,11 @@ def test_the_measure_tiers_job_serves_each_tier_and_the_models_page_shows_the_ca
     assert [t["name"] for t in card["tiers"]] == ["standard", "fast"]
     for tier in card["tiers"]:
         assert tier["engine"] == "embedded" and len(tier["rounds_tokens_per_s_1"]) == 2
+        assert tier["tokens_per_s_1_median"] == pytest.approx(sum(tier["rounds_tokens_per_s_1"]) / 2, abs=0.06)
         assert tier["tokens_per_s_1"] > 0 and tier["tokens_per_s_4"] > 0 and tier["ttft_p50_ms"] > 0
         assert 0 <= tier["pass_at_1"] <= 1 and tier["tasks"] == 6
     assert card["tiers"][0]["quality_delta_vs_standard"] == 0 and card["tiers"][0]["speedup_1_vs_standard"] == 1.0
+    assert card["tiers"][0]["speedup_1_vs_standard_median"] == 1.0
 
     at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
     assert not at.exception

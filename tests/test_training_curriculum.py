@@ -46,7 +46,7 @@ def run_config(scheduler: dict[str, object] | None = None) -> dict[str, object]:
     grpo: dict[str, object] = {
         "task_set": "signals", "domains": [], "prompt_format": None, "max_new_tokens": 1, "temperature": 1.0,
         "group_size": GROUP, "max_steps": STEPS, "lr": 1e-6, "micro_batch_size": 32, "checkpoint_every": 0,
-        "logprob_check": {"every": 0}, "max_rollout_batches_per_step": 1,
+        "logprob_check": {"every": 0}, "max_rollout_batches_per_step": 1, "replay": None,  # the curriculum's draws alone
     }
     # a scheduler given replaces the preset's whole: the preset's curriculum is given as it is, at this batch size
     grpo["scheduler"] = (scheduler if scheduler is not None else BROAD_CURRICULUM.model_dump()) | {"batch_size": BATCH}

@@ -311,6 +311,19 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     at.button(key="demo_launch").click().run()
     (job,) = all_jobs()
     assert job.kind == "train_preset" and job.config["preset"] == "smollm2-quick"
+    assert any(f"Launched the whole 'smollm2-quick' recipe as job {job.id}." in s.value for s in at.success)
+    # the page the click drew already holds the run: a second click would start a second demo beside it, so the
+    # button waits (it was submitted before the page was drawn again, not after the button was drawn enabled)
+    assert at.button(key="demo_launch").disabled
+    at.run()
+    assert at.button(key="demo_launch").disabled
+    assert any(f"**Run the demo** waits: the demo is queued (job {job.id})" in c.value for c in at.caption), [c.value for c in at.caption]
+    queue.claim("w", 1, 0)
+    at.run()
+    assert at.button(key="demo_launch").disabled and any(f"the demo is running (job {job.id})" in c.value for c in at.caption)
+    assert queue.finish(job.id, queue.Outcome(exit_code=1, error="bad config", cause="bad_input")) is JobStatus.failed
+    at.run()
+    assert not at.button(key="demo_launch").disabled  # it ended: the button is back
 
 
 ESTIMATE = {"wall_s": 372.0, "steps": 8, "trajectories": 256, "generated_tokens": 5632, "eval_tasks": 256, "calibration_s": 95.0,
@@ -354,8 +367,9 @@ def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[
         row.started_at = row.finished_at - timedelta(seconds=400)  # type: ignore[union-attr, operator]
     at.selectbox(key="run_id").set_value(run.id).run()
     assert not at.exception
-    assert any(f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 7% under." in i.value
-               for i in at.info), [i.value for i in at.info]
+    # 400 s against an estimate of 372: the run went 8% past it (the wording says which way, of the estimate)
+    assert any(f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 8% longer than estimated."
+               in i.value for i in at.info), [i.value for i in at.info]
 
 
 def test_viewer_cannot_estimate(platform_env: dict[str, str]) -> None:

@@ -188,7 +188,8 @@ def test_a_difficulty_stepped_back_to_comes_back_with_its_estimates() -> None:
     sched.record("arith.add.int", [False] * 8)  # never solved at 2: back to 1, where it was solved at batch 0
     stats = sched.stats()["arith.add.int"]
     assert sched.difficulty("arith.add.int") == 1
-    assert (stats.pass_rate, stats.signal_rate, stats.at_difficulty, stats.seen_at, stats.quiet) == (1.0, 0.0, 8, 0, 1)
+    # the estimates come back; the count the step gate reads starts again at 0
+    assert (stats.pass_rate, stats.signal_rate, stats.at_difficulty, stats.seen_at, stats.quiet) == (1.0, 0.0, 0, 0, 1)
     assert set(stats.levels) == {2} and stats.levels[2].pass_rate == 0.0 and stats.levels[2].seen_at == 2
     assert sched.probabilities()["arith.add.int"] == pytest.approx(0.05 / 1.05)  # the floor: nothing to learn at 1
     state = json.loads(json.dumps(sched.state_dict()))
@@ -196,10 +197,42 @@ def test_a_difficulty_stepped_back_to_comes_back_with_its_estimates() -> None:
     resumed.set_domains(["arith.add.int", "str.copy.letters"])
     resumed.load_state_dict(state)
     assert resumed.stats()["arith.add.int"] == stats
+    resumed.record("arith.add.int", [True] * 4)  # 4 results since the step back: too few to step again
+    assert resumed.difficulty("arith.add.int") == 1
     resumed.record("arith.add.int", [True] * 4)  # still solved at 1: up to 2 again, as measured there (not afresh)
     back = resumed.stats()["arith.add.int"]
     assert resumed.difficulty("arith.add.int") == 2 and (back.pass_rate, back.signal_rate, back.seen_at) == (0.0, 0.0, 2)
-    assert back.levels[1].at_difficulty == 12
+    assert back.at_difficulty == 0 and back.levels[1].at_difficulty == 8
+
+
+def test_a_step_back_waits_min_results_before_it_steps_again() -> None:
+    """The ``min_results`` gate counts the results since the last step, also on a step back: a domain solved at
+    1 and never solved at 2 steps once per ``min_results`` results, not on every group. (Were the count at the
+    level it steps back to restored with its estimates, the gate would already be met there, and each 4-result
+    group would switch it between the two difficulties.)"""
+    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8,
+                          step_up_at=0.8, step_down_at=0.2)
+    sched = Scheduler(cfg)
+    sched.set_domains(["arith.add.int"])
+    sched.record("arith.add.int", [True] * 8)  # 8 results at 1, solved: up to 2
+    sched.record("arith.add.int", [False] * 8)  # 8 results at 2, never solved: back to 1, its estimates restored
+    assert sched.difficulty("arith.add.int") == 1 and sched.stats()["arith.add.int"].pass_rate == 1.0
+    seen, counts = [], []
+    for _ in range(8):  # solved at 1, never solved at 2: each 4-result group is what the policy gets there
+        sched.record("arith.add.int", [sched.difficulty("arith.add.int") == 1] * 4)
+        seen.append(sched.difficulty("arith.add.int"))
+        counts.append(sched.stats()["arith.add.int"].at_difficulty)
+    assert seen == [1, 2, 2, 1, 1, 2, 2, 1]  # a step every second group: 8 results since the last one each time
+    assert counts == [4, 0, 4, 0, 4, 0, 4, 0]
+    state = json.loads(json.dumps(sched.state_dict()))
+    resumed = Scheduler(cfg)
+    resumed.set_domains(["arith.add.int"])
+    resumed.load_state_dict(state)
+    assert resumed.stats()["arith.add.int"] == sched.stats()["arith.add.int"]
+    resumed.record("arith.add.int", [True] * 4)  # the count since the step survives the checkpoint: 4 of 8 so far
+    assert resumed.difficulty("arith.add.int") == 1 and resumed.stats()["arith.add.int"].at_difficulty == 4
+    resumed.record("arith.add.int", [True] * 4)
+    assert resumed.difficulty("arith.add.int") == 2
 
 
 def test_fixed_task_lists_keep_their_difficulty() -> None:

@@ -183,8 +183,33 @@ def test_the_general_check_is_shown_beside_the_held_out_gain(platform_env: dict[
     lines = [t for t in in_order(at) if t.startswith(("Held-out", "General"))]
     assert lines[0].startswith(f"Held-out pass@1 on 64 eval tasks, 100% unseen in training: {REAL_MODEL} 25.0% → ")
     assert lines[1] == (f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
-                        f"smollm2-quick-job{job} 25.0% (+1.6 ± 7.6 points, ± one standard error): what training cost "
-                        "elsewhere.")  # beside it, right below
+                        f"smollm2-quick-job{job} 25.0% (+1.6 ± 7.6 points, ± one unpaired standard error): what training "
+                        "cost elsewhere.")  # beside it, right below: a result stored with no arena has only the two rates
+
+
+def test_the_general_check_takes_the_paired_se_of_the_run_s_arena(platform_env: dict[str, str]) -> None:
+    """The same 64 tasks before and after: the arena's paired figure (here 3 of 64 flipped up, 2 down) is the one shown."""
+    from posttrain.platform.stats import paired_difference
+
+    before = [True] * 15 + [False] * 49
+    after = [True] * 13 + [False, False] + [True] * 3 + [False] * 46
+    check = paired_difference(before, after).as_dict()
+    job = preset_run()
+    insert_metrics(job, [(0, "eval/pass@1", 0.25), (0, "general/pass@1", 15 / 64), (1, "eval/pass@1", 0.5),
+                         (1, "general/pass@1", 16 / 64)])
+    finish_preset(job, general_before=15 / 64, general_after=16 / 64, pass_before=0.25, pass_after=0.5,
+                  arena={"a": REAL_MODEL, "b": f"smollm2-quick-job{job}", "general": check,
+                         "disagreements": [], "disagreements_total": 5,
+                         "domains": {"all": paired_difference([False] * 16 + [True] * 16, [True] * 32).as_dict()}})
+    shown = in_order(page())
+    lines = [t for t in shown if t.startswith("General")]
+    assert f"{100 * check['se']:.1f}" == "3.5"  # under half the unpaired 7.6: the two agree on 59 of 64 tasks
+    assert lines == [f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
+                     f"smollm2-quick-job{job} 25.0% (+1.6 ± 3.5 points, ± one paired standard error): what training "
+                     "cost elsewhere."]
+    # the held-out gain beside it takes the arena's paired SE of the evaluation's own tasks (16 of 32 flipped up: 8.98)
+    held = next(t for t in shown if t.startswith("Held-out"))
+    assert held.endswith(f"smollm2-quick-job{job} 50.0% (+25.0 ± 9.0 points, ± one paired standard error)"), held
 
 
 # --- 6. the reward smoothed, and the held-out figure as what climbs ------------------------------------------------

@@ -27,6 +27,47 @@ from posttrain.training.preset_recipes import preset_names, recipe_section
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 
+# The fixed general check: domains away from the arithmetic presets that SmolLM2-135M-Instruct answers in part
+# zero-shot at difficulty 2 (greedy, 16 eval tasks each: 38%, 19%, 25%, 13%), so that a loss shows
+GENERAL_DOMAINS = ["compare.is_greater.int", "list.int.max", "list.int.min", "list.word.count"]
+GENERAL_DIFFICULTY = 2
+
+
+class ReplayConfig(BaseModel):
+    """Rehearsal against forgetting: a set share of every step's batch drawn from the ``train`` split of general
+    domains (by default the general check's), each task put as generated, as the general check puts them. Their
+    ``eval`` split, which the general check measures on, is never drawn: a prompt's split is a function of the
+    prompt alone, so no difficulty or seed brings an eval prompt into replay.
+
+    SFT: that share of each step's rows (packed by tokens) holds the replay tasks' references; GRPO: that share of
+    each batch's prompts are replay tasks, rolled out and rewarded by their verifiers like the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+    share: float = Field(default=0.1, gt=0, lt=1, description="the share of each step's batch drawn from replay "
+                         "(SFT: rows; GRPO: prompts), exact over the steps: 0.1 with 4 rows a step is 2 rows in 5 steps")
+    domains: list[str] = Field(default_factory=lambda: list(GENERAL_DOMAINS), min_length=1,
+                               description="the general domains replayed (their train split only)")
+    difficulty: int = Field(default=GENERAL_DIFFICULTY, ge=1)
+    tasks_per_domain: int = Field(default=256, ge=1, description="SFT: the replay tasks generated per domain")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _known(self) -> Self:
+        from posttrain.platform.tasks.domains import get_domain
+
+        for domain in self.domains:
+            try:
+                spec = get_domain(domain)
+            except LookupError as exc:
+                raise ValueError(f"replay: {exc}") from None
+            if self.difficulty > spec.max_difficulty:
+                raise ValueError(f"replay: difficulty {self.difficulty} is out of range for domain {domain!r}; use "
+                                 f"1..{spec.max_difficulty}")
+        if len(set(self.domains)) != len(self.domains):
+            raise ValueError(f"replay: a domain is listed twice: {self.domains}")
+        return self
+
+
 class LoRAConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -172,7 +213,17 @@ class TrainConfig(BaseModel):
     seed: int = 0
     max_steps: int = Field(default=100, ge=1)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    lora: LoRAConfig | None = None
+    lora: LoRAConfig | None = Field(default=None, description="train LoRA adapters only (merged into the model the "
+                                    "run registers); the base weights stay the starting policy's")
+    replay: ReplayConfig | None = Field(default=None, description="rehearse general domains' train split in a share "
+                                        "of every batch, against forgetting (None: off)")
+    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
+                                      description="how prompts and answers are rendered: a chat template (a family: "
+                                      "chatml, gemma; or a Jinja template), or completion: the plain completion "
+                                      "format, prompt and answer as text (Question: ... Answer: ..., the answer "
+                                      "ended by EOS), as evaluation puts a base model's tasks; stored with the model "
+                                      "the run makes. None: the model's own chat template, or for a base model "
+                                      "(none) the completion format")
     activation_checkpointing: bool = Field(default=False, description="recompute each layer's activations in the "
                                            "backward pass instead of keeping them: a long sequence's memory for about "
                                            "a third more update compute (GRPO then runs each completion with its "
@@ -201,6 +252,18 @@ class TrainConfig(BaseModel):
     @classmethod
     def _map_older_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
         return values
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template(cls, spec: str | None) -> str | None:
+        from posttrain.platform.models.chat_template import resolve_template
+
+        if spec is not None:
+            try:
+                resolve_template(spec)
+            except ValueError as exc:
+                raise ValueError(f"chat_template: {exc}") from None
+        return spec
 
     def updated(self, **changes: Any) -> Self:
         """A validated copy with ``changes`` (flat names allowed: ``lr=1e-3`` changes ``optim.lr`` only)."""
@@ -284,6 +347,27 @@ class DemonstrationsConfig(BaseModel):
         return environment
 
 
+class SelfGeneratedConfig(BaseModel):
+    """Rejection sampling, SFT on the model's own successes ("Retaining by Doing": on-policy data forgets less than an
+    expert's text): before the first step the starting model answers each procedural ``train``-split task of the run
+    ``samples`` times, the task's verifier grades every answer, and the first ``keep_per_task`` that reach
+    ``min_reward`` are trained on, token for token as sampled, in place of the tasks' references (beside them with
+    ``with_references``) and beside any demonstrations or chat data. With ``demonstrations`` the model also plays
+    ``samples`` whole episodes of each demonstrated task in their environment (real sandboxes), and the episodes its
+    rubric passes are trained on beside the expert's, the policy's tokens only. Written once to
+    ``<output_dir>/self-generated.jsonl`` (episodes with their rewards) and read back on resume. A model that passes
+    nothing fails the run only where nothing else is left to train on."""
+
+    model_config = ConfigDict(extra="forbid")
+    samples: int = Field(default=4, ge=1, le=64, description="answers sampled per task")
+    keep_per_task: int = Field(default=1, ge=1, le=64, description="passing answers kept per task, at most")
+    min_reward: float = Field(default=1.0, description="an answer is kept from this reward on")
+    temperature: float = Field(default=0.8, gt=0)
+    max_new_tokens: int = Field(default=256, ge=1)
+    with_references: bool = Field(default=False, description="train on the tasks' references too (False: only on the "
+                                  "model's own passing answers)")
+
+
 class SFTConfig(TrainConfig, Difficulties):
     preset_section: ClassVar[str] = "sft"
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-4}
@@ -298,14 +382,22 @@ class SFTConfig(TrainConfig, Difficulties):
                                               "this reward (None: every one)")
     demonstrations: DemonstrationsConfig | None = Field(default=None, description="make expert code-repair episodes "
                                                         "first and train on them (written to <output_dir>/demonstrations.jsonl)")
-    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
-                                      description="train in this chat template (a family: chatml, gemma; or a Jinja "
-                                                  "template), stored with the model the run makes: how a base model, "
-                                                  "which has none, is given one; None: the model's own")
+    self_generated: SelfGeneratedConfig | None = Field(default=None, description="rejection sampling: train on the "
+                                                       "starting model's own answers that pass the verifier (written "
+                                                       "to <output_dir>/self-generated.jsonl)")
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
     grad_accum_steps: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _self_generated(self) -> Self:
+        if self.self_generated is not None and not self.domains and self.demonstrations is None:
+            raise ValueError("self_generated samples answers to the run's procedural tasks or episodes of its demonstrated "
+                             "ones: name them in domains or demonstrations")
+        if self.self_generated is not None and self.output_dir is None:
+            raise ValueError("self_generated writes the answers it keeps under output_dir: set output_dir")
+        return self
 
 
 class SyncRollout(BaseModel):
@@ -477,15 +569,17 @@ class GRPOConfig(TrainConfig):
             raise ValueError(f"domains {listed} list their own tasks; with a task_set the tasks come from the set")
         if self.sampling.temperature <= 0:
             raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
+        if self.replay is not None and self.environment.name == "code_repair":
+            raise ValueError("replay rehearses general tasks, which have no project to repair: the code_repair "
+                             "environment cannot run them; replay in the SFT stage, or train in single_turn")
+        if self.replay is not None and (trained := sorted({d if isinstance(d, str) else d.name for d in self.domains}
+                                                          & set(self.replay.domains))):
+            raise ValueError(f"replay domains {trained} are trained on already: replay rehearses domains the run does "
+                             "not train on (remove them from replay.domains)")
         if self.environment.multi_turn and self.rollout.backend not in MULTI_TURN_BACKENDS:
             raise ValueError(f"environment {self.environment.name!r} runs episodes on the rollout backends "
                              f"{', '.join(MULTI_TURN_BACKENDS)}; set rollout: {{backend: thread}} (pipelined) or sync")
         return self
-
-
-# The fixed general check: domains away from the arithmetic presets that SmolLM2-135M-Instruct answers in part
-# zero-shot at difficulty 2 (greedy, 16 eval tasks each: 38%, 19%, 25%, 13%), so that a loss shows
-GENERAL_DOMAINS = ["compare.is_greater.int", "list.int.max", "list.int.min", "list.word.count"]
 
 
 class GeneralCheck(BaseModel):
@@ -494,7 +588,7 @@ class GeneralCheck(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     domains: list[str] = Field(default_factory=lambda: list(GENERAL_DOMAINS), min_length=1)
-    difficulty: int = Field(default=2, ge=1)
+    difficulty: int = Field(default=GENERAL_DIFFICULTY, ge=1)
     tasks_per_domain: int = Field(default=32, ge=1)
     max_new_tokens: int = Field(default=48, ge=1)
 

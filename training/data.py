@@ -8,7 +8,9 @@ Assistant spans are found on the rendered text (the chat template renders the
 conversation up to each assistant turn; that prefix must be a prefix of the whole) and
 mapped to tokens with the tokenizer's offsets, so any chat template and any fast
 tokenizer work. The trailing newline a template puts after the end-of-turn token is
-not trained on.
+not trained on. In the plain completion format (a base model's), which has no end of turn, the
+last answer is ended by the end-of-sequence token, trained on too: prompt and answer as text, then
+EOS, as TRL trains a non-conversational dataset.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from posttrain.platform.models.chat_template import completion_end, is_completion_format
 from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.platform.tasks.episodes import task_messages
 
@@ -75,7 +78,8 @@ def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], add
 
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character spans of each assistant turn (content + end of turn)."""
+    """The rendered conversation and the character spans of each assistant turn (content + end of turn; in the
+    completion format, the last answer + the end-of-sequence token)."""
     text = _render(tokenizer, messages, add_generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
@@ -87,6 +91,9 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Messa
             raise ValueError("the chat template does not render a conversation's turns as prefixes of it; cannot locate assistant tokens")
         end = len(through.rstrip("\n"))
         spans.append((start, end))
+    if is_completion_format(tokenizer) and messages and messages[-1]["role"] == "assistant":
+        text = completion_end(text, tokenizer)  # the answer, then stop
+        spans[-1] = (spans[-1][0], len(text))
     return text, spans
 
 

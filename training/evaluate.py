@@ -13,6 +13,7 @@
     out = evaluate_models(EvalConfig(models=["base", "tuned"], task_set="manuals"), resolve)
     out["arena"]["domains"]["all"]   # {"a": .., "b": .., "delta": .., "ci_low": .., "wins": .., ...}
     out["arena"]["disagreements"]    # tasks where one passed and the other did not, both answers
+    out["records"]["tuned"]          # each task's domain, id, source, answer and verdict: pair two later
 
 Tasks come from the ``eval`` split of each domain (held out from training, which draws
 ``train``), generated procedurally or read from a stored task set (``task_set``). ``samples == 1`` decodes greedily; ``samples = n > 1`` samples ``n`` completions
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, completion_answer
+from posttrain.platform.stats import paired_difference
+from posttrain.platform.tasks.heldout import task_source
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService, default_service
 from posttrain.training.config import EvalConfig, SamplingConfig
 from posttrain.training.modeling import PolicySource, load_policy, resolve_device
@@ -91,9 +93,8 @@ def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, servi
                     else Verdict.infra(t.episode.error if t.episode is not None and t.episode.error else "not scored")
                     for g in groups for t in g.trajectories]
         return [[t.text for t in g.trajectories] for g in groups], verdicts
+    # a base model's answer (the completion format) is cut where it goes on to a question of its own, as in training
     per_task = [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, eval_sampling(config))]
-    if engine.tokenizer.chat_template == COMPLETION_TEMPLATE:  # a base model: its answer ends where its next question begins
-        per_task = [[completion_answer(text) for text in outs] for outs in per_task]
     return per_task, service.verify_batch([t for t, outs in zip(tasks, per_task) for _ in outs],
                                           [c for outs in per_task for c in outs])
 
@@ -165,7 +166,7 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
         raise ValueError("no model: set EvalConfig.model or pass a (model, tokenizer) pair")
-    model, tokenizer = load_policy(source, device=resolve_device(config.device), completion_format=True)  # a base model too
+    model, tokenizer = load_policy(source, device=resolve_device(config.device))  # a base model in the completion format
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
     episodes = open_eval_episodes(config, engine, service)
@@ -204,7 +205,8 @@ def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | Non
         passes = [sum(v.passed for v in verdicts[j * n : (j + 1) * n]) for j in range(len(tasks))]
         if records is not None:
             records += [
-                {"domain": domain, "task_id": t.task_id or f"{domain}#{j}", "prompt": t.prompt_text, "reference": t.reference,
+                {"domain": domain, "task_id": t.task_id or f"{domain}#{j}", "source": task_source(t),
+                 "held_out_by": t.metadata.get("held_out_by") or "prompt", "prompt": t.prompt_text, "reference": t.reference,
                  "completion": outs[0], "passed": verdicts[j * n].passed, "score": verdicts[j * n].score,
                  "details": verdicts[j * n].details[:300]}
                 for j, (t, outs) in enumerate(zip(tasks, per_task))
@@ -251,43 +253,45 @@ def compare_reports(reports: Mapping[str, Mapping[str, float]], domains: Sequenc
     return table
 
 
-Z95 = 1.959964  # two-sided 95% normal quantile
 MAX_DISAGREEMENTS = 200  # kept in a stored comparison, newest job results stay small
 
 
-def _paired(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
-    """pass@1 of A and B on the same tasks, ``delta`` = B - A with a 95% confidence interval from
-    the paired per-task differences (normal approximation), and B's wins, ties and losses."""
-    n = len(a)
-    diffs = [int(y) - int(x) for x, y in zip(a, b)]
-    mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    half = Z95 * math.sqrt(var / n)
-    return {"tasks": n, "a": sum(a) / n, "b": sum(b) / n, "delta": mean, "ci_low": mean - half, "ci_high": mean + half,
-            "wins": diffs.count(1), "ties": diffs.count(0), "losses": diffs.count(-1)}  # fmt: skip
+def _paired(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """pass@1 of A and B on the same tasks and ``delta`` = B - A with its paired SE, clustered by each task's source
+    (:func:`~posttrain.platform.tasks.heldout.task_source`; a record stored before sources were kept is its own), the
+    95% interval, and B's wins, ties and losses (:class:`~posttrain.platform.stats.Difference`)."""
+    sources = [x.get("source") or x["task_id"] for x in a]
+    return paired_difference([x["passed"] for x in a], [y["passed"] for y in b], sources).as_dict()
 
 
 def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Two models' per-task records on the same tasks (:func:`evaluate_policy`'s ``records``): per
-    domain (the general check's too) and over the evaluation's own tasks (``all``) the paired figures of
-    :func:`_paired`, and the tasks where their verdicts differ (up to ``MAX_DISAGREEMENTS``, those of the domains
-    where B lost beyond noise first)."""
+    domain (the general check's too), over the evaluation's own tasks (``all``) and over the general check's
+    (``general``, beside ``domains``: what training cost elsewhere; absent without a general check) the paired
+    figures of :func:`_paired`, and the tasks where their verdicts differ (up to ``MAX_DISAGREEMENTS``, those of
+    the domains where B lost beyond noise first)."""
     if [r["task_id"] for r in a] != [r["task_id"] for r in b]:
         raise ValueError("head_to_head needs both models' records on the same tasks in the same order")
+    pairs = list(zip(a, b))
+
+    def paired(keep: Any) -> dict[str, Any]:
+        chosen = [(x, y) for x, y in pairs if keep(x["domain"])]
+        return _paired([x for x, _ in chosen], [y for _, y in chosen])
+
     domains = list(dict.fromkeys(r["domain"] for r in a))
-    table = {d: _paired([x["passed"] for x in a if x["domain"] == d], [y["passed"] for y in b if y["domain"] == d])
-             for d in domains}  # fmt: skip
-    main = [(x["passed"], y["passed"]) for x, y in zip(a, b) if not x["domain"].startswith(GENERAL)]
-    table["all"] = _paired([x for x, _ in main], [y for _, y in main])  # the evaluation's own tasks, as eval/pass@1
+    table = {d: paired(d.__eq__) for d in domains}
+    table["all"] = paired(lambda d: not d.startswith(GENERAL))  # the evaluation's own tasks, as eval/pass@1
+    general = paired(lambda d: d.startswith(GENERAL)) if any(d.startswith(GENERAL) for d in domains) else None
     differ = [
         {"domain": x["domain"], "task_id": x["task_id"], "prompt": x["prompt"], "reference": x["reference"],
          "a": x["completion"], "a_passed": x["passed"], "b": y["completion"], "b_passed": y["passed"]}
-        for x, y in zip(a, b) if x["passed"] != y["passed"]
+        for x, y in pairs if x["passed"] != y["passed"]
     ]  # fmt: skip
     # what the flips of a domain that lost beyond noise show is the interference: those are kept before the rest
     lost = {d for d, row in table.items() if d != "all" and row["ci_high"] < 0}
     differ = [x for x in differ if x["domain"] in lost] + [x for x in differ if x["domain"] not in lost]
-    return {"domains": table, "disagreements": differ[:MAX_DISAGREEMENTS], "disagreements_total": len(differ)}
+    return {"domains": table, **({"general": general} if general else {}), "disagreements": differ[:MAX_DISAGREEMENTS],
+            "disagreements_total": len(differ)}
 
 
 def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: VerifierService | None = None,
@@ -307,7 +311,7 @@ def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: Verifie
             on_model(index, name)
     metrics = sorted({key.rsplit("/", 1)[-1] for r in reports.values() for key in r if key.startswith("eval/")})
     comparison = {m: compare_reports(reports, domains, m) for m in metrics if m.startswith("pass@")}
-    out: dict[str, Any] = {"models": reports, "comparison": comparison, "domains": domains}
+    out: dict[str, Any] = {"models": reports, "comparison": comparison, "domains": domains, "records": records}
     names = config.model_list
     if len(names) == 2 and config.samples == 1:
         out["arena"] = {"a": names[0], "b": names[1], **head_to_head(records[names[0]], records[names[1]])}

@@ -60,7 +60,7 @@ from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.modeling import autocast, eval_mode
-from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, prompt_ids
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, make_trajectory, prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +138,7 @@ def rollout_groups(
 
 
 def _trajectory(tokenizer: PreTrainedTokenizerBase, prompt: list[int], completion: Completion) -> Trajectory:
-    return Trajectory(
-        prompt_ids=prompt,
-        completion_ids=completion.token_ids,
-        behaviour_logprobs=completion.logprobs,
-        text=tokenizer.decode(completion.token_ids, skip_special_tokens=True),
-        finished=completion.finished,
-    )
+    return make_trajectory(tokenizer, prompt, completion.token_ids, completion.logprobs, completion.finished)
 
 
 # ----------------------------------------------------------------------------- the embedded engine

@@ -30,6 +30,7 @@ Config (YAML or JSON, validated by :class:`SFTConfig` / :class:`GRPOConfig` / :c
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -73,6 +74,9 @@ class EvalJobResult(BaseModel):
     domains: list[str] = Field(default_factory=list)
     task_set: str | None = None
     arena: dict[str, Any] | None = None
+    records: dict[str, str] = Field(default_factory=dict, description="each model's per-task records (JSON file in the "
+                                    "job's directory: domain, task id, source, answer, verdict), to pair with another "
+                                    "evaluation of the same tasks (training.evaluate.head_to_head)")
 
 
 class PresetJobResult(BaseModel):
@@ -319,8 +323,13 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
     if len(names) >= 2:
         log_comparison(ctx, out["comparison"])
     summary = {name: out["models"][name]["eval/pass@1"] for name in names}
+    kept = {}
+    for index, name in enumerate(names):
+        kept[name] = str(path := ctx.workdir / f"records-{index}.json")
+        (tmp := path.with_suffix(".tmp")).write_text(json.dumps(out["records"][name]))
+        tmp.replace(path)
     return EvalJobResult(models=names, paths=paths, pass_at_1=summary, reports=out["models"], comparison=out["comparison"],
-                         domains=out["domains"], task_set=config.task_set, arena=out.get("arena"))
+                         domains=out["domains"], task_set=config.task_set, arena=out.get("arena"), records=kept)
 
 
 class PresetRunConfig(BaseModel):
@@ -384,7 +393,8 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     import json
 
     from posttrain.platform.models.factory import build_tiny_model
-    from posttrain.platform.models.registry import register_model
+    from posttrain.platform.models.general_check import GeneralCheck
+    from posttrain.platform.models.registry import record_general_check, register_model
     from posttrain.training.evaluate import compare_reports, evaluate_policy, head_to_head
     from posttrain.training.loop import train_grpo
     from posttrain.training.modeling import peak_rss_bytes
@@ -548,6 +558,17 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     if eval_config.samples == 1 and all(p.is_file() for p in paired):  # greedy, as the Compare tab's arena
         result_fields["arena"] = {"a": sft["model"], "b": grpo["model"],
                                   **head_to_head(*(json.loads(p.read_text()) for p in paired))}
+        # each model the run trained beside the one it was trained from, on the general check's tasks (the gate before
+        # deploy reads it): GRPO's result beside its start, and the SFT warm-up beside the model before it when evaluated
+        checks = {grpo["model"]: (sft["model"], result_fields["arena"].get("general"))}
+        if first and sft["model"] != base["model"] and (out / "eval_base.records.json").is_file():
+            warm_up = head_to_head(*(json.loads((out / f"{stage}.records.json").read_text())
+                                     for stage in ("eval_base", "eval_before")))  # fmt: skip
+            checks[sft["model"]] = (base["model"], warm_up.get("general"))
+        for model, (start, general) in checks.items():
+            if general:
+                record_general_check(model, GeneralCheck.from_difference(start, general, job_id=ctx.job_id),
+                                     by=ctx.identity.username, url=ctx.url)
     if control:
         controlled = state["eval_control"]["eval/pass@1"]
         result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],

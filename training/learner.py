@@ -16,9 +16,10 @@ because FSDP averages the ranks' gradients: the update is the one-process update
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,8 +252,10 @@ class Learner:
     tokenizer, optimizer, LR schedule and checkpoints, resumed from the latest checkpoint under
     ``<output_dir>/checkpoints`` when ``config.checkpoint.resume`` and one exists.
 
-    ``reference``: also keep a frozen copy of the starting policy (before any resume: the KL
-    reference). ``policy``: a model directory or ``(model, tokenizer)`` pair instead of ``config.model``.
+    ``reference``: score the starting policy too (the KL reference): under LoRA the model itself with its
+    adapters switched off (no second copy of the weights: the base weights never train), else a frozen
+    copy taken before any resume. ``policy``: a model directory or ``(model, tokenizer)`` pair instead of
+    ``config.model``.
     """
 
     def __init__(self, config: TrainConfig, ctx: DistContext, policy: PolicySource | None = None, *,
@@ -264,13 +267,14 @@ class Learner:
         torch.manual_seed(config.seed)
         sharded = ctx.world > 1
         model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device,  # shards move to the device
-                                            chat_template=getattr(config, "chat_template", None))
+                                            chat_template=config.chat_template)
         if config.activation_checkpointing:  # off in eval mode: the rollout copy and the reference keep their cache
             model.activation_checkpointing_enable({"use_reentrant": False})
         if config.lora is not None:
             model = apply_lora(model, config.lora)
         model.train()
-        self.reference = frozen_copy(model) if reference else None
+        self.has_reference = reference
+        self.reference = frozen_copy(model) if reference and config.lora is None else None  # LoRA: adapters off
         self.ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
         loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.checkpoint.resume else None
         self.start = int(loaded.state["step"]) if loaded else 0  # the step the run continues from
@@ -386,9 +390,9 @@ class Learner:
                 with autocast(device, self.ctx.amp):
                     logprobs = logprobs_of(self.model)
                     ref = None
-                    if self.reference is not None and algo.kl_coef > 0:
-                        with torch.no_grad():
-                            ref = logprobs_of(self.reference)
+                    if self.has_reference and algo.kl_coef > 0:
+                        with torch.no_grad(), self.reference_policy() as reference:
+                            ref = logprobs_of(reference)
                 out = grpo_loss(logprobs, batch.old_logprobs.to(device), batch.advantages.to(device), batch.mask.to(device),
                                 clip_low=algo.clip_low, clip_high=algo.clip_high, ref_logprobs=ref,
                                 kl_coef=algo.kl_coef, aggregation=algo.aggregation, normalizer=normalizer)
@@ -417,6 +421,18 @@ class Learner:
             names.LR: totals["lr"],
             names.TRAINED_TOKENS: float(token_count),
         }
+
+    @contextlib.contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The starting policy, to score the KL reference with: the frozen copy, or under LoRA the trained model
+        with its adapters switched off for the duration (its base weights are the starting policy's)."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        if not self.has_reference:
+            raise ValueError("this learner keeps no reference policy: create it with reference=True (kl_coef > 0)")
+        with self.model.disable_adapter():  # type: ignore[operator]
+            yield self.model
 
     def skip_step(self) -> dict[str, float]:
         """A step with nothing to learn from: the LR schedule still advances with the step count."""

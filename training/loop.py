@@ -125,6 +125,8 @@ def train_grpo(
             scheduler = scheduler or Scheduler(config.scheduler)
             domains = resolve_domains(config.domains, config.task_set)
             scheduler.set_domains(domains, config.prompt_format)
+            if config.replay is not None:
+                scheduler.set_replay(config.replay.domains, config.replay.difficulty, config.replay.share)
             if learner.state:
                 scheduler.load_state_dict(learner.state["scheduler"])
             source = policy if policy is not None else config.model

@@ -24,11 +24,12 @@ PolicySource = str | Path | tuple[Any, Any]
 
 
 def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                chat_template: str | None = None, completion_format: bool = False) -> Policy:
-    """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``); with
-    ``chat_template`` (a family or a Jinja template), the tokenizer renders in that template instead of its own.
-    ``completion_format``: a base model (no chat template) renders in the plain completion format
-    (:data:`~posttrain.platform.models.chat_template.COMPLETION_TEMPLATE`; evaluation) instead of being refused."""
+                chat_template: str | None = None) -> Policy:
+    """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``), the tokenizer
+    rendering prompts and answers the way training and evaluation put them to the model: in ``chat_template`` (a
+    family, ``completion`` for the plain completion format, or a Jinja template; :func:`resolve_template`) instead
+    of its own; else in its own chat template; a base model (none) in the plain completion format
+    (:data:`~posttrain.platform.models.chat_template.COMPLETION_TEMPLATE`), as TRL trains non-conversational data."""
     if isinstance(source, tuple):
         model, tokenizer = source
     else:
@@ -41,17 +42,14 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a pad token nor an eos token; set one of them")
         tokenizer.pad_token = tokenizer.eos_token
-    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, reply_end_ids, resolve_template
+    from posttrain.platform.models.chat_template import COMPLETION, reply_end_ids, resolve_template
 
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        chat_template = COMPLETION  # a base model
     if chat_template is not None:
         tokenizer.chat_template = resolve_template(chat_template)
         # the template's end of turn ends replies too, in every model saved from this one (its generation config)
         model.generation_config.eos_token_id = reply_end_ids(tokenizer, model.generation_config.eos_token_id)
-    elif completion_format and getattr(tokenizer, "chat_template", None) is None:
-        tokenizer.chat_template = COMPLETION_TEMPLATE
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the tokenizer has no chat template (a base model); training renders prompts with one: give the "
-                         "SFT run chat_template (a family: chatml, gemma), or import the model with --chat-template")
     return model.to(device), tokenizer
 
 

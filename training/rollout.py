@@ -8,6 +8,9 @@ ratio compares against the policy that really produced the tokens.
 Sampling draws from the full softmax at ``temperature`` (``top_k`` off); ``top_p < 1``
 truncates the distribution, and the recorded log-probs are then those of the
 untruncated distribution (the usual approximation).
+
+In the plain completion format (a base model's) a continuation is cut where the model goes on to a question of
+its own, as evaluation cuts it (:func:`make_trajectory`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from posttrain.platform.models.chat_template import completion_cut, is_completion_format
 from posttrain.platform.models.loader import cache_keyword
 from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
@@ -64,6 +68,20 @@ class RolloutGroup:
     @property
     def verified(self) -> bool:
         return all(t.verdict is not None for t in self.trajectories)
+
+
+def make_trajectory(tokenizer: PreTrainedTokenizerBase, prompt: list[int], token_ids: list[int], logprobs: list[float],
+                    finished: bool) -> Trajectory:
+    """One sampled completion of ``prompt``. In the plain completion format the continuation is kept through the
+    token where it goes on to a question of its own (:func:`~posttrain.platform.models.chat_template.completion_cut`):
+    those tokens are what the learner scores, the answer before that question is what the verifier reads (as in
+    evaluation), and the completion counts as finished."""
+    if is_completion_format(tokenizer):
+        kept, answer, ended = completion_cut(tokenizer, token_ids)
+        return Trajectory(prompt_ids=prompt, completion_ids=token_ids[:kept], behaviour_logprobs=logprobs[:kept],
+                          text=answer, finished=finished or ended)
+    return Trajectory(prompt_ids=prompt, completion_ids=token_ids, behaviour_logprobs=logprobs,
+                      text=tokenizer.decode(token_ids, skip_special_tokens=True), finished=finished)
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec | list[dict[str, Any]]) -> list[int]:
@@ -135,16 +153,7 @@ def generate_groups(
             ids = new_tokens[row].tolist()
             finished = eos in ids
             length = ids.index(eos) + 1 if finished else len(ids)
-            completion = ids[:length]
-            trajectories.append(
-                Trajectory(
-                    prompt_ids=prompts[i],
-                    completion_ids=completion,
-                    behaviour_logprobs=logprobs[row, :length].tolist(),
-                    text=tokenizer.decode(completion, skip_special_tokens=True),
-                    finished=finished,
-                )
-            )
+            trajectories.append(make_trajectory(tokenizer, prompts[i], ids[:length], logprobs[row, :length].tolist(), finished))
         groups.append(RolloutGroup(task=task, trajectories=trajectories, policy_version=policy_version))
     return groups
 

@@ -27,7 +27,7 @@ signal again. Each further group in a row without a signal doubles that time (a 
 right at every check is checked ever less often: with many domains out of the policy's reach, fixed-interval
 checks would spend a steady share of every batch on them), and a group with a signal resets it. With
 ``adapt_difficulty``, a generated domain steps its difficulty up once its pass rate reaches ``step_up_at``
-and down once it falls to ``step_down_at`` (after ``min_results`` results at the difficulty it has); each difficulty
+and down once it falls to ``step_down_at`` (after ``min_results`` results since its last step, a step back too); each difficulty
 is a domain of its own to the policy, so the estimates at the one it leaves are kept and those at the one it steps to
 come back as last measured (aged since; afresh where never measured): a domain solved at one difficulty and never
 solved at the next is weighed at the floor on both, not as unseen at each step.
@@ -90,7 +90,7 @@ class SchedulerConfig(BaseModel):
     adapt_difficulty: bool = Field(default=False, description="step each generated domain's difficulty by its pass rate")
     step_up_at: float = Field(default=0.8, gt=0, le=1, description="pass rate at which a domain's difficulty steps up")
     step_down_at: float = Field(default=0.1, ge=0, lt=1, description="pass rate at which it steps down")
-    min_results: int = Field(default=16, ge=1, description="results at a difficulty before it may step")
+    min_results: int = Field(default=16, ge=1, description="results since a domain's last step before it may step again")
     revisit_after: float | None = Field(default=None, gt=0, description="batches in which the estimates a domain is "
                                         "weighed by, while it goes unrecorded, relax 63% of the way back to an unseen "
                                         "domain's, so one held at the floor is drawn again (None: they keep); doubled "
@@ -109,7 +109,7 @@ class LevelEstimates(BaseModel):
 
     pass_rate: float | None = None
     signal_rate: float | None = None  # share of groups whose rewards differ (EMA)
-    at_difficulty: int = 0  # results since the difficulty last changed
+    at_difficulty: int = 0  # results since the difficulty last changed (kept in ``levels``: those of the last stay there)
     seen_at: int = 0  # the batch its estimates were last updated at
     quiet: int = 0  # its groups in a row whose rewards all agreed (each after the first doubles its revisit time)
 
@@ -185,6 +185,12 @@ def resolve_domains(domains: Sequence[str | DomainSpec], task_set: str | None = 
     return [found[(source, spec.name)] if source else domain for source, spec, domain in zip(sources, specs, domains)]
 
 
+def replayed_before(step: int, per_step: int, share: float) -> int:
+    """How many of the first ``step`` batches' ``per_step`` items each are replay at ``share``: the share held
+    exactly over the steps (0.1 of 4 items: 2 in 5 batches), so the step number alone says where each stream is."""
+    return math.floor(step * per_step * share + 1e-9)
+
+
 def _chunk_seed(seed: int, name: str, chunk: int) -> int:
     # a stable per-(run, domain, chunk) seed; Python's hash() is salted per process, so no hash()
     return (seed * 1_000_003 + sum((i + 1) * ord(c) for i, c in enumerate(name)) * 7919 + chunk) % (2**31)
@@ -198,6 +204,8 @@ class Scheduler:
         self._stats: dict[str, DomainStats] = {}
         self._buffers: dict[str, list[TaskSpec]] = {}
         self._format: PromptFormat | None = None
+        self._replay: dict[str, DomainSpec] = {}  # general domains rehearsed in a share of each batch (train split)
+        self._replay_share = 0.0
         self._batch = 0  # batches drawn: the clock estimates age by
         self._lock = threading.Lock()
 
@@ -217,6 +225,23 @@ class Scheduler:
                 self._stats.setdefault(spec.name, DomainStats(name=spec.name))
                 if spec.tasks is not None and not spec.tasks:
                     raise ValueError(f"domain {spec.name!r} has an empty task list")
+
+    def set_replay(self, domains: Sequence[str], difficulty: int, share: float) -> None:
+        """Draw ``share`` of every batch from ``domains`` at ``difficulty``, uniformly, from their ``train`` split
+        whatever the scheduler's split, put as generated (not in the run's prompt format), and outside the
+        curriculum: a replayed domain is rehearsed at its share, not weighed by what the policy learns from it."""
+        if overlap := sorted(set(domains) & set(self._specs)):
+            raise ValueError(f"replay domains {overlap} are trained on already: replay rehearses domains the run does not train on")
+        if not 0 < share < 1:
+            raise ValueError(f"the replay share must be between 0 and 1, got {share}")
+        with self._lock:
+            self._replay = {d: DomainSpec(name=d, difficulty=difficulty) for d in domains}
+            self._replay_share = share
+            for name in domains:
+                self._stats.setdefault(name, DomainStats(name=name))
+
+    def is_replay(self, name: str) -> bool:
+        return name in self._replay
 
     def weights(self) -> dict[str, float]:
         """The current (unnormalised) sampling weight of every domain."""
@@ -251,16 +276,22 @@ class Scheduler:
 
     def next_batch(self, size: int | None = None) -> list[TaskSpec]:
         """``size`` tasks (default: ``batch_size``), each domain drawn by its weight now."""
+        size = self.config.batch_size if size is None else size
         with self._lock:
             weights = self.weights()
             names = list(weights)
-            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=self.config.batch_size if size is None else size)
-            tasks = [self._take(name) for name in picks]
+            replays = 0
+            if self._replay:
+                share = self._replay_share
+                replays = replayed_before(self._batch + 1, size, share) - replayed_before(self._batch, size, share)
+            picks = self._rng.choices(names, weights=[weights[n] for n in names], k=size - replays)
+            tasks = apply_format([self._take(name) for name in picks], self._format)
+            tasks += [self._take(name) for name in self._rng.choices(sorted(self._replay), k=replays)]
             self._batch += 1
-        return apply_format(tasks, self._format)
+        return tasks
 
     def _take(self, name: str) -> TaskSpec:
-        spec, stats = self._specs[name], self._stats[name]
+        spec, stats = self._specs.get(name) or self._replay[name], self._stats[name]
         stats.drawn += 1
         if spec.tasks is not None:
             task = spec.tasks[stats.offset % len(spec.tasks)]
@@ -281,7 +312,8 @@ class Scheduler:
 
         seed = _chunk_seed(self.config.seed, spec.name, chunk)
         difficulty = self.difficulty(spec.name)
-        tasks = generate(spec.name, CHUNK, seed=seed, difficulty=difficulty, split=self.config.split)
+        split = "train" if spec.name in self._replay else self.config.split  # replay never draws a held-out prompt
+        tasks = generate(spec.name, CHUNK, seed=seed, difficulty=difficulty, split=split)
         if not tasks:
             raise ValueError(f"domain {spec.name!r} generated no tasks at difficulty {difficulty}")
         return tasks
@@ -289,7 +321,9 @@ class Scheduler:
     def difficulty(self, name: str) -> int:
         """The difficulty ``name``'s tasks are drawn at now."""
         stats = self._stats.get(name)
-        return stats.difficulty if stats is not None and stats.difficulty is not None else self._specs[name].difficulty
+        if stats is not None and stats.difficulty is not None:
+            return stats.difficulty
+        return (self._specs.get(name) or self._replay[name]).difficulty
 
     # --- feedback -------------------------------------------------------------
     def record(self, domain: str, passed: Sequence[bool | float], rewards: Sequence[float] | None = None) -> None:
@@ -332,11 +366,14 @@ class Scheduler:
         if to == now:
             return
         # each difficulty is a domain of its own to the policy: the estimates at the one it leaves are kept, those at
-        # the one it steps to come back as they were last measured (aged since, as any estimate), or start afresh
+        # the one it steps to come back as they were last measured (aged since, as any estimate), or start afresh;
+        # the count the min_results gate reads starts again at 0 on every step, back or on (were it restored with the
+        # estimates, the gate would already be met on a step back and the domain could switch on every group)
         stats.levels[now] = LevelEstimates.model_validate(stats.model_dump(include=set(LevelEstimates.model_fields)))
         back = stats.levels.pop(to, None) or LevelEstimates(seen_at=self._batch)
         for field, value in back:
             setattr(stats, field, value)
+        stats.at_difficulty = 0
         stats.difficulty = to
         stats.chunk, stats.offset = stats.chunk + 1, 0
         self._buffers.pop(spec.name, None)

@@ -212,14 +212,19 @@ def per_domain_results(arena: dict[str, Any], key: str) -> None:
                + (f" and the general check's {general} (general/...: domains the run never trained on)" if general else "")
                + f": {gained} gained and {len(lost)} lost beyond noise (the 95% interval of the paired difference clear "
                "of zero), sorted by the difference; all: the evaluation's own tasks")
+    if check := arena.get("general"):
+        st.caption(f"General check over its {check['tasks']} tasks: {a_name} {check['a']:.1%} → {b_name} {check['b']:.1%}, "
+                   f"{100 * check['delta']:+.1f} ± {100 * check['se']:.1f} points (paired SE), {beyond_noise(check)}")
     st.dataframe(pd.DataFrame([
         {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
-         "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "": marks[d],
+         "paired SE": r.get("se"), "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "": marks[d],
          "wins/ties/losses": f"{r['wins']}/{r['ties']}/{r['losses']}"}
         for d, r in rows
     ]), hide_index=True, width="stretch", key=f"{key}_table", column_config={
         a_name: st.column_config.NumberColumn(format="percent"), b_name: st.column_config.NumberColumn(format="percent"),
-        "difference": st.column_config.NumberColumn(format="percent")})  # fmt: skip
+        "difference": st.column_config.NumberColumn(format="percent"),
+        "paired SE": st.column_config.NumberColumn(format="percent", help="the standard error of the per-task differences, "
+                                                   "clustered by source where tasks share one (a document, a function)")})  # fmt: skip
     differ = arena["disagreements"]
     st.caption(f"{arena['disagreements_total']} tasks where they disagree" +
                (f" ({len(differ)} kept: every one of the domains that lost first)" if len(differ) < arena["disagreements_total"]

@@ -66,6 +66,7 @@ def submit(
     job_kind = get_kind(kind)
     validated = validate_config(kind, config)
     check_priority(priority)
+    admitted = job_kind.admit(identity, validated, url) if job_kind.admit is not None else []
     with session(url) as s:
         job = Job(
             kind=kind,
@@ -80,6 +81,8 @@ def submit(
         s.add(job)
         s.flush()
         s.add(AuditLog(username=identity.username, action="job.submit", target=f"job:{job.id}", details={"kind": kind}))
+        s.add_all(AuditLog(username=identity.username, action=a.action, target=a.target, details={"job": job.id, **a.details})
+                  for a in admitted)
         assert job.id is not None
         return job.id
 
@@ -89,17 +92,20 @@ def submit_many(identity: Identity, kind: str, configs: list[dict[str, Any]], pr
                 url: str | None = None) -> list[int]:
     """Enqueue many jobs of one kind in one transaction (bulk loads, benchmarks, tests)."""
     job_kind = get_kind(kind)
+    validated = [validate_config(kind, cfg) for cfg in configs]
+    if job_kind.admit is not None and any(job_kind.admit(identity, v, url) for v in validated):
+        raise JobConfigError(f"{kind} jobs that override a check are submitted one at a time (each audited)")
     rows = [
         Job(
             kind=kind,
-            config=validate_config(kind, cfg).model_dump(mode="json"),
+            config=v.model_dump(mode="json"),
             priority=check_priority(prio),
             cpu_slots=job_kind.cpu_slots,
             gpu_slots=job_kind.gpu_slots,
             max_attempts=job_kind.max_attempts,
             submitted_by=identity.username,
         )
-        for cfg, prio in zip(configs, priorities, strict=True)
+        for v, prio in zip(validated, priorities, strict=True)
     ]
     with session(url) as s:
         s.add_all(rows)

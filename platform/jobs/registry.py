@@ -33,6 +33,7 @@ KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.serving.jobs",
     "posttrain.training.jobs",
     "posttrain.training.estimate",
+    "posttrain.training.interpolation",
 )
 
 
@@ -81,6 +82,16 @@ class JobConfigError(BadInput):
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """An audit entry a kind's ``admit`` asks for: written in the submission's transaction, by the submitter, with the
+    job's id added to ``details``."""
+
+    action: str
+    target: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class JobKind:
     name: str
     config_model: type[BaseModel]
@@ -92,6 +103,10 @@ class JobKind:
     cpu_slots: int = 1
     gpu_slots: int = 0
     max_attempts: int = 3
+    # checked when the job is submitted, after its config validates, with who submits it and the database url:
+    # raises JobConfigError to refuse the job, else returns the audit entries to write beside the submission
+    # (an override the config asked for, by whom)
+    admit: Callable[[Any, Any, str | None], list[Admitted]] | None = None
 
 
 _kinds: dict[str, JobKind] = {}

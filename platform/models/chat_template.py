@@ -1,4 +1,5 @@
-"""The chat templates the platform writes: ChatML (the locally built tokenizers carry it) and Gemma's turns.
+"""The chat templates the platform writes: ChatML (the locally built tokenizers carry it) and Gemma's turns, and
+the plain completion format a base model is trained and evaluated in.
 
 Qwen2.5 / Hermes conventions, so that a real Qwen checkpoint and a tiny local
 one render messages, tools and tool calls the same way (and vLLM's
@@ -13,6 +14,7 @@ one render messages, tools and tool calls the same way (and vLLM's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 # Every literal is inside {{ '...' }} so that the trim_blocks/lstrip_blocks settings
@@ -115,10 +117,13 @@ GEMMA_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
 )
-# The plain completion format a base model (no chat template) is evaluated in: the conversation as text, each
-# question after "Question:" and each answer after "Answer:", the worked examples first, then "Answer:" for the
-# model to continue. A base model does not stop after its answer: it goes on with another "Question:", where its
-# answer is cut (:func:`completion_answer`). It has no tool turns.
+# The plain completion format a base model (no chat template) is trained and evaluated in, as TRL trains a
+# non-conversational dataset: prompt and answer as text. The conversation as text, each question after "Question:"
+# and each answer after "Answer:", the worked examples first, then "Answer:" for the model to continue. SFT trains
+# the answer and the end-of-sequence token after it (:func:`completion_end`); a base model not yet trained to stop
+# goes on with another "Question:", where its answer is cut (:func:`completion_cut`, :func:`completion_answer`), in
+# GRPO's rollouts as in evaluation. It has no tool turns. A run selects it as its ``chat_template`` by the name
+# ``completion`` (:data:`COMPLETION`); a model with no template of its own gets it by default.
 COMPLETION_TEMPLATE = (
     _RENDER_CONTENT
     + "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
@@ -133,12 +138,38 @@ COMPLETION_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- 'Answer:' -}}{%- endif -%}"
 )
+COMPLETION = "completion"  # the name a run's chat_template gives the completion format by
 COMPLETION_STOP = "\nQuestion:"
+
+
+def is_completion_format(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` renders in the plain completion format (a base model's)."""
+    return getattr(tokenizer, "chat_template", None) == COMPLETION_TEMPLATE
 
 
 def completion_answer(text: str) -> str:
     """A base model's continuation in the completion format, cut where it goes on to a question of its own."""
     return text.split(COMPLETION_STOP, 1)[0].strip()
+
+
+def completion_cut(tokenizer: Any, token_ids: Sequence[int]) -> tuple[int, str, bool]:
+    """Where a sampled continuation in the completion format ends, token for token: how many of ``token_ids`` are
+    kept (all of them, or those through the token where it goes on to a question of its own: that token is the
+    decision to end the answer, scored like a chat template's end of turn), the answer as evaluation reads it
+    (:func:`completion_answer` of the whole text), and whether it went on to a question (the answer ended there)."""
+    ids = list(token_ids)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    at = text.find(COMPLETION_STOP)
+    if at < 0:
+        return len(ids), completion_answer(text), False
+    kept = next((n for n in range(1, len(ids)) if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) > at), len(ids))
+    return kept, completion_answer(text), True
+
+
+def completion_end(text: str, tokenizer: Any) -> str:
+    """A conversation rendered in the completion format, its last answer ended by the end-of-sequence token instead of
+    the blank line that would lead to the next question: what SFT trains (the answer, then stop)."""
+    return text.rstrip("\n") + (tokenizer.eos_token or "")
 
 
 FAMILY_TEMPLATES = {"chatml": CHAT_TEMPLATE, "gemma": GEMMA_TEMPLATE}  # the templates an operator can assign, by family
@@ -149,18 +180,21 @@ _FAMILY_OF_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma",
 
 def resolve_template(spec: str) -> str:
     """The template an operator assigns: a family's by name (``chatml``, ``gemma``; each writes the platform's
-    tool format) or a Jinja template's own text."""
+    tool format), ``completion`` (the plain completion format, :data:`COMPLETION_TEMPLATE`) or a Jinja template's
+    own text."""
     if spec in FAMILY_TEMPLATES:
         return FAMILY_TEMPLATES[spec]
+    if spec == COMPLETION:
+        return COMPLETION_TEMPLATE
     if "{{" in spec or "{%" in spec:
         return spec
-    raise ValueError(f"chat template {spec!r} is neither a family ({', '.join(FAMILY_TEMPLATES)}) nor a Jinja template; "
-                     "give a family name or the template's text")
+    raise ValueError(f"chat template {spec!r} is neither a family ({', '.join(FAMILY_TEMPLATES)}), {COMPLETION} (the plain "
+                     "completion format) nor a Jinja template; give a family name, completion or the template's text")
 
 
 def assigned_name(spec: str) -> str:
-    """How the registry records an assigned template: its family's name, or ``custom``."""
-    return spec if spec in FAMILY_TEMPLATES else "custom"
+    """How the registry records an assigned template: its family's name, ``completion``, or ``custom``."""
+    return spec if spec in FAMILY_TEMPLATES or spec == COMPLETION else "custom"
 
 
 def template_family(template: str) -> str | None:

@@ -10,6 +10,7 @@ from sqlmodel import col, select
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Model, Role
+from posttrain.platform.models.general_check import META_KEY, GeneralCheck
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.serving.tiers import tier_catalog
 from posttrain.platform.settings import get_settings
@@ -58,11 +59,21 @@ def register_model(
 
 
 def get_model(name: str, *, url: str | None = None) -> Model:
+    # a NUL byte is in no stored name (PostgreSQL's text cannot hold one, and asking it fails): not found, unasked
     with session(url, read_only=True) as s:
-        row = s.exec(select(Model).where(Model.name == name)).first()
+        row = None if "\x00" in name else s.exec(select(Model).where(Model.name == name)).first()
     if row is None:
         raise ModelNotFound(f"no model named {name!r}; `posttrain models list` shows the registered ones")
     return row
+
+
+def is_registered(name: str, *, url: str | None = None) -> bool:
+    """Whether the registry holds a model named ``name``."""
+    try:
+        get_model(name, url=url)
+    except ModelNotFound:
+        return False
+    return True
 
 
 def list_models(*, url: str | None = None) -> list[Model]:
@@ -80,33 +91,6 @@ def lineage(name: str, *, url: str | None = None) -> list[Model]:
                 break
             chain.append(parent)
     return chain
-
-
-@action("model.download", Role.operator)
-def export_download(identity: Identity, name: str, path: str, *, url: str | None = None) -> bytes:
-    """The bytes of one of model ``name``'s recorded exports, to take away: a file as it is, a directory as an
-    uncompressed .tar of its files (weights do not compress). Only a path the registry lists as the model's
-    export; audited."""
-    import io
-    import tarfile
-
-    exports = (get_model(name, url=url).meta or {}).get("exports", [])
-    if path not in {e.get("path") for e in exports}:
-        raise ModelDirError(f"{path} is not an export of model {name!r}; its exports: "
-                            f"{', '.join(str(e.get('path')) for e in exports) or 'none'}")
-    where = Path(path)
-    if not where.exists():
-        raise ModelDirError(f"the export {where} of model {name!r} is gone from disk: export the model again")
-    with session(url) as s:
-        s.add(AuditLog(username=identity.username, action="model.download", target=name, details={"path": path}))
-    if where.is_file():
-        return where.read_bytes()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for item in sorted(where.rglob("*")):
-            if item.is_file() and not item.is_symlink():
-                tar.add(item, arcname=str(Path(where.name) / item.relative_to(where)))
-    return buffer.getvalue()
 
 
 @action("model.default_tier", Role.operator)
@@ -140,6 +124,21 @@ def record_export(name: str, entry: dict[str, Any], *, by: str = "system", url: 
         row.meta = {**(row.meta or {}), "exports": [entry, *exports]}
         s.add(row)
         s.add(AuditLog(username=by, action="model.export", target=name, details={"path": entry.get("path"), "format": entry.get("format")}))
+        s.flush()
+        s.refresh(row)
+        return row
+
+
+def record_general_check(name: str, check: GeneralCheck, *, by: str = "system", url: str | None = None) -> Model:
+    """Store ``check`` (what the job that measured it found) as model ``name``'s
+    ``meta["general_check"]``, replacing an older one; audited."""
+    with session(url) as s:
+        row = s.exec(select(Model).where(Model.name == name)).first()
+        if row is None:
+            raise ModelNotFound(f"no model named {name!r}; `posttrain models list` shows the registered ones")
+        row.meta = {**(row.meta or {}), META_KEY: check.as_meta()}
+        s.add(row)
+        s.add(AuditLog(username=by, action="model.general_check", target=name, details=check.as_meta()))
         s.flush()
         s.refresh(row)
         return row

@@ -31,7 +31,8 @@ the child and reaches the parent as a :class:`Remote` handle whose calls, attrib
 ``bool``, ``str``, ``int``, ``float`` and iteration are requests to the child. Tests compare with the
 parent's own operators, so they never run a method of the graded code's classes: a handle equals only
 itself (``==`` is identity), and ordering or arithmetic on a handle is a ``TypeError``. An object that
-"equals everything" therefore equals nothing but itself. A list, dict, set or bytearray a test passes
+"equals everything" therefore equals nothing but itself. A ``StopIteration`` the code raises answering any
+request but ``next`` is an error of the code, never the end of the test's own loop (:meth:`Peer._error`). A list, dict, set or bytearray a test passes
 to the child's function is updated in place afterwards when the function changed it; a function or
 object of the tests passed to the child can be called back by it (and nothing else: no attribute of it
 is readable from the child); a builtin function or type travels by name.
@@ -63,6 +64,13 @@ PR_SET_PDEATHSIG = 1
 _DATA_TYPES = (type(None), bool, int, float, str)
 _LENT_OPS = frozenset({"call", "list", "len", "bool", "str", "repr", "contains", "getitem", "next", "int", "index", "float"})
 """What the child may ask of an object the tests lent it (a call-back, a range): never its attributes."""
+
+
+_ASKED = {"call": "a call", "getattr": "an attribute read", "setattr": "an attribute write", "getitem": "an item read",
+          "setitem": "an item write", "delitem": "an item deletion", "contains": "an `in` test", "len": "len()",
+          "bool": "bool()", "list": "iteration", "str": "str()", "repr": "repr()", "int": "int()", "index": "an index",
+          "float": "float()"}
+"""What each request is, in the message of an error raised while answering it."""
 
 
 class SolutionError(Exception):
@@ -325,12 +333,7 @@ class Peer:
     def call(self, ident: int, args: tuple, kwargs: dict) -> object:
         encoded = [self.encode_value(a) for a in args]
         named = [[str(k), self.encode_value(v)] for k, v in kwargs.items()]
-        try:
-            reply = self._exchange({"op": "call", "h": ident, "a": encoded, "k": named})
-        except (StopIteration, StopAsyncIteration) as error:
-            # Raised from a call, it would end the caller's loop (``all(map(f, xs))`` true at once): an error
-            # of the code instead, as PEP 479 makes it in a generator.
-            raise SolutionError(f"the code raised {type(error).__name__} from a call") from None
+        reply = self._exchange({"op": "call", "h": ident, "a": encoded, "k": named})
         for item in reply.get("w") or []:  # arguments the callee changed in place
             self._write_back(args, item)
         return self._value(reply)
@@ -377,7 +380,7 @@ class Peer:
                 self._send_answer(self.serve_one(reply))
                 continue
             if "err" in reply:
-                raise self._error(reply["err"])
+                raise self._error(reply["err"], message["op"])
             if "ok" not in reply:
                 raise self._broken("an answer without a value")
             return reply
@@ -438,14 +441,23 @@ class Peer:
             except OSError:
                 pass
 
-    def _error(self, err: object) -> BaseException:
+    def _error(self, err: object, op: str) -> BaseException:
+        """The exception the other side's answer to request ``op`` stands for, raised in the asker.
+
+        A builtin exception is rebuilt as itself (a test may expect a ``ValueError``), except the two that end the
+        asker's loop: a ``StopIteration`` (or ``StopAsyncIteration``) raised while answering any request but
+        ``next`` would end the test's own ``map``, ``filter``, ``zip`` or ``next(it, default)`` (``all(map(lambda
+        x: f(x)[0] == x, xs))`` true at once), so it is an error of the code instead, as PEP 479 makes it in a
+        generator. From ``next`` it is what it means in Python, the end of the code's iterator."""
         if type(err) is not dict:
             return self._broken("an error that is not an object")
         name, module, text = str(err.get("t", "Exception"))[:80], str(err.get("m", "")), str(err.get("s", ""))[:MESSAGE_CHARS]
         trace = str(err.get("tb", ""))[-TRACE_CHARS:]
         found = getattr(builtins, name, None) if module == "builtins" else None
         error: BaseException | None = None
-        if isinstance(found, type) and issubclass(found, BaseException):
+        if found is StopAsyncIteration or found is StopIteration and op != "next":
+            error = SolutionError(f"the code raised {name} from {_ASKED.get(op, op)}")
+        elif isinstance(found, type) and issubclass(found, BaseException):
             if not issubclass(found, Exception):
                 error = SolutionExit(f"the code raised {name}({text}) inside the test" if text else f"the code raised {name} inside the test")
             else:
@@ -721,7 +733,9 @@ def run(tests: object, nonce: str, count: int, max_failures: int, names: list[st
 
     The tests' namespace holds this interpreter's own builtins (the child cannot change them) and, of the
     program's names, only ``names``: the entry point, and what the tests read that nothing else defines.
-    A name that is one of the builtins is never taken from the program, unless it is the entry point itself."""
+    A name that is one of the builtins or a standard-library module is never taken from the program, unless it is
+    the entry point itself: the tests import such a module themselves (the plan adds the import where they read it
+    without one)."""
     started = _ready()
     if started[0] != "ready":
         return started
@@ -738,7 +752,7 @@ def run(tests: object, nonce: str, count: int, max_failures: int, names: list[st
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     for name in names:
-        if name in STATE["names"] and (name == entry or not hasattr(builtins, name)):
+        if name in STATE["names"] and (name == entry or not (hasattr(builtins, name) or name in sys.stdlib_module_names)):
             try:
                 namespace[name] = peer.decode(STATE["names"][name])
             except Exception:  # noqa: BLE001 - a name whose value does not parse is not defined

@@ -43,5 +43,11 @@ def base_model_cannot_chat(model: str) -> APIError:
                     param="model")  # fmt: skip
 
 
-def model_not_found(model: str, served: list[str]) -> APIError:
-    return APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(served) or 'none'}.", param="model")
+def model_not_found(model: str, served: list[str], *, registered: bool = False) -> APIError:
+    """404 for a model nobody serves here: one that is registered but has no deployment is told how to deploy it, and
+    the models that are served are listed (or that nothing is)."""
+    listed = f"Served models: {', '.join(served)}." if served else "Nothing is deployed yet."
+    if registered:
+        return APIError(404, f"The model `{model}` is registered but not deployed: deploy it (Deploy on the console's "
+                             f"Models page, or `posttrain models deploy {model}`) and ask again. {listed}", param="model")
+    return APIError(404, f"The model `{model}` does not exist. {listed}", param="model")

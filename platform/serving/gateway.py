@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import time
+import urllib.parse
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -42,11 +43,14 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import iterate_in_threadpool
 
 from posttrain.platform.api_keys import KeyGrant
+from posttrain.platform.models.downloads import ROUTE as EXPORTS_ROUTE
+from posttrain.platform.models.downloads import Download, DownloadRefused
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, allow_model, refuse_open_server, visible
 from posttrain.platform.serving.disconnect import CLIENT_CLOSED_REQUEST, unless_client_leaves
-from posttrain.platform.serving.errors import APIError, base_model_cannot_chat
+from posttrain.platform.serving.errors import APIError, base_model_cannot_chat, model_not_found
 from posttrain.platform.serving.protocol import IGNORED_HEADER, read_json_body
 
 log = logging.getLogger("posttrain.gateway")
@@ -106,10 +110,20 @@ class RequestRecord(BaseModel):
     attempts: int = 1
 
 
+class ModelNotServed(LookupError):
+    """A request named a model no deployment serves (:meth:`Gateway.resolve` turns it into its 404)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
+
+
 class Gateway:
-    def __init__(self, config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None) -> None:
+    def __init__(self, config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None,
+                 registered: Callable[[str], bool] | None = None) -> None:
         self.config = config
         self.refresh = refresh
+        self.registered = registered
         self.deployments = [d.model_copy() for d in config.deployments]
         self.records: deque[RequestRecord] = deque(maxlen=10_000)
         self._rr: dict[tuple[str, str], int] = {}
@@ -139,15 +153,26 @@ class Gateway:
     def tiers(self, model: str) -> list[str]:
         return sorted({d.tier for d in self.deployments if d.model == model})
 
+    async def resolve(self, requested: str, tier_header: str | None, task_type: str | None,
+                      grant: KeyGrant | None) -> Route:
+        """:meth:`route`, whose 404 for a model not served names the served models ``grant`` may see and, when the
+        model is in the registry (asked off the event loop, only then) and the key may use it, says how to deploy it."""
+        try:
+            return self.route(requested, tier_header, task_type)
+        except ModelNotServed as exc:
+            asks = self.registered is not None and visible(grant, [exc.model]) == [exc.model]
+            known = asks and await asyncio.to_thread(self.registered, exc.model)  # type: ignore[arg-type]
+            raise model_not_found(exc.model, visible(grant, self.models()), registered=bool(known)) from None
+
     def route(self, requested: str, tier_header: str | None, task_type: str | None) -> Route:
-        """The model and tier of a request naming ``requested`` (perhaps ``name@tier``); :class:`APIError` 404 when
-        the model is not served or an asked-for tier is not deployed."""
+        """The model and tier of a request naming ``requested`` (perhaps ``name@tier``); :class:`ModelNotServed` when
+        the model is not served, :class:`APIError` 404 when an asked-for tier is not deployed."""
         models = self.models()
         model, suffix = requested, ""
         if requested not in models and "@" in requested.strip("@"):  # a served name may itself hold an @
             model, _, suffix = requested.rpartition("@")
         if model not in models:
-            raise APIError(404, f"The model `{model}` does not exist. Served models: {', '.join(models)}.", param="model")
+            raise ModelNotServed(model)
         tiers = self.tiers(model)
         asked, how = (suffix, "the model name's suffix") if suffix else (tier_header, f"the {TIER_HEADER} header")
         if asked:
@@ -215,10 +240,13 @@ def _error(err: APIError) -> JSONResponse:
 
 
 def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None,
-                       auth: ApiAuth | None = None) -> FastAPI:
+                       auth: ApiAuth | None = None, exports: Callable[[str], Download] | None = None,
+                       registered: Callable[[str], bool] | None = None) -> FastAPI:
     """The gateway app; ``refresh`` (called every health interval) replaces the deployment list;
-    ``auth`` checks API keys (none: everyone is served)."""
-    gw = Gateway(config, refresh)
+    ``auth`` checks API keys (none: everyone is served); ``exports`` opens a signed export link
+    (:func:`posttrain.platform.models.downloads.open_export`; none: no exports are served); ``registered`` says
+    whether a model that is not served is in the registry (its 404 then says how to deploy it)."""
+    gw = Gateway(config, refresh, registered)
 
     async def grant(request: Request) -> KeyGrant | None:
         return None if auth is None else await auth.grant(request)
@@ -293,7 +321,7 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         if task_type is not None and not isinstance(task_type, str):
             raise APIError(400, f"metadata.task_type must be a string such as 'chat', got {type(task_type).__name__}",
                            param="metadata.task_type")
-        routed = gw.route(body["model"], request.headers.get(TIER_HEADER), task_type)
+        routed = await gw.resolve(body["model"], request.headers.get(TIER_HEADER), task_type, granted)
         model, tier = routed.model, routed.tier
         allow_model(granted, model)
         if path == "/v1/chat/completions" and not any(d.chat for d in gw.deployments if d.model == model):
@@ -311,6 +339,19 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
             gw.record(RequestRecord(model=model, tier=tier, replica=None, status=CLIENT_CLOSED_REQUEST,
                                     latency_ms=(time.perf_counter() - started) * 1000, stream=stream))
         return response
+
+    @app.get(EXPORTS_ROUTE + "{token}")
+    async def export(token: str) -> Response:
+        """A model's export, streamed from disk; the signed link is the credential (no API key), as a presigned URL."""
+        if exports is None:
+            raise APIError(404, "this gateway serves no exports: take them away from the console's Export tab")
+        try:
+            download = await asyncio.to_thread(exports, token)
+        except DownloadRefused as exc:
+            raise APIError(exc.status, str(exc)) from None
+        disposition = f"attachment; filename*=UTF-8''{urllib.parse.quote(download.filename)}"
+        return StreamingResponse(iterate_in_threadpool(download.chunks()), media_type=download.media_type,
+                                 headers={"content-length": str(download.size), "content-disposition": disposition})
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -8,6 +8,11 @@ restarts the server on the same address when it exits on its own (a crash, the
 OOM killer; the deployment is ``unhealthy`` meanwhile, and fails after
 ``MAX_RESTARTS`` exits within ``RESTART_WINDOW_S``), and stops the server
 cleanly when the job is cancelled. Its log is the server's log.
+
+The gate before deploy: a model whose general check fell beyond 2 paired SEs below the model it was trained from
+(:mod:`posttrain.platform.models.general_check`) is refused when its deploy job is submitted (:func:`admit_deploy`,
+whoever submits it: the console, the CLI, a config) and again when the job starts, unless the config says
+``allow_regression``; the override is audited as ``deploy.allow_regression`` under the submitter's name.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from posttrain.platform.auth import Identity, action, is_loopback
 from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Deployment, Role, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
-from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JOB_PATH, Admitted, BadInput, JobConfigError, JobKind, register
+from posttrain.platform.models.general_check import GeneralCheck, deploy_refusal
 from posttrain.platform.models.importer import BUILTIN_PREFIX, sha256_file
 from posttrain.platform.models.importer import import_model as run_import
 from posttrain.platform.models.inspect import ModelDirError
@@ -159,6 +165,38 @@ class DeployConfig(BaseModel):
     start_timeout_s: float = Field(default=600.0, gt=0)
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
     llamacpp_overrides: dict[str, Any] = Field(default_factory=dict, description="LlamaCppProfile fields (engine=llamacpp)")
+    allow_regression: bool = Field(default=False, description="deploy a model whose general check fell beyond 2 paired "
+                                   "SEs below the model it was trained from (refused otherwise); the audit log records "
+                                   "who overrode it")
+
+
+class RegressionRefused(JobConfigError):
+    """A deploy of a model whose general check regressed, without ``allow_regression``."""
+
+
+def check_regression(config: DeployConfig, model: Any) -> GeneralCheck | None:
+    """The registered ``model``'s general check when it regressed and ``config`` overrides that (None: nothing to
+    override); :class:`RegressionRefused` naming the model, the drop and the flag when it regressed and the deploy
+    did not say ``allow_regression``."""
+    check = GeneralCheck.of(model)
+    if (refusal := deploy_refusal(config.model, check, config.allow_regression)) is not None:
+        raise RegressionRefused(refusal)
+    return check if check is not None and check.regressed else None
+
+
+def admit_deploy(identity: Identity, config: DeployConfig, url: str | None) -> list[Admitted]:
+    """The gate before deploy, when the job is submitted (the console, the CLI and a config all submit through it):
+    a regressed model is refused unless the deploy says ``allow_regression``, and then the override is audited as
+    ``deploy.allow_regression`` under the submitter's name. An unknown model is left to the job, which names it."""
+    try:
+        model = get_model(config.model, url=url)
+    except ModelNotFound:
+        return []
+    overridden = check_regression(config, model)
+    if overridden is None:
+        return []
+    return [Admitted("deploy.allow_regression", config.model, {"tier": config.tier, "drop": overridden.drop(),
+                                                                "general_check": overridden.as_meta()})]
 
 
 def free_port(host: str) -> int:
@@ -257,13 +295,14 @@ def _update(deployment_id: int, url: str, **values: Any) -> None:
 
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
-    from posttrain.platform.serving.launcher import LaunchError, ServerProcess
+    from posttrain.platform.serving.launcher import LaunchError, LogLines, ServerProcess
     from posttrain.platform.serving.vllm import server_env
 
     try:
         model = get_model(config.model, url=ctx.url)
     except ModelNotFound as exc:
         raise BadInput(str(exc)) from None
+    check_regression(config, model)  # also where a run measured the model after the deploy was queued
     port = config.port or free_port(config.host)
     base_url = f"http://{config.host}:{port}"
     engine, command = server_command(config, model, port, ctx.settings, ctx.identity, url=ctx.url,
@@ -279,7 +318,8 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
     ctx.log.info("starting %s", " ".join(command))
     ctx.progress(None, f"starting {engine} server for {config.model} ({config.tier})", force=True)
     env = server_env(cpu_threads=ctx.settings.job_threads) if engine == "vllm" else None
-    server = ServerProcess(command, base_url, env=env, on_log=lambda line: print(line, flush=True))
+    lines = LogLines(lambda line: print(line, flush=True))  # the job's log without the health and metrics polls
+    server = ServerProcess(command, base_url, env=env, on_log=lines)
     try:
         server.start(timeout_s=config.start_timeout_s)
     except LaunchError as exc:
@@ -302,7 +342,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
                     raise RuntimeError(f"the server exited with code {code}, its {len(restarts)}th exit within "
                                        f"{RESTART_WINDOW_S:.0f}s; not restarting it again. Its log is this job's log")  # fmt: skip
                 ctx.log.warning("the server exited with code %s; restarting it (restart %d)", code, len(restarts))
-                server = ServerProcess(command, base_url, env=env, on_log=lambda line: print(line, flush=True))
+                server = ServerProcess(command, base_url, env=env, on_log=lines)
                 try:
                     server.start(timeout_s=config.start_timeout_s)
                 except LaunchError as exc:
@@ -315,7 +355,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
     finally:
         code = server.stop(timeout_s=max(1.0, ctx.settings.cancel_grace_s - 2.0))
         _update(deployment_id, ctx.url, status="stopped", healthy=False)
-        ctx.log.info("server stopped with code %s", code)
+        ctx.log.info("server stopped with code %s; it answered %d health and metrics polls (not logged)", code, lines.polls)
     return {"deployment_id": deployment_id, "url": base_url}
 
 
@@ -351,6 +391,7 @@ register(
         description="Serve a registered model in a speed tier (embedded engine, llama.cpp or vLLM) until cancelled.",
         resumable=True,
         max_attempts=5,
+        admit=admit_deploy,
     )
 )
 

@@ -7,6 +7,7 @@ embedded engine's ``python -m posttrain.platform.serving.server ...``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,6 +18,26 @@ from types import TracebackType
 import httpx
 
 from posttrain.platform.supervise import Supervised
+
+
+POLL = re.compile(r"\bGET /(?:health|metrics)\b[^\n]*\b200\b")
+"""A line an engine's server logs for a health or metrics poll it answered (uvicorn's access log, as the embedded
+engine and vLLM write it, and llama-server's request log): the deploy job's own checks and the gateway's, every few
+seconds for the deployment's whole life."""
+
+
+class LogLines:
+    """``on_log`` for a server whose log goes into a job's: every line but the polls it answered (a failed poll is
+    kept), which are counted (``polls``) instead."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit, self.polls = emit, 0
+
+    def __call__(self, line: str) -> None:
+        if POLL.search(line):
+            self.polls += 1
+        else:
+            self.emit(line)
 
 
 class LaunchError(RuntimeError):

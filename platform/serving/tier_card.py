@@ -7,11 +7,12 @@ when ``llama-server`` is built, vLLM plain, with n-gram speculation and with an 
 installed), then measures them in turn, in interleaved rounds so that the machine's drift lands on all:
 
 - speed: time to the first token of a streamed reply, and completion tokens per second of whole requests, one
-  at a time and four at a time, on short chat prompts (each variant's best round counts);
+  at a time and four at a time, on short chat prompts (each variant's best round, and beside it the median of its
+  rounds, each against the standard tier's: best against best, median against median);
 - quality: greedy answers to a fixed mixed task set (held-out procedural tasks of several domains and, when
   given, a task set's eval split such as document QA), graded by the tasks' own verifiers: pass@1 with its
   standard error, and the difference from the standard tier, paired task by task, with the difference's
-  standard error. A tier whose pass@1 falls more than twice that below standard's is flagged.
+  standard error (clustered by source where tasks share one: a document's questions). A tier whose pass@1 falls more than twice that below standard's is flagged.
 
 The ``measure_tiers`` job runs it for a registered model (the Models & Serving page shows the last one as the
 tier card, beside the gateway's routing rules); ``bench/tiers.py`` runs it on the built-in model.
@@ -32,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.auth import Identity
 from posttrain.platform.serving.profiles import Engine
+from posttrain.platform.stats import fell_beyond, paired_difference
+from posttrain.platform.tasks.heldout import task_source
 from posttrain.platform.verifiers import TaskSpec
 
 STANDARD = "standard"
@@ -69,7 +72,8 @@ class MeasureTiersConfig(BaseModel):
     task_set_tasks: int = Field(default=32, ge=1, le=10000)
     max_tokens: int = Field(default=64, ge=1, le=4096, description="at most this many tokens an answer")
     speed_max_tokens: int = Field(default=64, ge=8, le=1024)
-    rounds: int = Field(default=2, ge=1, le=10, description="interleaved speed rounds (each variant's best counts)")
+    rounds: int = Field(default=2, ge=1, le=10, description="interleaved speed rounds (each variant's best and their "
+                        "median are reported)")
     seed: int = 0
 
 
@@ -161,16 +165,32 @@ def answer_tasks(client: httpx.Client, base: str, model: str, tasks: Sequence[Ta
         return list(pool.map(one, tasks))
 
 
-def quality(passed: Sequence[bool], standard: Sequence[bool]) -> dict[str, Any]:
-    """pass@1 and its standard error; the paired difference from standard's and its standard error; the flag."""
-    n = len(passed)
-    p = sum(passed) / n
-    diffs = [float(a) - float(b) for a, b in zip(passed, standard)]
-    delta = statistics.fmean(diffs)
-    delta_se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else 0.0
-    return {"pass_at_1": p, "pass_at_1_se": math.sqrt(p * (1 - p) / n), "tasks": n,
-            "quality_delta_vs_standard": delta, "quality_delta_se": delta_se,
-            "quality_flag": delta < -2 * delta_se if delta_se > 0 else delta < 0}  # fmt: skip
+def quality(passed: Sequence[bool], standard: Sequence[bool], clusters: Sequence[str] | None = None) -> dict[str, Any]:
+    """pass@1 and its standard error; the paired difference from standard's and its standard error (clustered by
+    ``clusters``, each task's source, where given); the flag: below standard's beyond twice that SE."""
+    d = paired_difference(standard, passed, clusters)
+    return {"pass_at_1": d.b, "pass_at_1_se": math.sqrt(d.b * (1 - d.b) / d.tasks), "tasks": d.tasks,
+            "quality_delta_vs_standard": d.delta, "quality_delta_se": d.se,
+            "quality_flag": fell_beyond(d.delta, d.se)}  # fmt: skip
+
+
+def speed_figures(rounds: Sequence[dict[str, Any]], standard: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A variant's speed over its rounds (:func:`measure_speed`'s results): the best round's tokens/s and the median
+    of the rounds', one and four streams, each set against the standard tier's rounds the same way (best against best,
+    median against median), every round's figures, and the median time to the first token."""
+    def best_and_median(of: Sequence[dict[str, Any]], key: str) -> tuple[float, float]:
+        values = [r[key] for r in of]
+        return max(values), statistics.median(values)
+
+    (best_1, median_1), (best_4, median_4) = best_and_median(rounds, "tokens_per_s_1"), best_and_median(rounds, "tokens_per_s_4")
+    base_best, base_median = best_and_median(standard, "tokens_per_s_1")
+    return {"tokens_per_s_1": round(best_1, 1), "tokens_per_s_4": round(best_4, 1),
+            "tokens_per_s_1_median": round(median_1, 1), "tokens_per_s_4_median": round(median_4, 1),
+            "ttft_p50_ms": round(statistics.median([ms for r in rounds for ms in r["ttft_ms"]]), 1),
+            "speedup_1_vs_standard": round(best_1 / base_best, 2),
+            "speedup_1_vs_standard_median": round(median_1 / base_median, 2),
+            "rounds_tokens_per_s_1": [round(r["tokens_per_s_1"], 1) for r in rounds],
+            "rounds_tokens_per_s_4": [round(r["tokens_per_s_4"], 1) for r in rounds]}  # fmt: skip
 
 
 def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any, tasks: Sequence[TaskSpec], *,
@@ -225,20 +245,13 @@ def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any,
         client.close()
         for server, _, _ in servers.values():
             server.stop()
-    standard = speed[STANDARD]
-    base_1 = max(s["tokens_per_s_1"] for s in standard)
+    sources = [task_source(t) for t in tasks]
     tiers = []
     for v in variants:
-        rounds = speed[v.name]
-        ttft = [ms for s in rounds for ms in s["ttft_ms"]]
-        best_1, best_4 = max(s["tokens_per_s_1"] for s in rounds), max(s["tokens_per_s_4"] for s in rounds)
         tiers.append({
             "name": v.name, "tier": v.tier, "engine": servers[v.name][1], "vllm_overrides": v.vllm_overrides,
-            "tokens_per_s_1": round(best_1, 1), "tokens_per_s_4": round(best_4, 1),
-            "ttft_p50_ms": round(statistics.median(ttft), 1), "speedup_1_vs_standard": round(best_1 / base_1, 2),
-            "rounds_tokens_per_s_1": [round(s["tokens_per_s_1"], 1) for s in rounds],
-            "rounds_tokens_per_s_4": [round(s["tokens_per_s_4"], 1) for s in rounds],
-            **{k: round(x, 4) if isinstance(x, float) else x for k, x in quality(passed[v.name], passed[STANDARD]).items()},
+            **speed_figures(speed[v.name], speed[STANDARD]),
+            **{k: round(x, 4) if isinstance(x, float) else x for k, x in quality(passed[v.name], passed[STANDARD], sources).items()},
         })  # fmt: skip
     domains = sorted({t.domain for t in tasks})
     return {"model": model.name, "tasks": len(tasks), "domains": domains, "max_tokens": config.max_tokens,

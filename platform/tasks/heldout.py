@@ -6,7 +6,8 @@ tasks) with what was trained on?
     check.ok, check.seen_examples  # the eval prompts training saw, for the message
 
 Procedural tasks compare normalised prompt hashes; document tasks compare their source span
-(``provenance["span"]``: two questions on one table row or one sentence share it).
+(``provenance["span"]``: two questions on one table row or one sentence share it). :func:`task_source` names
+what a task shares with others beyond that (its document, a repair task's function): the cluster of a paired SE.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ from posttrain.platform.verifiers.models import TaskSpec
 def held_out_key(task: TaskSpec) -> str:
     span = task.provenance.get("span")
     return f"span:{span}" if span else f"prompt:{prompt_hash(task.prompt_text)}"
+
+
+def task_source(task: TaskSpec) -> str:
+    """The source a task shares with the tasks it is not independent of, the cluster of a paired SE
+    (:func:`posttrain.platform.stats.paired_difference`): its document (the questions of one document), the
+    function a code-repair task is about (its tasks, whatever the defect, stand or fall with the function), else
+    the task itself."""
+    document = task.provenance.get("document_id")
+    if document:
+        return f"document:{document}"
+    entry = task.verifier.spec.get("entry_point") if task.metadata.get("files") else None
+    if entry:
+        return f"function:{entry}"
+    return f"task:{task.task_id or held_out_key(task)}"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from posttrain.platform.tasks.domains import generate, list_domains, prompt_spac
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
 from posttrain.platform.tasks.importers import TaskImportError, import_humaneval, import_jsonl
 from posttrain.platform.verifiers import TaskSpec, VerifierSpecError, validate_task
+from posttrain.platform.verifiers.forgeable_tests import mutation_report
 
 
 class ProceduralSource(BaseModel):
@@ -158,6 +159,12 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
                             "no eval tasks: %s (build at a higher difficulty to evaluate them)",
                             len(missing), config.source.difficulty, ", ".join(missing))  # fmt: skip
             result["domains_without_eval_split"] = missing
+    if isinstance(config.source, (JsonlSource, HumanEvalSource)):  # imported code tasks, checked by the importers
+        result.update(mutation_report(specs))
+    if result.get("tests_forgeable_by_mutation"):
+        ctx.log.warning("%d test(s) of %d code task(s) read an argument again after passing it to the program, so code "
+                        "that rewrites it in place can pass them: %s", result["tests_forgeable_by_mutation"],
+                        result["tasks_with_tests_forgeable_by_mutation"], "; ".join(result["forgeable_by_mutation"][:5]))
     return result
 
 

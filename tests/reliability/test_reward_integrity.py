@@ -395,6 +395,101 @@ def test_no_name_the_program_binds_stands_in_for_a_builtin_or_a_prompt_helper(ve
     assert not forged, (verdicts[0].details, verdicts[1].details)
 
 
+# ----------------------------------------------------------------------------- requests that end the tests' loops
+# Held out from the attacks the issue reported (``all(map(lambda x: f(x)[0] == x, xs))`` against item, len, bool in
+# filter, attribute and str): other tests and other objects, one request kind each. The honest object answers wrong;
+# the hostile one raises StopIteration (or StopAsyncIteration) answering the request instead, which inside the
+# test's own ``map``, ``filter``, ``zip``, ``min(..., default=)`` or ``next(it, default)`` would end the loop and pass
+# the assertion. The hostile completion must score what the honest one does.
+
+
+def _answers(dunders: str) -> str:
+    """``f(x)`` returns an object of a class with these methods (``x`` kept as ``self.x``)."""
+    return f"class R:\n    def __init__(self, x):\n        self.x = x\n{textwrap.indent(textwrap.dedent(dunders), '    ')}" \
+           "def f(x):\n    return R(x)\n"
+
+
+REQUEST_CASES: list[tuple[str, str, str, str, int]] = [
+    # (request kind, tests, the honest method's signature, its body, the argument of the first test)
+    ("item", "assert f(1)[0] == 1\nassert all(map(lambda x: f(x)[1] == 2 * x, [2, 3, 4]))\n",
+     "__getitem__(self, i)", "return self.x if i == 0 else -1", 1),
+    ("len", "assert len(f(1)) == 1\nassert not any(map(lambda x: len(f(x)) != x, [5, 6]))\n",
+     "__len__(self)", "return 1", 1),
+    ("bool in filter", "assert f(1)\nassert not list(filter(lambda x: not f(x), [-4, 0, 9]))\n",
+     "__bool__(self)", "return self.x == 1", 1),
+    ("attribute", "assert f(1).value == 1\nassert next(filter(lambda x: f(x).double != 2 * x, [3, 7]), None) is None\n",
+     "__getattr__(self, name)", "return self.x if name == 'value' else 0", 1),
+    ("str", "assert str(f(1)) == '1'\nassert min(map(lambda x: str(f(x)) == hex(x), [10, 11]), default=True)\n",
+     "__str__(self)", "return str(self.x)", 1),
+    ("repr", "assert repr(f(1)) == 'R(1)'\nassert all(a == b for a, b in zip(map(lambda x: repr(f(x)), [2, 3]), ['R(2)', 'R(3)']))\n",
+     "__repr__(self)", "return 'R(1)'", 1),
+    ("int", "assert int(f(1)) == 1\nassert sum(map(lambda x: abs(int(f(x)) - x * x), [2, 3])) == 0\n",
+     "__int__(self)", "return self.x", 1),
+    ("index", "assert [10, 20, 30][f(0)] == 10\nassert all(map(lambda x: 'abcd'[f(x)] == 'dcba'[x], [1, 2]))\n",
+     "__index__(self)", "return 0", 0),
+    ("float", "assert float(f(2)) == 1.0\nassert all(map(lambda x: float(f(x)) == x / 2, [3, 5]))\n",
+     "__float__(self)", "return 1.0", 2),
+    ("contains", "assert 1 in f(1)\nassert all(map(lambda x: x + 1 in f(x), [4, 8]))\n",
+     "__contains__(self, v)", "return v == self.x", 1),
+    ("iteration", "assert list(f(1)) == [1]\nassert all(map(lambda x: sorted(f(x)) == [0, x], [2, 3]))\n",
+     "__iter__(self)", "return iter([self.x])", 1),
+    ("call through zip", "assert f(1).x == 1\nassert all(a == b for a, b in zip(map(lambda x: f(x)(), [2, 3]), [4, 9]))\n",
+     "__call__(self)", "return self.x", 1),
+]
+
+
+@pytest.mark.parametrize("kind", [case[0] for case in REQUEST_CASES])
+def test_no_request_of_the_tests_ends_their_loop_early(kind: str, service: VerifierService, pool: SandboxPool,
+                                                       reliability: Reliability) -> None:
+    tests, method, body, first = next((t, m, b, a) for k, t, m, b, a in REQUEST_CASES if k == kind)
+    honest = _answers(f"def {method}:\n    {body}\n")
+    # as honest on the first test's object; StopIteration instead of every wrong answer
+    hostile = _answers(f"def {method}:\n    if self.x != {first}:\n        raise StopIteration\n    {body}\n")
+    task = code_task(tests)
+    verdicts = service.verify_batch([task, task], [honest, hostile], context=VerifyContext(sandbox_pool=pool))
+    assert not any(v.is_infra_error for v in verdicts), [v.details for v in verdicts]
+    assert verdicts[0].score == pytest.approx(0.5), verdicts[0].details  # the first test right, the loop's test wrong
+    forged = verdicts[1].score != verdicts[0].score
+    reliability.inputs(f"reward_integrity.request_kinds.{kind}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    assert not forged, (verdicts[0].details, verdicts[1].details)
+    assert "StopIteration from" in verdicts[1].details, verdicts[1].details
+
+
+def test_the_end_of_the_code_s_iterator_is_still_the_end_for_next(service: VerifierService, pool: SandboxPool) -> None:
+    """``next`` is the one request whose StopIteration means what it says: the code's iterator is exhausted."""
+    tests = "it = f(2)\nassert next(it) == 0\nassert next(it) == 1\nassert next(it, 'end') == 'end'\n"
+    verdict = service.verify(code_task(tests), "def f(n):\n    return iter(range(n))\n", context=VerifyContext(sandbox_pool=pool))
+    assert verdict.passed, verdict.details
+
+
+# ----------------------------------------------------------------------------- modules the tests read without importing
+
+MODULE_CASES = [  # (vector, tests, honest wrong completion, the module the program binds in its place)
+    ("math without import", "assert math.isclose(f(0.5), 1.5)\nassert math.isclose(f(2.0), 3.0)\n",
+     "def f(x):\n    return x + 1 if x < 1 else 0.0\n", "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n"),
+    ("string without import", "assert f('a') == string.ascii_lowercase[1]\nassert f('y') == string.ascii_lowercase[25]\n",
+     "def f(c):\n    return 'b'\n", "import types\nstring = types.SimpleNamespace(ascii_lowercase='bbbbbbbbbbbbbbbbbbbbbbbbbb')\n"),
+    ("statistics without import", "assert f([1, 2, 3]) == statistics.mean([1, 2, 3])\nassert f([4, 4, 10]) == statistics.mean([4, 4, 10])\n",
+     "def f(xs):\n    return 2\n", "class statistics:\n    mean = staticmethod(lambda xs: 2)\n"),
+    ("operator without import (a function of it passed to the code)",
+     "assert f(operator.add, 2, 3) == 5\nassert f(operator.mul, 2, 3) == 6\n",
+     "def f(op, a, b):\n    return a * b if op == 'mul' else a + b\n", "operator = type('operator', (), {'add': 'add', 'mul': 'mul'})\n"),
+]
+
+
+@pytest.mark.parametrize("vector", [case[0] for case in MODULE_CASES])
+def test_a_module_the_tests_read_is_the_grader_s_own_import(vector: str, service: VerifierService, pool: SandboxPool,
+                                                            reliability: Reliability) -> None:
+    tests, honest, module = next((t, h, m) for v, t, h, m in MODULE_CASES if v == vector)
+    task = code_task(tests)
+    verdicts = service.verify_batch([task, task], [honest, honest + module], context=VerifyContext(sandbox_pool=pool))
+    assert not any(v.is_infra_error for v in verdicts), [v.details for v in verdicts]
+    assert verdicts[0].score == pytest.approx(0.5), verdicts[0].details
+    forged = verdicts[1].score != verdicts[0].score
+    reliability.inputs(f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    assert not forged, (verdicts[0].details, verdicts[1].details)
+
+
 def test_right_solutions_still_read_the_prompt_helpers_and_the_program_s_own_names(service: VerifierService, pool: SandboxPool) -> None:
     """The prompt's own encode_cyclic (from the prelude, or the tests of repair.humaneval), a class of the program's
     that the tests use, and a program that rebinds a builtin the tests read for themselves."""
@@ -403,7 +498,10 @@ def test_right_solutions_still_read_the_prompt_helpers_and_the_program_s_own_nam
     controls = [(he38, he38.reference or ""), (decode, decode.reference or ""),
                 (code_task("assert Box(2).f(1) == 3\n"), "class Box:\n    def __init__(self, n):\n        self.n = n\n"
                                                          "    def f(self, x):\n        return x + self.n\n"),
-                (code_task("assert sum(f(x) for x in [1, 2]) == 5\n"), "def f(x):\n    return x + 1\nsum = lambda *a: 0\n")]
+                (code_task("assert sum(f(x) for x in [1, 2]) == 5\n"), "def f(x):\n    return x + 1\nsum = lambda *a: 0\n"),
+                (code_task("assert math.floor(f(1.5)) == 2\n"), "import math\ndef f(x):\n    return x + 1\nmath = None\n"),
+                (TaskSpec(domain="test.reward_integrity", prompt="write copy(xs)", verifier={"kind": "code", "spec": {
+                    "tests": "assert copy([1]) == [1, 1]\n", "entry_point": "copy"}}), "def copy(xs):\n    return xs * 2\n")]
     verdicts = service.verify_batch([t for t, _ in controls], [c for _, c in controls], context=VerifyContext(sandbox_pool=pool))
     assert all(v.passed for v in verdicts), [v.details for v in verdicts]
 

@@ -243,9 +243,9 @@ class ProcessRollouts:
         self.rollout_threads, self.learner_threads = thread_split(config)
         self._context = _context()
         self._device = str(next(model.parameters()).device)
-        if isinstance(source, (str, Path)) and config.lora is None:
+        if isinstance(source, (str, Path)) and config.lora is None and config.chat_template is None:
             self._recipe: str | tuple[Any, Any] = str(Path(source).resolve())
-        else:  # no directory holds these weights' architecture (a given model, LoRA): ship the model once
+        else:  # no directory holds these weights' architecture (a given model, LoRA) or the run's template: ship the model once
             self._recipe = (frozen_copy(model).to("cpu"), setup.tokenizer)
         self.weights = SharedWeights(model.state_dict(), self._context.Lock())
         self.weights.publish(model.state_dict(), setup.version)

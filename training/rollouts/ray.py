@@ -182,9 +182,9 @@ class RayRollouts:
             self._store = _remote(WeightStore).options(
                 num_cpus=0, max_restarts=-1, name=f"posttrain-weights-{self.run_id}").remote()
             self._put_weights(model, version)
-            if isinstance(source, (str, Path)) and config.lora is None:
+            if isinstance(source, (str, Path)) and config.lora is None and config.chat_template is None:
                 self._recipe: Any = str(Path(source).resolve())
-            else:  # no directory holds these weights' architecture (a given model, LoRA): ship the model
+            else:  # no directory holds these weights' architecture (a given model, LoRA) or the run's template: ship the model
                 self._recipe = ray.put((frozen_copy(model).to("cpu"), tokenizer))
             self._workers = [self._spawn_worker(i, 0) for i in range(spec.workers)]
             self._verifiers = [self._spawn_verifier(i, 0) for i in range(spec.verifier_actors)]

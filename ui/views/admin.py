@@ -123,7 +123,7 @@ with left, st.form("create_key", clear_on_submit=True):
             st.error(str(exc))
         else:  # shown in this run only: the next rerun no longer has it
             st.success(f"Created {api_keys.shown(made.key.key_id)} ({made.key.name}). Copy it now; it is not shown again.")
-            st.code(made.secret, language="text")
+            st.code(made.secret, language="text", wrap_lines=True)  # whole inside the half-width card, never cut at its edge
 keys = api_keys.list_keys(me())
 active = {k.key_id: k for k in keys if k.revoked_at is None}
 with right, st.container(border=True):

@@ -19,7 +19,9 @@ from posttrain.platform.jobs.registry import JobConfigError, read_result
 from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.exporter import serve_elsewhere
-from posttrain.platform.models.registry import ModelNotFound, export_download, list_models, register_model
+from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
+from posttrain.platform.models.downloads import export_link
+from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
 from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
 from posttrain.platform.serving.client import ChatError, chat_as, chat_with_tools, prometheus_values
 from posttrain.platform.serving.tiers import save_tiers, tier_catalog
@@ -52,16 +54,21 @@ def submit(kind: str, config: dict) -> None:
         st.success(f"Queued {kind} job {job_id}; follow it on the Jobs page.")
 
 
+settings = get_settings()
+gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"  # API clients' endpoint; it streams exports too
+
 # --- registry -------------------------------------------------------------------------------
 st.subheader("Models")
 models = list_models()
 names = {m.id: m.name for m in models}
+general = {m.name: GeneralCheck.of(m) for m in models}  # the general check beside the model each was trained from
 if models:
     st.dataframe(
         pd.DataFrame(
             [
                 {"model": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id, ""),
-                 "from job": m.produced_by_job_id, "vision": m.meta.get("is_vision", False), "source": m.meta.get("source", ""),
+                 "from job": m.produced_by_job_id, "general check": general[m.name].short() if general[m.name] else "not measured",
+                 "vision": m.meta.get("is_vision", False), "source": m.meta.get("source", ""),
                  "licence": m.meta.get("licence", ""), "path": m.path, "registered": m.created_at}
                 for m in models
             ]  # fmt: skip
@@ -69,6 +76,13 @@ if models:
         hide_index=True,
         width="stretch",
     )
+    for m in models:  # a trained model whose general check fell beyond 2 paired SEs: said with the figure
+        if (check := general[m.name]) is not None and check.regressed:
+            st.warning(f"**{m.name}**: {check.describe()}, beyond 2 SE (job {check.job_id}). Deploying it asks for a "
+                       "confirmation, recorded in the audit log.", icon=":material/trending_down:")  # fmt: skip
+    st.caption("General check: each trained model beside the model it was trained from on the held-out tasks of "
+               "domains its run never trained on, paired task by task (points ± paired SE); REGRESSED: it fell beyond "
+               "2 SE, and deploying it needs a confirmation. Not measured: no run compared it.")  # fmt: skip
     for m in models:  # where an imported built-in came from, and the terms it is used under
         if m.meta.get("provenance"):
             st.caption(f"**{m.name}**: {m.meta['provenance']}; licence: {m.meta.get('licence', 'not recorded')}"
@@ -78,6 +92,31 @@ else:
             "Face directory, or build a small one locally.")
 
 model_names = [m.name for m in models]
+
+
+def deploy_confirmation(key: str) -> None:
+    """The gate before deploy in the console: a deploy config waiting in ``st.session_state[key]`` for a model whose
+    general check regressed, shown with the drop, submitted with ``allow_regression`` only once confirmed (the platform
+    refuses it otherwise, and audits the override under the user's name)."""
+    pending = st.session_state.get(key)
+    if not pending:
+        return
+    check = general.get(pending["model"])
+    st.warning(f"**{pending['model']}**: {check.describe() if check else NOT_MEASURED}, beyond 2 SE. "
+               "Deploy it anyway? The override is recorded in the audit log under your name.", icon=":material/warning:")
+    c1, c2 = st.columns(2)
+    if c1.button(f"Deploy {pending['model']} despite the drop", key=f"{key}_confirm", type="primary"):
+        try:
+            job_id = queue.submit(me(), "deploy", {**pending, "allow_regression": True})
+        except (JobConfigError, PermissionError) as exc:
+            st.error(str(exc))
+        else:
+            st.session_state.pop(key)
+            flash(f"Queued deploy job {job_id} of {pending['model']} (its general check's drop allowed, audited); "
+                  "follow it on the Jobs page.")
+    elif c2.button("Cancel", key=f"{key}_cancel"):
+        st.session_state.pop(key)
+        st.rerun()
 
 
 def first_choice(options: list[str], preferred: str = DEFAULT_MODEL) -> int:
@@ -161,7 +200,13 @@ with deploy_tab, st.form("deploy"):
             config["engine"] = dep_engine
         if max_len:
             config["max_model_len"] = int(max_len)
-        submit("deploy", config)
+        if (check := general.get(dep_model)) is not None and check.regressed:
+            st.session_state["deploy_pending"] = config  # the gate: confirmed below before it is submitted
+        else:
+            st.session_state.pop("deploy_pending", None)
+            submit("deploy", config)
+with deploy_tab:
+    deploy_confirmation("deploy_pending")
 with export_tab:
     with st.form("export_model"):
         c1, c2, c3 = st.columns(3)
@@ -186,14 +231,13 @@ with export_tab:
         if where.exists():
             archive = where.is_dir()
             size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if archive else where.stat().st_size
-            # the archive is built on click, in a thread of the server outside this script run: it takes the
-            # identity, model and path as they are now (the session's state is not reachable from there)
-            who, model, path = me(), picked["model"], picked["path"]
-            st.download_button(f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
-                               data=lambda: export_download(who, model, path),
-                               file_name=f"{where.name}.tar" if archive else where.name,
-                               mime="application/x-tar" if archive else "application/octet-stream", key="download_export",
-                               on_click="ignore", disabled=not operator, help=None if operator else "operators download exports")
+            # streamed by the gateway from disk under a signed link good for an hour (the page signs a new one on every
+            # run): the console never holds a model's weights in memory, and the download starts at once
+            link = export_link(me(), picked["model"], picked["path"]) if operator else None
+            st.link_button(f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
+                           f"{gateway_url}{link}" if link else gateway_url, disabled=link is None,
+                           help=f"from the gateway ({gateway_url}), which streams it; the link works for an hour"
+                           if link else "operators download exports")
         else:
             st.warning(f"{where} is gone from disk: export the model again to take it away.")
     else:
@@ -251,7 +295,15 @@ with compare_tab:
         chosen = st.selectbox("Comparisons", list(compared), key="compare_open", format_func=lambda job_id: (
             f"job {job_id}: {compared[job_id].arena['a']} vs {compared[job_id].arena['b']} on {compared_on(job_id)}"),
             index=list(compared).index(int(opened)) if opened.isdigit() and int(opened) in compared else 0)  # fmt: skip
-        per_domain_results(compared[chosen].arena, "compare")
+        arena = compared[chosen].arena
+        for compared_model in (arena["a"], arena["b"]):  # each compared model's general check, as its run measured it
+            check = general.get(compared_model)
+            line = f"**{compared_model}**: {check.describe() if check else NOT_MEASURED}"
+            if check is not None and check.regressed:
+                st.warning(f"{line}, beyond 2 SE: deploying it asks for a confirmation", icon=":material/trending_down:")
+            else:
+                st.caption(line)
+        per_domain_results(arena, "compare")
     else:
         st.caption("No comparisons yet.")
 def tier_card_rows(card: dict) -> list[dict]:
@@ -360,7 +412,6 @@ deployments_panel()
 
 # --- playground -----------------------------------------------------------------------------
 st.subheader("Playground")
-settings = get_settings()
 with session(read_only=True) as s:
     serving = s.exec(
         select(Deployment, Model.name).join(Model, col(Model.id) == col(Deployment.model_id)).where(Deployment.status == "running")
@@ -372,13 +423,12 @@ if not operator:
     st.caption("Chatting with a deployment needs the operator role.")
     st.stop()
 
-gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
 route = st.radio(
     "Send requests", ["through the gateway", "straight to the deployment"], horizontal=True, key="pg_route",
     help=f"The gateway ({gateway_url}) is what API clients use; it routes by model and tier.",
 )  # fmt: skip
 # the built-in real model first: it is what a newcomer deployed
-choices = {f"{name} · {d.tier} (#{d.id})": (name, d) for d, name in sorted(serving, key=lambda r: (r[1] != DEFAULT_MODEL, -(r[0].id or 0)))}
+choices = {f"{name} · {d.tier} on {d.engine} (#{d.id})": (name, d) for d, name in sorted(serving, key=lambda r: (r[1] != DEFAULT_MODEL, -(r[0].id or 0)))}
 side_by_side = st.toggle("Two models side by side", key="pg_two")
 picked = st.multiselect(
     "Deployments", list(choices), default=list(choices)[: 2 if side_by_side else 1], max_selections=2 if side_by_side else 1,

@@ -11,7 +11,8 @@ from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains import list_domains, list_families
 from posttrain.platform.tasks.jobs import import_jsonl_upload
 from posttrain.platform.verifiers import VerifierError
-from posttrain.platform.db.models import DocumentStatus, Role
+from posttrain.platform.verifiers.forgeable_tests import METADATA_KEY as FORGEABLE
+from posttrain.platform.db.models import DocumentStatus, JobStatus, Role
 from posttrain.platform.documents import list_documents
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.episodes import is_project
@@ -127,6 +128,33 @@ def overview() -> None:
         hide_index=True,
         width="stretch",
     )
+    recent_builds()
+
+
+def recent_builds() -> None:
+    """The last builds' summaries: tasks made and, for imported code tasks, the tests that code can pass by rewriting
+    an argument in place, each named with its task."""
+    builds = [j for j in queue.list_jobs(kind="build_tasks", limit=10) if j.status is JobStatus.succeeded and j.result]
+    if not builds:
+        return
+    st.markdown("**Recent builds**")
+    st.dataframe(
+        pd.DataFrame([{"job": j.id, "task set": j.config.get("task_set"), "source": j.config.get("source", {}).get("type"),
+                       "tasks": j.result.get("tasks"), "tests forgeable by mutation": j.result.get("tests_forgeable_by_mutation"),
+                       "finished": j.finished_at} for j in builds]),  # fmt: skip
+        hide_index=True,
+        width="stretch",
+    )
+    for job in builds:
+        lines = job.result.get("forgeable_by_mutation") or []
+        if lines:
+            n, tasks = job.result.get("tests_forgeable_by_mutation"), job.result.get("tasks_with_tests_forgeable_by_mutation")
+            with st.expander(f"Build job {job.id} ({job.config.get('task_set')}): {n} test(s) in {tasks} task(s) are "
+                             "forgeable by mutation"):
+                st.caption("Each reads an argument again after passing it to the program, so code that rewrites the "
+                           "argument in place can pass it. Python allows that, and the grader keeps it; fix the tests "
+                           "(pass a copy, or compute the expected value first) to close it.")
+                st.markdown("\n".join(f"- {line}" for line in lines))
 
 
 overview()
@@ -161,7 +189,8 @@ tasks = store.load_tasks(
 if not tasks:
     st.info("No tasks on this page.")
     st.stop()
-labels = {t.id: f"#{t.id} [{t.spec.split}] {t.spec.prompt_text[:80]}" for t in tasks}
+labels = {t.id: f"#{t.id} [{t.spec.split}]{' [forgeable by mutation]' if t.spec.metadata.get(FORGEABLE) else ''} "
+             f"{t.spec.prompt_text[:80]}" for t in tasks}
 task_id = st.selectbox("Task", list(labels), format_func=labels.get, key="browse_task")
 task = next(t for t in tasks if t.id == task_id)
 spec = task.spec
@@ -174,6 +203,10 @@ with left:
             st.text(message.text)
     st.markdown(f"**Reference answer** ({spec.verifier.kind} verifier)")
     st.code(spec.reference or "(none)", language="text")
+    if flags := spec.metadata.get(FORGEABLE):
+        st.warning(f"Forgeable by mutation: {len(flags)} of this task's tests can be passed by code that rewrites an "
+                   "argument in place (the grader keeps such changes, as Python does).\n\n"
+                   + "\n".join(f"- test {f['test'] + 1}: `{f['code']}` {f['reason']}" for f in flags))
 with right:
     st.markdown("**Verifier spec**")
     yaml_block(spec.verifier.spec)

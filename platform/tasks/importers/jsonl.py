@@ -6,6 +6,9 @@ Each line is an object::
      "answer": "4",                                   # the reference answer (or "reference")
      "verifier": {"kind": "numeric", "spec": {"value": 4}},
      "split": "train", "id": "optional", "metadata": {...}}
+
+A code task's tests that the program could pass by rewriting an argument in place are recorded in
+its metadata (:mod:`posttrain.platform.verifiers.forgeable_tests`), whatever the line's own metadata says.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain.platform.verifiers.errors import UnknownVerifierError, VerifierSpecError
+from posttrain.platform.verifiers.forgeable_tests import flag_tasks
 from posttrain.platform.verifiers.models import ChatMessage, Split, TaskSpec, VerifierRef
 from posttrain.platform.verifiers.registry import validate_spec
 
@@ -104,7 +108,7 @@ def parse_jsonl_lines(lines: Iterable[str], *, domain: str, source: str = "<json
         )
     if errors:
         raise TaskImportError(source, errors)
-    return tasks
+    return flag_tasks(tasks)
 
 
 def import_jsonl(path: str | Path, *, domain: str | None = None) -> list[TaskSpec]:

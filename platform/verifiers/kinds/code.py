@@ -45,8 +45,11 @@ What the tests see of the program is its entry point and the names they read tha
 class of the program's they construct); never anything else it binds. Builtins are the grading
 interpreter's own, and the prompt's helpers (HumanEval's ``encode_cyclic``, its imports) run from a clean
 copy of the prelude beside the tests (:func:`prompt_helpers`), so ``abs = lambda x: 0``, ``def range(*a)``
-or a redefined helper in the completion changes nothing the tests read. A ``StopIteration`` raised by the
-program's function is an error of that call, never the end of the caller's loop.
+or a redefined helper in the completion changes nothing the tests read. A standard-library module the tests
+read without importing it (``math.isclose`` with no ``import math``) is the grader's own import, never the
+program's ``math``. A ``StopIteration`` raised by the program's code answering a call, an item, an attribute,
+``len``, ``bool``, ``str`` or any other request but ``next`` is an error of the code, never the end of the
+caller's loop.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import marshal
 import re
 import secrets
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -325,14 +329,23 @@ def _names_read_and_bound(*trees: ast.AST) -> tuple[set[str], set[str]]:
     return read, bound
 
 
-def _program_names(entry_point: str | None, *trees: ast.AST) -> tuple[str, ...]:
+def _program_names(entry_point: str | None, *trees: ast.AST) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What the tests take from the graded program: the entry point, and each name they read that nothing
-    else defines (a class or helper of the program's that the tests use). Never a builtin's name, nor one the
-    tests or the prompt's helpers bind: those come from the clean copies, so no name the program binds can
-    stand in for them."""
+    else defines (a class or helper of the program's that the tests use); and the standard-library modules
+    they read without importing (``math.isclose`` with no ``import math``), which the plan imports for them.
+    Never a builtin's or a standard-library module's name, nor one the tests or the prompt's helpers bind:
+    those come from the clean copies, so no name the program binds can stand in for them."""
     read, bound = _names_read_and_bound(*trees)
-    taken = {n for n in read - bound if not n.startswith("__") and not hasattr(builtins, n)}
-    return tuple(sorted(taken | ({entry_point} if entry_point else set())))
+    free = {n for n in read - bound if not n.startswith("__") and not hasattr(builtins, n) and n != entry_point}
+    modules = free & sys.stdlib_module_names
+    return tuple(sorted(free - modules | ({entry_point} if entry_point else set()))), tuple(sorted(modules))
+
+
+def _imports(modules: tuple[str, ...]) -> list[ast.stmt]:
+    """``try: import m`` ``except ImportError: pass`` for each module: one the sandbox's Python lacks stays
+    undefined (the tests that read it fail), never the program's."""
+    return [ast.Try(body=[ast.Import([ast.alias(m)])], handlers=[ast.ExceptHandler(ast.Name("ImportError", ast.Load()), None, [ast.Pass()])],
+                    orelse=[], finalbody=[]) for m in modules]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -343,7 +356,7 @@ def build_plan(tests: str, test_call: str | None, prelude: str = "", entry_point
     module.body = [s for s in module.body if not _is_future_import(s)]
     helpers = ast.parse(prompt_helpers(prelude, entry_point)) if prelude else ast.Module(body=[], type_ignores=[])
     call_module = ast.parse(test_call) if test_call else None
-    names = _program_names(entry_point, module, helpers, *([call_module] if call_module else []))
+    names, modules = _program_names(entry_point, module, helpers, *([call_module] if call_module else []))
     target = _called_function(call_module) if call_module is not None else None
     definitions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == target]
     # The last definition of the target is the one the call reaches; rewrite it when it asserts.
@@ -372,7 +385,7 @@ def build_plan(tests: str, test_call: str | None, prelude: str = "", entry_point
         labels.append("the test code")
         body = [_counted(ast.If(ast.Constant(True), body or [ast.Pass()], []), 0)]
     guarded = ast.Try(
-        body=[*helpers.body, *body],
+        body=[*_imports(modules), *helpers.body, *body],
         handlers=[
             ast.ExceptHandler(
                 type=ast.Name("__pt_caught", ast.Load()),
