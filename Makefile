@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test venv system-deps llamacpp vllm clean bench
+.PHONY: run test lint venv system-deps llamacpp vllm clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,10 +73,20 @@ run: venv system-deps
 	$(BIN)/posttrain models import builtin:smollm2-135m-instruct
 	$(BIN)/posttrain up
 
+# The habits that keep the tree in shape, first in `make test`: ruff's lint and format check, mypy over platform/ and
+# training/ (through build/mypy/posttrain, a link to the repository root: the package is named posttrain whatever the
+# clone's folder is called) and the import contracts (tests/import_contract.py; the floors are docs/architecture.md's).
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@mkdir -p build/mypy && ln -sfn ../.. build/mypy/posttrain
+	$(BIN)/mypy
+	$(BIN)/python tests/import_contract.py
+
 # Two pytest-xdist workers, each file's tests together on one (module fixtures, tests that follow one another;
 # Ray clusters take turns: tests/ray_cluster.py), handed out in collection order, the longest file first
 # (tests/conftest.py LONGEST_FIRST); PYTEST_ARGS="-n 0" runs the suite in one process.
-test: venv system-deps llamacpp vllm
+test: venv system-deps llamacpp vllm lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every benchmark in turn (BENCHMARKS=... for some); each one's summary goes to

@@ -25,7 +25,7 @@ def _parse_one_thread_at_a_time() -> None:
     bare, turn = _ast.parse, _threading.RLock()  # reentrant: a finalizer that parses may run inside a parse
 
     @_functools.wraps(bare)
-    def parse(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def parse(*args, **kwargs):
         with turn:
             return bare(*args, **kwargs)
 

@@ -68,6 +68,7 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
         def call(*args: Any, **kwargs: Any) -> Any:
             torch.set_num_threads(threads)
             return fn(*args, **kwargs)
+
         return call
 
     saved = sync.sample_groups, Learner.grpo_update
@@ -78,12 +79,25 @@ def stage_threads(rollout: int, update: int) -> Iterator[None]:
         sync.sample_groups, Learner.grpo_update = saved  # type: ignore[method-assign]
 
 
-FIGURES = {None: "pipeline", "code_repair": "pipeline-repair", "tool_use": "pipeline-tool-use"}  # names in bench/results.py
+FIGURES = {
+    None: "pipeline",
+    "code_repair": "pipeline-repair",
+    "tool_use": "pipeline-tool-use",
+}  # names in bench/results.py
 REPAIR_DOMAINS = ["repair.off_by_one", "repair.wrong_operator", "repair.missing_case", "repair.wrong_return"]
 
 
-def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, Any], workdir: Path,
-            ray_address: str | None = None, env: str | None = None, preset: str = "cpu-demo") -> dict[str, Any]:
+def measure(
+    model: str,
+    steps: int,
+    batch: int,
+    group: int,
+    variant: dict[str, Any],
+    workdir: Path,
+    ray_address: str | None = None,
+    env: str | None = None,
+    preset: str = "cpu-demo",
+) -> dict[str, Any]:
     """One run of ``variant``: ``mode`` lockstep (``threads``: rollout and update), pipelined (``backend``
     thread with ``threads``, or process with ``rollout_processes`` and the thread split) or ray."""
     import torch
@@ -99,21 +113,33 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     elif variant.get("rollout_workers"):
         rollout = {"backend": "ray", "workers": variant["rollout_workers"], "address": ray_address, **bound}
     elif variant.get("rollout_processes"):
-        rollout = {"backend": "process", "workers": variant["rollout_processes"], "threads": variant.get("rollout_threads"),
-                   "learner_threads": variant.get("learner_threads"), **bound}
+        rollout = {
+            "backend": "process",
+            "workers": variant["rollout_processes"],
+            "threads": variant.get("rollout_threads"),
+            "learner_threads": variant.get("learner_threads"),
+            **bound,
+        }
     else:
         rollout = {"backend": "thread", **bound}
     update: dict[str, Any] = {
-        "model": model, "max_steps": steps, "output_dir": None, "checkpoint_every": 0,
-        "scheduler": SchedulerConfig(batch_size=batch, seed=0), "group_size": group, "verifier_workers": 1,
+        "model": model,
+        "max_steps": steps,
+        "output_dir": None,
+        "checkpoint_every": 0,
+        "scheduler": SchedulerConfig(batch_size=batch, seed=0),
+        "group_size": group,
+        "verifier_workers": 1,
         "rollout": rollout,
     }
     base = get_preset(preset).grpo
     if env and base.environment.name == env:  # the preset's own environment, every episode of a step at once
         update["environment"] = base.environment.model_copy(update={"concurrency": min(64, batch * group)})
     elif env:  # episodes of an environment: every episode of a step at once, each with its own sandbox
-        update |= {"environment": {"name": env, "max_turns": 3, "concurrency": min(64, batch * group)},
-                   **({"domains": REPAIR_DOMAINS} if env == "code_repair" else {})}
+        update |= {
+            "environment": {"name": env, "max_turns": 3, "concurrency": min(64, batch * group)},
+            **({"domains": REPAIR_DOMAINS} if env == "code_repair" else {}),
+        }
     config = base.updated(**update)
     threads = variant.get("threads", (os.cpu_count() or 1,))
     torch.set_num_threads(threads[-1])
@@ -126,7 +152,8 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     trajectories = sum(m["rollout/groups"] for m in result.metrics) * group
     warm_trajectories = sum(m["rollout/groups"] for m in warm) * group
     return variant | {
-        "steps": steps, "wall_s": round(wall, 2),
+        "steps": steps,
+        "wall_s": round(wall, 2),
         "traj_per_s": round(warm_trajectories / sum(m["time/step_s"] for m in warm), 2),
         "wall_traj_per_s": round(trajectories / wall, 2),
         "learner_busy": round(sum(m["pipeline/learner_busy_frac"] for m in warm) / len(warm), 3),
@@ -136,7 +163,9 @@ def measure(model: str, steps: int, batch: int, group: int, variant: dict[str, A
     }
 
 
-def variants(cores: int, env: str | None = None, threads: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def variants(
+    cores: int, env: str | None = None, threads: int | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(lock-step variants, pipelined variants) for a machine with ``cores`` cores (an environment's
     episodes run on the sync and thread backends only); ``threads``: that torch thread count alone."""
     counts = [threads] if threads else sorted({1, max(1, cores // 2), cores})
@@ -150,8 +179,15 @@ def variants(cores: int, env: str | None = None, threads: int | None = None) -> 
                 # more torch threads than cores: OpenMP's spinning threads then wait for each other's cores
                 # (tried on 2 cores: 1 worker thread + 2 learner threads ran 3-5x slower than 1 + 1)
                 if processes * rollout_threads + learner_threads <= max(cores, 2):
-                    pipelined.append({"mode": "pipelined", "backend": "process", "rollout_processes": processes,
-                                      "rollout_threads": rollout_threads, "learner_threads": learner_threads})
+                    pipelined.append(
+                        {
+                            "mode": "pipelined",
+                            "backend": "process",
+                            "rollout_processes": processes,
+                            "rollout_threads": rollout_threads,
+                            "learner_threads": learner_threads,
+                        }
+                    )
     return lockstep, pipelined
 
 
@@ -161,17 +197,31 @@ def main() -> None:
     from posttrain.training.sft import train_sft
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a model directory (default: build the cpu-demo model and warm it up)")
+    parser.add_argument(
+        "--model", default=None, help="a model directory (default: build the cpu-demo model and warm it up)"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--sft-steps", type=int, default=None)
-    parser.add_argument("--ray", type=int, default=0, metavar="N", help="also measure with N rollout worker actors on Ray")
-    parser.add_argument("--ray-address", default=None, help="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS or a local Ray)")
-    parser.add_argument("--env", default=None, choices=["tool_use", "code_repair"],
-                        help="episodes of this environment (code_repair: the repair.* domains) instead of single completions")
-    parser.add_argument("--preset", default="cpu-demo", help="whose GRPO config (and environment) the runs take; a "
-                        "real-model preset measures its SFT warm-up (made if missing) or --model DIR")
+    parser.add_argument(
+        "--ray", type=int, default=0, metavar="N", help="also measure with N rollout worker actors on Ray"
+    )
+    parser.add_argument(
+        "--ray-address", default=None, help="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS or a local Ray)"
+    )
+    parser.add_argument(
+        "--env",
+        default=None,
+        choices=["tool_use", "code_repair"],
+        help="episodes of this environment (code_repair: the repair.* domains) instead of single completions",
+    )
+    parser.add_argument(
+        "--preset",
+        default="cpu-demo",
+        help="whose GRPO config (and environment) the runs take; a "
+        "real-model preset measures its SFT warm-up (made if missing) or --model DIR",
+    )
     parser.add_argument("--threads", type=int, default=None, help="measure this torch thread count only (each side)")
     args = parser.parse_args()
     if args.model is None and args.preset != "cpu-demo":  # the SFT warm-up the preset's arms share (bench/learning.py)
@@ -180,8 +230,21 @@ def main() -> None:
         arms = Path(tempfile.gettempdir()) / f"posttrain-{args.preset}-arms"
         warm = arms / "data" / "models" / f"{args.preset}-warmup"
         if not (warm / "config.json").is_file():  # made here as the arms would make it, and left for them to reuse
-            subprocess.run([sys.executable, str(Path(__file__).with_name("learning.py")), "--preset", args.preset, "--stage", "sft",
-                            "--workdir", str(arms), "--threads", str(args.threads or 1)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("learning.py")),
+                    "--preset",
+                    args.preset,
+                    "--stage",
+                    "sft",
+                    "--workdir",
+                    str(arms),
+                    "--threads",
+                    str(args.threads or 1),
+                ],
+                check=True,
+            )
         args.model = str(warm)
     cores = os.cpu_count() or 1
     model = args.model
@@ -189,8 +252,9 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="posttrain-pipeline-"))
         demo = get_preset("cpu-demo")
         base = build_tiny_model(work / "base", demo.model)
-        sft = demo.sft.updated(model=str(base), output_dir=str(work / "sft"),
-                               **({"max_steps": args.sft_steps} if args.sft_steps else {}))
+        sft = demo.sft.updated(
+            model=str(base), output_dir=str(work / "sft"), **({"max_steps": args.sft_steps} if args.sft_steps else {})
+        )
         result = train_sft(sft)
         assert result.checkpoint is not None
         model = str(result.checkpoint / "model")
@@ -198,8 +262,9 @@ def main() -> None:
     lockstep_variants, pipelined_variants = variants(cores, args.env, args.threads)
     runs: dict[str, list[dict[str, Any]]] = {"lockstep": [], "pipelined": []}
     for variant in [*lockstep_variants, *pipelined_variants]:
-        runs[variant["mode"]].append(measure(model, args.steps, args.batch, args.group, variant, work, env=args.env,
-                                             preset=args.preset))
+        runs[variant["mode"]].append(
+            measure(model, args.steps, args.batch, args.group, variant, work, env=args.env, preset=args.preset)
+        )
         print(json.dumps(runs[variant["mode"]][-1]), flush=True)
     lock = max(runs["lockstep"], key=lambda m: m["traj_per_s"])
     best = max(runs["pipelined"], key=lambda m: m["traj_per_s"])
@@ -208,21 +273,53 @@ def main() -> None:
         ray_variant = {"mode": "ray", "rollout_workers": args.ray, "threads": best.get("threads", (cores,))}
         ray_run = measure(model, args.steps, args.batch, args.group, ray_variant, work, args.ray_address)
         print(json.dumps(ray_run), flush=True)
-        on_ray = {"ray_rollout_workers": args.ray, "ray_traj_per_s": ray_run["traj_per_s"], "ray_learner_busy": ray_run["learner_busy"]}
-    setting = {k: best[k] for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads") if k in best}
-    print(json.dumps({
-        "figure": FIGURES[args.env] + ("" if args.preset == "cpu-demo" else "-real"), "workload": args.env or "single_turn",
-        "preset": args.preset, "model": model, "cores": cores, "steps": args.steps,
-        "lockstep_traj_per_s": lock["traj_per_s"],
-        "lockstep_threads": lock["threads"], "pipelined_traj_per_s": best["traj_per_s"], "pipelined": setting,
-        "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3), "learner_busy": best["learner_busy"],
-        "lockstep_learner_busy": lock["learner_busy"], "groups_used_mean": best["groups_used_mean"],
-        "lockstep_groups_used_mean": lock["groups_used_mean"], "goal_speedup": 1.6, "goal_learner_busy": 0.85, **on_ray,
-        "batch": args.batch, "group": args.group, "pipelined_variants_tried": len(runs["pipelined"]),
-        "peer": {"name": "lock-step loop (rollout, then verify, then update), the best of its thread settings",
-                 "threads": lock["threads"], "variants_tried": len(runs["lockstep"]), "steps": args.steps,
-                 "warmup_steps": 1, "batch": args.batch, "group": args.group},
-    }), flush=True)
+        on_ray = {
+            "ray_rollout_workers": args.ray,
+            "ray_traj_per_s": ray_run["traj_per_s"],
+            "ray_learner_busy": ray_run["learner_busy"],
+        }
+    setting = {
+        k: best[k]
+        for k in ("backend", "threads", "rollout_processes", "rollout_threads", "learner_threads")
+        if k in best
+    }
+    print(
+        json.dumps(
+            {
+                "figure": FIGURES[args.env] + ("" if args.preset == "cpu-demo" else "-real"),
+                "workload": args.env or "single_turn",
+                "preset": args.preset,
+                "model": model,
+                "cores": cores,
+                "steps": args.steps,
+                "lockstep_traj_per_s": lock["traj_per_s"],
+                "lockstep_threads": lock["threads"],
+                "pipelined_traj_per_s": best["traj_per_s"],
+                "pipelined": setting,
+                "speedup": round(best["traj_per_s"] / lock["traj_per_s"], 3),
+                "learner_busy": best["learner_busy"],
+                "lockstep_learner_busy": lock["learner_busy"],
+                "groups_used_mean": best["groups_used_mean"],
+                "lockstep_groups_used_mean": lock["groups_used_mean"],
+                "goal_speedup": 1.6,
+                "goal_learner_busy": 0.85,
+                **on_ray,
+                "batch": args.batch,
+                "group": args.group,
+                "pipelined_variants_tried": len(runs["pipelined"]),
+                "peer": {
+                    "name": "lock-step loop (rollout, then verify, then update), the best of its thread settings",
+                    "threads": lock["threads"],
+                    "variants_tried": len(runs["lockstep"]),
+                    "steps": args.steps,
+                    "warmup_steps": 1,
+                    "batch": args.batch,
+                    "group": args.group,
+                },
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

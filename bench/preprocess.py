@@ -41,7 +41,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import argparse
 import glob
 import importlib.metadata
-import io
 import json
 import pickle
 import subprocess
@@ -237,18 +236,39 @@ def main(argv: list[str] | None = None) -> int:
     pages_per_s, peer_pages_per_s = n_pages / ours_s, n_pages / peer_s
     pages_per_s_1, peer_pages_per_s_1 = n_pages / ours_1_s, n_pages / peer_1_s
     peer = {
-        "name": "pymupdf4llm.to_markdown", "version": importlib.metadata.version("pymupdf4llm"),
-        "mode": "classic (use_layout(False))", "processes": args.workers,
+        "name": "pymupdf4llm.to_markdown",
+        "version": importlib.metadata.version("pymupdf4llm"),
+        "mode": "classic (use_layout(False))",
+        "processes": args.workers,
         "split": "per document, the processes take one page at a time (as ours)",
-        "warmup": "one page of the first document in each process, untimed (as ours)", "rounds": 1,
+        "warmup": "one page of the first document in each process, untimed (as ours)",
+        "rounds": 1,
     }
-    emit({"figure": "extraction", "pages": n_pages, "processes": args.workers, "seconds": round(ours_s, 2),
-          "pages_per_s": round(pages_per_s, 2), "peer_pages_per_s": round(peer_pages_per_s, 2),
-          "speedup": round(pages_per_s / peer_pages_per_s, 2), "peer": peer, "peer_markdown_chars": peer_chars})
-    emit({"figure": "extraction_1_process", "pages": n_pages, "processes": 1, "seconds": round(ours_1_s, 2),
-          "pages_per_s": round(pages_per_s_1, 2), "peer_pages_per_s": round(peer_pages_per_s_1, 2),
-          "speedup": round(pages_per_s_1 / peer_pages_per_s_1, 2),
-          "peer": {**peer, "processes": 1, "split": "one to_markdown call per document"}})
+    emit(
+        {
+            "figure": "extraction",
+            "pages": n_pages,
+            "processes": args.workers,
+            "seconds": round(ours_s, 2),
+            "pages_per_s": round(pages_per_s, 2),
+            "peer_pages_per_s": round(peer_pages_per_s, 2),
+            "speedup": round(pages_per_s / peer_pages_per_s, 2),
+            "peer": peer,
+            "peer_markdown_chars": peer_chars,
+        }
+    )
+    emit(
+        {
+            "figure": "extraction_1_process",
+            "pages": n_pages,
+            "processes": 1,
+            "seconds": round(ours_1_s, 2),
+            "pages_per_s": round(pages_per_s_1, 2),
+            "peer_pages_per_s": round(peer_pages_per_s_1, 2),
+            "speedup": round(pages_per_s_1 / peer_pages_per_s_1, 2),
+            "peer": {**peer, "processes": 1, "split": "one to_markdown call per document"},
+        }
+    )
 
     # 2. renders and OCR, timed apart
     from posttrain.preprocess.ocr import ocr_image
@@ -264,7 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         if rendered >= args.render_pages:
             break
     render_s = time.perf_counter() - t
-    emit({"figure": "render", "dpi": 144, "pages": rendered, "pages_per_s": round(rendered / render_s, 2) if rendered else None})
+    emit(
+        {
+            "figure": "render",
+            "dpi": 144,
+            "pages": rendered,
+            "pages_per_s": round(rendered / render_s, 2) if rendered else None,
+        }
+    )
 
     from PIL import Image
 
@@ -288,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     precision = overlap / ours_total if ours_total else 0.0
     recall = overlap / ref_total if ref_total else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    emit({"figure": "f1_vs_pdftotext", "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)})
+    emit(
+        {"figure": "f1_vs_pdftotext", "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)}
+    )
 
     # 4. table recall: find_tables on every page versus our cued pipeline
     reference = found = 0
@@ -302,8 +331,15 @@ def main(argv: list[str] | None = None) -> int:
                 found += sum(1 for r in ref_tables if any(iou(r, m) >= 0.5 for m in mine))
     table_s = time.perf_counter() - t
     table_recall = found / reference if reference else 1.0
-    emit({"figure": "table_recall", "reference_tables": reference, "found": found, "recall": round(table_recall, 4),
-          "reference_find_tables_pages_per_s": round(n_pages / table_s, 2)})
+    emit(
+        {
+            "figure": "table_recall",
+            "reference_tables": reference,
+            "found": found,
+            "recall": round(table_recall, 4),
+            "reference_find_tables_pages_per_s": round(n_pages / table_s, 2),
+        }
+    )
 
     emit(
         {

@@ -40,7 +40,11 @@ def _labelled(record: dict) -> str:
     """A load's name with the test's parameter (``jobs.all [postgres]``): a test run on both
     databases records each figure twice."""
     test = str(record.get("test", ""))
-    return f"{record['name']} [{test.rsplit('[', 1)[1].rstrip(']')}]" if test.endswith("]") and "[" in test else record["name"]
+    return (
+        f"{record['name']} [{test.rsplit('[', 1)[1].rstrip(']')}]"
+        if test.endswith("]") and "[" in test
+        else record["name"]
+    )
 
 
 class MalformedRecord(ValueError):
@@ -52,9 +56,14 @@ TEXT: Check = ("a string", lambda v: isinstance(v, str))
 FLAG: Check = ("true or false", lambda v: isinstance(v, bool))
 COUNT: Check = ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
 MS: Check = ("milliseconds or null", lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))
-STEPS: Check = ("an object of decode steps, p50, max and bound, each a number",
-                lambda v: isinstance(v, dict) and v.keys() == {"p50", "max", "bound"}
-                and all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in v.values()))
+STEPS: Check = (
+    "an object of decode steps, p50, max and bound, each a number",
+    lambda v: (
+        isinstance(v, dict)
+        and v.keys() == {"p50", "max", "bound"}
+        and all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in v.values())
+    ),
+)
 FIELDS: dict[str, dict[str, Check]] = {  # each record kind's fields that the report reads
     "fault": {"name": TEXT, "survived": FLAG},
     "inputs": {"surface": TEXT, "tried": COUNT, "refused_cleanly": COUNT, "accepted": COUNT, "mishandled": COUNT},
@@ -81,8 +90,10 @@ def check_record(index: int, record: dict) -> None:
             raise MalformedRecord(f"{named}: it has no {field!r}")
         if not holds(record[field]):
             shown = repr(record[field])
-            raise MalformedRecord(f"{named}: {field!r} must be {expected}, not {type(record[field]).__name__} "
-                                  f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
+            raise MalformedRecord(
+                f"{named}: {field!r} must be {expected}, not {type(record[field]).__name__} "
+                f"{shown if len(shown) <= 80 else shown[:77] + '...'}"
+            )
 
 
 def summarize(records: list[dict]) -> dict:
@@ -94,7 +105,9 @@ def summarize(records: list[dict]) -> dict:
     inputs = [r for r in records if r["kind"] == "inputs"]
     loads = [r for r in records if r["kind"] == "load"]
     data = [r for r in records if r["kind"] == "data"]
-    surfaces: dict[str, dict[str, int]] = defaultdict(lambda: {"tried": 0, "refused_cleanly": 0, "accepted": 0, "mishandled": 0})
+    surfaces: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"tried": 0, "refused_cleanly": 0, "accepted": 0, "mishandled": 0}
+    )
     for r in inputs:
         for key in ("tried", "refused_cleanly", "accepted", "mishandled"):
             surfaces[r["surface"]][key] += r[key]
@@ -109,8 +122,11 @@ def summarize(records: list[dict]) -> dict:
         "inputs_mishandled": sum(s["mishandled"] for s in surfaces.values()),
         "surfaces": dict(sorted(surfaces.items())),
         "load": {
-            _labelled(r): {k: r[k] for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms", "decode_steps")
-                           if k in r}
+            _labelled(r): {
+                k: r[k]
+                for k in ("requests", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms", "decode_steps")
+                if k in r
+            }
             for r in loads
         },
         "data_checked": len(data),
@@ -142,7 +158,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="posttrain-reliability-") as tmp:
         report = Path(tmp) / "records.jsonl"
-        env = {**os.environ, "POSTTRAIN_RELIABILITY_REPORT": str(report), "POSTTRAIN_RELIABILITY_SOAK": "1" if args.soak else "0"}
+        env = {
+            **os.environ,
+            "POSTTRAIN_RELIABILITY_REPORT": str(report),
+            "POSTTRAIN_RELIABILITY_SOAK": "1" if args.soak else "0",
+        }
         cmd = [sys.executable, "-m", "pytest", "tests/reliability", "-q", "-p", "no:cacheprovider", "--timeout", "3600"]
         if args.keyword:
             cmd += ["-k", args.keyword]

@@ -109,7 +109,11 @@ def preprocess_rows(s: Summary) -> list[Row]:
 
 
 def serving_rows(s: Summary) -> list[Row]:
-    same = "identical greedy output" if s["outputs_identical"] else f"greedy output identical on {s['outputs_identical_count']}"
+    same = (
+        "identical greedy output"
+        if s["outputs_identical"]
+        else f"greedy output identical on {s['outputs_identical_count']}"
+    )
     correct = s.get("answers_correct", s.get("answers_copied_from_document"))
     return [
         Row(
@@ -129,7 +133,11 @@ def serving_rows(s: Summary) -> list[Row]:
 
 
 def serving_real_rows(s: Summary) -> list[Row]:
-    same = "identical greedy output" if s["outputs_identical"] else f"greedy output identical on {s['outputs_identical_count']}"
+    same = (
+        "identical greedy output"
+        if s["outputs_identical"]
+        else f"greedy output identical on {s['outputs_identical_count']}"
+    )
     streams = s.get("streams", 16)
     return [
         Row(
@@ -153,23 +161,31 @@ def serving_real_rows(s: Summary) -> list[Row]:
 def serving_engines_rows(s: Summary) -> list[Row]:
     rows = []
     if "embedded_tokens_per_s_1" in s:
-        rows.append(Row(
-            f"CPU engines on {s['model']}: embedded, Q8_0 weights (q8 tier)",
-            f"one stream {_n(s['embedded_tokens_per_s_1'])} tokens/s, four {_n(s['embedded_tokens_per_s_4'])}; greedy "
-            f"replies equal to fp32's on {_pct(s['agreement_embedded_fp32_vs_q8'])} of {s['prompts']} prompts",
-            f"fp32 standard tier: one stream {_n(s['embedded_fp32_tokens_per_s_1'])} tokens/s "
-            f"({_x(s['embedded_speedup_vs_fp32_1'])}), four {_n(s['embedded_fp32_tokens_per_s_4'])}",
-        ))
+        rows.append(
+            Row(
+                f"CPU engines on {s['model']}: embedded, Q8_0 weights (q8 tier)",
+                f"one stream {_n(s['embedded_tokens_per_s_1'])} tokens/s, four {_n(s['embedded_tokens_per_s_4'])}; greedy "
+                f"replies equal to fp32's on {_pct(s['agreement_embedded_fp32_vs_q8'])} of {s['prompts']} prompts",
+                f"fp32 standard tier: one stream {_n(s['embedded_fp32_tokens_per_s_1'])} tokens/s "
+                f"({_x(s['embedded_speedup_vs_fp32_1'])}), four {_n(s['embedded_fp32_tokens_per_s_4'])}",
+            )
+        )
     if "llamacpp_tokens_per_s_1" in s:
-        versus = f"; the embedded q8 tier at {_x(s['embedded_vs_llamacpp_1'])} of it, greedy replies equal on " \
-                 f"{_pct(s['engine_agreement'])}" if s.get("engine_agreement") is not None else ""
-        rows.append(Row(
-            f"CPU engines on {s['model']}: llama.cpp deployment (llamacpp tier, Q8_0 GGUF)",
-            f"one stream {_n(s['llamacpp_tokens_per_s_1'])} tokens/s, four {_n(s['llamacpp_tokens_per_s_4'])}{versus}",
-            f"llama-server -m FILE by hand: one stream {_n(s['llamacpp_by_hand_tokens_per_s_1'])} tokens/s "
-            f"({_x(s['llamacpp_vs_by_hand_1'])}), four {_n(s['llamacpp_by_hand_tokens_per_s_4'])} "
-            f"({_x(s['llamacpp_vs_by_hand_4'])})",
-        ))
+        versus = (
+            f"; the embedded q8 tier at {_x(s['embedded_vs_llamacpp_1'])} of it, greedy replies equal on "
+            f"{_pct(s['engine_agreement'])}"
+            if s.get("engine_agreement") is not None
+            else ""
+        )
+        rows.append(
+            Row(
+                f"CPU engines on {s['model']}: llama.cpp deployment (llamacpp tier, Q8_0 GGUF)",
+                f"one stream {_n(s['llamacpp_tokens_per_s_1'])} tokens/s, four {_n(s['llamacpp_tokens_per_s_4'])}{versus}",
+                f"llama-server -m FILE by hand: one stream {_n(s['llamacpp_by_hand_tokens_per_s_1'])} tokens/s "
+                f"({_x(s['llamacpp_vs_by_hand_1'])}), four {_n(s['llamacpp_by_hand_tokens_per_s_4'])} "
+                f"({_x(s['llamacpp_vs_by_hand_4'])})",
+            )
+        )
     return rows
 
 
@@ -215,43 +231,62 @@ def scheduler_rows(s: Summary) -> list[Row]:
 
 def learning_broad_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-broad --arms``: the curriculum's against uniform's."""
-    names = {"uniform": "uniform draws at fixed difficulty", "signal": "signal weights alone, at fixed difficulty",
-             "curriculum": "the curriculum: signal weights, stepped difficulty, revisits"}
+    names = {
+        "uniform": "uniform draws at fixed difficulty",
+        "signal": "signal weights alone, at fixed difficulty",
+        "curriculum": "the curriculum: signal weights, stepped difficulty, revisits",
+    }
     rows = []
     for arm, a in s["arms"].items():
-        result = (f"{_pct(a['signal_rate'])} of groups with a learning signal, {a['update_s_per_useful_group']:.2f} s of "
-                  f"update per useful group; mean held-out gain {a['mean_gain_points']:+.1f} ± {a['mean_gain_se_points']:.1f} "
-                  f"points ({_se(a.get('se'))}) over {s['domains']} domains ({s['tasks_per_domain']} tasks each), {a['domains_gained']} gained and "
-                  f"{a['domains_lost']} lost beyond 2 SE; general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; "
-                  f"{a['steps']} steps, {_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone), peak RSS {a['peak_rss_gb']:.1f} GiB")
+        result = (
+            f"{_pct(a['signal_rate'])} of groups with a learning signal, {a['update_s_per_useful_group']:.2f} s of "
+            f"update per useful group; mean held-out gain {a['mean_gain_points']:+.1f} ± {a['mean_gain_se_points']:.1f} "
+            f"points ({_se(a.get('se'))}) over {s['domains']} domains ({s['tasks_per_domain']} tasks each), {a['domains_gained']} gained and "
+            f"{a['domains_lost']} lost beyond 2 SE; general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; "
+            f"{a['steps']} steps, {_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone), peak RSS {a['peak_rss_gb']:.1f} GiB"
+        )
         peer = "the model as it ships, the same held-out tasks"
         if arm != "uniform" and "uniform" in s["arms"]:
             u = s["arms"]["uniform"]
-            peer = (f"uniform, the same model, seed, steps and trajectories: signal {_pct(u['signal_rate'])} "
-                    f"(×{a['signal_rate'] / u['signal_rate']:.2f}; goal ×1.3), gain {u['mean_gain_points']:+.1f} points, "
-                    f"{u['domains_lost']} domains lost")
-        rows.append(Row(f"learning on {s['model']} across many domains ({s['preset']}: {names.get(arm, arm)})", result, peer))
+            peer = (
+                f"uniform, the same model, seed, steps and trajectories: signal {_pct(u['signal_rate'])} "
+                f"(×{a['signal_rate'] / u['signal_rate']:.2f}; goal ×1.3), gain {u['mean_gain_points']:+.1f} points, "
+                f"{u['domains_lost']} domains lost"
+            )
+        rows.append(
+            Row(f"learning on {s['model']} across many domains ({s['preset']}: {names.get(arm, arm)})", result, peer)
+        )
     return rows
 
 
 def base_to_instruct_rows(s: Summary) -> list[Row]:
     """One row per stage of ``bench/learning.py --preset gemma3-base-to-instruct --arms``: a base model as it ships,
     after SFT, after GRPO; each stage's peer is the stage before it."""
-    names = {"base": "as it ships, in the plain completion format", "sft": "after SFT, in Gemma's chat template",
-             "grpo": "after GRPO on the same domains"}
+    names = {
+        "base": "as it ships, in the plain completion format",
+        "sft": "after SFT, in Gemma's chat template",
+        "grpo": "after GRPO on the same domains",
+    }
     kinds = s.get("se") or {}
-    gains = {"sft": (s["sft_over_base_points"], s["sft_over_base_se_points"], _se(kinds.get("sft_over_base"))),
-             "grpo": (s["grpo_over_sft_points"], s["grpo_over_sft_se_points"], _se(kinds.get("grpo_over_sft")))}
+    gains = {
+        "sft": (s["sft_over_base_points"], s["sft_over_base_se_points"], _se(kinds.get("sft_over_base"))),
+        "grpo": (s["grpo_over_sft_points"], s["grpo_over_sft_se_points"], _se(kinds.get("grpo_over_sft"))),
+    }
     rows, before = [], None
     for stage, f in s["stages"].items():
         general = f.get("general") or {}
-        result = (f"held-out pass@1 {_pct(f['pass_at_1'])} ± {100 * f['pass_at_1_se']:.1f}"
-                  + (f" ({gains[stage][0]:+.1f} ± {gains[stage][1]:.1f} points, {gains[stage][2]})" if stage in gains else "")
-                  + (f"; general check {_pct(general['pass_at_1'])}" if general.get("pass_at_1") is not None else "")
-                  + f"; {_n(f['minutes'])} min ({_n(f['minutes_alone'])} alone), peak RSS {f['peak_rss_gb']:.1f} GiB")
-        peer = ("none: the raw material" if before is None else
-                f"the stage before ({before[0]}), the same held-out tasks: {_pct(before[1]['pass_at_1'])}"
-                + ("" if stage != "grpo" else f"; goal beyond 2 SE: {'met' if s['goal_met'] else 'not met'}"))
+        result = (
+            f"held-out pass@1 {_pct(f['pass_at_1'])} ± {100 * f['pass_at_1_se']:.1f}"
+            + (f" ({gains[stage][0]:+.1f} ± {gains[stage][1]:.1f} points, {gains[stage][2]})" if stage in gains else "")
+            + (f"; general check {_pct(general['pass_at_1'])}" if general.get("pass_at_1") is not None else "")
+            + f"; {_n(f['minutes'])} min ({_n(f['minutes_alone'])} alone), peak RSS {f['peak_rss_gb']:.1f} GiB"
+        )
+        peer = (
+            "none: the raw material"
+            if before is None
+            else f"the stage before ({before[0]}), the same held-out tasks: {_pct(before[1]['pass_at_1'])}"
+            + ("" if stage != "grpo" else f"; goal beyond 2 SE: {'met' if s['goal_met'] else 'not met'}")
+        )
         rows.append(Row(f"base model post-trained from raw: {s['model']} {names.get(stage, stage)}", result, peer))
         before = (stage, f)
     return rows
@@ -259,41 +294,58 @@ def base_to_instruct_rows(s: Summary) -> list[Row]:
 
 def learning_repair_rows(s: Summary) -> list[Row]:
     """One row per arm of ``bench/learning.py --preset smollm2-repair --arms``."""
-    names = {"cold": "GRPO alone, from the model as it ships", "sft": "the SFT warm-up alone, continued",
-             "sft-grpo": "SFT warm-up, then GRPO"}
+    names = {
+        "cold": "GRPO alone, from the model as it ships",
+        "sft": "the SFT warm-up alone, continued",
+        "sft-grpo": "SFT warm-up, then GRPO",
+    }
     groups = ("unseen_functions", "unseen_modules", "humaneval")
     label = {"unseen_functions": "unseen functions", "unseen_modules": "unseen modules", "humaneval": "HumanEval"}
     before = ", ".join(f"{label[g]} {_pct(s['pass_before'][g])}" for g in groups)
     rows = []
     for arm, a in s["arms"].items():
         e = a["episodes"]
-        result = (", ".join(f"{label[g]} {_pct(a['pass_after'][g])} ± {100 * a['pass_after_se'][g]:.1f}" for g in groups)
-                  + f" (held-out pass@1, {s['eval_tasks']['unseen_functions']}/{s['eval_tasks']['unseen_modules']}/"
-                  f"{s['eval_tasks']['humaneval']} tasks); an episode: {e['turns']:.1f} turns, {e['tool_calls']:.1f} tool "
-                  f"calls, {e['tool_errors']:.1f} failed, {_pct(e['tested_before_reply'])} ran the tests before replying; "
-                  f"general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; {a['steps']} steps, "
-                  f"{_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone, {_n(a['cpu_minutes'])} CPU-min), "
-                  f"peak RSS {a['peak_rss_gb']:.1f} GiB"
-                  + (f"; groups with reward variance a step {a['groups_used_mean']:.2f}" if a.get("groups_used_mean") is not None else ""))
+        result = (
+            ", ".join(f"{label[g]} {_pct(a['pass_after'][g])} ± {100 * a['pass_after_se'][g]:.1f}" for g in groups)
+            + f" (held-out pass@1, {s['eval_tasks']['unseen_functions']}/{s['eval_tasks']['unseen_modules']}/"
+            f"{s['eval_tasks']['humaneval']} tasks); an episode: {e['turns']:.1f} turns, {e['tool_calls']:.1f} tool "
+            f"calls, {e['tool_errors']:.1f} failed, {_pct(e['tested_before_reply'])} ran the tests before replying; "
+            f"general check {_pct(s['general_before'])} → {_pct(a['general_after'])}; {a['steps']} steps, "
+            f"{_n(a['minutes'])} min ({_n(a['minutes_alone'])} alone, {_n(a['cpu_minutes'])} CPU-min), "
+            f"peak RSS {a['peak_rss_gb']:.1f} GiB"
+            + (
+                f"; groups with reward variance a step {a['groups_used_mean']:.2f}"
+                if a.get("groups_used_mean") is not None
+                else ""
+            )
+        )
         if arm == "sft-grpo" and "sft" in s["arms"]:
             unmet = [g.replace("_", " ") for g, held in s.get("goals", {}).items() if not held]
             # a summary combined before the arms' starting weights were checked says whether they shared the warm-up
             apart = s["peer"].get("same_warm_up") is False
-            peer = (("NOT a same-run pair: " + s["peer"]["differs"] + "; " if apart else "")
-                    + f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
-                    f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points, "
-                    f"{_se(s.get('gap_se'))}; goal +10 "
-                    f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})"
-                    + (f"; goals not met: {', '.join(unmet)}" if unmet else ""))
+            peer = (
+                ("NOT a same-run pair: " + s["peer"]["differs"] + "; " if apart else "")
+                + f"SFT alone, as many steps: unseen functions {_pct(s['arms']['sft']['pass_after']['unseen_functions'])} "
+                f"({s['sft_grpo_over_sft_unseen_functions_points']:+.1f} ± {s['gap_se_points']:.1f} points, "
+                f"{_se(s.get('gap_se'))}; goal +10 "
+                f"beyond twice its error: {'met' if s['goal_met'] else 'not met'})"
+                + (f"; goals not met: {', '.join(unmet)}" if unmet else "")
+            )
         else:
             peer = f"the model as it ships, the same tasks: {before}"
         rows.append(Row(f"code repair on {s['model']} ({names.get(arm, arm)})", result, peer))
     return rows
 
 
-FORGETTING_ARMS = {"none": "no control", "replay": "replay of general train-split tasks", "kl": "KL to the start",
-                   "self-generated": "SFT on the start's own passing answers and episodes (rejection sampling)",
-                   "lora": "LoRA", "lora-kl": "LoRA with KL to the start (adapters off: no second copy)", "interpolate": "interpolation of the uncontrolled model with its start"}
+FORGETTING_ARMS = {
+    "none": "no control",
+    "replay": "replay of general train-split tasks",
+    "kl": "KL to the start",
+    "self-generated": "SFT on the start's own passing answers and episodes (rejection sampling)",
+    "lora": "LoRA",
+    "lora-kl": "LoRA with KL to the start (adapters off: no second copy)",
+    "interpolate": "interpolation of the uncontrolled model with its start",
+}
 
 
 def forgetting_rows(s: Summary) -> list[Row]:
@@ -303,23 +355,47 @@ def forgetting_rows(s: Summary) -> list[Row]:
     rows = []
     for arm, a in s["arms"].items():
         how = ", ".join(f"{k} {v}" for k, v in a["controls"].items() if k != "candidates") or "the preset as it is"
-        verdict = ("meets both bounds" if a["meets_bounds"] else
-                   "; ".join(part for part, ok in ((f"general below -{s['bounds']['general_drop_points']:g} points",
-                                                    a["general_within_bound"]),
-                                                   (f"under {s['bounds']['gain_kept']:.0%} of the gain", a["gain_within_bound"]))
-                             if not ok)) if arm != "none" else "the uncontrolled recipe"
-        untouched = ("" if "untouched_change_points" not in a else
-                     f", untouched check {a['untouched_change_points']:+.1f} ± {a['untouched_se_points']:.1f} from "
-                     f"{_pct(s['untouched_check']['start'])} ({len(s['untouched_check']['domains'])} domains nothing "
-                     "trains, checks or replays)")
-        result = (f"held-out gain {a['gain_points']:+.1f} ± {a['gain_se_points']:.1f} points, general check "
-                  f"{a['general_change_points']:+.1f} ± {a['general_se_points']:.1f} (paired SEs) from the start's "
-                  f"{_pct(s['start_general'])}{untouched}; {verdict}{' (the pick)' if arm == s['best'] else ''}; {how}; "
-                  f"{_n(a['minutes'])} min, peak RSS {a['peak_rss_gb']:.1f} GiB")
-        peer = ("the start, the same tasks" if arm == "none" else
-                f"no control from the same start: gain {none['gain_points']:+.1f}, general {none['general_change_points']:+.1f} points")
-        rows.append(Row(f"forgetting on {s['model']} ({s['preset']}'s {s['trainer'].upper()} stage: {FORGETTING_ARMS.get(arm, arm)})",
-                        result, peer))
+        verdict = (
+            (
+                "meets both bounds"
+                if a["meets_bounds"]
+                else "; ".join(
+                    part
+                    for part, ok in (
+                        (f"general below -{s['bounds']['general_drop_points']:g} points", a["general_within_bound"]),
+                        (f"under {s['bounds']['gain_kept']:.0%} of the gain", a["gain_within_bound"]),
+                    )
+                    if not ok
+                )
+            )
+            if arm != "none"
+            else "the uncontrolled recipe"
+        )
+        untouched = (
+            ""
+            if "untouched_change_points" not in a
+            else f", untouched check {a['untouched_change_points']:+.1f} ± {a['untouched_se_points']:.1f} from "
+            f"{_pct(s['untouched_check']['start'])} ({len(s['untouched_check']['domains'])} domains nothing "
+            "trains, checks or replays)"
+        )
+        result = (
+            f"held-out gain {a['gain_points']:+.1f} ± {a['gain_se_points']:.1f} points, general check "
+            f"{a['general_change_points']:+.1f} ± {a['general_se_points']:.1f} (paired SEs) from the start's "
+            f"{_pct(s['start_general'])}{untouched}; {verdict}{' (the pick)' if arm == s['best'] else ''}; {how}; "
+            f"{_n(a['minutes'])} min, peak RSS {a['peak_rss_gb']:.1f} GiB"
+        )
+        peer = (
+            "the start, the same tasks"
+            if arm == "none"
+            else f"no control from the same start: gain {none['gain_points']:+.1f}, general {none['general_change_points']:+.1f} points"
+        )
+        rows.append(
+            Row(
+                f"forgetting on {s['model']} ({s['preset']}'s {s['trainer'].upper()} stage: {FORGETTING_ARMS.get(arm, arm)})",
+                result,
+                peer,
+            )
+        )
     return rows
 
 
@@ -344,9 +420,19 @@ def forgetting_plot(s: Summary) -> str:
 
     arms, bounds = s["arms"], s["bounds"]
     width, height, left, right, top, bottom = 720, 440, 64, 200, 40, 52
-    xs = [v for a in arms.values() for v in (a["gain_points"] - a["gain_se_points"], a["gain_points"] + a["gain_se_points"])]
-    ys = [v for a in arms.values() for v in (a["general_change_points"] - a["general_se_points"],
-                                             a["general_change_points"] + a["general_se_points"])]
+    xs = [
+        v
+        for a in arms.values()
+        for v in (a["gain_points"] - a["gain_se_points"], a["gain_points"] + a["gain_se_points"])
+    ]
+    ys = [
+        v
+        for a in arms.values()
+        for v in (
+            a["general_change_points"] - a["general_se_points"],
+            a["general_change_points"] + a["general_se_points"],
+        )
+    ]
     x_floor = bounds["gain_kept"] * arms["none"]["gain_points"]
     x0, x1 = min(0.0, *xs) - 2, max(0.0, x_floor, *xs) + 2
     y0, y1 = min(-bounds["general_drop_points"], *ys) - 2, max(0.0, *ys) + 2
@@ -357,41 +443,57 @@ def forgetting_plot(s: Summary) -> str:
     def py(y: float) -> float:
         return round(top + (y1 - y) / (y1 - y0) * (height - top - bottom), 1)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-           'font-family="sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="22" font-size="13">Forgetting on {escape(s["model"])}, {s["preset"]}\'s {s["trainer"].upper()} '
-           f'stage: every arm from one start</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="13">Forgetting on {escape(s["model"])}, {s["preset"]}\'s {s["trainer"].upper()} '
+        f"stage: every arm from one start</text>",
+    ]
     band_x, band_y = px(max(x0, x_floor)), py(-bounds["general_drop_points"])
-    out.append(f'<rect x="{band_x}" y="{top}" width="{round(width - right - band_x, 1)}" height="{round(band_y - top, 1)}" '
-               'fill="#e3f4e3"/>')
-    out.append(f'<text x="{round(width - right - 6, 1)}" y="{top + 14}" text-anchor="end" fill="#2e7d32">meets both bounds'
-               '</text>')
+    out.append(
+        f'<rect x="{band_x}" y="{top}" width="{round(width - right - band_x, 1)}" height="{round(band_y - top, 1)}" '
+        'fill="#e3f4e3"/>'
+    )
+    out.append(
+        f'<text x="{round(width - right - 6, 1)}" y="{top + 14}" text-anchor="end" fill="#2e7d32">meets both bounds'
+        "</text>"
+    )
     for x in _ticks(x0, x1):
-        out.append(f'<line x1="{px(x)}" y1="{top}" x2="{px(x)}" y2="{height - bottom}"'
-                   f'{ZERO if x == 0 else GRID}/>')
+        out.append(f'<line x1="{px(x)}" y1="{top}" x2="{px(x)}" y2="{height - bottom}"{ZERO if x == 0 else GRID}/>')
         out.append(f'<text x="{px(x)}" y="{height - bottom + 16}" text-anchor="middle">{x:g}</text>')
     for y in _ticks(y0, y1):
-        out.append(f'<line x1="{left}" y1="{py(y)}" x2="{width - right}" y2="{py(y)}"'
-                   f'{ZERO if y == 0 else GRID}/>')
+        out.append(f'<line x1="{left}" y1="{py(y)}" x2="{width - right}" y2="{py(y)}"{ZERO if y == 0 else GRID}/>')
         out.append(f'<text x="{left - 6}" y="{round(py(y) + 4, 1)}" text-anchor="end">{y:g}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="none" '
-               'stroke="#444"/>')
-    out.append(f'<text x="{round((left + width - right) / 2, 1)}" y="{height - 12}" text-anchor="middle">held-out gain '
-               '(points, paired with the start; bars: 1 SE)</text>')
-    out.append(f'<text transform="translate(16 {round((top + height - bottom) / 2, 1)}) rotate(-90)" text-anchor="middle">'
-               'general-check change (points)</text>')
+    out.append(
+        f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="none" '
+        'stroke="#444"/>'
+    )
+    out.append(
+        f'<text x="{round((left + width - right) / 2, 1)}" y="{height - 12}" text-anchor="middle">held-out gain '
+        "(points, paired with the start; bars: 1 SE)</text>"
+    )
+    out.append(
+        f'<text transform="translate(16 {round((top + height - bottom) / 2, 1)}) rotate(-90)" text-anchor="middle">'
+        "general-check change (points)</text>"
+    )
     for i, (arm, a) in enumerate(arms.items()):
         colour = "#c62828" if arm == "none" else "#1565c0" if arm == s["best"] else "#555"
         x, y = a["gain_points"], a["general_change_points"]
-        out.append(f'<line x1="{px(x - a["gain_se_points"])}" y1="{py(y)}" x2="{px(x + a["gain_se_points"])}" y2="{py(y)}" '
-                   f'stroke="{colour}"/>')
-        out.append(f'<line x1="{px(x)}" y1="{py(y - a["general_se_points"])}" x2="{px(x)}" '
-                   f'y2="{py(y + a["general_se_points"])}" stroke="{colour}"/>')
+        out.append(
+            f'<line x1="{px(x - a["gain_se_points"])}" y1="{py(y)}" x2="{px(x + a["gain_se_points"])}" y2="{py(y)}" '
+            f'stroke="{colour}"/>'
+        )
+        out.append(
+            f'<line x1="{px(x)}" y1="{py(y - a["general_se_points"])}" x2="{px(x)}" '
+            f'y2="{py(y + a["general_se_points"])}" stroke="{colour}"/>'
+        )
         out.append(f'<circle cx="{px(x)}" cy="{py(y)}" r="4" fill="{colour}"/>')
         out.append(f'<text x="{round(px(x) + 6, 1)}" y="{round(py(y) - 6, 1)}" fill="{colour}">{arm}</text>')
-        out.append(f'<text x="{width - right + 12}" y="{top + 14 + 18 * i}" fill="{colour}">{arm}: {x:+.1f} / {y:+.1f}'
-                   f'{" (pick)" if arm == s["best"] else ""}</text>')
+        out.append(
+            f'<text x="{width - right + 12}" y="{top + 14 + 18 * i}" fill="{colour}">{arm}: {x:+.1f} / {y:+.1f}'
+            f"{' (pick)' if arm == s['best'] else ''}</text>"
+        )
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -409,9 +511,12 @@ def ablation_rows(s: Summary) -> list[Row]:
 
 def pipeline_rows(s: Summary) -> list[Row]:
     setting = s["pipelined"]
-    how = (f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}" if setting.get("backend") == "thread" else
-           f"{_of(setting['rollout_processes'], 'rollout process')} of {_of(setting['rollout_threads'], 'torch thread')}, "
-           f"learner {_of(setting['learner_threads'], 'thread')}")
+    how = (
+        f"a rollout thread, {_of(setting['threads'][0], 'torch thread')}"
+        if setting.get("backend") == "thread"
+        else f"{_of(setting['rollout_processes'], 'rollout process')} of {_of(setting['rollout_threads'], 'torch thread')}, "
+        f"learner {_of(setting['learner_threads'], 'thread')}"
+    )
     rollout, update = s["peer"]["threads"]
     workload = s.get("workload", "single_turn")
     return [Row(
@@ -460,8 +565,15 @@ def turns_rows(s: Summary) -> list[Row]:
 
 
 def queue_rows(s: Summary) -> list[Row]:
-    sq, pg, sq1, pg1 = (s[k] for k in ("sqlite_claims_per_s", "postgres_claims_per_s",
-                                       "sqlite_claims_per_s_1_worker", "postgres_claims_per_s_1_worker"))
+    sq, pg, sq1, pg1 = (
+        s[k]
+        for k in (
+            "sqlite_claims_per_s",
+            "postgres_claims_per_s",
+            "sqlite_claims_per_s_1_worker",
+            "postgres_claims_per_s_1_worker",
+        )
+    )
     return [Row(
         f"job queue ({_n(s['jobs'])} jobs, each a forked process)",
         f"{s['workers']} workers × {s['slots']} slots: SQLite {_n(sq)}, PostgreSQL {_n(pg)} claims/s",
@@ -481,8 +593,12 @@ def tiers_rows(s: Summary) -> list[Row]:
     standard = s["tiers"]["standard"]
     rows = []
     for name, t in s["tiers"].items():
-        delta = ("" if name == "standard" else f"; {100 * t['quality_delta_vs_standard']:+.1f} points vs standard "
-                 f"± {200 * t['quality_delta_se']:.1f}" + (" (FLAGGED: below beyond 2 SE)" if t["quality_flag"] else ""))
+        delta = (
+            ""
+            if name == "standard"
+            else f"; {100 * t['quality_delta_vs_standard']:+.1f} points vs standard "
+            f"± {200 * t['quality_delta_se']:.1f}" + (" (FLAGGED: below beyond 2 SE)" if t["quality_flag"] else "")
+        )
         median_1 = _median_round(t, "tokens_per_s_1")
         median_speedup = t.get("speedup_1_vs_standard_median", median_1 / _median_round(standard, "tokens_per_s_1"))
         rows.append(Row(
@@ -527,8 +643,10 @@ def machine() -> dict[str, Any]:
     meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
     kib = next((int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal:")), 0)
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 platform.processor() or platform.machine())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     try:
         torch = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -561,16 +679,19 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def record(name: str, command: list[str], results: Path = RESULTS, from_log: Path | None = None,
-           commit: str | None = None) -> int:
+def record(
+    name: str, command: list[str], results: Path = RESULTS, from_log: Path | None = None, commit: str | None = None
+) -> int:
     """Run ``command``, passing its output through, and save its summary (see ``summary_of``) as
     ``results/name.json``; returns the command's exit status (a run that printed no summary saves nothing).
     ``from_log``: the output of ``command`` run earlier on this machine and commit (a long run in the background)
     instead of running it now (``commit``: the commit it ran, when not the one checked out now); its date is the
     log's last write, its minutes the summary's own."""
     if not command:
-        raise SystemExit("record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py")
-    started = datetime.datetime.now(datetime.timezone.utc)
+        raise SystemExit(
+            "record: give the benchmark's command after --, e.g. record sandbox -- .venv/bin/python bench/sandbox.py"
+        )
+    started = datetime.datetime.now(datetime.UTC)
     dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit is None else False
     commit = git("rev-parse", commit or "HEAD")
     load_before: float | None = os.getloadavg()[0]
@@ -589,13 +710,15 @@ def record(name: str, command: list[str], results: Path = RESULTS, from_log: Pat
         status = proc.returncode
     summary = summary_of(name, lines)
     if summary is None:
-        print(f"record {name}: {shlex.join(command)} printed no summary (no JSON line with figure {name!r}; "
-              f"exit {status}); nothing saved",
-              file=sys.stderr)
+        print(
+            f"record {name}: {shlex.join(command)} printed no summary (no JSON line with figure {name!r}; "
+            f"exit {status}); nothing saved",
+            file=sys.stderr,
+        )
         return status or 1
-    finished = datetime.datetime.now(datetime.timezone.utc)
+    finished = datetime.datetime.now(datetime.UTC)
     if from_log is not None:
-        finished = datetime.datetime.fromtimestamp(from_log.stat().st_mtime, datetime.timezone.utc)
+        finished = datetime.datetime.fromtimestamp(from_log.stat().st_mtime, datetime.UTC)
         started = finished - datetime.timedelta(minutes=float(summary.get("minutes", 0.0)))
     result = {
         "benchmark": name, "command": shlex.join(command), "exit_status": status,
@@ -628,16 +751,22 @@ def table(results: Path = RESULTS, names: tuple[str, ...] | None = None) -> str:
         rows_of = ROWS[name]
         path = results / f"{name}.json"
         if not path.exists():
-            lines.append(f"| {name} | `make bench BENCHMARKS={name}` | no result recorded yet "
-                         f"(no `bench/results/{name}.json`) | |")
+            lines.append(
+                f"| {name} | `make bench BENCHMARKS={name}` | no result recorded yet "
+                f"(no `bench/results/{name}.json`) | |"
+            )
             continue
         result = json.loads(path.read_text())
         m = result["machine"]
-        machines.add(f"{m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Python {m['python']}, torch {m['torch']}")
+        machines.add(
+            f"{m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Python {m['python']}, torch {m['torch']}"
+        )
         dates.append(result["date"][:10])
         failed = f" (exit status {result['exit_status']})" if result["exit_status"] else ""
         for row in rows_of(result["summary"]):
-            lines.append(f"| {_cell(row.benchmark)} | `{result['command']}` | {_cell(row.result)}{failed} | {_cell(row.peer)} |")
+            lines.append(
+                f"| {_cell(row.benchmark)} | `{result['command']}` | {_cell(row.result)}{failed} | {_cell(row.peer)} |"
+            )
     where = "; ".join(sorted(machines)) or "nowhere yet"
     span = "never" if not dates else min(dates) if min(dates) == max(dates) else f"{min(dates)} to {max(dates)}"
     return "\n".join(lines) + f"\n\nMeasured on {where}, {span}; each `bench/results/*.json` holds its run's commit.\n"
@@ -651,27 +780,46 @@ def reliability_table(results: Path = RESULTS) -> str:
     result = json.loads(path.read_text())
     s = result["summary"]
     lost = f"; not survived: {', '.join(s['faults_not_survived'])}" if s["faults_not_survived"] else ""
-    surfaces = ", ".join(f"{name} {_n(v['tried'])}" + (f" ({v['mishandled']} mishandled)" if v["mishandled"] else "")
-                         for name, v in s["surfaces"].items())
+    surfaces = ", ".join(
+        f"{name} {_n(v['tried'])}" + (f" ({v['mishandled']} mishandled)" if v["mishandled"] else "")
+        for name, v in s["surfaces"].items()
+    )
     rows = [
-        ("faults", f"{s['faults_injected']} injected, {s['faults_survived']} survived{lost}: {', '.join(s['faults'])}. "
-                   f"{s['data_checked']} data checks, {s['data_lost']} lost"),
-        ("hostile inputs", f"{_n(s['inputs_tried'])} tried, {_n(s['inputs_refused_cleanly'])} refused cleanly, "
-                           f"{_n(s['inputs_accepted'])} handled as valid, {s['inputs_mishandled']} mishandled: {surfaces}"),
+        (
+            "faults",
+            f"{s['faults_injected']} injected, {s['faults_survived']} survived{lost}: {', '.join(s['faults'])}. "
+            f"{s['data_checked']} data checks, {s['data_lost']} lost",
+        ),
+        (
+            "hostile inputs",
+            f"{_n(s['inputs_tried'])} tried, {_n(s['inputs_refused_cleanly'])} refused cleanly, "
+            f"{_n(s['inputs_accepted'])} handled as valid, {s['inputs_mishandled']} mishandled: {surfaces}",
+        ),
     ]
     for name, load in s["load"].items():
         if name.startswith("jobs.") and not name.startswith("jobs.all"):
             continue  # each job kind's share of the same load: in the results file
-        pcts = " / ".join("-" if load[k] is None else f"{_n(load[k] / 1000)} s" if load[k] >= 10_000 else
-                          f"{_n(load[k])} ms" for k in ("p50_ms", "p95_ms", "p99_ms"))
+        pcts = " / ".join(
+            "-" if load[k] is None else f"{_n(load[k] / 1000)} s" if load[k] >= 10_000 else f"{_n(load[k])} ms"
+            for k in ("p50_ms", "p95_ms", "p99_ms")
+        )
         steps = load.get("decode_steps")  # a load counted in the engine's decode steps too
-        counted = "" if steps is None else (f"; decode steps p50 / max {_n(steps['p50'])} / {_n(steps['max'])} "
-                                            f"(bound {_n(steps['bound'])})")
-        rows.append((f"load: {name}", f"{_n(load['requests'])} requests, {load['errors']} errors; p50 / p95 / p99 {pcts}"
-                                      f"{counted}"))
+        counted = (
+            ""
+            if steps is None
+            else (f"; decode steps p50 / max {_n(steps['p50'])} / {_n(steps['max'])} (bound {_n(steps['bound'])})")
+        )
+        rows.append(
+            (
+                f"load: {name}",
+                f"{_n(load['requests'])} requests, {load['errors']} errors; p50 / p95 / p99 {pcts}{counted}",
+            )
+        )
     mode = "soak sizes" if s["soak"] else "CI sizes (`--soak` multiplies them)"
-    head = (f"`{result['command']}`, {result['date'][:10]}, {_n(s['minutes'])} min, {mode}; tests {s['tests_passed']} "
-            f"passed, {s['tests_failed']} failed:\n\n| part | figures |\n|---|---|\n")
+    head = (
+        f"`{result['command']}`, {result['date'][:10]}, {_n(s['minutes'])} min, {mode}; tests {s['tests_passed']} "
+        f"passed, {s['tests_failed']} failed:\n\n| part | figures |\n|---|---|\n"
+    )
     return head + "".join(f"| {_cell(a)} | {_cell(b)} |\n" for a, b in rows)
 
 
@@ -687,8 +835,10 @@ def headline(results: Path = RESULTS) -> str:
 
 def forgetting_figures(results: Path = RESULTS) -> dict[Path, str]:
     """Each recorded forgetting run's plot (:func:`forgetting_plot`), kept beside its results file."""
-    return {path.with_suffix(".svg"): forgetting_plot(json.loads(path.read_text())["summary"])
-            for path in sorted(results.glob("forgetting-*.json"))}
+    return {
+        path.with_suffix(".svg"): forgetting_plot(json.loads(path.read_text())["summary"])
+        for path in sorted(results.glob("forgetting-*.json"))
+    }
 
 
 def forgetting_block(results: Path = RESULTS) -> str:
@@ -697,17 +847,28 @@ def forgetting_block(results: Path = RESULTS) -> str:
     for path in sorted(results.glob("forgetting-*.json")):
         s = json.loads(path.read_text())["summary"]
         failed = "; ".join(s["bounds_failed"]) or "none"
-        parts.append(f"![{s['figure']}](../bench/results/{path.stem}.svg)\n\n`{s['figure']}`: the pick is `{s['best']}` "
-                     f"({s['best_because']}); bounds failed: {failed}.\n")
-    return "\n".join(parts) or ("No forgetting run recorded yet (`.venv/bin/python bench/learning.py --forgetting "
-                                "--preset smollm2-broad`).\n")
+        parts.append(
+            f"![{s['figure']}](../bench/results/{path.stem}.svg)\n\n`{s['figure']}`: the pick is `{s['best']}` "
+            f"({s['best_because']}); bounds failed: {failed}.\n"
+        )
+    return "\n".join(parts) or (
+        "No forgetting run recorded yet (`.venv/bin/python bench/learning.py --forgetting --preset smollm2-broad`).\n"
+    )
 
 
 # The generated blocks, each between its two markers in the file HOMES names.
-BLOCKS: dict[str, Callable[[Path], str]] = {"headline": headline, "figures": table, "reliability": reliability_table,
-                                            "forgetting": forgetting_block}
-HOMES: dict[str, Path] = {"headline": README, "figures": BENCHMARKS_DOC, "reliability": BENCHMARKS_DOC,
-                          "forgetting": BENCHMARKS_DOC}
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "headline": headline,
+    "figures": table,
+    "reliability": reliability_table,
+    "forgetting": forgetting_block,
+}
+HOMES: dict[str, Path] = {
+    "headline": README,
+    "figures": BENCHMARKS_DOC,
+    "reliability": BENCHMARKS_DOC,
+    "forgetting": BENCHMARKS_DOC,
+}
 
 
 def markers(block: str) -> tuple[str, str]:
@@ -719,7 +880,9 @@ def block_text(text: str, block: str = "figures") -> str:
     """What lies between ``block``'s markers in ``text`` (the contents of its home file)."""
     begin, end = markers(block)
     if begin not in text or end not in text:
-        raise SystemExit(f"{HOMES[block].relative_to(REPO)} has no {block} markers: put {begin!r} and {end!r} where it goes")
+        raise SystemExit(
+            f"{HOMES[block].relative_to(REPO)} has no {block} markers: put {begin!r} and {end!r} where it goes"
+        )
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
@@ -731,8 +894,11 @@ def with_block(text: str, block: str, generated: str) -> str:
 
 def stale_blocks(results: Path = RESULTS, homes: dict[str, Path] = HOMES) -> list[str]:
     """The blocks (and forgetting plots) that differ from what ``results`` make."""
-    return ([block for block, make in BLOCKS.items() if block_text(homes[block].read_text(), block) != make(results)]
-            + [path.name for path, plot in forgetting_figures(results).items() if not path.is_file() or path.read_text() != plot])
+    return [block for block, make in BLOCKS.items() if block_text(homes[block].read_text(), block) != make(results)] + [
+        path.name
+        for path, plot in forgetting_figures(results).items()
+        if not path.is_file() or path.read_text() != plot
+    ]
 
 
 def write_blocks(results: Path = RESULTS, homes: dict[str, Path] = HOMES) -> bool:
@@ -759,7 +925,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record", help="run a benchmark and save its summary, then rewrite the tables")
     rec.add_argument("name", choices=sorted(ROWS))
-    rec.add_argument("--from-log", type=Path, default=None, help="the saved output of the command, run earlier, instead of running it")
+    rec.add_argument(
+        "--from-log",
+        type=Path,
+        default=None,
+        help="the saved output of the command, run earlier, instead of running it",
+    )
     rec.add_argument("--commit", default=None, help="with --from-log: the commit the run was made at")
     rec.add_argument("command", nargs=argparse.REMAINDER, help="-- then the benchmark's command")
     sub.add_parser("table", help="print the table")
@@ -767,17 +938,28 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="exit 1 when a generated block or plot is not what the results make")
     args = parser.parse_args(argv)
     if args.action == "record":
-        status = record(args.name, args.command[1:] if args.command[:1] == ["--"] else args.command, from_log=args.from_log, commit=args.commit)
+        status = record(
+            args.name,
+            args.command[1:] if args.command[:1] == ["--"] else args.command,
+            from_log=args.from_log,
+            commit=args.commit,
+        )
         write_blocks()
         return status
     if args.action == "table":
         print("\n".join(make(RESULTS) for make in BLOCKS.values()), end="")
     elif args.action == "readme":
-        print("the figures in README.md and docs/benchmarks.md " + ("rewritten" if write_blocks() else "already up to date"))
+        print(
+            "the figures in README.md and docs/benchmarks.md "
+            + ("rewritten" if write_blocks() else "already up to date")
+        )
     elif stale := stale_blocks():
-        print(f"{', '.join(stale)} differ from what bench/results/*.json make (the blocks in README.md and "
-              "docs/benchmarks.md, the plots beside the results): run "
-              ".venv/bin/python bench/results.py readme", file=sys.stderr)
+        print(
+            f"{', '.join(stale)} differ from what bench/results/*.json make (the blocks in README.md and "
+            "docs/benchmarks.md, the plots beside the results): run "
+            ".venv/bin/python bench/results.py readme",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

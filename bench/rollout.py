@@ -56,7 +56,11 @@ import torch  # noqa: E402
 
 from posttrain.platform.verifiers import TaskSpec  # noqa: E402
 from posttrain.training.inference import (  # noqa: E402
-    EmbeddedRolloutEngine, VLLMEngineArgs, VLLMServerEngine, measure_logprob_mismatch, rollout_groups,
+    EmbeddedRolloutEngine,
+    VLLMEngineArgs,
+    VLLMServerEngine,
+    measure_logprob_mismatch,
+    rollout_groups,
 )
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, generate_groups  # noqa: E402
 
@@ -69,9 +73,9 @@ REAL_MODEL = "smollm2-135m-instruct"
 def model_dir(ref: str, tmp: Path) -> tuple[str, str]:
     """(path, name) of ``ref``: ``tiny`` builds one; a directory is itself; a name is the registered
     model, else the built-in imported for this run, else (no built-in wheel) the tiny model."""
-    from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model
     from posttrain.platform.auth import Identity
     from posttrain.platform.db.models import Role
+    from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model
     from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
     from posttrain.platform.models.registry import get_model
 
@@ -87,7 +91,9 @@ def model_dir(ref: str, tmp: Path) -> tuple[str, str]:
             url = f"sqlite:///{tmp / 'bench.db'}"
             migrate.upgrade(url)
             try:
-                return import_model(Identity("bench", Role.operator), f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models").path, name
+                return import_model(
+                    Identity("bench", Role.operator), f"{BUILTIN_PREFIX}{name}", url=url, dest_root=tmp / "models"
+                ).path, name
             except ModelDirError as exc:
                 print(f"{ref}: {exc}; measuring the tiny model instead", file=sys.stderr)
     return str(build_tiny_model(tmp / "tiny", TinyModelSpec())), "tiny"
@@ -120,8 +126,11 @@ def spread(all_groups: list[list[RolloutGroup]]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=REAL_MODEL, help=f"a registered model, a model directory, a built-in "
-                        f"name, or tiny (default: {REAL_MODEL})")
+    parser.add_argument(
+        "--model",
+        default=REAL_MODEL,
+        help=f"a registered model, a model directory, a built-in name, or tiny (default: {REAL_MODEL})",
+    )
     parser.add_argument("--domains", default=",".join(DOMAINS), help="comma-separated task domains, one prompt each")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -129,16 +138,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for both peers")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--check-trajectories", type=int, default=8,
-                        help="engine trajectories whose log-probs the learner recomputes")
-    parser.add_argument("--engine", choices=["embedded", "vllm"], default="embedded",
-                        help="vllm: add vLLM rollouts with a weight update before every round")
+    parser.add_argument(
+        "--check-trajectories", type=int, default=8, help="engine trajectories whose log-probs the learner recomputes"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["embedded", "vllm"],
+        default="embedded",
+        help="vllm: add vLLM rollouts with a weight update before every round",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     domains = [d for d in args.domains.split(",") if d]
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
 
-    tmp = tempfile.TemporaryDirectory(prefix="posttrain-bench-rollout-")  # vLLM reads the model directory: kept to the end
+    tmp = tempfile.TemporaryDirectory(
+        prefix="posttrain-bench-rollout-"
+    )  # vLLM reads the model directory: kept to the end
     t0 = time.perf_counter()
     path, name = model_dir(args.model, Path(tmp.name))
     ready_s = time.perf_counter() - t0
@@ -156,7 +172,7 @@ def main() -> None:
         vllm_ready_s = time.perf_counter() - started
         peers["vllm"] = lambda r: rollout_groups(vllm, tokenizer, tasks, args.group, sampling, seed=r)  # type: ignore[union-attr]
     warm = SamplingConfig(max_new_tokens=4, temperature=args.temperature)
-    for peer, run in peers.items():
+    for peer in peers:
         (rollout_groups(vllm if peer == "vllm" else engine, tokenizer, tasks[:1], 2, warm, seed=0) if peer != "generate"
          else generate_groups(model, tokenizer, tasks[:1], 2, warm))  # fmt: skip
     seconds = {p: 0.0 for p in peers}
@@ -210,8 +226,17 @@ def main() -> None:
     tmp.cleanup()
 
 
-def vllm_summary(vllm: VLLMServerEngine, runs: dict[str, list[list[RolloutGroup]]], seconds: dict[str, float],  # type: ignore[no-untyped-def]
-                 rate: dict[str, float], sync_s: list[float], ready_s: float, model, pad_id: int, args) -> dict[str, object]:
+def vllm_summary(
+    vllm: VLLMServerEngine,
+    runs: dict[str, list[list[RolloutGroup]]],
+    seconds: dict[str, float],
+    rate: dict[str, float],
+    sync_s: list[float],
+    ready_s: float,
+    model,
+    pad_id: int,
+    args,
+) -> dict[str, object]:
     """vLLM beside the embedded engine: its rate, each update's sync time, its log-probs after the last update."""
     checked = [t for g in runs["vllm"][-1] for t in g.trajectories][: args.check_trajectories]
     mismatch = measure_logprob_mismatch(model, checked, pad_id=pad_id, temperature=args.temperature)

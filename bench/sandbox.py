@@ -49,9 +49,15 @@ def fresh_call(config: SandboxConfig, server: Path, work: Path, code: str) -> No
     argv = bwrap_argv(config, server, work, [config.python_executable, "-c", code])
     owner = run_as(config)
     subprocess.run(
-        argv, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        argv,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
         env=sandbox_env("/work", "/tmp"),
-        user=owner[0] if owner else None, group=owner[1] if owner else None, extra_groups=[] if owner else None,
+        user=owner[0] if owner else None,
+        group=owner[1] if owner else None,
+        extra_groups=[] if owner else None,
     )
 
 
@@ -127,8 +133,15 @@ def main() -> None:
                 fresh.append(ms(time.perf_counter() - t))
             trip_s, fresh_s = stats(trips), stats(fresh)
             speedup = round(fresh_s["p50"] / trip_s["p50"], 1)
-            emit({"figure": "roundtrip_ms", **trip_s, "peer_fresh_bwrap_p50": fresh_s["p50"],
-                  "goal_p50_max": 5.0, "goal_p99_max": 20.0})
+            emit(
+                {
+                    "figure": "roundtrip_ms",
+                    **trip_s,
+                    "peer_fresh_bwrap_p50": fresh_s["p50"],
+                    "goal_p50_max": 5.0,
+                    "goal_p99_max": 20.0,
+                }
+            )
             emit({"figure": "fresh_bwrap_python_ms", **fresh_s, "peer_warm_pool_p50": trip_s["p50"]})
             emit({"figure": "speedup", "value": speedup, "goal_min": 15.0})
 
@@ -148,21 +161,45 @@ def main() -> None:
             warm_rate = episodes_for(args.seconds, args.threads, warm_episode)
             fresh_seconds = max(args.seconds / 2, 3.0)
             fresh_rate = episodes_for(fresh_seconds, args.threads, fresh_episode)
-            emit({"figure": "episodes_per_min", "value": warm_rate, "peer_fresh_bwrap": fresh_rate,
-                  "threads": args.threads, "cpus": os.cpu_count()})
+            emit(
+                {
+                    "figure": "episodes_per_min",
+                    "value": warm_rate,
+                    "peer_fresh_bwrap": fresh_rate,
+                    "threads": args.threads,
+                    "cpus": os.cpu_count(),
+                }
+            )
             status = pool.status()
-        peer = {"name": "a fresh bwrap + python3 -c per call, same sandbox flags", "warmup_calls": args.warmup,
-                "calls": args.fresh, "episode_threads": args.threads, "episode_seconds": fresh_seconds}
-        emit({
-            "figure": "sandbox",
-            "acquire_p50_ms": acquire_s["p50"], "acquire_p99_ms": acquire_s["p99"],
-            "roundtrip_p50_ms": trip_s["p50"], "roundtrip_p99_ms": trip_s["p99"],
-            "fresh_p50_ms": fresh_s["p50"], "fresh_p99_ms": fresh_s["p99"], "speedup": speedup,
-            "episodes_per_min": warm_rate, "fresh_episodes_per_min": fresh_rate,
-            "backend": config.backend, "pool_size": config.pool_size, "failures": status.failures,
-            "calls": args.calls, "warmup_calls": args.warmup, "episode_threads": args.threads,
-            "episode_seconds": args.seconds, "peer": peer,
-        })
+        peer = {
+            "name": "a fresh bwrap + python3 -c per call, same sandbox flags",
+            "warmup_calls": args.warmup,
+            "calls": args.fresh,
+            "episode_threads": args.threads,
+            "episode_seconds": fresh_seconds,
+        }
+        emit(
+            {
+                "figure": "sandbox",
+                "acquire_p50_ms": acquire_s["p50"],
+                "acquire_p99_ms": acquire_s["p99"],
+                "roundtrip_p50_ms": trip_s["p50"],
+                "roundtrip_p99_ms": trip_s["p99"],
+                "fresh_p50_ms": fresh_s["p50"],
+                "fresh_p99_ms": fresh_s["p99"],
+                "speedup": speedup,
+                "episodes_per_min": warm_rate,
+                "fresh_episodes_per_min": fresh_rate,
+                "backend": config.backend,
+                "pool_size": config.pool_size,
+                "failures": status.failures,
+                "calls": args.calls,
+                "warmup_calls": args.warmup,
+                "episode_threads": args.threads,
+                "episode_seconds": args.seconds,
+                "peer": peer,
+            }
+        )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 

@@ -58,8 +58,14 @@ def measure(domains: list[str], steps: int, batch: int, group: int) -> dict:
         sched.metrics()
         parts["metrics"] += time.perf_counter() - t3
     per_step = {k: round(1e6 * v / steps, 1) for k, v in parts.items()}
-    return {"domains": len(domains), "steps": steps, "us_per_step": per_step, "us_per_step_total": round(sum(per_step.values()), 1),
-            "generation_s": round(warmup_s + generated, 3), "metrics_logged_per_step": len(sched.metrics())}
+    return {
+        "domains": len(domains),
+        "steps": steps,
+        "us_per_step": per_step,
+        "us_per_step_total": round(sum(per_step.values()), 1),
+        "generation_s": round(warmup_s + generated, 3),
+        "metrics_logged_per_step": len(sched.metrics()),
+    }
 
 
 def main() -> None:
@@ -79,14 +85,25 @@ def main() -> None:
         rows[label] = measure(domains, args.steps, args.batch, args.group)
         print(json.dumps(rows[label]), flush=True)
     peer = rows["4"]["us_per_step_total"]
-    print(json.dumps({
-        "figure": "scheduler", "steps": args.steps, "batch": args.batch, "group": args.group,
-        "us_per_step": {label: r["us_per_step_total"] for label, r in rows.items()},
-        "parts_us_per_step": {label: r["us_per_step"] for label, r in rows.items()},
-        "per_domain_us": {label: round(r["us_per_step_total"] / r["domains"], 2) for label, r in rows.items()},
-        "ratio_vs_4_domains": {label: round(r["us_per_step_total"] / peer, 2) for label, r in rows.items()},
-        "peer": {"name": "the same run over 4 domains", "setting": "the same steps, batch, group and seeded results"},
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "figure": "scheduler",
+                "steps": args.steps,
+                "batch": args.batch,
+                "group": args.group,
+                "us_per_step": {label: r["us_per_step_total"] for label, r in rows.items()},
+                "parts_us_per_step": {label: r["us_per_step"] for label, r in rows.items()},
+                "per_domain_us": {label: round(r["us_per_step_total"] / r["domains"], 2) for label, r in rows.items()},
+                "ratio_vs_4_domains": {label: round(r["us_per_step_total"] / peer, 2) for label, r in rows.items()},
+                "peer": {
+                    "name": "the same run over 4 domains",
+                    "setting": "the same steps, batch, group and seeded results",
+                },
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
         [--rounds 2] [--max-tokens 64] [--variants standard,fast,q8,llamacpp,vllm,vllm-ngram,vllm-fp8kv]
     .venv/bin/python bench/tiers.py --model gemma3-270m --chat-template gemma   # the second built-in, a base model
 
-Runs :func:`posttrain.platform.serving.tier_card.measure_tiers`, what the ``measure_tiers`` job runs, in a fresh
+Runs :func:`posttrain.training.tier_card.measure_tiers`, what the ``measure_tiers`` job runs, in a fresh
 data directory with the model imported: the model served in every tier this host can run (the embedded engine's
 standard, fast and q8 tiers; llama.cpp, ``make llamacpp``; vLLM plain, with n-gram speculation and with an fp8 KV
 cache, ``make vllm``), each as a deployment runs it, all started side by side and measured in turn:
@@ -62,9 +62,12 @@ def goal_3x_with_quality(tiers: list[dict]) -> dict:  # type: ignore[type-arg]
     ``tiers`` by the best round, ``tiers_on_median`` by the median round."""
     same_quality = [t for t in tiers if abs(t["quality_delta_vs_standard"]) <= 2 * t["quality_delta_se"]]
     best = [t["name"] for t in same_quality if t["speedup_1_vs_standard"] >= 3.0]
-    return {"met": bool(best), "tiers": best,
-            "tiers_on_median": [t["name"] for t in same_quality if t["speedup_1_vs_standard_median"] >= 3.0],
-            "quality_bound": "twice the paired difference's standard error"}
+    return {
+        "met": bool(best),
+        "tiers": best,
+        "tiers_on_median": [t["name"] for t in same_quality if t["speedup_1_vs_standard_median"] >= 3.0],
+        "quality_bound": "twice the paired difference's standard error",
+    }
 
 
 def main() -> None:
@@ -74,10 +77,15 @@ def main() -> None:
     parser.add_argument("--doc-tasks", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--variants", default="", help="comma-separated tier variants (default: every one this host can run)")
-    parser.add_argument("--chat-template", default=None,
-                        help="import the model with this chat template (a family: chatml, gemma): a base model has none, "
-                             "and the card's requests are chats")
+    parser.add_argument(
+        "--variants", default="", help="comma-separated tier variants (default: every one this host can run)"
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="import the model with this chat template (a family: chatml, gemma): a base model has none, "
+        "and the card's requests are chats",
+    )
     args = parser.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="posttrain-bench-tiers-"))
@@ -87,8 +95,8 @@ def main() -> None:
     from posttrain.platform.db import migrate
     from posttrain.platform.db.models import Role
     from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
-    from posttrain.platform.serving.tier_card import MeasureTiersConfig, card_tasks, host_variants, measure_tiers
     from posttrain.platform.settings import get_settings
+    from posttrain.training.tier_card import MeasureTiersConfig, card_tasks, host_variants, measure_tiers
 
     started = time.perf_counter()
     settings = get_settings()

@@ -25,7 +25,9 @@ import os
 import sys
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.append(sys.path.pop(0))  # bench/ holds files named like standard modules (queue.py): last, so they never shadow
+    sys.path.append(
+        sys.path.pop(0)
+    )  # bench/ holds files named like standard modules (queue.py): last, so they never shadow
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -35,8 +37,8 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-
 from rollout import REAL_MODEL, model_dir  # noqa: E402
+
 from posttrain.platform.tasks.domains import generate  # noqa: E402
 from posttrain.training.config import EnvironmentConfig, SamplingConfig  # noqa: E402
 from posttrain.training.environments.base import ChatTokens  # noqa: E402
@@ -44,8 +46,10 @@ from posttrain.training.environments.code_repair import CodeRepair  # noqa: E402
 from posttrain.training.inference import DEFAULT_PREFIX_CACHE_BYTES, EmbeddedRolloutEngine  # noqa: E402
 from posttrain.training.rollout import prompt_ids  # noqa: E402
 
-TOOL_OUTPUT = ("[status: error]\nTraceback (most recent call last):\n  File \"/work/test_visible.py\", line 3, in <module>\n"
-               "    assert add(2, 3) == 5\nAssertionError\n[exit code 1]")
+TOOL_OUTPUT = (
+    '[status: error]\nTraceback (most recent call last):\n  File "/work/test_visible.py", line 3, in <module>\n'
+    "    assert add(2, 3) == 5\nAssertionError\n[exit code 1]"
+)
 
 
 def episode_prompts(tokenizer, count: int) -> tuple[list[list[int]], list[int]]:  # type: ignore[no-untyped-def]
@@ -56,8 +60,14 @@ def episode_prompts(tokenizer, count: int) -> tuple[list[list[int]], list[int]]:
     return starts, ChatTokens(tokenizer).between_turns([{"role": "tool", "name": "bash", "content": TOOL_OUTPUT}])
 
 
-def run_round(engine: EmbeddedRolloutEngine, starts: list[list[int]], between: list[int], turns: int,
-              sampling: SamplingConfig, seed: int) -> tuple[float, list[list[list[int]]], int, int]:
+def run_round(
+    engine: EmbeddedRolloutEngine,
+    starts: list[list[int]],
+    between: list[int],
+    turns: int,
+    sampling: SamplingConfig,
+    seed: int,
+) -> tuple[float, list[list[list[int]]], int, int]:
     """Every episode at once, each in a thread: seconds, each episode's replies, prompt tokens, reused tokens."""
     batcher = engine.batcher(seed=seed)
     replies: list[list[list[int]]] = [[] for _ in starts]
@@ -96,8 +106,10 @@ def main() -> None:
         path, name = model_dir(args.model, Path(tmp))
         base = EmbeddedRolloutEngine.from_dir(path)
     peers = {"reuse": DEFAULT_PREFIX_CACHE_BYTES, "whole": 0}
-    engines = {p: EmbeddedRolloutEngine(base.model, base.tokenizer, stop_token_ids=base.stop_token_ids, prefix_cache_bytes=b)
-               for p, b in peers.items()}
+    engines = {
+        p: EmbeddedRolloutEngine(base.model, base.tokenizer, stop_token_ids=base.stop_token_ids, prefix_cache_bytes=b)
+        for p, b in peers.items()
+    }
     starts, between = episode_prompts(base.tokenizer, args.episodes)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=0.0)
     for engine in engines.values():  # warm-up

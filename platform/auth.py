@@ -91,11 +91,14 @@ def require(identity: Identity, needed: Role, *, action: str, url: str | None = 
         return current
     role = "disabled" if current is None else current.role.value
     audit(_shown(identity.username), "denied", target=action, details={"needed": needed.value, "role": role}, url=url)
-    raise PermissionDenied(f"{identity.username} ({role}) may not {action}: it needs the {needed.value} role; "
-                           "ask an admin for it")
+    raise PermissionDenied(
+        f"{identity.username} ({role}) may not {action}: it needs the {needed.value} role; ask an admin for it"
+    )
 
 
-def action(name: str, needed: Role) -> Callable[[Callable[Concatenate[Identity, P], R]], Callable[Concatenate[Identity, P], R]]:
+def action(
+    name: str, needed: Role
+) -> Callable[[Callable[Concatenate[Identity, P], R]], Callable[Concatenate[Identity, P], R]]:
     """Mark a platform function as an action ``name`` that needs ``needed``: its first argument is the
     acting identity, checked by :func:`require` before the function runs (with the ``url`` keyword the
     function was given, if any). The function audits what it did (in the transaction that did it, where
@@ -131,8 +134,10 @@ def command_line_identity(*, url: str | None = None) -> Identity:
         user = s.exec(select(User).where(User.username == name)).first()
     if user is None or user.disabled:
         state = "does not exist" if user is None else "is disabled"
-        raise AuthError(f"POSTTRAIN_CLI_USER={name!r} {state}: name an enabled console user, or unset it to act as "
-                        "the local administrator")
+        raise AuthError(
+            f"POSTTRAIN_CLI_USER={name!r} {state}: name an enabled console user, or unset it to act as "
+            "the local administrator"
+        )
     return Identity(user.username, user.role)
 
 
@@ -156,7 +161,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def audit(username: str, action: str, target: str = "", details: dict[str, Any] | None = None, *, url: str | None = None) -> None:
+def audit(
+    username: str, action: str, target: str = "", details: dict[str, Any] | None = None, *, url: str | None = None
+) -> None:
     with session(url) as s:
         s.add(AuditLog(username=username, action=action, target=target, details=details or {}))
 
@@ -168,8 +175,9 @@ def hash_password(password: str) -> str:
 
 
 @action("user.create", Role.admin)
-def create_user(identity: Identity, username: str, password: str, role: Role = Role.viewer, *,
-                url: str | None = None) -> Identity:
+def create_user(
+    identity: Identity, username: str, password: str, role: Role = Role.viewer, *, url: str | None = None
+) -> Identity:
     """Add a console user (admins)."""
     return _create_user(identity.username, username, password, role, url=url)
 
@@ -185,28 +193,36 @@ def bootstrap_admin(username: str, password: str, *, url: str | None = None, by:
     return _create_user(by, username, password, Role.admin, url=url, first_admin=True)
 
 
-def setup_first_admin(username: str, password: str, *, client_ip: str | None, bind_host: str,
-                      url: str | None = None) -> Identity:
+def setup_first_admin(
+    username: str, password: str, *, client_ip: str | None, bind_host: str, url: str | None = None
+) -> Identity:
     """The console's one-time setup form: the first admin, created from a browser on this machine only (the
     console bound to loopback and the browser's connection from loopback; ``client_ip`` None means loopback,
     as Streamlit reports it). Audited as ``setup-form``; refused once an admin exists."""
     if not is_loopback(bind_host) or (client_ip is not None and not is_loopback(client_ip)):
-        raise AuthError(f"the first admin is created from a browser on the console's own machine (console on "
-                        f"{bind_host}, browser at {client_ip or 'loopback'}): run `posttrain users bootstrap-admin NAME` there")
+        raise AuthError(
+            f"the first admin is created from a browser on the console's own machine (console on "
+            f"{bind_host}, browser at {client_ip or 'loopback'}): run `posttrain users bootstrap-admin NAME` there"
+        )
     return bootstrap_admin(username, password, url=url, by="setup-form")
 
 
-def _create_user(by: str, username: str, password: str, role: Role, *, url: str | None, first_admin: bool = False) -> Identity:
+def _create_user(
+    by: str, username: str, password: str, role: Role, *, url: str | None, first_admin: bool = False
+) -> Identity:
     username = username.strip()
     if not username or len(username) > 128 or any(c.isspace() for c in username):
         raise AuthError("a username is 1-128 characters without spaces")
     if ":" in username:  # cli:<login>, job:<id>: the platform's own identities, never a user's
-        raise AuthError(f"a username has no ':' (names such as cli:... and job:... are the platform's own); got {username!r}")
+        raise AuthError(
+            f"a username has no ':' (names such as cli:... and job:... are the platform's own); got {username!r}"
+        )
     digest = hash_password(password)
     with session(url) as s:
         if first_admin:  # serialise the check and the write (SQLite's write transactions already are)
             if s.get_bind().dialect.name == "postgresql":
-                s.exec(text("SELECT pg_advisory_xact_lock(hashtext('posttrain.first_admin'))"))  # type: ignore[call-overload]
+                lock = text("SELECT pg_advisory_xact_lock(hashtext('posttrain.first_admin'))")
+                s.exec(lock)  # type: ignore[call-overload]  # sqlmodel types exec() for selects; text runs as well
             if _admin_count(s) > 0:
                 raise AuthError(ADMIN_EXISTS)
         if s.exec(select(User).where(User.username == username)).first() is not None:
@@ -251,12 +267,12 @@ def has_admin(*, url: str | None = None) -> bool:
         return _admin_count(s) > 0
 
 
-def _admin_count(s) -> int:  # type: ignore[no-untyped-def]
+def _admin_count(s) -> int:
     stmt = select(func.count()).select_from(User).where(User.role == Role.admin, col(User.disabled).is_(False))
     return int(s.exec(stmt).one())
 
 
-def _user(s, username: str) -> User:  # type: ignore[no-untyped-def]
+def _user(s, username: str) -> User:
     user = s.exec(select(User).where(User.username == username)).first()
     if user is None:
         raise AuthError(f"no user named {username!r}")

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -49,12 +49,12 @@ from rich.text import Text
 
 import posttrain
 from posttrain.platform.api_keys import ApiKeyError
-from posttrain.platform.display import shown
 from posttrain.platform.auth import AuthError, Identity, PermissionDenied, command_line_identity, is_loopback
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
-from posttrain.platform.jobs.queue import JobNotFound
+from posttrain.platform.display import shown
 from posttrain.platform.jobs.config_file import ConfigFile, read_config_file
+from posttrain.platform.jobs.queue import JobNotFound
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text, validate_config
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound
@@ -91,8 +91,19 @@ err = _console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (SettingsError, DatabaseUnavailable, BadInput, JobNotFound, FileNotFoundError, AuthError, ModelDirError,
-               ModelNotFound, PermissionDenied, ApiKeyError, OpenServerRefused)
+USER_ERRORS = (
+    SettingsError,
+    DatabaseUnavailable,
+    BadInput,
+    JobNotFound,
+    FileNotFoundError,
+    AuthError,
+    ModelDirError,
+    ModelNotFound,
+    PermissionDenied,
+    ApiKeyError,
+    OpenServerRefused,
+)
 
 
 class SchemaOutOfDate(RuntimeError):
@@ -134,7 +145,9 @@ def require_schema() -> None:
 
 # --- lists: a table, or JSON with --json -----------------------------------------------------
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print a JSON array of objects (every column; times in ISO 8601)")]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print a JSON array of objects (every column; times in ISO 8601)")
+]
 
 
 def json_value(value: Any) -> Any:
@@ -174,7 +187,9 @@ def print_rows(rows: Sequence[dict[str, Any]], fields: Sequence[ListField], as_j
     """The rows of a list command: with ``--json`` a JSON array of objects holding every field, else a table (in
     a terminal, fitted to it; in a pipe or file, each row whole on one line)."""
     if as_json:
-        sys.stdout.write(json.dumps([{f.key: json_value(row.get(f.key)) for f in fields} for row in rows], indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps([{f.key: json_value(row.get(f.key)) for f in fields} for row in rows], indent=2) + "\n"
+        )
         return
     columns = [f for f in fields if f.table]
     table = Table(*(Column(f.header or f.key.replace("_", " "), no_wrap=f.no_wrap) for f in columns))
@@ -305,8 +320,13 @@ def gateway(
     host = host or settings.gateway_host
     auth = ApiAuth(host)
     refuse_open_server("gateway", host, auth)
-    app_ = create_gateway_app(GatewayConfig(deployments=registered_deployments()), refresh=registered_deployments, auth=auth,
-                              exports=open_export, registered=is_registered)
+    app_ = create_gateway_app(
+        GatewayConfig(deployments=registered_deployments()),
+        refresh=registered_deployments,
+        auth=auth,
+        exports=open_export,
+        registered=is_registered,
+    )
     uvicorn.run(app_, host=host, port=port or settings.gateway_port, log_level="warning")
 
 
@@ -332,6 +352,7 @@ def up(
         "gateway": [sys.executable, "-m", "posttrain.platform.cli", "gateway"],
         "console": console_command(host, port),
     }
+
     def start(name: str) -> Supervised:  # its lines go to our terminal, named; it dies with us
         return Supervised(commands[name], on_line=lambda line: print(f"[{name}] {line}", flush=True))
 
@@ -510,8 +531,10 @@ def jobs_list(
 
 @jobs_app.command("show")
 @user_errors
-def jobs_show(job_id: Annotated[int, typer.Argument(help="Job id")],
-              as_json: Annotated[bool, typer.Option("--json", help="One JSON object, every field")] = False) -> None:
+def jobs_show(
+    job_id: Annotated[int, typer.Argument(help="Job id")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, every field")] = False,
+) -> None:
     """Show everything recorded about one job: id, kind and status first, then the rest (its config and result as
     indented JSON, one field a line, so a pipe gets short lines too)."""
     from posttrain.platform.jobs import queue
@@ -613,7 +636,7 @@ def docs_add(
     require_schema()
     identity = me()
     failed = 0
-    jobs = []
+    jobs: list[int] = []
     for path in files:
         try:
             added = add_document(identity, path, password=password)
@@ -622,10 +645,13 @@ def docs_add(
             failed += 1
             continue
         if added.created:
+            assert added.job_id is not None  # a new document's preprocess job was queued
             out.print(f"document {added.document.id} {added.document.filename}: queued preprocess job {added.job_id}")
             jobs.append(added.job_id)
         else:
-            out.print(f"document {added.document.id} {added.document.filename}: stored before ({added.document.status.value})")
+            out.print(
+                f"document {added.document.id} {added.document.filename}: stored before ({added.document.status.value})"
+            )
     if follow:
         for job_id in jobs:
             _follow(int(job_id), stream_log=False)
@@ -635,7 +661,9 @@ def docs_add(
 
 @docs_app.command("list")
 @user_errors
-def docs_list(limit: Annotated[int, typer.Option(help="How many, newest first")] = 50, as_json: JsonOption = False) -> None:
+def docs_list(
+    limit: Annotated[int, typer.Option(help="How many, newest first")] = 50, as_json: JsonOption = False
+) -> None:
     """List documents with their status."""
     from posttrain.platform.documents import list_documents
 
@@ -686,9 +714,14 @@ def models_deploy(
     name: Annotated[str, typer.Argument(help="Registered model to serve")],
     tier: Annotated[str, typer.Option(help="Speed tier: fast or standard (or one of the Tiers tab's)")] = "standard",
     engine: Annotated[str | None, typer.Option(help="embedded, llamacpp or vllm (default: the tier's)")] = None,
-    allow_regression: Annotated[bool, typer.Option(
-        "--allow-regression", help="deploy it although its general check fell beyond 2 paired SEs below the model it "
-                                   "was trained from (refused without; the audit log records who overrode it)")] = False,
+    allow_regression: Annotated[
+        bool,
+        typer.Option(
+            "--allow-regression",
+            help="deploy it although its general check fell beyond 2 paired SEs below the model it "
+            "was trained from (refused without; the audit log records who overrode it)",
+        ),
+    ] = False,
 ) -> None:
     """Queue a deploy job: the model served in a tier until the job is cancelled (a worker runs it); the gateway
     routes to it. A model whose general check regressed is refused unless --allow-regression."""
@@ -699,22 +732,29 @@ def models_deploy(
     if engine is not None:
         config["engine"] = engine
     job_id = queue.submit(me(), "deploy", config)
-    out.print(f"queued deploy job {job_id}: {name} in the {tier} tier"
-              + (" (general check regression allowed; audited)" if allow_regression else ""), soft_wrap=True)
+    out.print(
+        f"queued deploy job {job_id}: {name} in the {tier} tier"
+        + (" (general check regression allowed; audited)" if allow_regression else ""),
+        soft_wrap=True,
+    )
 
 
 @models_app.command("default-tier")
 @user_errors
 def models_default_tier(
     name: Annotated[str, typer.Argument(help="A registered model")],
-    tier: Annotated[str | None, typer.Argument(help="The tier its requests go to when they name none; leave out to clear")] = None,
+    tier: Annotated[
+        str | None, typer.Argument(help="The tier its requests go to when they name none; leave out to clear")
+    ] = None,
 ) -> None:
     """Set the tier the gateway routes a model's requests to when they name no tier (no header, no name@tier suffix)."""
     from posttrain.platform.models.registry import set_default_tier
 
     require_schema()
     set_default_tier(me(), name, tier)
-    out.print(f"{name}: requests that name no tier go to {tier!r}" if tier else f"{name}: the routing policy picks the tier")
+    out.print(
+        f"{name}: requests that name no tier go to {tier!r}" if tier else f"{name}: the routing policy picks the tier"
+    )
 
 
 @models_app.command("register")
@@ -744,27 +784,37 @@ def _progress_line(label: str) -> Iterator[Callable[[float, str], None]]:
 @models_app.command("import")
 @user_errors
 def models_import(
-    source: Annotated[str, typer.Argument(help="A GGUF file, a Hugging Face directory, or a built-in model: "
-                                               "builtin:smollm2-135m-instruct, builtin:gemma3-270m")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A GGUF file, a Hugging Face directory, or a built-in model: "
+            "builtin:smollm2-135m-instruct, builtin:gemma3-270m"
+        ),
+    ],
     name: Annotated[str | None, typer.Option(help="Name to register it under (default: from the source)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16 weights")] = "float32",
-    chat_template: Annotated[str | None, typer.Option(
-        "--chat-template", help="give the model a chat template in place of its own (a base model has none): a family "
-                                "(chatml, gemma) or a Jinja template file")] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="give the model a chat template in place of its own (a base model has none): a family "
+            "(chatml, gemma) or a Jinja template file",
+        ),
+    ] = None,
 ) -> None:
     """Import real weights into the data directory and register them (a built-in model twice is a no-op);
     a built-in's provenance and licence are printed after it. A model without a chat template is a base model:
     it answers prompts on /v1/completions and refuses chat; SFT, GRPO and evaluation put its tasks to it in the
     plain completion format ("Question: ..." then "Answer:", worked examples first; SFT trains the answer and EOS,
     an answer is cut where the model goes on to a question of its own) unless the run sets chat_template."""
-    from posttrain.platform.models.importer import import_model
+    from posttrain.platform.models.importer import Dtype, import_model
 
     require_schema()
     if dtype not in ("float32", "bfloat16"):
         raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
     with _progress_line("import") as progress:
         template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
-        row = import_model(me(), source, name=name, dtype=dtype, progress=progress, chat_template=template)  # type: ignore[arg-type]
+        row = import_model(me(), source, name=name, dtype=cast(Dtype, dtype), progress=progress, chat_template=template)
     meta = row.meta or {}
     out.print(f"{row.name}: {meta.get('parameters', 0) / 1e6:.1f}M parameters at {row.path}; "
               f"asked {meta.get('check_prompt')!r} it answers {meta.get('check_answer')!r}", soft_wrap=True)  # fmt: skip
@@ -783,7 +833,9 @@ def models_import(
 @user_errors
 def models_export(
     name: Annotated[str, typer.Argument(help="Registered model to export")],
-    format: Annotated[str, typer.Option("--format", help="hf (a Hugging Face directory) or gguf (llama.cpp, Ollama)")] = "gguf",
+    format: Annotated[
+        str, typer.Option("--format", help="hf (a Hugging Face directory) or gguf (llama.cpp, Ollama)")
+    ] = "gguf",
     outtype: Annotated[str, typer.Option(help="GGUF weights: q8_0 or f16")] = "q8_0",
 ) -> None:
     """Export a model's full weights (a LoRA run merged) into <data_dir>/exports/<name>/."""
@@ -793,7 +845,7 @@ def models_export(
 
     require_schema()
     try:
-        config = ExportModelConfig(model=name, format=format, outtype=outtype)  # type: ignore[arg-type]
+        config = ExportModelConfig(model=name, format=format, outtype=outtype)
     except ValidationError as exc:
         raise JobConfigError("; ".join(f"--{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
     with _progress_line("export") as progress:
@@ -837,8 +889,12 @@ def _print_arena(result: dict[str, Any], show: int) -> None:
     table = Table("domain", "tasks", a, b, f"{b} - {a} ± paired SE (95% CI)", "wins/ties/losses")
     rows = [*arena["domains"].items(), *([("general check (all)", arena["general"])] if arena.get("general") else [])]
     for domain, row in rows:
-        se = f" ± {row['se']:.1%}" + (f", {row['clusters']} sources" if row.get("clusters") not in (None, row["tasks"]) else "") \
-            if "se" in row else ""  # a comparison stored before the SE was kept shows its interval only
+        se = (
+            f" ± {row['se']:.1%}"
+            + (f", {row['clusters']} sources" if row.get("clusters") not in (None, row["tasks"]) else "")
+            if "se" in row
+            else ""
+        )  # a comparison stored before the SE was kept shows its interval only
         table.add_row(domain, str(row["tasks"]), f"{row['a']:.1%}", f"{row['b']:.1%}",
                       f"{row['delta']:+.1%}{se} ({row['ci_low']:+.1%} .. {row['ci_high']:+.1%})",
                       f"{row['wins']}/{row['ties']}/{row['losses']}")  # fmt: skip
@@ -860,7 +916,9 @@ def models_compare(
     a: Annotated[str | None, typer.Argument(help="Baseline model (registered name)")] = None,
     b: Annotated[str | None, typer.Argument(help="Model compared with it")] = None,
     tasks: Annotated[str | None, typer.Option(help="Stored task set whose eval split both answer")] = None,
-    domain: Annotated[list[str] | None, typer.Option(help="Procedural domain (repeat); default: all of --tasks")] = None,
+    domain: Annotated[
+        list[str] | None, typer.Option(help="Procedural domain (repeat); default: all of --tasks")
+    ] = None,
     difficulty: Annotated[int, typer.Option(help="Procedural difficulty")] = 1,
     limit: Annotated[int, typer.Option(help="Tasks per domain")] = 50,
     max_new_tokens: Annotated[int, typer.Option(help="Answer length limit")] = 64,
@@ -993,7 +1051,9 @@ def users_list(as_json: JsonOption = False) -> None:
 @user_errors
 def keys_create(
     name: Annotated[str, typer.Argument(help="Who or what uses the key, e.g. ci-bot")],
-    model: Annotated[list[str] | None, typer.Option("--model", help="A registered model it may use (repeat); none: every model")] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="A registered model it may use (repeat); none: every model")
+    ] = None,
 ) -> None:
     """Create an API key and print it: the only time it is shown (only a hash of it is kept)."""
     from posttrain.platform.api_keys import create_key, shown
@@ -1007,7 +1067,9 @@ def keys_create(
 
 @keys_app.command("list")
 @user_errors
-def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False, as_json: JsonOption = False) -> None:
+def keys_list(
+    all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False, as_json: JsonOption = False
+) -> None:
     """List API keys (their public ids; never the secrets). A key's models: empty (JSON) or "all" (table) is every model."""
     from posttrain.platform.api_keys import list_keys, shown
 
@@ -1023,7 +1085,9 @@ def keys_list(all_: Annotated[bool, typer.Option("--all", help="Also revoked key
 
 @keys_app.command("revoke")
 @user_errors
-def keys_revoke(key: Annotated[str, typer.Argument(help="The key's id (pt-<12 hex digits>, as `posttrain keys list` shows)")]) -> None:
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The key's id (pt-<12 hex digits>, as `posttrain keys list` shows)")],
+) -> None:
     """Revoke an API key: every request with it is refused from now on."""
     from posttrain.platform.api_keys import revoke_key, shown
 

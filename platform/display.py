@@ -5,7 +5,7 @@ dict's repr (a mapping is ``name: ci-bot · limits.rpm: 5``)."""
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 MISSING = "—"  # what a page shows for a value that is not there
@@ -16,7 +16,7 @@ def utc_text(when: datetime | None, missing: str = MISSING) -> str:
     if when is None:
         return missing
     if when.tzinfo is not None:
-        when = when.astimezone(timezone.utc)
+        when = when.astimezone(UTC)
     return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

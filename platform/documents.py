@@ -61,8 +61,11 @@ def _record_failure(data: bytes | None, filename: str, message: str, url: str | 
             return row
         if row is None:
             shown = "".join(c if c.isprintable() else "?" for c in os.path.basename(filename.replace("\\", "/")))
-            row = Document(sha256=digest, filename=shown.encode("utf-8", "replace").decode()[:512] or "unnamed",
-                           size_bytes=len(data or b""))
+            row = Document(
+                sha256=digest,
+                filename=shown.encode("utf-8", "replace").decode()[:512] or "unnamed",
+                size_bytes=len(data or b""),
+            )
         row.status = DocumentStatus.failed
         row.error = message.encode("utf-8", "replace").decode().replace("\x00", "?")
         row.updated_at = utcnow()
@@ -124,7 +127,14 @@ def add_document(
             row.error = None
             row.updated_at = utcnow()
             s.add(row)
-            s.add(AuditLog(username=identity.username, action="document.upload", target=stored.filename, details={"sha256": stored.sha256}))
+            s.add(
+                AuditLog(
+                    username=identity.username,
+                    action="document.upload",
+                    target=stored.filename,
+                    details={"sha256": stored.sha256},
+                )
+            )
             s.flush()
             s.refresh(row)
     except IntegrityError:
@@ -203,9 +213,10 @@ def _layout_json(page: Any) -> dict[str, Any]:
 def _token_counter(config: PreprocessConfig, ctx: JobContext) -> tuple[str, Any]:
     if config.tokenizer_model is None:
         return "regex-words", regex_token_count
+    from transformers import AutoTokenizer
+
     from posttrain.platform.models.registry import ModelNotFound, get_model
     from posttrain.preprocess.tokens import as_token_counter
-    from transformers import AutoTokenizer
 
     try:
         model = get_model(config.tokenizer_model, url=ctx.url)
@@ -232,11 +243,12 @@ def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
     from posttrain.preprocess.vision import encode_page_image
 
     doc = get_document(config.document_id, url=ctx.url)
+    assert doc.id is not None  # a stored document
     password = None
     if config.password_file and Path(config.password_file).is_file():
         password = Path(config.password_file).read_text()
-    options = PreprocessOptions(render_dpi=config.render_dpi, ocr=config.ocr, password=password)  # type: ignore[arg-type]
-    _set_status(doc.id, ctx.url, status=DocumentStatus.processing, error=None)  # type: ignore[arg-type]
+    options = PreprocessOptions(render_dpi=config.render_dpi, ocr=config.ocr, password=password)
+    _set_status(doc.id, ctx.url, status=DocumentStatus.processing, error=None)
     tokenizer_name, count = _token_counter(config, ctx)
     pages_dir = ctx.settings.data_dir / "pages" / str(doc.id)
     pages_dir.mkdir(parents=True, exist_ok=True)
@@ -247,7 +259,7 @@ def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
         meta = {"metadata": info.metadata, "outline": [o.model_dump(mode="json") for o in info.outline],
                 "repaired": info.repaired, "encrypted": info.encrypted,
                 "active_content": info.active_content}  # fmt: skip
-        _set_status(doc.id, ctx.url, page_count=info.page_count, meta=meta)  # type: ignore[arg-type]
+        _set_status(doc.id, ctx.url, page_count=info.page_count, meta=meta)
         ctx.progress(len(done) / max(1, info.page_count), f"{len(done)}/{info.page_count} pages", force=True)
         for page in process_document(doc.storage_path, options, pages=todo, info=info) if todo else []:
             image_path, visual = None, None
@@ -265,27 +277,37 @@ def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
                 s.exec(delete(Page).where(col(Page.document_id) == doc.id, col(Page.page_no) == page.page_number - 1))
                 s.add(
                     Page(
-                        document_id=doc.id, page_no=page.page_number - 1, width=page.width, height=page.height,
+                        document_id=doc.id,
+                        page_no=page.page_number - 1,
+                        width=page.width,
+                        height=page.height,
                         source="ocr" if page.ocr else ("image" if page.source == "image" else "text"),
-                        text=text, markdown=page.markdown or "", layout=_layout_json(page),
-                        image_path=str(image_path) if image_path else None, visual_tokens=visual,
-                        token_counts={"tokenizer": tokenizer_name, "text": count(text),
-                                      "markdown": count(page.markdown or ""),
-                                      "layout": len(page.layout.words) if page.layout else 0, "visual": visual},
+                        text=text,
+                        markdown=page.markdown or "",
+                        layout=_layout_json(page),
+                        image_path=str(image_path) if image_path else None,
+                        visual_tokens=visual,
+                        token_counts={
+                            "tokenizer": tokenizer_name,
+                            "text": count(text),
+                            "markdown": count(page.markdown or ""),
+                            "layout": len(page.layout.words) if page.layout else 0,
+                            "visual": visual,
+                        },
                     )  # fmt: skip
                 )
             done.add(page.page_number)
             ctx.save_checkpoint({"pages_done": sorted(done)})
             ctx.progress(len(done) / info.page_count, f"{len(done)}/{info.page_count} pages")
             ctx.check_stop()
-        chunks = _chunks(pages_dir, doc.id, config.chunk_tokens, count, ctx.url)  # type: ignore[arg-type]
+        chunks = _chunks(pages_dir, doc.id, config.chunk_tokens, count, ctx.url)
     except PreprocessError as exc:
-        _set_status(doc.id, ctx.url, status=DocumentStatus.failed, error=str(exc))  # type: ignore[arg-type]
+        _set_status(doc.id, ctx.url, status=DocumentStatus.failed, error=str(exc))
         raise BadInput(str(exc)) from None
     finally:
         if config.password_file:
             Path(config.password_file).unlink(missing_ok=True)
-    _set_status(doc.id, ctx.url, status=DocumentStatus.ready, error=None)  # type: ignore[arg-type]
+    _set_status(doc.id, ctx.url, status=DocumentStatus.ready, error=None)
     return {"document_id": doc.id, "pages": info.page_count, "chunks": chunks, "tokenizer": tokenizer_name}
 
 
@@ -300,8 +322,14 @@ def _chunks(pages_dir: Path, document_id: int, budget: int, count: Any, url: str
         s.exec(delete(Chunk).where(col(Chunk.document_id) == document_id))
         for seq, c in enumerate(chunks):
             s.add(
-                Chunk(document_id=document_id, seq=seq, text=c.text, heading_path=list(c.heading_path),
-                      provenance=[p.model_dump(mode="json") for p in c.provenance], token_count=c.token_count)  # fmt: skip
+                Chunk(
+                    document_id=document_id,
+                    seq=seq,
+                    text=c.text,
+                    heading_path=list(c.heading_path),
+                    provenance=[p.model_dump(mode="json") for p in c.provenance],
+                    token_count=c.token_count,
+                )  # fmt: skip
             )
     return len(chunks)
 

@@ -28,7 +28,9 @@ TRUNCATED_FRAC = "rollout/truncated_frac"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 GROUPS = "rollout/groups"
 GROUPS_USED = "rollout/groups_used"  # the groups the update took: those with a signal, at most the batch size
-GROUPS_SIGNAL = "rollout/groups_signal"  # the step's groups whose rewards differed, all of them (the learning signal drawn)
+GROUPS_SIGNAL = (
+    "rollout/groups_signal"  # the step's groups whose rewards differed, all of them (the learning signal drawn)
+)
 GROUPS_STALE_DROPPED = "rollout/groups_stale_dropped"
 LOGPROB_PREFIX = "rollout/logprob_"  # + the figures of the train/inference log-prob check
 VERIFIER_LATENCY_S = "verifier/latency_s"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal, NamedTuple
 
-from sqlalchemy import func, literal
+from sqlalchemy import ColumnElement, func, literal
 from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
@@ -49,7 +49,7 @@ class Bucket(NamedTuple):
     mean: float
     min: float
     max: float
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
 
 
 def bucket_width(first_step: int, last_step: int, max_points: int) -> int:
@@ -71,7 +71,9 @@ def step_range(job_id: int, *, url: str | None = None) -> tuple[int, int] | None
     return None if low is None else (int(low), int(high))
 
 
-def buckets(job_id: int, names: Iterable[str], max_points: int = 1000, *, url: str | None = None) -> dict[str, list[Bucket]]:
+def buckets(
+    job_id: int, names: Iterable[str], max_points: int = 1000, *, url: str | None = None
+) -> dict[str, list[Bucket]]:
     """Each named series of ``job_id`` reduced to at most ``max_points`` buckets (mean, min, max), by step.
 
     Every series of a run shares one bucket width, chosen from the run's whole
@@ -92,7 +94,7 @@ def buckets(job_id: int, names: Iterable[str], max_points: int = 1000, *, url: s
         .subquery()
     )
     stmt = (
-        select(
+        select(  # type: ignore[call-overload]  # sqlmodel's overloads stop at four columns
             points.c.name,
             points.c.bucket,
             func.min(points.c.step),
@@ -162,9 +164,13 @@ def point_count(job_id: int, *, url: str | None = None) -> int:
 # --- trajectories ----------------------------------------------------------------------
 
 
-def _trajectory_filter(job_id: int, domains: Sequence[str] | None, steps: tuple[int, int] | None,  # type: ignore[no-untyped-def]
-                       rewards: tuple[float, float] | None = None):
-    conditions = [Trajectory.job_id == job_id]
+def _trajectory_filter(
+    job_id: int,
+    domains: Sequence[str] | None,
+    steps: tuple[int, int] | None,
+    rewards: tuple[float, float] | None = None,
+) -> list[ColumnElement[bool] | bool]:
+    conditions: list[ColumnElement[bool] | bool] = [Trajectory.job_id == job_id]
     if domains:
         conditions.append(col(Trajectory.domain).in_(list(domains)))
     if steps is not None:
@@ -198,8 +204,12 @@ def trajectories(
 
 
 def trajectory_count(
-    job_id: int, *, domains: Sequence[str] | None = None, steps: tuple[int, int] | None = None,
-    rewards: tuple[float, float] | None = None, url: str | None = None
+    job_id: int,
+    *,
+    domains: Sequence[str] | None = None,
+    steps: tuple[int, int] | None = None,
+    rewards: tuple[float, float] | None = None,
+    url: str | None = None,
 ) -> int:
     with session(url, read_only=True) as s:
         stmt = select(func.count()).select_from(Trajectory).where(*_trajectory_filter(job_id, domains, steps, rewards))
@@ -209,7 +219,9 @@ def trajectory_count(
 def trajectory_steps(job_id: int, *, url: str | None = None) -> tuple[int, int] | None:
     """The first and last step of a run that stored trajectories (None: it stored none)."""
     with session(url, read_only=True) as s:
-        low, high = s.exec(select(func.min(Trajectory.step), func.max(Trajectory.step)).where(Trajectory.job_id == job_id)).one()
+        low, high = s.exec(
+            select(func.min(Trajectory.step), func.max(Trajectory.step)).where(Trajectory.job_id == job_id)
+        ).one()
     return None if low is None else (int(low), int(high))
 
 

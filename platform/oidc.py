@@ -101,7 +101,11 @@ def oidc_login(claims: dict[str, Any], config: OIDCConfig, *, url: str | None = 
                                details={"role": config.default_role, "via": "oidc"}))  # fmt: skip
             user.last_login_at = utcnow()
             s.add(user)
-            s.add(AuditLog(username=username, action="login", details={"via": "oidc", "sub": str(claims.get("sub", ""))[:128]}))
+            s.add(
+                AuditLog(
+                    username=username, action="login", details={"via": "oidc", "sub": str(claims.get("sub", ""))[:128]}
+                )
+            )
             identity = Identity(user.username, user.role)
     if identity is None:
         raise AuthError(f"user {username} is disabled; ask an admin")

@@ -54,7 +54,7 @@ class Overview:
     failures: list[Job] = field(default_factory=list)
 
 
-def _count(s, model, *where) -> int:  # type: ignore[no-untyped-def]
+def _count(s, model, *where) -> int:
     return int(s.exec(select(func.count()).select_from(model).where(*where)).one())
 
 
@@ -71,11 +71,14 @@ def read_overview(*, failures: int = 10, url: str | None = None) -> Overview:
         ).all()
         runs = []
         for job in running:
+            assert job.id is not None  # a stored job
             last = s.exec(select(func.max(Metric.step)).where(Metric.job_id == job.id)).one()
             values = {}
             if last is not None:
-                values = {m.name: m.value for m in s.exec(select(Metric).where(Metric.job_id == job.id, Metric.step == last))}
-            runs.append(RunSummary(int(job.id), job.kind, job.progress, job.progress_message, last, values))  # type: ignore[arg-type]
+                values = {
+                    m.name: m.value for m in s.exec(select(Metric).where(Metric.job_id == job.id, Metric.step == last))
+                }
+            runs.append(RunSummary(int(job.id), job.kind, job.progress, job.progress_message, last, values))
         recent_failures = list(
             s.exec(
                 select(Job).where(Job.status == JobStatus.failed).order_by(col(Job.finished_at).desc()).limit(failures)

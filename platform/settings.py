@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,10 +43,14 @@ class OIDCConfig(BaseModel):
 
     client_id: str = Field(min_length=1)
     client_secret: SecretStr
-    server_metadata_url: str = Field(pattern=r"^https?://", description="the provider's .well-known/openid-configuration URL")
+    server_metadata_url: str = Field(
+        pattern=r"^https?://", description="the provider's .well-known/openid-configuration URL"
+    )
     provider_name: str = Field(default="single sign-on", description="shown on the login button")
     redirect_uri: str | None = Field(default=None, description="default http://localhost:<console_port>/oauth2callback")
-    cookie_secret: SecretStr | None = Field(default=None, description="default: generated once under <data_dir>/console")
+    cookie_secret: SecretStr | None = Field(
+        default=None, description="default: generated once under <data_dir>/console"
+    )
     default_role: Literal["viewer", "operator", "admin"] = "viewer"
     username_claim: str = "email"
     allowed_domains: list[str] = Field(default_factory=list, description="email domains allowed in (empty: any)")
@@ -83,21 +88,31 @@ class Settings(BaseSettings):
     worker_cpu_slots: int = Field(default=2, ge=1, le=1024, description="CPU jobs a worker runs at once.")
     worker_gpu_slots: int = Field(default=0, ge=0, le=64, description="GPU jobs a worker runs at once.")
     job_threads: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="torch threads of each job process. Unset: the machine's cores shared among the worker's CPU "
         "slots (one on 2 cores with 2 slots: two threads a process beside another computing process made "
         "generation 5-7x slower there); an OMP_NUM_THREADS in the environment wins over the unset default.",
     )
     llama_server: Path | None = Field(
-        default=None, description="the llama-server binary of the llamacpp engine; unset: the one `make llamacpp` "
-        "built and linked into the virtual environment, else one on PATH")
+        default=None,
+        description="the llama-server binary of the llamacpp engine; unset: the one `make llamacpp` "
+        "built and linked into the virtual environment, else one on PATH",
+    )
     vllm_python: Path | None = Field(
-        default=None, description="the Python of an environment with vLLM, which runs the vllm engine's servers; "
-        "unset: this environment's when it has vLLM (the gpu extra), else .venv-vllm (`make vllm`)")
+        default=None,
+        description="the Python of an environment with vLLM, which runs the vllm engine's servers; "
+        "unset: this environment's when it has vLLM (the gpu extra), else .venv-vllm (`make vllm`)",
+    )
     worker_poll_interval_s: float = Field(default=0.2, gt=0, le=60)
     heartbeat_interval_s: float = Field(default=2.0, gt=0, le=600)
-    heartbeat_timeout_s: float = Field(default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned.")
-    cancel_grace_s: float = Field(default=5.0, ge=0, le=3600, description="Seconds between SIGTERM and SIGKILL on cancel.")
+    heartbeat_timeout_s: float = Field(
+        default=30.0, gt=0, le=86400, description="A running job whose heartbeat is older is orphaned."
+    )
+    cancel_grace_s: float = Field(
+        default=5.0, ge=0, le=3600, description="Seconds between SIGTERM and SIGKILL on cancel."
+    )
     retry_backoff_s: float = Field(default=2.0, ge=0, le=3600, description="First retry delay; doubles per attempt.")
 
     console_host: str = Field(default="127.0.0.1")
@@ -176,7 +191,7 @@ class Settings(BaseSettings):
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     variable = ENV_PREFIX + "__".join(loc).upper() if loc else ENV_PREFIX + "*"
     given = error.get("input")

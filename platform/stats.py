@@ -64,7 +64,9 @@ class Difference:
 
     def points(self) -> str:
         """``+8.3 ± 2.9`` in points, with how the SE was taken."""
-        how = ("paired" if self.clusters is None else f"paired, {self.clusters} clusters") if self.paired else "unpaired"
+        how = (
+            ("paired" if self.clusters is None else f"paired, {self.clusters} clusters") if self.paired else "unpaired"
+        )
         return f"{100 * self.delta:+.1f} ± {100 * self.se:.1f} ({how} SE)"
 
 

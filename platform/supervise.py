@@ -51,15 +51,15 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def death_signal_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def death_signal_preexec(sig: int = signal.SIGTERM) -> Callable[[], object] | None:
     """A ``preexec_fn`` that makes the child get ``sig`` when its parent dies (libc resolved here, before the fork)."""
     prctl = _prctl()
     if prctl is None:  # pragma: no cover - not Linux
         return None
-    return lambda: prctl(PR_SET_PDEATHSIG, sig)  # type: ignore[misc]
+    return lambda: prctl(PR_SET_PDEATHSIG, sig)
 
 
-def child_setup(death_signal: int | None, cgroup_procs: Sequence[int] = ()) -> Callable[[], None] | None:
+def child_setup(death_signal: int | None, cgroup_procs: Sequence[int] = ()) -> Callable[[], object] | None:
     """A ``preexec_fn``: join the cgroups whose ``cgroup.procs`` files are open as ``cgroup_procs`` (so the
     child and all it starts are inside before it executes), then ask for ``death_signal`` when the parent dies."""
     die = death_signal_preexec(death_signal) if death_signal is not None else None
@@ -96,11 +96,21 @@ class Supervised:
     ``run_as``: the (uid, gid) it runs as, with no supplementary groups; ``cgroup_procs``: open ``cgroup.procs``
     files of the cgroups it joins before it executes."""
 
-    def __init__(self, command: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
-                 log_path: str | os.PathLike[str] | None = None, on_line: Callable[[str], None] | None = None,
-                 own_group: bool = False, death_signal: int | None = signal.SIGTERM, tail_lines: int = 200,
-                 pass_fds: Sequence[int] = (), run_as: tuple[int, int] | None = None,
-                 cgroup_procs: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        own_group: bool = False,
+        death_signal: int | None = signal.SIGTERM,
+        tail_lines: int = 200,
+        pass_fds: Sequence[int] = (),
+        run_as: tuple[int, int] | None = None,
+        cgroup_procs: Sequence[int] = (),
+    ) -> None:
         self.command = command
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._own_group = own_group
@@ -109,11 +119,21 @@ class Supervised:
         if self._log is not None:
             self._log.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(  # noqa: PLW1509 - the preexec_fn only calls prctl
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", env=env, cwd=cwd, start_new_session=own_group, pass_fds=tuple(pass_fds),
-            user=run_as[0] if run_as else None, group=run_as[1] if run_as else None,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+            cwd=cwd,
+            start_new_session=own_group,
+            pass_fds=tuple(pass_fds),
+            user=run_as[0] if run_as else None,
+            group=run_as[1] if run_as else None,
             extra_groups=[] if run_as else None,
-            preexec_fn=child_setup(death_signal, cgroup_procs))
+            preexec_fn=child_setup(death_signal, cgroup_procs),
+        )
         self._reader = threading.Thread(target=self._pump, name=f"output-of-{Path(command[0]).name}", daemon=True)
         self._reader.start()
 
@@ -229,12 +249,20 @@ def _worker_entry(target: Callable[..., Any], death_signal: int, *args: Any) -> 
     if parent is not None:
         if not parent.is_alive():
             return
-        threading.Thread(target=_watch_parent, args=(parent, death_signal), name="posttrain-watch-parent", daemon=True).start()
+        threading.Thread(
+            target=_watch_parent, args=(parent, death_signal), name="posttrain-watch-parent", daemon=True
+        ).start()
     target(*args)
 
 
-def start_worker(context: BaseContext, target: Callable[..., Any], args: tuple[Any, ...], *, name: str,
-                 death_signal: int = signal.SIGKILL) -> Any:
+def start_worker(
+    context: BaseContext,
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    name: str,
+    death_signal: int = signal.SIGKILL,
+) -> Any:
     """Start ``target(*args)`` as a daemon worker process of ``context``, which gets ``death_signal``
     as soon as the process that started it dies, even of SIGKILL; returns the started process (keep
     it: dropping it closes the pipe the worker watches)."""

@@ -62,13 +62,15 @@ def _set_disabled(identity: Identity, username: str, disabled: bool, url: str | 
     return AccountChange(username, disabled, keys)
 
 
-def _enabled_admins(s) -> int:  # type: ignore[no-untyped-def]
+def _enabled_admins(s) -> int:
     """How many admins are enabled, their rows locked (PostgreSQL) until the transaction ends: of two admins
     disabling each other at once, the second sees the first's change (SQLite serialises writers itself)."""
     stmt = select(User.id).where(User.role == Role.admin, col(User.disabled).is_(False)).with_for_update()
     return len(s.exec(stmt).all())
 
 
-def _keys_created_by(s, username: str) -> int:  # type: ignore[no-untyped-def]
-    stmt = select(func.count()).select_from(ApiKey).where(ApiKey.created_by == username, col(ApiKey.revoked_at).is_(None))
+def _keys_created_by(s, username: str) -> int:
+    stmt = (
+        select(func.count()).select_from(ApiKey).where(ApiKey.created_by == username, col(ApiKey.revoked_at).is_(None))
+    )
     return int(s.exec(stmt).one())

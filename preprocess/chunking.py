@@ -198,8 +198,14 @@ def pack_document(
         cost = count(piece) + (count(SEPARATOR) if parts else 0)
         if full or used + cost > budget:
             full = True
-            cut.append(CutItem(page=element.page, kind=element.kind, heading_path=[h for _, h in path],
-                               token_count=count(element.to_markdown())))
+            cut.append(
+                CutItem(
+                    page=element.page,
+                    kind=element.kind,
+                    heading_path=[h for _, h in path],
+                    token_count=count(element.to_markdown()),
+                )
+            )
             continue
         parts.append(piece)
         used += cost

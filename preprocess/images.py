@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from posttrain.preprocess.errors import CorruptDocument, EmptyDocument, ImageTooLarge, TooManyPages
-from posttrain.preprocess.models import DocumentInfo, FileKind, PageImage, PageResult
+from posttrain.preprocess.models import Block, DocumentInfo, FileKind, PageImage, PageResult, Word
 from posttrain.preprocess.ocr import ocr_image
 from posttrain.preprocess.ocr_layout import ocr_to_page_content
 from posttrain.preprocess.options import PreprocessOptions
@@ -61,7 +61,9 @@ def image_info(path: Path | str, kind: FileKind, options: PreprocessOptions) -> 
     if count == 0:
         raise EmptyDocument(f"{name!r} holds no image frames; check the file")
     if count > options.max_pages:
-        raise TooManyPages(f"{name!r} has {count} frames, over the limit of {options.max_pages}; split it or raise max_pages")
+        raise TooManyPages(
+            f"{name!r} has {count} frames, over the limit of {options.max_pages}; split it or raise max_pages"
+        )
     return DocumentInfo(kind=kind, page_count=count, metadata=metadata)
 
 
@@ -125,7 +127,10 @@ def extract_image_page(path: Path | str, index: int, options: PreprocessOptions 
     image.save(buf, format="PNG")
     render = PageImage(png=buf.getvalue(), width=image.width, height=image.height, dpi=72.0)
     timings["decode"] = time.perf_counter() - t0
-    blocks, words, confidence, ocr = [], [], None, False
+    blocks: list[Block] = []
+    words: list[Word] = []
+    confidence: float | None = None
+    ocr = False
     if options.ocr != "never":
         t = time.perf_counter()
         found = ocr_image(image.convert("L"), language=options.ocr_language, timeout_s=options.page_timeout_s)
@@ -149,4 +154,3 @@ def extract_image_page(path: Path | str, index: int, options: PreprocessOptions 
 
         result = attach_encodings(result)
     return result
-

@@ -90,7 +90,13 @@ def _heading_level(size: float, body: float, bold: float, block: Block, text: st
     for threshold, level in HEADING_RATIOS:
         if ratio >= threshold:
             return level
-    if bold > 0.95 and len(block.lines) == 1 and ratio >= 0.98 and len(text) < 80 and not text.endswith((".", ":", ",")):
+    if (
+        bold > 0.95
+        and len(block.lines) == 1
+        and ratio >= 0.98
+        and len(text) < 80
+        and not text.endswith((".", ":", ","))
+    ):
         return 4
     return 0
 
@@ -116,8 +122,13 @@ def _block_elements(block: Block, page_number: int, body: float) -> list[Element
     if heading is not None:
         rest = Block(order=block.order, bbox=block.lines[1].bbox[:1] + block.bbox[1:], lines=block.lines[1:])
         rest.bbox = (block.bbox[0], block.lines[1].bbox[1], block.bbox[2], block.bbox[3])
-        head = Element(kind="heading", text=heading, level=4, page=page_number,
-                       bbox=(block.bbox[0], block.bbox[1], block.bbox[2], block.lines[0].bbox[3]))
+        head = Element(
+            kind="heading",
+            text=heading,
+            level=4,
+            page=page_number,
+            bbox=(block.bbox[0], block.bbox[1], block.bbox[2], block.lines[0].bbox[3]),
+        )
         return [head] + _block_elements(rest, page_number, body)
     size, bold, mono = _dominant(block)
     line_texts = [ln.text for ln in block.lines]
@@ -138,7 +149,7 @@ def _block_elements(block: Block, page_number: int, body: float) -> list[Element
         for item in items:
             joined = _join_lines(item)
             m = _BULLET.match(joined)
-            joined = "- " + joined[m.end():] if m else joined
+            joined = "- " + joined[m.end() :] if m else joined
             out.append(Element(kind="list_item", text=joined, page=page_number, bbox=block.bbox))
         return out
     return [Element(kind="paragraph", text=text, page=page_number, bbox=block.bbox)] if text else []

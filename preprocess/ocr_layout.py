@@ -42,8 +42,8 @@ def ocr_to_page_content(words: Sequence[OcrWord], scale: float) -> tuple[list[Bl
     blocks: list[Block] = []
     out_words: list[Word] = []
     for rank, idx in enumerate(order):
-        bbox, lines, word_lines = raw_blocks[idx]
-        blocks.append(Block(order=rank, bbox=bbox, lines=lines, ocr=True))
+        bbox, block_lines, word_lines = raw_blocks[idx]
+        blocks.append(Block(order=rank, bbox=bbox, lines=block_lines, ocr=True))
         for line_no, line_words in enumerate(word_lines):
             for w in line_words:
                 out_words.append(

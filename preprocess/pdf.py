@@ -80,10 +80,20 @@ def open_pdf(path: Path | str, options: PreprocessOptions) -> pymupdf.Document:
 # sending or fetching data, embedded payloads. MuPDF runs none of them; they are reported so the
 # operator sees what a file carried.
 _ACTIVE_NAMES = {
-    "JavaScript": "javascript", "JS": "javascript", "Launch": "launch", "AA": "additional_actions",
-    "EmbeddedFile": "embedded_files", "EmbeddedFiles": "embedded_files", "FileAttachment": "embedded_files",
-    "SubmitForm": "submit_form", "ImportData": "import_data", "RichMedia": "rich_media",
-    "RichMediaExecute": "rich_media", "GoToR": "remote_goto", "GoToE": "remote_goto", "XFA": "xfa",
+    "JavaScript": "javascript",
+    "JS": "javascript",
+    "Launch": "launch",
+    "AA": "additional_actions",
+    "EmbeddedFile": "embedded_files",
+    "EmbeddedFiles": "embedded_files",
+    "FileAttachment": "embedded_files",
+    "SubmitForm": "submit_form",
+    "ImportData": "import_data",
+    "RichMedia": "rich_media",
+    "RichMediaExecute": "rich_media",
+    "GoToR": "remote_goto",
+    "GoToE": "remote_goto",
+    "XFA": "xfa",
 }
 _ACTIVE_NAME = re.compile(r"/(" + "|".join(sorted(_ACTIVE_NAMES, key=len, reverse=True)) + r")(?=[\s/<>\[\]()]|$)")
 
@@ -159,7 +169,12 @@ def _text_layer(page: pymupdf.Page) -> tuple[list[Block], list[Word]]:
                 has_text = has_text or not text.isspace()
                 spans.append(
                     span_new(
-                        text=text, bbox=tuple(s["bbox"]), font=s["font"], size=s["size"], flags=s["flags"], color=s["color"]
+                        text=text,
+                        bbox=tuple(s["bbox"]),
+                        font=s["font"],
+                        size=s["size"],
+                        flags=s["flags"],
+                        color=s["color"],
                     )
                 )
             if has_text:

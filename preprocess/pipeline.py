@@ -205,7 +205,7 @@ def _timeout(path: Path, index: int, options: PreprocessOptions) -> PageTimeout:
 
 def _check_workers(path: Path, procs: list, busy: dict[int, tuple[int, float]], options: PreprocessOptions) -> None:
     now = time.monotonic()
-    for wid, (index, began) in busy.items():
+    for index, began in busy.values():
         if now - began > options.page_timeout_s:
             raise _timeout(path, index, options)
     for wid, proc in enumerate(procs):

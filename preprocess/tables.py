@@ -164,7 +164,7 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def to_table(found: "pymupdf.table.Table") -> Table:
+def to_table(found: pymupdf.table.Table) -> Table:
     """Convert one PyMuPDF table into our model, with cells and markdown."""
     data = [[_clean(c) for c in row] for row in found.extract()]
     header_external = bool(getattr(found.header, "external", False))
@@ -195,15 +195,18 @@ def find_page_tables(page: pymupdf.Page, mode: str = "auto") -> list[Table]:
         regions = table_regions(page)
         if not regions:
             return []
-        if regions != WHOLE_PAGE:
+        if not isinstance(regions, str):  # the one str is WHOLE_PAGE
             # find_tables extracts text only inside its clip: restricting it to the candidate
             # clusters saves most of its time, and a table cannot lie outside them
-            clip = pymupdf.Rect(
-                min(r[0] for r in regions) - CLIP_PAD,
-                min(r[1] for r in regions) - CLIP_PAD,
-                max(r[2] for r in regions) + CLIP_PAD,
-                max(r[3] for r in regions) + CLIP_PAD,
-            ) & page.rect
+            clip = (
+                pymupdf.Rect(
+                    min(r[0] for r in regions) - CLIP_PAD,
+                    min(r[1] for r in regions) - CLIP_PAD,
+                    max(r[2] for r in regions) + CLIP_PAD,
+                    max(r[3] for r in regions) + CLIP_PAD,
+                )
+                & page.rect
+            )
     try:
         found = page.find_tables(clip=clip, use_layout=False)
     except Exception as exc:  # table detection must not sink the page: it is an enrichment

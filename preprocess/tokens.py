@@ -23,7 +23,9 @@ def as_token_counter(tokenizer: TokenizerLike) -> TokenCounter:
                 out = encode(text, add_special_tokens=False)
                 return len(getattr(out, "ids", out))
 
-        except TypeError:  # tokenizers.Tokenizer.encode(sequence, pair=None, is_pretokenized=False, add_special_tokens=True)
+        except (
+            TypeError
+        ):  # tokenizers.Tokenizer.encode(sequence, pair=None, is_pretokenized=False, add_special_tokens=True)
 
             def count(text: str) -> int:
                 out = encode(text)
@@ -35,7 +37,7 @@ def as_token_counter(tokenizer: TokenizerLike) -> TokenCounter:
             out = tokenizer(text)
             if isinstance(out, int):
                 return out
-            ids = out.get("input_ids") if isinstance(out, dict) else getattr(out, "input_ids", out)
+            ids: Any = out.get("input_ids") if isinstance(out, dict) else getattr(out, "input_ids", out)
             return len(ids)
 
     else:

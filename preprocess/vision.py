@@ -43,9 +43,7 @@ def smart_resize(
     if height <= 0 or width <= 0:
         raise PreprocessError(f"image size {width}x{height} is empty; render the page first")
     if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise PreprocessError(
-            f"image {width}x{height} has an aspect ratio over {MAX_ASPECT}; crop it before encoding"
-        )
+        raise PreprocessError(f"image {width}x{height} has an aspect ratio over {MAX_ASPECT}; crop it before encoding")
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
@@ -84,7 +82,9 @@ def encode_image(
     )
 
 
-def encode_page_image(page: PageResult, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> VisionEncoding:
+def encode_page_image(
+    page: PageResult, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS
+) -> VisionEncoding:
     """Encoding (c) of a processed page; the page must carry a render (set ``render_dpi``)."""
     if page.render is None:
         raise PreprocessError(

@@ -34,6 +34,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
+    fail_missing,
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    require,
+)
 from sqlalchemy import text
 from sqlmodel import SQLModel
 
@@ -42,16 +52,6 @@ from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import get_engine, reset_engines
 from posttrain.platform.db.models import Role
 from posttrain.platform.settings import get_settings
-from required_parts import (  # noqa: F401 - the hooks that fail a run missing a required part
-    fail_missing,
-    require,
-    pytest_configure,
-    pytest_make_collect_report,
-    pytest_runtest_makereport,
-    pytest_runtest_setup,
-    pytest_sessionfinish,
-    pytest_terminal_summary,
-)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Who a test acts as when it calls the platform's actions (no user row: they keep these roles).
@@ -75,7 +75,9 @@ def _turns(request: pytest.FixtureRequest) -> Iterator[None]:
     """The suite's two xdist workers share the PostgreSQL server: a test on it holds a shared lock, and the one
     that restarts the server (marked ``restarts_postgres``) holds it alone, so no other test's connection dies."""
     callspec = getattr(request.node, "callspec", None)
-    on_postgres = "pg_url" in request.fixturenames or (callspec is not None and callspec.params.get("db_url") == "postgres")
+    on_postgres = "pg_url" in request.fixturenames or (
+        callspec is not None and callspec.params.get("db_url") == "postgres"
+    )
     if not on_postgres:
         yield
         return
@@ -266,7 +268,9 @@ def console_deployment(name: str, model_dir: Path, tier: str = "standard") -> It
     from posttrain.platform.serving.profiles import DEFAULT_TIERS
 
     model = register_model(OPERATOR, name, model_dir)
-    engine = EmbeddedEngine(EngineConfig(model_path=str(model_dir), served_model_name=name, tier=DEFAULT_TIERS[tier])).start()
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(model_dir), served_model_name=name, tier=DEFAULT_TIERS[tier])
+    ).start()
     try:
         with serve_in_thread(create_engine_app(engine)) as server:
             with session() as s:
@@ -297,7 +301,9 @@ class BrowserTimers:
         def recording(messages):  # type: ignore[no-untyped-def]
             if not self._fragments:  # a page load starts the timers afresh
                 self.timed.clear()
-            self.timed.update({m.auto_rerun.fragment_id: m.auto_rerun.interval for m in messages if m.HasField("auto_rerun")})
+            self.timed.update(
+                {m.auto_rerun.fragment_id: m.auto_rerun.interval for m in messages if m.HasField("auto_rerun")}
+            )
             self.messages = list(messages)
             return parse(messages)
 
@@ -356,7 +362,9 @@ class Reliability:
     def _write(self, fields: dict[str, object], detail: dict[str, object]) -> None:
         """Record ``fields`` (what ``bench/reliability.py`` sums) with ``detail`` beside them, never in their place."""
         if clash := sorted(detail.keys() & {"test", *fields}):
-            raise TypeError(f"{fields['kind']} record: the detail {clash} would replace the record's own field; rename it")
+            raise TypeError(
+                f"{fields['kind']} record: the detail {clash} would replace the record's own field; rename it"
+            )
         record = {"test": self.test, **fields, **detail}
         self.records.append(record)
         if self._path is not None:
@@ -416,7 +424,9 @@ def lowercase_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     dist = root / "pt_lowercase_rubrics-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pt-lowercase-rubrics\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[posttrain.verifiers]\npt_lowercase_share = pt_lowercase_rubrics:lowercase_share\n")
+    (dist / "entry_points.txt").write_text(
+        "[posttrain.verifiers]\npt_lowercase_share = pt_lowercase_rubrics:lowercase_share\n"
+    )
     before = os.environ.get("PYTHONPATH")
     sys.path.insert(0, str(root))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), before) if p)
@@ -428,7 +438,6 @@ def lowercase_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = before
-
 
 
 # --- the built-in real model (SmolLM2-135M-Instruct), imported and loaded once per session -----------

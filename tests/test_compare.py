@@ -4,14 +4,13 @@ the head-to-head figures, an evaluate job run by a worker, the CLI and the Model
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
 from streamlit.testing.v1 import AppTest
-
-from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from test_cli import cli
+
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus, Model
 from posttrain.platform.jobs import queue
@@ -27,7 +26,10 @@ from posttrain.ui.common import beyond_noise
 pytestmark = pytest.mark.requires("real model")
 
 # one worked example before each question: zero-shot, this 135M model explains instead of answering
-SHOTS = {"compare.larger.int": ("Which is larger: 31 or 7?", "31"), "compare.smaller.int": ("Which is smaller: 31 or 7?", "7")}
+SHOTS = {
+    "compare.larger.int": ("Which is larger: 31 or 7?", "31"),
+    "compare.smaller.int": ("Which is smaller: 31 or 7?", "7"),
+}
 DOMAINS = tuple(SHOTS)
 PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 
@@ -36,8 +38,10 @@ PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("cmp") / "tiny", TinyModelSpec(
-        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("cmp") / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
+    )
 
 
 def _task_set(url: str | None = None) -> None:
@@ -46,17 +50,24 @@ def _task_set(url: str | None = None) -> None:
     for domain, (question, answer) in SHOTS.items():
         for task in generate(domain, 10, seed=3, difficulty=2, split="eval"):
             shot = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-            specs.append(TaskSpec.model_validate({**task.model_dump(), "prompt": shot + [m.model_dump() for m in task.prompt]}))
+            specs.append(
+                TaskSpec.model_validate({**task.model_dump(), "prompt": shot + [m.model_dump() for m in task.prompt]})
+            )
     save_tasks("numbers", specs, source="jsonl", url=url)
 
 
 def _records(passed: list[bool], domains: list[str], sources: list[str] | None = None) -> list[dict[str, object]]:
-    return [{"domain": d, "task_id": f"t{i}", "passed": p, "prompt": "q", "reference": "r", "completion": "c"}
-            | ({"source": sources[i]} if sources else {}) for i, (p, d) in enumerate(zip(passed, domains))]
+    return [
+        {"domain": d, "task_id": f"t{i}", "passed": p, "prompt": "q", "reference": "r", "completion": "c"}
+        | ({"source": sources[i]} if sources else {})
+        for i, (p, d) in enumerate(zip(passed, domains))
+    ]
 
 
 def test_paired_figures() -> None:
-    row = _paired(_records([True, True, False, False, True], ["d"] * 5), _records([True, False, True, True, True], ["d"] * 5))
+    row = _paired(
+        _records([True, True, False, False, True], ["d"] * 5), _records([True, False, True, True, True], ["d"] * 5)
+    )
     assert (row["wins"], row["ties"], row["losses"]) == (2, 2, 1)
     assert row["delta"] == pytest.approx(0.2) and row["a"] == pytest.approx(0.6) and row["b"] == pytest.approx(0.8)
     # differences 0 -1 1 1 0: the paired SE by hand, sqrt(sum((d - 0.2)^2) / 4 / 5)
@@ -81,8 +92,9 @@ def test_head_to_head_clusters_by_source_and_reports_the_general_check_apart() -
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_head_to_head_of_the_real_model_and_a_tiny_one(platform_env: dict[str, str], real_model_dir: ImportedRealModel,
-                                                      tiny_dir: Path) -> None:
+def test_head_to_head_of_the_real_model_and_a_tiny_one(
+    platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path
+) -> None:
     _task_set()
     config = EvalConfig(models=["tiny", "smol"], task_set="numbers", max_new_tokens=24, device="cpu")
     out = evaluate_models(config, {"tiny": str(tiny_dir), "smol": str(real_model_dir.path)}.__getitem__)
@@ -93,7 +105,9 @@ def test_head_to_head_of_the_real_model_and_a_tiny_one(platform_env: dict[str, s
         assert row["tasks"] == 10
         assert row["a"] == out["models"]["tiny"][f"eval/{domain}/pass@1"]
         assert row["b"] == out["models"]["smol"][f"eval/{domain}/pass@1"]
-        assert row["wins"] - row["losses"] == round(row["delta"] * 10) and row["wins"] + row["ties"] + row["losses"] == 10
+        assert (
+            row["wins"] - row["losses"] == round(row["delta"] * 10) and row["wins"] + row["ties"] + row["losses"] == 10
+        )
     total = arena["domains"]["all"]
     assert total["b"] > total["a"], total  # a real model beats a random two-layer one
     assert arena["disagreements_total"] == total["wins"] + total["losses"] == len(arena["disagreements"])
@@ -108,9 +122,16 @@ def test_a_stored_domain_beside_generated_ones_and_the_general_checks_flips(
     per-task records come back as ``general/<domain>`` rows of the arena (a general-check loss shows its flips),
     and ``all`` stays the evaluation's own tasks."""
     _task_set()
-    config = EvalConfig(models=["tiny", "smol"], domains=["compare.smaller.int", "list.int.sum"], difficulty=2,
-                        task_sets={"compare.smaller.int": "numbers"}, tasks_per_domain=4, max_new_tokens=8, device="cpu",
-                        general={"domains": ["list.int.max"], "tasks_per_domain": 4, "max_new_tokens": 8})
+    config = EvalConfig(
+        models=["tiny", "smol"],
+        domains=["compare.smaller.int", "list.int.sum"],
+        difficulty=2,
+        task_sets={"compare.smaller.int": "numbers"},
+        tasks_per_domain=4,
+        max_new_tokens=8,
+        device="cpu",
+        general={"domains": ["list.int.max"], "tasks_per_domain": 4, "max_new_tokens": 8},
+    )
     out = evaluate_models(config, {"tiny": str(tiny_dir), "smol": str(real_model_dir.path)}.__getitem__)
     arena, smol = out["arena"], out["models"]["smol"]
     assert list(arena["domains"]) == ["compare.smaller.int", "list.int.sum", "general/list.int.max", "all"]
@@ -118,7 +139,10 @@ def test_a_stored_domain_beside_generated_ones_and_the_general_checks_flips(
     assert arena["domains"]["general/list.int.max"]["tasks"] == 4
     assert arena["domains"]["general/list.int.max"]["b"] == smol["general/list.int.max/pass@1"]
     flips = [d for d in arena["disagreements"] if d["domain"] == "general/list.int.max"]
-    assert len(flips) == arena["domains"]["general/list.int.max"]["wins"] + arena["domains"]["general/list.int.max"]["losses"]
+    assert (
+        len(flips)
+        == arena["domains"]["general/list.int.max"]["wins"] + arena["domains"]["general/list.int.max"]["losses"]
+    )
     stored = {t.prompt_text for t in generate("compare.smaller.int", 10, seed=3, difficulty=2, split="eval")}
     assert all(d["prompt"] in stored for d in arena["disagreements"] if d["domain"] == "compare.smaller.int")
     with pytest.raises(ValueError, match=r"task_sets names \['list.int.min'\]"):
@@ -126,7 +150,9 @@ def test_a_stored_domain_beside_generated_ones_and_the_general_checks_flips(
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_compare_job_cli_and_console(platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
+def test_compare_job_cli_and_console(
+    platform_env: dict[str, str], real_model_dir: ImportedRealModel, tiny_dir: Path
+) -> None:
     register_model(OPERATOR, "tiny", tiny_dir)
     register_model(OPERATOR, "smollm2-135m-instruct", real_model_dir.path)
     _task_set()
@@ -181,16 +207,22 @@ def test_compare_with_its_base_from_a_run_uses_the_runs_evaluation(platform_env:
     with session() as s:
         s.add_all([Model(name="smollm2-135m-instruct", path="/models/a"), Model(name="quick-job1", path="/models/b")])
     at = AppTest.from_file(PAGE, default_timeout=60)
-    at.query_params.update({"compare_a": "smollm2-135m-instruct", "compare_b": "quick-job1", "compare_preset": "smollm2-quick"})
+    at.query_params.update(
+        {"compare_a": "smollm2-135m-instruct", "compare_b": "quick-job1", "compare_preset": "smollm2-quick"}
+    )
     at = login_as(at).run()
     assert not at.exception
     assert any("held-out evaluation of the run's preset 'smollm2-quick'" in i.value for i in at.info)
-    assert at.selectbox(key="compare_a").value == "smollm2-135m-instruct" and at.selectbox(key="compare_b").value == "quick-job1"
+    assert (
+        at.selectbox(key="compare_a").value == "smollm2-135m-instruct"
+        and at.selectbox(key="compare_b").value == "quick-job1"
+    )
     assert at.multiselect(key="compare_domains").disabled
     next(b for b in at.button if b.label == "Compare").click().run()
     (queued,) = queue.list_jobs(kind="evaluate")
-    expected = validate_config("evaluate", {"preset": "smollm2-quick", "models": ["smollm2-135m-instruct", "quick-job1"],
-                                            "general": None}).model_dump(mode="json")
+    expected = validate_config(
+        "evaluate", {"preset": "smollm2-quick", "models": ["smollm2-135m-instruct", "quick-job1"], "general": None}
+    ).model_dump(mode="json")
     assert queued.config == expected and queued.config["prompt_format"]["answer"] == "boxed"
 
 
@@ -206,24 +238,63 @@ def test_a_runs_own_comparison_opens_from_its_link(platform_env: dict[str, str])
 
     with session() as s:
         s.add_all([Model(name="smollm2-135m-instruct", path="/models/a"), Model(name="quick-job1", path="/models/b")])
-    arena = {"a": "smollm2-135m-instruct", "b": "quick-job1", **head_to_head(records([True, False, False]), records([True, True, False]))}
+    arena = {
+        "a": "smollm2-135m-instruct",
+        "b": "quick-job1",
+        **head_to_head(records([True, False, False]), records([True, True, False])),
+    }
     run = queue.submit(OPERATOR, "train_preset", {"preset": "smollm2-quick"})
-    other = queue.submit(OPERATOR, "evaluate", {"models": ["smollm2-135m-instruct", "quick-job1"], "domains": ["arith.add.int"],
-                                                "difficulty": 2})
+    other = queue.submit(
+        OPERATOR,
+        "evaluate",
+        {"models": ["smollm2-135m-instruct", "quick-job1"], "domains": ["arith.add.int"], "difficulty": 2},
+    )
     with session() as s:
-        for job_id, result in ((run, {"model": "quick-job1", "sft_model": "smollm2-135m-instruct", "preset": "smollm2-quick",
-                                      "models": ["smollm2-135m-instruct", "quick-job1"], "domains": ["arith.add.int"],
-                                      "gain_points": 33.33, "eval_tasks": 3, "eval_unseen_fraction": 1.0, "arena": arena}),
-                               (other, {"models": ["smollm2-135m-instruct", "quick-job1"], "paths": {}, "pass_at_1": {}, "reports": {}, "domains": ["arith.add.int"], "arena": arena})):
+        for job_id, result in (
+            (
+                run,
+                {
+                    "model": "quick-job1",
+                    "sft_model": "smollm2-135m-instruct",
+                    "preset": "smollm2-quick",
+                    "models": ["smollm2-135m-instruct", "quick-job1"],
+                    "domains": ["arith.add.int"],
+                    "gain_points": 33.33,
+                    "eval_tasks": 3,
+                    "eval_unseen_fraction": 1.0,
+                    "arena": arena,
+                },
+            ),
+            (
+                other,
+                {
+                    "models": ["smollm2-135m-instruct", "quick-job1"],
+                    "paths": {},
+                    "pass_at_1": {},
+                    "reports": {},
+                    "domains": ["arith.add.int"],
+                    "arena": arena,
+                },
+            ),
+        ):
             job = s.get(Job, job_id)
             job.status, job.result = JobStatus.succeeded, result
             s.add(job)
     at = AppTest.from_file(PAGE, default_timeout=60)
-    at.query_params.update({"compare_a": "smollm2-135m-instruct", "compare_b": "quick-job1", "compare_preset": "smollm2-quick",
-                            "compare_open": str(run)})
+    at.query_params.update(
+        {
+            "compare_a": "smollm2-135m-instruct",
+            "compare_b": "quick-job1",
+            "compare_preset": "smollm2-quick",
+            "compare_open": str(run),
+        }
+    )
     at = login_as(at).run()
     assert not at.exception
     opened = at.selectbox(key="compare_open")
     assert opened.value == run and len(opened.options) == 2  # the run's, opened, beside the evaluate job's
-    assert opened.options[1] == f"job {run}: smollm2-135m-instruct vs quick-job1 on run {run}'s held-out tasks (preset 'smollm2-quick')"
+    assert (
+        opened.options[1]
+        == f"job {run}: smollm2-135m-instruct vs quick-job1 on run {run}'s held-out tasks (preset 'smollm2-quick')"
+    )
     assert any("1 tasks where they disagree" in c.value for c in at.caption)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import OPERATOR
 from test_cli import cli, one_error_line
 from test_jobs import job_count
+
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.config_file import MAX_CONFIG_FILE_BYTES, read_config_file
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text, validate_config
@@ -33,25 +33,33 @@ from posttrain.training.checkpoint import CheckpointError, load_latest_checkpoin
         ("train_sft", {"preset": "cpu-demo", "model": "tiny", "output_dir": "/"}, "output_dir"),
         ("train_grpo", {"preset": "cpu-demo", "model": "/etc"}, "model"),
         ("train_sft", {"preset": "cpu-demo", "model": "tiny", "output_dir": "../../elsewhere"}, "output_dir"),
-        ("evaluate", {"models": ["tiny", "/root/models/x"], "domains": ["arith.add.int"], "difficulty": 3}, "models[1]"),
+        (
+            "evaluate",
+            {"models": ["tiny", "/root/models/x"], "domains": ["arith.add.int"], "difficulty": 3},
+            "models[1]",
+        ),
         ("train_preset", {"output_dir": "/tmp/run"}, "output_dir"),
         ("deploy", {"model": "tiny", "tiers_file": "/etc/passwd"}, "tiers_file"),
         ("build_tasks", {"task_set": "x", "source": {"type": "jsonl", "path": "/etc/hosts"}}, "source.path"),
         ("import_model", {"source": "/usr/share/model.gguf"}, "source"),
     ],
 )
-def test_a_path_outside_the_data_dir_is_refused_at_submit(platform_env: dict[str, str], db_url: str, kind: str,
-                                                          config: dict, field: str) -> None:
+def test_a_path_outside_the_data_dir_is_refused_at_submit(
+    platform_env: dict[str, str], db_url: str, kind: str, config: dict, field: str
+) -> None:
     before = job_count(db_url)
     with pytest.raises(JobConfigError, match=re.escape(field) + ": .* is outside the data directory"):
         queue.submit(OPERATOR, kind, config)
     assert job_count(db_url) == before
 
 
-def test_paths_inside_resolve_against_the_data_dir_and_extra_roots_are_allowed(platform_env: dict[str, str],
-                                                                               tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_paths_inside_resolve_against_the_data_dir_and_extra_roots_are_allowed(
+    platform_env: dict[str, str], tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     data = Path(platform_env["POSTTRAIN_DATA_DIR"]).resolve()
-    config = validate_config("train_sft", {"preset": "cpu-demo", "model": "models/tiny", "output_dir": str(data / "runs" / "a")})
+    config = validate_config(
+        "train_sft", {"preset": "cpu-demo", "model": "models/tiny", "output_dir": str(data / "runs" / "a")}
+    )
     assert config.model == str(data / "models" / "tiny") and config.output_dir == str(data / "runs" / "a")  # type: ignore[attr-defined]
     assert validate_config("train_sft", {"preset": "cpu-demo", "model": "tiny"}).model == "tiny"  # type: ignore[attr-defined]
     store = tmp_path / "team-models"
@@ -147,12 +155,15 @@ def assert_shows_no_line_of(result: subprocess.CompletedProcess[str], text: str,
 
 @sqlite_only
 @pytest.mark.parametrize(("name", "text", "line"), PLANTED, ids=[p[0] for p in PLANTED])
-def test_a_config_files_errors_name_its_lines_never_what_they_hold(platform_env: dict[str, str], db_url: str,
-                                                                   tmp_path: Path, name: str, text: str, line: int) -> None:
+def test_a_config_files_errors_name_its_lines_never_what_they_hold(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, name: str, text: str, line: int
+) -> None:
     path = tmp_path / name
     path.write_text(text)
     before = job_count(db_url)
-    assert_shows_no_line_of(cli(platform_env, "jobs", "submit", "train_sft", "--config-file", str(path)), text, path, line)
+    assert_shows_no_line_of(
+        cli(platform_env, "jobs", "submit", "train_sft", "--config-file", str(path)), text, path, line
+    )
     assert job_count(db_url) == before
 
 
@@ -186,7 +197,9 @@ def test_etc_shadow_prints_no_line_of_it(platform_env: dict[str, str]) -> None:
 def test_config_file_errors_never_echo_its_contents(platform_env: dict[str, str], tmp_path: Path) -> None:
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00secret")
-    assert "is not UTF-8 text" in one_error_line(cli(platform_env, "jobs", "submit", "selftest", "--config-file", str(binary)))
+    assert "is not UTF-8 text" in one_error_line(
+        cli(platform_env, "jobs", "submit", "selftest", "--config-file", str(binary))
+    )
 
 
 def test_a_config_file_over_the_cap_is_refused_by_its_size_before_it_is_read(tmp_path: Path) -> None:
@@ -234,7 +247,9 @@ def test_a_tiers_file_a_job_names_is_refused_without_its_contents(platform_env: 
                "tiers.json": (f'{{"tiers": {{"{SECRET}": {bad_tier}}}}}', "tiers.<tier>: value_error")}  # fmt: skip
     for name, (text, problem) in planted.items():
         (data / name).write_text(text)
-        with pytest.raises(BadInput, match=f"tiers file {re.escape(str(data / name))} is not a tier catalog") as refused:
+        with pytest.raises(
+            BadInput, match=f"tiers file {re.escape(str(data / name))} is not a tier catalog"
+        ) as refused:
             tier_catalog(get_settings(), data / name)
         assert SECRET not in str(refused.value) and f"({problem})" in str(refused.value)
 

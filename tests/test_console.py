@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import OPERATOR, REPO_ROOT, login_as, wait_for
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as, wait_for
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 

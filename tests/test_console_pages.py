@@ -18,10 +18,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, Model, SandboxPool, utcnow
 from posttrain.platform.jobs import queue
@@ -72,7 +72,9 @@ def test_overview_empty_says_so_in_words_and_tells_how_to_chat(platform_env: dic
     assert any(c.value == "No failed jobs." for c in at.caption)
     labels = [m.label for m in at.metric]
     assert len(labels) == 6 and "Deployments up" in labels
-    assert max(map(len, labels)) <= len("Sandboxes busy")  # the longest label that showed whole ("Deployments heal…" did not)
+    assert max(map(len, labels)) <= len(
+        "Sandboxes busy"
+    )  # the longest label that showed whole ("Deployments heal…" did not)
     assert any(f"{DEFAULT_MODEL} is not registered" in c.value and "make run" in c.value for c in at.caption)
 
     with session() as s:  # what `make run` leaves: the built-in model registered, nothing deployed

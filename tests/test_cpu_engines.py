@@ -4,16 +4,15 @@ deployed as a job behind the gateway."""
 from __future__ import annotations
 
 import copy
-import os
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
 from torch import nn
 
-from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 
@@ -76,8 +75,11 @@ def test_fused_q8_layers_compute_what_the_q8_modules_compute(tiny) -> None:  # t
         ours = copy.deepcopy(theirs)
         for token in range(3):  # three steps, each row one token
             mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-            inputs = {"input_ids": torch.tensor([[20 + token], [30 + token]]), "attention_mask": mask,
-                      "position_ids": mask.sum(-1, keepdim=True) - 1}
+            inputs = {
+                "input_ids": torch.tensor([[20 + token], [30 + token]]),
+                "attention_mask": mask,
+                "position_ids": mask.sum(-1, keepdim=True) - 1,
+            }
             expected, got = modules(theirs, **inputs), fused(ours, **inputs)
             scale = float(expected.abs().max())
             assert float((got - expected).abs().max()) < 1e-5 * scale, float((got - expected).abs().max()) / scale
@@ -116,10 +118,8 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
     fused layers in two kernel calls each; the modules' own step was 2.77x), 2.8x alone and 2.3-2.6x beside the
     suite's other worker on a Sapphire Rapids VM, whose one core streams fp32 weights at 10 GB/s."""
     from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig
-    from posttrain.platform.serving.generation import DecodeBatch, SamplingParams, Sequence
+    from posttrain.platform.serving.generation import DecodeBatch, LeanDecoder, SamplingParams, Sequence
     from posttrain.platform.serving.q8 import Q8Linear
-
-    from posttrain.platform.serving.generation import LeanDecoder
 
     q8 = EmbeddedEngine(EngineConfig(model_path=str(real_model.info.path), tier=DEFAULT_TIERS["q8"]), loaded=real_model)
     assert isinstance(q8.loaded.model.lm_head, Q8Linear) and isinstance(real_model.model.lm_head, nn.Linear)
@@ -140,7 +140,9 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
     decode(q8.loaded.model, 4)  # the kernel compiled and warm
     rates: dict[str, list[float]] = {"q8": [], "standard": []}
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # both tiers as a serving process runs them (the kernel uses one thread), also outside xdist
+    torch.set_num_threads(
+        1
+    )  # both tiers as a serving process runs them (the kernel uses one thread), also outside xdist
     try:
         for _ in range(2):
             for name, model in (("q8", q8.loaded.model), ("standard", real_model.model)):
@@ -179,7 +181,9 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
     binary = find_server()  # make test builds it (make llamacpp)
     register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)
 
-    worker = start_worker({**platform_env, "POSTTRAIN_LLAMA_SERVER": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")})
+    worker = start_worker(
+        {**platform_env, "POSTTRAIN_LLAMA_SERVER": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")}
+    )
     try:
         missing = queue.submit(OPERATOR, "deploy", {"model": "smol", "tier": "llamacpp"})
         wait_for(lambda: queue.get_job(missing).status.finished, timeout=60, message="deploy without the binary ends")
@@ -204,15 +208,17 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
         assert args[args.index("--model") + 1].endswith("smol.Q8_0.gguf") and args[args.index("--parallel") + 1] == "4"
 
         gateway = serve_in_thread(
-            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments))
+            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments)
+        )
         with gateway:
             client = OpenAI(base_url=gateway.base_url + "/v1", api_key="unused")
             wait_for(lambda: client.models.list().data, timeout=30, message="gateway sees the deployment")
             (listed,) = client.models.list().data
             assert listed.id == "smol" and listed.model_extra["max_model_len"] > 0
             messages = [{"role": "user", "content": "Name three primary colours."}]
-            reply = client.chat.completions.create(model="smol@llamacpp", messages=messages, max_tokens=24,
-                                                   temperature=0)  # the tier named as any OpenAI client can
+            reply = client.chat.completions.create(
+                model="smol@llamacpp", messages=messages, max_tokens=24, temperature=0
+            )  # the tier named as any OpenAI client can
             text = reply.choices[0].message.content
             assert text and reply.usage.completion_tokens > 0 and reply.choices[0].finish_reason in ("stop", "length")
             stream = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,

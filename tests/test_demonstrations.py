@@ -6,18 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
-
 from conftest import ImportedRealModel
 from test_code_verifier import pool, service  # noqa: F401 - its module-scoped pool and verifier service, one of each here
+from transformers import AutoTokenizer
+
 from posttrain.platform.sandbox import SandboxPool
 from posttrain.platform.tasks.domains.registry import generate
+from posttrain.platform.tasks.episodes import as_file
 from posttrain.platform.verifiers import VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.data import IGNORE, chat_example, episode_example
 from posttrain.training.demonstrations import TOOLS, demonstrations, expert_script, fix_edits
 from posttrain.training.environments.base import read_episodes, write_episodes
-from posttrain.platform.tasks.episodes import as_file
 from posttrain.training.environments.code_repair import CodeRepair
 
 pytestmark = [pytest.mark.requires("bubblewrap"), pytest.mark.requires("real model")]
@@ -32,8 +32,11 @@ def tokenizer(real_model_dir: ImportedRealModel):  # type: ignore[no-untyped-def
 
 
 def repair_tasks() -> list:  # type: ignore[type-arg]
-    return [*generate("repair.off_by_one", 2, seed=1, difficulty=4), *generate("repair.wrong_operator", 1, seed=2, difficulty=2),
-            *generate("repair.humaneval", 1, seed=3, difficulty=1)]
+    return [
+        *generate("repair.off_by_one", 2, seed=1, difficulty=4),
+        *generate("repair.wrong_operator", 1, seed=2, difficulty=2),
+        *generate("repair.humaneval", 1, seed=3, difficulty=1),
+    ]
 
 
 def test_fix_edits_anchor_each_hunk_once_and_rebuild_the_reference() -> None:
@@ -60,15 +63,25 @@ def test_scripts_vary_over_seeds_and_keep_the_expert_s_steps() -> None:
         assert "test_visible.py" in script[-2]  # the tests run again before the reply
 
 
-def test_a_demonstration_replays_to_the_hidden_tests_pass(tokenizer, pool: SandboxPool, service: VerifierService,  # type: ignore[no-untyped-def]
-                                                         tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_demonstration_replays_to_the_hidden_tests_pass(
+    tokenizer,
+    pool: SandboxPool,
+    service: VerifierService,
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
     tasks = repair_tasks()
     episodes = demonstrations(tasks, tokenizer, ENV, SAMPLING, service, pool, seed=7)
     assert len(episodes) == len(tasks)
     for task, episode in zip(tasks, episodes):
-        assert episode.stop_reason == "answer" and episode.verdict is not None and episode.verdict.passed, episode.verdict
+        assert episode.stop_reason == "answer" and episode.verdict is not None and episode.verdict.passed, (
+            episode.verdict
+        )
         outputs = [c.output for c in episode.tool_calls]
-        runs = [o for c, o in zip(episode.tool_calls, outputs) if c.name == "bash" and "test_visible" in c.arguments["command"]]
+        runs = [
+            o
+            for c, o in zip(episode.tool_calls, outputs)
+            if c.name == "bash" and "test_visible" in c.arguments["command"]
+        ]
         # What the sandbox really printed: the visible tests fail before the fix and pass after it.
         assert "AssertionError" in runs[0] or "NotImplementedError" in runs[0], runs[0]
         assert "all visible tests pass" in runs[-1], runs[-1]
@@ -77,14 +90,17 @@ def test_a_demonstration_replays_to_the_hidden_tests_pass(tokenizer, pool: Sandb
         assert service.verify(as_file(task), episode.answer or "").passed
     # Stored and read back as ordinary episodes, ids and masks token for token.
     stored = read_episodes(write_episodes(tmp_path / "demos.jsonl", episodes), min_reward=1.0)
-    assert [(s.prompt_ids, s.token_ids, s.loss_mask) for s in stored] == [(e.prompt_ids, e.token_ids, e.loss_mask) for e in episodes]
+    assert [(s.prompt_ids, s.token_ids, s.loss_mask) for s in stored] == [
+        (e.prompt_ids, e.token_ids, e.loss_mask) for e in episodes
+    ]
     (tmp_path / "bad.jsonl").write_text('{"prompt_ids": [1]}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 1: not an episode"):
         read_episodes(tmp_path / "bad.jsonl")
 
 
 def test_sft_on_a_multi_turn_episode_trains_the_policy_s_tokens_as_the_rollout_path_laid_them(
-        tokenizer, pool: SandboxPool, service: VerifierService) -> None:  # type: ignore[no-untyped-def]
+    tokenizer, pool: SandboxPool, service: VerifierService
+) -> None:  # type: ignore[no-untyped-def]
     task = generate("repair.wrong_operator", 1, seed=2, difficulty=2)[0]
     episode = demonstrations([task], tokenizer, ENV, SAMPLING, service, pool, seed=1)[0]
     example = episode_example(episode.prompt_ids, episode.token_ids, episode.loss_mask)
@@ -111,15 +127,23 @@ def test_sft_on_a_multi_turn_episode_trains_the_policy_s_tokens_as_the_rollout_p
     assert rendered.labels[: len(ids)] == example.labels
 
 
-def test_an_sft_run_reads_episodes_filtered_by_reward(tokenizer, pool: SandboxPool, service: VerifierService,  # type: ignore[no-untyped-def]
-                                                      tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_sft_run_reads_episodes_filtered_by_reward(
+    tokenizer,
+    pool: SandboxPool,
+    service: VerifierService,
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
     from posttrain.training.config import SFTConfig
     from posttrain.training.sft import build_examples
 
-    episode = demonstrations(generate("repair.wrong_return", 1, seed=4, difficulty=1), tokenizer, ENV, SAMPLING, service, pool)[0]
+    episode = demonstrations(
+        generate("repair.wrong_return", 1, seed=4, difficulty=1), tokenizer, ENV, SAMPLING, service, pool
+    )[0]
     path = write_episodes(tmp_path / "episodes.jsonl", [episode, episode])
     lines = path.read_text().splitlines()
-    path.write_text(lines[0] + "\n" + lines[1].replace('"reward": 1.0', '"reward": 0.25') + "\n")  # a stored rollout that half failed
+    path.write_text(
+        lines[0] + "\n" + lines[1].replace('"reward": 1.0', '"reward": 0.25') + "\n"
+    )  # a stored rollout that half failed
     every = build_examples(SFTConfig(episodes_path=str(path), max_seq_len=4096), tokenizer)
     kept = build_examples(SFTConfig(episodes_path=str(path), episodes_min_reward=1.0, max_seq_len=4096), tokenizer)
     assert len(every) == 2 and len(kept) == 1
@@ -141,8 +165,14 @@ def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer
     get_settings.cache_clear()
     try:
         out = reachable_dir()
-        demos = {"domains": [{"name": "repair.off_by_one", "difficulty": 2}, {"name": "repair.missing_case", "difficulty": 2}],
-                 "tasks_per_domain": 2, "environment": ENV.model_dump()}
+        demos = {
+            "domains": [
+                {"name": "repair.off_by_one", "difficulty": 2},
+                {"name": "repair.missing_case", "difficulty": 2},
+            ],
+            "tasks_per_domain": 2,
+            "environment": ENV.model_dump(),
+        }
         config = SFTConfig(output_dir=str(out), demonstrations=demos, max_seq_len=4096)
         examples = build_examples(config, tokenizer)
         made = out / "demonstrations.jsonl"
@@ -150,11 +180,17 @@ def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer
         assert len(examples) == len(stored) == 4  # every scripted repair passed the hidden tests
         domains = [json.loads(line)["task"]["domain"] for line in made.read_text().splitlines()]
         assert sorted(set(domains)) == ["repair.missing_case", "repair.off_by_one"]
-        assert [x.labels for x in examples] == [episode_example(e.prompt_ids, e.token_ids, e.loss_mask, 4096).labels for e in stored]
+        assert [x.labels for x in examples] == [
+            episode_example(e.prompt_ids, e.token_ids, e.loss_mask, 4096).labels for e in stored
+        ]
         written = made.stat().st_mtime_ns
-        assert build_examples(config, tokenizer) == examples and made.stat().st_mtime_ns == written  # read back, not made again
+        assert (
+            build_examples(config, tokenizer) == examples and made.stat().st_mtime_ns == written
+        )  # read back, not made again
         other = config.updated(demonstrations={**demos, "seed": 1})
-        assert build_examples(other, tokenizer) != examples and made.stat().st_mtime_ns != written  # new settings: made anew
+        assert (
+            build_examples(other, tokenizer) != examples and made.stat().st_mtime_ns != written
+        )  # new settings: made anew
     finally:
         get_settings.cache_clear()
     with pytest.raises(ValueError, match="not repair"):
@@ -174,7 +210,9 @@ def test_self_generated_episodes_keep_only_what_the_rubric_passed_up_to_the_shar
     from posttrain.training.sft import own_successes
 
     def group(*rewards: float | None) -> SimpleNamespace:
-        return SimpleNamespace(trajectories=[SimpleNamespace(reward=r, episode=f"e{i}:{r}") for i, r in enumerate(rewards)])
+        return SimpleNamespace(
+            trajectories=[SimpleNamespace(reward=r, episode=f"e{i}:{r}") for i, r in enumerate(rewards)]
+        )
 
     groups = [group(0.0, 1.0, 1.0, 1.0), group(None, 0.5, 0.0), group(None, 1.0)]
     assert own_successes(groups, SelfGeneratedConfig(keep_per_task=2)) == ["e1:1.0", "e2:1.0", "e1:1.0"]
@@ -182,7 +220,8 @@ def test_self_generated_episodes_keep_only_what_the_rubric_passed_up_to_the_shar
 
 
 def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passed_beside_the_expert(
-        real_model_dir: ImportedRealModel, tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real_model_dir: ImportedRealModel, tokenizer, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """``self_generated`` with ``demonstrations``: the starting model plays whole episodes of each demonstrated task in
     real sandboxes; only the episodes the rubric passed are written (a model that passes none leaves the expert's
     episodes to train on, not a failed run), and the run trains on both."""
@@ -197,9 +236,21 @@ def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passe
     get_settings.cache_clear()
     try:
         out = reachable_dir()
-        demos = {"domains": [{"name": "repair.off_by_one", "difficulty": 2}], "tasks_per_domain": 1, "environment": ENV.model_dump()}
-        config = SFTConfig(model=str(real_model_dir.path), output_dir=str(out), demonstrations=demos, max_seq_len=4096,
-                           max_steps=1, device="cpu", micro_batch_size=2, self_generated={"samples": 2, "max_new_tokens": 32})
+        demos = {
+            "domains": [{"name": "repair.off_by_one", "difficulty": 2}],
+            "tasks_per_domain": 1,
+            "environment": ENV.model_dump(),
+        }
+        config = SFTConfig(
+            model=str(real_model_dir.path),
+            output_dir=str(out),
+            demonstrations=demos,
+            max_seq_len=4096,
+            max_steps=1,
+            device="cpu",
+            micro_batch_size=2,
+            self_generated={"samples": 2, "max_new_tokens": 32},
+        )
         assert train_sft(config).steps == 1
         own = [json.loads(line) for line in (out / "self-generated.jsonl").read_text().splitlines()]
         task_ids = {t.task_id for t in demonstration_tasks(config.demonstrations)}  # type: ignore[arg-type]

@@ -7,8 +7,8 @@ import sys
 
 import psutil
 import pytest
-
 from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
+
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
 from posttrain.platform.jobs import queue
@@ -23,7 +23,10 @@ def test_worker_imports_no_torch() -> None:
     import subprocess
 
     code = "import sys, posttrain.platform.jobs.registry as r; r.kinds(); print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_register_refuses_what_is_not_a_model(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -97,8 +100,12 @@ def test_a_models_default_tier_marks_its_deployment_for_the_gateway(platform_env
         model = Model(name="m", path=str(tmp_path))
         s.add(model)
         s.flush()
-        s.add_all([Deployment(model_id=model.id, tier=tier, url=f"http://127.0.0.1:{port}", status="running")  # type: ignore[arg-type]
-                   for tier, port in (("fast", 1), ("standard", 2))])
+        s.add_all(
+            [
+                Deployment(model_id=model.id, tier=tier, url=f"http://127.0.0.1:{port}", status="running")  # type: ignore[arg-type]
+                for tier, port in (("fast", 1), ("standard", 2))
+            ]
+        )
     assert [d.default for d in registered_deployments()] == [False, False]
     set_default_tier(OPERATOR, "m", "fast")
     assert {d.tier: d.default for d in registered_deployments()} == {"fast": True, "standard": False}
@@ -117,12 +124,17 @@ def test_a_deployment_s_log_keeps_its_lines_but_the_polls_it_answered() -> None:
 
     kept: list[str] = []
     lines = LogLines(kept.append)
-    polls = ['INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 200 OK',  # uvicorn: the embedded engine
-             '(APIServer pid=4242) INFO:     127.0.0.1:5678 - "GET /metrics HTTP/1.1" 200 OK',  # vLLM
-             "srv  log_server_r: request: GET /health 127.0.0.1 200"]  # llama-server
-    others = ['INFO:     127.0.0.1:40022 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
-              'INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 503 Service Unavailable',
-              "srv  log_server_r: request: GET /health 127.0.0.1 503", "INFO:     Application startup complete."]
+    polls = [
+        'INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 200 OK',  # uvicorn: the embedded engine
+        '(APIServer pid=4242) INFO:     127.0.0.1:5678 - "GET /metrics HTTP/1.1" 200 OK',  # vLLM
+        "srv  log_server_r: request: GET /health 127.0.0.1 200",
+    ]  # llama-server
+    others = [
+        'INFO:     127.0.0.1:40022 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        'INFO:     127.0.0.1:40022 - "GET /health HTTP/1.1" 503 Service Unavailable',
+        "srv  log_server_r: request: GET /health 127.0.0.1 503",
+        "INFO:     Application startup complete.",
+    ]
     for line in polls + others:
         lines(line)
     assert kept == others and lines.polls == 3

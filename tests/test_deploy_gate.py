@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Job
 from posttrain.platform.jobs import queue
@@ -133,7 +133,9 @@ def test_cli_lists_the_figure_and_refuses_the_deploy_without_the_flag(platform_e
 
     allowed = cli(platform_env, "models", "deploy", "trained", "--tier", "fast", "--allow-regression")
     assert allowed.returncode == 0, allowed.stderr
-    by_config = cli(platform_env, "jobs", "submit", "deploy", "--config", '{"model": "trained", "allow_regression": true}')
+    by_config = cli(
+        platform_env, "jobs", "submit", "deploy", "--config", '{"model": "trained", "allow_regression": true}'
+    )
     assert by_config.returncode == 0, by_config.stderr
     audits = overrides(url)
     assert len(audits) == 2 and all(a.username.startswith("cli:") and a.target == "trained" for a in audits)
@@ -172,6 +174,7 @@ def test_a_run_stores_each_trained_model_s_general_check_beside_the_model_it_was
     the SFT model, and the SFT model's beside the model before it, as the run's own paired comparison computed them;
     the model it started from was never trained here, so it stays not measured."""
     from conftest import run_worker_until_idle
+
     from posttrain.platform.models.general_check import describe
     from posttrain.training.evaluate import head_to_head
 
@@ -185,7 +188,8 @@ def test_a_run_stores_each_trained_model_s_general_check_beside_the_model_it_was
     check = GeneralCheck.of(get_model("gated"))
     assert check is not None and (check.against, check.job_id, check.tasks) == ("gated-sft", job_id, 16)
     assert (check.before, check.after, check.delta, check.se) == pytest.approx(
-        (general["a"], general["b"], general["delta"], general["se"]))
+        (general["a"], general["b"], general["delta"], general["se"])
+    )
     assert check.regressed == regressed(general["delta"], general["se"])
     warm_up = GeneralCheck.of(get_model("gated-sft"))
     run_dir = Path(job.log_path or "").parent / "run"
@@ -202,7 +206,9 @@ def test_the_training_page_s_deploy_asks_to_confirm_the_drop(platform_env: dict[
     from test_training_page import GRPO, page
 
     registered(tiny_dir)
-    run = queue.submit(OPERATOR, "train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]})
+    run = queue.submit(
+        OPERATOR, "train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]}
+    )
     queue.claim("w", 1, 0)
     queue.finish(run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "trained", "checkpoint": "/x/step_40"}))
     at = page()
@@ -225,4 +231,6 @@ def test_a_deploy_of_a_name_no_model_can_have_is_queued_for_the_job_to_refuse(pl
 
     with pytest.raises(ModelNotFound, match="no model named"):
         get_model("\x00")
-    assert queue.get_job(queue.submit(OPERATOR, "deploy", {"model": "\x00", "vllm_overrides": {"gpu_memory_utilization": 0.5}}))
+    assert queue.get_job(
+        queue.submit(OPERATOR, "deploy", {"model": "\x00", "vllm_overrides": {"gpu_memory_utilization": 0.5}})
+    )

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pymupdf
 import pytest
+from conftest import OPERATOR, start_worker
+from required_parts import require
 from sqlalchemy import delete
 from sqlmodel import col
 
-from conftest import OPERATOR, start_worker
-from required_parts import require
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Chunk, Document, JobStatus, Page
 from posttrain.platform.documents import add_document
@@ -70,9 +70,15 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     news_fields = [s for s in news_specs if s.domain == "doc.fields"]
     assert news_fields and news_fields[0].verifier.spec["expected"]["URL"] == "http://www.tug.org/"
     lookups = [s for s in guide_specs if s.domain == "doc.table_lookup"]
-    assert lookups and all(s.prompt[0].content.count("<page>") == 1 for s in lookups if s.metadata["modality"] == "text")
+    assert lookups and all(
+        s.prompt[0].content.count("<page>") == 1 for s in lookups if s.metadata["modality"] == "text"
+    )
     for s in lookups:  # the answer is a cell of the named row, as the page reads it
-        assert s.metadata["row"] in s.prompt_text and s.verifier.spec["answers"][0] in s.prompt_text or s.metadata["modality"] == "vision"
+        assert (
+            s.metadata["row"] in s.prompt_text
+            and s.verifier.spec["answers"][0] in s.prompt_text
+            or s.metadata["modality"] == "vision"
+        )
 
     specs = guide_specs + news_specs
     right = verify_batch(specs, [s.reference or "" for s in specs])
@@ -87,7 +93,9 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     for spec in specs:
         prov = spec.provenance
         assert set(prov) >= {"document_id", "page", "bbox", "filename"} and len(prov["bbox"]) == 4
-        assert prov["document_id"] in page_count and 0 <= prov["page"] < page_count[prov["document_id"]], prov  # 0-based
+        assert prov["document_id"] in page_count and 0 <= prov["page"] < page_count[prov["document_id"]], (
+            prov
+        )  # 0-based
         if spec.domain.endswith(".vision"):
             parts = spec.prompt[0].content
             assert spec.metadata["modality"] == "vision" and isinstance(parts, list)
@@ -97,13 +105,20 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
             assert spec.metadata["modality"] == "text" and "<page>" in spec.prompt_text
     # passage_chars: the passage around each question's evidence instead of the whole page; the evidence is still
     # checked against the whole page, so the references score 1 and a quote from elsewhere on the page still counts
-    short = build_document_tasks(news.document.id, kinds=["span_recovery"], max_per_document=12, seed=7, passage_chars=300)  # type: ignore[arg-type]
+    short = build_document_tasks(
+        news.document.id, kinds=["span_recovery"], max_per_document=12, seed=7, passage_chars=300
+    )  # type: ignore[arg-type]
     spans = build_document_tasks(news.document.id, kinds=["span_recovery"], max_per_document=12, seed=7)  # type: ignore[arg-type]
-    assert [s.task_id for s in short] == [s.task_id for s in spans] and [s.split for s in short] == [s.split for s in spans]
+    assert [s.task_id for s in short] == [s.task_id for s in spans] and [s.split for s in short] == [
+        s.split for s in spans
+    ]
     for brief, full in zip(short, spans):
         excerpt = brief.prompt_text.split("<page>\n", 1)[1].split("\n</page>", 1)[0]
         evidence = brief.reference.split('Evidence: "', 1)[1].rsplit('"', 1)[0]  # type: ignore[union-attr]
-        assert " ".join(evidence.split()) in excerpt and len(excerpt) <= max(300, len(evidence)) + 1, (len(excerpt), excerpt)
+        assert " ".join(evidence.split()) in excerpt and len(excerpt) <= max(300, len(evidence)) + 1, (
+            len(excerpt),
+            excerpt,
+        )
         assert len(brief.prompt_text) < len(full.prompt_text) and brief.verifier == full.verifier
     assert all(v.score == 1.0 for v in verify_batch(short, [s.reference or "" for s in short]))
     # a preset's worked example is worded as these tasks are: the same excerpt, sentence and term give the same text
@@ -111,7 +126,9 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
         reference = brief.reference or ""
         label, evidence = int(reference.rsplit("Page: ", 1)[1]), reference.split('Evidence: "', 1)[1].rsplit('"', 1)[0]
         excerpt = brief.prompt_text.split("<page>\n", 1)[1].split("\n</page>", 1)[0]
-        example = span_recovery_example(brief.provenance["filename"], label, excerpt, evidence, brief.verifier.spec["answers"][0])
+        example = span_recovery_example(
+            brief.provenance["filename"], label, excerpt, evidence, brief.verifier.spec["answers"][0]
+        )
         assert example == (brief.prompt_text, reference)
     with pytest.raises(ValueError, match="one of its terms"):
         span_recovery_example("a.pdf", 1, "It works on Linux today.", "It works on Linux today.", "works")
@@ -133,7 +150,11 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
         s.exec(delete(Chunk).where(col(Chunk.document_id) == news.document.id))
         s.exec(delete(Page).where(col(Page.document_id) == news.document.id))
         s.exec(delete(Document).where(col(Document.id) == news.document.id))
-    gone = queue.submit(OPERATOR, "build_tasks", {"task_set": "gone", "source": {"type": "documents", "document_ids": [news.document.id]}})
+    gone = queue.submit(
+        OPERATOR,
+        "build_tasks",
+        {"task_set": "gone", "source": {"type": "documents", "document_ids": [news.document.id]}},
+    )
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=300) == 0
     job = queue.get_job(good)
@@ -165,11 +186,17 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     assert stored[0].spec.provenance["document_id"] == guide.document.id
 
 
-def test_documents_source_is_validated_and_unready_documents_are_refused(platform_env: dict[str, str], tmp_path: Path) -> None:
+def test_documents_source_is_validated_and_unready_documents_are_refused(
+    platform_env: dict[str, str], tmp_path: Path
+) -> None:
     with pytest.raises(JobConfigError, match="document_ids"):
         queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": []}})
     with pytest.raises(JobConfigError, match="kinds"):
-        queue.submit(OPERATOR, "build_tasks", {"task_set": "x", "source": {"type": "documents", "document_ids": [1], "kinds": ["poems"]}})
+        queue.submit(
+            OPERATOR,
+            "build_tasks",
+            {"task_set": "x", "source": {"type": "documents", "document_ids": [1], "kinds": ["poems"]}},
+        )
     with pytest.raises(DocumentBuildError, match="does not exist"):
         build_document_tasks(12345)
     queued = add_document(OPERATOR, LTNEWS07)  # no worker: still 'uploaded'

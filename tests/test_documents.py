@@ -6,13 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import OPERATOR, start_worker
+from test_cli import cli
+
 from posttrain.platform.db.models import DocumentStatus, JobStatus
 from posttrain.platform.documents import add_document, get_chunks, get_document, get_pages, list_documents
 from posttrain.platform.jobs import queue
 from posttrain.preprocess.errors import PreprocessError
-from test_cli import cli
 
 LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"))
 SCAN = Path("/usr/share/doc/opencv-doc/examples/data/imageTextN.png")
@@ -20,7 +20,9 @@ SCAN = Path("/usr/share/doc/opencv-doc/examples/data/imageTextN.png")
 
 @pytest.mark.requires("tesseract")
 def test_pdf_and_scan_end_to_end(platform_env: dict[str, str], tmp_path: Path) -> None:
-    assert LTNEWS and SCAN.is_file(), "Debian packages texlive-latex-base-doc and opencv-doc are required (make test installs them)"
+    assert LTNEWS and SCAN.is_file(), (
+        "Debian packages texlive-latex-base-doc and opencv-doc are required (make test installs them)"
+    )
     pdf = add_document(OPERATOR, LTNEWS[0])
     again = add_document(OPERATOR, LTNEWS[0].read_bytes(), filename="copy.pdf")
     assert pdf.created and not again.created and again.document.id == pdf.document.id  # same content, one document

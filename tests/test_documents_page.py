@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle, start_worker
 from sqlalchemy import delete
 from sqlmodel import col
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle, start_worker
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Chunk, Document, DocumentStatus, JobStatus, Page
 from posttrain.platform.documents import add_document, get_document, get_pages, list_documents
@@ -26,12 +26,17 @@ def test_upload_preprocess_view_toggles_and_task_source(platform_env: dict[str, 
     at = login_as(AppTest.from_file(PAGE, default_timeout=60)).run()
     assert not at.exception and at.title[0].value == "Documents"
     at.file_uploader(key="doc_upload").set_value(
-        [("ltnews07.pdf", LTNEWS07.read_bytes(), "application/pdf"), ("notes.pdf", b"just some text, no PDF here", "application/pdf")]
+        [
+            ("ltnews07.pdf", LTNEWS07.read_bytes(), "application/pdf"),
+            ("notes.pdf", b"just some text, no PDF here", "application/pdf"),
+        ]
     ).run()
     at.button(key="doc_upload_go").click().run()
     assert not at.exception
     assert any("ltnews07.pdf" in s.value and "preprocess job" in s.value for s in at.success)
-    assert any("notes.pdf" in e.value and "pdf" in e.value.lower() for e in at.error)  # the clear message of the failure
+    assert any(
+        "notes.pdf" in e.value and "pdf" in e.value.lower() for e in at.error
+    )  # the clear message of the failure
     docs = {d.filename: d for d in list_documents()}
     assert docs["notes.pdf"].status is DocumentStatus.failed and docs["ltnews07.pdf"].status is DocumentStatus.uploaded
     (job,) = queue.list_jobs()

@@ -42,14 +42,30 @@ def service():
 
 
 def all_tasks() -> list[TaskSpec]:
-    return [t for d in list_domains() for level in LEVELS for t in generate(d.name, TASKS_PER_LEVEL, seed=7, difficulty=level)]
+    return [
+        t
+        for d in list_domains()
+        for level in LEVELS
+        for t in generate(d.name, TASKS_PER_LEVEL, seed=7, difficulty=level)
+    ]
 
 
 def test_at_least_200_domains_across_families():
     domains = list_domains()
     assert len(domains) >= 200, len(domains)
     assert len({d.name for d in domains}) == len(domains)
-    assert {"arithmetic", "strings", "lists", "dates", "units", "json", "regex", "code", "formatting", "comparison"} <= set(list_families())
+    assert {
+        "arithmetic",
+        "strings",
+        "lists",
+        "dates",
+        "units",
+        "json",
+        "regex",
+        "code",
+        "formatting",
+        "comparison",
+    } <= set(list_families())
     assert all(d.max_difficulty >= 3 for d in domains)
 
 
@@ -122,7 +138,10 @@ def test_answers_are_computed_independently_checked():
         assert t.reference.upper() == to_roman(n)
         values = {"M": 1000, "D": 500, "C": 100, "L": 50, "X": 10, "V": 5, "I": 1}
         roman = t.reference
-        total = sum(-values[c] if i + 1 < len(roman) and values[c] < values[roman[i + 1]] else values[c] for i, c in enumerate(roman))
+        total = sum(
+            -values[c] if i + 1 < len(roman) and values[c] < values[roman[i + 1]] else values[c]
+            for i, c in enumerate(roman)
+        )
         assert total == n
     assert number_to_words(123456) == "one hundred twenty-three thousand four hundred fifty-six"
     import datetime as dt

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import pytest
-
 from conftest import OPERATOR, _truncate_pg
+
 from posttrain.platform.jobs.loadtest import drain
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,6 @@ def test_a_claim_is_dated_when_it_holds_the_lock(sqlite_url: str) -> None:
     import sqlite3
     import threading
     import time
-    from datetime import timezone
 
     from posttrain.platform.db.models import utcnow
     from posttrain.platform.jobs import queue
@@ -56,5 +56,5 @@ def test_a_claim_is_dated_when_it_holds_the_lock(sqlite_url: str) -> None:
     holder.close()
     job = claimed["job"]
     assert job is not None
-    stamp = job.claimed_at if job.claimed_at.tzinfo else job.claimed_at.replace(tzinfo=timezone.utc)  # type: ignore[union-attr]
+    stamp = job.claimed_at if job.claimed_at.tzinfo else job.claimed_at.replace(tzinfo=UTC)  # type: ignore[union-attr]
     assert stamp >= released, (stamp, released)

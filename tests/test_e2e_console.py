@@ -33,13 +33,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from conftest import REPO_ROOT, ImportedRealModel
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
-
-from conftest import REPO_ROOT, ImportedRealModel
-from test_models_page import tiny_model, tool_caller  # noqa: F401 - the tiny model taught to call the python tool
-from posttrain.platform.db.models import JobStatus
 from required_parts import require
+from test_models_page import tiny_model, tool_caller  # noqa: F401 - the tiny model taught to call the python tool
+
+from posttrain.platform.db.models import JobStatus
 
 pytestmark = pytest.mark.slow
 
@@ -97,8 +97,12 @@ def console(real_model_dir: ImportedRealModel) -> Iterator[dict[str, str]]:
     }
     cli = [sys.executable, "-m", "posttrain.platform.cli"]
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
-    subprocess.run([*cli, "models", "import", str(real_model_dir.path), "--name", real_model_dir.name], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*cli, "models", "import", str(real_model_dir.path), "--name", real_model_dir.name],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     log = open(data / "up.log", "w")
     proc = subprocess.Popen([*cli, "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -227,8 +231,12 @@ def test_deploying_a_regressed_model_asks_to_confirm_the_drop(browser_page, cons
     ((job_id, config),) = deploys()
     assert json.loads(config)["allow_regression"] is True
     with sqlite3.connect(Path(console["data"]) / "posttrain.db", timeout=30) as db:
-        audited = db.execute("select username, target, details from audit_log where action = 'deploy.allow_regression'").fetchall()
-    assert [(who, target, json.loads(details)["job"]) for who, target, details in audited] == [("admin", "regressed", job_id)]
+        audited = db.execute(
+            "select username, target, details from audit_log where action = 'deploy.allow_regression'"
+        ).fetchall()
+    assert [(who, target, json.loads(details)["job"]) for who, target, details in audited] == [
+        ("admin", "regressed", job_id)
+    ]
     cli = [sys.executable, "-m", "posttrain.platform.cli"]  # the flow goes on without it serving
     subprocess.run([*cli, "jobs", "cancel", str(job_id)], env=console["env"], check=True, capture_output=True)
     wait_for_job(console, job_id, timeout_s=120)
@@ -286,12 +294,16 @@ def wait_for_run_box_status(page, console: dict[str, str], job_id: int, timeout_
         chosen = run_box(page).get_by_role("combobox").input_value()  # the chosen option is the combobox input's value
         header = page.get_by_text(re.compile(rf"^Run {job_id} · train_preset · "))
         shown = header.first.inner_text() if header.count() else ""
-        if chosen.startswith(f"#{job_id} · train_preset") and shown.startswith(f"Run {job_id} · train_preset · {status.value} ·"):
+        if chosen.startswith(f"#{job_id} · train_preset") and shown.startswith(
+            f"Run {job_id} · train_preset · {status.value} ·"
+        ):
             return status
         if time.monotonic() > deadline:
             shot(page, "timeout-run-box-status")
-            raise AssertionError(f"the Run box shows {chosen!r} and the run's header {shown!r} while the database says "
-                                 f"job {job_id} is {status.value}")
+            raise AssertionError(
+                f"the Run box shows {chosen!r} and the run's header {shown!r} while the database says "
+                f"job {job_id} is {status.value}"
+            )
         time.sleep(1)
 
 
@@ -351,14 +363,23 @@ def test_build_tasks_from_the_document(browser_page, console) -> None:  # type: 
 def percent_off(text: str) -> tuple[float, float, int]:
     """(estimated s, actual s, % off) from "Estimate against actual: estimated 6.2 min (job 7), took 6.9 min: 11% longer
     than estimated." ("as estimated": 0)"""
-    found = re.search(r"estimated ([\d.]+) (s|min|h) \(job \d+\), took ([\d.]+) (s|min|h): (?:(\d+)% (?:longer|shorter) "
-                      r"than estimated|as estimated)", text)
+    found = re.search(
+        r"estimated ([\d.]+) (s|min|h) \(job \d+\), took ([\d.]+) (s|min|h): (?:(\d+)% (?:longer|shorter) "
+        r"than estimated|as estimated)",
+        text,
+    )
     assert found, f"no estimate against actual in: {text}"
     scale = {"s": 1, "min": 60, "h": 3600}
-    return float(found.group(1)) * scale[found.group(2)], float(found.group(3)) * scale[found.group(4)], int(found.group(5) or 0)
+    return (
+        float(found.group(1)) * scale[found.group(2)],
+        float(found.group(3)) * scale[found.group(4)],
+        int(found.group(5) or 0),
+    )
 
 
-@pytest.mark.timeout(3000)  # an estimate, then the real model's demo: on a loaded 2-core machine, several times its quiet 9 min
+@pytest.mark.timeout(
+    3000
+)  # an estimate, then the real model's demo: on a loaded 2-core machine, several times its quiet 9 min
 def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_actual(browser_page, console) -> None:  # type: ignore[no-untyped-def]
     page = browser_page
     goto(page, console, "Training")
@@ -368,7 +389,9 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     # the demo cannot start beside its estimate: both would run at once, and the estimate would time a shared machine
     demo = page.get_by_role("button", name="Run the demo")
     expect(demo).to_be_disabled(timeout=30_000)
-    page.get_by_text(re.compile(r"Run the demo waits: its estimate \(job \d+\) is (queued|calibrating)")).first.wait_for()
+    page.get_by_text(
+        re.compile(r"Run the demo waits: its estimate \(job \d+\) is (queued|calibrating)")
+    ).first.wait_for()
     estimate = page.get_by_text(re.compile(r"about [\d.]+ (s|min|h) on this host: 8 training steps, 256 trajectories"))
     estimate.first.wait_for(timeout=1_200_000)
     expect(demo).to_be_enabled(timeout=60_000)  # the estimate ended: the demo can start
@@ -388,10 +411,16 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     assert wait_for_run_box_status(page, console, job_id) is JobStatus.running
     # the held-out figure before GRPO, under a header that names the model evaluated (the built-in one: this preset
     # has no SFT stage), and the general check beside it
-    page.get_by_text(re.compile(r"^Evaluation of smollm2-135m-instruct \(before GRPO\)$")).first.wait_for(timeout=1_200_000)
+    page.get_by_text(re.compile(r"^Evaluation of smollm2-135m-instruct \(before GRPO\)$")).first.wait_for(
+        timeout=1_200_000
+    )
     page.get_by_text("Held-out pass@1 of smollm2-135m-instruct before GRPO:").first.wait_for()
-    page.get_by_text(re.compile(r"^General check on \d+ tasks of \d+ domains it never trained on: smollm2-135m-instruct "
-                                r"[\d.]+% before GRPO\.$")).first.wait_for()
+    page.get_by_text(
+        re.compile(
+            r"^General check on \d+ tasks of \d+ domains it never trained on: smollm2-135m-instruct "
+            r"[\d.]+% before GRPO\.$"
+        )
+    ).first.wait_for()
     # then the reward chart, and each step's trajectories as the step stores them, before the run ends
     page.get_by_text("Reward", exact=True).first.wait_for(timeout=1_200_000)
     page.get_by_test_id("stVegaLiteChart").first.wait_for()
@@ -411,7 +440,9 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     gain.first.wait_for(timeout=1_500_000)
     text = gain.first.inner_text()
     assert "64 eval tasks, 100% unseen in training: smollm2-135m-instruct" in text, text
-    found = re.search(r"→ smollm2-quick-job\d+ [\d.]+% \(([+-][\d.]+) ± ([\d.]+) points, ± one paired standard error\)", text)
+    found = re.search(
+        r"→ smollm2-quick-job\d+ [\d.]+% \(([+-][\d.]+) ± ([\d.]+) points, ± one paired standard error\)", text
+    )
     assert found, f"no gain with its paired standard error in the result line: {text}"
     # the suite's proof that GRPO makes the real model better (seed fixed, the update switched off fails it):
     # measured here 29.7% -> 53.1% (+23.4 ± 6.2 points, paired) on the 64 held-out additions
@@ -427,11 +458,19 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     # the finished run: the Run box says so, the evaluation names both models, and the general check (domains the run
     # never trained on) stands beside the gain, with its standard error
     assert wait_for_run_box_status(page, console, job_id) is JobStatus.succeeded
-    page.get_by_text(re.compile(r"^Evaluation of smollm2-135m-instruct \(before GRPO\), smollm2-quick-job\d+ "
-                                r"\(after GRPO\)$")).first.wait_for()
-    general = page.get_by_text(re.compile(r"^General check on \d+ tasks of \d+ domains it never trained on: "
-                                          r"smollm2-135m-instruct [\d.]+% → smollm2-quick-job\d+ [\d.]+% "
-                                          r"\([+-][\d.]+ ± [\d.]+ points"))
+    page.get_by_text(
+        re.compile(
+            r"^Evaluation of smollm2-135m-instruct \(before GRPO\), smollm2-quick-job\d+ "
+            r"\(after GRPO\)$"
+        )
+    ).first.wait_for()
+    general = page.get_by_text(
+        re.compile(
+            r"^General check on \d+ tasks of \d+ domains it never trained on: "
+            r"smollm2-135m-instruct [\d.]+% → smollm2-quick-job\d+ [\d.]+% "
+            r"\([+-][\d.]+ ± [\d.]+ points"
+        )
+    )
     general.first.wait_for()
     print(f"demo's general check: {general.first.inner_text()}")
     gain.first.scroll_into_view_if_needed()
@@ -451,15 +490,20 @@ def test_open_an_episode_of_the_demo(browser_page, console) -> None:  # type: ig
 
 def test_compare_the_result_with_its_base(browser_page, console) -> None:  # type: ignore[no-untyped-def]
     page = browser_page
-    link = page.get_by_role("link", name=re.compile(r"Compare smollm2-quick-job\d+ with its base smollm2-135m-instruct"))
+    link = page.get_by_role(
+        "link", name=re.compile(r"Compare smollm2-quick-job\d+ with its base smollm2-135m-instruct")
+    )
     link.scroll_into_view_if_needed()
     link.click()
     page.get_by_role("heading", name="Models & Serving").first.wait_for()
-    page.get_by_text("held-out evaluation of the run's preset 'smollm2-quick'").wait_for()  # the form, prefilled for another
+    page.get_by_text(
+        "held-out evaluation of the run's preset 'smollm2-quick'"
+    ).wait_for()  # the form, prefilled for another
     # the run compared them on its held-out tasks already, task by task: the Compare tab opens that comparison
     with sqlite3.connect(Path(console["data"]) / "posttrain.db", timeout=30) as db:
-        (differ,) = db.execute("select json_extract(result, '$.arena.disagreements_total') from job where id = ?",
-                               (DEMO["job"],)).fetchone()
+        (differ,) = db.execute(
+            "select json_extract(result, '$.arena.disagreements_total') from job where id = ?", (DEMO["job"],)
+        ).fetchone()
     assert differ > 0  # a gain of many points: tasks the result gets right and its base not
     disagree = page.get_by_text(f"{differ} tasks where they disagree")
     disagree.wait_for()
@@ -538,7 +582,9 @@ def test_deploy_the_result_and_chat_with_it(browser_page, console) -> None:  # t
         despite.click()
         queued.wait_for()
     goto(page, console, "Models & Serving")
-    reopen_until(page, console, "Models & Serving", lambda p: p.get_by_test_id("stChatInput").count() > 0, timeout_s=240)
+    reopen_until(
+        page, console, "Models & Serving", lambda p: p.get_by_test_id("stChatInput").count() > 0, timeout_s=240
+    )
     shot(page, "13-deployed")
     page.get_by_test_id("stChatInputTextArea").fill("Compute 23 + 45.\nPut your final answer within \\boxed{}.")
     page.get_by_test_id("stChatInputTextArea").press("Enter")
@@ -588,10 +634,17 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
     "Offer sandbox tools" on, its call runs in the console's sandbox and the output goes back to it before it
     answers; the page shows the call, what the sandbox printed and the answer, turn by turn."""
     cli = [sys.executable, "-m", "posttrain.platform.cli"]
-    subprocess.run([*cli, "models", "register", "caller", str(tool_caller)], env=console["env"], check=True, capture_output=True)
+    subprocess.run(
+        [*cli, "models", "register", "caller", str(tool_caller)], env=console["env"], check=True, capture_output=True
+    )
     # a deployment is a job that serves until cancelled: the page shows it once its server answers
-    subprocess.run([*cli, "jobs", "submit", "deploy", "--config", '{"model": "caller", "tier": "standard"}'],
-                   env=console["env"], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [*cli, "jobs", "submit", "deploy", "--config", '{"model": "caller", "tier": "standard"}'],
+        env=console["env"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     page = browser_page
     goto(page, console, "Models & Serving")
     reopen_until(page, console, "Models & Serving", pick_deployment("caller · standard"), timeout_s=240)
@@ -614,4 +667,6 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
 def test_no_request_left_the_machine(browser_page) -> None:  # type: ignore[no-untyped-def]
     """Every page the flow above opened loaded everything from this machine: the console, its scripts, fonts and
     charts, the gateway (``browser_page`` records each request to another host as it is made)."""
-    assert OUTSIDE == [], f"{len(OUTSIDE)} requests left the machine, to: {sorted({urlsplit(u).hostname for u in OUTSIDE})}"
+    assert OUTSIDE == [], (
+        f"{len(OUTSIDE)} requests left the machine, to: {sorted({urlsplit(u).hostname for u in OUTSIDE})}"
+    )

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import OPERATOR
 from sqlmodel import col, select
 
-from conftest import OPERATOR
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog
 from posttrain.platform.models.downloads import Download, _members, export_link, open_export
@@ -26,8 +26,10 @@ from posttrain.platform.settings import get_settings
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2,
-                                                                                 num_kv_heads=1, intermediate_size=64))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny",
+        TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+    )
 
 
 @pytest.fixture
@@ -43,8 +45,11 @@ def exported(platform_env: dict[str, str], tiny_model: Path):  # type: ignore[no
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {str(Path(root.name) / p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(Path(root.name) / p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_directory_streams_as_a_tar_that_reads_back_and_a_file_as_it_is(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -53,7 +58,10 @@ def test_a_directory_streams_as_a_tar_that_reads_back_and_a_file_as_it_is(export
     with httpx.stream("GET", base + export_link(OPERATOR, "mine", hf["path"]), timeout=60) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"] == "application/x-tar"
-        assert 'filename*=UTF-8' in response.headers["content-disposition"] and ".tar" in response.headers["content-disposition"]
+        assert (
+            "filename*=UTF-8" in response.headers["content-disposition"]
+            and ".tar" in response.headers["content-disposition"]
+        )
         announced = int(response.headers["content-length"])
         with received.open("wb") as out:
             for piece in response.iter_bytes():
@@ -72,7 +80,9 @@ def test_a_directory_streams_as_a_tar_that_reads_back_and_a_file_as_it_is(export
     with session(read_only=True) as s:
         audited = s.exec(select(AuditLog).where(AuditLog.action == "model.download").order_by(col(AuditLog.id))).all()
     assert [(a.username, a.target, a.details["path"]) for a in audited] == [
-        (OPERATOR.username, "mine", hf["path"]), (OPERATOR.username, "mine", gguf["path"])]
+        (OPERATOR.username, "mine", hf["path"]),
+        (OPERATOR.username, "mine", gguf["path"]),
+    ]
 
 
 def test_a_long_path_in_a_directory_export_keeps_its_name(tmp_path: Path) -> None:
@@ -101,8 +111,10 @@ def test_a_link_that_is_forged_altered_expired_or_outlived_its_export_is_refused
         return response.status_code, response.json()["error"]["message"]
 
     flipped = signature[:-2] + ("A" if signature[-2] != "A" else "B") + signature[-1]
-    assert refused(f"/v1/exports/{claims}.{flipped}") == (403, "this download link is not one the platform signed: "
-                                                                 "ask the console for a new one")
+    assert refused(f"/v1/exports/{claims}.{flipped}") == (
+        403,
+        "this download link is not one the platform signed: ask the console for a new one",
+    )
     assert refused(f"/v1/exports/{claims}")[0] == 403  # no signature at all
     other = export_link(OPERATOR, "mine", hf["path"]).rsplit("/", 1)[1].split(".")[0]
     assert refused(f"/v1/exports/{other}.{signature}")[0] == 403  # the claims of one link under another's signature

@@ -107,7 +107,7 @@ def test_a_later_test_reads_what_an_earlier_test_passed() -> None:
     assert flags(tests) == [(1, "xs", "f")]
 
 
-HUMANEVAL_STYLE = '''
+HUMANEVAL_STYLE = """
 METADATA = {}
 
 
@@ -121,7 +121,7 @@ def check(candidate):
     assert out == [1, 2]
     for row in grid:
         assert candidate(row) == sorted(row)
-'''
+"""
 
 
 def test_humaneval_style_check_candidate() -> None:
@@ -138,7 +138,10 @@ def test_humaneval_style_check_candidate() -> None:
 
 def test_a_check_without_asserts_of_its_own_is_one_test_with_its_body() -> None:
     helper = "def is_sorted(xs):\n    return xs == sorted(xs)\n"
-    tests = helper + "def check(candidate):\n    for xs in [[2, 1]]:\n        candidate(xs)\n        if not is_sorted(xs):\n            raise AssertionError\n"
+    tests = (
+        helper
+        + "def check(candidate):\n    for xs in [[2, 1]]:\n        candidate(xs)\n        if not is_sorted(xs):\n            raise AssertionError\n"
+    )
     assert flags(tests, "check(f)") == [(0, "xs", "candidate")]  # no assert in check: the call is the one test
     tests = helper + "def check(candidate):\n    if candidate([2, 1]) != [1, 2]:\n        raise AssertionError\n"
     assert flags(tests, "check(f)") == []
@@ -159,7 +162,9 @@ def test_the_tests_are_split_and_labelled_as_the_verifier_counts_them() -> None:
     for task in import_humaneval():
         spec = CodeTestsSpec.model_validate(task.verifier.spec)
         labels = _analyse(spec.tests, spec.test_call, spec.entry_point, spec.prelude)[1]
-        assert tuple(labels) == build_plan(spec.tests, spec.test_call, spec.prelude, spec.entry_point).labels, task.task_id
+        assert tuple(labels) == build_plan(spec.tests, spec.test_call, spec.prelude, spec.entry_point).labels, (
+            task.task_id
+        )
 
 
 def humaneval(task_id: str) -> TaskSpec:
@@ -173,9 +178,14 @@ def test_no_humaneval_test_is_forgeable_and_the_near_misses_are_right() -> None:
     task = humaneval("HumanEval/151")
     spec = task.verifier.spec
     assert "lst = list(range(-99, 100, 2))" in spec["tests"]
-    moved = spec["tests"].replace("assert candidate(lst) == odd_sum", "assert candidate(lst) == sum([i**2 for i in lst if i%2!=0 and i > 0])")
+    moved = spec["tests"].replace(
+        "assert candidate(lst) == odd_sum", "assert candidate(lst) == sum([i**2 for i in lst if i%2!=0 and i > 0])"
+    )
     assert moved != spec["tests"]
-    assert [(t.test, t.argument) for t in forgeable_tests(moved, spec["test_call"], entry_point=spec["entry_point"], prelude=spec["prelude"])] == [(6, "lst")]
+    assert [
+        (t.test, t.argument)
+        for t in forgeable_tests(moved, spec["test_call"], entry_point=spec["entry_point"], prelude=spec["prelude"])
+    ] == [(6, "lst")]
     # HumanEval/32 reads coeffs after the call, but passed a deep copy; passed itself, it is flagged
     spec = humaneval("HumanEval/32").verifier.spec
     assert "candidate(copy.deepcopy(coeffs))" in spec["tests"]
@@ -187,13 +197,24 @@ def test_no_humaneval_test_is_forgeable_and_the_near_misses_are_right() -> None:
 
 
 def test_the_report_counts_and_lists_flagged_tests() -> None:
-    from posttrain.platform.tasks.importers import parse_jsonl_lines
     import json
 
+    from posttrain.platform.tasks.importers import parse_jsonl_lines
+
     rows = [
-        {"prompt": "sort", "verifier": {"kind": "code", "spec": {"tests": "xs = [3, 1]\nassert f(xs) == sorted(xs)\n", "entry_point": "f"}},
-         "id": "weak"},
-        {"prompt": "sort", "verifier": {"kind": "code", "spec": {"tests": "assert f([3, 1]) == [1, 3]\n", "entry_point": "f"}}, "id": "fine"},
+        {
+            "prompt": "sort",
+            "verifier": {
+                "kind": "code",
+                "spec": {"tests": "xs = [3, 1]\nassert f(xs) == sorted(xs)\n", "entry_point": "f"},
+            },
+            "id": "weak",
+        },
+        {
+            "prompt": "sort",
+            "verifier": {"kind": "code", "spec": {"tests": "assert f([3, 1]) == [1, 3]\n", "entry_point": "f"}},
+            "id": "fine",
+        },
         {"prompt": "2+2?", "answer": "4", "verifier": {"kind": "numeric", "spec": {"value": 4}}},
     ]
     tasks = parse_jsonl_lines([json.dumps(r) for r in rows], domain="d")
@@ -209,7 +230,9 @@ def test_the_report_counts_and_lists_flagged_tests() -> None:
 # --------------------------------------------------------------------------- the flag against the real grader
 
 # wrong for every non-empty list, but clears whatever list it is given (found inside a list too)
-CHEAT = "def f(xs):\n    for x in xs:\n        if type(x) is list:\n            x.clear()\n    xs.clear()\n    return []\n"
+CHEAT = (
+    "def f(xs):\n    for x in xs:\n        if type(x) is list:\n            x.clear()\n    xs.clear()\n    return []\n"
+)
 HONEST = "def f(xs):\n    return [sorted(x) for x in xs] if xs and type(xs[0]) is list else sorted(xs)\n"
 
 
@@ -237,10 +260,21 @@ def pool() -> Iterator[SandboxPool]:
         ("xs = [3, 1, 2]\nassert f(xs=xs) == sorted(xs)\n", False),
         ("xs = [3, 1, 2]\nassert f([xs])[0] == sorted(xs)\n", False),
     ],
-    ids=["sorted-after", "compared-with-itself", "check-candidate", "starred-display", "expected-first", "literal",
-         "deepcopy", "keyword", "inside-a-display"],
+    ids=[
+        "sorted-after",
+        "compared-with-itself",
+        "check-candidate",
+        "starred-display",
+        "expected-first",
+        "literal",
+        "deepcopy",
+        "keyword",
+        "inside-a-display",
+    ],
 )
-def test_a_flagged_test_is_passed_by_code_that_rewrites_its_argument(pool: SandboxPool, tests: str, flagged: bool) -> None:
+def test_a_flagged_test_is_passed_by_code_that_rewrites_its_argument(
+    pool: SandboxPool, tests: str, flagged: bool
+) -> None:
     """The check flags exactly the tests that wrong code which rewrites its argument passes on the real grader."""
     test_call = "check(f)" if "def check" in tests else None
     spec = CodeTestsSpec(tests=tests, test_call=test_call, entry_point="f")

@@ -4,8 +4,8 @@ the API itself once a key exists (issue 33, part 4); ``/health`` alone stays ope
 from __future__ import annotations
 
 import httpx
-
 from conftest import ADMIN
+
 from posttrain.platform.api_keys import create_key
 from posttrain.platform.serving import GatewayConfig, create_gateway_app, serve_in_thread
 from posttrain.platform.serving.auth import ApiAuth

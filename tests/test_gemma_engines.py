@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 import torch
-
 from conftest import OPERATOR
+
 from posttrain.platform.db import migrate
 from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
 from posttrain.platform.models.chat_template import GEMMA_TEMPLATE, reply_end_ids
@@ -49,7 +49,7 @@ def greedy_reference(loaded, prompt: str, tokens: int = 12) -> tuple[list[int], 
         out = loaded.model.generate(ids, max_new_tokens=tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
                                     output_scores=True, return_dict_in_generate=True)  # fmt: skip
     top = [s[0].topk(2).values for s in out.scores]
-    return out.sequences[0, ids.shape[1]:].tolist(), [float(t[0] - t[1]) for t in top]
+    return out.sequences[0, ids.shape[1] :].tolist(), [float(t[0] - t[1]) for t in top]
 
 
 def agree_until_a_near_tie(got: list[int], reference: list[int], margins: list[float]) -> bool:
@@ -76,7 +76,9 @@ def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_every_embedded_tier_serves_gemma3_as_transformers_generates(gemma3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_every_embedded_tier_serves_gemma3_as_transformers_generates(
+    gemma3_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Greedy completions of prompts longer than the window, two at once (so rows are left-padded): the standard
     and fast (speculating: a rejected draft is cropped from the sliding-window layers too, which keep their past
     until the crop) tiers give exactly transformers' ``generate`` tokens; the q8 tier the same up to the first
@@ -85,7 +87,9 @@ def test_every_embedded_tier_serves_gemma3_as_transformers_generates(gemma3_dir:
     from posttrain.platform.serving.q8 import Q8Linear
 
     loaded = load_model(gemma3_dir)
-    assert LeanDecoder.unsupported(loaded.model) == "the lean decode step knows llama and qwen2 layers, not 'gemma3_text'"
+    assert (
+        LeanDecoder.unsupported(loaded.model) == "the lean decode step knows llama and qwen2 layers, not 'gemma3_text'"
+    )
     tokenizer = loaded.tokenizer
     prompts = PROMPTS
     expected, margins = [], []
@@ -94,7 +98,7 @@ def test_every_embedded_tier_serves_gemma3_as_transformers_generates(gemma3_dir:
             ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
             out = loaded.model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
                                         output_scores=True, return_dict_in_generate=True)  # fmt: skip
-            expected.append(out.sequences[0, ids.shape[1]:].tolist())
+            expected.append(out.sequences[0, ids.shape[1] :].tolist())
             margins.append([float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores])
     for tier in ("standard", "fast", "q8"):
         caplog.clear()
@@ -111,11 +115,16 @@ def test_every_embedded_tier_serves_gemma3_as_transformers_generates(gemma3_dir:
                 server.stop()
                 engine.stop()
         assert any("lean decode step knows llama and qwen2" in r.getMessage() for r in caplog.records), tier
-        got = [tokenizer(c.text, add_special_tokens=False)["input_ids"] for c in sorted(out.choices, key=lambda c: c.index)]
+        got = [
+            tokenizer(c.text, add_special_tokens=False)["input_ids"] for c in sorted(out.choices, key=lambda c: c.index)
+        ]
         for tokens, reference, margin in zip(got, expected, margins):
             if tier == "q8":
                 sure = next((i for i, m in enumerate(margin) if m < NEAR_TIE), len(margin))
-                assert tokenizer.decode(reference[:sure]) == tokenizer.decode(tokens)[:len(tokenizer.decode(reference[:sure]))], tier
+                assert (
+                    tokenizer.decode(reference[:sure])
+                    == tokenizer.decode(tokens)[: len(tokenizer.decode(reference[:sure]))]
+                ), tier
             else:
                 assert tokenizer.decode(tokens) == tokenizer.decode(reference), tier
 
@@ -196,7 +205,11 @@ def test_gemmas_sentencepiece_vocabulary_exports_as_llama_cpp_tokenizes_it_and_i
     tokenizer = AutoTokenizer.from_pretrained(str(joined.parent), gguf_file=joined.name)
     # given Gemma's template, its replies end at <end_of_turn> as well as at the <eos> that ends a document
     tokenizer.chat_template = GEMMA_TEMPLATE
-    assert reply_end_ids(tokenizer, tokenizer.eos_token_id) == [1, tokenizer.convert_tokens_to_ids("<end_of_turn>")] == [1, 106]
+    assert (
+        reply_end_ids(tokenizer, tokenizer.eos_token_id)
+        == [1, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+        == [1, 106]
+    )
     tokenizer.chat_template = None
     config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
@@ -217,8 +230,11 @@ def test_gemmas_sentencepiece_vocabulary_exports_as_llama_cpp_tokenizes_it_and_i
     server = llama_server(out)
     try:
         for text in texts:
-            got = httpx.post(f"{server.base_url}/tokenize", timeout=60,
-                             json={"content": text, "add_special": True, "parse_special": True}).json()["tokens"]
+            got = httpx.post(
+                f"{server.base_url}/tokenize",
+                timeout=60,
+                json={"content": text, "add_special": True, "parse_special": True},
+            ).json()["tokens"]
             assert got == tokenizer.encode(text), (text, got, tokenizer.encode(text))
     finally:
         server.stop()

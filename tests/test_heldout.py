@@ -37,7 +37,9 @@ def test_every_domain_that_claims_a_held_out_split_holds_it_out_at_every_difficu
                 continue
             claimed += 1
             # two training streams (the seeds a scheduler and an SFT run would use) against the eval split
-            train = generate(info.name, 48, seed=0, difficulty=difficulty) + generate(info.name, 48, seed=1000, difficulty=difficulty)
+            train = generate(info.name, 48, seed=0, difficulty=difficulty) + generate(
+                info.name, 48, seed=1000, difficulty=difficulty
+            )
             held = generate(info.name, 24, seed=7, difficulty=difficulty, split="eval")
             for label, trained in (("same level", train), ("any level", trained_anywhere)):
                 check = check_held_out(trained, held)
@@ -51,7 +53,9 @@ def test_every_domain_that_claims_a_held_out_split_holds_it_out_at_every_difficu
 
 def test_a_small_domain_trains_on_every_prompt_and_they_stay_train_at_larger_levels() -> None:
     # format.to_hex at difficulty 1: ten digits, no eval split, so all ten are trained on
-    assert {t.prompt_text for t in generate("format.to_hex", 200, seed=0)} == {f"Write {n} in hexadecimal." for n in range(10)}
+    assert {t.prompt_text for t in generate("format.to_hex", 200, seed=0)} == {
+        f"Write {n} in hexadecimal." for n in range(10)
+    }
     # code.fizzbuzz is one fixed problem: it can be trained on, never evaluated
     assert generate("code.fizzbuzz", 2)[0].split == "train"
     with pytest.raises(NoHeldOutSplitError, match="code.fizzbuzz"):
@@ -73,7 +77,9 @@ def test_the_check_fails_on_two_random_streams_over_the_same_ten_prompts() -> No
     # and today: format.to_hex at difficulty 1 is refused, naming the domain, the count and the fix
     space = prompt_space("format.to_hex", 1)
     assert space.distinct_prompts == 10 and not space.has_held_out_split
-    with pytest.raises(NoHeldOutSplitError, match=r"'format.to_hex' has about 10 distinct prompts at difficulty 1.*higher difficulty"):
+    with pytest.raises(
+        NoHeldOutSplitError, match=r"'format.to_hex' has about 10 distinct prompts at difficulty 1.*higher difficulty"
+    ):
         generate("format.to_hex", 8, split="eval")
     assert generate("format.to_hex", 0, split="eval") == []
 

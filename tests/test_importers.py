@@ -16,8 +16,13 @@ from posttrain.platform.verifiers.kinds.code import CodeTestsSpec, assemble_prog
 def test_jsonl_imports_valid_lines_and_they_verify(tmp_path):
     rows = [
         {"prompt": "2+2?", "answer": "4", "verifier": {"kind": "numeric", "spec": {"value": 4}}},
-        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
-         "answer": "Paris", "verifier": {"kind": "normalized", "spec": {"answer": "Paris"}}, "split": "eval", "id": "cap-1"},
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
+            "answer": "Paris",
+            "verifier": {"kind": "normalized", "spec": {"answer": "Paris"}},
+            "split": "eval",
+            "id": "cap-1",
+        },
     ]
     path = tmp_path / "mini.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
@@ -48,7 +53,11 @@ def test_jsonl_reports_every_bad_line_with_its_number():
     assert (6, "(line)") in found
     assert all(e.line != 1 for e in info.value.errors)
     message = str(info.value)
-    assert message.startswith("bad.jsonl: ") and "line 4: verifier.spec.schema" in message and "nothing imported" in message
+    assert (
+        message.startswith("bad.jsonl: ")
+        and "line 4: verifier.spec.schema" in message
+        and "nothing imported" in message
+    )
 
 
 def test_jsonl_missing_file_is_clear(tmp_path):
@@ -92,20 +101,36 @@ WEAK_TESTS = "xs = [3, 1, 2]\nassert f([2, 1]) == [1, 2]\nassert f(xs) == sorted
 
 
 def code_line(tests: str, task_id: str, **metadata: object) -> str:
-    return json.dumps({"prompt": "Write f(xs): xs sorted.", "answer": "def f(xs):\n    return sorted(xs)\n",
-                       "verifier": {"kind": "code", "spec": {"tests": tests, "entry_point": "f"}}, "id": task_id,
-                       "metadata": metadata})
+    return json.dumps(
+        {
+            "prompt": "Write f(xs): xs sorted.",
+            "answer": "def f(xs):\n    return sorted(xs)\n",
+            "verifier": {"kind": "code", "spec": {"tests": tests, "entry_point": "f"}},
+            "id": task_id,
+            "metadata": metadata,
+        }
+    )
 
 
 def test_jsonl_import_records_tests_forgeable_by_mutation():
-    lines = [code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1, 2]) == [1, 2, 3]\n", "fine", note="kept"),
-             code_line("assert f([1]) == [1]\n", "claims", forgeable_by_mutation=[{"test": 0}]),
-             json.dumps({"prompt": "2+2?", "answer": "4", "verifier": {"kind": "numeric", "spec": {"value": 4}}, "id": "num"})]
+    lines = [
+        code_line(WEAK_TESTS, "weak"),
+        code_line("assert f([3, 1, 2]) == [1, 2, 3]\n", "fine", note="kept"),
+        code_line("assert f([1]) == [1]\n", "claims", forgeable_by_mutation=[{"test": 0}]),
+        json.dumps(
+            {"prompt": "2+2?", "answer": "4", "verifier": {"kind": "numeric", "spec": {"value": 4}}, "id": "num"}
+        ),
+    ]
     weak, fine, claims, num = parse_jsonl_lines(lines, domain="sorting")
-    assert weak.metadata["forgeable_by_mutation"] == [{
-        "test": 1, "code": "assert f(xs) == sorted(xs)", "argument": "xs", "callee": "f",
-        "reason": "passes `xs` to `f` and reads it again: code that rewrites `xs` in place can pass",
-    }]
+    assert weak.metadata["forgeable_by_mutation"] == [
+        {
+            "test": 1,
+            "code": "assert f(xs) == sorted(xs)",
+            "argument": "xs",
+            "callee": "f",
+            "reason": "passes `xs` to `f` and reads it again: code that rewrites `xs` in place can pass",
+        }
+    ]
     assert fine.metadata == {"note": "kept"}
     assert claims.metadata == {} and num.metadata == {}  # a file's own claim is not kept; only code tasks are checked
 
@@ -119,16 +144,27 @@ def test_build_report_lists_tests_forgeable_by_mutation(platform_env):
     from pathlib import Path
 
     from conftest import OPERATOR, start_worker
+
     from posttrain.platform.db.models import JobStatus
     from posttrain.platform.jobs import queue
     from posttrain.platform.tasks import store
 
     path = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "sorting.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text("\n".join([code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1]) == [1, 3]\n", "fine")]) + "\n")
-    code = queue.submit(OPERATOR, "build_tasks", {"task_set": "sorting", "source": {"type": "jsonl", "path": str(path)}})
-    other = queue.submit(OPERATOR, "build_tasks", {"task_set": "sums", "source": {"type": "procedural", "domains": ["arith.add.int"],
-                                                                                  "per_domain": 2, "eval_per_domain": 0}})
+    path.write_text(
+        "\n".join([code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1]) == [1, 3]\n", "fine")]) + "\n"
+    )
+    code = queue.submit(
+        OPERATOR, "build_tasks", {"task_set": "sorting", "source": {"type": "jsonl", "path": str(path)}}
+    )
+    other = queue.submit(
+        OPERATOR,
+        "build_tasks",
+        {
+            "task_set": "sums",
+            "source": {"type": "procedural", "domains": ["arith.add.int"], "per_domain": 2, "eval_per_domain": 0},
+        },
+    )
     proc = start_worker(platform_env, "--exit-when-idle")
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
     job = queue.get_job(code)
@@ -137,6 +173,8 @@ def test_build_report_lists_tests_forgeable_by_mutation(platform_env):
     assert job.result["forgeable_by_mutation"] == [
         "weak, test 2: `assert f(xs) == sorted(xs)` passes `xs` to `f` and reads it again: code that rewrites `xs` in place can pass"
     ]
-    assert "tests_forgeable_by_mutation" not in (queue.get_job(other).result or {})  # no imported code task: nothing said
+    assert "tests_forgeable_by_mutation" not in (
+        queue.get_job(other).result or {}
+    )  # no imported code task: nothing said
     stored = {t.spec.task_id: t.spec.metadata for t in store.load_tasks(task_set="sorting")}
     assert stored["weak"]["forgeable_by_mutation"][0]["test"] == 1 and "forgeable_by_mutation" not in stored["fine"]

@@ -63,7 +63,8 @@ def forwards(engine: EmbeddedRolloutEngine) -> Iterator[list[tuple[int, int]]]:
     through the lean step: both embed their input ids first)."""
     shapes: list[tuple[int, int]] = []
     handle = engine.model.get_input_embeddings().register_forward_pre_hook(
-        lambda _m, args: shapes.append(tuple(args[0].shape)))
+        lambda _m, args: shapes.append(tuple(args[0].shape))
+    )
     yield shapes
     handle.remove()
 
@@ -90,8 +91,9 @@ def test_engine_records_the_exact_tokens_and_their_behaviour_logprobs(
     engine: EmbeddedRolloutEngine, temperature: float, top_p: float
 ) -> None:
     tok = engine.tokenizer
-    groups = rollout_groups(engine, tok, TASKS[:2], 3, SamplingConfig(max_new_tokens=10, temperature=temperature, top_p=top_p),
-                            seed=0)
+    groups = rollout_groups(
+        engine, tok, TASKS[:2], 3, SamplingConfig(max_new_tokens=10, temperature=temperature, top_p=top_p), seed=0
+    )
     assert [len(g.trajectories) for g in groups] == [3, 3] and [g.task for g in groups] == TASKS[:2]
     flat = [t for g in groups for t in g.trajectories]
     for group in groups:
@@ -117,8 +119,9 @@ def test_each_prompt_is_prefilled_once_for_its_group_and_finished_rows_leave(
     for exactly as many steps as it has tokens after the first (which the prefill chose)."""
     letters = [engine.tokenizer.convert_tokens_to_ids(c) for c in "abcdefghijklmnopqrstuvwxyz"]
     stopping = EmbeddedRolloutEngine(engine.model, engine.tokenizer, stop_token_ids=letters)
-    groups = stopping.generate([prompt_ids(engine.tokenizer, t) for t in TASKS[:2]], 8, SamplingConfig(max_new_tokens=12),
-                               seed=3)
+    groups = stopping.generate(
+        [prompt_ids(engine.tokenizer, t) for t in TASKS[:2]], 8, SamplingConfig(max_new_tokens=12), seed=3
+    )
     shared, own, decode = forwards[0], forwards[1], forwards[2:]
     # the prompts' common start (the chat template's, "Write lowercase") runs once for one row, then each prompt's
     # own tokens once: two prefilled rows for 16
@@ -134,13 +137,18 @@ def test_each_prompt_is_prefilled_once_for_its_group_and_finished_rows_leave(
         assert c.finished == (c.token_ids[-1] in letters) and (c.finished or len(c.token_ids) == 12)
 
 
-def test_waiting_groups_join_as_rows_leave_within_max_num_seqs(engine: EmbeddedRolloutEngine,
-                                                              forwards: list[tuple[int, int]]) -> None:
+def test_waiting_groups_join_as_rows_leave_within_max_num_seqs(
+    engine: EmbeddedRolloutEngine, forwards: list[tuple[int, int]]
+) -> None:
     capped = EmbeddedRolloutEngine(engine.model, engine.tokenizer, max_num_seqs=8)
-    groups = capped.generate([prompt_ids(engine.tokenizer, t) for t in TASKS], 4, SamplingConfig(max_new_tokens=6), seed=0)
+    groups = capped.generate(
+        [prompt_ids(engine.tokenizer, t) for t in TASKS], 4, SamplingConfig(max_new_tokens=6), seed=0
+    )
     assert [len(g) for g in groups] == [4, 4, 4, 4]
     prefills = [rows for rows, tokens in forwards if tokens > 1]
-    assert prefills[:2] == [1, 2] and len(prefills) >= 3  # two groups fit at first (their common start once); the others joined later
+    assert (
+        prefills[:2] == [1, 2] and len(prefills) >= 3
+    )  # two groups fit at first (their common start once); the others joined later
     decoded_rows = [rows for rows, tokens in forwards if tokens == 1]
     assert max(decoded_rows) <= 8
 
@@ -197,7 +205,9 @@ def test_serving_sequences_record_no_logprobs_unless_asked(engine: EmbeddedRollo
 
 def test_mismatch_figures_on_recorded_logprobs() -> None:
     behaviour = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, 0.0, 0.0]], dtype=torch.float64)
-    learner = behaviour + torch.tensor([[0.1, -0.1, 0.2], [0.0, 5.0, 5.0]], dtype=torch.float64)  # padding (mask 0) differs
+    learner = behaviour + torch.tensor(
+        [[0.1, -0.1, 0.2], [0.0, 5.0, 5.0]], dtype=torch.float64
+    )  # padding (mask 0) differs
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     m = logprob_mismatch(behaviour, learner, mask)
     d = torch.tensor([0.1, -0.1, 0.2, 0.0], dtype=torch.float64)
@@ -253,10 +263,14 @@ class FakeLLM:
         self.kwargs, self.calls, self.resets = kwargs, [], 0
         self.rpcs: list[tuple[str, dict[str, Any]]] = []
 
-    def generate(self, prompts: list[dict[str, list[int]]], sampling_params: dict[str, Any], use_tqdm: bool) -> list[Any]:
+    def generate(
+        self, prompts: list[dict[str, list[int]]], sampling_params: dict[str, Any], use_tqdm: bool
+    ) -> list[Any]:
         self.calls.append({"prompts": prompts, "params": sampling_params, "use_tqdm": use_tqdm})
-        return [SimpleNamespace(outputs=[self._sample(p["prompt_token_ids"], j) for j in range(sampling_params["n"])])
-                for p in prompts]
+        return [
+            SimpleNamespace(outputs=[self._sample(p["prompt_token_ids"], j) for j in range(sampling_params["n"])])
+            for p in prompts
+        ]
 
     @staticmethod
     def _sample(prompt: list[int], j: int) -> Any:
@@ -267,7 +281,9 @@ class FakeLLM:
     def reset_prefix_cache(self) -> None:
         self.resets += 1
 
-    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None) -> list:
+    def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ) -> list:
         self.rpcs.append((method, kwargs or {}))
         return [None]
 
@@ -275,21 +291,37 @@ class FakeLLM:
 class OldRpcLLM(FakeLLM):
     """Workers without an in-place reload: the engine saves the weights and builds a new LLM on them."""
 
-    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None) -> list:
+    def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ) -> list:
         raise AttributeError(f"'Worker' object has no attribute {method!r}")
 
 
 def _vllm(tiny_dir: Path, llm_class: type, tmp_path: Path) -> VLLMRolloutEngine:
     FakeLLM.built.clear()
-    return VLLMRolloutEngine(tiny_dir, args=VLLMEngineArgs(gpu_memory_utilization=0.3, max_model_len=1024, seed=7),
-                             weights_dir=tmp_path / "weights", llm_class=llm_class, sampling_params_class=dict)
+    return VLLMRolloutEngine(
+        tiny_dir,
+        args=VLLMEngineArgs(gpu_memory_utilization=0.3, max_model_len=1024, seed=7),
+        weights_dir=tmp_path / "weights",
+        llm_class=llm_class,
+        sampling_params_class=dict,
+    )
 
 
 def test_vllm_engine_builds_its_arguments_and_reads_the_outputs(tiny_dir: Path, tmp_path: Path) -> None:
     engine = _vllm(tiny_dir, FakeLLM, tmp_path)
-    assert FakeLLM.built == [{"model": str(tiny_dir), "dtype": "auto", "gpu_memory_utilization": 0.3,
-                              "enable_prefix_caching": True, "enforce_eager": False, "seed": 7,
-                              "logprobs_mode": "processed_logprobs", "max_model_len": 1024}]
+    assert FakeLLM.built == [
+        {
+            "model": str(tiny_dir),
+            "dtype": "auto",
+            "gpu_memory_utilization": 0.3,
+            "enable_prefix_caching": True,
+            "enforce_eager": False,
+            "seed": 7,
+            "logprobs_mode": "processed_logprobs",
+            "max_model_len": 1024,
+        }
+    ]
     _, tokenizer = load_policy(tiny_dir)
     sampling = SamplingConfig(max_new_tokens=16, temperature=0.9, top_p=0.95)
     groups = rollout_groups(engine, tokenizer, TASKS[:2], 3, sampling, seed=4)
@@ -306,7 +338,8 @@ def test_vllm_engine_builds_its_arguments_and_reads_the_outputs(tiny_dir: Path, 
 
 
 def test_vllm_engine_pushes_weights_through_the_workers_reload_and_tags_the_version(
-        tiny_dir: Path, tmp_path: Path, other_state: dict[str, torch.Tensor]) -> None:
+    tiny_dir: Path, tmp_path: Path, other_state: dict[str, torch.Tensor]
+) -> None:
     """Weights go through ``collective_rpc("reload_weights")``, never the model object's private attributes, with
     ``lm_head.weight`` named though the state ties it to the embeddings (vLLM's CPU backend keeps its own copy)."""
     engine = _vllm(tiny_dir, FakeLLM, tmp_path)
@@ -324,8 +357,9 @@ def test_vllm_engine_pushes_weights_through_the_workers_reload_and_tags_the_vers
     assert {g.policy_version for g in rollout_groups(engine, tokenizer, TASKS[:1], 2, SamplingConfig())} == {3}
 
 
-def test_vllm_engine_falls_back_to_saving_and_reloading(tiny_dir: Path, tmp_path: Path,
-                                                        other_state: dict[str, torch.Tensor]) -> None:
+def test_vllm_engine_falls_back_to_saving_and_reloading(
+    tiny_dir: Path, tmp_path: Path, other_state: dict[str, torch.Tensor]
+) -> None:
     engine = _vllm(tiny_dir, OldRpcLLM, tmp_path)
     engine.load_weights(other_state, version=6)
     saved = tmp_path / "weights" / "version-6"
@@ -368,14 +402,20 @@ class FakeEngineLoop:
         time.sleep(0.01)
         if len(self.running) == self.fail_running:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        done = [r for r, (_, params, added) in self.running.items()
-                if self.steps - added >= params["max_tokens"] and len(self.joined) >= self.hold_until]
+        done = [
+            r
+            for r, (_, params, added) in self.running.items()
+            if self.steps - added >= params["max_tokens"] and len(self.joined) >= self.hold_until
+        ]
         outputs = []
         for request_id in done:
             prompt, params, _ = self.running.pop(request_id)
             ids = [prompt[-1] + k + 1 for k in range(params["max_tokens"])]
-            out = SimpleNamespace(token_ids=ids, logprobs=[{t: SimpleNamespace(logprob=-0.1 * params["seed"])} for t in ids],
-                                  finish_reason="length")
+            out = SimpleNamespace(
+                token_ids=ids,
+                logprobs=[{t: SimpleNamespace(logprob=-0.1 * params["seed"])} for t in ids],
+                finish_reason="length",
+            )
             outputs.append(SimpleNamespace(request_id=request_id, finished=True, outputs=[out]))
         # requests still running report unfinished (cumulative) outputs, as vLLM's default output kind does
         outputs += [SimpleNamespace(request_id=r, finished=False, outputs=[]) for r in self.running]
@@ -418,7 +458,12 @@ def test_vllm_batcher_serves_many_episode_threads_through_vllms_engine_loop(tiny
     for i, completion in results.items():
         assert completion.token_ids == [100 * (i + 1) + k + 1 for k in range(3 + i)] and not completion.finished
     assert sorted(results) == [0, 1, 2, 3]
-    assert [already for _, _, already in loop.joined] == [0, 1, 2, 3] and not loop.running  # each joined the running batch
+    assert [already for _, _, already in loop.joined] == [
+        0,
+        1,
+        2,
+        3,
+    ] and not loop.running  # each joined the running batch
     assert all(step > 0 for _, step, _ in loop.joined[1:])  # between steps, not before the first
     seeds = sorted(round(-c.logprobs[0] / 0.1) for c in results.values())
     assert seeds == [10, 11, 12, 13]  # request j draws with seed + j
@@ -456,8 +501,9 @@ def test_vllm_engine_without_vllm_says_how_to_install_it(tiny_dir: Path, monkeyp
         VLLMRolloutEngine(tiny_dir)
 
 
-
-def episodes(batcher, starts: list[list[int]], sampling: SamplingConfig, turns: int, *, concurrent: bool) -> list[list[Any]]:  # type: ignore[no-untyped-def]
+def episodes(
+    batcher, starts: list[list[int]], sampling: SamplingConfig, turns: int, *, concurrent: bool
+) -> list[list[Any]]:  # type: ignore[no-untyped-def]
     """Synthetic multi-turn episodes: each turn's prompt is the last prompt, the reply and a few tokens the
     'environment' adds; the completions of every turn, per episode."""
 
@@ -480,8 +526,9 @@ def episodes(batcher, starts: list[list[int]], sampling: SamplingConfig, turns: 
 
 
 @pytest.mark.parametrize("concurrent,temperature", [(True, 0.0), (False, 1.0)])
-def test_turns_that_go_on_from_a_cached_prefix_give_the_tokens_a_whole_prefill_gives(tiny_dir: Path, concurrent: bool,
-                                                                                      temperature: float) -> None:
+def test_turns_that_go_on_from_a_cached_prefix_give_the_tokens_a_whole_prefill_gives(
+    tiny_dir: Path, concurrent: bool, temperature: float
+) -> None:
     """Greedy episodes side by side, and sampled ones one after another (so both runs draw the same numbers): the
     same tokens and log-probs with the KV cache kept between turns as with every turn prefilled whole."""
     sampling = SamplingConfig(max_new_tokens=12, temperature=temperature)
@@ -498,7 +545,11 @@ def test_turns_that_go_on_from_a_cached_prefix_give_the_tokens_a_whole_prefill_g
     assert none_reused == 0 and reused > 0.5 * sum(len(s) + 4 * 12 for s in starts)  # most of each later turn's prompt
     for a, b in zip(whole, kept):
         assert [c.token_ids for c in a] == [c.token_ids for c in b]
-        assert torch.allclose(torch.tensor([x for c in a for x in c.logprobs]), torch.tensor([x for c in b for x in c.logprobs]), atol=1e-4)
+        assert torch.allclose(
+            torch.tensor([x for c in a for x in c.logprobs]),
+            torch.tensor([x for c in b for x in c.logprobs]),
+            atol=1e-4,
+        )
 
 
 def test_a_turn_from_a_cached_prefix_keeps_one_copy_of_its_kv(engine: EmbeddedRolloutEngine) -> None:

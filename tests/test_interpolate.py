@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import OPERATOR, run_worker_until_idle
+from safetensors.torch import load_file
+from test_cli import cli, one_error_line
+
 from posttrain.platform.auth import Identity, PermissionDenied, audit_log
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.jobs import queue
@@ -21,7 +22,6 @@ from posttrain.platform.models.interpolate import InterpolationError, interpolat
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.tasks.domains import generate, prompt_split
 from posttrain.training.interpolation import Candidate, pick
-from test_cli import cli, one_error_line
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 VALIDATION_DOMAINS = ["arith.add.signed", "compare.smaller.int"]  # both hold out prompts at difficulty 1
@@ -55,7 +55,9 @@ def assert_bit_equal(left: dict[str, torch.Tensor], right: dict[str, torch.Tenso
         assert left[name].dtype == right[name].dtype and torch.equal(left[name], right[name]), name
 
 
-def test_the_ends_are_each_model_bit_for_bit_and_the_middle_is_the_midpoint(pair: dict[str, Path], tmp_path: Path) -> None:
+def test_the_ends_are_each_model_bit_for_bit_and_the_middle_is_the_midpoint(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
     a, b = weights(pair["a"]), weights(pair["b"])
     assert any(not torch.equal(a[k], b[k]) for k in a), "A and B must differ for the test to mean anything"
     start = interpolate_dirs(pair["a"], pair["b"], tmp_path / "start", 0.0)
@@ -99,7 +101,9 @@ def test_a_bfloat16_pair_is_blended_in_float32_and_stored_in_bfloat16(pair: dict
         interpolate_dirs(pair["a"], tmp_path / "b16", tmp_path / "mixed", 0.5, a_label="'a'", b_label="'b16'")
 
 
-def test_a_shape_mismatch_and_an_alpha_outside_0_1_are_refused_naming_the_input(pair: dict[str, Path], tmp_path: Path) -> None:
+def test_a_shape_mismatch_and_an_alpha_outside_0_1_are_refused_naming_the_input(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
     with pytest.raises(InterpolationError) as refused:
         interpolate_dirs(pair["a"], pair["c"], tmp_path / "out", 0.5, a_label="'small'", b_label="'wide'")
     message = str(refused.value)
@@ -118,7 +122,9 @@ def test_the_action_registers_it_with_its_lineage_audits_it_and_refuses_a_viewer
     register_model(OPERATOR, "start", pair["a"])
     register_model(OPERATOR, "trained", pair["b"], base="start")
     viewer = Identity("viv", Role.viewer)
-    with pytest.raises(PermissionDenied, match="viv \\(viewer\\) may not model.interpolate: it needs the operator role"):
+    with pytest.raises(
+        PermissionDenied, match="viv \\(viewer\\) may not model.interpolate: it needs the operator role"
+    ):
         interpolate_models(viewer, "start", "trained", 0.5, name="refused")
     models = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "models"
     assert not models.exists() or not any(models.iterdir())
@@ -138,7 +144,9 @@ def test_the_action_registers_it_with_its_lineage_audits_it_and_refuses_a_viewer
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_the_command_line_interpolates_and_refuses_in_one_line(platform_env: dict[str, str], pair: dict[str, Path]) -> None:
+def test_the_command_line_interpolates_and_refuses_in_one_line(
+    platform_env: dict[str, str], pair: dict[str, Path]
+) -> None:
     register_model(OPERATOR, "start", pair["a"])
     register_model(OPERATOR, "trained", pair["b"], base="start")
     register_model(OPERATOR, "wide", pair["c"])
@@ -207,7 +215,9 @@ def test_the_job_picks_alpha_on_train_split_tasks_only_and_registers_it(
     assert row.base_model_id == get_model("start").id and row.produced_by_job_id == picking
     assert row.meta["interpolated"] == {"a": "start", "b": "trained", "alpha": result["alpha"]}
     assert row.meta["picked_on"]["split"] == "train"
-    expected = interpolate_dirs(pair["a"], pair["b"], Path(platform_env["POSTTRAIN_DATA_DIR"]) / "check", result["alpha"])
+    expected = interpolate_dirs(
+        pair["a"], pair["b"], Path(platform_env["POSTTRAIN_DATA_DIR"]) / "check", result["alpha"]
+    )
     assert_bit_equal(weights(Path(row.path)), weights(expected))
     assert not list(Path(result["validation_file"]).parent.glob("candidate-*")), "candidates are removed once evaluated"
     plain = queue.get_job(given)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import OPERATOR, start_worker, stop_worker, wait_for
 from sqlmodel import func, select
 
-from conftest import OPERATOR, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus
 from posttrain.platform.jobs import queue
@@ -138,13 +138,20 @@ def test_cancel_running_job_kills_whole_group(platform_env: dict[str, str], igno
         quick = queue.submit(OPERATOR, "selftest", {"steps": 1, "sleep_s": 0})
         wait_for(lambda: status_of(quick) is JobStatus.succeeded, timeout=60, interval=0.02, message="the one-step job")
         peer = time.monotonic() - started
-        job_id = queue.submit(OPERATOR, "selftest", {"steps": 1000, "sleep_s": 0.2, "spawn_children": 2, "ignore_sigterm": ignore_sigterm})
+        job_id = queue.submit(
+            OPERATOR, "selftest", {"steps": 1000, "sleep_s": 0.2, "spawn_children": 2, "ignore_sigterm": ignore_sigterm}
+        )
         job = wait_for(lambda: (j := queue.get_job(job_id)).pid and j.progress and j, message="job running")
         pgid = job.pid
         wait_for(lambda: len(_group_members(pgid)) >= 3, message="children started")
         queue.cancel(OPERATOR, job_id)
         requested = time.monotonic()
-        wait_for(lambda: status_of(job_id) is JobStatus.cancelled, timeout=grace + 10 + 3 * peer, interval=0.02, message="cancelled")
+        wait_for(
+            lambda: status_of(job_id) is JobStatus.cancelled,
+            timeout=grace + 10 + 3 * peer,
+            interval=0.02,
+            message="cancelled",
+        )
         took = time.monotonic() - requested
         # measured: 0.1-0.25 s cooperative, grace + 0.2 s ignoring SIGTERM; the peer 2.1-3.5 s
         if ignore_sigterm:  # killed once the grace period is over, not before
@@ -225,8 +232,9 @@ def test_an_ended_job_says_how_it_ended_not_what_it_last_reported(platform_env: 
     assert re.fullmatch(r"succeeded in \d+ s", done.progress_message), done.progress_message
     failed = queue.get_job(bad)
     assert failed.status is JobStatus.failed
-    assert re.fullmatch(r"failed after \d+ s: RuntimeError: selftest failing on purpose at step 2", failed.progress_message), \
-        failed.progress_message
+    assert re.fullmatch(
+        r"failed after \d+ s: RuntimeError: selftest failing on purpose at step 2", failed.progress_message
+    ), failed.progress_message
     stopped = queue.get_job(long)
     assert re.fullmatch(r"cancelled after \d+ s", stopped.progress_message), stopped.progress_message
     assert not any(re.search(r"step \d+/\d+", queue.get_job(j).progress_message) for j in (ok, bad, long, never))
@@ -236,12 +244,18 @@ def test_a_retried_or_interrupted_attempt_says_so(platform_env: dict[str, str]) 
     """The end of an attempt that is followed by another says that too (not the attempt's last progress)."""
     job_id = queue.submit(OPERATOR, "selftest", {"steps": 2}, max_attempts=2)
     queue.claim("w", 1, 0)
-    assert queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: the worker stopped")) \
+    assert (
+        queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: the worker stopped"))
         is JobStatus.queued
-    assert queue.get_job(job_id).progress_message == \
-        "queued again for attempt 2 of 2, after: interrupted: the worker stopped"
+    )
+    assert (
+        queue.get_job(job_id).progress_message
+        == "queued again for attempt 2 of 2, after: interrupted: the worker stopped"
+    )
     queue.claim("w", 1, 0)
-    assert queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: worker w was lost")) \
+    assert (
+        queue.finish(job_id, queue.Outcome(None, interrupted=True, error="interrupted: worker w was lost"))
         is JobStatus.interrupted
+    )
     assert queue.get_job(job_id).progress_message == "interrupted: worker w was lost"
     assert queue.took(41) == "41 s" and queue.took(200) == "3 min 20 s" and queue.took(7500) == "2 h 5 min"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as
 from sqlalchemy import insert
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform import metrics
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Metric
@@ -24,9 +24,11 @@ GRPO = {"model": "m", "domains": ["arith.add.int"], "max_steps": 100_000}
 
 def insert_metrics(job_id: int, points: list[tuple[int, str, float]], url: str | None = None) -> None:
     """Bulk insert (step, name, value) rows: one executemany, the way a fast logger would."""
-    ts = datetime.now(timezone.utc)
+    ts = datetime.now(UTC)
     with session(url) as s:
-        s.execute(insert(Metric), [{"job_id": job_id, "step": st, "name": n, "value": v, "ts": ts} for st, n, v in points])
+        s.execute(
+            insert(Metric), [{"job_id": job_id, "step": st, "name": n, "value": v, "ts": ts} for st, n, v in points]
+        )
 
 
 def chart_frame(chart) -> pd.DataFrame:  # type: ignore[no-untyped-def]
@@ -114,7 +116,11 @@ def test_large_run_queries_and_renders_like_a_small_one(platform_env: dict[str, 
         + [(s, "rollout/reward_mean", min(1.0, s / n)) for s in range(n)],
     )
     small = queue.submit(OPERATOR, "train_grpo", GRPO)
-    insert_metrics(small, [(s, "train/loss", 2.0 - s / 500) for s in range(500)] + [(s, "rollout/reward_mean", s / 500) for s in range(500)])
+    insert_metrics(
+        small,
+        [(s, "train/loss", 2.0 - s / 500) for s in range(500)]
+        + [(s, "rollout/reward_mean", s / 500) for s in range(500)],
+    )
     query_times = []
     for _ in range(3):
         start = time.perf_counter()
@@ -134,15 +140,18 @@ def test_large_run_queries_and_renders_like_a_small_one(platform_env: dict[str, 
     plotted = {m: len(f[f["metric"] == m]) for f in frames for m in set(f["metric"])}
     # the downsampled series, not 100,000 points (the reward chart draws each point and its moving average)
     assert plotted == {"train/loss": 782, "rollout/reward_mean": 2 * 782}
-    print(f"\n{2 * n:,}-point run: series query {query_s * 1000:.0f} ms (every point: {raw_s * 1000:.0f} ms), page render "
-          f"{render_s * 1000:.0f} ms (all renders: {', '.join(f'{t * 1000:.0f}' for t in timings)} ms; a 1,000-point run: "
-          f"{', '.join(f'{t * 1000:.0f}' for t in small_timings)} ms)")
+    print(
+        f"\n{2 * n:,}-point run: series query {query_s * 1000:.0f} ms (every point: {raw_s * 1000:.0f} ms), page render "
+        f"{render_s * 1000:.0f} ms (all renders: {', '.join(f'{t * 1000:.0f}' for t in timings)} ms; a 1,000-point run: "
+        f"{', '.join(f'{t * 1000:.0f}' for t in small_timings)} ms)"
+    )
     # Measured on this 2-core box, both databases: the query 13-22x faster than every point (0.2-0.3 s
     # against 4 s); the render a small run's render plus the query (0.3-0.8 s against 0.25-0.4 + 0.2-0.3 s).
     # Drawing every point would cost at least the 4 s read.
     assert query_s * 5 < raw_s, f"the downsampled query took {query_s:.2f}s, reading every point {raw_s:.2f}s"
-    assert render_s < 2 * (small_render_s + query_s), \
+    assert render_s < 2 * (small_render_s + query_s), (
         f"rendering the run took {render_s:.2f}s, a 1,000-point run {small_render_s:.2f}s, the query {query_s:.2f}s"
+    )
 
 
 def many_domain_run(url: str | None = None, steps: int = 1000, count: int | None = None) -> tuple[int, list[str]]:
@@ -169,7 +178,7 @@ def many_domain_run(url: str | None = None, steps: int = 1000, count: int | None
     before = [r for i in range(len(domains)) for r in records(i, False)]
     after = [r for i in range(len(domains)) for r in records(i, True)]
     arena = {"a": "smollm2-135m-instruct", "b": "broad-job", **head_to_head(before, after)}
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with session(url) as s:
         row = Job(kind="train_preset", config=validate_config("train_preset", {"preset": "smollm2-quick"}).model_dump(mode="json"),
                   status=JobStatus.succeeded, started_at=now, finished_at=now, submitted_by=OPERATOR.username, progress=1.0,
@@ -187,14 +196,20 @@ def many_domain_run(url: str | None = None, steps: int = 1000, count: int | None
     return job, domains
 
 
-def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_small_runs_time(platform_env: dict[str, str]) -> None:
+def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_small_runs_time(
+    platform_env: dict[str, str],
+) -> None:
     """A run over every procedural domain (253), 1,000 steps of each domain's pass rate, draw share and signal rate
     (759,000 points), finished with a per-domain before/after comparison: the page draws a domains x steps heatmap of
     step buckets averaged in the database (not 248 lines) and the per-domain table sorted by the difference, and
     renders in about the time of a 1,000-point run's page plus the heatmap's query (the peers, measured here)."""
     job, domains = many_domain_run()
     small = queue.submit(OPERATOR, "train_grpo", GRPO)
-    insert_metrics(small, [(s, "train/loss", 2.0 - s / 500) for s in range(500)] + [(s, "rollout/reward_mean", s / 500) for s in range(500)])
+    insert_metrics(
+        small,
+        [(s, "train/loss", 2.0 - s / 500) for s in range(500)]
+        + [(s, "rollout/reward_mean", s / 500) for s in range(500)],
+    )
 
     names = [f"sched/{d}/pass_rate" for d in domains]
     query_times = []
@@ -208,7 +223,11 @@ def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_sma
     _, small_render_s, small_timings = _best_render_s(small)
     at, render_s, timings = _best_render_s(job)
     (heatmap,) = [f for f in map(chart_frame, at.get("vega_lite_chart")) if "domain" in f.columns]
-    assert heatmap["domain"].nunique() == len(domains) and heatmap["step"].nunique() == 63 and len(heatmap) == len(domains) * 63
+    assert (
+        heatmap["domain"].nunique() == len(domains)
+        and heatmap["step"].nunique() == 63
+        and len(heatmap) == len(domains) * 63
+    )
     assert heatmap["value"].between(0, 1).all()
     assert not any(m.value == "**Pass rate by domain**" for m in at.markdown)  # no 253 lines
     tables = [df.value for df in at.dataframe]
@@ -225,8 +244,11 @@ def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_sma
     at.radio(key=f"heatmap_{job}").set_value("draw share").run()
     (heatmap,) = [f for f in map(chart_frame, at.get("vega_lite_chart")) if "domain" in f.columns]
     assert list(heatmap["value"]) == pytest.approx([1 / len(domains)] * len(heatmap))
-    print(f"\n{len(domains)} domains x 1,000 steps: heatmap query {query_s * 1000:.0f} ms, page render {render_s * 1000:.0f} ms "
-          f"(all renders: {', '.join(f'{t * 1000:.0f}' for t in timings)} ms; a 1,000-point run: "
-          f"{', '.join(f'{t * 1000:.0f}' for t in small_timings)} ms)")
-    assert render_s < 3 * (small_render_s + query_s), \
+    print(
+        f"\n{len(domains)} domains x 1,000 steps: heatmap query {query_s * 1000:.0f} ms, page render {render_s * 1000:.0f} ms "
+        f"(all renders: {', '.join(f'{t * 1000:.0f}' for t in timings)} ms; a 1,000-point run: "
+        f"{', '.join(f'{t * 1000:.0f}' for t in small_timings)} ms)"
+    )
+    assert render_s < 3 * (small_render_s + query_s), (
         f"rendering the run took {render_s:.2f}s, a 1,000-point run {small_render_s:.2f}s, the heatmap's query {query_s:.2f}s"
+    )

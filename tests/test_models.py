@@ -62,8 +62,13 @@ def test_chat_template_renders_tools_calls_and_results(text_dir: Path) -> None:
     tok = load_model(text_dir).tokenizer
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
     ]
     text = tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
@@ -73,8 +78,10 @@ def test_chat_template_renders_tools_calls_and_results(text_dir: Path) -> None:
     assert "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
     plain = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
-    assert plain == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert plain == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     # tool-call markers are single tokens that survive skip_special_tokens
     ids = tok("<tool_call>x</tool_call>", add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens(ids)[0] == "<tool_call>"
@@ -116,9 +123,9 @@ def test_spec_validation_names_the_problem() -> None:
 # render exactly for conversations without tools.
 GEMMA3_OFFICIAL = (
     "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}{%- set loop_messages = messages -%}"
+    '{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = "" -%}{%- set loop_messages = messages -%}'
     "{%- endif -%}{%- for message in loop_messages -%}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}{%- endif -%}"
+    '{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}{%- endif -%}'
     "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}{%- set role = message['role'] -%}"
     "{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
     "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
@@ -141,27 +148,45 @@ def test_gemma_template_renders_gemma_turns_and_the_tool_format(text_dir: Path) 
     tok = load_model(text_dir).tokenizer
     chats = [
         [{"role": "user", "content": "hi "}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": " hello"},
-         {"role": "user", "content": "again"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": " hello"},
+            {"role": "user", "content": "again"},
+        ],
     ]
     for chat in chats:
         for gen in (True, False):
-            ours = tok.apply_chat_template(chat, chat_template=GEMMA_TEMPLATE, add_generation_prompt=gen, tokenize=False)
-            assert ours == tok.apply_chat_template(chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=gen, tokenize=False)
-    assert ours.startswith((tok.bos_token or "") + "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nhello")
+            ours = tok.apply_chat_template(
+                chat, chat_template=GEMMA_TEMPLATE, add_generation_prompt=gen, tokenize=False
+            )
+            assert ours == tok.apply_chat_template(
+                chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=gen, tokenize=False
+            )
+    assert ours.startswith(
+        (tok.bos_token or "") + "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nhello"
+    )
     extended = with_tool_support(GEMMA3_OFFICIAL)
     assert template_family(extended) == "gemma" and template_family(GEMMA3_OFFICIAL) == "gemma"
     for chat in chats:  # no tools: the model's own template, unchanged
-        assert tok.apply_chat_template(chat, chat_template=extended, add_generation_prompt=True, tokenize=False) == \
-            tok.apply_chat_template(chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=True, tokenize=False)
+        assert tok.apply_chat_template(
+            chat, chat_template=extended, add_generation_prompt=True, tokenize=False
+        ) == tok.apply_chat_template(chat, chat_template=GEMMA3_OFFICIAL, add_generation_prompt=True, tokenize=False)
     messages = [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
     ]
-    text = tok.apply_chat_template(messages, tools=TOOLS, chat_template=extended, add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        messages, tools=TOOLS, chat_template=extended, add_generation_prompt=True, tokenize=False
+    )
     assert text.startswith((tok.bos_token or "") + "<start_of_turn>user\nUse tools.\n\n# Tools\n")
     assert json.dumps(TOOLS[0]) in text and "Weather in Paris?<end_of_turn>\n" in text
     model_turn = text.split("<start_of_turn>model\n")[1].split("<end_of_turn>")[0]

@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 import pytest
 import torch
-
 from conftest import OPERATOR
+from required_parts import require
+
 from posttrain.platform.models.exporter import ExportError, export_model
 from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.loader import LoadedModel, load_model
-from required_parts import require
 
 PROMPTS = [
     "What is the capital of France?",
@@ -52,7 +52,7 @@ def greedy(loaded: LoadedModel, prompt: str) -> list[int]:
             **ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=loaded.eos_token_ids,
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else loaded.eos_token_ids[0],
         )  # fmt: skip
-    return out[0, ids["input_ids"].shape[1]:].tolist()
+    return out[0, ids["input_ids"].shape[1] :].tolist()
 
 
 def agreeing_prefix(reference: list[int], other: list[int]) -> int:
@@ -79,13 +79,21 @@ def exports(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Any) -> di
     for outtype in ("f16", "q8_0"):
         steps: list[float] = []
         out = root / f"smollm2.{outtype}.gguf"
-        files[outtype] = export_model(real_model_dir.path, out, "gguf", outtype=outtype, progress=lambda f, m: steps.append(f))
+        files[outtype] = export_model(
+            real_model_dir.path, out, "gguf", outtype=outtype, progress=lambda f, m: steps.append(f)
+        )
         assert steps == sorted(steps) and steps[-1] == 1.0  # progress only moves forward
     return files
 
 
 def reimport(path: Path, suffix: str, real_model_dir: Any, tmp_path: Path) -> LoadedModel:
-    row = import_model(OPERATOR, path, name=f"{real_model_dir.name}-export-{suffix}", url=real_model_dir.url, dest_root=tmp_path / "models")
+    row = import_model(
+        OPERATOR,
+        path,
+        name=f"{real_model_dir.name}-export-{suffix}",
+        url=real_model_dir.url,
+        dest_root=tmp_path / "models",
+    )
     return load_model(row.path)
 
 
@@ -100,7 +108,9 @@ def test_gguf_f16_round_trip_generates_identically(exports: dict[str, Path], rea
     original, reread = real_model.tokenizer, back.tokenizer
     for text in TOKENIZER_PROBES:
         for special in (False, True):
-            assert reread.encode(text, add_special_tokens=special) == original.encode(text, add_special_tokens=special), text
+            assert reread.encode(text, add_special_tokens=special) == original.encode(
+                text, add_special_tokens=special
+            ), text
     assert reread.encode("<|im_start|>", add_special_tokens=False) == [original.convert_tokens_to_ids("<|im_start|>")]
     assert reread.chat_template == original.chat_template
     assert back.model.config.tie_word_embeddings and back.eos_token_ids == real_model.eos_token_ids
@@ -114,7 +124,7 @@ def teacher_forced_agreement(original: LoadedModel, other: LoadedModel, prompt: 
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
     full = torch.cat([ids, torch.tensor([continuation])], dim=1)
     with torch.inference_mode():
-        picks = other.model(full).logits[0, ids.shape[1] - 1:-1].argmax(-1)
+        picks = other.model(full).logits[0, ids.shape[1] - 1 : -1].argmax(-1)
     return int((picks == torch.tensor(continuation)).sum())
 
 
@@ -140,10 +150,18 @@ def test_gguf_q8_0_round_trip_mostly_agrees_and_is_smaller(exports: dict[str, Pa
     assert exports["q8_0"].stat().st_size < 0.6 * exports["f16"].stat().st_size
 
 
-def test_hf_export_loads_and_generates_the_same(real_model_dir: Any, reference: list[list[int]], tmp_path: Path) -> None:
+def test_hf_export_loads_and_generates_the_same(
+    real_model_dir: Any, reference: list[list[int]], tmp_path: Path
+) -> None:
     out = export_model(real_model_dir.path, tmp_path / "hf", "hf")
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    } <= names
     loaded = load_model(out)
     assert [greedy(loaded, p) for p in PROMPTS[:3]] == reference[:3]
 
@@ -153,7 +171,9 @@ def _lora_adapter(base: Path, out: Path) -> Any:
     from peft import LoraConfig, get_peft_model
 
     model = load_model(base).model
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -170,7 +190,9 @@ def test_hf_export_merges_a_lora_adapter(real_model: LoadedModel, real_model_dir
     peft_model = _lora_adapter(real_model_dir.path, tmp_path / "adapter")
     out = export_model(tmp_path / "adapter", tmp_path / "merged", "hf")
     names = {p.name for p in out.iterdir()}
-    assert not any(n.startswith("adapter_") for n in names) and "model.safetensors" in names and "tokenizer.json" in names
+    assert (
+        not any(n.startswith("adapter_") for n in names) and "model.safetensors" in names and "tokenizer.json" in names
+    )
     merged = load_model(out)
     ids = real_model.tokenizer("The capital of France is", return_tensors="pt")
     with torch.inference_mode():
@@ -210,7 +232,7 @@ def test_gguf_of_tiny_models_reads_back_in_transformers(arch: str, tmp_path: Pat
     assert ("blk.0.attn_q.bias" in {t.name for t in reader.tensors}) == (arch == "qwen2")
     back = AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name, dtype=torch.float32)
     back_tok = AutoTokenizer.from_pretrained(str(out.parent), gguf_file=out.name)
-    text = "Invoice 4520 for Paris: <tool_call>{\"a\": 1}</tool_call> ünïcødé. The invoice total is 42 for Paris."
+    text = 'Invoice 4520 for Paris: <tool_call>{"a": 1}</tool_call> ünïcødé. The invoice total is 42 for Paris.'
     ids = source.tokenizer(text, return_tensors="pt")["input_ids"]
     assert back_tok.encode(text) == ids[0].tolist()
     with torch.inference_mode():
@@ -227,7 +249,9 @@ def test_bad_input_is_refused_and_failures_leave_nothing(real_model_dir: Any, tm
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(real_model_dir.path / name, other / name)
     config = json.loads((real_model_dir.path / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}))
+    (other / "config.json").write_text(
+        json.dumps({**config, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})
+    )
     out = tmp_path / "out" / "neox.gguf"
     with pytest.raises(ExportError, match=r"neox.*'gpt_neox' model \(GPTNeoXForCausalLM\).*llama, qwen2.*fmt='hf'"):
         export_model(other, out, "gguf")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.serving.tiers import tiers_path
@@ -20,7 +20,10 @@ PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128))
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
+    )
 
 
 def test_registry_forms_and_tiers(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -97,25 +100,44 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
     tool printed. (No model of this size calls tools unprompted; this one is real weights, taught one thing.)"""
     import shutil
 
-    from posttrain.platform.models.tuning import TokenExample, memorize
+    from drills import TokenExample, memorize
+
     from posttrain.platform.sandbox import tool_schemas
     from posttrain.platform.serving import EmbeddedEngine, EngineConfig
     from posttrain.platform.serving.client import PLAYGROUND_TOOLS
     from posttrain.platform.serving.profiles import DEFAULT_TIERS
     from posttrain.platform.serving.protocol import ChatCompletionRequest
 
-    engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["standard"]))
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["standard"])
+    )
     tools = tool_schemas(list(PLAYGROUND_TOOLS))
     user = {"role": "user", "content": "six times seven?"}
-    call = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": json.dumps({"code": "print(6 * 7)"})}}
-    exchange = [([user], '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'),
-                ([user, {"role": "assistant", "content": "", "tool_calls": [call]},
-                  {"role": "tool", "tool_call_id": "c1", "name": "python", "content": "42\n"}], "It is 42.")]
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "python", "arguments": json.dumps({"code": "print(6 * 7)"})},
+    }
+    exchange = [
+        ([user], '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'),
+        (
+            [
+                user,
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "name": "python", "content": "42\n"},
+            ],
+            "It is 42.",
+        ),
+    ]
     tokenizer = engine.tokenizer
     rows = []
     for messages, reply in exchange:
         prompt = engine.prepare_chat(ChatCompletionRequest(model="tiny", messages=messages, tools=tools)).prompt_ids
-        rows.append(TokenExample.completion(prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
+        rows.append(
+            TokenExample.completion(
+                prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            )
+        )
     path = tmp_path_factory.mktemp("caller") / "caller"
     shutil.copytree(tiny_model, path)
     losses = memorize(path, rows, steps=300)  # type: ignore[arg-type]
@@ -123,12 +145,18 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
     return path
 
 
-def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(platform_env: dict[str, str], tool_caller,  # type: ignore[no-untyped-def]
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(
+    platform_env: dict[str, str],
+    tool_caller,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from test_code_verifier import reachable_dir
+
     from posttrain.platform.auth import audit_log
 
-    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the console's sandbox: a directory its uid can enter
+    monkeypatch.setenv(
+        "POSTTRAIN_DATA_DIR", str(reachable_dir())
+    )  # the console's sandbox: a directory its uid can enter
     get_settings.cache_clear()
 
     with console_deployment("caller", tool_caller, "standard"):
@@ -141,7 +169,9 @@ def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(platform_env: d
         shown = [c.value for c in at.code]
         # The model's call, then what the sandbox really printed, shown turn by turn; then its answer.
         assert shown == ['{"code": "print(6 * 7)"}', "42"], shown
-        assert any("2 replies, 1 tool call, ended: answer" in c.value for c in at.caption), [c.value for c in at.caption]
+        assert any("2 replies, 1 tool call, ended: answer" in c.value for c in at.caption), [
+            c.value for c in at.caption
+        ]
         assert at.session_state["pg_history"][-1] == {"role": "assistant", "text": "It is 42."}
         ran = [e for e in audit_log(limit=50) if e.action == "sandbox.run"]
         assert ran and ran[0].target == "python" and "print(6 * 7)" in ran[0].details["arguments"]

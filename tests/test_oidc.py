@@ -19,13 +19,13 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from conftest import ADMIN
 from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, RedirectResponse
-from sqlmodel import select
-
 from required_parts import require
-from conftest import ADMIN
+from sqlmodel import select
 from test_e2e_console import ARTIFACTS, free_port, launch_chromium, wait_for_console
+
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
@@ -51,7 +51,9 @@ def test_claims_map_to_users_and_refusals_are_clear(platform_env: dict[str, str]
     first = oidc_login({"sub": "1", "email": "Alice@Example.com", "email_verified": True}, sso)
     assert first == auth.Identity("alice@example.com", Role.viewer)  # first login: the default role
     auth.set_role(ADMIN, "alice@example.com", Role.operator)
-    assert oidc_login({"sub": "1", "email": "alice@example.com"}, sso).role is Role.operator  # a role set by an admin stays
+    assert (
+        oidc_login({"sub": "1", "email": "alice@example.com"}, sso).role is Role.operator
+    )  # a role set by an admin stays
     logins = audit_rows("login")
     assert [r.details["via"] for r in logins] == ["oidc", "oidc"] and logins[0].details["sub"] == "1"
     # an SSO user has no password: the password form never lets it in
@@ -76,7 +78,9 @@ def test_claims_map_to_users_and_refusals_are_clear(platform_env: dict[str, str]
         oidc_login({"email": "alice@example.com"}, sso)
     assert audit_rows("login.failed")[-1].details == {"via": "oidc", "reason": "disabled"}
 
-    other = oidc_login({"preferred_username": "carol"}, config(username_claim="preferred_username", default_role="operator"))
+    other = oidc_login(
+        {"preferred_username": "carol"}, config(username_claim="preferred_username", default_role="operator")
+    )
     assert other == auth.Identity("carol", Role.operator)
 
 
@@ -87,7 +91,9 @@ def test_settings_and_the_secrets_file(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(SettingsError, match="POSTTRAIN_OIDC__SERVER_METADATA_URL") as refused:
         load_settings()
     assert CLIENT_SECRET not in str(refused.value)
-    monkeypatch.setenv("POSTTRAIN_OIDC__SERVER_METADATA_URL", "https://idp.example.com/.well-known/openid-configuration")
+    monkeypatch.setenv(
+        "POSTTRAIN_OIDC__SERVER_METADATA_URL", "https://idp.example.com/.well-known/openid-configuration"
+    )
     settings = load_settings()
     assert isinstance(settings, Settings) and settings.oidc is not None
     assert CLIENT_SECRET not in repr(settings) and CLIENT_SECRET not in str(settings.model_dump())
@@ -132,7 +138,9 @@ class Provider:
             q = request.query_params
             code = uuid.uuid4().hex
             self.codes[code] = {"nonce": q.get("nonce", ""), "client_id": q["client_id"]}
-            return RedirectResponse(f"{q['redirect_uri']}?{urlencode({'code': code, 'state': q['state']})}", status_code=302)
+            return RedirectResponse(
+                f"{q['redirect_uri']}?{urlencode({'code': code, 'state': q['state']})}", status_code=302
+            )
 
         @app.post("/token")
         def token(request: Request, code: str = Form(...)) -> JSONResponse:
@@ -143,9 +151,18 @@ class Provider:
             if grant is None:
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             now = int(time.time())
-            claims = {"iss": self.issuer, "aud": grant["client_id"], "iat": now, "exp": now + 300, "nonce": grant["nonce"], **user}
+            claims = {
+                "iss": self.issuer,
+                "aud": grant["client_id"],
+                "iat": now,
+                "exp": now + 300,
+                "nonce": grant["nonce"],
+                **user,
+            }
             id_token = jwt.encode({"alg": "RS256", "kid": "k1"}, claims, self.key)
-            return JSONResponse({"access_token": uuid.uuid4().hex, "token_type": "Bearer", "expires_in": 300, "id_token": id_token})
+            return JSONResponse(
+                {"access_token": uuid.uuid4().hex, "token_type": "Bearer", "expires_in": 300, "id_token": id_token}
+            )
 
         @app.get("/jwks")
         def jwks() -> dict[str, object]:

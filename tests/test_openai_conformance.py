@@ -39,11 +39,13 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def servers(tiny_path: Path) -> Iterator[dict[str, ThreadedServer]]:
     path = tiny_path
-    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tiny", tier=DEFAULT_TIERS["fast"],
-                                         max_model_len=256)).start()
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(path), served_model_name="tiny", tier=DEFAULT_TIERS["fast"], max_model_len=256)
+    ).start()
     server = serve_in_thread(create_engine_app(engine))
-    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
-        Deployment(model="tiny", tier="fast", base_url=server.base_url)])))
+    gateway = serve_in_thread(
+        create_gateway_app(GatewayConfig(deployments=[Deployment(model="tiny", tier="fast", base_url=server.base_url)]))
+    )
     yield {"engine": server, "gateway": gateway}
     gateway.stop()
     server.stop()
@@ -64,16 +66,31 @@ def greedy(api: openai.OpenAI, **extra: object) -> tuple[str, str, int]:
 def test_stop_trims_the_text_and_sets_the_finish_reason(api: openai.OpenAI) -> None:
     text, reason, tokens = greedy(api)
     assert reason == "length" and tokens == 24 and len(text) >= 12, (text, reason)
-    for stop in (text[6:9], [text[6:9], "\u2603never"], [text[9:13], text[6:9]]):  # a string, a list, the first one wins
+    for stop in (
+        text[6:9],
+        [text[6:9], "\u2603never"],
+        [text[9:13], text[6:9]],
+    ):  # a string, a list, the first one wins
         cut, why, used = greedy(api, stop=stop)
         assert (cut, why) == (text[: text.find(text[6:9])], "stop"), (text, stop, cut)
         assert used < tokens  # generation stopped there, and usage counts what was generated up to it
     # streamed: the same text, even when the stop string spans chunks (each chunk is about a token here)
-    chunks = list(api.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
-                                         stop=text[6:9], stream_options={"include_usage": True}))
+    chunks = list(
+        api.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stop=text[6:9],
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text[: text.find(text[6:9])]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= tokens  # include_usage, completions too
+    assert (
+        chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= tokens
+    )  # include_usage, completions too
     # never found: the whole text, finish reason length
     assert greedy(api, stop="\u2603 no such text") == (text, "length", 24)
 
@@ -85,14 +102,24 @@ def test_stop_in_chat_streaming_and_not(api: openai.OpenAI) -> None:
     stop = text[5:8]
     cut = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0, stop=stop)  # type: ignore[arg-type]
     assert cut.choices[0].message.content == text[: text.find(stop)] and cut.choices[0].finish_reason == "stop"
-    chunks = list(api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0, stop=[stop],  # type: ignore[arg-type]
-                                              stream=True))
+    chunks = list(
+        api.chat.completions.create(
+            model="tiny",
+            messages=CHAT,
+            max_tokens=24,
+            temperature=0,
+            stop=[stop],  # type: ignore[arg-type]
+            stream=True,
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[: text.find(stop)]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
 @pytest.mark.parametrize("field, value", [("response_format", {"type": "json_object"}), ("suffix", " end")])
-def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(api: openai.OpenAI, field: str, value: object) -> None:
+def test_a_parameter_the_engine_does_not_implement_is_refused_by_name(
+    api: openai.OpenAI, field: str, value: object
+) -> None:
     with pytest.raises(openai.BadRequestError, match=f"`{field}` is not supported by this engine") as caught:
         api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, extra_body={field: value})
     assert caught.value.body["param"] == field  # type: ignore[index]
@@ -128,14 +155,18 @@ def test_n_samples_in_one_request(api: openai.OpenAI) -> None:
     # streamed: each choice's chunks carry its index and end with its finish reason; together they are the same texts
     streamed: dict[int, str] = {}
     ends: dict[int, str] = {}
-    for chunk in api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, n=4, seed=7, stream=True):
+    for chunk in api.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=16, temperature=1.0, n=4, seed=7, stream=True
+    ):
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + c.text
             if c.finish_reason:
                 ends[c.index] = c.finish_reason
     assert [streamed[i] for i in range(4)] == texts and set(ends) == {0, 1, 2, 3}
     deltas: dict[int, str] = {}
-    for chunk in api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=1.0, n=3, seed=1, stream=True):  # type: ignore[arg-type]
+    for chunk in api.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=12, temperature=1.0, n=3, seed=1, stream=True
+    ):  # type: ignore[arg-type]
         for c in chunk.choices:
             deltas[c.index] = deltas.get(c.index, "") + (c.delta.content or "")
     assert [deltas[i] for i in range(3)] == [c.message.content for c in chat.choices]
@@ -145,7 +176,9 @@ def test_a_list_of_prompts_and_token_id_prompts(api: openai.OpenAI, tiny_path: P
     """Choices in prompt order (prompt i's n samples at i * n ...), each the same as the prompt sent alone; token ids
     complete as the text that tokenises to them."""
     prompts = [PROMPT, "Total due:", "Amount"]
-    alone = [api.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts]
+    alone = [
+        api.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text for p in prompts
+    ]
     together = api.completions.create(model="tiny", prompt=prompts, max_tokens=8, temperature=0, n=2)
     assert [c.text for c in together.choices] == [t for t in alone for _ in range(2)]
     ids = load_tokenizer(tiny_path)(PROMPT, add_special_tokens=False)["input_ids"]
@@ -162,9 +195,14 @@ def test_tool_choice_is_checked_at_the_edge(api: openai.OpenAI) -> None:
     """A named function must be among the tools, required needs tools, nothing else is a choice; none leaves the
     tools out (their enforcement: the real-model test below, as the tools' text is over the tiny model's context)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    refusals = [({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": tools}, "not among the request's tools"),
-                ({"tool_choice": "required"}, "tool_choice required needs tools"),
-                ({"tool_choice": "always", "tools": tools}, "tool_choice is none, auto, required or a named function")]
+    refusals = [
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": tools},
+            "not among the request's tools",
+        ),
+        ({"tool_choice": "required"}, "tool_choice required needs tools"),
+        ({"tool_choice": "always", "tools": tools}, "tool_choice is none, auto, required or a named function"),
+    ]
     for fields, why in refusals:
         with pytest.raises(openai.BadRequestError, match=why):
             api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, **fields)  # type: ignore[call-overload]
@@ -173,17 +211,26 @@ def test_tool_choice_is_checked_at_the_edge(api: openai.OpenAI) -> None:
 
 
 def test_neutral_values_are_accepted_and_unknown_fields_are_named_back(servers: dict[str, ThreadedServer]) -> None:
-    neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None, "echo": False, "best_of": 1,
-               "logit_bias": {}, "user": "analyst-7"}
+    neutral = {
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logprobs": None,
+        "echo": False,
+        "best_of": 1,
+        "logit_bias": {},
+        "user": "analyst-7",
+    }
     for where in ("engine", "gateway"):
         url = servers[where].base_url + "/v1/completions"
         plain = httpx.post(url, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0}, timeout=60)
-        same = httpx.post(url, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, **neutral},
-                          timeout=60)
+        same = httpx.post(
+            url, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, **neutral}, timeout=60
+        )
         assert same.status_code == 200 and same.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
         assert "x-posttrain-ignored-fields" not in same.headers
-        extra = httpx.post(url, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "my_flag": 1, "guided_x": "y"},
-                           timeout=60)
+        extra = httpx.post(
+            url, json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "my_flag": 1, "guided_x": "y"}, timeout=60
+        )
         assert extra.status_code == 200 and extra.headers["x-posttrain-ignored-fields"] == "guided_x, my_flag"
 
 
@@ -193,7 +240,11 @@ def test_models_report_their_context_length_as_vllm_does(api: openai.OpenAI) -> 
     extra = model.model_extra or {}
     assert model.id == "tiny" and model.owned_by == "posttrain" and extra["max_model_len"] == 256
     if "tiers" in extra:  # the gateway
-        assert extra["tiers"] == ["fast"] and extra["default_tier"] == "fast" and extra["max_model_len_by_tier"] == {"fast": 256}
+        assert (
+            extra["tiers"] == ["fast"]
+            and extra["default_tier"] == "fast"
+            and extra["max_model_len_by_tier"] == {"fast": 256}
+        )
 
 
 def test_stop_strings_are_checked_at_the_edge(api: openai.OpenAI) -> None:
@@ -218,7 +269,9 @@ def test_logprobs_echo_scores_the_prompt_as_the_learner_does(api: openai.OpenAI,
     loaded = load_model(tiny_path)
     ids = loaded.tokenizer(choice.text, add_special_tokens=False)["input_ids"]
     prompt_len = len(loaded.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
-    assert lp.tokens == [loaded.tokenizer.decode([t]) for t in ids][: len(lp.tokens)] and len(lp.tokens) == prompt_len + 4
+    assert (
+        lp.tokens == [loaded.tokenizer.decode([t]) for t in ids][: len(lp.tokens)] and len(lp.tokens) == prompt_len + 4
+    )
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # type: ignore[index]
     with torch.no_grad():
         expected = token_logprobs(loaded.model, torch.tensor([ids[: len(lp.tokens)]]))[0].tolist()
@@ -230,10 +283,18 @@ def test_logprobs_echo_scores_the_prompt_as_the_learner_does(api: openai.OpenAI,
     assert all(top[token] == max(top.values()) for token, top in zip(lp.tokens[prompt_len:], greedy_steps))  # greedy
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]  # type: ignore[index]
     # without echo: the completion's tokens only; chat: OpenAI's content entries with bytes and top log-probs
-    plain = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0).choices[0].logprobs
+    plain = (
+        api.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0).choices[0].logprobs
+    )
     assert plain is not None and plain.token_logprobs == pytest.approx(lp.token_logprobs[prompt_len:], abs=1e-5)  # type: ignore[index]
-    chat = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5, temperature=0, logprobs=True,  # type: ignore[arg-type]
-                                       top_logprobs=2).choices[0]
+    chat = api.chat.completions.create(
+        model="tiny",
+        messages=CHAT,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,  # type: ignore[arg-type]
+        top_logprobs=2,
+    ).choices[0]
     content = chat.logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 5
     assert "".join(c.token for c in content) == chat.message.content
@@ -261,11 +322,16 @@ def test_the_real_model_through_the_gateway_loglik_choices_and_forced_tool_calls
     from posttrain.platform.serving.client import choose_by_loglik
     from posttrain.training.modeling import token_logprobs
 
-    engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name="smol",
-                                         tier=DEFAULT_TIERS["standard"]), loaded=real_model).start()
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(real_model_dir.path), served_model_name="smol", tier=DEFAULT_TIERS["standard"]),
+        loaded=real_model,
+    ).start()
     server = serve_in_thread(create_engine_app(engine))
-    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
-        Deployment(model="smol", tier="standard", base_url=server.base_url)])))
+    gateway = serve_in_thread(
+        create_gateway_app(
+            GatewayConfig(deployments=[Deployment(model="smol", tier="standard", base_url=server.base_url)])
+        )
+    )
     tokenizer = real_model.tokenizer
     try:
         for context, options in MULTIPLE_CHOICE:
@@ -280,21 +346,51 @@ def test_the_real_model_through_the_gateway_loglik_choices_and_forced_tool_calls
             assert scores == pytest.approx(direct, abs=1e-3), (context, scores, direct)
             assert chosen == max(range(len(options)), key=direct.__getitem__)
         client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
-        weather = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-                   {"type": "function", "function": {"name": "get_time", "description": "The time in a city",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        weather = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_time",
+                    "description": "The time in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            },
+        ]
         ask = [{"role": "user", "content": "What is the weather in Paris?"}]
         for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
-            out = client.chat.completions.create(model="smol", messages=ask, tools=weather, tool_choice=choice,  # type: ignore[arg-type]
-                                                 max_tokens=80, temperature=0).choices[0]
+            out = client.chat.completions.create(
+                model="smol",
+                messages=ask,
+                tools=weather,
+                tool_choice=choice,  # type: ignore[arg-type]
+                max_tokens=80,
+                temperature=0,
+            ).choices[0]
             assert out.finish_reason == "tool_calls" and out.message.tool_calls, out.message
             assert out.message.tool_calls[0].function.name in ("get_weather", "get_time")  # one of them, never another
             assert choice == "required" or out.message.tool_calls[0].function.name == "get_weather"
             json.loads(out.message.tool_calls[0].function.arguments)
-        streamed = [c for chunk in client.chat.completions.create(model="smol", messages=ask, tools=weather, max_tokens=80,  # type: ignore[arg-type]
-                                                                  temperature=0, tool_choice="required", stream=True)
-                    for c in chunk.choices]
+        streamed = [
+            c
+            for chunk in client.chat.completions.create(
+                model="smol",
+                messages=ask,
+                tools=weather,
+                max_tokens=80,  # type: ignore[arg-type]
+                temperature=0,
+                tool_choice="required",
+                stream=True,
+            )
+            for c in chunk.choices
+        ]
         assert streamed[-1].finish_reason == "tool_calls"
         assert len([t.function.name for c in streamed for t in c.delta.tool_calls or []]) == 1
         assert not "".join(c.delta.content or "" for c in streamed)  # nothing of the call leaked as content
@@ -309,20 +405,23 @@ def test_penalties_and_logit_bias_change_the_choice_as_vllm_applies_them(api: op
     it; frequency and presence penalties over the tokens generated so far: a strong one forbids any repeat."""
     plain = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0)
     tokens = plain.choices[0].logprobs.tokens  # type: ignore[union-attr]
-    forced = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0,
-                                    logit_bias={"42": 100})
+    forced = api.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0, logit_bias={"42": 100}
+    )
     assert len(set(forced.choices[0].logprobs.tokens)) == 1  # type: ignore[union-attr]
     tokenizer = load_tokenizer(tiny_path)
     first = next(i for i in range(len(tokenizer)) if tokenizer.decode([i]) == tokens[0])
-    banned = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0,
-                                    logit_bias={str(first): -100})
+    banned = api.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0, logit_bias={str(first): -100}
+    )
     assert banned.choices[0].logprobs.tokens[0] != tokens[0]  # type: ignore[union-attr]
     # the log-probs stay the model's own (before the bias), as vLLM reports them
     assert forced.choices[0].logprobs.token_logprobs[0] < 0  # type: ignore[union-attr, index, operator]
     assert len(set(tokens)) < len(tokens), f"the tiny model's greedy answer repeats tokens: {tokens}"
     for field in ("frequency_penalty", "presence_penalty"):
-        varied = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0,
-                                        **{field: 2.0})  # type: ignore[arg-type]
+        varied = api.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0, **{field: 2.0}
+        )  # type: ignore[arg-type]
         seen = varied.choices[0].logprobs.tokens  # type: ignore[union-attr]
         assert seen != tokens and len(set(seen)) > len(set(tokens)), (field, tokens, seen)
     with pytest.raises(openai.BadRequestError, match="logit_bias token ids must lie in"):
@@ -334,16 +433,41 @@ def test_penalties_and_logit_bias_change_the_choice_as_vllm_applies_them(api: op
 def test_streamed_logprobs_are_the_whole_responses_in_pieces(api: openai.OpenAI) -> None:
     """Streaming with log-probs: every token's entry once, in order, the same as the whole response's (chat and
     completions, with echo: the prompt's in the first chunk)."""
-    whole = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, temperature=0, logprobs=True,  # type: ignore[arg-type]
-                                        top_logprobs=2).choices[0].logprobs.content  # type: ignore[union-attr]
-    pieces = [e for chunk in api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, temperature=0,  # type: ignore[arg-type]
-                                                         logprobs=True, top_logprobs=2, stream=True)
-              for c in chunk.choices if c.logprobs for e in c.logprobs.content or []]
+    whole = (
+        api.chat.completions.create(
+            model="tiny",
+            messages=CHAT,
+            max_tokens=10,
+            temperature=0,
+            logprobs=True,  # type: ignore[arg-type]
+            top_logprobs=2,
+        )
+        .choices[0]
+        .logprobs.content
+    )  # type: ignore[union-attr]
+    pieces = [
+        e
+        for chunk in api.chat.completions.create(
+            model="tiny",
+            messages=CHAT,
+            max_tokens=10,
+            temperature=0,  # type: ignore[arg-type]
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+        for c in chunk.choices
+        if c.logprobs
+        for e in c.logprobs.content or []
+    ]
     assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in whole]  # type: ignore[union-attr]
-    full = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1).choices[0]
+    full = api.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1
+    ).choices[0]
     tokens, logprobs, offsets, text = [], [], [], ""
-    for chunk in api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1,
-                                        stream=True):
+    for chunk in api.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=1, stream=True
+    ):
         for c in chunk.choices:
             text += c.text
             if c.logprobs:
@@ -358,6 +482,7 @@ def test_sampling_parameters_do_what_they_say(api: openai.OpenAI) -> None:
     """seed: the same sample again, another seed another; temperature 0: the greedy answer; top_p near 0 keeps only
     the likeliest token, so sampling at temperature 1 gives the greedy answer; max_tokens and (chat)
     max_completion_tokens bound the answer, finish reason length; user is taken and changes nothing."""
+
     def sample(**fields: object) -> str:
         return api.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, **fields).choices[0].text  # type: ignore[call-overload]
 
@@ -367,6 +492,11 @@ def test_sampling_parameters_do_what_they_say(api: openai.OpenAI) -> None:
     assert sample(temperature=0, user="analyst-7") == greedy_text
     bounded = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0)
     assert bounded.usage.completion_tokens == 5 and bounded.choices[0].finish_reason == "length"  # type: ignore[union-attr]
-    chat = api.chat.completions.create(model="tiny", messages=CHAT, max_tokens=9, max_completion_tokens=3,  # type: ignore[arg-type]
-                                       temperature=0)
+    chat = api.chat.completions.create(
+        model="tiny",
+        messages=CHAT,
+        max_tokens=9,
+        max_completion_tokens=3,  # type: ignore[arg-type]
+        temperature=0,
+    )
     assert chat.usage.completion_tokens == 3 and chat.choices[0].finish_reason == "length"  # type: ignore[union-attr]

@@ -90,7 +90,11 @@ def test_token_counters_accept_any_tokenizer(tokenizer: Tokenizer) -> None:
 
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
     text = "LaTeX News is typeset in two columns"
-    counts = {as_token_counter(tokenizer)(text), as_token_counter(hf)(text), as_token_counter(lambda s: len(s.split()))(text)}
+    counts = {
+        as_token_counter(tokenizer)(text),
+        as_token_counter(hf)(text),
+        as_token_counter(lambda s: len(s.split()))(text),
+    }
     assert counts == {7}
     with pytest.raises(TypeError, match="not a tokenizer"):
         as_token_counter(42)

@@ -120,8 +120,11 @@ def valid_pdfs(draw: st.DrawFn) -> Built:
 
 
 IMAGE_MODES = {  # what Pillow writes in each format the pipeline reads
-    "PNG": ["1", "L", "LA", "P", "RGB", "RGBA", "I;16"], "JPEG": ["L", "RGB", "CMYK"], "WEBP": ["RGB", "RGBA"],
-    "BMP": ["1", "L", "P", "RGB"], "TIFF": ["1", "L", "RGB", "RGBA", "CMYK", "I;16"],
+    "PNG": ["1", "L", "LA", "P", "RGB", "RGBA", "I;16"],
+    "JPEG": ["L", "RGB", "CMYK"],
+    "WEBP": ["RGB", "RGBA"],
+    "BMP": ["1", "L", "P", "RGB"],
+    "TIFF": ["1", "L", "RGB", "RGBA", "CMYK", "I;16"],
 }
 EXIF_ORIENTATION = 0x0112  # 5 to 8 turn the image a quarter: its width and height swap
 

@@ -33,7 +33,13 @@ def _image_bytes(fmt: str) -> bytes:
 
 @pytest.mark.parametrize(
     ("fmt", "kind"),
-    [("PNG", FileKind.PNG), ("JPEG", FileKind.JPEG), ("TIFF", FileKind.TIFF), ("WEBP", FileKind.WEBP), ("BMP", FileKind.BMP)],
+    [
+        ("PNG", FileKind.PNG),
+        ("JPEG", FileKind.JPEG),
+        ("TIFF", FileKind.TIFF),
+        ("WEBP", FileKind.WEBP),
+        ("BMP", FileKind.BMP),
+    ],
 )
 def test_sniff_images_by_content(fmt: str, kind: FileKind) -> None:
     assert sniff(_image_bytes(fmt)) is kind
@@ -46,7 +52,9 @@ def test_sniff_pdf_and_unknown() -> None:
         assert sniff(data) is FileKind.UNKNOWN
 
 
-@pytest.mark.parametrize("name", ["../etc/passwd", "a/b.pdf", "C:\\x\\y.pdf", "..", "", "   ", "bad\x00.pdf", "x" * 300])
+@pytest.mark.parametrize(
+    "name", ["../etc/passwd", "a/b.pdf", "C:\\x\\y.pdf", "..", "", "   ", "bad\x00.pdf", "x" * 300]
+)
 def test_unsafe_filenames_are_refused(name: str) -> None:
     with pytest.raises(UnsafeFilename):
         safe_filename(name)
@@ -68,8 +76,12 @@ def test_type_comes_from_content_not_extension(tmp_path: Path) -> None:
     stored = ingest_bytes(_image_bytes("PNG"), filename="scan.pdf", data_dir=tmp_path)
     assert stored.kind is FileKind.PNG and stored.path.suffix == ".png"
     with pytest.raises(MislabelledFile, match="named as PDF but its content is PNG"):
-        ingest_bytes(_image_bytes("PNG"), filename="scan.pdf", data_dir=tmp_path,
-                     options=PreprocessOptions(strict_extension=True))
+        ingest_bytes(
+            _image_bytes("PNG"),
+            filename="scan.pdf",
+            data_dir=tmp_path,
+            options=PreprocessOptions(strict_extension=True),
+        )
 
 
 def test_unsupported_type_names_what_it_is(tmp_path: Path) -> None:

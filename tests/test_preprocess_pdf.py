@@ -179,8 +179,11 @@ def test_zero_pages(tmp_path: Path) -> None:
     body = b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\n"
     xref = len(body)
     path.write_bytes(
-        body + b"xref\n0 3\n0000000000 65535 f \n0000000009 00000 n \n0000000052 00000 n \n"
-        + b"trailer<</Size 3/Root 1 0 R>>\nstartxref\n" + str(xref).encode() + b"\n%%EOF\n"
+        body
+        + b"xref\n0 3\n0000000000 65535 f \n0000000009 00000 n \n0000000052 00000 n \n"
+        + b"trailer<</Size 3/Root 1 0 R>>\nstartxref\n"
+        + str(xref).encode()
+        + b"\n%%EOF\n"
     )
     with pytest.raises(EmptyDocument, match="no pages"):
         inspect_document(path)

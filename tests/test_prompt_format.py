@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from posttrain.platform.sandbox import parse_tool_calls
 from posttrain.platform.tasks.domains import generate, prompt_hash
 from posttrain.platform.tasks.heldout import check_held_out
-from posttrain.platform.sandbox import parse_tool_calls
 from posttrain.platform.tasks.jobs import BuildTasksConfig
 from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample, apply_format
 from posttrain.platform.verifiers import default_service
@@ -28,9 +28,15 @@ def test_a_format_frames_the_prompt_and_keeps_the_tasks_own_system_message_first
     fmt = PromptFormat(instruction="Answer in digits.", examples=[WorkedExample(user="Compute 1 + 1.", assistant="2")])
     framed = fmt.apply(task)
     assert [(m.role, m.text) for m in framed.prompt] == [
-        ("system", "Be brief."), ("user", "Compute 1 + 1."), ("assistant", "2"), ("user", f"{question}\nAnswer in digits.")]
+        ("system", "Be brief."),
+        ("user", "Compute 1 + 1."),
+        ("assistant", "2"),
+        ("user", f"{question}\nAnswer in digits."),
+    ]
     replaced = PromptFormat(system="You are a calculator.").apply(task)
-    assert [m.role for m in replaced.prompt] == ["system", "user"] and replaced.prompt[0].text == "You are a calculator."
+    assert [m.role for m in replaced.prompt] == ["system", "user"] and replaced.prompt[
+        0
+    ].text == "You are a calculator."
     assert framed.verifier == task.verifier  # answer: as_task leaves the verifier alone
 
 
@@ -55,7 +61,9 @@ def test_boxed_is_refused_for_a_verifier_that_cannot_read_a_box() -> None:
 
 def test_domains_of_another_kind_get_a_format_of_their_own_in_training_and_evaluation_alike() -> None:
     json_format = PromptFormat(instruction="Reply with the JSON only.")
-    mixed = BOXED.model_copy(update={"domains": {"json.": json_format, "json.pick": PromptFormat(instruction="Only it.")}})
+    mixed = BOXED.model_copy(
+        update={"domains": {"json.": json_format, "json.pick": PromptFormat(instruction="Only it.")}}
+    )
     assert mixed.for_domain("json.drop") is json_format and mixed.for_domain("json.pick").instruction == "Only it."
     assert mixed.for_domain("arith.add.int") is mixed and mixed.for_domain("jsonish") is mixed
     scheduler = Scheduler(SchedulerConfig(batch_size=16, seed=0))
@@ -65,7 +73,9 @@ def test_domains_of_another_kind_get_a_format_of_their_own_in_training_and_evalu
     assert drawn["arith.add.int"].verifier.spec["extract"] == "boxed_only"
     assert drawn["json.drop"].prompt[-1].text.endswith("\nReply with the JSON only.")
     assert drawn["json.drop"].verifier.kind == "json_schema" and len(drawn["json.drop"].prompt) == 1
-    evaluation = EvalConfig(domains=["arith.add.int", "json.drop"], difficulty=2, prompt_format=mixed, tasks_per_domain=4)
+    evaluation = EvalConfig(
+        domains=["arith.add.int", "json.drop"], difficulty=2, prompt_format=mixed, tasks_per_domain=4
+    )
     held = {t.domain: t for t in all_eval_tasks(evaluation)}
     assert held["json.drop"].prompt[-1].text.endswith("\nReply with the JSON only.")
     assert EvalConfig.model_validate_json(evaluation.model_dump_json()) == evaluation  # stored with the job and back
@@ -89,9 +99,16 @@ def test_the_general_check_leaves_out_the_evaluated_domains_and_is_validated_at_
     evaluation = EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck())
     general = general_config(evaluation)
     assert general is not None and "list.int.max" not in general.domains and general.prompt_format is None
-    assert general_config(EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["list.int.max"]))) is None
+    assert (
+        general_config(
+            EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["list.int.max"]))
+        )
+        is None
+    )
     with pytest.raises(ValueError, match="held-out"):
-        EvalConfig(domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["compare.larger.int"], difficulty=1))
+        EvalConfig(
+            domains=["list.int.max"], difficulty=2, general=GeneralCheck(domains=["compare.larger.int"], difficulty=1)
+        )
 
 
 def test_real_model_presets_start_from_the_built_in_model_with_the_general_check() -> None:
@@ -100,7 +117,9 @@ def test_real_model_presets_start_from_the_built_in_model_with_the_general_check
     for name in real:
         run = get_preset(name)
         # SFT only on demonstrations the run makes itself, never on the evaluated tasks' references
-        assert run.model == "smollm2-135m-instruct" and (run.sft is None or (run.sft.demonstrations and not run.sft.domains))
+        assert run.model == "smollm2-135m-instruct" and (
+            run.sft is None or (run.sft.demonstrations and not run.sft.domains)
+        )
         assert run.eval.general is not None and not set(run.eval.general.domains) & set(run.eval.domains)
         assert run.grpo.prompt_format == run.eval.prompt_format  # trained and measured the same way
         trained = {d.name if isinstance(d, DomainSpec) else d for d in run.grpo.domains}
@@ -113,17 +132,28 @@ def test_real_model_presets_start_from_the_built_in_model_with_the_general_check
         assert run.eval.environment == (run.grpo.environment if run.grpo.environment.multi_turn else None)
         if run.grpo.task_set is not None:  # a document preset says which documents its set is built from, and how
             assert run.documents is not None and run.documents.task_set == run.grpo.task_set
-            BuildTasksConfig.model_validate({"task_set": run.documents.task_set,
-                                             "source": {"type": "documents", "document_ids": [1], **run.documents.source}})
+            BuildTasksConfig.model_validate(
+                {
+                    "task_set": run.documents.task_set,
+                    "source": {"type": "documents", "document_ids": [1], **run.documents.source},
+                }
+            )
 
 
 def test_a_worked_example_calls_tools_the_way_the_tool_environment_reads_calls() -> None:
-    example = WorkedExample(user="Compute 2 * 3.", assistant="\\boxed{6}",
-                            tools=[ToolStep(name="python", arguments={"code": "print(2 * 3)"}, result="6\n")])
-    task = PromptFormat(examples=[example], answer="boxed").apply(generate("arith.sum_list.int", 1, seed=0, difficulty=2)[0])
+    example = WorkedExample(
+        user="Compute 2 * 3.",
+        assistant="\\boxed{6}",
+        tools=[ToolStep(name="python", arguments={"code": "print(2 * 3)"}, result="6\n")],
+    )
+    task = PromptFormat(examples=[example], answer="boxed").apply(
+        generate("arith.sum_list.int", 1, seed=0, difficulty=2)[0]
+    )
     assert [m.role for m in task.prompt] == ["user", "assistant", "tool", "assistant", "user"]
     parsed = parse_tool_calls(task.prompt[1].text)
-    assert [(c.name, c.arguments) for c in parsed.calls] == [("python", {"code": "print(2 * 3)"})] and not parsed.content.strip()
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("python", {"code": "print(2 * 3)"})
+    ] and not parsed.content.strip()
     assert task.prompt[2].text == "6\n" and task.prompt[3].text == "\\boxed{6}"
     # the tools preset's examples: each call's printed product is the result shown and the boxed answer
     for shown in get_preset("smollm2-tools").eval.prompt_format.examples:  # type: ignore[union-attr]

@@ -8,30 +8,26 @@ import json
 import random
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from dataclasses import dataclass
-
 import openai
 import pytest
+from conftest import OPERATOR, REPO_ROOT, ImportedRealModel, login_as, run_worker_until_idle
 from streamlit.testing.v1 import AppTest
+from test_cli import cli, one_error_line
+from test_compare import tiny_dir  # noqa: F401 - the fixture
 
-from conftest import ImportedRealModel, OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
+from posttrain.platform.db import migrate
+from posttrain.platform.db.engine import session
+from posttrain.platform.db.models import Deployment as Deployment_
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Deployment as Deployment_
-from posttrain.platform.models.registry import register_model
-from posttrain.platform.tasks.store import save_tasks
-from posttrain.platform.verifiers import TaskSpec
-from test_compare import tiny_dir  # noqa: F401 - the fixture
-from test_cli import cli, one_error_line
-from posttrain.platform.db import migrate
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL, import_model
 from posttrain.platform.models.inspect import ModelDirError
-from posttrain.platform.models.registry import get_model, list_models
+from posttrain.platform.models.registry import get_model, list_models, register_model
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
     Deployment,
@@ -43,24 +39,45 @@ from posttrain.platform.serving import (
     serve_in_thread,
 )
 from posttrain.platform.serving.app import _Detokenizer
+from posttrain.platform.tasks.store import save_tasks
+from posttrain.platform.verifiers import TaskSpec
 
 pytestmark = pytest.mark.requires("real model")
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def _call(call_id: str, city: str) -> dict[str, object]:
-    return {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {
-        "name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+        ],
+    }
 
 
 # one worked exchange in the history: a 135M model follows the format it is shown
-ONE_SHOT = [{"role": "user", "content": "What is the weather in Rome?"}, _call("call_0", "Rome"),
-            {"role": "tool", "tool_call_id": "call_0", "content": "18 C, cloudy"},
-            {"role": "assistant", "content": "It is 18 C and cloudy in Rome."}]
+ONE_SHOT = [
+    {"role": "user", "content": "What is the weather in Rome?"},
+    _call("call_0", "Rome"),
+    {"role": "tool", "tool_call_id": "call_0", "content": "18 C, cloudy"},
+    {"role": "assistant", "content": "It is 18 C and cloudy in Rome."},
+]
 
 
 ONE_SHOT_COMPARE = [{"role": "user", "content": "Which is larger: 31 or 7?"}, {"role": "assistant", "content": "31"}]
@@ -86,7 +103,9 @@ def test_builtin_imports_from_the_wheel(real_model_dir: ImportedRealModel) -> No
 
 def test_importing_the_builtin_again_is_a_no_op(real_model_dir: ImportedRealModel) -> None:
     before = get_model(DEFAULT_MODEL, url=real_model_dir.url)
-    again = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=real_model_dir.url, dest_root=real_model_dir.path.parent)
+    again = import_model(
+        OPERATOR, f"builtin:{DEFAULT_MODEL}", url=real_model_dir.url, dest_root=real_model_dir.path.parent
+    )
     assert (again.id, again.path) == (before.id, before.path)
     assert sorted(p.name for p in real_model_dir.path.parent.iterdir()) == [DEFAULT_MODEL]
 
@@ -105,8 +124,14 @@ def test_tokenizer_splits_digits_and_keeps_chatml(real_model) -> None:  # type: 
 
 
 def test_import_copies_a_hugging_face_directory_in_bfloat16(real_model_dir: ImportedRealModel, tmp_path: Path) -> None:
-    row = import_model(OPERATOR, real_model_dir.path, name="smol-bf16", dtype="bfloat16", url=real_model_dir.url,
-                       dest_root=tmp_path / "models")
+    row = import_model(
+        OPERATOR,
+        real_model_dir.path,
+        name="smol-bf16",
+        dtype="bfloat16",
+        url=real_model_dir.url,
+        dest_root=tmp_path / "models",
+    )
     meta = row.meta
     assert meta["source_format"] == "hf" and meta["dtype"] == "bfloat16" and meta["parameters"] == 134_515_008
     assert "Paris" in meta["check_answer"]
@@ -157,7 +182,7 @@ def test_bad_sources_fail_with_one_line_and_register_nothing(tmp_path: Path) -> 
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("hello")
     truncated = tmp_path / "truncated.gguf"
-    truncated.write_bytes(wheel_file.read_bytes()[: 40_000_000])
+    truncated.write_bytes(wheel_file.read_bytes()[:40_000_000])
     no_tokenizer = tmp_path / "no-tokenizer"
     no_tokenizer.mkdir()
     (no_tokenizer / "config.json").write_text('{"model_type": "llama"}')
@@ -230,11 +255,18 @@ class Served:
 @pytest.fixture(scope="module")
 def served(real_model, real_model_dir: ImportedRealModel) -> Iterator[Served]:  # type: ignore[no-untyped-def]
     """The real model in the embedded engine (standard tier) behind the gateway."""
-    engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name=DEFAULT_MODEL,
-                                         tier=DEFAULT_TIERS["standard"]), loaded=real_model).start()
+    engine = EmbeddedEngine(
+        EngineConfig(
+            model_path=str(real_model_dir.path), served_model_name=DEFAULT_MODEL, tier=DEFAULT_TIERS["standard"]
+        ),
+        loaded=real_model,
+    ).start()
     server = serve_in_thread(create_engine_app(engine))
-    gw = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
-        Deployment(model=DEFAULT_MODEL, tier="standard", base_url=server.base_url)])))
+    gw = serve_in_thread(
+        create_gateway_app(
+            GatewayConfig(deployments=[Deployment(model=DEFAULT_MODEL, tier="standard", base_url=server.base_url)])
+        )
+    )
     yield Served(server.base_url, openai.OpenAI(base_url=gw.base_url + "/v1", api_key="unused", max_retries=0))
     gw.stop()
     server.stop()
@@ -252,8 +284,9 @@ def test_real_model_chats_through_the_gateway(gateway: openai.OpenAI) -> None:
     reply = gateway.chat.completions.create(model=DEFAULT_MODEL, messages=FRANCE, temperature=0, max_tokens=24)
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assert reply.choices[0].finish_reason == "stop"
-    streamed = gateway.chat.completions.create(model=DEFAULT_MODEL, messages=FRANCE, temperature=0, max_tokens=24,
-                                               stream=True)
+    streamed = gateway.chat.completions.create(
+        model=DEFAULT_MODEL, messages=FRANCE, temperature=0, max_tokens=24, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "The capital of France is Paris."
 
 
@@ -262,11 +295,14 @@ def test_tools_round_trip_through_the_gateway(gateway: openai.OpenAI) -> None:
     (Zero-shot, this 135M model answers in prose rather than emitting a call; the call here is the
     client's, as an agent loop that parsed it would send it.)"""
     ask = ONE_SHOT + [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = gateway.chat.completions.create(model=DEFAULT_MODEL, messages=ask, tools=TOOLS, temperature=0, max_tokens=40)
+    first = gateway.chat.completions.create(
+        model=DEFAULT_MODEL, messages=ask, tools=TOOLS, temperature=0, max_tokens=40
+    )
     assert first.choices[0].finish_reason in ("stop", "tool_calls")
     result = ask + [_call("call_1", "Paris"), {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"}]
-    answer = gateway.chat.completions.create(model=DEFAULT_MODEL, messages=result, tools=TOOLS, temperature=0,
-                                             max_tokens=40)
+    answer = gateway.chat.completions.create(
+        model=DEFAULT_MODEL, messages=result, tools=TOOLS, temperature=0, max_tokens=40
+    )
     assert answer.choices[0].message.content == "It is 21 C and sunny in Paris."
 
 
@@ -287,7 +323,7 @@ def test_streaming_detokenisation_is_incremental_and_exact(real_model) -> None: 
     detok, out, at = _Detokenizer(Counting()), [], 0
     while at < len(ids):
         step = rng.choice([1, 1, 1, 2, 3])
-        out.append(detok.add(ids[at:at + step]))
+        out.append(detok.add(ids[at : at + step]))
         at += step
     out.append(detok.final())
     assert "".join(out) == tok.decode(ids, skip_special_tokens=True) == detok.text
@@ -296,13 +332,16 @@ def test_streaming_detokenisation_is_incremental_and_exact(real_model) -> None: 
 
 
 def test_engine_uses_the_models_context_length(real_model, real_model_dir: ImportedRealModel) -> None:  # type: ignore[no-untyped-def]
-    engine = EmbeddedEngine(EngineConfig(model_path=str(real_model_dir.path), served_model_name="x",
-                                         tier=DEFAULT_TIERS["fast"]), loaded=real_model)
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(real_model_dir.path), served_model_name="x", tier=DEFAULT_TIERS["fast"]),
+        loaded=real_model,
+    )
     assert engine.max_model_len == 8192
 
 
-def test_console_asks_the_deployed_real_model_a_task(platform_env: dict[str, str], served: Served,
-                                                     real_model_dir: ImportedRealModel, tiny_dir: Path) -> None:
+def test_console_asks_the_deployed_real_model_a_task(
+    platform_env: dict[str, str], served: Served, real_model_dir: ImportedRealModel, tiny_dir: Path
+) -> None:
     """Tasks page: "Try a model" sends the task to the running deployment (the real model listed
     first) and shows its answer with the verifier's verdict; the playground opens on it too."""
     smol = register_model(OPERATOR, DEFAULT_MODEL, real_model_dir.path)
@@ -310,20 +349,32 @@ def test_console_asks_the_deployed_real_model_a_task(platform_env: dict[str, str
     with session() as s:
         s.add(Deployment_(model_id=tiny.id, tier="fast", url="http://127.0.0.1:9", status="running", healthy=True))
         s.add(Deployment_(model_id=smol.id, tier="standard", url=served.engine_url, status="running", healthy=True))
-    task = TaskSpec(domain="compare.larger.int", prompt=ONE_SHOT_COMPARE + [{"role": "user", "content": "Which is larger: 12 or 93?"}],
-                    verifier={"kind": "exact", "spec": {"answer": "93"}}, reference="93", split="eval")
+    task = TaskSpec(
+        domain="compare.larger.int",
+        prompt=ONE_SHOT_COMPARE + [{"role": "user", "content": "Which is larger: 12 or 93?"}],
+        verifier={"kind": "exact", "spec": {"answer": "93"}},
+        reference="93",
+        split="eval",
+    )
     save_tasks("numbers", [task])
     at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=120)).run()
     assert not at.exception
     assert at.selectbox(key="try_model").value[0] == DEFAULT_MODEL
     at.button(key="try_model_go").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    direct = served.client.chat.completions.create(model=DEFAULT_MODEL, messages=task.model_dump()["prompt"],
-                                                   temperature=0, max_tokens=256).choices[0].message.content
+    direct = (
+        served.client.chat.completions.create(
+            model=DEFAULT_MODEL, messages=task.model_dump()["prompt"], temperature=0, max_tokens=256
+        )
+        .choices[0]
+        .message.content
+    )
     assert at.code[-1].value == direct  # the deployment's greedy answer, shown as it came
     shown = [m.value for m in (at.success if direct.strip() == "93" else at.warning)]
     assert any(("not passed" in v) != (direct.strip() == "93") for v in shown), shown
 
     page = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "models.py"), default_timeout=120)).run()
     assert not page.exception
-    assert page.multiselect(key="pg_targets").value[0].startswith(f"{DEFAULT_MODEL} · standard on embedded (#")  # the engine named
+    assert (
+        page.multiselect(key="pg_targets").value[0].startswith(f"{DEFAULT_MODEL} · standard on embedded (#")
+    )  # the engine named

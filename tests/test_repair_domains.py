@@ -24,7 +24,10 @@ def test_every_defect_edits_its_function_and_every_kind_has_defects() -> None:
             assert solutions[name].count(defect.old) >= 1, (name, defect.old)
             assert solutions[name].replace(defect.old, defect.new, 1) != solutions[name]
     assert all(any(d.kind == kind for ds in DEFECTS.values() for d in ds) for kind in KINDS)
-    assert {d.name for d in list_domains() if d.family == "repair"} == {*(f"repair.{k}" for k in KINDS), "repair.humaneval"}
+    assert {d.name for d in list_domains() if d.family == "repair"} == {
+        *(f"repair.{k}" for k in KINDS),
+        "repair.humaneval",
+    }
 
 
 def _run(directory: Path, module: str, test_file: str) -> int:
@@ -34,7 +37,9 @@ def _run(directory: Path, module: str, test_file: str) -> int:
 
 
 @pytest.mark.parametrize("domain", [f"repair.{k}" for k in KINDS] + ["repair.humaneval"])
-def test_the_visible_tests_fail_on_the_project_and_the_hidden_ones_pass_on_the_reference(domain: str, tmp_path: Path) -> None:
+def test_the_visible_tests_fail_on_the_project_and_the_hidden_ones_pass_on_the_reference(
+    domain: str, tmp_path: Path
+) -> None:
     for difficulty in (1, 3, 5):
         for task in generate(domain, 3, seed=11, difficulty=difficulty):
             files = task.metadata["files"]
@@ -42,11 +47,15 @@ def test_the_visible_tests_fail_on_the_project_and_the_hidden_ones_pass_on_the_r
             assert _run(tmp_path, files[MODULE], files[VISIBLE]) != 0, task.task_id  # it needs a repair
             assert _run(tmp_path, task.reference or "", files[VISIBLE]) == 0, task.task_id
             spec = CodeTestsSpec.model_validate(task.verifier.spec)
-            hidden = subprocess.run([sys.executable, "-I", "-c", assemble_program(spec, task.reference or "")],
-                                    capture_output=True, timeout=60)
+            hidden = subprocess.run(
+                [sys.executable, "-I", "-c", assemble_program(spec, task.reference or "")],
+                capture_output=True,
+                timeout=60,
+            )
             assert hidden.returncode == 0, (task.task_id, hidden.stderr[-300:])
-            planted = subprocess.run([sys.executable, "-I", "-c", assemble_program(spec, files[MODULE])],
-                                     capture_output=True, timeout=60)
+            planted = subprocess.run(
+                [sys.executable, "-I", "-c", assemble_program(spec, files[MODULE])], capture_output=True, timeout=60
+            )
             assert planted.returncode != 0, task.task_id  # and a hidden test catches the defect too
 
 
@@ -65,7 +74,9 @@ def test_the_held_out_split_of_the_repair_domains_is_by_function() -> None:
 
     held = {t.name for t in TASKS if held_out_function(t.name)}
     defective = {name for name in DEFECTS if name in held}
-    assert 0 < len(held) < len(TASKS) / 2 and {d.kind for n in defective for d in DEFECTS[n]} == set(KINDS)  # every kind
+    assert 0 < len(held) < len(TASKS) / 2 and {d.kind for n in defective for d in DEFECTS[n]} == set(
+        KINDS
+    )  # every kind
 
     def functions(task) -> set[str]:  # type: ignore[no-untyped-def]
         return set(re.findall(r"^def (\w+)", task.metadata["files"][MODULE], re.MULTILINE))
@@ -80,7 +91,9 @@ def test_the_held_out_split_of_the_repair_domains_is_by_function() -> None:
             held_out = generate(f"repair.{kind}", 40, seed=difficulty, difficulty=difficulty, split="eval")
             by_function = [t for t in held_out if t.metadata.get("held_out_by") == "function"]
             assert by_function and all(functions(t) & held for t in by_function)
-            assert all(not functions(t) & held for t in held_out if t not in by_function)  # unseen modules of seen functions
+            assert all(
+                not functions(t) & held for t in held_out if t not in by_function
+            )  # unseen modules of seen functions
 
 
 def test_humaneval_holds_out_whole_problems_an_out_of_distribution_set() -> None:

@@ -25,10 +25,13 @@ from posttrain.platform.serving.images import decode_image_url
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EmbeddedEngine]]:
-    path = build_tiny_model(tmp_path_factory.mktemp("limits") / "tiny", TinyModelSpec(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128))
-    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tiny", tier=DEFAULT_TIERS["standard"],
-                                         max_model_len=256)).start()
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("limits") / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(path), served_model_name="tiny", tier=DEFAULT_TIERS["standard"], max_model_len=256)
+    ).start()
     with serve_in_thread(create_engine_app(engine)) as running:
         yield running.base_url, engine
     engine.stop()
@@ -64,7 +67,9 @@ def test_a_100_mb_body_in_flight_is_refused_and_health_keeps_answering(server: t
     poller.start()
     try:
         with httpx.Client(timeout=60) as client:
-            refused = client.post(f"{url}/v1/chat/completions", content=body(), headers={"content-type": "application/json"})
+            refused = client.post(
+                f"{url}/v1/chat/completions", content=body(), headers={"content-type": "application/json"}
+            )
     except httpx.HTTPError:
         refused = None  # the server may close the connection on a body it refused mid-stream
     finally:
@@ -91,7 +96,9 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(server: tuple[str
     monkeypatch.setattr(type(engine.tokenizer), "__call__", counting)
     long = "word " * 150_000  # 750,000 characters: thousands of tokens however they are split
     with httpx.Client(timeout=60) as client:
-        chat = client.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": long}]})
+        chat = client.post(
+            f"{url}/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": long}]}
+        )
         completion = client.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": long})
         fits = client.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 2})
     for refused in (chat, completion):
@@ -113,8 +120,11 @@ def test_an_image_over_the_pixel_cap_is_refused_from_its_header() -> None:
     bomb = _png(12_000, 12_000)  # 144 megapixels in a few hundred kilobytes
     assert len(bomb) < 1_000_000
     started = time.perf_counter()  # the two refusals, timed against decoding the bomb's pixels (below)
-    with pytest.raises(APIError, match="image 0 .*than this deployment's limit of 16777216|image 0 is 12000x12000 = "
-                                       "144000000 pixels, over this deployment's limit of 16777216"):
+    with pytest.raises(
+        APIError,
+        match="image 0 .*than this deployment's limit of 16777216|image 0 is 12000x12000 = "
+        "144000000 pixels, over this deployment's limit of 16777216",
+    ):
         decode_image_url(bomb, 0, max_bytes=20 * 2**20, max_pixels=16 * 2**20)
     Image.MAX_IMAGE_PIXELS = 10**12  # Pillow's own process-wide limit out of the way: the deployment's still holds
     try:

@@ -12,7 +12,7 @@ import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 
-SUITE = '''
+SUITE = """
 import shutil
 
 import pytest
@@ -45,7 +45,7 @@ def test_marked_as_needing_bubblewrap():
 
 def test_requires_tesseract_in_its_body():
     require("tesseract")
-'''
+"""
 
 
 CONFTEST = """
@@ -60,7 +60,9 @@ from required_parts import (  # noqa: F401
 """
 
 
-def run_suite(tmp_path: Path, suite: str, env: dict[str, str] | None = None, name: str = "test_small.py") -> subprocess.CompletedProcess[str]:
+def run_suite(
+    tmp_path: Path, suite: str, env: dict[str, str] | None = None, name: str = "test_small.py"
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the small suite's own root, not this repository's
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / name).write_text(textwrap.dedent(suite))
@@ -88,16 +90,27 @@ def test_a_skip_for_a_missing_part_fails_the_run(tmp_path: Path) -> None:
     assert "PASSED test_small.py::test_passes" in out, out
     # The summary names each part with its install command.
     assert "required parts missing" in out, out
-    assert "bubblewrap: 2 test(s) failed without it; install it: apt-get install bubblewrap (or make system-deps)" in out, out
-    assert "tesseract: 2 test(s) failed without it; install it: apt-get install tesseract-ocr tesseract-ocr-eng" in out, out
+    assert (
+        "bubblewrap: 2 test(s) failed without it; install it: apt-get install bubblewrap (or make system-deps)" in out
+    ), out
+    assert (
+        "tesseract: 2 test(s) failed without it; install it: apt-get install tesseract-ocr tesseract-ocr-eng" in out
+    ), out
     assert ("bubblewrap is required and missing (the test skipped: bubblewrap is not installed (make system-deps)); "
             "install it: apt-get install bubblewrap") in out, out  # fmt: skip
-    assert "tesseract is required and missing (`tesseract` is not on PATH); install it: apt-get install tesseract-ocr" in out, out
-    assert "bubblewrap is required and missing (`bwrap` is not on PATH); install it: apt-get install bubblewrap" in out, out
+    assert (
+        "tesseract is required and missing (`tesseract` is not on PATH); install it: apt-get install tesseract-ocr"
+        in out
+    ), out
+    assert (
+        "bubblewrap is required and missing (`bwrap` is not on PATH); install it: apt-get install bubblewrap" in out
+    ), out
 
 
 def test_a_suite_with_only_other_skips_passes(tmp_path: Path) -> None:
-    run = run_suite(tmp_path, '''
+    run = run_suite(
+        tmp_path,
+        """
         import pytest
 
         def test_passes():
@@ -105,25 +118,33 @@ def test_a_suite_with_only_other_skips_passes(tmp_path: Path) -> None:
 
         def test_skips_for_another_reason():
             pytest.skip("only on a GPU")
-    ''')
+    """,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == pytest.ExitCode.OK, out
     assert "1 passed, 1 skipped" in out and "required parts missing" not in out, out
 
 
 def test_a_module_skipped_for_a_missing_package_stops_the_run(tmp_path: Path) -> None:
-    run = run_suite(tmp_path, """
+    run = run_suite(
+        tmp_path,
+        """
         import pytest
 
         pytest.importorskip("ray_is_not_this")  # a plain missing module: still a skip
-        """, name="test_other.py")
+        """,
+        name="test_other.py",
+    )
     out = run.stdout + run.stderr
     assert run.returncode == pytest.ExitCode.NO_TESTS_COLLECTED and "1 skipped" in out, out
-    run = run_suite(tmp_path, """
+    run = run_suite(
+        tmp_path,
+        """
         import pytest
 
         pytest.skip("could not import 'ray': No module named 'ray'", allow_module_level=True)  # what importorskip says
-        """)
+        """,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "ERROR test_small.py" in out and "ray is required and missing" in out, out

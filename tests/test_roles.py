@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import ADMIN, OPERATOR
 from PIL import Image
 from sqlmodel import func, select
 
-from conftest import ADMIN, OPERATOR
 from posttrain.platform import auth
 from posttrain.platform.api_keys import create_key, list_keys, revoke_key
 from posttrain.platform.auth import ACTIONS, Identity, PermissionDenied, audit_log
@@ -21,15 +21,15 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import ApiKey, Document, Job, Model, Role, Task, User
 from posttrain.platform.documents import add_document
 from posttrain.platform.jobs import queue
+from posttrain.platform.models.downloads import export_link
 from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.interpolate import interpolate_models
-from posttrain.platform.models.downloads import export_link
 from posttrain.platform.models.registry import register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.serving.client import chat_as, chat_with_tools, try_task
 from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
-from posttrain.platform.serving.tiers import save_tiers, tiers_path
 from posttrain.platform.serving.profiles import TierCatalog
+from posttrain.platform.serving.tiers import save_tiers, tiers_path
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.jobs import import_jsonl_upload
@@ -51,7 +51,10 @@ def png() -> bytes:
 def state() -> dict[str, object]:
     """What the actions could change: the rows of every table they write, and the files they write."""
     with session(read_only=True) as s:
-        counts = {table.__name__: s.exec(select(func.count()).select_from(table)).one() for table in (Job, Document, Model, ApiKey, User)}
+        counts = {
+            table.__name__: s.exec(select(func.count()).select_from(table)).one()
+            for table in (Job, Document, Model, ApiKey, User)
+        }
         jobs = sorted((j.id, j.status.value, j.cancel_requested) for j in s.exec(select(Job)))
         roles = sorted((u.username, u.role.value, u.password_hash, u.disabled) for u in s.exec(select(User)))
         keys = sorted((k.key_id, k.revoked_at) for k in s.exec(select(ApiKey)))
@@ -83,7 +86,9 @@ def action_calls(tiny_dir: Path, job_id: int, task_id: int, key_id: str) -> dict
         "tasks.import_jsonl": lambda who: import_jsonl_upload(who, b'{"prompt": "2+2?", "answer": "4"}\n', "imported"),
         "sandbox.run": lambda who: run_snippet(who, no_pool, "bash", "touch /tmp/posttrain-viewer-was-here"),
         "model.chat": lambda who: chat_as(who, "http://127.0.0.1:9", "tiny", [{"role": "user", "content": "hi"}]),
-        "model.chat_tools": lambda who: chat_with_tools(who, no_pool, "http://127.0.0.1:9", "tiny", [{"role": "user", "content": "hi"}]),
+        "model.chat_tools": lambda who: chat_with_tools(
+            who, no_pool, "http://127.0.0.1:9", "tiny", [{"role": "user", "content": "hi"}]
+        ),
         "task.try_episode": lambda who: try_task(who, no_pool, "http://127.0.0.1:9", "tiny", task_id),
         "user.create": lambda who: auth.create_user(who, "eve", PASSWORD, Role.admin),
         "user.password": lambda who: auth.set_password(who, "otto", "a new password!"),
@@ -113,7 +118,9 @@ def world(platform_env: dict[str, str], tmp_path: Path) -> dict[str, Callable[[I
     return action_calls(tiny_dir, job_id, int(task_id), key.key.key_id)  # type: ignore[arg-type]
 
 
-def test_every_action_refuses_a_viewer_changes_nothing_and_audits_it(world: dict[str, Callable[[Identity], object]]) -> None:
+def test_every_action_refuses_a_viewer_changes_nothing_and_audits_it(
+    world: dict[str, Callable[[Identity], object]],
+) -> None:
     assert set(world) == set(ACTIONS), "every action the platform registers is called here"
     before = state()
     for name, call in world.items():
@@ -129,8 +136,16 @@ def test_every_action_refuses_a_viewer_changes_nothing_and_audits_it(world: dict
 
 def test_admin_actions_refuse_an_operator(world: dict[str, Callable[[Identity], object]]) -> None:
     admin_only = sorted(name for name, role in ACTIONS.items() if role is Role.admin)
-    assert admin_only == ["key.create", "key.list", "key.revoke", "user.create", "user.disable", "user.enable",
-                          "user.password", "user.role"]
+    assert admin_only == [
+        "key.create",
+        "key.list",
+        "key.revoke",
+        "user.create",
+        "user.disable",
+        "user.enable",
+        "user.password",
+        "user.role",
+    ]
     before = state()
     for name in admin_only:
         with pytest.raises(PermissionDenied, match=f"may not {name}: it needs the admin role"):

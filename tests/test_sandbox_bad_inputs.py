@@ -48,36 +48,67 @@ BAD_INPUTS = [
     bad("allocate 10 GB", "python", "x = bytearray(10 * 1024 ** 3)", CallStatus.MEMORY),
     bad("allocate 10 GB (bash)", "bash", "python3 -c 'x = b\" \" * (10 * 1024 ** 3)'", ERROR),
     bad("busy loop", "python", "while True: pass", TIMEOUT),
-    bad("busy loop ignoring the alarm", "python",
-        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass", TIMEOUT),
+    bad(
+        "busy loop ignoring the alarm",
+        "python",
+        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass",
+        TIMEOUT,
+    ),
     bad("sleep forever", "python", "import time\ntime.sleep(10 ** 9)", TIMEOUT),
     bad("read stdin forever (python)", "python", "import sys\nsys.stdin.read()", OK),
     bad("read stdin forever (input)", "python", "input()", ERROR),
     bad("read stdin forever (bash)", "bash", "cat; read line", OK, ERROR),
-    bad("socket to an outside address", "python",
-        "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=0.5)", ERROR),
-    bad("write outside the work directory", "python",
-        "open('/etc/posttrain-evil', 'w').write('x')", ERROR),
-    bad("write outside the work directory (bash)", "bash",
-        "echo x > /posttrain-evil; echo x > /work/../posttrain-evil; echo x > /etc/posttrain-evil", ERROR),
+    bad(
+        "socket to an outside address",
+        "python",
+        "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=0.5)",
+        ERROR,
+    ),
+    bad("write outside the work directory", "python", "open('/etc/posttrain-evil', 'w').write('x')", ERROR),
+    bad(
+        "write outside the work directory (bash)",
+        "bash",
+        "echo x > /posttrain-evil; echo x > /work/../posttrain-evil; echo x > /etc/posttrain-evil",
+        ERROR,
+    ),
     bad("print gigabytes", "python", "while True:\n    print('x' * 10 ** 6)", CallStatus.OUTPUT_TRUNCATED),
     bad("print gigabytes (bash)", "bash", "yes", CallStatus.OUTPUT_TRUNCATED),
-    bad("setsid daemon", "bash",
-        "setsid sh -c 'while true; do date >> /work/daemon.log; sleep 0.05; done' > /dev/null 2>&1 &", OK),
-    bad("double-fork daemon", "python",
+    bad(
+        "setsid daemon",
+        "bash",
+        "setsid sh -c 'while true; do date >> /work/daemon.log; sleep 0.05; done' > /dev/null 2>&1 &",
+        OK,
+    ),
+    bad(
+        "double-fork daemon",
+        "python",
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        while True: time.sleep(1)\n    os._exit(0)\nos.wait()", OK),
-    bad("ignore SIGTERM", "python",
+        "        while True: time.sleep(1)\n    os._exit(0)\nos.wait()",
+        OK,
+    ),
+    bad(
+        "ignore SIGTERM",
+        "python",
         "import signal, time\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT):\n"
-        "    signal.signal(s, signal.SIG_IGN)\ntime.sleep(10 ** 9)", TIMEOUT),
-    bad("kill the parent", "python",
+        "    signal.signal(s, signal.SIG_IGN)\ntime.sleep(10 ** 9)",
+        TIMEOUT,
+    ),
+    bad(
+        "kill the parent",
+        "python",
         "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)",
-        OK, ERROR),
+        OK,
+        ERROR,
+    ),
     bad("kill the interpreter from bash", "bash", "kill -9 $PPID", CallStatus.KILLED),
     bad("exit the interpreter", "python", "import os\nos._exit(7)", CallStatus.KILLED),
-    bad("CPU limit", "python", "import resource, signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+    bad(
+        "CPU limit",
+        "python",
+        "import resource, signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_CPU, (0, resource.getrlimit(resource.RLIMIT_CPU)[1]))\nwhile True: pass",
-        TIMEOUT),
+        TIMEOUT,
+    ),
 ]
 
 
@@ -205,7 +236,7 @@ def test_two_hundred_episodes_with_bad_inputs_mixed_in(secret_env: None, data_di
                 if item is None:  # an ordinary multi-turn episode
                     assert sandbox.write_file("sol.py", f"def f(x):\n    return x + {n}\n").ok
                     assert sandbox.run_python("from sol import f\nf(1)").value == str(n + 1)
-                    test = sandbox.run_bash("python3 -c 'from sol import f; assert f(0) == %d' && echo pass" % n)
+                    test = sandbox.run_bash(f"python3 -c 'from sol import f; assert f(0) == {n}' && echo pass")
                     assert test.ok and test.stdout == "pass\n", test
                     status = "normal"
                 else:

@@ -15,16 +15,38 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.requires("bubblewrap")
 def test_bench_prints_json_figures_with_peers() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--pool-size", "2", "--calls", "200",
-         "--acquires", "20", "--fresh", "5", "--seconds", "2"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sandbox.py"),
+            "--pool-size",
+            "2",
+            "--calls",
+            "200",
+            "--acquires",
+            "20",
+            "--fresh",
+            "5",
+            "--seconds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     figures = {line["figure"]: line for line in lines[:-1]}
     assert set(figures) == {"acquire_ms", "roundtrip_ms", "fresh_bwrap_python_ms", "speedup", "episodes_per_min"}
     assert "peer_fresh_bwrap_p50" in figures["roundtrip_ms"] and "peer_fresh_bwrap" in figures["episodes_per_min"]
     summary = lines[-1]
-    for key in ("acquire_p50_ms", "roundtrip_p50_ms", "roundtrip_p99_ms", "fresh_p50_ms", "speedup", "episodes_per_min"):
+    for key in (
+        "acquire_p50_ms",
+        "roundtrip_p50_ms",
+        "roundtrip_p99_ms",
+        "fresh_p50_ms",
+        "speedup",
+        "episodes_per_min",
+    ):
         assert isinstance(summary[key], (int, float)), key
     # Each figure against its peer from the same run: a warm sandbox's round trip against a fresh
     # `bwrap ... python3 -c` (README: 184x on a quiet machine; 140-530x measured here, more under

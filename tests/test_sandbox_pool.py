@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+from required_parts import require
 
 from posttrain.platform.sandbox import (
     CallStatus,
@@ -22,10 +23,9 @@ from posttrain.platform.sandbox import (
     SandboxConfig,
     SandboxPool,
     SandboxUnavailableError,
+    backends,
     run_agent,
 )
-from posttrain.platform.sandbox import backends
-from required_parts import require
 
 needs_bwrap = pytest.mark.requires("bubblewrap")  # a missing bubblewrap fails these tests (required_parts)
 
@@ -81,7 +81,11 @@ def test_tools_in_one_episode(pool: SandboxPool) -> None:
         assert (sandbox.work_dir / "pkg" / "data.txt").read_text() == "line 1\nline 2\n"
 
         outside = sandbox.read_file("../../etc/passwd")
-        assert outside.status is CallStatus.ERROR and outside.error and "outside the work directory" in outside.error.message
+        assert (
+            outside.status is CallStatus.ERROR
+            and outside.error
+            and "outside the work directory" in outside.error.message
+        )
         assert sandbox.read_file("/etc/hostname").status is CallStatus.ERROR
         os.symlink("/etc", sandbox.work_dir / "link")
         assert sandbox.list_dir("link").status is CallStatus.ERROR
@@ -95,20 +99,30 @@ def test_edit_file_replaces_exactly_one_match_or_says_how_many(pool: SandboxPool
         assert sandbox.write_file("solution.py", source).ok
         for old, count in (("    return a - b\n", "occurs 2 times"), ("return a * b", "is not in")):
             refused = sandbox.edit_file("solution.py", old, "    return a + b\n")
-            assert refused.status is CallStatus.ERROR and refused.error is not None and count in refused.error.message, refused
+            assert (
+                refused.status is CallStatus.ERROR and refused.error is not None and count in refused.error.message
+            ), refused
             assert "exactly once" in refused.to_message_content() and "server.py" not in refused.to_message_content()
         assert sandbox.read_file("solution.py").value == source  # a refused edit writes nothing
         empty = sandbox.edit_file("solution.py", "", "x")
         assert empty.status is CallStatus.ERROR and empty.error is not None and "old is empty" in empty.error.message
-        edited = sandbox.edit_file("solution.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n")
+        edited = sandbox.edit_file(
+            "solution.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n"
+        )
         assert edited.ok and edited.value == "edited solution.py: lines 1-3 now hold the new text", edited
         assert sandbox.read_file("solution.py").value == source.replace("return a - b", "return a + b", 1)
         # Through the model's tool call, as an agent makes it; and never outside the work directory.
-        call = ToolCall(name="edit_file", arguments={"path": "solution.py", "old": "return a - b", "new": "return b - a"})
+        call = ToolCall(
+            name="edit_file", arguments={"path": "solution.py", "old": "return a - b", "new": "return b - a"}
+        )
         assert execute_tool_call(sandbox, call).ok
         assert sandbox.run_python("import solution; solution.add(1, 2), solution.sub(5, 1)").value == "(3, -4)"
         outside = sandbox.edit_file("../../etc/passwd", "root", "x")
-        assert outside.status is CallStatus.ERROR and outside.error and "outside the work directory" in outside.error.message
+        assert (
+            outside.status is CallStatus.ERROR
+            and outside.error
+            and "outside the work directory" in outside.error.message
+        )
         missing = sandbox.edit_file("nope.py", "a", "b")
         assert missing.status is CallStatus.ERROR and missing.error and missing.error.type == "FileNotFoundError"
 
@@ -149,7 +163,10 @@ def test_timeout_keeps_globals_when_the_interpreter_can_be_interrupted(pool: San
         assert slow.status is CallStatus.TIMEOUT and slow.duration_ms < 4 * peer.duration_ms, (slow, peer)
         assert sandbox.run_python("kept").value == "'yes'"
         slow_bash = sandbox.run_bash("sleep 30", timeout=0.3)
-        assert slow_bash.status is CallStatus.TIMEOUT and slow_bash.duration_ms < 4 * peer_bash.duration_ms, (slow_bash, peer_bash)
+        assert slow_bash.status is CallStatus.TIMEOUT and slow_bash.duration_ms < 4 * peer_bash.duration_ms, (
+            slow_bash,
+            peer_bash,
+        )
         assert sandbox.run_python("kept").value == "'yes'"
 
 
@@ -230,11 +247,22 @@ def _model(script: list[Any]) -> Any:
 
 def test_agent_loop_runs_tools_until_the_model_answers(pool: SandboxPool) -> None:
     script = [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "n = 2 ** 10"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "write_file",
-                                                          "arguments": '{"path": "n.txt", "content": "x"}'}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "python", "arguments": '{"code": "n = 2 ** 10"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "write_file", "arguments": '{"path": "n.txt", "content": "x"}'},
+                },
+            ],
+        },
         'Checking.<tool_call>{"name": "python", "arguments": {"code": "n + 1"}}</tool_call>',
         '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
         {"role": "assistant", "content": "The answer is 1025."},
@@ -308,7 +336,9 @@ def test_process_backend_works_and_warns(data_dir: Path) -> None:
             daemon = psutil.Process(int(sandbox.read_file("pid").value))
             assert daemon in psutil.Process(sandbox.pid).children(recursive=True)  # subreaper kept it
             # Here model code can kill the zygote (no PID namespace): classified, and the pool recovers.
-            killed = sandbox.run_python("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)")
+            killed = sandbox.run_python(
+                "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)"
+            )
             assert killed.status is CallStatus.KILLED
         assert pool.wait_ready(30)
         psutil.wait_procs([daemon], timeout=5)

@@ -124,7 +124,7 @@ def scripted(replies: list[str]):  # type: ignore[no-untyped-def]
 
 
 def call(code: str) -> str:
-    return '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": code}}) + '</tool_call>'
+    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
 
 def test_agent_episode_through_ray(pool: RaySandboxPool) -> None:
@@ -182,6 +182,7 @@ def test_status_sums_the_nodes(pool: RaySandboxPool) -> None:
 
 def test_round_trip_latency_ray_vs_local(pool: RaySandboxPool, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """The figure for the report: one small call, through Ray and locally, in the same run."""
+
     def measure(sandbox: Sandbox | RaySandbox, n: int = 60) -> list[float]:
         times = []
         for i in range(n):

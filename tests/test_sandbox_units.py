@@ -22,9 +22,9 @@ from posttrain.platform.sandbox import (
     ToolCall,
     ToolResult,
     parse_tool_calls,
+    seccomp,
     tool_schemas,
 )
-from posttrain.platform.sandbox import seccomp
 from posttrain.platform.sandbox.cgroups import cgroup_mounts, directory_of, own_cgroups
 from posttrain.platform.sandbox.tools import validate_arguments
 
@@ -58,7 +58,14 @@ def test_config_reads_nested_env_style_values() -> None:
 
 def test_tool_schemas_are_valid_openai_function_schemas() -> None:
     schemas = tool_schemas()
-    assert [s["function"]["name"] for s in schemas] == ["python", "bash", "read_file", "write_file", "edit_file", "list_dir"]
+    assert [s["function"]["name"] for s in schemas] == [
+        "python",
+        "bash",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+    ]
     for schema in schemas:
         assert schema["type"] == "function"
         assert schema["function"]["description"]
@@ -74,8 +81,16 @@ def test_validate_arguments() -> None:
     assert "must be a string" in (validate_arguments("bash", {"command": 3}) or "")
     assert "no argument" in (validate_arguments("read_file", {"path": "a", "mode": "r"}) or "")
     # The quick in-process check agrees with a full JSON-schema validation.
-    samples = [{}, {"code": "1"}, {"command": "ls"}, {"path": "a"}, {"path": "a", "content": "b"},
-               {"path": "a", "content": "b", "append": True}, {"path": 1}, {"path": "a", "content": "b", "x": 1}]
+    samples = [
+        {},
+        {"code": "1"},
+        {"command": "ls"},
+        {"path": "a"},
+        {"path": "a", "content": "b"},
+        {"path": "a", "content": "b", "append": True},
+        {"path": 1},
+        {"path": "a", "content": "b", "x": 1},
+    ]
     for name, schema in TOOL_SCHEMAS.items():
         validator = jsonschema.Draft202012Validator(schema["function"]["parameters"])
         for args in samples:
@@ -100,7 +115,7 @@ def test_parse_openai_tool_calls() -> None:
 
 def test_parse_hermes_tool_calls() -> None:
     text = (
-        "Let me compute.\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(2)\"}}\n</tool_call>\n"
+        'Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(2)"}}\n</tool_call>\n'
         '<tool_call>{"name": "list_dir", "arguments": "{}"}</tool_call>'
     )
     parsed = parse_tool_calls(text)
@@ -115,9 +130,15 @@ def test_parse_hermes_tool_calls() -> None:
     assert parse_tool_calls("The answer is 4.").calls == []
     assert parse_tool_calls({"role": "assistant", "content": "4"}).content == "4"
     # The edit tool's three string arguments, newlines and quotes inside them, come through as written.
-    edit = parse_tool_calls('<tool_call>\n{"name": "edit_file", "arguments": {"path": "solution.py", "old": "    return a - b\\n", '
-                            '"new": "    return a + b  # \\"sum\\"\\n"}}\n</tool_call>').calls[0]
-    assert edit.error is None and edit.arguments == {"path": "solution.py", "old": "    return a - b\n", "new": '    return a + b  # "sum"\n'}
+    edit = parse_tool_calls(
+        '<tool_call>\n{"name": "edit_file", "arguments": {"path": "solution.py", "old": "    return a - b\\n", '
+        '"new": "    return a + b  # \\"sum\\"\\n"}}\n</tool_call>'
+    ).calls[0]
+    assert edit.error is None and edit.arguments == {
+        "path": "solution.py",
+        "old": "    return a - b\n",
+        "new": '    return a + b  # "sum"\n',
+    }
     assert validate_arguments("edit_file", edit.arguments) is None
 
 
@@ -199,7 +220,10 @@ def test_cgroup_tables_of_a_hybrid_host() -> None:
         "41 25 0:36 / /tmp rw - tmpfs tmpfs rw\n"
     )
     assert [(m.fstype, str(m.point)) for m in mounts] == [
-        ("cgroup", "/sys/fs/cgroup/memory"), ("cgroup", "/sys/fs/cgroup/my jobs"), ("cgroup2", "/sys/fs/cgroup/unified")]
+        ("cgroup", "/sys/fs/cgroup/memory"),
+        ("cgroup", "/sys/fs/cgroup/my jobs"),
+        ("cgroup2", "/sys/fs/cgroup/unified"),
+    ]
     assert "memory" in mounts[0].options and "pids" in mounts[1].options
     assert directory_of(mounts[0], "/jobs/42") == Path("/sys/fs/cgroup/memory/jobs/42")
     assert directory_of(mounts[1], "/jobs/7") == Path("/sys/fs/cgroup/my jobs/7")

@@ -31,8 +31,9 @@ SMALL = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
 def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedServer, EmbeddedEngine]]:
     path = build_tiny_model(tmp_path_factory.mktemp("e") / "tiny", SMALL)
     tier = DEFAULT_TIERS["standard"].model_copy(update={"batch_wait_ms": 100.0})
-    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier,
-                                         max_model_len=256)).start()
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier, max_model_len=256)
+    ).start()
     server = serve_in_thread(create_engine_app(engine))
     yield server, engine
     server.stop()
@@ -54,8 +55,16 @@ def test_chat_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
     full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
     assert full.choices[0].finish_reason in {"stop", "length"}
     assert full.usage is not None and full.usage.completion_tokens == 12 or full.choices[0].finish_reason == "stop"
-    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
@@ -65,19 +74,25 @@ def test_chat_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
 def test_completions_endpoint(client: openai.OpenAI) -> None:
     out = client.completions.create(model="tiny", prompt="The invoice total is", max_tokens=5, temperature=0)
     assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="tiny", prompt="The invoice total is", max_tokens=5, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="tiny", prompt="The invoice total is", max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert streamed == out.choices[0].text
 
 
-def test_concurrent_requests_are_batched(text_server: tuple[ThreadedServer, EmbeddedEngine],
-                                         client: openai.OpenAI) -> None:
+def test_concurrent_requests_are_batched(
+    text_server: tuple[ThreadedServer, EmbeddedEngine], client: openai.OpenAI
+) -> None:
     engine = text_server[1]
     results: list[str] = []
 
     def ask(i: int) -> None:
-        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"question {i}"}],
-                                           max_tokens=8, temperature=0)
+        r = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=8, temperature=0
+        )
         results.append(r.choices[0].message.content or "")
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
@@ -89,11 +104,11 @@ def test_concurrent_requests_are_batched(text_server: tuple[ThreadedServer, Embe
     assert engine.largest_batch >= 2
 
 
-def test_a_request_joins_the_running_batch(text_server: tuple[ThreadedServer, EmbeddedEngine],
-                                          client: openai.OpenAI) -> None:
+def test_a_request_joins_the_running_batch(
+    text_server: tuple[ThreadedServer, EmbeddedEngine], client: openai.OpenAI
+) -> None:
     """Continuous batching: a short request sent while a long one is decoding is answered before the
     long one ends (it joins the running batch instead of waiting for it), with the output it gets alone."""
-    engine = text_server[1]
     ask = {"model": "tiny", "prompt": "The payment date is", "max_tokens": 6, "temperature": 0}
     alone = client.completions.create(**ask).choices[0].text
     events: list[str] = []
@@ -101,8 +116,9 @@ def test_a_request_joins_the_running_batch(text_server: tuple[ThreadedServer, Em
     started = threading.Event()
 
     def long_stream() -> None:
-        for chunk in client.completions.create(model="tiny", prompt="The invoice total is", max_tokens=220,
-                                               temperature=0, stream=True):
+        for chunk in client.completions.create(
+            model="tiny", prompt="The invoice total is", max_tokens=220, temperature=0, stream=True
+        ):
             if chunk.choices and chunk.choices[0].text:
                 events.append("long")
                 if len(events) == 3:
@@ -118,7 +134,7 @@ def test_a_request_joins_the_running_batch(text_server: tuple[ThreadedServer, Em
     thread.join(120)
     assert short == [alone]
     assert events.index("short-done") < events.index("long-done")
-    assert "long" in events[events.index("short-done"):], "the long stream kept going after the short request"
+    assert "long" in events[events.index("short-done") :], "the long stream kept going after the short request"
     running = httpx.get(text_server[0].base_url + "/metrics").text
     assert 'vllm:num_requests_running{model_name="tiny"} 0' in running
 
@@ -134,8 +150,12 @@ def test_errors_are_openai_shaped(text_server: tuple[ThreadedServer, EmbeddedEng
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "hi"}])  # type: ignore
     with pytest.raises(openai.BadRequestError, match="takes no images"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+        client.chat.completions.create(
+            model="tiny",
+            messages=[
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+            ],
+        )
     r = httpx.post(text_server[0].base_url + "/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(text_server[0].base_url + "/v1/chat/completions", json={"model": "tiny", "messages": []})
@@ -145,11 +165,17 @@ def test_errors_are_openai_shaped(text_server: tuple[ThreadedServer, EmbeddedEng
 def test_metrics_use_vllm_names(text_server: tuple[ThreadedServer, EmbeddedEngine], client: openai.OpenAI) -> None:
     client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     text = httpx.get(text_server[0].base_url + "/metrics").text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:e2e_request_latency_seconds_count", "vllm:request_success_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_success_total",
+    ):
         assert name in text
-    generated = [l for l in text.splitlines() if l.startswith("vllm:generation_tokens_total{")]
+    generated = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")]
     assert float(generated[0].split()[-1]) >= 3
 
 
@@ -161,20 +187,24 @@ def _png(color: tuple[int, int, int]) -> str:
 
 def test_vision_model_image_question(tmp_path: Path) -> None:
     path = build_tiny_vision_model(tmp_path / "vl", TinyVisionModelSpec())
-    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="vl",
-                                         max_images_per_prompt=1)).start()
+    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="vl", max_images_per_prompt=1)).start()
     with serve_in_thread(create_engine_app(engine)) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
 
         def ask(url: str, extra: list[dict[str, object]] | None = None) -> openai.types.chat.ChatCompletion:
-            parts = [{"type": "image_url", "image_url": {"url": url}}, *(extra or []),
-                     {"type": "text", "text": "What colour is this?"}]
-            return client.chat.completions.create(model="vl", messages=[{"role": "user", "content": parts}],
-                                                  max_tokens=4, temperature=0)
+            parts = [
+                {"type": "image_url", "image_url": {"url": url}},
+                *(extra or []),
+                {"type": "text", "text": "What colour is this?"},
+            ]
+            return client.chat.completions.create(
+                model="vl", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
+            )
 
         red = ask(_png((255, 0, 0)))
         text_only = client.chat.completions.create(
-            model="vl", messages=[{"role": "user", "content": "What colour is this?"}], max_tokens=4, temperature=0)
+            model="vl", messages=[{"role": "user", "content": "What colour is this?"}], max_tokens=4, temperature=0
+        )
         assert red.usage.completion_tokens == 4
         # the image reached the model: it adds its visual tokens to the prompt
         assert red.usage.prompt_tokens > text_only.usage.prompt_tokens + 4
@@ -189,5 +219,7 @@ def test_vision_model_image_question(tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError, match="image 0 is 6000x6000 = 36000000 pixels, over"):
             ask("data:image/png;base64," + base64.b64encode(big.getvalue()).decode())
     # room in the body for the one image this deployment accepts, on top of the text's
-    assert default_max_request_bytes(engine) == EngineConfig(model_path="x").max_image_bytes * 4 // 3 + TEXT_REQUEST_BYTES
+    assert (
+        default_max_request_bytes(engine) == EngineConfig(model_path="x").max_image_bytes * 4 // 3 + TEXT_REQUEST_BYTES
+    )
     engine.stop()

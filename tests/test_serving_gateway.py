@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from conftest import wait_for
+from drills import ChatExample, memorize
+
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
-from posttrain.platform.models.tuning import ChatExample, memorize
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
     Deployment,
@@ -30,9 +30,16 @@ from posttrain.platform.serving import (
     serve_in_thread,
 )
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = "It is 21 C and sunny in Paris."
@@ -47,27 +54,43 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """A tool-using tiny model (taught by a quick fine-tune) in two tiers, plus a gateway with a dead replica."""
-    path = build_tiny_model(tmp_path_factory.mktemp("gw") / "tool", TinyModelSpec(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128))
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("gw") / "tool",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
     after_call = QUESTION + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"}]
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"},
+    ]
     losses = memorize(path, [ChatExample(QUESTION, CALL, TOOLS), ChatExample(after_call, ANSWER, TOOLS)], steps=80)
     assert losses[-1] < 0.1 * losses[0]
     engines, servers = [], []
     for name, tier in (("tool", "fast"), ("tool", "standard"), ("other", "standard")):
-        engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name=name,
-                                             tier=DEFAULT_TIERS[tier], max_model_len=512)).start()
+        engine = EmbeddedEngine(
+            EngineConfig(model_path=str(path), served_model_name=name, tier=DEFAULT_TIERS[tier], max_model_len=512)
+        ).start()
         engines.append(engine)
         servers.append(serve_in_thread(create_engine_app(engine)))
     dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens here
-    config = GatewayConfig(deployments=[
-        Deployment(model="tool", tier="fast", base_url=dead),
-        Deployment(model="tool", tier="fast", base_url=servers[0].base_url),
-        Deployment(model="tool", tier="standard", base_url=servers[1].base_url),
-        Deployment(model="other", tier="standard", base_url=servers[2].base_url),
-    ], health_interval_s=0.5)
+    config = GatewayConfig(
+        deployments=[
+            Deployment(model="tool", tier="fast", base_url=dead),
+            Deployment(model="tool", tier="fast", base_url=servers[0].base_url),
+            Deployment(model="tool", tier="standard", base_url=servers[1].base_url),
+            Deployment(model="other", tier="standard", base_url=servers[2].base_url),
+        ],
+        health_interval_s=0.5,
+    )
     app = create_gateway_app(config)
     gateway = serve_in_thread(app)
     yield {"gateway": gateway, "app": app, "engines": engines, "servers": servers}
@@ -80,29 +103,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
 
 def _client(stack: dict[str, object], **headers: str) -> openai.OpenAI:
     gateway: ThreadedServer = stack["gateway"]  # type: ignore[assignment]
-    return openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0,
-                         default_headers=headers or None)
+    return openai.OpenAI(
+        base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0, default_headers=headers or None
+    )
 
 
 def test_tool_call_round_trip_through_gateway(stack: dict[str, object]) -> None:
     client = _client(stack, **{"x-task-type": "chat"})
-    first = client.chat.completions.create(model="tool", messages=QUESTION, tools=TOOLS, temperature=0,
-                                           max_tokens=40)
+    first = client.chat.completions.create(model="tool", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=40)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
-    messages = QUESTION + [choice.message.model_dump(exclude_none=True),
-                           {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
-    second = client.chat.completions.create(model="tool", messages=messages, tools=TOOLS, temperature=0,
-                                            max_tokens=40)
+    messages = QUESTION + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"},
+    ]
+    second = client.chat.completions.create(model="tool", messages=messages, tools=TOOLS, temperature=0, max_tokens=40)
     assert second.choices[0].message.content == ANSWER
     assert second.choices[0].finish_reason == "stop"
 
 
 def test_streamed_tool_call(stack: dict[str, object]) -> None:
-    chunks = list(_client(stack).chat.completions.create(
-        model="tool", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=40, stream=True))
+    chunks = list(
+        _client(stack).chat.completions.create(
+            model="tool", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=40, stream=True
+        )
+    )
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -115,18 +142,21 @@ def test_routing_policy_picks_the_tier(stack: dict[str, object]) -> None:
     for task, engine, idx in (("ide", fast_engine, 0), ("batch", standard_engine, 1)):
         n = sum(engine.metrics.success.values())
         out = _client(stack, **{"x-task-type": task}).chat.completions.create(
-            model="tool", messages=[{"role": "user", "content": "hello"}], max_tokens=3)
+            model="tool", messages=[{"role": "user", "content": "hello"}], max_tokens=3
+        )
         assert out.usage.completion_tokens >= 1
         assert sum(engine.metrics.success.values()) == n + 1, (task, before[idx])
     # metadata works like the header
     n = sum(fast_engine.metrics.success.values())
-    _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=2, metadata={"task_type": "chat"})
+    _client(stack).chat.completions.create(
+        model="tool", messages=[{"role": "user", "content": "hi"}], max_tokens=2, metadata={"task_type": "chat"}
+    )
     assert sum(fast_engine.metrics.success.values()) == n + 1
 
 
-def test_any_openai_client_reaches_a_model_deployed_in_some_tiers_only(stack: dict[str, object],
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_any_openai_client_reaches_a_model_deployed_in_some_tiers_only(
+    stack: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
     """No custom header needed: a model deployed in `standard` only answers requests that name no tier, or a task
     type whose tier it lacks; `name@tier` picks a tier from the model name; each decision is logged with its id."""
     caplog.set_level(logging.INFO, logger="posttrain.gateway")
@@ -139,23 +169,33 @@ def test_any_openai_client_reaches_a_model_deployed_in_some_tiers_only(stack: di
     n = sum(fast_engine.metrics.success.values())
     out = _client(stack).completions.create(model="tool@fast", prompt="hello", max_tokens=2)
     assert out.model == "tool" and sum(fast_engine.metrics.success.values()) == n + 1  # the engine serves it as `tool`
-    with pytest.raises(openai.NotFoundError, match=r"no deployment in tier `batch` \(asked by the model name's suffix\)"):
+    with pytest.raises(
+        openai.NotFoundError, match=r"no deployment in tier `batch` \(asked by the model name's suffix\)"
+    ):
         _client(stack).chat.completions.create(model="other@batch", **ask)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError, match="The model `missing` does not exist"):
         _client(stack).chat.completions.create(model="missing@fast", **ask)  # type: ignore[arg-type]
 
     gateway: ThreadedServer = stack["gateway"]  # type: ignore[assignment]
-    sent = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "other", **ask},
-                      headers={"x-request-id": "req-42"}, timeout=60)
+    sent = httpx.post(
+        f"{gateway.base_url}/v1/chat/completions",
+        json={"model": "other", **ask},
+        headers={"x-request-id": "req-42"},
+        timeout=60,
+    )
     assert sent.status_code == 200 and sent.headers["x-request-id"] == "req-42"
     refused = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "other@fast", **ask}, timeout=60)
     rid = refused.headers["x-request-id"]
     assert refused.status_code == 404 and len(rid) == 32
     lines = [r.getMessage() for r in caplog.records if r.name == "posttrain.gateway"]
     assert "request req-42: other -> model other, tier standard (the policy's default tier)" in lines, lines
-    assert any(line.startswith("request ") and "task type 'chat' asks for `fast`, not deployed" in line for line in lines)
-    assert any(line.startswith(f"request {rid} refused with 404: model `other` has no deployment in tier `fast`")
-               for line in lines), lines
+    assert any(
+        line.startswith("request ") and "task type 'chat' asks for `fast`, not deployed" in line for line in lines
+    )
+    assert any(
+        line.startswith(f"request {rid} refused with 404: model `other` has no deployment in tier `fast`")
+        for line in lines
+    ), lines
 
 
 def test_route_picks_the_asked_tier_then_the_task_type_then_the_models_default() -> None:
@@ -173,7 +213,11 @@ def test_route_picks_the_asked_tier_then_the_task_type_then_the_models_default()
     marked = [both[0].model_copy(update={"default": True}), both[1]]
     assert gw(marked, model_tiers={"m": "standard"}).route("m", None, None).tier == "fast"  # the registry's mark first
     only = [Deployment(model="m", tier="long", base_url="c")]
-    assert gw(only).route("m", None, None).model_dump() == {"model": "m", "tier": "long", "how": "the only tier deployed"}
+    assert gw(only).route("m", None, None).model_dump() == {
+        "model": "m",
+        "tier": "long",
+        "how": "the only tier deployed",
+    }
     named = [Deployment(model="a@b", tier="fast", base_url="d")]  # a served name with an @ stays whole
     assert gw(named).route("a@b", None, None).model == "a@b"
 
@@ -201,12 +245,21 @@ def test_a_model_not_served_is_told_apart_from_one_registered_but_not_deployed()
         assert err.value.status_code == 404
         return err.value.message
 
-    served = Gateway(GatewayConfig(deployments=[Deployment(model="a", tier="standard", base_url="x"),
-                                                Deployment(model="b", tier="standard", base_url="y")]), registered=registered)
+    served = Gateway(
+        GatewayConfig(
+            deployments=[
+                Deployment(model="a", tier="standard", base_url="x"),
+                Deployment(model="b", tier="standard", base_url="y"),
+            ]
+        ),
+        registered=registered,
+    )
     assert asyncio.run(served.resolve("a", None, None, None)).model == "a" and asked == []  # served: no registry query
-    assert refusal(served, "trained") == ("The model `trained` is registered but not deployed: deploy it (Deploy on the "
-                                          "console's Models page, or `posttrain models deploy trained`) and ask again. "
-                                          "Served models: a, b.")
+    assert refusal(served, "trained") == (
+        "The model `trained` is registered but not deployed: deploy it (Deploy on the "
+        "console's Models page, or `posttrain models deploy trained`) and ask again. "
+        "Served models: a, b."
+    )
     assert refusal(served, "nothing") == "The model `nothing` does not exist. Served models: a, b."
     scoped = KeyGrant(key_id="k", name="n", models=("b",))
     assert refusal(served, "trained", scoped) == "The model `trained` does not exist. Served models: b."
@@ -234,14 +287,15 @@ def test_gateway_errors(stack: dict[str, object]) -> None:
         _client(stack).chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.NotFoundError, match="no deployment in tier `fast`"):
         _client(stack, **{"x-posttrain-tier": "fast"}).chat.completions.create(
-            model="other", messages=[{"role": "user", "content": "x"}])
+            model="other", messages=[{"role": "user", "content": "x"}]
+        )
     with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
         _client(stack).chat.completions.create(model="tool", messages=[{"role": "user", "content": "w " * 900}])
     with pytest.raises(openai.BadRequestError):
         _client(stack).chat.completions.create(model="tool", messages=[{"role": "nobody", "content": "x"}])
 
 
-DYING_SERVER = textwrap.dedent('''
+DYING_SERVER = textwrap.dedent("""
     import asyncio, os, sys, uvicorn
     from starlette.applications import Starlette
     from starlette.responses import Response, StreamingResponse
@@ -261,7 +315,7 @@ DYING_SERVER = textwrap.dedent('''
         return StreamingResponse(body(), media_type="text/event-stream")
     app = Starlette(routes=[Route("/health", health), Route("/v1/chat/completions", chat, methods=["POST"])])
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
-''')
+""")
 
 
 def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
@@ -269,6 +323,7 @@ def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
     script = tmp_path / "dying.py"
     script.write_text(DYING_SERVER)
     proc = subprocess.Popen([sys.executable, str(script), str(port)])
+
     def healthy() -> bool:
         try:
             return httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
@@ -276,13 +331,17 @@ def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
             return False
 
     try:
-        wait_for(healthy, timeout=30, message="the dying deployment to answer /health")  # fails the test if it never does
-        app = create_gateway_app(GatewayConfig(deployments=[
-            Deployment(model="dying", tier="standard", base_url=f"http://127.0.0.1:{port}")]))
+        wait_for(
+            healthy, timeout=30, message="the dying deployment to answer /health"
+        )  # fails the test if it never does
+        app = create_gateway_app(
+            GatewayConfig(deployments=[Deployment(model="dying", tier="standard", base_url=f"http://127.0.0.1:{port}")])
+        )
         with serve_in_thread(app) as gateway:
             client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
-            stream = client.chat.completions.create(model="dying", messages=[{"role": "user", "content": "x"}],
-                                                    stream=True)
+            stream = client.chat.completions.create(
+                model="dying", messages=[{"role": "user", "content": "x"}], stream=True
+            )
             got = []
             with pytest.raises(openai.APIError, match="failed mid-stream"):
                 for chunk in stream:

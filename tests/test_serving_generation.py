@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from posttrain.platform.models import LoadedModel, TinyModelSpec, build_tiny_model, load_model
 from posttrain.platform.serving.generation import (
+    DecodeBatch,
     SamplingParams,
     Sequence,
     SpeculationConfig,
-    DecodeBatch,
     generate_batch,
     prompt_lookup_draft,
 )
@@ -34,8 +32,12 @@ def test_prompt_lookup_draft_copies_what_followed_the_ngram() -> None:
 def _prompts(m: LoadedModel) -> list[list[int]]:
     doc = "The invoice total amount for the Paris customer is 4520 and the payment date is 2026-03-14. "
     qs = ["What is the total?", "Who is the customer?", "When is the payment date for the order?"]
-    texts = [m.tokenizer.apply_chat_template([{"role": "user", "content": doc * (i + 1) + q}],
-                                             add_generation_prompt=True, tokenize=False) for i, q in enumerate(qs)]
+    texts = [
+        m.tokenizer.apply_chat_template(
+            [{"role": "user", "content": doc * (i + 1) + q}], add_generation_prompt=True, tokenize=False
+        )
+        for i, q in enumerate(qs)
+    ]
     return [m.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
@@ -51,9 +53,14 @@ def test_every_mode_matches_transformers_greedy(tiny: LoadedModel) -> None:
     prompts = _prompts(tiny)
     reference = []
     for p in prompts:
-        out = tiny.model.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False,
-                                  eos_token_id=tiny.eos_token_ids, pad_token_id=tiny.tokenizer.pad_token_id)
-        reference.append(out[0, len(p):].tolist())
+        out = tiny.model.generate(
+            torch.tensor([p]),
+            max_new_tokens=40,
+            do_sample=False,
+            eos_token_id=tiny.eos_token_ids,
+            pad_token_id=tiny.tokenizer.pad_token_id,
+        )
+        reference.append(out[0, len(p) :].tolist())
     for spec in (SpeculationConfig(0), SpeculationConfig(6)):
         for together in (False, True):
             seqs = _run(tiny, prompts, spec, together)
@@ -62,8 +69,9 @@ def test_every_mode_matches_transformers_greedy(tiny: LoadedModel) -> None:
                 assert sum(s.accepted_draft_tokens for s in seqs) > 0
 
 
-def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(tiny: LoadedModel,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Prompts that start alike (the chat template, the same document): that start runs once for one row, and
     every row's logits and cache of real tokens equal those of prefilling its whole prompt."""
     from posttrain.platform.serving import generation
@@ -73,7 +81,9 @@ def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(tin
     assert shared >= generation.SHARED_PREFIX_MIN
     batch = DecodeBatch(tiny.model, pad_token_id=tiny.tokenizer.pad_token_id)
     seen: list[tuple[int, int]] = []
-    hook = tiny.model.get_input_embeddings().register_forward_pre_hook(lambda _m, args: seen.append(tuple(args[0].shape)))
+    hook = tiny.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: seen.append(tuple(args[0].shape))
+    )
     with torch.inference_mode():
         cache, mask, logits = batch._prefill(prompts)
         hook.remove()
@@ -85,7 +95,9 @@ def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(tin
     for ours, theirs in zip(cache.layers, whole_cache.layers):
         for row in range(len(prompts)):
             for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
-                torch.testing.assert_close(a[row][:, mask[row].bool()], b[row][:, whole_mask[row].bool()], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    a[row][:, mask[row].bool()], b[row][:, whole_mask[row].bool()], rtol=1e-4, atol=1e-4
+                )
 
 
 def test_sampling_is_reproducible_with_a_seed(tiny: LoadedModel) -> None:
@@ -114,7 +126,9 @@ def test_sequences_joining_and_leaving_a_running_batch_keep_greedy_output(tiny: 
         alone.append(seq.generated)
 
     batch = DecodeBatch(tiny.model, SpeculationConfig(draft_tokens), pad_token_id=tiny.tokenizer.pad_token_id)
-    seqs = [Sequence(p, SamplingParams(max_new_tokens=n), frozenset(tiny.eos_token_ids)) for p, n in zip(prompts, budgets)]
+    seqs = [
+        Sequence(p, SamplingParams(max_new_tokens=n), frozenset(tiny.eos_token_ids)) for p, n in zip(prompts, budgets)
+    ]
     joins = {0: [seqs[0]], 2: [seqs[1]], 5: [seqs[2]], 12: [seqs[3]]}  # step -> sequences joining before it
     finished, step = [], 0
     while step in joins or step < max(joins) or len(batch):

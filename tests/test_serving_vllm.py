@@ -22,8 +22,14 @@ def _arg(args: list[str], flag: str) -> str:
 
 
 def test_fast_tier_profile_becomes_vllm_arguments() -> None:
-    profile = VllmProfile.for_tier("/models/qwen", DEFAULT_TIERS["fast"], served_model_name="qwen", port=8100,
-                                   tensor_parallel_size=2, limit_mm_per_prompt={"image": 4})
+    profile = VllmProfile.for_tier(
+        "/models/qwen",
+        DEFAULT_TIERS["fast"],
+        served_model_name="qwen",
+        port=8100,
+        tensor_parallel_size=2,
+        limit_mm_per_prompt={"image": 4},
+    )
     args = profile.long_context(131072).to_args("/envs/vllm/bin/python")
     assert args[:5] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen"]
     assert _arg(args, "--max-model-len") == "131072" and _arg(args, "--kv-cache-dtype") == "fp8"
@@ -89,18 +95,35 @@ def _free_port() -> int:
 
 
 def test_launcher_runs_the_embedded_engine_as_a_subprocess(tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "tiny", TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4,
-                                                              num_kv_heads=2, intermediate_size=128))
+    model = build_tiny_model(
+        tmp_path / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
     port = _free_port()
     lines: list[str] = []
-    command = [sys.executable, "-m", "posttrain.platform.serving", "--model", str(model),
-               "--served-model-name", "tiny", "--port", str(port), "--tier", "fast"]
-    proc = ServerProcess(command, f"http://127.0.0.1:{port}", log_path=tmp_path / "logs" / "engine.log",
-                         on_log=lines.append)
+    command = [
+        sys.executable,
+        "-m",
+        "posttrain.platform.serving",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--tier",
+        "fast",
+    ]
+    proc = ServerProcess(
+        command, f"http://127.0.0.1:{port}", log_path=tmp_path / "logs" / "engine.log", on_log=lines.append
+    )
     with proc:
         assert proc.running and proc.healthy()
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                       json={"model": "tiny", "prompt": "hello", "max_tokens": 3}, timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 3},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert not proc.running and proc.proc is not None and proc.proc.returncode is not None
     assert any("serving tiny (fast)" in line for line in lines)
@@ -108,8 +131,15 @@ def test_launcher_runs_the_embedded_engine_as_a_subprocess(tmp_path: Path) -> No
 
 
 def test_launcher_reports_a_server_that_dies(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "posttrain.platform.serving", "--model", str(tmp_path / "missing"),
-               "--port", str(_free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "posttrain.platform.serving",
+        "--model",
+        str(tmp_path / "missing"),
+        "--port",
+        str(_free_port()),
+    ]
     with pytest.raises(LaunchError, match="(?s)exited with code 1.*error: model directory .* does not exist"):
         ServerProcess(command, "http://127.0.0.1:1").start(timeout_s=60)
 
@@ -123,9 +153,9 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     n-gram speculation), and the official client reaches it through the gateway: chat in the model's template, plain
     and streamed (the same greedy text), log-probs, completions, the tier's metrics (drafted tokens too) on the
     deployment; cancelling stops the server."""
+    from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
     from openai import OpenAI
 
-    from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_deployed, wait_for
     from posttrain.platform.db.models import JobStatus
     from posttrain.platform.jobs import queue
     from posttrain.platform.models.registry import register_model
@@ -139,7 +169,9 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)
     config = {"model": "smol", "tier": "fast", "engine": "vllm", "max_model_len": 65536}
 
-    worker = start_worker({**platform_env, "POSTTRAIN_VLLM_PYTHON": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")})
+    worker = start_worker(
+        {**platform_env, "POSTTRAIN_VLLM_PYTHON": str(Path(platform_env["POSTTRAIN_DATA_DIR"]) / "none")}
+    )
     try:
         missing = queue.submit(OPERATOR, "deploy", config)
         wait_for(lambda: queue.get_job(missing).status.finished, timeout=60, message="deploy without vLLM ends")
@@ -165,12 +197,15 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
         assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and _arg(args, "--host") == "127.0.0.1"
         assert _arg(args, "--max-model-len") == "8192"  # SmolLM2's own, not the 65536 asked for
         assert _arg(args, "--kv-cache-memory-bytes") == str(2**30) and "--enforce-eager" in args
-        assert _arg(args, "--dtype") == "float32"  # vLLM's CPU "auto" is bf16, whose kernels answered wrongly on an AMX host
+        assert (
+            _arg(args, "--dtype") == "float32"
+        )  # vLLM's CPU "auto" is bf16, whose kernels answered wrongly on an AMX host
         assert _arg(args, "--chat-template-content-format") == "string"
         assert json.loads(_arg(args, "--speculative-config"))["method"] == "ngram"  # the fast tier's speculation
 
         gateway = serve_in_thread(
-            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments))
+            create_gateway_app(GatewayConfig(deployments=[], health_interval_s=0.5), refresh=registered_deployments)
+        )
         with gateway:
             client = OpenAI(base_url=gateway.base_url + "/v1", api_key="unused")
             wait_for(lambda: client.models.list().data, timeout=30, message="gateway sees the deployment")
@@ -187,7 +222,9 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
             stream = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,
                                                     stream=True)  # fmt: skip
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
-            completion = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=4, temperature=0)
+            completion = client.completions.create(
+                model="smol", prompt="The capital of France is", max_tokens=4, temperature=0
+            )
             assert completion.usage.completion_tokens == 4 and completion.choices[0].text
             echo = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, "
                                                 "the quick brown fox jumps over the lazy dog"}]  # fmt: skip

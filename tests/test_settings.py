@@ -27,7 +27,7 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     cfg = tmp_path / "pt.toml"
-    cfg.write_text('worker_cpu_slots = 5\nconsole_port = 9000\n')
+    cfg.write_text("worker_cpu_slots = 5\nconsole_port = 9000\n")
     monkeypatch.setenv("POSTTRAIN_CONFIG", str(cfg))
     monkeypatch.setenv("POSTTRAIN_CONSOLE_PORT", "9100")  # the environment wins over the file
     s = load_settings()

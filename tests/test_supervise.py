@@ -60,10 +60,18 @@ def test_workers_die_with_a_parent_killed_with_sigkill(tmp_path: Path, method: s
 def test_a_supervised_command_is_stopped_with_its_group_and_keeps_its_tail(tmp_path: Path) -> None:
     log = tmp_path / "out.log"
     lines: list[str] = []
-    child = Supervised([sys.executable, "-c", "import subprocess, sys, time\n"
-                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-                        "print('ready', flush=True)\ntime.sleep(600)"],
-                       log_path=log, on_line=lines.append, own_group=True)
+    child = Supervised(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print('ready', flush=True)\ntime.sleep(600)",
+        ],
+        log_path=log,
+        on_line=lines.append,
+        own_group=True,
+    )
     deadline = time.monotonic() + 30
     while "ready" not in lines and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -76,9 +84,11 @@ def test_a_supervised_command_is_stopped_with_its_group_and_keeps_its_tail(tmp_p
 
 def test_a_supervised_command_gets_its_death_signal_when_the_starter_dies(tmp_path: Path) -> None:
     script = tmp_path / "starter.py"
-    script.write_text("import signal, sys, time\nfrom posttrain.platform.supervise import Supervised\n"
-                      "child = Supervised([sys.executable, '-c', 'import time; time.sleep(600)'], death_signal=signal.SIGKILL)\n"
-                      "print(child.pid, flush=True)\ntime.sleep(600)\n")
+    script.write_text(
+        "import signal, sys, time\nfrom posttrain.platform.supervise import Supervised\n"
+        "child = Supervised([sys.executable, '-c', 'import time; time.sleep(600)'], death_signal=signal.SIGKILL)\n"
+        "print(child.pid, flush=True)\ntime.sleep(600)\n"
+    )
     starter = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ)
     try:
         assert starter.stdout is not None

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
-
 from conftest import REPO_ROOT, console_deployment, login_as
+from streamlit.testing.v1 import AppTest
 from test_code_verifier import reachable_dir
 from test_models_page import tiny_model  # noqa: F401 - its module-scoped tiny model
+
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.domains.registry import generate
@@ -25,14 +25,22 @@ PAGE = str(REPO_ROOT / "ui" / "views" / "tasks.py")
 
 def repair_task() -> TaskSpec:
     """A one-function module with a wrong operator: one short edit repairs it."""
-    return next(t for t in generate("repair.wrong_operator", 8, seed=0, difficulty=1) if "a - b" in t.metadata["files"]["solution.py"])
+    return next(
+        t
+        for t in generate("repair.wrong_operator", 8, seed=0, difficulty=1)
+        if "a - b" in t.metadata["files"]["solution.py"]
+    )
 
 
 def fix_call(task: TaskSpec) -> str:
     from posttrain.training.demonstrations import fix_edits
 
     (edit,) = fix_edits(task.metadata["files"]["solution.py"], task.reference or "")
-    return '<tool_call>{"name": "edit_file", "arguments": ' + json.dumps({"path": "solution.py", "old": edit.old, "new": edit.new}) + "}</tool_call>"
+    return (
+        '<tool_call>{"name": "edit_file", "arguments": '
+        + json.dumps({"path": "solution.py", "old": edit.old, "new": edit.new})
+        + "}</tool_call>"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +48,8 @@ def repairer(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # t
     """The tiny model taught one repair on the engine's own renderings of the episode as "Try a model" runs it: the
     tools described in the system message, an edit_file call that fixes the module, then DONE after the tool's real
     output (captured by running the same exchange, scripted, through the agent loop in a real sandbox)."""
-    from posttrain.platform.models.tuning import TokenExample, memorize
+    from drills import TokenExample, memorize
+
     from posttrain.platform.sandbox import SandboxConfig, SandboxPool, tool_schemas
     from posttrain.platform.sandbox.agent import run_agent
     from posttrain.platform.serving import EmbeddedEngine, EngineConfig
@@ -54,16 +63,23 @@ def repairer(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # t
     with SandboxPool(SandboxConfig(pool_size=1), data_dir=reachable_dir()) as pool, pool.acquire() as sandbox:
         lay_out(task, sandbox)
         start = episode_messages(task_messages(task), tool_schemas(PROJECT_TOOLS))
-        episode = run_agent(lambda history, schemas: {"role": "assistant", "content": next(script)}, sandbox, start,
-                            tools=PROJECT_TOOLS)
+        episode = run_agent(
+            lambda history, schemas: {"role": "assistant", "content": next(script)}, sandbox, start, tools=PROJECT_TOOLS
+        )
     assert episode.stop_reason == "answer" and episode.tool_results[0].ok, episode
-    engine = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["standard"]))
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(tiny_model), served_model_name="tiny", tier=DEFAULT_TIERS["standard"])
+    )
     tokenizer = engine.tokenizer
     turns = [i for i, m in enumerate(episode.messages) if m["role"] == "assistant"]
     rows = []
     for index, reply in zip(turns, replies):
         prompt = engine.prepare_chat(ChatCompletionRequest(model="tiny", messages=episode.messages[:index])).prompt_ids
-        rows.append(TokenExample.completion(prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
+        rows.append(
+            TokenExample.completion(
+                prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            )
+        )
     path = tmp_path_factory.mktemp("repairer") / "repairer"
     shutil.copytree(tiny_model, path)
     losses = memorize(path, rows, steps=300)  # type: ignore[arg-type]
@@ -72,11 +88,14 @@ def repairer(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # t
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(platform_env: dict[str, str], repairer: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(
+    platform_env: dict[str, str], repairer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from posttrain.platform.auth import audit_log
 
-    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the console's sandbox: a directory its uid can enter
+    monkeypatch.setenv(
+        "POSTTRAIN_DATA_DIR", str(reachable_dir())
+    )  # the console's sandbox: a directory its uid can enter
     get_settings.cache_clear()
     task = repair_task()
     store.save_tasks("repairs", [task])
@@ -92,7 +111,9 @@ def test_try_a_model_runs_a_repair_task_as_an_episode_in_a_sandbox(platform_env:
             call = json.loads(fix_call(task).removeprefix("<tool_call>").removesuffix("</tool_call>"))
             # The model's edit, what the sandbox really answered, then the module as the episode left it: fixed.
             assert json.dumps(call["arguments"]) in shown, shown
-            assert any("solution.py" in c and "edit" in c.lower() for c in shown if c != json.dumps(call["arguments"])), shown
+            assert any(
+                "solution.py" in c and "edit" in c.lower() for c in shown if c != json.dumps(call["arguments"])
+            ), shown
             assert task.reference is not None and any(c.strip() == task.reference.strip() for c in shown), shown
             captions = [c.value for c in at.caption]
             assert any("2 replies, 1 tool call" in c and "ended: answer" in c for c in captions), captions
@@ -113,14 +134,19 @@ def test_the_tasks_page_shows_tests_forgeable_by_mutation(platform_env: dict[str
     """A build of imported code tasks: its summary counts the tests code can pass by rewriting an argument in place and
     names each with its task; the flagged task says so when opened, the other does not."""
     from conftest import OPERATOR, start_worker
+    from test_importers import WEAK_TESTS, code_line
+
     from posttrain.platform.db.models import JobStatus
     from posttrain.platform.jobs import queue
-    from test_importers import WEAK_TESTS, code_line
 
     path = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "sorting.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text("\n".join([code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1]) == [1, 3]\n", "fine")]) + "\n")
-    job_id = queue.submit(OPERATOR, "build_tasks", {"task_set": "sorting", "source": {"type": "jsonl", "path": str(path)}})
+    path.write_text(
+        "\n".join([code_line(WEAK_TESTS, "weak"), code_line("assert f([3, 1]) == [1, 3]\n", "fine")]) + "\n"
+    )
+    job_id = queue.submit(
+        OPERATOR, "build_tasks", {"task_set": "sorting", "source": {"type": "jsonl", "path": str(path)}}
+    )
     assert start_worker(platform_env, "--exit-when-idle").wait(timeout=120) == 0
     assert queue.get_job(job_id).status is JobStatus.succeeded
 
@@ -135,7 +161,9 @@ def test_the_tasks_page_shows_tests_forgeable_by_mutation(platform_env: dict[str
 
     tasks = {t.spec.task_id: t.id for t in store.load_tasks(task_set="sorting")}
     box = at.selectbox(key="browse_task")
-    assert "[forgeable by mutation]" in box.format_func(tasks["weak"]) and "forgeable" not in box.format_func(tasks["fine"])
+    assert "[forgeable by mutation]" in box.format_func(tasks["weak"]) and "forgeable" not in box.format_func(
+        tasks["fine"]
+    )
     box.set_value(tasks["weak"]).run()
     warned = [w.value for w in at.warning if "Forgeable by mutation" in w.value]
     assert len(warned) == 1 and f"test 2: `assert f(xs) == sorted(xs)` {reason}" in warned[0], warned

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as, start_worker
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as, start_worker
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
@@ -34,9 +34,14 @@ def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path
     good = queue.submit(
         OPERATOR,
         "build_tasks",
-        {"task_set": "arith", "source": {"type": "procedural", "families": ["arithmetic"], "per_domain": 2, "eval_per_domain": 1}},
+        {
+            "task_set": "arith",
+            "source": {"type": "procedural", "families": ["arithmetic"], "per_domain": 2, "eval_per_domain": 1},
+        },
     )
-    bad_file = Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "bad.jsonl"  # job configs name files in the data dir
+    bad_file = (
+        Path(platform_env["POSTTRAIN_DATA_DIR"]) / "uploads" / "bad.jsonl"
+    )  # job configs name files in the data dir
     bad_file.parent.mkdir(parents=True)
     bad_file.write_text(json.dumps({"prompt": "hi", "answer": "x", "verifier": {"kind": "numeric", "spec": {}}}) + "\n")
     bad = queue.submit(OPERATOR, "build_tasks", {"task_set": "bad", "source": {"type": "jsonl", "path": str(bad_file)}})
@@ -85,6 +90,10 @@ def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> Non
     # the form says which domains get no eval tasks at this difficulty, and why
     small = [d.name for d in list_domains("strings") if not d.prompt_space(1).has_held_out_split]
     caption = next(c.value for c in at.caption if "domains selected" in c.value)
-    assert small and f"{len(small)} of them have too few distinct prompts at difficulty 1" in caption and small[0] in caption
+    assert (
+        small
+        and f"{len(small)} of them have too few distinct prompts at difficulty 1" in caption
+        and small[0] in caption
+    )
     job = queue.list_jobs(limit=1)[0]
     assert job.kind == "build_tasks" and job.config["source"]["families"] == ["strings"]

@@ -7,14 +7,14 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as, start_worker, stop_worker, wait_for
 from streamlit.testing.v1 import AppTest
 
-from conftest import OPERATOR, REPO_ROOT, login_as, start_worker, stop_worker, wait_for
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.registry import register_model
-from posttrain.platform.serving.tier_card import host_variants, quality, speed_figures
+from posttrain.training.tier_card import host_variants, quality, speed_figures
 
 PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 
@@ -22,7 +22,11 @@ PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
 def test_a_tier_is_flagged_only_when_its_quality_falls_beyond_twice_the_standard_error() -> None:
     standard = [True] * 40 + [False] * 20
     same = quality(standard, standard)
-    assert same["pass_at_1"] == pytest.approx(40 / 60) and same["quality_delta_vs_standard"] == 0 and not same["quality_flag"]
+    assert (
+        same["pass_at_1"] == pytest.approx(40 / 60)
+        and same["quality_delta_vs_standard"] == 0
+        and not same["quality_flag"]
+    )
     assert same["pass_at_1_se"] == pytest.approx((40 / 60 * 20 / 60 / 60) ** 0.5)
     # two tasks flipped each way: no change on the whole, within noise
     noisy = [False, False] + standard[2:40] + [True, True] + standard[42:]
@@ -38,6 +42,7 @@ def test_a_tier_is_flagged_only_when_its_quality_falls_beyond_twice_the_standard
 def test_each_tier_reports_its_best_round_and_the_median_beside_it() -> None:
     """Speed over interleaved rounds: the best round and the median of the rounds, each set against standard's the
     same way (best against best, median against median)."""
+
     def rounds(*tokens_per_s: float) -> list[dict]:  # type: ignore[type-arg]
         return [{"tokens_per_s_1": t, "tokens_per_s_4": 2 * t, "ttft_ms": [t, 2 * t]} for t in tokens_per_s]
 
@@ -62,12 +67,21 @@ def test_the_3x_goal_bounds_quality_by_the_paired_standard_error() -> None:
     spec.loader.exec_module(tiers)
 
     def tier(name: str, speedup: float, median: float, delta: float, delta_se: float) -> dict:  # type: ignore[type-arg]
-        return {"name": name, "speedup_1_vs_standard": speedup, "speedup_1_vs_standard_median": median,
-                "quality_delta_vs_standard": delta, "quality_delta_se": delta_se, "pass_at_1_se": 0.027}
+        return {
+            "name": name,
+            "speedup_1_vs_standard": speedup,
+            "speedup_1_vs_standard_median": median,
+            "quality_delta_vs_standard": delta,
+            "quality_delta_se": delta_se,
+            "pass_at_1_se": 0.027,
+        }
 
-    card = [tier("standard", 1.0, 1.0, 0.0, 0.0), tier("same", 3.9, 3.7, 0.0, 0.0),  # answers identical to standard's
-            tier("within", 6.3, 2.9, -0.009, 0.0167),  # within twice the paired SE; 3x only at its best round
-            tier("lost", 8.0, 8.0, -0.045, 0.01)]  # 4.5 points: within 2 x 2.7 (pass@1's SE), beyond 2 x 1.0 (paired)
+    card = [
+        tier("standard", 1.0, 1.0, 0.0, 0.0),
+        tier("same", 3.9, 3.7, 0.0, 0.0),  # answers identical to standard's
+        tier("within", 6.3, 2.9, -0.009, 0.0167),  # within twice the paired SE; 3x only at its best round
+        tier("lost", 8.0, 8.0, -0.045, 0.01),
+    ]  # 4.5 points: within 2 x 2.7 (pass@1's SE), beyond 2 x 1.0 (paired)
     goal = tiers.goal_3x_with_quality(card)
     assert goal["met"] and goal["tiers"] == ["same", "within"] and goal["tiers_on_median"] == ["same"]
     assert "paired" in goal["quality_bound"]
@@ -85,7 +99,8 @@ def test_the_host_lists_the_tiers_it_can_run() -> None:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_the_measure_tiers_job_serves_each_tier_and_the_models_page_shows_the_card(
-        platform_env: dict[str, str], tmp_path: Path) -> None:
+    platform_env: dict[str, str], tmp_path: Path
+) -> None:
     """A real worker runs the job: the model served in the standard and fast tiers (two embedded servers), speed
     in interleaved rounds and greedy answers to held-out tasks graded by their verifiers; the page shows the card,
     each tier's speed beside its pass@1 and the difference from standard with its interval."""

@@ -13,9 +13,9 @@ import string
 from pathlib import Path
 
 import pytest
-
 from conftest import OPERATOR, run_worker_until_idle
 from test_training_tiny import CHARS, tiny_policy_dir
+
 from posttrain.platform import metric_names, metrics
 from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
@@ -44,9 +44,19 @@ def save_signal_tasks() -> None:
 def run_config(scheduler: dict[str, object] | None = None) -> dict[str, object]:
     """The broad preset cut down: its curriculum (or ``scheduler`` instead), the tiny model, the four domains."""
     grpo: dict[str, object] = {
-        "task_set": "signals", "domains": [], "prompt_format": None, "max_new_tokens": 1, "temperature": 1.0,
-        "group_size": GROUP, "max_steps": STEPS, "lr": 1e-6, "micro_batch_size": 32, "checkpoint_every": 0,
-        "logprob_check": {"every": 0}, "max_rollout_batches_per_step": 1, "replay": None,  # the curriculum's draws alone
+        "task_set": "signals",
+        "domains": [],
+        "prompt_format": None,
+        "max_new_tokens": 1,
+        "temperature": 1.0,
+        "group_size": GROUP,
+        "max_steps": STEPS,
+        "lr": 1e-6,
+        "micro_batch_size": 32,
+        "checkpoint_every": 0,
+        "logprob_check": {"every": 0},
+        "max_rollout_batches_per_step": 1,
+        "replay": None,  # the curriculum's draws alone
     }
     # a scheduler given replaces the preset's whole: the preset's curriculum is given as it is, at this batch size
     grpo["scheduler"] = (scheduler if scheduler is not None else BROAD_CURRICULUM.model_dump()) | {"batch_size": BATCH}
@@ -79,8 +89,10 @@ def test_the_broad_presets_curriculum_draws_where_the_signal_is_and_uniform_draw
         assert job.status is JobStatus.succeeded, job.error
         assert job.config["grpo"]["scheduler"]["batch_size"] == BATCH
 
-    print(f"\nsignal share: curriculum {signal_share(curriculum):.2f}, uniform {signal_share(uniform):.2f}; draws: curriculum "
-          f"{last(curriculum, 'drawn')}, uniform {last(uniform, 'drawn')}")
+    print(
+        f"\nsignal share: curriculum {signal_share(curriculum):.2f}, uniform {signal_share(uniform):.2f}; draws: curriculum "
+        f"{last(curriculum, 'drawn')}, uniform {last(uniform, 'drawn')}"
+    )
     # the estimates: groups that never disagree have no signal, whatever the policy samples
     signal = last(curriculum, "signal_rate")
     assert signal["signal.always"] == signal["signal.never"] == 0.0, signal
@@ -99,4 +111,6 @@ def test_the_broad_presets_curriculum_draws_where_the_signal_is_and_uniform_draw
     assert signal_share(curriculum) >= 1.3 * signal_share(uniform), (signal_share(curriculum), signal_share(uniform))
     # the run's per-domain before/after table: every domain, paired task by task
     arena = queue.get_job(curriculum).result["arena"]
-    assert set(arena["domains"]) == {*ACCEPTS, "all"} and all(r["tasks"] == 8 for d, r in arena["domains"].items() if d != "all")
+    assert set(arena["domains"]) == {*ACCEPTS, "all"} and all(
+        r["tasks"] == 8 for d, r in arena["domains"].items() if d != "all"
+    )

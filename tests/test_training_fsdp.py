@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LOWERCASE_CHECK, OPERATOR, start_worker, stop_worker
 from safetensors.torch import load_file
 from sqlmodel import select
 from test_training_tiny import tiny_policy_dir
 
-from conftest import LOWERCASE_CHECK, OPERATOR, start_worker, stop_worker
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import get_model, lineage, register_model
+from posttrain.platform.verifiers import TaskSpec
 from posttrain.training import fsdp
 from posttrain.training.checkpoint import list_checkpoints
-from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import GRPOConfig, SFTConfig
 from posttrain.training.loop import train_grpo
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
@@ -32,9 +32,18 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 # 3 rows a step in micro-batches of 1: one process runs 3 accumulated passes; on 2 ranks rank 0
 # trains rows 0 and 2, rank 1 row 1 and a weight-0 pass (every rank runs the same collectives)
-SFT = {"domains": ["str.copy.letters"], "tasks_per_domain": 48, "lr": 3e-3, "micro_batch_size": 1,
-       "grad_accum_steps": 3, "max_seq_len": 128, "max_steps": STEPS, "checkpoint_every": 2,
-       "keep_checkpoints": 3, "device": "cpu"}
+SFT = {
+    "domains": ["str.copy.letters"],
+    "tasks_per_domain": 48,
+    "lr": 3e-3,
+    "micro_batch_size": 1,
+    "grad_accum_steps": 3,
+    "max_seq_len": 128,
+    "max_steps": STEPS,
+    "checkpoint_every": 2,
+    "keep_checkpoints": 3,
+    "device": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +57,11 @@ def reference(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     out = tmp_path_factory.mktemp("single")
     result = train_sft(SFTConfig(model=str(tiny_dir), output_dir=str(out), **SFT))
     assert result.steps == STEPS
-    return {"losses": [m["train/loss"] for m in result.metrics], "out": out,
-            "weights": _weights(out / "checkpoints" / f"step_{STEPS:08d}" / "model")}
+    return {
+        "losses": [m["train/loss"] for m in result.metrics],
+        "out": out,
+        "weights": _weights(out / "checkpoints" / f"step_{STEPS:08d}" / "model"),
+    }
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -82,13 +94,19 @@ def test_two_processes_resume_a_single_process_checkpoint_and_one_process_resume
     two = tmp_path / "two"
     shutil.copytree(reference["out"] / "checkpoints" / "step_00000002", two / "checkpoints" / "step_00000002")
     seen: list[tuple[int, float]] = []
-    result = fsdp.launch(SFTConfig(model=str(tiny_dir), output_dir=str(two), nproc_per_node=2, **SFT),
-                             on_metrics=lambda step, m: seen.append((step, m["train/loss"])))
+    result = fsdp.launch(
+        SFTConfig(model=str(tiny_dir), output_dir=str(two), nproc_per_node=2, **SFT),
+        on_metrics=lambda step, m: seen.append((step, m["train/loss"])),
+    )
     assert result.resumed_from == 2 and result.steps == STEPS and result.model is None
     assert [step for step, _ in seen] == [3, 4, 5, 6]  # each step once, in order
     assert [loss for _, loss in seen] == pytest.approx(losses[2:], rel=1e-5)
     assert set(result.metrics[0]) == {"train/loss", "train/lr", "train/grad_norm", "train/tokens", "train/tokens_per_s"}
-    assert [p.name for p in list_checkpoints(two / "checkpoints")] == ["step_00000002", "step_00000004", "step_00000006"]
+    assert [p.name for p in list_checkpoints(two / "checkpoints")] == [
+        "step_00000002",
+        "step_00000004",
+        "step_00000006",
+    ]
     assert result.checkpoint == two / "checkpoints" / "step_00000006"
     _assert_same_weights(_weights(result.checkpoint / "model"), reference["weights"])
     assert not _processes_mentioning(str(two)), "a torchrun process outlived its run"
@@ -108,17 +126,29 @@ def test_two_processes_resume_a_single_process_checkpoint_and_one_process_resume
 def test_a_failing_rank_fails_the_launch_and_a_stop_ends_every_process(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nproc_per_node"):
         SFTConfig(nproc_per_node=0)
-    bad = SFTConfig(model=str(tiny_dir), output_dir=str(tmp_path / "bad"), nproc_per_node=1, **{**SFT, "domains": ["no.such.domain"]})
+    bad = SFTConfig(
+        model=str(tiny_dir),
+        output_dir=str(tmp_path / "bad"),
+        nproc_per_node=1,
+        **{**SFT, "domains": ["no.such.domain"]},
+    )
     with pytest.raises(ValueError, match="needs output_dir"):
         fsdp.check_launch(bad.model_copy(update={"output_dir": None}))
     # one process keeps this cheap: the error is the rank's own, whatever the count
-    with pytest.raises(fsdp.DistributedRunError, match=r"(?s)1-process FSDP learner failed.*unknown domain 'no.such.domain'"):
+    with pytest.raises(
+        fsdp.DistributedRunError, match=r"(?s)1-process FSDP learner failed.*unknown domain 'no.such.domain'"
+    ):
         fsdp.launch(bad)
 
     # should_stop: torchrun is stopped at once, its ranks (each in a session of its own) with it,
     # and what was done is returned
     out = tmp_path / "stopped"
-    config = SFTConfig(model=str(tiny_dir), output_dir=str(out), nproc_per_node=1, **{**SFT, "max_steps": 10_000, "checkpoint_every": 0})
+    config = SFTConfig(
+        model=str(tiny_dir),
+        output_dir=str(out),
+        nproc_per_node=1,
+        **{**SFT, "max_steps": 10_000, "checkpoint_every": 0},
+    )
     seen: list[int] = []
     result = fsdp.launch(config, on_metrics=lambda step, m: seen.append(step), should_stop=lambda: bool(seen))
     assert 1 <= result.steps < 10_000 and seen == list(range(1, result.steps + 1))
@@ -131,7 +161,9 @@ def test_train_sft_job_with_two_processes_through_the_worker(
     platform_env: dict[str, str], db_url: str, tiny_dir: Path, reference: dict[str, Any]
 ) -> None:
     register_model(OPERATOR, "tiny", tiny_dir)
-    job_id = queue.submit(OPERATOR, "train_sft", {**SFT, "model": "tiny", "register_as": "tiny-fsdp", "nproc_per_node": 2})
+    job_id = queue.submit(
+        OPERATOR, "train_sft", {**SFT, "model": "tiny", "register_as": "tiny-fsdp", "nproc_per_node": 2}
+    )
     worker = start_worker(platform_env, "--exit-when-idle")
     try:
         assert worker.wait(timeout=240) == 0
@@ -158,7 +190,9 @@ def test_train_sft_job_with_two_processes_through_the_worker(
     assert [m.name for m in lineage("tiny-fsdp")] == ["tiny-fsdp", "tiny"]
     assert (Path(produced.path) / "tokenizer.json").is_file()
     _assert_same_weights(_weights(Path(produced.path)), reference["weights"])
-    assert not _processes_mentioning(str(Path(job.log_path or "").parent / "run")), "a torchrun process outlived its job"
+    assert not _processes_mentioning(str(Path(job.log_path or "").parent / "run")), (
+        "a torchrun process outlived its job"
+    )
 
 
 # --- GRPO -----------------------------------------------------------------------------------------
@@ -166,19 +200,40 @@ GRPO_STEPS = 3
 
 
 def _grpo(tiny_dir: Path, out: Path, **overrides: Any) -> GRPOConfig:
-    tasks = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier=LOWERCASE_CHECK, task_id=f"l{i}") for i in range(8)]
+    tasks = [
+        TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier=LOWERCASE_CHECK, task_id=f"l{i}")
+        for i in range(8)
+    ]
     # 2 prompts x 4 samples a step in micro-batches of 1: one process runs 8 passes, each of 2 ranks 4
     base: dict[str, Any] = dict(
-        model=str(tiny_dir), output_dir=str(out), domains=[DomainSpec(name="lower", tasks=tasks)],
-        scheduler=SchedulerConfig(batch_size=2, seed=0), group_size=4, max_new_tokens=6, lr=1e-3, kl_coef=0.05,
-        max_steps=GRPO_STEPS, micro_batch_size=1, device="cpu", checkpoint_every=1, keep_checkpoints=5,
-        verifier_workers=1, trajectories_per_step=8,
+        model=str(tiny_dir),
+        output_dir=str(out),
+        domains=[DomainSpec(name="lower", tasks=tasks)],
+        scheduler=SchedulerConfig(batch_size=2, seed=0),
+        group_size=4,
+        max_new_tokens=6,
+        lr=1e-3,
+        kl_coef=0.05,
+        max_steps=GRPO_STEPS,
+        micro_batch_size=1,
+        device="cpu",
+        checkpoint_every=1,
+        keep_checkpoints=5,
+        verifier_workers=1,
+        trajectories_per_step=8,
     )
     return GRPOConfig(**(base | overrides))
 
 
-GRPO_COMPARED = ("train/loss", "train/kl", "train/ratio_mean", "train/grad_norm", "train/tokens", "rollout/reward_mean",
-                 "rollout/groups_used")
+GRPO_COMPARED = (
+    "train/loss",
+    "train/kl",
+    "train/ratio_mean",
+    "train/grad_norm",
+    "train/tokens",
+    "rollout/reward_mean",
+    "rollout/groups_used",
+)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +253,9 @@ def test_grpo_on_two_processes_trains_as_one_process_and_resumes_across_process_
     want = grpo_reference["metrics"]
     seen: list[tuple[int, dict[str, float]]] = []
     two = tmp_path / "run"
-    result = fsdp.launch(_grpo(tiny_dir, two, max_steps=2, nproc_per_node=2), on_metrics=lambda step, m: seen.append((step, m)))
+    result = fsdp.launch(
+        _grpo(tiny_dir, two, max_steps=2, nproc_per_node=2), on_metrics=lambda step, m: seen.append((step, m))
+    )
     assert result.steps == 2 and result.resumed_from == 0 and result.model is None
     assert [step for step, _ in seen] == [1, 2]
     for (step, got), ref in zip(seen, want):
@@ -240,4 +297,6 @@ def test_train_grpo_job_with_two_processes_through_the_worker(
     assert all(t.domain == "lower" and 0 <= t.reward <= 1 for t in trajectories)
     produced = get_model("tiny-grpo-fsdp")
     assert produced.produced_by_job_id == job_id and (Path(produced.path) / "model.safetensors").is_file()
-    assert not _processes_mentioning(str(Path(job.log_path or "").parent / "run")), "a torchrun process outlived its job"
+    assert not _processes_mentioning(str(Path(job.log_path or "").parent / "run")), (
+        "a torchrun process outlived its job"
+    )

@@ -82,7 +82,9 @@ def test_k3_kl_penalty_is_added_with_its_coefficient() -> None:
     logprobs = torch.zeros(1, 2, requires_grad=True)
     ref = torch.tensor([[math.log(2.0), 0.0]])
     # k3 = e^d - d - 1 with d = ref - logp: token 0 -> 2 - ln 2 - 1 = 0.3068528, token 1 -> 0; mean 0.1534264
-    out = grpo_loss(logprobs, logprobs.detach().clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1)
+    out = grpo_loss(
+        logprobs, logprobs.detach().clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=ref, kl_coef=0.1
+    )
     assert out.stats.kl == pytest.approx(0.1534264, abs=1e-6)
     assert out.loss.item() == pytest.approx(0.01534264, abs=1e-7)
     assert out.stats.ratio_mean == pytest.approx(1.0)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import OPERATOR, run_worker_until_idle, start_worker, stop_worker, wait_for
 from sqlmodel import select
 from test_training_tiny import tiny_policy_dir
 
-from conftest import OPERATOR, run_worker_until_idle, start_worker, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -59,15 +59,26 @@ def crash_after_steps_and_rerun(env: dict[str, str], url: str, job_id: int, step
 
 def _grpo_config(**overrides: object) -> dict[str, object]:
     return {
-        "model": "tiny", "register_as": "tiny-grpo", "domains": ["format.to_hex", "format.from_words"],
-        "scheduler": {"batch_size": 2, "seed": 0}, "group_size": 4, "max_new_tokens": 3, "lr": 1e-3,
-        "max_steps": STEPS, "checkpoint_every": 1, "device": "cpu", "verifier_workers": 1,
-        "trajectories_per_step": PER_STEP, **overrides,
+        "model": "tiny",
+        "register_as": "tiny-grpo",
+        "domains": ["format.to_hex", "format.from_words"],
+        "scheduler": {"batch_size": 2, "seed": 0},
+        "group_size": 4,
+        "max_new_tokens": 3,
+        "lr": 1e-3,
+        "max_steps": STEPS,
+        "checkpoint_every": 1,
+        "device": "cpu",
+        "verifier_workers": 1,
+        "trajectories_per_step": PER_STEP,
+        **overrides,
     }
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, str], db_url: str, tmp_path: Path) -> None:
+def test_grpo_job_killed_mid_run_resumes_without_gaps(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
     register_model(OPERATOR, "tiny", tiny_policy_dir(tmp_path / "tiny"))
     job_id = queue.submit(OPERATOR, "train_grpo", _grpo_config())
     done_at_kill = crash_after_steps_and_rerun(platform_env, db_url, job_id, 4, STEPS)
@@ -85,10 +96,18 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
     for m in rows:
         per_name.setdefault(m.name, []).append(m.step)
     assert sorted(per_name["rollout/reward_mean"]) == list(range(1, STEPS + 1))
-    for name in ("rollout/pass_rate", "time/step_s", "pipeline/learner_busy_frac", "memory/peak_rss_rollout_gb", "memory/peak_rss_gb"):
+    for name in (
+        "rollout/pass_rate",
+        "time/step_s",
+        "pipeline/learner_busy_frac",
+        "memory/peak_rss_rollout_gb",
+        "memory/peak_rss_gb",
+    ):
         assert sorted(per_name[name]) == list(range(1, STEPS + 1)), name
     peaks = {(m.name, m.step): m.value for m in rows if m.name.startswith("memory/")}  # the process's peak so far, GiB
-    assert all(0.1 < peaks["memory/peak_rss_rollout_gb", n] <= peaks["memory/peak_rss_gb", n] < 64 for n in range(1, STEPS + 1))
+    assert all(
+        0.1 < peaks["memory/peak_rss_rollout_gb", n] <= peaks["memory/peak_rss_gb", n] < 64 for n in range(1, STEPS + 1)
+    )
     # trajectories: every step, at most PER_STEP each (a redone step replaced, not doubled)
     counts = Counter(t.step for t in trajectories)
     assert sorted(counts) == list(range(1, STEPS + 1))
@@ -105,8 +124,20 @@ def test_grpo_job_killed_mid_run_resumes_without_gaps(platform_env: dict[str, st
     assert (Path(produced.path) / "config.json").is_file() and (Path(produced.path) / "tokenizer.json").is_file()
 
     # evaluate both, before and after, as a job
-    eval_id = queue.submit(OPERATOR, "evaluate", {"models": ["tiny", "tiny-grpo"], "domains": ["format.to_hex"], "difficulty": 3,
-                                        "tasks_per_domain": 4, "samples": 2, "ks": [1, 2], "max_new_tokens": 3, "device": "cpu"})
+    eval_id = queue.submit(
+        OPERATOR,
+        "evaluate",
+        {
+            "models": ["tiny", "tiny-grpo"],
+            "domains": ["format.to_hex"],
+            "difficulty": 3,
+            "tasks_per_domain": 4,
+            "samples": 2,
+            "ks": [1, 2],
+            "max_new_tokens": 3,
+            "device": "cpu",
+        },
+    )
     third = start_worker(platform_env, "--exit-when-idle")
     try:
         assert third.wait(timeout=200) == 0
@@ -139,14 +170,20 @@ def test_yaml_config_with_a_preset_validates_and_overrides(tmp_path: Path) -> No
     assert isinstance(config, GRPOConfig)
     demo = get_preset("cpu-demo").grpo
     assert config.max_steps == 7 and config.model == "demo-sft" and config.scheduler.batch_size == 4
-    assert config.domains == demo.domains and config.optim.lr == demo.optim.lr and config.algorithm.group_size == demo.algorithm.group_size
+    assert (
+        config.domains == demo.domains
+        and config.optim.lr == demo.optim.lr
+        and config.algorithm.group_size == demo.algorithm.group_size
+    )
     with pytest.raises(JobConfigError, match="unknown preset 'nope'"):
         validate_config("train_grpo", {"preset": "nope"})
     with pytest.raises(JobConfigError, match="trajectories_per_step"):
         validate_config("train_grpo", {"preset": "cpu-demo", "trajectories_per_step": -1})
     assert validate_config("evaluate", {"preset": "cpu-demo", "models": ["a", "b"]}).model_list == ["a", "b"]  # type: ignore[attr-defined]
     # a domain with no held-out split at the difficulty asked is refused at submit, naming the fix
-    with pytest.raises(JobConfigError, match=r"'format.to_hex' has about 10 distinct prompts at difficulty 1.*higher difficulty"):
+    with pytest.raises(
+        JobConfigError, match=r"'format.to_hex' has about 10 distinct prompts at difficulty 1.*higher difficulty"
+    ):
         validate_config("evaluate", {"model": "a", "domains": ["format.to_hex"]})
     with pytest.raises(JobConfigError, match="unknown domain 'nope.nope'"):
         validate_config("evaluate", {"model": "a", "domains": ["nope.nope"]})
@@ -192,7 +229,11 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     # every stage's metrics exactly once per step
     assert _metric_steps(db_url, job_id, "sft/loss") == list(range(1, sft_steps + 1))
     assert _metric_steps(db_url, job_id, "rollout/reward_mean") == list(range(1, grpo_steps + 1))
-    assert _metric_steps(db_url, job_id, "eval/pass@1") == [0, 1, 2]  # before (the SFT model), after (GRPO), the control
+    assert _metric_steps(db_url, job_id, "eval/pass@1") == [
+        0,
+        1,
+        2,
+    ]  # before (the SFT model), after (GRPO), the control
     assert _metric_steps(db_url, job_id, "control/loss") == list(range(sft_steps + 1, sft_steps + grpo_steps + 1))
     # the models, with their lineage
     assert result["model"] == "quick" and result["sft_model"] == "quick-sft" and result["base_model"] == "quick-base"
@@ -201,14 +242,18 @@ def test_train_preset_runs_the_whole_recipe_and_resumes_after_its_finished_stage
     assert result["gain_points"] == pytest.approx(100 * (result["pass_after"] - result["pass_before"]), abs=0.01)
     # its own comparison: the same held-out tasks before and after, paired task by task (the Compare tab opens it)
     arena = result["arena"]
-    assert (arena["a"], arena["b"]) == ("quick-sft", "quick") and arena["domains"]["all"]["tasks"] == result["eval_tasks"]
+    assert (arena["a"], arena["b"]) == ("quick-sft", "quick") and arena["domains"]["all"]["tasks"] == result[
+        "eval_tasks"
+    ]
     assert arena["domains"]["all"]["delta"] == pytest.approx(result["pass_after"] - result["pass_before"])
     assert arena["disagreements_total"] == arena["domains"]["all"]["wins"] + arena["domains"]["all"]["losses"]
     # on prompts no training step drew (GRPO: the steps of the attempt that finished), beside the control
     assert result["eval_tasks"] == preset.eval.tasks_per_domain and result["eval_unseen_fraction"] == 1.0
     assert 0 < result["grpo_steps_checked"] < grpo_steps  # killed part-way: the rerun checked its own steps
     assert result["control_model"] == "quick-control" and result["control_steps"] == grpo_steps
-    assert result["gain_over_control_points"] == pytest.approx(100 * (result["pass_after"] - result["control_after"]), abs=0.01)
+    assert result["gain_over_control_points"] == pytest.approx(
+        100 * (result["pass_after"] - result["control_after"]), abs=0.01
+    )
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -242,8 +287,12 @@ def test_job_kinds_store_typed_results_that_read_back_typed() -> None:
     made = TrainJobResult(steps=3, model="m", base_model="b", checkpoint="/runs/x/checkpoints/step_00000003")
     stored = result_json(get_kind("train_grpo"), made)
     assert stored["model"] == "m" and read_result("train_grpo", stored) == made
-    evaluation = EvalJobResult(models=["a", "b"], paths={"a": "/a", "b": "/b"}, pass_at_1={"a": 0.5, "b": 0.75},
-                               reports={"a": {"eval/pass@1": 0.5}, "b": {"eval/pass@1": 0.75}})
+    evaluation = EvalJobResult(
+        models=["a", "b"],
+        paths={"a": "/a", "b": "/b"},
+        pass_at_1={"a": 0.5, "b": 0.75},
+        reports={"a": {"eval/pass@1": 0.5}, "b": {"eval/pass@1": 0.75}},
+    )
     stored = result_json(get_kind("evaluate"), evaluation)
     assert stored["pass@1"] == {"a": 0.5, "b": 0.75}  # the key results have always been stored under
     assert read_result("evaluate", stored) == evaluation and read_result("evaluate", None) is None
@@ -268,11 +317,18 @@ def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_a
     good = queue.submit(OPERATOR, "train_grpo", config)
     missing = queue.submit(OPERATOR, "train_grpo", {**config, "task_set": "no-such-set"})
     other = queue.submit(OPERATOR, "train_grpo", {**config, "domains": ["format.zero_pad"]})
-    beside = {**config, "task_set": None, "scheduler": {"batch_size": 4, "seed": 0},
-              "domains": [{"name": "format.zero_pad", "difficulty": 2}, {"name": "format.to_hex", "task_set": "hexes"}]}
+    beside = {
+        **config,
+        "task_set": None,
+        "scheduler": {"batch_size": 4, "seed": 0},
+        "domains": [{"name": "format.zero_pad", "difficulty": 2}, {"name": "format.to_hex", "task_set": "hexes"}],
+    }
     mixed = queue.submit(OPERATOR, "train_grpo", beside)
-    mixed_missing = queue.submit(OPERATOR, "train_grpo", {**beside, "domains": [
-        "format.zero_pad", {"name": "format.to_hex", "task_set": "no-such-set"}]})
+    mixed_missing = queue.submit(
+        OPERATOR,
+        "train_grpo",
+        {**beside, "domains": ["format.zero_pad", {"name": "format.to_hex", "task_set": "no-such-set"}]},
+    )
     run_worker_until_idle(platform_env, timeout=300)
     job = queue.get_job(good)
     assert job.status is JobStatus.succeeded, job.error
@@ -287,12 +343,24 @@ def test_grpo_trains_on_a_stored_task_sets_train_split_and_a_missing_set_fails_a
     generated = [t for t in rows if t.verdict["task_id"] not in {x.task_id for x in train}]
     assert stored and generated, rows  # 2 steps x 4 prompts: both domains drawn, the stored one from its train split
     assert {t.verdict["task_id"] for t in rows} & {t.task_id for t in held} == set()
-    for job_id, named in ((missing, "task set 'no-such-set' holds no train tasks"), (other, "no train tasks in domains ['format.zero_pad']"),
-                          (mixed_missing, "task set 'no-such-set' holds no train tasks in domains ['format.to_hex']")):
+    for job_id, named in (
+        (missing, "task set 'no-such-set' holds no train tasks"),
+        (other, "no train tasks in domains ['format.zero_pad']"),
+        (mixed_missing, "task set 'no-such-set' holds no train tasks in domains ['format.to_hex']"),
+    ):
         failed = queue.get_job(job_id)
-        assert failed.status is JobStatus.failed and failed.error_cause == "bad_input" and named in (failed.error or ""), failed.error
+        assert (
+            failed.status is JobStatus.failed and failed.error_cause == "bad_input" and named in (failed.error or "")
+        ), failed.error
     with pytest.raises(JobConfigError, match="list their own tasks"):
-        validate_config("train_grpo", {**config, "domains": [{"name": "format.to_hex", "tasks": [t.model_dump() for t in train]}]})
+        validate_config(
+            "train_grpo", {**config, "domains": [{"name": "format.to_hex", "tasks": [t.model_dump() for t in train]}]}
+        )
     with pytest.raises(JobConfigError, match="list their own tasks"):
-        validate_config("train_grpo", {**beside, "domains": [{"name": "format.to_hex", "task_set": "hexes",
-                                                              "tasks": [t.model_dump() for t in train]}]})
+        validate_config(
+            "train_grpo",
+            {
+                **beside,
+                "domains": [{"name": "format.to_hex", "task_set": "hexes", "tasks": [t.model_dump() for t in train]}],
+            },
+        )

@@ -29,5 +29,11 @@ def test_grpo_raises_pass_at_1_on_unseen_prompts_and_is_measured_against_an_sft_
     # measured: 17% -> 30% (+13) in one session's environment, 45.5% -> 54% (+8.5) in another's
     # (the SFT warm-up lands elsewhere with other builds of the numerics); the control 37% / 81%
     assert out.gain_points >= 5, (out.pass_before, out.pass_after)
-    assert out.control_after is not None and out.control_model is not None and (out.control_model / "config.json").is_file()
-    assert out.control_after > out.pass_before, out.control  # the control trained too: a real peer, not a copy of the warm-up
+    assert (
+        out.control_after is not None
+        and out.control_model is not None
+        and (out.control_model / "config.json").is_file()
+    )
+    assert out.control_after > out.pass_before, (
+        out.control
+    )  # the control trained too: a real peer, not a copy of the warm-up

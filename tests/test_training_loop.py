@@ -19,17 +19,15 @@ from test_sandbox_pool import reachable_dir
 from test_training_tiny import tiny_policy_dir
 
 from posttrain.platform.settings import get_settings
-
 from posttrain.platform.verifiers import BaseSpec, TaskSpec, Verdict, VerifierKind, VerifierService, register_verifier
 from posttrain.platform.verifiers.pool import PoolConfig
 from posttrain.training.config import GRPOConfig
+from posttrain.training.inference import Completion, LogprobMismatchError
 from posttrain.training.learner import completion_batch, completion_logprobs, prompt_passes, shared_prompt_logprobs
 from posttrain.training.loop import train_grpo
-from posttrain.training.rollout import RolloutGroup, Trajectory
-from posttrain.training.inference import Completion, LogprobMismatchError
-from posttrain.training.rollouts.base import Generated, PolicySampler, RolloutBatch, assemble_batch
 from posttrain.training.modeling import load_policy
-from posttrain.training.rollout import SamplingConfig, generate_groups
+from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, generate_groups
+from posttrain.training.rollouts.base import Generated, PolicySampler, RolloutBatch, assemble_batch
 from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
 
 
@@ -38,9 +36,15 @@ def _lowercase_share(spec: BaseSpec, completion: str, task: TaskSpec) -> Verdict
     return Verdict.of_score(share, threshold=0.5)
 
 
-register_verifier(VerifierKind(name="test_lowercase_share", spec_model=BaseSpec, check=_lowercase_share, isolation="thread"), replace=True)
+register_verifier(
+    VerifierKind(name="test_lowercase_share", spec_model=BaseSpec, check=_lowercase_share, isolation="thread"),
+    replace=True,
+)
 
-TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "test_lowercase_share"}, task_id=f"l{i}") for i in range(8)]
+TASKS = [
+    TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "test_lowercase_share"}, task_id=f"l{i}")
+    for i in range(8)
+]
 DOMAINS = [DomainSpec(name="lower", tasks=TASKS)]
 
 
@@ -57,8 +61,14 @@ def service() -> Iterator[VerifierService]:
 
 def _config(**overrides: object) -> GRPOConfig:
     base: dict[str, object] = dict(
-        domains=DOMAINS, scheduler=SchedulerConfig(batch_size=2, seed=0), group_size=4, max_new_tokens=6,
-        lr=1e-3, max_steps=3, micro_batch_size=4, device="cpu",
+        domains=DOMAINS,
+        scheduler=SchedulerConfig(batch_size=2, seed=0),
+        group_size=4,
+        max_new_tokens=6,
+        lr=1e-3,
+        max_steps=3,
+        micro_batch_size=4,
+        device="cpu",
     )
     return GRPOConfig(**(base | overrides))
 
@@ -67,7 +77,9 @@ def _config(**overrides: object) -> GRPOConfig:
 def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path, temperature: float) -> None:
     model, tokenizer = load_policy(tiny_dir)
     torch.manual_seed(0)
-    groups = generate_groups(model, tokenizer, TASKS[:2], group_size=3, sampling=SamplingConfig(max_new_tokens=8, temperature=temperature))
+    groups = generate_groups(
+        model, tokenizer, TASKS[:2], group_size=3, sampling=SamplingConfig(max_new_tokens=8, temperature=temperature)
+    )
     assert [len(g.trajectories) for g in groups] == [3, 3]
     flat = [t for g in groups for t in g.trajectories]
     for t in flat:
@@ -86,8 +98,10 @@ def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path,
     for group in groups:
         rows = completion_batch(group.trajectories, [1.0] * 3, tokenizer.pad_token_id)
         grads = []
-        for score in (lambda: completion_logprobs(model, rows, torch.device("cpu"), temperature),
-                      lambda: shared_prompt_logprobs(model, group.trajectories, torch.device("cpu"), temperature)):
+        for score in (
+            lambda: completion_logprobs(model, rows, torch.device("cpu"), temperature),
+            lambda: shared_prompt_logprobs(model, group.trajectories, torch.device("cpu"), temperature),
+        ):
             model.zero_grad()
             values = score() * rows.mask
             values.sum().backward()
@@ -101,12 +115,28 @@ def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path,
 def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: VerifierService) -> None:
     seen: dict[int, dict[str, float]] = {}
     groups_seen: list[int] = []
-    result = train_grpo(_config(kl_coef=0.05), str(tiny_dir), service=service, on_metrics=seen.__setitem__,
-                        on_groups=lambda step, groups: groups_seen.append(len(groups)))
+    result = train_grpo(
+        _config(kl_coef=0.05),
+        str(tiny_dir),
+        service=service,
+        on_metrics=seen.__setitem__,
+        on_groups=lambda step, groups: groups_seen.append(len(groups)),
+    )
     assert result.steps == 3 and sorted(seen) == [1, 2, 3]
-    for name in ("train/loss", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean", "train/grad_norm",
-                 "rollout/reward_mean", "rollout/tokens_per_s", "verifier/latency_s", "pipeline/queue_depth",
-                 "pipeline/staleness_mean", "pipeline/learner_busy_frac"):
+    for name in (
+        "train/loss",
+        "train/kl",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/ratio_mean",
+        "train/grad_norm",
+        "rollout/reward_mean",
+        "rollout/tokens_per_s",
+        "verifier/latency_s",
+        "pipeline/queue_depth",
+        "pipeline/staleness_mean",
+        "pipeline/learner_busy_frac",
+    ):
         assert name in seen[3], name
     assert all(torch.isfinite(torch.tensor(v)) for v in seen[3].values())
     assert seen[1]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy, first update
@@ -116,10 +146,14 @@ def test_sync_loop_updates_and_records_every_metric(tiny_dir: Path, service: Ver
     assert groups_seen == [2, 2, 2]
     untouched, _ = load_policy(tiny_dir)
     assert result.model is not None
-    assert not torch.equal(result.model.state_dict()["model.embed_tokens.weight"], untouched.state_dict()["model.embed_tokens.weight"])
+    assert not torch.equal(
+        result.model.state_dict()["model.embed_tokens.weight"], untouched.state_dict()["model.embed_tokens.weight"]
+    )
 
 
-def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir: Path, service: VerifierService) -> None:
+def test_switching_a_saving_off_costs_time_and_never_changes_the_update(
+    tiny_dir: Path, service: VerifierService
+) -> None:
     """The switches ``bench/learning.py --ablation`` measures each saving with: running every completion with its
     whole prompt (``shared_prompt: false``), and zero-signal groups through forward and backward at advantage 0
     (``skip_zero_signal: false``) train the same weights as the savings on, from the same seed; so does recomputing
@@ -127,8 +161,11 @@ def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir
     from posttrain.training.learner import select_groups
 
     weights = []
-    for switches in ({"algorithm": {}}, {"algorithm": {"shared_prompt": False, "skip_zero_signal": False}},
-                     {"activation_checkpointing": True}):
+    for switches in (
+        {"algorithm": {}},
+        {"algorithm": {"shared_prompt": False, "skip_zero_signal": False}},
+        {"activation_checkpointing": True},
+    ):
         result = train_grpo(_config(max_steps=2, **switches), str(tiny_dir), service=service)
         assert result.model is not None
         weights.append(result.model.state_dict()["model.embed_tokens.weight"].clone())
@@ -136,8 +173,10 @@ def test_switching_a_saving_off_costs_time_and_never_changes_the_update(tiny_dir
     torch.testing.assert_close(weights[1], weights[0], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(weights[2], weights[0], atol=2e-5, rtol=1e-4)
     flat = [Trajectory([1], [2], [-0.5], "x", True) for _ in range(8)]
-    groups = [RolloutGroup(task=TASKS[0], trajectories=flat[:4], policy_version=0),
-              RolloutGroup(task=TASKS[1], trajectories=flat[4:], policy_version=0)]
+    groups = [
+        RolloutGroup(task=TASKS[0], trajectories=flat[:4], policy_version=0),
+        RolloutGroup(task=TASKS[1], trajectories=flat[4:], policy_version=0),
+    ]
     for t, r in zip(flat, [0, 1, 0, 1, 1, 1, 1, 1]):
         t.reward = float(r)
     kept, advantages, zero = select_groups(groups, _config())
@@ -154,15 +193,29 @@ class Alternating:
     def __init__(self, tokenizer: object) -> None:
         self.replies = [tokenizer.encode(reply, add_special_tokens=False) for reply in ("a", "B")]  # type: ignore[attr-defined]
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None) -> list[list[Completion]]:
-        return [[Completion(self.replies[i % 2], [-0.5] * len(self.replies[i % 2]), True) for i in range(n)] for _ in prompts]
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
+    ) -> list[list[Completion]]:
+        return [
+            [Completion(self.replies[i % 2], [-0.5] * len(self.replies[i % 2]), True) for i in range(n)]
+            for _ in prompts
+        ]
 
 
-register_verifier(VerifierKind(name="test_never", spec_model=BaseSpec, check=lambda spec, completion, task: Verdict.of_score(0.0, threshold=0.5),
-                               isolation="thread"), replace=True)
+register_verifier(
+    VerifierKind(
+        name="test_never",
+        spec_model=BaseSpec,
+        check=lambda spec, completion, task: Verdict.of_score(0.0, threshold=0.5),
+        isolation="thread",
+    ),
+    replace=True,
+)
 
 
-def test_extra_draws_ask_only_for_the_groups_with_a_signal_the_step_lacks(tiny_dir: Path, service: VerifierService) -> None:
+def test_extra_draws_ask_only_for_the_groups_with_a_signal_the_step_lacks(
+    tiny_dir: Path, service: VerifierService
+) -> None:
     """Dynamic sampling on the sync backend: a group of ``mixed`` (lowercase share: ``a`` scores 1, ``B`` 0) always
     has a learning signal, one of ``flat`` (scores 0 whatever the reply) never; each extra draw asks for as many
     prompts as the step still lacks groups with a signal, so no group is sampled only to be cut from the update,
@@ -174,18 +227,35 @@ def test_extra_draws_ask_only_for_the_groups_with_a_signal_the_step_lacks(tiny_d
     from posttrain.training.rollouts.sync import SyncRollouts
 
     _, tokenizer = load_policy(tiny_dir)
-    mixed = [TaskSpec(domain="mixed", prompt=t.prompt, verifier={"kind": "test_lowercase_share"}, task_id=f"m{t.task_id}") for t in TASKS]
-    flat = [TaskSpec(domain="flat", prompt=t.prompt, verifier={"kind": "test_never"}, task_id=f"f{t.task_id}") for t in TASKS]
-    config = _config(domains=[DomainSpec(name="mixed", tasks=mixed), DomainSpec(name="flat", tasks=flat)],
-                     scheduler=SchedulerConfig(batch_size=4, seed=0, curriculum=False), max_rollout_batches_per_step=4)
+    mixed = [
+        TaskSpec(domain="mixed", prompt=t.prompt, verifier={"kind": "test_lowercase_share"}, task_id=f"m{t.task_id}")
+        for t in TASKS
+    ]
+    flat = [
+        TaskSpec(domain="flat", prompt=t.prompt, verifier={"kind": "test_never"}, task_id=f"f{t.task_id}")
+        for t in TASKS
+    ]
+    config = _config(
+        domains=[DomainSpec(name="mixed", tasks=mixed), DomainSpec(name="flat", tasks=flat)],
+        scheduler=SchedulerConfig(batch_size=4, seed=0, curriculum=False),
+        max_rollout_batches_per_step=4,
+    )
     scheduler = Scheduler(config.scheduler)
     scheduler.set_domains(config.domains)
     sizes: list[int] = []
     draw = scheduler.next_batch
     scheduler.next_batch = lambda size=None: sizes.append(size or 4) or draw(size)  # type: ignore[method-assign]
     with ThreadPoolExecutor(2) as executor:
-        setup = RolloutSetup(model=None, tokenizer=tokenizer, scheduler=scheduler, config=config, version=0,  # type: ignore[arg-type]
-                             source=str(tiny_dir), service=service, executor=executor)
+        setup = RolloutSetup(
+            model=None,
+            tokenizer=tokenizer,
+            scheduler=scheduler,
+            config=config,
+            version=0,  # type: ignore[arg-type]
+            source=str(tiny_dir),
+            service=service,
+            executor=executor,
+        )
         batch = SyncRollouts(setup, Alternating(tokenizer)).next_batch(version=0)
     signal = [has_signal(g) for g in batch.groups]
     assert signal == [g.task.domain == "mixed" for g in batch.groups] and len(signal) == sum(sizes)
@@ -201,8 +271,13 @@ def test_extra_draws_ask_only_for_the_groups_with_a_signal_the_step_lacks(tiny_d
 def test_pipelined_loop_respects_the_staleness_bound(tiny_dir: Path, service: VerifierService) -> None:
     seen: dict[int, dict[str, float]] = {}
     groups: dict[int, list] = {}  # type: ignore[type-arg]
-    result = train_grpo(_config(pipeline=True, max_steps=5, max_off_policy_steps=1, queue_size=2), str(tiny_dir),
-                        service=service, on_metrics=seen.__setitem__, on_groups=groups.__setitem__)
+    result = train_grpo(
+        _config(pipeline=True, max_steps=5, max_off_policy_steps=1, queue_size=2),
+        str(tiny_dir),
+        service=service,
+        on_metrics=seen.__setitem__,
+        on_groups=groups.__setitem__,
+    )
     assert result.steps == 5
     assert all(m["pipeline/staleness_max"] <= 1 for m in seen.values())
     assert any(m["rollout/groups_used"] > 0 for m in seen.values())
@@ -226,16 +301,25 @@ def _generated(version: int, rewards: list[float]) -> Generated:
 
 def test_pipelined_loop_drops_rollouts_older_than_the_bound(tiny_dir: Path, service: VerifierService) -> None:
     # a batch older than the bound is dropped, not trained on (the learner's safety net) ...
-    config = _config(pipeline=True, rollout_processes=0, max_off_policy_steps=1, max_rollout_batches_per_step=2,
-                     scheduler=SchedulerConfig(batch_size=1, seed=0))
+    config = _config(
+        pipeline=True,
+        rollout_processes=0,
+        max_off_policy_steps=1,
+        max_rollout_batches_per_step=2,
+        scheduler=SchedulerConfig(batch_size=1, seed=0),
+    )
     made = iter([_generated(0, [0.0, 1.0]), _generated(2, [0.0, 1.0])])
     batch = assemble_batch(RolloutBatch(), lambda: next(made), 3, config, Scheduler(config.scheduler))
     assert batch.stale_dropped == 1 and [g.policy_version for g in batch.groups] == [2]
     # ... and the rollout thread never samples so far ahead that it has to: with no staleness allowed it
     # samples only while the learner waits, with the newest weights
     seen: dict[int, dict[str, float]] = {}
-    train_grpo(_config(pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, queue_size=3), str(tiny_dir),
-               service=service, on_metrics=seen.__setitem__)
+    train_grpo(
+        _config(pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, queue_size=3),
+        str(tiny_dir),
+        service=service,
+        on_metrics=seen.__setitem__,
+    )
     assert all(m["pipeline/staleness_max"] == 0 for m in seen.values())
     assert sum(m["rollout/groups_stale_dropped"] for m in seen.values()) == 0
 
@@ -243,8 +327,12 @@ def test_pipelined_loop_drops_rollouts_older_than_the_bound(tiny_dir: Path, serv
 def test_resumed_run_gives_the_same_next_step_loss(tiny_dir: Path, service: VerifierService, tmp_path: Path) -> None:
     straight = train_grpo(_config(max_steps=3, output_dir=str(tmp_path / "a")), str(tiny_dir), service=service)
     calls = iter(range(100))
-    train_grpo(_config(max_steps=3, checkpoint_every=2, output_dir=str(tmp_path / "b")), str(tiny_dir), service=service,
-               should_stop=lambda: next(calls) >= 2)
+    train_grpo(
+        _config(max_steps=3, checkpoint_every=2, output_dir=str(tmp_path / "b")),
+        str(tiny_dir),
+        service=service,
+        should_stop=lambda: next(calls) >= 2,
+    )
     resumed = train_grpo(_config(max_steps=3, output_dir=str(tmp_path / "b")), str(tiny_dir), service=service)
     assert len(resumed.metrics) == 1 and resumed.steps == 3
     assert resumed.metrics[0]["train/loss"] == pytest.approx(straight.metrics[2]["train/loss"], rel=1e-6, abs=1e-9)
@@ -255,20 +343,41 @@ def test_resumed_run_gives_the_same_next_step_loss(tiny_dir: Path, service: Veri
 
 def test_stored_configs_with_the_flat_rollout_keys_load_as_a_backend() -> None:
     """Job configs stored before ``rollout: {backend: ...}`` still load, as the backend they meant."""
+
     def backend(**flat: object) -> dict[str, object]:
         return _config(**flat).rollout.model_dump()
 
     assert backend() == {"backend": "sync"}
     assert backend(max_off_policy_steps=2) == {"backend": "sync"}  # it meant nothing without pipeline
-    assert backend(pipeline=True) == {"backend": "process", "workers": 1, "threads": None, "learner_threads": None,
-                                      "max_off_policy_steps": 1, "queue_size": 4}
+    assert backend(pipeline=True) == {
+        "backend": "process",
+        "workers": 1,
+        "threads": None,
+        "learner_threads": None,
+        "max_off_policy_steps": 1,
+        "queue_size": 4,
+    }
     assert backend(pipeline=True, rollout_processes=0, queue_size=3, max_off_policy_steps=0) == {
-        "backend": "thread", "max_off_policy_steps": 0, "queue_size": 3}
+        "backend": "thread",
+        "max_off_policy_steps": 0,
+        "queue_size": 3,
+    }
     assert backend(pipeline=True, rollout_processes=2, rollout_threads=1, learner_threads=None)["workers"] == 2
-    ray = backend(rollout_workers=3, verifier_actors=2, rollout_worker_gpus=1, ray_address="ray://head:10001", queue_size=1)
-    assert ray == {"backend": "ray", "workers": 3, "verifier_actors": 2, "worker_gpus": 1, "address": "ray://head:10001",
-                   "max_off_policy_steps": 1, "queue_size": 1}
-    with pytest.raises(ValueError, match=r"either as rollout: \{backend: \.\.\.\} or with the older flat keys \['pipeline'\]"):
+    ray = backend(
+        rollout_workers=3, verifier_actors=2, rollout_worker_gpus=1, ray_address="ray://head:10001", queue_size=1
+    )
+    assert ray == {
+        "backend": "ray",
+        "workers": 3,
+        "verifier_actors": 2,
+        "worker_gpus": 1,
+        "address": "ray://head:10001",
+        "max_off_policy_steps": 1,
+        "queue_size": 1,
+    }
+    with pytest.raises(
+        ValueError, match=r"either as rollout: \{backend: \.\.\.\} or with the older flat keys \['pipeline'\]"
+    ):
         _config(pipeline=True, rollout={"backend": "thread"})
     with pytest.raises(ValueError, match="does not match any of the expected tags: 'sync', 'thread', 'process', 'ray'"):
         _config(rollout={"backend": "gpu"})
@@ -277,7 +386,8 @@ def test_stored_configs_with_the_flat_rollout_keys_load_as_a_backend() -> None:
 
 
 def test_the_learner_rescores_what_the_engine_sampled_and_fails_a_run_that_drifts(
-        tiny_dir: Path, service: VerifierService, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_dir: Path, service: VerifierService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     strict = {"mean_abs_diff": 1e-3, "kl_k3": 1e-4}
     seen: dict[int, dict[str, float]] = {}
     train_grpo(_config(max_steps=2, logprob_check=strict), str(tiny_dir), service=service, on_metrics=seen.__setitem__)
@@ -286,8 +396,13 @@ def test_the_learner_rescores_what_the_engine_sampled_and_fails_a_run_that_drift
     # a rollout worker that tags each new version but keeps sampling from the weights it started with
     monkeypatch.setattr(PolicySampler, "load", lambda self, state, version: setattr(self, "version", version))
     with pytest.raises(LogprobMismatchError, match="disagree over .* tokens: mean_abs_diff"):
-        train_grpo(_config(pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, lr=1e-2,
-                           logprob_check=strict), str(tiny_dir), service=service)
+        train_grpo(
+            _config(
+                pipeline=True, rollout_processes=0, max_steps=4, max_off_policy_steps=0, lr=1e-2, logprob_check=strict
+            ),
+            str(tiny_dir),
+            service=service,
+        )
 
 
 # ----------------------------------------------------------------------------- rollouts through the real vLLM
@@ -312,14 +427,17 @@ def test_the_vllm_backend_samples_through_vllm_and_gets_every_update(real_model_
     assert result.steps == 3
     assert all(len(g.trajectories) == 4 for s in (1, 2, 3) for g in groups[s])  # the whole group from one request
     assert [sorted({g.policy_version for g in groups[s]}) for s in (1, 2, 3)] == [[0], [1], [2]]
-    assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), seen
+    assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), (
+        seen
+    )
     with pytest.raises(ValueError, match="loads the policy from its model directory"):
         train_grpo(_vllm_config(max_steps=1), load_policy(real_model_dir.path), service=service)
 
 
 @pytest.mark.requires("vllm")
 def test_the_vllm_backend_runs_a_multi_turn_environments_episodes_through_vllms_engine_loop(  # type: ignore[no-untyped-def]
-        real_model_dir, service: VerifierService, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_model_dir, service: VerifierService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tool_use environment on vLLM rollouts (what the smollm2-tools preset runs with ``--rollout vllm``): every
     turn of every episode is a request to the vLLM process, whose engine loop batches the episodes' concurrent
     turns, sampled from the weights of the last update; the learner scores what vLLM recorded."""
@@ -342,4 +460,6 @@ def test_the_vllm_backend_runs_a_multi_turn_environments_episodes_through_vllms_
     assert all(len(g.trajectories) == 2 for s in (1, 2) for g in groups[s])
     assert episodes and all(t.loss_mask is not None and t.episode is not None for t in episodes)
     assert [sorted({g.policy_version for g in groups[s]}) for s in (1, 2)] == [[0], [1]]
-    assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), seen
+    assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), (
+        seen
+    )

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, login_as
 from sqlalchemy import insert
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
+from test_metrics import chart_frame, insert_metrics
 
-from conftest import OPERATOR, REPO_ROOT, login_as
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus, Model, Trajectory
+from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import validate_config
 from posttrain.platform.models.importer import DEFAULT_MODEL as REAL_MODEL
-from posttrain.platform.jobs import queue
 from posttrain.platform.settings import get_settings
 from posttrain.training.presets import get_preset
-from test_metrics import chart_frame, insert_metrics
 
 TRAINING_PAGE = str(REPO_ROOT / "ui" / "views" / "training.py")
 GRPO = {"model": "var/models/tiny", "domains": ["arith.add.int", "str.copy.letters"], "max_steps": 40}
@@ -57,7 +57,9 @@ def test_renders_with_no_runs(platform_env: dict[str, str]) -> None:
 def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[str, str]) -> None:
     at = page()
     at.selectbox(key="yaml_kind").set_value("train_sft").run()
-    at.text_area(key="yaml_text").set_value("model: var/models/tiny\ndomains: [str.copy.letters]\nmax_steps: 7\nlr: 0.001\n")
+    at.text_area(key="yaml_text").set_value(
+        "model: var/models/tiny\ndomains: [str.copy.letters]\nmax_steps: 7\nlr: 0.001\n"
+    )
     at.button(key="yaml_validate").click().run()
     assert any("Valid `train_sft` config" in s.value for s in at.success)
     assert not all_jobs()  # validating launches nothing
@@ -67,7 +69,11 @@ def test_yaml_launch_creates_a_job_with_the_validated_config(platform_env: dict[
     (job,) = all_jobs()
     assert any(f"job {job.id}" in s.value for s in at.success)
     assert job.kind == "train_sft" and job.submitted_by == "tester"
-    assert job.config["domains"] == ["str.copy.letters"] and job.config["max_steps"] == 7 and job.config["optim"]["lr"] == 0.001
+    assert (
+        job.config["domains"] == ["str.copy.letters"]
+        and job.config["max_steps"] == 7
+        and job.config["optim"]["lr"] == 0.001
+    )
     assert job.config["micro_batch_size"] == 4  # stored with every default filled in by SFTConfig
     assert at.selectbox(key="run_id").value == job.id  # the new run opens in the run view
 
@@ -88,7 +94,10 @@ def test_one_click_preset_launch_and_edit_in_yaml(platform_env: dict[str, str]) 
     assert not at.exception and not at.error
     (job,) = all_jobs()
     assert job.kind == "train_grpo" and job.config["model"] == "sft-m1"
-    assert job.config["domains"] == [d if isinstance(d, str) else d.model_dump() for d in demo.grpo.domains] and job.config["max_steps"] == demo.grpo.max_steps
+    assert (
+        job.config["domains"] == [d if isinstance(d, str) else d.model_dump() for d in demo.grpo.domains]
+        and job.config["max_steps"] == demo.grpo.max_steps
+    )
     assert job.config["algorithm"]["group_size"] == demo.grpo.algorithm.group_size and job.config["device"] == "cpu"
 
     # "Edit in the YAML editor" copies the preset's section (and the model) into the editor
@@ -144,7 +153,7 @@ def _synthetic_run() -> int:
             (step, "sched/str.copy.letters/pass_rate", 0.25),
         ]
     insert_metrics(job, points)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [
         {
             "job_id": job, "step": i // 5, "domain": "arith.add.int" if i % 3 else "str.copy.letters",
@@ -174,7 +183,9 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     }  # fmt: skip
     assert len(plotted["train/loss"]) == 300 and plotted["str.copy.letters"]["value"].eq(0.25).all()
     tiles = {m.label: m.value for m in at.metric}
-    assert tiles["Step"] == "299" and tiles["Reward"] == "0.997" and tiles["Tokens/s"] == "1,234"  # figures that fit a tile
+    assert (
+        tiles["Step"] == "299" and tiles["Reward"] == "0.997" and tiles["Tokens/s"] == "1,234"
+    )  # figures that fit a tile
 
     # trajectories: 45 rows, 20 per page, newest step first
     table = trajectory_table(at)
@@ -198,7 +209,11 @@ def test_charts_and_trajectory_browser_show_a_runs_data(platform_env: dict[str, 
     at.slider(key="traj_steps").set_value((2, 4)).run()
     at.slider(key="traj_rewards").set_value((1.0, 1.0)).run()
     table = trajectory_table(at)
-    assert sorted(table["step"]) == [3, 4] and set(table["reward"]) == {1.0} and "Page (of 1, 2 trajectories)" == at.number_input(key="traj_page").label
+    assert (
+        sorted(table["step"]) == [3, 4]
+        and set(table["reward"]) == {1.0}
+        and "Page (of 1, 2 trajectories)" == at.number_input(key="traj_page").label
+    )
     at.slider(key="traj_steps").set_value((0, 0)).run()
     at.slider(key="traj_rewards").set_value((0.5, 0.5)).run()
     assert "No trajectories match" in at.info[-1].value
@@ -238,9 +253,13 @@ def test_stop_cancels_and_resume_continues_from_the_same_output_dir(platform_env
 
 def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> None:
     # trained at difficulty 2: evaluated on that level's eval split (difficulty 1 of arith.add.int has none)
-    run = queue.submit(OPERATOR, "train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]})
+    run = queue.submit(
+        OPERATOR, "train_grpo", {**GRPO, "domains": [{"name": d, "difficulty": 2} for d in GRPO["domains"]]}
+    )
     queue.claim("w", 1, 0)
-    queue.finish(run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "grpo-run-1", "checkpoint": "/x/step_40"}))
+    queue.finish(
+        run, queue.Outcome(exit_code=0, result={"steps": 40, "model": "grpo-run-1", "checkpoint": "/x/step_40"})
+    )
     at = page()
     at.button(key=f"evaluate_{run}").click().run()
     assert not at.exception and not at.error
@@ -253,7 +272,9 @@ def test_evaluate_and_deploy_a_finished_run(platform_env: dict[str, str]) -> Non
 
 
 def test_evaluation_results_table(platform_env: dict[str, str]) -> None:
-    job = queue.submit(OPERATOR, "evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"], "difficulty": 2})
+    job = queue.submit(
+        OPERATOR, "evaluate", {"models": ["before", "after"], "domains": ["arith.add.int"], "difficulty": 2}
+    )
     insert_metrics(job, [(0, "eval/arith.add.int/pass@1", 0.25), (0, "eval/pass@1", 0.25),
                          (1, "eval/arith.add.int/pass@1", 0.75), (1, "eval/pass@1", 0.75)])  # fmt: skip
     at = page()
@@ -304,7 +325,9 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     at = page()
     assert at.selectbox(key="demo_preset").value == "smollm2-quick"
     assert at.button(key="demo_launch").disabled
-    assert any(f"`posttrain models import builtin:{REAL_MODEL}`" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert any(f"`posttrain models import builtin:{REAL_MODEL}`" in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
     register_builtin()
     at.run()
     assert not at.button(key="demo_launch").disabled and not at.warning
@@ -317,20 +340,33 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     assert at.button(key="demo_launch").disabled
     at.run()
     assert at.button(key="demo_launch").disabled
-    assert any(f"**Run the demo** waits: the demo is queued (job {job.id})" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert any(f"**Run the demo** waits: the demo is queued (job {job.id})" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
     queue.claim("w", 1, 0)
     at.run()
-    assert at.button(key="demo_launch").disabled and any(f"the demo is running (job {job.id})" in c.value for c in at.caption)
+    assert at.button(key="demo_launch").disabled and any(
+        f"the demo is running (job {job.id})" in c.value for c in at.caption
+    )
     assert queue.finish(job.id, queue.Outcome(exit_code=1, error="bad config", cause="bad_input")) is JobStatus.failed
     at.run()
     assert not at.button(key="demo_launch").disabled  # it ended: the button is back
 
 
-ESTIMATE = {"wall_s": 372.0, "steps": 8, "trajectories": 256, "generated_tokens": 5632, "eval_tasks": 256, "calibration_s": 95.0,
-            "stages": [{"stage": "job", "seconds": 8.0, "how": "the job process's start and its imports, as this job's: 8.0 s"},
-                       {"stage": "grpo", "seconds": 300.0, "how": "setup 9.0 s + 8 steps x 36.0 s (1 measured after a warm-up step)"},
-                       {"stage": "eval_before", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"},
-                       {"stage": "eval_after", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"}]}
+ESTIMATE = {
+    "wall_s": 372.0,
+    "steps": 8,
+    "trajectories": 256,
+    "generated_tokens": 5632,
+    "eval_tasks": 256,
+    "calibration_s": 95.0,
+    "stages": [
+        {"stage": "job", "seconds": 8.0, "how": "the job process's start and its imports, as this job's: 8.0 s"},
+        {"stage": "grpo", "seconds": 300.0, "how": "setup 9.0 s + 8 steps x 36.0 s (1 measured after a warm-up step)"},
+        {"stage": "eval_before", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"},
+        {"stage": "eval_after", "seconds": 32.0, "how": "load 2.0 s + 64 tasks x 0.25 s"},
+    ],
+}
 
 
 def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[str, str]) -> None:
@@ -342,34 +378,59 @@ def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[
     (estimate,) = queue.list_jobs(kind="estimate")
     # the run's config exactly as the run's job will store it: that is how the run finds its estimate
     assert estimate.config["kind"] == "train_preset" and estimate.submitted_by == "tester"
-    assert estimate.config["config"] == validate_config("train_preset", {"preset": "smollm2-quick"}).model_dump(mode="json")
+    assert estimate.config["config"] == validate_config("train_preset", {"preset": "smollm2-quick"}).model_dump(
+        mode="json"
+    )
     at.run()
     assert at.button(key="estimate_demo").disabled  # one estimate at a time
     assert any(f"Estimating (job {estimate.id})" in p.proto.text for p in at.get("progress"))
 
     assert queue.claim("w", 1, 0).id == estimate.id  # type: ignore[union-attr]
-    queue.finish(estimate.id, queue.Outcome(exit_code=0, result={"kind": "train_preset", "config": estimate.config["config"],
-                                                                  **ESTIMATE}))  # type: ignore[arg-type]
+    queue.finish(
+        estimate.id,
+        queue.Outcome(exit_code=0, result={"kind": "train_preset", "config": estimate.config["config"], **ESTIMATE}),
+    )  # type: ignore[arg-type]
     at.run()
-    assert any(f"**Estimate** (job {estimate.id}): about 6.2 min on this host: 8 training steps, 256 trajectories, about "
-               "5,632 generated tokens, 256 eval tasks, measured by a 1.6 min calibration." in i.value for i in at.info), [i.value for i in at.info]
+    assert any(
+        f"**Estimate** (job {estimate.id}): about 6.2 min on this host: 8 training steps, 256 trajectories, about "
+        "5,632 generated tokens, 256 eval tasks, measured by a 1.6 min calibration." in i.value
+        for i in at.info
+    ), [i.value for i in at.info]
     stages = at.dataframe[0].value
-    assert list(stages["stage"]) == ["job", "grpo", "eval_before", "eval_after"] and list(stages["estimate"])[1] == "5.0 min"
+    assert (
+        list(stages["stage"]) == ["job", "grpo", "eval_before", "eval_after"]
+        and list(stages["estimate"])[1] == "5.0 min"
+    )
 
     at.button(key="demo_launch").click().run()
     run = queue.list_jobs(kind="train_preset")[0]
     assert queue.claim("w", 1, 0).id == run.id  # type: ignore[union-attr]
-    queue.finish(run.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
-        "model": "q", "sft_model": REAL_MODEL, "models": [REAL_MODEL, "q"], "domains": ["arith.add.int"], "gain_points": 10.0,
-        "eval_tasks": 64, "eval_unseen_fraction": 1.0}))
+    queue.finish(
+        run.id,
+        queue.Outcome(
+            exit_code=0,
+            result={  # type: ignore[arg-type]
+                "model": "q",
+                "sft_model": REAL_MODEL,
+                "models": [REAL_MODEL, "q"],
+                "domains": ["arith.add.int"],
+                "gain_points": 10.0,
+                "eval_tasks": 64,
+                "eval_unseen_fraction": 1.0,
+            },
+        ),
+    )
     with session() as s:  # it took 400 s
         row = s.get(Job, run.id)
         row.started_at = row.finished_at - timedelta(seconds=400)  # type: ignore[union-attr, operator]
     at.selectbox(key="run_id").set_value(run.id).run()
     assert not at.exception
     # 400 s against an estimate of 372: the run went 8% past it (the wording says which way, of the estimate)
-    assert any(f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 8% longer than estimated."
-               in i.value for i in at.info), [i.value for i in at.info]
+    assert any(
+        f"Estimate against actual: estimated 6.2 min (job {estimate.id}), took 6.7 min: 8% longer than estimated."
+        in i.value
+        for i in at.info
+    ), [i.value for i in at.info]
 
 
 def test_viewer_cannot_estimate(platform_env: dict[str, str]) -> None:
@@ -393,22 +454,43 @@ def test_one_click_demo_launches_the_whole_recipe_and_shows_the_gain(platform_en
 
     # while it runs: the warmed-up model's figure; when done: before -> after, evaluate and deploy
     queue.claim("w", 1, 0)
-    insert_metrics(job.id, [(0, "eval/pass@1", 0.4), (1, "sft/loss", 2.0), (2, "sft/loss", 1.5), (1, "rollout/reward_mean", 0.2)])
+    insert_metrics(
+        job.id, [(0, "eval/pass@1", 0.4), (1, "sft/loss", 2.0), (2, "sft/loss", 1.5), (1, "rollout/reward_mean", 0.2)]
+    )
     at.run()
     assert any("before GRPO: 40.0%" in i.value for i in at.info)
     assert "**SFT warm-up loss**" in [m.value for m in at.markdown]
     insert_metrics(job.id, [(1, "eval/pass@1", 0.78), (2, "eval/pass@1", 0.7)])
-    queue.finish(job.id, queue.Outcome(exit_code=0, result={  # type: ignore[arg-type]
-        "model": "q", "sft_model": "q-sft", "models": ["q-sft", "q"], "domains": ["format.zero_pad"], "gain_points": 38.0,
-        "eval_tasks": 100, "eval_unseen_fraction": 1.0, "control_model": "q-control", "control_steps": 60}))
+    queue.finish(
+        job.id,
+        queue.Outcome(
+            exit_code=0,
+            result={  # type: ignore[arg-type]
+                "model": "q",
+                "sft_model": "q-sft",
+                "models": ["q-sft", "q"],
+                "domains": ["format.zero_pad"],
+                "gain_points": 38.0,
+                "eval_tasks": 100,
+                "eval_unseen_fraction": 1.0,
+                "control_model": "q-control",
+                "control_steps": 60,
+            },
+        ),
+    )
     at.run()
     # what was measured, exactly: unseen eval tasks, the gain, and the control that trained as long
-    assert any("Held-out pass@1 on 100 eval tasks, 100% unseen in training: q-sft 40.0% → q 78.0% (+38.0 points); "
-               "SFT control (60 more SFT steps from the same warm-up) 70.0%, GRPO +8.0 points over it" in s.value
-               for s in at.success), [s.value for s in at.success]
+    assert any(
+        "Held-out pass@1 on 100 eval tasks, 100% unseen in training: q-sft 40.0% → q 78.0% (+38.0 points); "
+        "SFT control (60 more SFT steps from the same warm-up) 70.0%, GRPO +8.0 points over it" in s.value
+        for s in at.success
+    ), [s.value for s in at.success]
     at.button(key=f"evaluate_{job.id}").click().run()
     evaluation = queue.list_jobs(kind="evaluate")[0]
-    assert evaluation.config["models"] == ["q-sft", "q"] and evaluation.config["domains"] == get_preset("cpu-quick").eval.domains
+    assert (
+        evaluation.config["models"] == ["q-sft", "q"]
+        and evaluation.config["domains"] == get_preset("cpu-quick").eval.domains
+    )
     at.button(key=f"deploy_{job.id}").click().run()
     assert queue.list_jobs(kind="deploy")[0].config["model"] == "q"
 
@@ -434,6 +516,9 @@ def test_a_finished_run_links_to_the_arena_against_its_base(platform_env: dict[s
     at.selectbox(key="run_id").set_value(job_id).run()
     (link,) = at.get("page_link")  # in-app navigation: the same session, still logged in
     assert link.proto.label == "Compare tuned with its base tiny" and link.proto.page == "models"
-    assert link.proto.query_string == "compare_a=tiny&compare_b=tuned&compare_domains=arith.add.int%2Cstr.copy.letters&compare_difficulty=1"
+    assert (
+        link.proto.query_string
+        == "compare_a=tiny&compare_b=tuned&compare_domains=arith.add.int%2Cstr.copy.letters&compare_difficulty=1"
+    )
     at.selectbox(key="run_id").set_value(running).run()
     assert not at.get("page_link")  # nothing to compare before the run has registered its model

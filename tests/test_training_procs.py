@@ -26,9 +26,9 @@ from posttrain.training.config import GRPOConfig
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.loop import train_grpo
 from posttrain.training.modeling import load_policy
+from posttrain.training.rollout import RolloutGroup, SamplingConfig
 from posttrain.training.rollouts.base import PolicySampler, RolloutSetup
 from posttrain.training.rollouts.process import ProcessRollouts, SharedWeights, thread_split
-from posttrain.training.rollout import RolloutGroup, SamplingConfig
 from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
 
 
@@ -37,11 +37,15 @@ def _lowercase_share(spec: BaseSpec, completion: str, task: TaskSpec) -> Verdict
     return Verdict.of_score(share, threshold=0.5)
 
 
-register_verifier(VerifierKind(name="test_procs_lowercase", spec_model=BaseSpec, check=_lowercase_share, isolation="thread"),
-                  replace=True)
+register_verifier(
+    VerifierKind(name="test_procs_lowercase", spec_model=BaseSpec, check=_lowercase_share, isolation="thread"),
+    replace=True,
+)
 
-TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "test_procs_lowercase"}, task_id=f"l{i}")
-         for i in range(8)]
+TASKS = [
+    TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "test_procs_lowercase"}, task_id=f"l{i}")
+    for i in range(8)
+]
 DOMAINS = [DomainSpec(name="lower", tasks=TASKS)]
 
 
@@ -58,8 +62,17 @@ def service() -> Iterator[VerifierService]:
 
 def _config(**overrides: object) -> GRPOConfig:
     base: dict[str, object] = dict(
-        domains=DOMAINS, scheduler=SchedulerConfig(batch_size=2, seed=0), group_size=4, max_new_tokens=6,
-        lr=1e-3, max_steps=3, micro_batch_size=4, device="cpu", pipeline=True, rollout_processes=1, queue_size=2,
+        domains=DOMAINS,
+        scheduler=SchedulerConfig(batch_size=2, seed=0),
+        group_size=4,
+        max_new_tokens=6,
+        lr=1e-3,
+        max_steps=3,
+        micro_batch_size=4,
+        device="cpu",
+        pipeline=True,
+        rollout_processes=1,
+        queue_size=2,
     )
     return GRPOConfig(**(base | overrides))
 
@@ -70,8 +83,9 @@ def _children() -> set[int]:
     found = set()
     for child in psutil.Process().children(recursive=True):
         try:
-            helper = child.ppid() == os.getpid() and any(name in " ".join(child.cmdline())
-                                                         for name in ("resource_tracker", "forkserver"))
+            helper = child.ppid() == os.getpid() and any(
+                name in " ".join(child.cmdline()) for name in ("resource_tracker", "forkserver")
+            )
             if not helper and child.status() != psutil.STATUS_ZOMBIE:
                 found.add(child.pid)
         except psutil.NoSuchProcess:
@@ -120,7 +134,9 @@ def test_thread_split_gives_each_side_its_share() -> None:
     assert thread_split(_config(rollout_threads=2, learner_threads=3), cores=2) == (2, 3)
 
 
-def test_workers_sample_with_the_published_weights_and_tag_the_version(tiny_dir: Path, service: VerifierService) -> None:
+def test_workers_sample_with_the_published_weights_and_tag_the_version(
+    tiny_dir: Path, service: VerifierService
+) -> None:
     model, tokenizer = load_policy(tiny_dir)
     scheduler = Scheduler(SchedulerConfig(batch_size=2, seed=0))
     scheduler.set_domains(DOMAINS)
@@ -129,7 +145,9 @@ def test_workers_sample_with_the_published_weights_and_tag_the_version(tiny_dir:
     threads = torch.get_num_threads()
     # a (model, tokenizer) pair: no directory holds the policy, so the worker gets a copy of the model
     with ThreadPoolExecutor(8) as executor:
-        rollouts = ProcessRollouts(RolloutSetup(model, tokenizer, scheduler, config, 0, (model, tokenizer), service, executor))
+        rollouts = ProcessRollouts(
+            RolloutSetup(model, tokenizer, scheduler, config, 0, (model, tokenizer), service, executor)
+        )
         try:
             assert torch.get_num_threads() == rollouts.learner_threads
             pids = _children() - before
@@ -170,14 +188,17 @@ def test_workers_sample_with_the_published_weights_and_tag_the_version(tiny_dir:
     assert torch.get_num_threads() == threads  # the learner's setting is given back
 
 
-def test_a_failing_worker_fails_the_run_with_its_traceback(tiny_dir: Path, service: VerifierService, tmp_path: Path) -> None:
+def test_a_failing_worker_fails_the_run_with_its_traceback(
+    tiny_dir: Path, service: VerifierService, tmp_path: Path
+) -> None:
     model, tokenizer = load_policy(tiny_dir)
     scheduler = Scheduler(SchedulerConfig(batch_size=2, seed=0))
     scheduler.set_domains(DOMAINS)
     before = _children()
     with ThreadPoolExecutor(8) as executor:
-        rollouts = ProcessRollouts(RolloutSetup(model, tokenizer, scheduler, _config(), 0, tmp_path / "not-a-model",
-                                                service, executor))
+        rollouts = ProcessRollouts(
+            RolloutSetup(model, tokenizer, scheduler, _config(), 0, tmp_path / "not-a-model", service, executor)
+        )
         try:
             pids = _children() - before
             with pytest.raises(RuntimeError, match="(?s)rollout worker process .* failed.*not a model directory"):
@@ -205,8 +226,13 @@ def test_process_backend_trains_and_replaces_a_killed_worker(tiny_dir: Path, ser
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)
 
-    result = train_grpo(_config(max_steps=5, max_off_policy_steps=1), str(tiny_dir), service=service,
-                        on_metrics=on_metrics, on_groups=on_groups)
+    result = train_grpo(
+        _config(max_steps=5, max_off_policy_steps=1),
+        str(tiny_dir),
+        service=service,
+        on_metrics=on_metrics,
+        on_groups=on_groups,
+    )
     assert result.steps == 5 and sorted(seen) == [1, 2, 3, 4, 5] and len(killed) == 1
     for step, metrics in seen.items():
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), step
@@ -226,8 +252,12 @@ def test_rollout_processes_0_keeps_the_rollout_thread(tiny_dir: Path, service: V
     staleness bound lets the learner take: nothing it samples is dropped."""
     seen: dict[int, dict[str, float]] = {}
     before = _children()
-    result = train_grpo(_config(rollout_processes=0, max_steps=4, max_off_policy_steps=0, queue_size=3), str(tiny_dir),
-                        service=service, on_metrics=seen.__setitem__)
+    result = train_grpo(
+        _config(rollout_processes=0, max_steps=4, max_off_policy_steps=0, queue_size=3),
+        str(tiny_dir),
+        service=service,
+        on_metrics=seen.__setitem__,
+    )
     assert result.steps == 4 and not _children() - before - set(service.worker_pids)  # no worker process
     assert all(m["pipeline/staleness_max"] == 0 for m in seen.values())
     assert sum(m["rollout/groups_stale_dropped"] for m in seen.values()) == 0

@@ -24,12 +24,12 @@ from test_training_tiny import tiny_policy_dir
 
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import GRPOConfig
-from posttrain.training.rollouts.base import RolloutSetup
-from posttrain.training.rollouts.ray import ACTOR_NAMESPACE, START_TIMEOUT_S, RayRollouts
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.loop import train_grpo
 from posttrain.training.modeling import load_policy
 from posttrain.training.rollout import RolloutGroup
+from posttrain.training.rollouts.base import RolloutSetup
+from posttrain.training.rollouts.ray import ACTOR_NAMESPACE, START_TIMEOUT_S, RayRollouts
 from posttrain.training.scheduler import DomainSpec, Scheduler, SchedulerConfig
 
 pytestmark = pytest.mark.slow
@@ -37,9 +37,18 @@ pytestmark = pytest.mark.slow
 CHECK = LOWERCASE_CHECK
 TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier=CHECK, task_id=f"l{i}") for i in range(8)]
 DOMAINS = [DomainSpec(name="lower", tasks=TASKS)]
-PIPELINE_METRICS = ("train/loss", "train/ratio_mean", "rollout/reward_mean", "rollout/tokens_per_s", "verifier/latency_s",
-                    "pipeline/queue_depth", "pipeline/staleness_mean", "pipeline/staleness_max",
-                    "pipeline/learner_busy_frac", "rollout/groups_stale_dropped")
+PIPELINE_METRICS = (
+    "train/loss",
+    "train/ratio_mean",
+    "rollout/reward_mean",
+    "rollout/tokens_per_s",
+    "verifier/latency_s",
+    "pipeline/queue_depth",
+    "pipeline/staleness_mean",
+    "pipeline/staleness_max",
+    "pipeline/learner_busy_frac",
+    "rollout/groups_stale_dropped",
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +70,29 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(cluster: RayCluster, **overrides: object) -> GRPOConfig:
     base: dict[str, object] = dict(
-        domains=DOMAINS, scheduler=SchedulerConfig(batch_size=2, seed=0), group_size=4, max_new_tokens=6,
-        lr=1e-3, max_steps=3, micro_batch_size=4, device="cpu", rollout_workers=2, verifier_actors=1,
-        verifier_workers=1, queue_size=2, ray_address=cluster.address,
+        domains=DOMAINS,
+        scheduler=SchedulerConfig(batch_size=2, seed=0),
+        group_size=4,
+        max_new_tokens=6,
+        lr=1e-3,
+        max_steps=3,
+        micro_batch_size=4,
+        device="cpu",
+        rollout_workers=2,
+        verifier_actors=1,
+        verifier_workers=1,
+        queue_size=2,
+        ray_address=cluster.address,
     )
     return GRPOConfig(**(base | overrides))
 
 
 def _actors(prefix: str) -> list[str]:
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["namespace"] == ACTOR_NAMESPACE and a["name"].startswith(prefix))
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == ACTOR_NAMESPACE and a["name"].startswith(prefix)
+    )
 
 
 def _wait_no_actors() -> None:
@@ -101,7 +123,9 @@ def test_weights_published_by_the_learner_reach_the_workers(cluster: RayCluster,
     for t in flat:  # exact tokens, and rewards from the custom check on the verifier actor
         assert t.text == tokenizer.decode(t.completion_ids, skip_special_tokens=True)
         assert len(t.behaviour_logprobs) == len(t.completion_ids) and t.verdict is not None
-        assert t.verdict.kind == "custom" and t.reward == pytest.approx(sum(c.islower() for c in t.text) / max(1, len(t.text)))
+        assert t.verdict.kind == "custom" and t.reward == pytest.approx(
+            sum(c.islower() for c in t.text) / max(1, len(t.text))
+        )
     # the worker sampled with the published weights: the learner reproduces its log-probs (ratio 1) ...
     tokens = completion_batch(flat, [0.0] * len(flat), tokenizer.pad_token_id)
     with torch.no_grad():
@@ -124,8 +148,12 @@ def test_ray_run_records_the_pipeline_metrics_and_the_staleness_bound(cluster: R
             actors.extend(_actors("posttrain-"))
 
     started = time.perf_counter()
-    result = train_grpo(_config(cluster, max_steps=5, max_off_policy_steps=1), str(tiny_dir),
-                        on_metrics=seen.__setitem__, on_groups=on_groups)
+    result = train_grpo(
+        _config(cluster, max_steps=5, max_off_policy_steps=1),
+        str(tiny_dir),
+        on_metrics=seen.__setitem__,
+        on_groups=on_groups,
+    )
     elapsed = time.perf_counter() - started
     assert result.steps == 5 and sorted(seen) == [1, 2, 3, 4, 5]
     for step, metrics in seen.items():
@@ -139,11 +167,13 @@ def test_ray_run_records_the_pipeline_metrics_and_the_staleness_bound(cluster: R
     assert max(max(v) for v in versions.values()) >= 3, versions  # the workers loaded the learner's updates
     assert [a.split("-")[1] for a in actors] == ["rollout", "rollout", "verifier", "weights"], actors
     _wait_no_actors()
-    print(f"\nray run: 5 steps in {elapsed:.1f}s, versions per step {versions}, "
-          f"busy {[round(m['pipeline/learner_busy_frac'], 2) for m in seen.values()]}, "
-          f"queue {[m['pipeline/queue_depth'] for m in seen.values()]}, "
-          f"tokens/s {[round(m['rollout/tokens_per_s']) for m in seen.values()]}, "
-          f"publish_s {[round(m['pipeline/publish_s'], 4) for m in seen.values()]}")
+    print(
+        f"\nray run: 5 steps in {elapsed:.1f}s, versions per step {versions}, "
+        f"busy {[round(m['pipeline/learner_busy_frac'], 2) for m in seen.values()]}, "
+        f"queue {[m['pipeline/queue_depth'] for m in seen.values()]}, "
+        f"tokens/s {[round(m['rollout/tokens_per_s']) for m in seen.values()]}, "
+        f"publish_s {[round(m['pipeline/publish_s'], 4) for m in seen.values()]}"
+    )
 
 
 def test_killed_actors_are_replaced_and_the_run_completes(cluster: RayCluster, tiny_dir: Path) -> None:
@@ -160,10 +190,13 @@ def test_killed_actors_are_replaced_and_the_run_completes(cluster: RayCluster, t
         if step == 4:
             alive_at_end.extend(_actors("posttrain-"))
 
-    result = train_grpo(_config(cluster, max_steps=4, max_off_policy_steps=0, queue_size=1), str(tiny_dir),
-                        on_metrics=on_metrics)
-    print(f"\nkill run: step_s {[round(m['time/step_s'], 1) for m in seen.values()]}, "
-          f"stale groups dropped {[m['rollout/groups_stale_dropped'] for m in seen.values()]}")
+    result = train_grpo(
+        _config(cluster, max_steps=4, max_off_policy_steps=0, queue_size=1), str(tiny_dir), on_metrics=on_metrics
+    )
+    print(
+        f"\nkill run: step_s {[round(m['time/step_s'], 1) for m in seen.values()]}, "
+        f"stale groups dropped {[m['rollout/groups_stale_dropped'] for m in seen.values()]}"
+    )
     assert result.steps == 4 and len(killed) == 2
     assert seen[4]["pipeline/actors_replaced"] == 2, seen[4]
     assert all(name not in alive_at_end for name in killed)

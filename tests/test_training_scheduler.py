@@ -43,8 +43,8 @@ def test_learnability_peaks_at_half() -> None:
 def test_sampling_shifts_toward_mid_pass_rates() -> None:
     sched = Scheduler(SchedulerConfig(batch_size=50, seed=0, ema_alpha=1.0))
     sched.set_domains(DOMAINS)
-    sched.record("arith.add.int", [True] * 8)          # always solved
-    sched.record("str.copy.letters", [False] * 8)      # never solved
+    sched.record("arith.add.int", [True] * 8)  # always solved
+    sched.record("str.copy.letters", [False] * 8)  # never solved
     sched.record("compare.larger.int", [True, False] * 4)  # 0.5: most to learn
     sched.record("str.upper.letters", [True] * 7 + [False])  # 0.875
     counts = Counter(t.domain for batch in _take(sched, 40) for t in batch)
@@ -62,8 +62,13 @@ def test_sampling_shifts_toward_mid_pass_rates() -> None:
 
 def test_without_curriculum_only_weight_and_priority_count() -> None:
     sched = Scheduler(SchedulerConfig(batch_size=100, seed=1, curriculum=False))
-    sched.set_domains([DomainSpec(name="arith.add.int"), DomainSpec(name="str.copy.letters", priority=2),
-                       DomainSpec(name="compare.larger.int", weight=3.0)])
+    sched.set_domains(
+        [
+            DomainSpec(name="arith.add.int"),
+            DomainSpec(name="str.copy.letters", priority=2),
+            DomainSpec(name="compare.larger.int", weight=3.0),
+        ]
+    )
     sched.record("str.copy.letters", [True] * 10)  # ignored without curriculum
     counts = Counter(t.domain for batch in _take(sched, 16) for t in batch)
     # weights 1 : 2**2 = 4 : 3 -> shares 1/8, 4/8, 3/8 of 1600 draws
@@ -73,7 +78,10 @@ def test_without_curriculum_only_weight_and_priority_count() -> None:
 
 
 def test_fixed_task_lists_are_cycled() -> None:
-    tasks = [TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}}) for i in range(3)]
+    tasks = [
+        TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}})
+        for i in range(3)
+    ]
     sched = Scheduler(SchedulerConfig(batch_size=7))
     batch = next(sched.stream([DomainSpec(name="mine", tasks=tasks)]))
     assert [t.prompt_text for t in batch] == ["q0", "q1", "q2", "q0", "q1", "q2", "q0"]
@@ -109,9 +117,9 @@ def test_the_signal_curriculum_draws_toward_domains_whose_groups_disagree() -> N
     sched = Scheduler(SchedulerConfig(batch_size=50, seed=0, ema_alpha=1.0, weigh_by="signal"))
     sched.set_domains(DOMAINS)
     for _ in range(2):
-        sched.record("arith.add.int", [True] * 4)              # all right: no signal
-        sched.record("str.copy.letters", [False] * 4)          # all wrong: no signal
-    sched.record("compare.larger.int", [True] * 4)             # half its groups right, half wrong, none mixed
+        sched.record("arith.add.int", [True] * 4)  # all right: no signal
+        sched.record("str.copy.letters", [False] * 4)  # all wrong: no signal
+    sched.record("compare.larger.int", [True] * 4)  # half its groups right, half wrong, none mixed
     sched.record("compare.larger.int", [False] * 4)
     sched.record("str.upper.letters", [True, False, False, False])  # mixed: signal
     assert sched.stats()["compare.larger.int"].pass_rate == 0.0  # EMA with alpha 1: the last group
@@ -137,8 +145,9 @@ def test_rewards_that_differ_are_signal_even_when_every_answer_fails() -> None:
 
 
 def test_difficulty_steps_up_and_down_with_the_pass_rate_and_resumes() -> None:
-    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8,
-                          step_up_at=0.8, step_down_at=0.2)
+    cfg = SchedulerConfig(
+        batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8, step_up_at=0.8, step_down_at=0.2
+    )
     sched = Scheduler(cfg)
     sched.set_domains(["arith.add.int", "str.copy.letters"])
     _take(sched, 2)
@@ -176,8 +185,16 @@ def test_a_difficulty_stepped_back_to_comes_back_with_its_estimates() -> None:
     """Each difficulty is its own domain to the policy: a domain solved at 1 and never solved at 2 steps between
     them, and each step back restores what was measured there (weighed by it: the floor, not an unseen domain's top
     weight), with the clock it was measured by; a difficulty not measured yet starts afresh. Checkpointed."""
-    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, weigh_by="signal", adapt_difficulty=True,
-                          min_results=8, step_up_at=0.8, step_down_at=0.2)
+    cfg = SchedulerConfig(
+        batch_size=4,
+        seed=0,
+        ema_alpha=1.0,
+        weigh_by="signal",
+        adapt_difficulty=True,
+        min_results=8,
+        step_up_at=0.8,
+        step_down_at=0.2,
+    )
     sched = Scheduler(cfg)
     sched.set_domains(["arith.add.int", "str.copy.letters"])
     sched.record("str.copy.letters", [True, False, False, False])
@@ -201,7 +218,11 @@ def test_a_difficulty_stepped_back_to_comes_back_with_its_estimates() -> None:
     assert resumed.difficulty("arith.add.int") == 1
     resumed.record("arith.add.int", [True] * 4)  # still solved at 1: up to 2 again, as measured there (not afresh)
     back = resumed.stats()["arith.add.int"]
-    assert resumed.difficulty("arith.add.int") == 2 and (back.pass_rate, back.signal_rate, back.seen_at) == (0.0, 0.0, 2)
+    assert resumed.difficulty("arith.add.int") == 2 and (back.pass_rate, back.signal_rate, back.seen_at) == (
+        0.0,
+        0.0,
+        2,
+    )
     assert back.at_difficulty == 0 and back.levels[1].at_difficulty == 8
 
 
@@ -210,8 +231,9 @@ def test_a_step_back_waits_min_results_before_it_steps_again() -> None:
     1 and never solved at 2 steps once per ``min_results`` results, not on every group. (Were the count at the
     level it steps back to restored with its estimates, the gate would already be met there, and each 4-result
     group would switch it between the two difficulties.)"""
-    cfg = SchedulerConfig(batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8,
-                          step_up_at=0.8, step_down_at=0.2)
+    cfg = SchedulerConfig(
+        batch_size=4, seed=0, ema_alpha=1.0, adapt_difficulty=True, min_results=8, step_up_at=0.8, step_down_at=0.2
+    )
     sched = Scheduler(cfg)
     sched.set_domains(["arith.add.int"])
     sched.record("arith.add.int", [True] * 8)  # 8 results at 1, solved: up to 2
@@ -236,7 +258,10 @@ def test_a_step_back_waits_min_results_before_it_steps_again() -> None:
 
 
 def test_fixed_task_lists_keep_their_difficulty() -> None:
-    tasks = [TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}}) for i in range(3)]
+    tasks = [
+        TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}})
+        for i in range(3)
+    ]
     sched = Scheduler(SchedulerConfig(batch_size=3, adapt_difficulty=True, min_results=1))
     sched.set_domains([DomainSpec(name="mine", tasks=tasks)])
     sched.record("mine", [True] * 4)

@@ -54,8 +54,9 @@ def test_each_domain_s_tasks_come_at_its_own_difficulty_and_unknown_domains_are_
     unit conversion at level 2 is another prompt space); a level for a domain the run does not train on is refused."""
     from posttrain.platform.tasks.domains import generate
 
-    config = SFTConfig(domains=["arith.add.int", "units.kg_to_g"], difficulty=2, difficulties={"units.kg_to_g": 3},
-                       tasks_per_domain=4)
+    config = SFTConfig(
+        domains=["arith.add.int", "units.kg_to_g"], difficulty=2, difficulties={"units.kg_to_g": 3}, tasks_per_domain=4
+    )
     tasks = sft_tasks(config)
     made = {domain: [t.prompt for t in tasks if t.domain == domain] for domain in config.domains}
     assert [t.prompt for t in generate("units.kg_to_g", 4, seed=1, difficulty=3)] == made["units.kg_to_g"]
@@ -68,7 +69,9 @@ def test_each_domain_s_tasks_come_at_its_own_difficulty_and_unknown_domains_are_
 def test_packed_rows_score_each_example_as_if_alone(tiny_dir: Path) -> None:
     model, tokenizer = load_policy(tiny_dir)
     first = chat_example(tokenizer, CHAT)
-    second = chat_example(tokenizer, [{"role": "user", "content": "Copy: abc"}, {"role": "assistant", "content": "abc"}])
+    second = chat_example(
+        tokenizer, [{"role": "user", "content": "Copy: abc"}, {"role": "assistant", "content": "abc"}]
+    )
     rows = pack([first, second, first], max_len=100)
     assert [len(r) for r in rows] == [2, 1]  # 49 + 39 fit in 100, the third does not
     batch = collate(rows, tokenizer.pad_token_id)
@@ -86,9 +89,13 @@ def test_packed_rows_score_each_example_as_if_alone(tiny_dir: Path) -> None:
 
 def _params_after_one_step(tiny_dir: Path, micro: int, accum: int) -> tuple[float, dict[str, torch.Tensor]]:
     model, tokenizer = load_policy(tiny_dir)
-    examples = [chat_example(tokenizer, [{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}])
-                for w in ("ab", "xyz1", "q", "hello")]
-    config = SFTConfig(max_steps=1, lr=1e-2, micro_batch_size=micro, grad_accum_steps=accum, packing=False, device="cpu")
+    examples = [
+        chat_example(tokenizer, [{"role": "user", "content": f"say {w}"}, {"role": "assistant", "content": w}])
+        for w in ("ab", "xyz1", "q", "hello")
+    ]
+    config = SFTConfig(
+        max_steps=1, lr=1e-2, micro_batch_size=micro, grad_accum_steps=accum, packing=False, device="cpu"
+    )
     result = train_sft(config, (model, tokenizer), examples)
     assert result.model is not None
     return result.metrics[0]["train/loss"], {k: v.detach().clone() for k, v in result.model.state_dict().items()}
@@ -108,14 +115,23 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_dir: Path) -> None:
 
 
 def test_sft_learns_a_domain_and_resumes_to_the_same_losses(tiny_dir: Path, tmp_path: Path) -> None:
-    base = dict(model=str(tiny_dir), domains=["str.copy.letters"], tasks_per_domain=64, lr=3e-3,
-                micro_batch_size=4, max_seq_len=256, device="cpu")
+    base = dict(
+        model=str(tiny_dir),
+        domains=["str.copy.letters"],
+        tasks_per_domain=64,
+        lr=3e-3,
+        micro_batch_size=4,
+        max_seq_len=256,
+        device="cpu",
+    )
     straight = train_sft(SFTConfig(**base, max_steps=12, output_dir=str(tmp_path / "a")))
     losses = [m["train/loss"] for m in straight.metrics]
     assert losses[-1] < 0.8 * losses[0]
     assert straight.checkpoint is not None and straight.checkpoint.name == "step_00000012"
 
-    train_sft(SFTConfig(**base, max_steps=12, output_dir=str(tmp_path / "b"), checkpoint_every=8), should_stop=_stop_after(8))
+    train_sft(
+        SFTConfig(**base, max_steps=12, output_dir=str(tmp_path / "b"), checkpoint_every=8), should_stop=_stop_after(8)
+    )
     resumed = train_sft(SFTConfig(**base, max_steps=12, output_dir=str(tmp_path / "b")))
     assert resumed.steps == 12 and len(resumed.metrics) == 4
     assert [m["train/loss"] for m in resumed.metrics] == pytest.approx(losses[8:], rel=1e-5)

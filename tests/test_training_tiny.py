@@ -67,7 +67,9 @@ def tiny_policy_dir(path: Path, *, hidden: int = 64, layers: int = 2, seed: int 
 def test_tiny_model_round_trips_through_auto_classes(tmp_path: Path) -> None:
     path = tiny_policy_dir(tmp_path / "tiny")
     model, tokenizer = load_policy(path)  # AutoModelForCausalLM + the saved tokenizer.json as is
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi 7"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi 7"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nHi 7<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     # <|im_start|> "user" \n "Hi 7" <|im_end|> \n <|im_start|> "assistant" \n: one token per char, specials whole

@@ -11,22 +11,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from conftest import OPERATOR
 from sqlalchemy import insert
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import AlertBase
+from test_metrics import chart_frame, insert_metrics
+from test_training_page import GRPO, all_jobs, page, register_builtin
 
-from conftest import OPERATOR
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import JobStatus, Model, Trajectory
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.importer import DEFAULT_MODEL as REAL_MODEL
 from posttrain.training.presets import get_preset
-from test_metrics import chart_frame, insert_metrics
-from test_training_page import GRPO, all_jobs, page, register_builtin
 
 Tick = Callable[[AppTest], AppTest]
 
@@ -56,7 +56,7 @@ def finish_preset(job: int, **result: object) -> None:
 
 
 def store_trajectories(job: int, step: int, count: int = 4) -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with session() as s:
         s.execute(insert(Trajectory), [
             {"job_id": job, "step": step, "domain": "arith.add.int", "prompt": [{"role": "user", "content": f"{step} + {i}?"}],
@@ -75,6 +75,7 @@ def trajectory_rows(at: AppTest):  # type: ignore[no-untyped-def]
 
 def in_order(at: AppTest) -> list[str]:
     """The alerts (success, info, warning, error) of the page, top to bottom."""
+
     def walk(node):  # type: ignore[no-untyped-def]
         yield node
         for key in sorted(getattr(node, "children", {})):
@@ -85,7 +86,9 @@ def in_order(at: AppTest) -> list[str]:
 
 def texts(tree: AppTest) -> list[str]:
     """Every line of text the tree shows: markdown, captions, alerts."""
-    return [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error") for e in getattr(tree, kind)]
+    return [
+        e.value for kind in ("markdown", "caption", "info", "success", "warning", "error") for e in getattr(tree, kind)
+    ]
 
 
 # --- 1. the evaluation names the model it evaluated -------------------------------------------------------------
@@ -99,8 +102,10 @@ def test_the_evaluation_names_the_model_it_evaluated(platform_env: dict[str, str
     assert f"**Evaluation** of {REAL_MODEL} (before GRPO)" in texts(at)
     table = at.dataframe[-1].value.set_index("domain")
     assert table.loc["arith.add.int", f"{REAL_MODEL} (before GRPO) · pass@1"] == 0.4
-    assert any(f"Held-out pass@1 of {REAL_MODEL} before GRPO: 40.0%; evaluated again when GRPO finishes." == i.value
-               for i in at.info), [i.value for i in at.info]
+    assert any(
+        f"Held-out pass@1 of {REAL_MODEL} before GRPO: 40.0%; evaluated again when GRPO finishes." == i.value
+        for i in at.info
+    ), [i.value for i in at.info]
     assert not any("SFT model" in t for t in texts(at))
 
     # a from-scratch preset warms its small model up with SFT first: that is the model evaluated before GRPO
@@ -147,7 +152,9 @@ def test_run_the_demo_waits_while_its_estimate_calibrates(platform_env: dict[str
     assert [j.kind for j in all_jobs()] == ["estimate"]
     button = at.button(key="demo_launch")
     assert button.disabled and f"its estimate (job {estimate}) is queued" in button.help
-    assert any(f"**Run the demo** waits: its estimate (job {estimate}) is queued on this host" in c.value for c in at.caption)
+    assert any(
+        f"**Run the demo** waits: its estimate (job {estimate}) is queued on this host" in c.value for c in at.caption
+    )
     assert queue.claim("w", 1, 0).id == estimate  # type: ignore[union-attr]
     at.run()
     assert at.button(key="demo_launch").disabled and "is calibrating" in at.button(key="demo_launch").help
@@ -172,8 +179,10 @@ def test_the_general_check_is_shown_beside_the_held_out_gain(platform_env: dict[
     job = preset_run()
     insert_metrics(job, [(0, "eval/pass@1", 0.25), (0, "general/pass@1", 15 / 64)])
     at = page()
-    assert any(i.value == f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% before GRPO."
-               for i in at.info), [i.value for i in at.info]
+    assert any(
+        i.value == f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% before GRPO."
+        for i in at.info
+    ), [i.value for i in at.info]
 
     insert_metrics(job, [(1, "eval/pass@1", 0.5), (1, "general/pass@1", 0.25)])
     finish_preset(job, general_before=15 / 64, general_after=16 / 64, pass_before=0.25, pass_after=0.5)
@@ -182,9 +191,11 @@ def test_the_general_check_is_shown_beside_the_held_out_gain(platform_env: dict[
     assert f"{error:.1f}" == "7.6"
     lines = [t for t in in_order(at) if t.startswith(("Held-out", "General"))]
     assert lines[0].startswith(f"Held-out pass@1 on 64 eval tasks, 100% unseen in training: {REAL_MODEL} 25.0% → ")
-    assert lines[1] == (f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
-                        f"smollm2-quick-job{job} 25.0% (+1.6 ± 7.6 points, ± one unpaired standard error): what training "
-                        "cost elsewhere.")  # beside it, right below: a result stored with no arena has only the two rates
+    assert lines[1] == (
+        f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
+        f"smollm2-quick-job{job} 25.0% (+1.6 ± 7.6 points, ± one unpaired standard error): what training "
+        "cost elsewhere."
+    )  # beside it, right below: a result stored with no arena has only the two rates
 
 
 def test_the_general_check_takes_the_paired_se_of_the_run_s_arena(platform_env: dict[str, str]) -> None:
@@ -195,18 +206,38 @@ def test_the_general_check_takes_the_paired_se_of_the_run_s_arena(platform_env: 
     after = [True] * 13 + [False, False] + [True] * 3 + [False] * 46
     check = paired_difference(before, after).as_dict()
     job = preset_run()
-    insert_metrics(job, [(0, "eval/pass@1", 0.25), (0, "general/pass@1", 15 / 64), (1, "eval/pass@1", 0.5),
-                         (1, "general/pass@1", 16 / 64)])
-    finish_preset(job, general_before=15 / 64, general_after=16 / 64, pass_before=0.25, pass_after=0.5,
-                  arena={"a": REAL_MODEL, "b": f"smollm2-quick-job{job}", "general": check,
-                         "disagreements": [], "disagreements_total": 5,
-                         "domains": {"all": paired_difference([False] * 16 + [True] * 16, [True] * 32).as_dict()}})
+    insert_metrics(
+        job,
+        [
+            (0, "eval/pass@1", 0.25),
+            (0, "general/pass@1", 15 / 64),
+            (1, "eval/pass@1", 0.5),
+            (1, "general/pass@1", 16 / 64),
+        ],
+    )
+    finish_preset(
+        job,
+        general_before=15 / 64,
+        general_after=16 / 64,
+        pass_before=0.25,
+        pass_after=0.5,
+        arena={
+            "a": REAL_MODEL,
+            "b": f"smollm2-quick-job{job}",
+            "general": check,
+            "disagreements": [],
+            "disagreements_total": 5,
+            "domains": {"all": paired_difference([False] * 16 + [True] * 16, [True] * 32).as_dict()},
+        },
+    )
     shown = in_order(page())
     lines = [t for t in shown if t.startswith("General")]
     assert f"{100 * check['se']:.1f}" == "3.5"  # under half the unpaired 7.6: the two agree on 59 of 64 tasks
-    assert lines == [f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
-                     f"smollm2-quick-job{job} 25.0% (+1.6 ± 3.5 points, ± one paired standard error): what training "
-                     "cost elsewhere."]
+    assert lines == [
+        f"General check on 64 tasks of 4 domains it never trained on: {REAL_MODEL} 23.4% → "
+        f"smollm2-quick-job{job} 25.0% (+1.6 ± 3.5 points, ± one paired standard error): what training "
+        "cost elsewhere."
+    ]
     # the held-out gain beside it takes the arena's paired SE of the evaluation's own tasks (16 of 32 flipped up: 8.98)
     held = next(t for t in shown if t.startswith("Held-out"))
     assert held.endswith(f"smollm2-quick-job{job} 50.0% (+25.0 ± 9.0 points, ± one paired standard error)"), held
@@ -238,8 +269,14 @@ def test_the_reward_chart_smooths_the_noisy_steps_beside_the_held_out_climb(plat
     held_out = frame[frame["shown"] == "held-out"]
     assert list(held_out["step"]) == [0, 8] and list(held_out["value"]) == pytest.approx([0.3, 0.53])  # before, after
     spec = json.loads(reward.proto.spec)
-    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["point", "line", "line"]  # the raw points, the average
-    assert any("exponential moving average (each step weighs 0.3, the average before it 0.7)" in c.value for c in at.caption)
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == [
+        "point",
+        "line",
+        "line",
+    ]  # the raw points, the average
+    assert any(
+        "exponential moving average (each step weighs 0.3, the average before it 0.7)" in c.value for c in at.caption
+    )
 
 
 # --- 7. trajectories as each step stores them ---------------------------------------------------------------
@@ -280,9 +317,11 @@ def test_a_cancelled_run_says_it_ended_without_an_after_evaluation(platform_env:
     at = page()
     shown = texts(at)
     assert not any("evaluated again" in t for t in shown)
-    assert (f"Held-out pass@1 of {REAL_MODEL} before GRPO: 40.0%. The run was cancelled at GRPO step 3 of 8, so there is "
-            "no after-evaluation: no held-out figure after GRPO, and no gain. Resume continues it from its last "
-            "checkpoint.") in shown, shown
+    assert (
+        f"Held-out pass@1 of {REAL_MODEL} before GRPO: 40.0%. The run was cancelled at GRPO step 3 of 8, so there is "
+        "no after-evaluation: no held-out figure after GRPO, and no gain. Resume continues it from its last "
+        "checkpoint."
+    ) in shown, shown
 
 
 # --- 9. the preset tab opens on a coherent pair, and says when a pair is not ------------------------------------
@@ -291,7 +330,14 @@ def test_a_cancelled_run_says_it_ended_without_an_after_evaluation(platform_env:
 def test_the_preset_tab_opens_on_a_real_model_preset_with_its_own_model(platform_env: dict[str, str]) -> None:
     register_builtin()
     with session() as s:  # a small model built for the from-scratch presets, and one trained from the real model
-        s.add(Model(name="tiny-built", path="/models/tiny", architecture="Qwen2ForCausalLM", meta={"built": {"hidden_size": 64}}))
+        s.add(
+            Model(
+                name="tiny-built",
+                path="/models/tiny",
+                architecture="Qwen2ForCausalLM",
+                meta={"built": {"hidden_size": 64}},
+            )
+        )
         real = s.exec(select(Model).where(Model.name == REAL_MODEL)).one()
         s.add(Model(name="quick-tuned", path="/models/q", architecture="LlamaForCausalLM", base_model_id=real.id))
     at = page()
@@ -307,7 +353,8 @@ def test_the_preset_tab_opens_on_a_real_model_preset_with_its_own_model(platform
     assert [w.value for w in at.warning] == [
         f"Preset 'cpu-demo' is made for the small model it builds from scratch (it samples at most 6 new tokens), and "
         f"'{REAL_MODEL}' is a real model: pick a real-model preset (such as 'smollm2-quick') for it, or a model built "
-        "for this preset."]
+        "for this preset."
+    ]
 
     at.selectbox(key="preset_name").set_value("smollm2-quick").run()  # back: its own model again
     assert at.selectbox(key="preset_model").value == REAL_MODEL and not at.warning
@@ -317,7 +364,8 @@ def test_the_preset_tab_opens_on_a_real_model_preset_with_its_own_model(platform
     assert [w.value for w in at.warning] == [
         f"Preset 'smollm2-quick' was made for '{REAL_MODEL}' (it samples at most 40 new tokens): its prompt format and "
         f"settings were tuned on it, and 'tiny-built' is neither that model nor trained from it. Pick '{REAL_MODEL}', or a "
-        "preset made for 'tiny-built'."]
+        "preset made for 'tiny-built'."
+    ]
 
 
 # --- 18. tiles that fit, whole steps, no flat lines ----------------------------------------------------------
@@ -333,7 +381,9 @@ def test_tiles_fit_steps_are_whole_and_always_zero_figures_are_a_note(platform_e
     ])  # fmt: skip
     at = page()
     tiles = {m.label: m.value for m in at.metric}
-    assert tiles["Loss"] == "0.0123" and tiles["KL"] == "0" and tiles["Tokens/s"] == "98,765" and tiles["Reward"] == "0.75"
+    assert (
+        tiles["Loss"] == "0.0123" and tiles["KL"] == "0" and tiles["Tokens/s"] == "98,765" and tiles["Reward"] == "0.75"
+    )
     for chart in at.get("vega_lite_chart"):
         assert json.loads(chart.proto.spec)["encoding"]["x"]["axis"] == {"format": "d", "tickMinStep": 1}  # whole steps
     titles = [m.value for m in at.markdown]

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
-from posttrain.platform.models.tuning import (
+from drills import (
     ChatExample,
     QuotingRecipe,
     TokenExample,
@@ -25,6 +23,8 @@ from posttrain.platform.models.tuning import (
     teach,
     teach_quoting,
 )
+
+from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
 from posttrain.training.data import collate
 from posttrain.training.learner import sft_loss_sum
 from posttrain.training.optim import lr_at
@@ -43,7 +43,9 @@ def test_completion_loss_equals_the_model_loss(tiny: Path) -> None:
     examples = [*next(quote_batches(seed=3, batch_size=2)), TokenExample.completion([5, 9, 11], [12, 13])]
     rows = [[sft_example(loaded.tokenizer, ex)] for ex in examples]
     batch = collate(rows, loaded.tokenizer.pad_token_id)
-    mask = torch.tensor([[1] * len(r[0].input_ids) + [0] * (batch.input_ids.shape[1] - len(r[0].input_ids)) for r in rows])
+    mask = torch.tensor(
+        [[1] * len(r[0].input_ids) + [0] * (batch.input_ids.shape[1] - len(r[0].input_ids)) for r in rows]
+    )
     tokens = int((batch.labels[:, 1:] != -100).sum())
     with torch.no_grad():
         expected = loaded.model(input_ids=batch.input_ids, attention_mask=mask, labels=batch.labels).loss
@@ -98,8 +100,10 @@ def test_stream_teaching_lowers_the_loss_on_documents_it_never_saw_twice(tiny: P
 
 
 def test_memorize_is_the_same_loop_on_fixed_examples(tiny: Path) -> None:
-    examples = [ChatExample([{"role": "user", "content": "Say the code."}], "The code is 4417."),
-                ChatExample([{"role": "user", "content": "Say the city."}], "The city is Rome.")]
+    examples = [
+        ChatExample([{"role": "user", "content": "Say the code."}], "The code is 4417."),
+        ChatExample([{"role": "user", "content": "Say the city."}], "The city is Rome."),
+    ]
     losses = memorize(tiny, examples, steps=40)
     assert losses[-1] < 0.1 * losses[0], losses
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from streamlit.testing.v1 import AppTest
-
 from conftest import REPO_ROOT, login_as
+from streamlit.testing.v1 import AppTest
+from test_api_keys import gateway_process, sqlite_only
+from test_cli import cli, one_error_line
+
 from posttrain.platform import auth
 from posttrain.platform.api_keys import KeyRefused, check_key, create_key
 from posttrain.platform.auth import AuthError, Identity, PermissionDenied, audit_log
 from posttrain.platform.db.models import Role
 from posttrain.platform.jobs import queue
 from posttrain.platform.users import disable_user, enable_user
-from test_api_keys import gateway_process, sqlite_only
-from test_cli import cli, one_error_line
 
 PASSWORD = "correct horse battery"
 ADMIN_PAGE = str(REPO_ROOT / "ui" / "views" / "admin.py")
@@ -75,8 +75,9 @@ def test_cli_disable_refuses_the_users_session_and_key_at_once_and_enable_brings
 
 
 @sqlite_only
-def test_only_an_admin_may_disable_or_enable_and_never_the_last_enabled_admin(platform_env: dict[str, str],
-                                                                              people: dict[str, str]) -> None:
+def test_only_an_admin_may_disable_or_enable_and_never_the_last_enabled_admin(
+    platform_env: dict[str, str], people: dict[str, str]
+) -> None:
     otto = Identity("otto", Role.operator)
     for change, name in ((disable_user, "user.disable"), (enable_user, "user.enable")):
         with pytest.raises(PermissionDenied, match=rf"otto \(operator\) may not {name}: it needs the admin role"):
@@ -125,5 +126,11 @@ def test_console_admins_disable_and_enable_a_user(platform_env: dict[str, str], 
     at.button(key="FormSubmitter:account-Enable").click().run()
     assert [s.value for s in at.success] == ["otto is enabled."]
     assert auth.authenticate("otto", PASSWORD) == Identity("otto", Role.operator)
-    audited = [(e.username, e.action, e.target) for e in audit_log() if e.action.startswith("user.") and "able" in e.action]
-    assert audited == [("root", "user.enable", "otto"), ("root", "user.disable", "alice"), ("root", "user.disable", "otto")]
+    audited = [
+        (e.username, e.action, e.target) for e in audit_log() if e.action.startswith("user.") and "able" in e.action
+    ]
+    assert audited == [
+        ("root", "user.enable", "otto"),
+        ("root", "user.disable", "alice"),
+        ("root", "user.disable", "otto"),
+    ]

@@ -35,7 +35,9 @@ def service():
 
 
 def test_registry_lists_builtin_kinds():
-    assert {"exact", "normalized", "numeric", "math", "json_schema", "doc_qa", "custom", "code", "tool_use"} <= set(list_verifiers())
+    assert {"exact", "normalized", "numeric", "math", "json_schema", "doc_qa", "custom", "code", "tool_use"} <= set(
+        list_verifiers()
+    )
     with pytest.raises(UnknownVerifierError, match="registered kinds"):
         get_verifier("nope")
 
@@ -44,7 +46,9 @@ def test_exact_and_normalized(service):
     assert service.verify(task("exact", {"answer": "Paris"}), "  Paris\n").passed
     assert not service.verify(task("exact", {"answer": "Paris"}), "paris").passed
     assert service.verify(task("normalized", {"answer": "Paris"}), '"paris."').score == 1.0
-    assert service.verify(task("exact", {"answer": ["4", "four"], "extract": "answer_tag"}), "hm <answer>four</answer>").passed
+    assert service.verify(
+        task("exact", {"answer": ["4", "four"], "extract": "answer_tag"}), "hm <answer>four</answer>"
+    ).passed
     wrong = service.verify(task("normalized", {"answer": "Paris"}), "London")
     assert wrong.score == 0.0 and not wrong.is_infra_error and "expected 'Paris'" in wrong.details
 
@@ -97,8 +101,29 @@ def test_math_equivalence(service):
 # Gold answers that a completion may copy verbatim: each must score 1 against itself. A plain comma between
 # digits is a decimal comma ("1,22" is 1.22, as math-verify reads a completion), or a thousands separator
 # ("1,000"); a set is written with braces ("{1, 22}") or as LaTeX ("$1,22$", "\\boxed{1,22}").
-GOLD_ANSWERS = ["1,22", "3,5", "0,5", "-1,5", "1,000", "10,000,000", "12,345.67", "{1, 22}", "\\{1, 22\\}", "$\\{1, 22\\}$",
-                "$1,22$", "\\boxed{1,22}", "1,22,3", "1, 2, 3", "(1, 2)", "1/2", "\\frac{1}{2}", "x^2 + 2x + 1", "1e3", "2^{10}", "7"]
+GOLD_ANSWERS = [
+    "1,22",
+    "3,5",
+    "0,5",
+    "-1,5",
+    "1,000",
+    "10,000,000",
+    "12,345.67",
+    "{1, 22}",
+    "\\{1, 22\\}",
+    "$\\{1, 22\\}$",
+    "$1,22$",
+    "\\boxed{1,22}",
+    "1,22,3",
+    "1, 2, 3",
+    "(1, 2)",
+    "1/2",
+    "\\frac{1}{2}",
+    "x^2 + 2x + 1",
+    "1e3",
+    "2^{10}",
+    "7",
+]
 
 
 @pytest.mark.parametrize("gold", GOLD_ANSWERS)
@@ -170,13 +195,20 @@ def test_doc_qa_answer_and_evidence_on_the_cited_page(service):
     good = 'Answer: 24 months\nEvidence: "The warranty lasts 24 months"\nPage: 2'
     assert service.verify(task("doc_qa", spec), good).passed
     wrong_page = service.verify(task("doc_qa", spec), good.replace("Page: 2", "Page: 1"))
-    assert not wrong_page.passed and wrong_page.score == pytest.approx(0.5) and "does not occur on page 1" in wrong_page.details
+    assert (
+        not wrong_page.passed
+        and wrong_page.score == pytest.approx(0.5)
+        and "does not occur on page 1" in wrong_page.details
+    )
     invented = service.verify(task("doc_qa", spec), 'Answer: 24 months\nEvidence: "lasts two full years"\nPage: 2')
     assert not invented.passed
     # a sentence of the page that does not hold the answer is no evidence for it (GRPO learned to quote any sentence)
     beside = service.verify(task("doc_qa", spec), 'Answer: 24 months\nEvidence: "Returns are free."\nPage: 2')
     assert not beside.passed and beside.score == pytest.approx(0.5) and "does not contain the answer" in beside.details
-    lax = service.verify(task("doc_qa", spec | {"evidence_holds_answer": False}), 'Answer: 24 months\nEvidence: "Returns are free."\nPage: 2')
+    lax = service.verify(
+        task("doc_qa", spec | {"evidence_holds_answer": False}),
+        'Answer: 24 months\nEvidence: "Returns are free."\nPage: 2',
+    )
     assert lax.passed
     f1 = service.verify(task("doc_qa", {"answers": "24 months from purchase", "metric": "f1"}), "24 months")
     assert 0 < f1.score < 1
@@ -230,7 +262,9 @@ def test_batch_keeps_order_and_async_does_not_block_the_loop(service, monkeypatc
     working: set[int] = set()
     for name in ("prepare", "_prepare_batch", "_run"):
         method = getattr(service, name)
-        monkeypatch.setattr(service, name, lambda *a, _m=method, **k: (working.add(threading.get_ident()), _m(*a, **k))[1])
+        monkeypatch.setattr(
+            service, name, lambda *a, _m=method, **k: (working.add(threading.get_ident()), _m(*a, **k))[1]
+        )
 
     async def main():
         ticks: list[float] = []

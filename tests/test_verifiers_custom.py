@@ -9,7 +9,7 @@ import pytest
 
 from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService, VerifierSpecError, validate_spec
 
-PLUGIN = '''
+PLUGIN = """
 import os, time
 from posttrain.platform.verifiers import Verdict
 
@@ -35,7 +35,7 @@ def boom(task, completion, params):
 
 def out_of_range(task, completion, params):
     return 7
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,9 @@ def plugin_service(tmp_path_factory):
 
 
 def custom(name: str, **params) -> TaskSpec:
-    return TaskSpec(domain="test", prompt="q", verifier={"kind": "custom", "spec": {"entry_point": name, "params": params}})
+    return TaskSpec(
+        domain="test", prompt="q", verifier={"kind": "custom", "spec": {"entry_point": name, "params": params}}
+    )
 
 
 def test_custom_entry_point_scores(plugin_service):

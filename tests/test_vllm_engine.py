@@ -14,7 +14,11 @@ import torch
 
 from posttrain.platform.serving.vllm import find_python, server_env
 from posttrain.training.inference import (
-    MismatchTolerance, VLLMEngineArgs, VLLMServerEngine, check_logprob_mismatch, measure_logprob_mismatch,
+    MismatchTolerance,
+    VLLMEngineArgs,
+    VLLMServerEngine,
+    check_logprob_mismatch,
+    measure_logprob_mismatch,
 )
 from posttrain.training.rollout import SamplingConfig, Trajectory
 
@@ -26,8 +30,9 @@ FLOAT32 = MismatchTolerance(mean_abs_diff=1e-4, kl_k3=1e-8, max_abs_diff=1e-3)
 
 @pytest.fixture(scope="module")
 def vllm_engine(real_model_dir) -> Iterator[VLLMServerEngine]:  # type: ignore[no-untyped-def]
-    args = VLLMEngineArgs(dtype="float32", device="cpu", enforce_eager=True, max_model_len=1024,
-                          cpu_threads=torch.get_num_threads())  # this process's share of the cores, as a run's learner
+    args = VLLMEngineArgs(
+        dtype="float32", device="cpu", enforce_eager=True, max_model_len=1024, cpu_threads=torch.get_num_threads()
+    )  # this process's share of the cores, as a run's learner
     engine = VLLMServerEngine(real_model_dir.path, args=args)
     yield engine
     engine.close()
@@ -43,7 +48,8 @@ def _trajectories(prompts: list[list[int]], groups) -> list[Trajectory]:  # type
 
 
 def test_a_weight_update_changes_what_vllm_samples_and_the_old_weights_restore_it_exactly(
-        vllm_engine: VLLMServerEngine, real_model) -> None:  # type: ignore[no-untyped-def]
+    vllm_engine: VLLMServerEngine, real_model
+) -> None:  # type: ignore[no-untyped-def]
     """Behaviour log-probs equal the learner's before and after an update through the workers' reload (the tied
     output layer included: without it they drift by about 0.6); the update changes the samples, and pushing the
     old weights back gives the first samples again, token for token and log-prob for log-prob."""
@@ -70,11 +76,15 @@ def test_a_weight_update_changes_what_vllm_samples_and_the_old_weights_restore_i
         model.load_state_dict(original)
     vllm_engine.load_weights(original, version=2)
     again = vllm_engine.generate(prompts, 2, sampling, seed=5)
-    assert [[(c.token_ids, c.logprobs) for c in g] for g in again] == [[(c.token_ids, c.logprobs) for c in g] for g in before]
+    assert [[(c.token_ids, c.logprobs) for c in g] for g in again] == [
+        [(c.token_ids, c.logprobs) for c in g] for g in before
+    ]
     assert len(vllm_engine.sync_seconds) >= 2 and all(s > 0 for s in vllm_engine.sync_seconds)
 
 
-def test_the_batcher_serves_concurrent_callers_seeded_request_by_request(vllm_engine: VLLMServerEngine, real_model) -> None:  # type: ignore[no-untyped-def]
+def test_the_batcher_serves_concurrent_callers_seeded_request_by_request(
+    vllm_engine: VLLMServerEngine, real_model
+) -> None:  # type: ignore[no-untyped-def]
     """Episode threads' turns go to the vLLM process at once and come back each with its own completion; the same
     requests in the same order sample the same completions (request j draws with seed + j)."""
     prompts = _prompts(real_model.tokenizer) * 2
@@ -117,4 +127,4 @@ print("RESULT", json.dumps({{"prompt": list(out.prompt_token_ids), "text": out.o
     assert result["prompt"] == expected
     with torch.no_grad():  # and vLLM's greedy reply is the learner's
         greedy = real_model.model.generate(torch.tensor([expected]), max_new_tokens=8, do_sample=False)
-    assert result["text"] == tokenizer.decode(greedy[0, len(expected):], skip_special_tokens=True), result
+    assert result["text"] == tokenizer.decode(greedy[0, len(expected) :], skip_special_tokens=True), result

@@ -23,7 +23,7 @@ import random
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -49,7 +49,9 @@ def checkpoint_due(config: TrainConfig, steps_done: int) -> bool:
 
 def rng_state() -> dict[str, Any]:
     """Every RNG's state as tensors and plain values, so ``trainer.pt`` loads with ``weights_only``."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The legacy global generator is always MT19937, so its state is the tuple form.
+    legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
@@ -170,10 +172,17 @@ def load_latest_checkpoint(root: str | Path, model: torch.nn.Module) -> LoadedCh
         except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises: try the previous checkpoint
             reason = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
             errors.append(f"{path.name}: {reason}")
-            log.warning("checkpoint %s is corrupt or unreadable (%s); falling back to the previous checkpoint", path, reason)
+            log.warning(
+                "checkpoint %s is corrupt or unreadable (%s); falling back to the previous checkpoint", path, reason
+            )
             continue
         if errors:
-            log.warning("the run resumes from checkpoint %s (step %s) after skipping %d corrupt one(s)", path, state.get("step"), len(errors))
+            log.warning(
+                "the run resumes from checkpoint %s (step %s) after skipping %d corrupt one(s)",
+                path,
+                state.get("step"),
+                len(errors),
+            )
         else:
             log.info("the run resumes from checkpoint %s (step %s)", path, state.get("step"))
         return LoadedCheckpoint(path, state, trainer)
@@ -213,11 +222,15 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(Path(path) / "trainer.pt", map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"{Path(path) / 'trainer.pt'} holds more than tensors and plain values, which a "
-                              f"checkpoint never does ({str(exc).splitlines()[0][:200]}); it was not loaded") from None
+        raise CheckpointError(
+            f"{Path(path) / 'trainer.pt'} holds more than tensors and plain values, which a "
+            f"checkpoint never does ({str(exc).splitlines()[0][:200]}); it was not loaded"
+        ) from None
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module, *, restore_rng: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_checkpoint(
+    path: str | Path, model: torch.nn.Module, *, restore_rng: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore the model weights and RNG from ``path``; return its ``state.json`` and ``trainer.pt`` (read once)."""
     path = Path(path)
     load_model_weights(model, path / "model")

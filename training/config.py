@@ -26,7 +26,6 @@ from posttrain.training.environment_names import environment_names
 from posttrain.training.preset_recipes import preset_names, recipe_section
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
-
 # The fixed general check: domains away from the arithmetic presets that SmolLM2-135M-Instruct answers in part
 # zero-shot at difficulty 2 (greedy, 16 eval tasks each: 38%, 19%, 25%, 13%), so that a loss shows
 GENERAL_DOMAINS = ["compare.is_greater.int", "list.int.max", "list.int.min", "list.word.count"]
@@ -43,10 +42,18 @@ class ReplayConfig(BaseModel):
     each batch's prompts are replay tasks, rolled out and rewarded by their verifiers like the rest."""
 
     model_config = ConfigDict(extra="forbid")
-    share: float = Field(default=0.1, gt=0, lt=1, description="the share of each step's batch drawn from replay "
-                         "(SFT: rows; GRPO: prompts), exact over the steps: 0.1 with 4 rows a step is 2 rows in 5 steps")
-    domains: list[str] = Field(default_factory=lambda: list(GENERAL_DOMAINS), min_length=1,
-                               description="the general domains replayed (their train split only)")
+    share: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description="the share of each step's batch drawn from replay "
+        "(SFT: rows; GRPO: prompts), exact over the steps: 0.1 with 4 rows a step is 2 rows in 5 steps",
+    )
+    domains: list[str] = Field(
+        default_factory=lambda: list(GENERAL_DOMAINS),
+        min_length=1,
+        description="the general domains replayed (their train split only)",
+    )
     difficulty: int = Field(default=GENERAL_DIFFICULTY, ge=1)
     tasks_per_domain: int = Field(default=256, ge=1, description="SFT: the replay tasks generated per domain")
     seed: int = 0
@@ -61,8 +68,10 @@ class ReplayConfig(BaseModel):
             except LookupError as exc:
                 raise ValueError(f"replay: {exc}") from None
             if self.difficulty > spec.max_difficulty:
-                raise ValueError(f"replay: difficulty {self.difficulty} is out of range for domain {domain!r}; use "
-                                 f"1..{spec.max_difficulty}")
+                raise ValueError(
+                    f"replay: difficulty {self.difficulty} is out of range for domain {domain!r}; use "
+                    f"1..{spec.max_difficulty}"
+                )
         if len(set(self.domains)) != len(self.domains):
             raise ValueError(f"replay: a domain is listed twice: {self.domains}")
         return self
@@ -86,10 +95,16 @@ class OptimConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")
     lr_schedule: Literal["constant", "linear", "cosine", "wsd"] = Field(
-        default="constant", description="after the warm-up: constant; linear or cosine decay to min_lr_ratio * lr; "
-        "wsd: constant, then a cosine decay over the last quarter")
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="where a decaying schedule ends, as a fraction of lr")
-    max_grad_norm: float | None = Field(default=1.0, gt=0, description="clip the gradient norm to this (None: no clipping)")
+        default="constant",
+        description="after the warm-up: constant; linear or cosine decay to min_lr_ratio * lr; "
+        "wsd: constant, then a cosine decay over the last quarter",
+    )
+    min_lr_ratio: float = Field(
+        default=0.0, ge=0, le=1, description="where a decaying schedule ends, as a fraction of lr"
+    )
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="clip the gradient norm to this (None: no clipping)"
+    )
 
 
 class CheckpointConfig(BaseModel):
@@ -113,14 +128,21 @@ class AlgorithmConfig(BaseModel):
     aggregation: Literal["token", "sequence"] = "token"
     micro_batch_size: int = Field(default=8, ge=1, description="completions per forward/backward in the update")
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps per rollout batch (mini-batches)")
-    max_rollout_batches_per_step: int = Field(default=4, ge=1, description="dynamic sampling: extra draws to replace "
-                                              "zero-variance groups")
-    skip_zero_signal: bool = Field(default=True, description="groups whose rewards all agree skip the update (their "
-                                   "gradient is exactly zero without a KL term); False: they run forward and backward "
-                                   "too, as a plain implementation does (to measure the saving)")
-    shared_prompt: bool = Field(default=True, description="the update runs each group's prompt once and repeats its KV "
-                                "cache for the group's completions (one learner process); False: every completion with "
-                                "its whole prompt (to measure the saving)")
+    max_rollout_batches_per_step: int = Field(
+        default=4, ge=1, description="dynamic sampling: extra draws to replace zero-variance groups"
+    )
+    skip_zero_signal: bool = Field(
+        default=True,
+        description="groups whose rewards all agree skip the update (their "
+        "gradient is exactly zero without a KL term); False: they run forward and backward "
+        "too, as a plain implementation does (to measure the saving)",
+    )
+    shared_prompt: bool = Field(
+        default=True,
+        description="the update runs each group's prompt once and repeats its KV "
+        "cache for the group's completions (one learner process); False: every completion with "
+        "its whole prompt (to measure the saving)",
+    )
 
 
 class SamplingConfig(BaseModel):
@@ -178,8 +200,9 @@ class Difficulties(BaseModel):
 
     domains: list[str] = Field(default_factory=list)  # each config says what its domains are for
     difficulty: int = Field(default=1, ge=1)
-    difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="a domain's own "
-                                                                 "difficulty, where it differs from difficulty")
+    difficulties: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="a domain's own difficulty, where it differs from difficulty"
+    )
 
     @model_validator(mode="after")
     def _check_difficulties(self) -> Self:
@@ -201,37 +224,60 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     preset_section: ClassVar[str] = ""
 
-    model: str | None = Field(default=None, description="a model directory or, in a job, a registered model name",
-                              json_schema_extra=JOB_PATH)
-    register_as: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
-                                    description="in a job: register the final model under this name "
-                                    "(default '<kind>-job<id>'); a plain name, it is a directory under models/")
-    output_dir: str | None = Field(default=None, description="checkpoints go to <output_dir>/checkpoints",
-                                   json_schema_extra=JOB_PATH)
+    model: str | None = Field(
+        default=None, description="a model directory or, in a job, a registered model name", json_schema_extra=JOB_PATH
+    )
+    register_as: str | None = Field(
+        default=None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$",
+        description="in a job: register the final model under this name "
+        "(default '<kind>-job<id>'); a plain name, it is a directory under models/",
+    )
+    output_dir: str | None = Field(
+        default=None, description="checkpoints go to <output_dir>/checkpoints", json_schema_extra=JOB_PATH
+    )
     device: str = Field(default="auto", description="'auto' (cuda if present), 'cpu', 'cuda', 'cuda:1'")
     bf16: bool | None = Field(default=None, description="bf16 autocast; None: on a bf16-capable GPU only")
     seed: int = 0
     max_steps: int = Field(default=100, ge=1)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    lora: LoRAConfig | None = Field(default=None, description="train LoRA adapters only (merged into the model the "
-                                    "run registers); the base weights stay the starting policy's")
-    replay: ReplayConfig | None = Field(default=None, description="rehearse general domains' train split in a share "
-                                        "of every batch, against forgetting (None: off)")
-    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
-                                      description="how prompts and answers are rendered: a chat template (a family: "
-                                      "chatml, gemma; or a Jinja template), or completion: the plain completion "
-                                      "format, prompt and answer as text (Question: ... Answer: ..., the answer "
-                                      "ended by EOS), as evaluation puts a base model's tasks; stored with the model "
-                                      "the run makes. None: the model's own chat template, or for a base model "
-                                      "(none) the completion format")
-    activation_checkpointing: bool = Field(default=False, description="recompute each layer's activations in the "
-                                           "backward pass instead of keeping them: a long sequence's memory for about "
-                                           "a third more update compute (GRPO then runs each completion with its "
-                                           "prompt: a group's prompt is not run once for all)")
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="train LoRA adapters only (merged into the model the "
+        "run registers); the base weights stay the starting policy's",
+    )
+    replay: ReplayConfig | None = Field(
+        default=None,
+        description="rehearse general domains' train split in a share of every batch, against forgetting (None: off)",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="how prompts and answers are rendered: a chat template (a family: "
+        "chatml, gemma; or a Jinja template), or completion: the plain completion "
+        "format, prompt and answer as text (Question: ... Answer: ..., the answer "
+        "ended by EOS), as evaluation puts a base model's tasks; stored with the model "
+        "the run makes. None: the model's own chat template, or for a base model "
+        "(none) the completion format",
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="recompute each layer's activations in the "
+        "backward pass instead of keeping them: a long sequence's memory for about "
+        "a third more update compute (GRPO then runs each completion with its "
+        "prompt: a group's prompt is not run once for all)",
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    nproc_per_node: int = Field(default=1, ge=1, le=1024, description="learner processes (one per GPU) under torchrun "
-                                "with FSDP; 1: train in the job's own process. A step's global batch is the one "
-                                "process's, split across the processes")
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="learner processes (one per GPU) under torchrun "
+        "with FSDP; 1: train in the job's own process. A step's global batch is the one "
+        "process's, split across the processes",
+    )
 
     groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint")
     optim_defaults: ClassVar[dict[str, Any]] = {}  # this trainer's own defaults within optim
@@ -246,7 +292,9 @@ class TrainConfig(BaseModel):
         if cls.preset_section and "preset" in values:
             values = _with_preset(values, cls.preset_section, cls.groups)
         if cls.optim_defaults:
-            values["optim"] = cls.optim_defaults | (_as_dict(values["optim"]) if values.get("optim") is not None else {})
+            values["optim"] = cls.optim_defaults | (
+                _as_dict(values["optim"]) if values.get("optim") is not None else {}
+            )
         return values
 
     @classmethod
@@ -283,10 +331,17 @@ class EnvironmentConfig(BaseModel):
     project in a sandbox. Others come from plugins (the ``posttrain.environments`` entry-point group)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(default="single_turn", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$",
-                      description="single_turn, tool_use, code_repair, or a plugin's name")
+    name: str = Field(
+        default="single_turn",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="single_turn, tool_use, code_repair, or a plugin's name",
+    )
     max_turns: int = Field(default=4, ge=1, le=64, description="policy turns per episode, at most")
-    max_episode_tokens: int = Field(default=2048, ge=16, description="prompt, policy and tool tokens of one episode, at most")
+    max_episode_tokens: int = Field(
+        default=2048, ge=16, description="prompt, policy and tool tokens of one episode, at most"
+    )
     episode_timeout_s: float = Field(default=120.0, gt=0, description="wall clock of one episode, tools included")
     tool_timeout_s: float = Field(default=10.0, gt=0, description="wall clock of one tool call")
     tool_output_chars: int = Field(default=2000, ge=64, description="what the policy sees of one tool result, at most")
@@ -299,8 +354,10 @@ class EnvironmentConfig(BaseModel):
     @classmethod
     def _known(cls, name: str) -> str:
         if name not in (known := environment_names()):
-            raise ValueError(f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
-                             "the entry-point group 'posttrain.environments')")
+            raise ValueError(
+                f"no environment {name!r}; known: {', '.join(known)} (a plugin publishes one under "
+                "the entry-point group 'posttrain.environments')"
+            )
         return name
 
     @field_validator("tools")
@@ -324,13 +381,16 @@ class DemonstrationsConfig(BaseModel):
     tokens only. They are written to ``<output_dir>/demonstrations.jsonl`` once; a resumed run reads them back."""
 
     model_config = ConfigDict(extra="forbid")
-    domains: list[DomainSpec] = Field(min_length=1, description="repair.* domains (with their difficulty) to demonstrate")
+    domains: list[DomainSpec] = Field(
+        min_length=1, description="repair.* domains (with their difficulty) to demonstrate"
+    )
     tasks_per_domain: int = Field(default=32, ge=1, le=4096)
     seed: int = 0
-    environment: EnvironmentConfig = Field(default_factory=lambda: EnvironmentConfig(name="code_repair", max_turns=8,
-                                                                                    max_episode_tokens=4096),
-                                           description="the environment the episodes run in: the GRPO run's, so the "
-                                           "tools offered and the prompt are the ones it will see")
+    environment: EnvironmentConfig = Field(
+        default_factory=lambda: EnvironmentConfig(name="code_repair", max_turns=8, max_episode_tokens=4096),
+        description="the environment the episodes run in: the GRPO run's, so the "
+        "tools offered and the prompt are the ones it will see",
+    )
 
     @field_validator("domains")
     @classmethod
@@ -364,8 +424,9 @@ class SelfGeneratedConfig(BaseModel):
     min_reward: float = Field(default=1.0, description="an answer is kept from this reward on")
     temperature: float = Field(default=0.8, gt=0)
     max_new_tokens: int = Field(default=256, ge=1)
-    with_references: bool = Field(default=False, description="train on the tasks' references too (False: only on the "
-                                  "model's own passing answers)")
+    with_references: bool = Field(
+        default=False, description="train on the tasks' references too (False: only on the model's own passing answers)"
+    )
 
 
 class SFTConfig(TrainConfig, Difficulties):
@@ -373,18 +434,31 @@ class SFTConfig(TrainConfig, Difficulties):
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-4}
     domains: list[str] = Field(default_factory=list, description="procedural domains whose references are the targets")
     tasks_per_domain: int = Field(default=256, ge=1)
-    prompt_format: PromptFormat | None = Field(default=None, description="how the domains' tasks are put (None: as generated)")
-    jsonl_path: str | None = Field(default=None, description='chat JSONL, one {"messages": [...]} per line',
-                                   json_schema_extra=JOB_PATH)
-    episodes_path: str | None = Field(default=None, description="episodes as JSON lines (demonstrations, or stored "
-                                      "rollouts), trained on the policy's tokens only", json_schema_extra=JOB_PATH)
-    episodes_min_reward: float | None = Field(default=None, description="train only on the episodes with at least "
-                                              "this reward (None: every one)")
-    demonstrations: DemonstrationsConfig | None = Field(default=None, description="make expert code-repair episodes "
-                                                        "first and train on them (written to <output_dir>/demonstrations.jsonl)")
-    self_generated: SelfGeneratedConfig | None = Field(default=None, description="rejection sampling: train on the "
-                                                       "starting model's own answers that pass the verifier (written "
-                                                       "to <output_dir>/self-generated.jsonl)")
+    prompt_format: PromptFormat | None = Field(
+        default=None, description="how the domains' tasks are put (None: as generated)"
+    )
+    jsonl_path: str | None = Field(
+        default=None, description='chat JSONL, one {"messages": [...]} per line', json_schema_extra=JOB_PATH
+    )
+    episodes_path: str | None = Field(
+        default=None,
+        description="episodes as JSON lines (demonstrations, or stored rollouts), trained on the policy's tokens only",
+        json_schema_extra=JOB_PATH,
+    )
+    episodes_min_reward: float | None = Field(
+        default=None, description="train only on the episodes with at least this reward (None: every one)"
+    )
+    demonstrations: DemonstrationsConfig | None = Field(
+        default=None,
+        description="make expert code-repair episodes "
+        "first and train on them (written to <output_dir>/demonstrations.jsonl)",
+    )
+    self_generated: SelfGeneratedConfig | None = Field(
+        default=None,
+        description="rejection sampling: train on the "
+        "starting model's own answers that pass the verifier (written "
+        "to <output_dir>/self-generated.jsonl)",
+    )
     max_seq_len: int = Field(default=1024, ge=8)
     packing: bool = True
     micro_batch_size: int = Field(default=4, ge=1, description="rows per forward pass")
@@ -393,8 +467,10 @@ class SFTConfig(TrainConfig, Difficulties):
     @model_validator(mode="after")
     def _self_generated(self) -> Self:
         if self.self_generated is not None and not self.domains and self.demonstrations is None:
-            raise ValueError("self_generated samples answers to the run's procedural tasks or episodes of its demonstrated "
-                             "ones: name them in domains or demonstrations")
+            raise ValueError(
+                "self_generated samples answers to the run's procedural tasks or episodes of its demonstrated "
+                "ones: name them in domains or demonstrations"
+            )
         if self.self_generated is not None and self.output_dir is None:
             raise ValueError("self_generated writes the answers it keeps under output_dir: set output_dir")
         return self
@@ -412,8 +488,12 @@ class PipelinedRollout(BaseModel):
     bound that also caps the work in flight (nothing is sampled that the learner would have to drop)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_off_policy_steps: int = Field(default=1, ge=0, description="train on rollouts at most this many policy "
-                                      "versions old; no more batches are out than can be taken within it")
+    max_off_policy_steps: int = Field(
+        default=1,
+        ge=0,
+        description="train on rollouts at most this many policy "
+        "versions old; no more batches are out than can be taken within it",
+    )
     queue_size: int = Field(default=4, ge=1, description="verified rollout batches waiting for the learner, at most")
 
 
@@ -429,22 +509,38 @@ class ProcessRollout(PipelinedRollout):
 
     backend: Literal["process"] = "process"
     workers: int = Field(default=1, ge=1, le=256, description="rollout worker processes")
-    threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads of each rollout process "
-                                "(None: the cores split evenly between the rollout processes and the learner)")
-    learner_threads: int | None = Field(default=None, ge=1, le=1024, description="the learner's torch threads "
-                                        "(None: the cores the rollout processes leave, at least 1)")
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch threads of each rollout process "
+        "(None: the cores split evenly between the rollout processes and the learner)",
+    )
+    learner_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="the learner's torch threads (None: the cores the rollout processes leave, at least 1)",
+    )
 
 
 class RayRollout(PipelinedRollout):
     """Rollout workers and verifiers as Ray actors (:mod:`posttrain.training.rollouts.ray`)."""
 
     backend: Literal["ray"] = "ray"
-    workers: int = Field(default=1, ge=1, description="Ray actors that generate rollouts, each with a copy of the policy")
-    verifier_actors: int = Field(default=1, ge=1, description="Ray actors that verify, each running a verifier pool "
-                                 "of verifier_workers processes")
+    workers: int = Field(
+        default=1, ge=1, description="Ray actors that generate rollouts, each with a copy of the policy"
+    )
+    verifier_actors: int = Field(
+        default=1,
+        ge=1,
+        description="Ray actors that verify, each running a verifier pool of verifier_workers processes",
+    )
     worker_gpus: float = Field(default=0, ge=0, description="GPUs each rollout actor claims (0: it samples on CPU)")
-    address: str | None = Field(default=None, description="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS; "
-                                "neither set: a local Ray started for the run)")
+    address: str | None = Field(
+        default=None,
+        description="the Ray cluster (default: POSTTRAIN_RAY_ADDRESS; neither set: a local Ray started for the run)",
+    )
 
 
 class VLLMRollout(BaseModel):
@@ -455,26 +551,50 @@ class VLLMRollout(BaseModel):
     model_config = ConfigDict(extra="forbid")
     backend: Literal["vllm"] = "vllm"
     engine: Literal["auto", "colocated", "server"] = Field(
-        default="auto", description="colocated: vllm.LLM in the learner's process; server: in a process of its own "
-        "from vLLM's environment (.venv-vllm); auto: colocated when this environment has vLLM, else server")
-    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="the share of the GPU vLLM takes "
-                                          "(the learner needs the rest)")
-    kv_cache_memory_bytes: int | None = Field(default=None, ge=2**20, description="the KV cache in bytes; a CPU "
-                                              "host's default is 1 GiB")
-    dtype: str = Field(default="auto", description="vLLM's weight dtype ('auto': the model's on a GPU, float32 on a "
-                       "CPU host; bf16 drifts from an fp32 learner by about 0.01 in log-prob, which the log-prob check allows)")
+        default="auto",
+        description="colocated: vllm.LLM in the learner's process; server: in a process of its own "
+        "from vLLM's environment (.venv-vllm); auto: colocated when this environment has vLLM, else server",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.5, gt=0, le=1, description="the share of the GPU vLLM takes (the learner needs the rest)"
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=2**20, description="the KV cache in bytes; a CPU host's default is 1 GiB"
+    )
+    dtype: str = Field(
+        default="auto",
+        description="vLLM's weight dtype ('auto': the model's on a GPU, float32 on a "
+        "CPU host; bf16 drifts from an fp32 learner by about 0.01 in log-prob, which the log-prob check allows)",
+    )
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's own")
-    enforce_eager: bool | None = Field(default=None, description="no compiled graphs (slower decoding, start-up "
-                                       "in seconds); None: on a CPU, not on a GPU")
-    cpu_threads: int | None = Field(default=None, ge=1, description="a CPU host's vLLM process: compute threads "
-                                    "(None: the learner's torch threads, its share of the cores)")
+    enforce_eager: bool | None = Field(
+        default=None,
+        description="no compiled graphs (slower decoding, start-up in seconds); None: on a CPU, not on a GPU",
+    )
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="a CPU host's vLLM process: compute threads "
+        "(None: the learner's torch threads, its share of the cores)",
+    )
 
 
-RolloutConfig = Annotated[SyncRollout | ThreadRollout | ProcessRollout | RayRollout | VLLMRollout,
-                          Field(discriminator="backend")]
+RolloutConfig = Annotated[
+    SyncRollout | ThreadRollout | ProcessRollout | RayRollout | VLLMRollout, Field(discriminator="backend")
+]
 # the flat keys earlier versions named the rollout side with (GRPOConfig maps them to ``rollout``)
-LEGACY_ROLLOUT_KEYS = ("pipeline", "rollout_processes", "rollout_threads", "learner_threads", "max_off_policy_steps",
-                       "queue_size", "rollout_workers", "verifier_actors", "rollout_worker_gpus", "ray_address")
+LEGACY_ROLLOUT_KEYS = (
+    "pipeline",
+    "rollout_processes",
+    "rollout_threads",
+    "learner_threads",
+    "max_off_policy_steps",
+    "queue_size",
+    "rollout_workers",
+    "verifier_actors",
+    "rollout_worker_gpus",
+    "ray_address",
+)
 
 
 class MismatchTolerance(BaseModel):
@@ -516,24 +636,42 @@ class GRPOConfig(TrainConfig):
     preset_section: ClassVar[str] = "grpo"
     groups: ClassVar[tuple[str, ...]] = ("optim", "checkpoint", "algorithm", "sampling")
     optim_defaults: ClassVar[dict[str, Any]] = {"lr": 1e-6}
-    domains: list[str | DomainSpec] = Field(default_factory=list, description="the domains to train on (procedural, or "
-                                            "with task_set: which of its domains; empty there means all of them)")
-    task_set: str | None = Field(default=None, min_length=1, max_length=256, description="a stored task set (built from "
-                                 "documents, JSONL, ...) to train on: its train split, never its eval split")
-    prompt_format: PromptFormat | None = Field(default=None, description="how every task is put to the policy: system "
-                                               "prompt, instruction, worked examples, boxed answers (None: as generated)")
+    domains: list[str | DomainSpec] = Field(
+        default_factory=list,
+        description="the domains to train on (procedural, or "
+        "with task_set: which of its domains; empty there means all of them)",
+    )
+    task_set: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a stored task set (built from "
+        "documents, JSONL, ...) to train on: its train split, never its eval split",
+    )
+    prompt_format: PromptFormat | None = Field(
+        default=None,
+        description="how every task is put to the policy: system "
+        "prompt, instruction, worked examples, boxed answers (None: as generated)",
+    )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="batch_size = prompts per step")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    rollout: RolloutConfig = Field(default_factory=lambda: SyncRollout(), description="where rollouts are sampled: "
-                                   "rollout: {backend: sync | thread | process | ray, ...}")
+    rollout: RolloutConfig = Field(
+        default_factory=lambda: SyncRollout(),
+        description="where rollouts are sampled: rollout: {backend: sync | thread | process | ray, ...}",
+    )
     logprob_check: LogprobCheck = Field(default_factory=LogprobCheck)
-    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="what one rollout is: "
-                                           "environment: {name: single_turn | tool_use | code_repair | <plugin>, ...}")
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig,
+        description="what one rollout is: environment: {name: single_turn | tool_use | code_repair | <plugin>, ...}",
+    )
     verifier_workers: int | None = Field(default=None, ge=1)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
-    trajectories_per_step: int = Field(default=64, ge=0, description="in a job: at most this many trajectories "
-                                       "of each step go to the database (0: none)")
+    trajectories_per_step: int = Field(
+        default=64,
+        ge=0,
+        description="in a job: at most this many trajectories of each step go to the database (0: none)",
+    )
 
     @classmethod
     def _map_older_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -541,20 +679,35 @@ class GRPOConfig(TrainConfig):
         if not (old := {k: values[k] for k in LEGACY_ROLLOUT_KEYS if k in values}):
             return values
         if "rollout" in values:
-            raise ValueError(f"set the rollout side either as rollout: {{backend: ...}} or with the older flat keys "
-                             f"{sorted(old)}, not both")
+            raise ValueError(
+                f"set the rollout side either as rollout: {{backend: ...}} or with the older flat keys "
+                f"{sorted(old)}, not both"
+            )
         given = {k: v for k, v in old.items() if v is not None}
-        bound = {k: given[k] for k in ("max_off_policy_steps", "queue_size") if k in given}
-        renamed = {"rollout_threads": "threads", "learner_threads": "learner_threads", "verifier_actors": "verifier_actors",
-                   "rollout_worker_gpus": "worker_gpus", "ray_address": "address"}
+        bound: dict[str, Any] = {k: given[k] for k in ("max_off_policy_steps", "queue_size") if k in given}
+        renamed = {
+            "rollout_threads": "threads",
+            "learner_threads": "learner_threads",
+            "verifier_actors": "verifier_actors",
+            "rollout_worker_gpus": "worker_gpus",
+            "ray_address": "address",
+        }
         extra = {renamed[k]: v for k, v in given.items() if k in renamed}
         rollout: dict[str, Any]
         if given.get("rollout_workers"):
-            rollout = {"backend": "ray", "workers": given["rollout_workers"], **bound,
-                       **{k: v for k, v in extra.items() if k in RayRollout.model_fields}}
+            rollout = {
+                "backend": "ray",
+                "workers": given["rollout_workers"],
+                **bound,
+                **{k: v for k, v in extra.items() if k in RayRollout.model_fields},
+            }
         elif given.get("pipeline") and given.get("rollout_processes", 1):
-            rollout = {"backend": "process", "workers": given.get("rollout_processes", 1), **bound,
-                       **{k: v for k, v in extra.items() if k in ProcessRollout.model_fields}}
+            rollout = {
+                "backend": "process",
+                "workers": given.get("rollout_processes", 1),
+                **bound,
+                **{k: v for k, v in extra.items() if k in ProcessRollout.model_fields},
+            }
         elif given.get("pipeline"):
             rollout = {"backend": "thread", **bound}
         else:
@@ -565,20 +718,31 @@ class GRPOConfig(TrainConfig):
     def _check(self) -> GRPOConfig:
         if not self.domains and self.task_set is None:
             raise ValueError("GRPOConfig.domains is empty: name at least one task domain to train on, or a task_set")
-        if listed := [d.name for d in self.domains if isinstance(d, DomainSpec) and d.tasks and (d.task_set or self.task_set)]:
+        if listed := [
+            d.name for d in self.domains if isinstance(d, DomainSpec) and d.tasks and (d.task_set or self.task_set)
+        ]:
             raise ValueError(f"domains {listed} list their own tasks; with a task_set the tasks come from the set")
         if self.sampling.temperature <= 0:
-            raise ValueError("GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)")
+            raise ValueError(
+                "GRPO samples its rollouts: sampling.temperature must be above 0 (1.0 samples the policy as it is)"
+            )
         if self.replay is not None and self.environment.name == "code_repair":
-            raise ValueError("replay rehearses general tasks, which have no project to repair: the code_repair "
-                             "environment cannot run them; replay in the SFT stage, or train in single_turn")
-        if self.replay is not None and (trained := sorted({d if isinstance(d, str) else d.name for d in self.domains}
-                                                          & set(self.replay.domains))):
-            raise ValueError(f"replay domains {trained} are trained on already: replay rehearses domains the run does "
-                             "not train on (remove them from replay.domains)")
+            raise ValueError(
+                "replay rehearses general tasks, which have no project to repair: the code_repair "
+                "environment cannot run them; replay in the SFT stage, or train in single_turn"
+            )
+        if self.replay is not None and (
+            trained := sorted({d if isinstance(d, str) else d.name for d in self.domains} & set(self.replay.domains))
+        ):
+            raise ValueError(
+                f"replay domains {trained} are trained on already: replay rehearses domains the run does "
+                "not train on (remove them from replay.domains)"
+            )
         if self.environment.multi_turn and self.rollout.backend not in MULTI_TURN_BACKENDS:
-            raise ValueError(f"environment {self.environment.name!r} runs episodes on the rollout backends "
-                             f"{', '.join(MULTI_TURN_BACKENDS)}; set rollout: {{backend: thread}} (pipelined) or sync")
+            raise ValueError(
+                f"environment {self.environment.name!r} runs episodes on the rollout backends "
+                f"{', '.join(MULTI_TURN_BACKENDS)}; set rollout: {{backend: thread}} (pipelined) or sync"
+            )
         return self
 
 
@@ -603,21 +767,37 @@ class EvalConfig(Difficulties):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(default=None, description="a registered model name or a model directory", json_schema_extra=JOB_PATH)
-    models: list[str] = Field(default_factory=list, description="several models to compare (the first is the baseline)",
-                              json_schema_extra=JOB_PATH)
-    task_set: str | None = Field(default=None, description="a stored task set to draw tasks from (its eval split); "
-                                 "unset: the procedural domains generate them")
-    domains: list[str] = Field(default_factory=list, description="domains to evaluate; with a task_set, empty means all of its")
-    task_sets: dict[str, str] = Field(default_factory=dict, description="a domain's own stored task set (its split's "
-                                      "tasks), beside generated domains or another set's")
+    model: str | None = Field(
+        default=None, description="a registered model name or a model directory", json_schema_extra=JOB_PATH
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="several models to compare (the first is the baseline)",
+        json_schema_extra=JOB_PATH,
+    )
+    task_set: str | None = Field(
+        default=None,
+        description="a stored task set to draw tasks from (its eval split); "
+        "unset: the procedural domains generate them",
+    )
+    domains: list[str] = Field(
+        default_factory=list, description="domains to evaluate; with a task_set, empty means all of its"
+    )
+    task_sets: dict[str, str] = Field(
+        default_factory=dict,
+        description="a domain's own stored task set (its split's tasks), beside generated domains or another set's",
+    )
     tasks_per_domain: int = Field(default=32, ge=1)
     prompt_format: PromptFormat | None = Field(default=None, description="how the tasks are put (the training run's)")
-    general: GeneralCheck | None = Field(default=None, description="also the fixed general check on domains not "
-                                         "evaluated here (None: off)")
-    environment: EnvironmentConfig | None = Field(default=None, description="run each task as an episode of this "
-                                                  "environment (the training run's: tool_use, ...), greedy; None: one "
-                                                  "completion per task")
+    general: GeneralCheck | None = Field(
+        default=None, description="also the fixed general check on domains not evaluated here (None: off)"
+    )
+    environment: EnvironmentConfig | None = Field(
+        default=None,
+        description="run each task as an episode of this "
+        "environment (the training run's: tool_use, ...), greedy; None: one "
+        "completion per task",
+    )
     seed: int = 0
     split: Literal["train", "eval"] = "eval"
     samples: int = Field(default=1, ge=1, description="completions per task (1: greedy)")
@@ -672,7 +852,9 @@ def _check_held_out(domains: list[str], difficulty: int) -> None:
         except LookupError as exc:
             raise ValueError(str(exc)) from None
         if difficulty > spec.max_difficulty:
-            raise ValueError(f"difficulty {difficulty} is out of range for domain {domain!r}; use 1..{spec.max_difficulty}")
+            raise ValueError(
+                f"difficulty {difficulty} is out of range for domain {domain!r}; use 1..{spec.max_difficulty}"
+            )
         space = prompt_space(domain, difficulty)
         if not space.has_held_out_split:
             raise ValueError(space.refusal())

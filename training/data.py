@@ -19,14 +19,14 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.models.chat_template import completion_end, is_completion_format
-from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.platform.tasks.episodes import task_messages
+from posttrain.platform.verifiers.models import TaskSpec
 
 IGNORE = -100
 Message = dict[str, Any]
@@ -74,10 +74,13 @@ def read_chat_jsonl(path: str | Path) -> list[list[Message]]:
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    return cast(str, text)
 
 
-def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of each assistant turn (content + end of turn; in the
     completion format, the last answer + the end-of-sequence token)."""
     text = _render(tokenizer, messages, add_generation_prompt=False)
@@ -88,7 +91,9 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Messa
         start = len(_render(tokenizer, messages[:i], add_generation_prompt=True)) if i else 0
         through = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
         if not text.startswith(through) or not through.startswith(text[:start]):
-            raise ValueError("the chat template does not render a conversation's turns as prefixes of it; cannot locate assistant tokens")
+            raise ValueError(
+                "the chat template does not render a conversation's turns as prefixes of it; cannot locate assistant tokens"
+            )
         end = len(through.rstrip("\n"))
         spans.append((start, end))
     if is_completion_format(tokenizer) and messages and messages[-1]["role"] == "assistant":
@@ -97,7 +102,9 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Messa
     return text, spans
 
 
-def chat_example(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], max_len: int | None = None) -> SFTExample:
+def chat_example(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], max_len: int | None = None
+) -> SFTExample:
     text, spans = assistant_spans(tokenizer, messages)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = encoded["input_ids"]
@@ -110,13 +117,16 @@ def chat_example(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
     return SFTExample(ids, labels)
 
 
-def episode_example(prompt_ids: Sequence[int], token_ids: Sequence[int], loss_mask: Sequence[int],
-                    max_len: int | None = None) -> SFTExample:
+def episode_example(
+    prompt_ids: Sequence[int], token_ids: Sequence[int], loss_mask: Sequence[int], max_len: int | None = None
+) -> SFTExample:
     """A multi-turn episode (sampled, stored or demonstrated) as an SFT example, token for token: trained
     on the policy's own tokens only (``loss_mask`` 1), the same tokens GRPO's loss covers; the prompt and
     whatever the environment put between the turns (tool output, turn markers) are context."""
     if len(token_ids) != len(loss_mask):
-        raise ValueError(f"an episode has {len(token_ids)} tokens but {len(loss_mask)} loss-mask entries; they must match")
+        raise ValueError(
+            f"an episode has {len(token_ids)} tokens but {len(loss_mask)} loss-mask entries; they must match"
+        )
     ids = [*prompt_ids, *token_ids]
     labels = [IGNORE] * len(prompt_ids) + [t if m else IGNORE for t, m in zip(token_ids, loss_mask)]
     if max_len is not None:
@@ -124,7 +134,9 @@ def episode_example(prompt_ids: Sequence[int], token_ids: Sequence[int], loss_ma
     return SFTExample(ids, labels)
 
 
-def task_examples(tokenizer: PreTrainedTokenizerBase, tasks: Iterable[TaskSpec], max_len: int | None = None) -> list[SFTExample]:
+def task_examples(
+    tokenizer: PreTrainedTokenizerBase, tasks: Iterable[TaskSpec], max_len: int | None = None
+) -> list[SFTExample]:
     return [chat_example(tokenizer, reference_messages(t), max_len) for t in tasks]
 
 
@@ -135,7 +147,9 @@ def pack(examples: Sequence[SFTExample], max_len: int) -> list[list[SFTExample]]
     used = 0
     for example in examples:
         if len(example.input_ids) > max_len:
-            raise ValueError(f"an example has {len(example.input_ids)} tokens, over max_len={max_len}; truncate it or raise max_len")
+            raise ValueError(
+                f"an example has {len(example.input_ids)} tokens, over max_len={max_len}; truncate it or raise max_len"
+            )
         if used + len(example.input_ids) > max_len and current:
             rows.append(current)
             current, used = [], 0

@@ -71,8 +71,10 @@ def run_preset(
     after the SFT control (``control``) of as many extra steps."""
     run = get_preset(preset) if isinstance(preset, str) else preset
     if isinstance(run.model, str) or run.sft is None:
-        raise ValueError(f"preset {run.name!r} starts from a registered model with no SFT warm-up: run it as a "
-                         "train_preset job (bench/learning.py --preset NAME does), not in-process")
+        raise ValueError(
+            f"preset {run.name!r} starts from a registered model with no SFT warm-up: run it as a "
+            "train_preset job (bench/learning.py --preset NAME does), not in-process"
+        )
     workdir = Path(workdir)
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -94,8 +96,13 @@ def run_preset(
     curve: list[dict[str, float]] = []
 
     def record(step: int, metrics: dict[str, float]) -> None:
-        point = {"step": float(step), "reward_mean": metrics["rollout/reward_mean"], "pass_rate": metrics["rollout/pass_rate"],
-                 "groups_used": metrics["rollout/groups_used"], "step_s": metrics["time/step_s"]}
+        point = {
+            "step": float(step),
+            "reward_mean": metrics["rollout/reward_mean"],
+            "pass_rate": metrics["rollout/pass_rate"],
+            "groups_used": metrics["rollout/groups_used"],
+            "step_s": metrics["time/step_s"],
+        }
         curve.append(point)
         if on_step is not None:
             on_step(step, point)
@@ -129,7 +136,17 @@ def run_preset(
         timings["eval_control_s"] = time.perf_counter() - t
     held_out = check_held_out(trained, all_eval_tasks(eval_config))
     return DemoResult(
-        pass_before=before["eval/pass@1"], pass_after=after["eval/pass@1"], minutes=(time.perf_counter() - started) / 60,
-        before=before, after=after, control_after=control_report.get("eval/pass@1"), control=control_report,
-        held_out=held_out, curve=curve, sft_model=sft_model, grpo_model=grpo_model, control_model=control_model, timings=timings,
+        pass_before=before["eval/pass@1"],
+        pass_after=after["eval/pass@1"],
+        minutes=(time.perf_counter() - started) / 60,
+        before=before,
+        after=after,
+        control_after=control_report.get("eval/pass@1"),
+        control=control_report,
+        held_out=held_out,
+        curve=curve,
+        sft_model=sft_model,
+        grpo_model=grpo_model,
+        control_model=control_model,
+        timings=timings,
     )

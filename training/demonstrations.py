@@ -92,17 +92,26 @@ def _call(name: str, **arguments: str) -> str:
 _LOOK = ["Let me see what is in the project.", "First, the files.", "I'll start by listing the files."]
 _TEST = ["Let me run the visible tests.", "Running the tests to see what fails.", "Now the tests."]
 _READ = ["Let me read the module.", "Now the code itself.", "Reading solution.py."]
-_FIX = ["The failing output points at {where}. Fixing it.", "Found it in {where}; here is the fix.", "The bug is in {where}. Editing."]
+_FIX = [
+    "The failing output points at {where}. Fixing it.",
+    "Found it in {where}; here is the fix.",
+    "The bug is in {where}. Editing.",
+]
 _AGAIN = ["Checking the tests again.", "Running the tests once more.", "Let me confirm the fix."]
-_DONE = ["DONE. Fixed {where} in solution.py; the visible tests pass.", "DONE: {where} repaired, and the tests pass.",
-         "DONE. solution.py is fixed ({where}) and test_visible.py passes."]  # the task asks for DONE
+_DONE = [
+    "DONE. Fixed {where} in solution.py; the visible tests pass.",
+    "DONE: {where} repaired, and the tests pass.",
+    "DONE. solution.py is fixed ({where}) and test_visible.py passes.",
+]  # the task asks for DONE
 
 
 def expert_script(task: TaskSpec, seed: int) -> list[str]:
     """The assistant turns of one demonstration of ``task``, varied by ``seed``."""
     files, reference = task.metadata.get("files"), task.reference
     if not isinstance(files, dict) or MODULE not in files or not reference:
-        raise ValueError(f"task {task.task_id or task.domain!r} is not a repair task with a reference; demonstrations need one")
+        raise ValueError(
+            f"task {task.task_id or task.domain!r} is not a repair task with a reference; demonstrations need one"
+        )
     module = files[MODULE]
     fixed = reference if reference.endswith("\n") or not module.endswith("\n") else reference + "\n"
     edits = fix_edits(module, fixed)
@@ -119,7 +128,9 @@ def expert_script(task: TaskSpec, seed: int) -> list[str]:
     if len(calls) == 1 or rng.random() < 0.5:  # every edit in one turn
         fixes = ["\n".join([rng.choice(_FIX).format(where=where), *calls])]
     else:  # one edit a turn
-        fixes = [rng.choice(_FIX).format(where=e.function or "the module") + "\n" + call for e, call in zip(edits, calls)]
+        fixes = [
+            rng.choice(_FIX).format(where=e.function or "the module") + "\n" + call for e, call in zip(edits, calls)
+        ]
     return [say(_LOOK, look), *first, *fixes, say(_AGAIN, test), rng.choice(_DONE).format(where=where)]
 
 
@@ -136,7 +147,9 @@ class ScriptedAgent:
     def version(self) -> int:
         return 0
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion:
         if self.played >= len(self.turns):
             raise RuntimeError("the script has no turn left; the environment asked for more turns than it holds")
         text = self.turns[self.played]
@@ -146,13 +159,23 @@ class ScriptedAgent:
         return Completion(ids[:limit], [0.0] * min(len(ids), limit), finished=len(ids) <= limit)
 
 
-def demonstrations(tasks: Iterable[TaskSpec], tokenizer: PreTrainedTokenizerBase, env_config: EnvironmentConfig,
-                   sampling: SamplingConfig, service: VerifierService, pool: SandboxPool, *, seed: int = 0) -> list[Episode]:
+def demonstrations(
+    tasks: Iterable[TaskSpec],
+    tokenizer: PreTrainedTokenizerBase,
+    env_config: EnvironmentConfig,
+    sampling: SamplingConfig,
+    service: VerifierService,
+    pool: SandboxPool,
+    *,
+    seed: int = 0,
+) -> list[Episode]:
     """One scripted episode per task through the real ``code_repair`` environment, kept when the final
     module passes every hidden test (the rubric's own verdict, stored on the episode)."""
     environment = CodeRepair(env_config, tokenizer, sampling)
     if missing := [t for t in TOOLS if t not in environment.tools]:
-        raise ValueError(f"the environment does not offer {missing}, which demonstrations use; add them to environment.tools")
+        raise ValueError(
+            f"the environment does not offer {missing}, which demonstrations use; add them to environment.tools"
+        )
     kept = []
     for index, task in enumerate(tasks):
         try:
@@ -160,7 +183,9 @@ def demonstrations(tasks: Iterable[TaskSpec], tokenizer: PreTrainedTokenizerBase
         except ValueError:  # a module whose fix no edit can anchor: no demonstration of it
             continue
         if len(script) > env_config.max_turns:
-            raise ValueError(f"a demonstration takes {len(script)} turns, over environment.max_turns={env_config.max_turns}; raise it")
+            raise ValueError(
+                f"a demonstration takes {len(script)} turns, over environment.max_turns={env_config.max_turns}; raise it"
+            )
         with pool.acquire() as sandbox:
             episode = environment.rollout(ScriptedAgent(tokenizer, script), task, sandbox)
             if episode.stop_reason == "answer":
@@ -175,8 +200,11 @@ def demonstration_tasks(config: DemonstrationsConfig) -> list[TaskSpec]:
     """The ``train``-split tasks ``config`` demonstrates (never an eval task: those stay held out)."""
     from posttrain.platform.tasks.domains import generate
 
-    return [t for i, d in enumerate(config.domains)
-            for t in generate(d.name, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=d.difficulty)]
+    return [
+        t
+        for i, d in enumerate(config.domains)
+        for t in generate(d.name, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=d.difficulty)
+    ]
 
 
 def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
@@ -187,8 +215,10 @@ def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokeni
     from posttrain.training.environments.runner import open_pool
 
     path = Path(path)
-    made_for = json.dumps({"config": config.model_dump(mode="json"), "tokenizer": tokenizer.name_or_path,
-                           "vocab": len(tokenizer)}, sort_keys=True)
+    made_for = json.dumps(
+        {"config": config.model_dump(mode="json"), "tokenizer": tokenizer.name_or_path, "vocab": len(tokenizer)},
+        sort_keys=True,
+    )
     stamp = path.with_suffix(".config.json")
     if path.is_file() and stamp.is_file() and stamp.read_text() == made_for:
         return path
@@ -202,9 +232,11 @@ def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokeni
         service.close()
         pool.close()
     if not episodes:
-        raise RuntimeError(f"none of the {len(tasks)} scripted repairs of {[d.name for d in config.domains]} passed the hidden "
-                           "tests in this machine's sandboxes: a sandbox that cannot run python3 fails them all (see the "
-                           "[sandbox] settings and the job's log)")
+        raise RuntimeError(
+            f"none of the {len(tasks)} scripted repairs of {[d.name for d in config.domains]} passed the hidden "
+            "tests in this machine's sandboxes: a sandbox that cannot run python3 fails them all (see the "
+            "[sandbox] settings and the job's log)"
+        )
     write_episodes(path, episodes)
     stamp.write_text(made_for)
     return path

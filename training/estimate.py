@@ -28,17 +28,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from posttrain.platform.metrics import duration
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, JobKind, register, validate_config
+from posttrain.platform.metrics import duration
 
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
     from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig
     from posttrain.training.learner import TrainResult
+
 
 class EstimateConfig(BaseModel):
     """``estimate``: the run to estimate (a job kind and its config, validated as that kind's)."""
@@ -107,20 +108,25 @@ def timed_loop(run: Callable[..., TrainResult], config: Any) -> Timed:
 
     marks: list[float] = []
     started = time.perf_counter()
-    result = run(config, on_start=lambda _step: marks.append(time.perf_counter()),
-                 on_metrics=lambda _step, _m: marks.append(time.perf_counter()))
+    result = run(
+        config,
+        on_start=lambda _step: marks.append(time.perf_counter()),
+        on_metrics=lambda _step, _m: marks.append(time.perf_counter()),
+    )
     ended = time.perf_counter()
     if len(marks) < 3:
         raise RuntimeError(f"the calibration run made {len(marks) - 1} steps; it needs a warm-up step and one more")
     steps = [b - a for a, b in zip(marks, marks[1:])]
     updates = [m.get(names.UPDATE_S) for m in result.metrics]
     if all(u is not None for u in updates):
-        rollouts = [s - u for s, u in zip(steps[1:], updates[1:])]  # type: ignore[operator]
-        step_s = sum(rollouts) / len(rollouts) + sum(updates) / len(updates)  # type: ignore[arg-type]
+        known = cast("list[float]", updates)
+        rollouts = [s - u for s, u in zip(steps[1:], known[1:])]
+        step_s = sum(rollouts) / len(rollouts) + sum(known) / len(known)
     else:
         step_s = sum(steps[1:]) / len(steps[1:])
-    return Timed(setup_s=max(0.0, marks[1] - started - step_s), step_s=step_s, save_s=ended - marks[-1],
-                 metrics=result.metrics)
+    return Timed(
+        setup_s=max(0.0, marks[1] - started - step_s), step_s=step_s, save_s=ended - marks[-1], metrics=result.metrics
+    )
 
 
 def checkpoints(config: SFTConfig | GRPOConfig, steps: int) -> int:
@@ -131,9 +137,12 @@ def checkpoints(config: SFTConfig | GRPOConfig, steps: int) -> int:
 def loop_stage(stage: str, timed: Timed, config: SFTConfig | GRPOConfig, steps: int, k: int) -> StageEstimate:
     saves = checkpoints(config, steps)
     seconds = timed.setup_s + steps * timed.step_s + saves * timed.save_s
-    return StageEstimate(stage=stage, seconds=seconds,
-                         how=f"setup {timed.setup_s:.1f} s + {steps} steps x {timed.step_s:.1f} s ({k} measured after a warm-up step) "
-                             f"+ {saves} checkpoints x {timed.save_s:.1f} s")
+    return StageEstimate(
+        stage=stage,
+        seconds=seconds,
+        how=f"setup {timed.setup_s:.1f} s + {steps} steps x {timed.step_s:.1f} s ({k} measured after a warm-up step) "
+        f"+ {saves} checkpoints x {timed.save_s:.1f} s",
+    )
 
 
 class EvalTiming(BaseModel):
@@ -155,7 +164,9 @@ def time_eval(config: EvalConfig, policy: Any, load_s: float) -> EvalTiming:
     """One batch of each domain (and of the general check) through the loaded ``policy``, timed per task."""
     from posttrain.training.evaluate import all_eval_tasks, evaluate_policy, general_config
 
-    subset = config.model_copy(update={"tasks_per_domain": min(config.tasks_per_domain, config.batch_size), "general": None})
+    subset = config.model_copy(
+        update={"tasks_per_domain": min(config.tasks_per_domain, config.batch_size), "general": None}
+    )
     t = time.perf_counter()
     evaluate_policy(subset, policy)
     per_task = (time.perf_counter() - t) / max(1, len(all_eval_tasks(subset)))
@@ -180,8 +191,11 @@ def eval_stage(stage: str, timing: EvalTiming, counts: tuple[int, int]) -> Stage
     tasks, general = counts
     seconds = timing.load_s + tasks * timing.per_task_s + general * timing.general_per_task_s
     how = f"load {timing.load_s:.1f} s + {tasks} tasks x {timing.per_task_s:.2f} s"
-    return StageEstimate(stage=stage, seconds=seconds,
-                         how=how + (f" + {general} general-check tasks x {timing.general_per_task_s:.2f} s" if general else ""))
+    return StageEstimate(
+        stage=stage,
+        seconds=seconds,
+        how=how + (f" + {general} general-check tasks x {timing.general_per_task_s:.2f} s" if general else ""),
+    )
 
 
 def time_register(policy: Any, scratch: Path) -> float:
@@ -204,7 +218,9 @@ def grpo_counts(timed: Timed, config: GRPOConfig, steps: int) -> tuple[int, int]
 
 
 # --- the job -------------------------------------------------------------------------------------
-def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) -> tuple[list[StageEstimate], dict[str, int]]:
+def calibrate(
+    ctx: JobContext, kind: str, config: Any, k: int, scratch: Path
+) -> tuple[list[StageEstimate], dict[str, int]]:
     """The stages of a ``kind`` run with ``config``, each timed in miniature under ``scratch``."""
     from posttrain.training.jobs import check_task_set, resolve_model
     from posttrain.training.loop import train_grpo
@@ -219,13 +235,21 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
 
     def grpo(config: GRPOConfig, path: str) -> Timed:
         progress(f"{k + 1} GRPO steps")
-        return timed_loop(train_grpo, config.updated(model=path, output_dir=str(scratch / "grpo"), max_steps=k + 1,
-                                                     checkpoint_every=k + 1, register_as=None))
+        return timed_loop(
+            train_grpo,
+            config.updated(
+                model=path, output_dir=str(scratch / "grpo"), max_steps=k + 1, checkpoint_every=k + 1, register_as=None
+            ),
+        )
 
     def sft(config: SFTConfig, path: str) -> Timed:
         progress(f"{k + 1} SFT steps")
-        return timed_loop(train_sft, config.updated(model=path, output_dir=str(scratch / "sft"), max_steps=k + 1,
-                                                    checkpoint_every=k + 1, register_as=None))
+        return timed_loop(
+            train_sft,
+            config.updated(
+                model=path, output_dir=str(scratch / "sft"), max_steps=k + 1, checkpoint_every=k + 1, register_as=None
+            ),
+        )
 
     if kind in ("train_grpo", "train_sft"):
         path, _ = resolve_model(ctx, config.model)
@@ -239,7 +263,9 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
         counts["steps"] = config.max_steps
         progress("saving a model")
         save_s = time_register(load_timed(path, config.device)[0], scratch)
-        stages.append(StageEstimate(stage="register", seconds=save_s, how=f"one save of the model, timed: {save_s:.1f} s"))
+        stages.append(
+            StageEstimate(stage="register", seconds=save_s, how=f"one save of the model, timed: {save_s:.1f} s")
+        )
         return stages, counts
 
     from posttrain.platform.models.factory import build_tiny_model
@@ -254,7 +280,9 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
         progress("building the preset's model")
         t = time.perf_counter()
         path = str(build_tiny_model(scratch / "base", preset.model, overwrite=True))
-        stages.append(StageEstimate(stage="base", seconds=time.perf_counter() - t, how="the preset's model built once, timed"))
+        stages.append(
+            StageEstimate(stage="base", seconds=time.perf_counter() - t, how="the preset's model built once, timed")
+        )
     progress("one evaluation batch per domain and saving a model")
     policy, load_s = load_timed(path, eval_config.device)  # the model GRPO starts from has the same shape: timed once
     timing = time_eval(eval_config, policy, load_s)
@@ -276,21 +304,32 @@ def calibrate(ctx: JobContext, kind: str, config: Any, k: int, scratch: Path) ->
     stages.append(eval_stage("eval_after", timing, counted))
     if config.control and sft_config is not None:
         # SFT continued for GRPO's steps: SFT's own step, from its own checkpoint
-        stages.append(StageEstimate(stage="control", seconds=grpo_config.max_steps * timed_sft.step_s + timed_sft.setup_s
-                                    + timed_sft.save_s * checkpoints(sft_config, grpo_config.max_steps),
-                                    how=f"{grpo_config.max_steps} SFT steps x {timed_sft.step_s:.1f} s + setup and checkpoints"))
+        stages.append(
+            StageEstimate(
+                stage="control",
+                seconds=grpo_config.max_steps * timed_sft.step_s
+                + timed_sft.setup_s
+                + timed_sft.save_s * checkpoints(sft_config, grpo_config.max_steps),
+                how=f"{grpo_config.max_steps} SFT steps x {timed_sft.step_s:.1f} s + setup and checkpoints",
+            )
+        )
         stages.append(eval_stage("eval_control", timing, counted))
         counts["steps"] += grpo_config.max_steps
         registers += 1
     counts["eval_tasks"] = evaluations * sum(counted)
-    stages.append(StageEstimate(stage="register", seconds=registers * save_s,
-                                how=f"{registers} models saved x {save_s:.1f} s (one save, timed)"))
+    stages.append(
+        StageEstimate(
+            stage="register",
+            seconds=registers * save_s,
+            how=f"{registers} models saved x {save_s:.1f} s (one save, timed)",
+        )
+    )
     return stages, counts
 
 
 def run_estimate(ctx: JobContext, config: EstimateConfig) -> RunEstimate:
-    from posttrain.platform.jobs import queue
     from posttrain.platform.db.models import utcnow
+    from posttrain.platform.jobs import queue
 
     job = queue.get_job(ctx.job_id, url=ctx.url)
     # the run's process imports the training code before its first stage (seconds under load): the same imports here,
@@ -310,15 +349,35 @@ def run_estimate(ctx: JobContext, config: EstimateConfig) -> RunEstimate:
         raise BadInput(f"cannot calibrate this {config.kind} run: {exc}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    stages.insert(0, StageEstimate(stage="job", seconds=overhead, how=f"the job process's start and its imports, as this job's: {overhead:.1f} s"))
-    estimate = RunEstimate(kind=config.kind, config=config.config, wall_s=sum(s.seconds for s in stages), stages=stages,
-                           calibration_s=time.perf_counter() - t, **counts)
+    stages.insert(
+        0,
+        StageEstimate(
+            stage="job",
+            seconds=overhead,
+            how=f"the job process's start and its imports, as this job's: {overhead:.1f} s",
+        ),
+    )
+    estimate = RunEstimate(
+        kind=config.kind,
+        config=config.config,
+        wall_s=sum(s.seconds for s in stages),
+        stages=stages,
+        calibration_s=time.perf_counter() - t,
+        **counts,
+    )
     for stage in stages:
         ctx.log.info("%s: %.1f s (%s)", stage.stage, stage.seconds, stage.how)
     ctx.log.info("estimate: %s", estimate.summary())
     return estimate
 
 
-ESTIMATE = register(JobKind("estimate", EstimateConfig, run_estimate,
-                            "a training run's wall time on this host, from a short calibration of its stages",
-                            retryable=True, result_model=RunEstimate))
+ESTIMATE = register(
+    JobKind(
+        "estimate",
+        EstimateConfig,
+        run_estimate,
+        "a training run's wall time on this host, from a short calibration of its stages",
+        retryable=True,
+        result_model=RunEstimate,
+    )
+)

@@ -33,8 +33,8 @@ from posttrain.platform.stats import paired_difference
 from posttrain.platform.tasks.heldout import task_source
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService, default_service
 from posttrain.training.config import EvalConfig, SamplingConfig
-from posttrain.training.modeling import PolicySource, load_policy, resolve_device
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
+from posttrain.training.modeling import PolicySource, load_policy, resolve_device
 
 if TYPE_CHECKING:
     from posttrain.training.environments.base import Episode
@@ -55,10 +55,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def eval_sampling(config: EvalConfig) -> SamplingConfig:
     """Greedy for one sample per task, else sampled at ``config.temperature``."""
-    return SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature if config.samples > 1 else 0.0)
+    return SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature if config.samples > 1 else 0.0
+    )
 
 
-def open_eval_episodes(config: EvalConfig, engine: EmbeddedRolloutEngine, service: VerifierService) -> EpisodeRunner | None:
+def open_eval_episodes(
+    config: EvalConfig, engine: EmbeddedRolloutEngine, service: VerifierService
+) -> EpisodeRunner | None:
     """The episode runner of ``config.environment`` (None: one completion per task)."""
     if config.environment is None or not config.environment.multi_turn:
         return None
@@ -74,13 +78,22 @@ def episode_figures(episode: Episode) -> dict[str, float]:
     ``bash`` command that names one) before it replied."""
     calls = episode.tool_calls
     tested = any(c.name == "bash" and "test" in str(c.arguments.get("command", "")) for c in calls)
-    return {"turns": float(episode.policy_turns), "tool_calls": float(len(calls)),
-            "tool_errors": float(sum(c.failed for c in calls)), "tested_before_reply": float(tested and episode.finished)}
+    return {
+        "turns": float(episode.policy_turns),
+        "tool_calls": float(len(calls)),
+        "tool_errors": float(sum(c.failed for c in calls)),
+        "tested_before_reply": float(tested and episode.finished),
+    }
 
 
-def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, service: VerifierService,
-            tasks: list[TaskSpec], config: EvalConfig, figures: list[dict[str, float]] | None = None,
-            ) -> tuple[list[list[str]], list[Verdict]]:
+def answers(
+    engine: EmbeddedRolloutEngine,
+    episodes: EpisodeRunner | None,
+    service: VerifierService,
+    tasks: list[TaskSpec],
+    config: EvalConfig,
+    figures: list[dict[str, float]] | None = None,
+) -> tuple[list[list[str]], list[Verdict]]:
     """``config.samples`` answers to each task and their verdicts (task by task): completions through the
     inference engine, or whole episodes of the environment, which scored them where they ran (an episode
     whose sandbox failed counts as not passed). ``figures`` receives each episode's :func:`episode_figures`."""
@@ -89,14 +102,22 @@ def answers(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, servi
         groups = episodes.groups(tasks)
         if figures is not None:
             figures += [episode_figures(t.episode) for g in groups for t in g.trajectories if t.episode is not None]
-        verdicts = [t.verdict if t.verdict is not None and t.reward is not None
-                    else Verdict.infra(t.episode.error if t.episode is not None and t.episode.error else "not scored")
-                    for g in groups for t in g.trajectories]
+        verdicts = [
+            t.verdict
+            if t.verdict is not None and t.reward is not None
+            else Verdict.infra(t.episode.error if t.episode is not None and t.episode.error else "not scored")
+            for g in groups
+            for t in g.trajectories
+        ]
         return [[t.text for t in g.trajectories] for g in groups], verdicts
     # a base model's answer (the completion format) is cut where it goes on to a question of its own, as in training
-    per_task = [[t.text for t in g.trajectories] for g in rollout_groups(engine, engine.tokenizer, tasks, n, eval_sampling(config))]
-    return per_task, service.verify_batch([t for t, outs in zip(tasks, per_task) for _ in outs],
-                                          [c for outs in per_task for c in outs])
+    per_task = [
+        [t.text for t in g.trajectories]
+        for g in rollout_groups(engine, engine.tokenizer, tasks, n, eval_sampling(config))
+    ]
+    return per_task, service.verify_batch(
+        [t for t, outs in zip(tasks, per_task) for _ in outs], [c for outs in per_task for c in outs]
+    )
 
 
 def eval_domains(config: EvalConfig) -> list[str]:
@@ -107,10 +128,14 @@ def eval_domains(config: EvalConfig) -> list[str]:
 
     stats = domain_stats(task_set=config.task_set)
     if not stats:
-        raise ValueError(f"no task set named {config.task_set!r} holds tasks; `posttrain tasks list` shows the task sets")
+        raise ValueError(
+            f"no task set named {config.task_set!r} holds tasks; `posttrain tasks list` shows the task sets"
+        )
     domains = [d.name for d in stats if (d.eval if config.split == "eval" else d.train)]
     if not domains:
-        raise ValueError(f"task set {config.task_set!r} has no {config.split} tasks; rebuild it with an eval fraction above 0")
+        raise ValueError(
+            f"task set {config.task_set!r} has no {config.split} tasks; rebuild it with an eval fraction above 0"
+        )
     return domains
 
 
@@ -128,7 +153,9 @@ def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
         return apply_format([t.spec for t in stored], config.prompt_format)
     from posttrain.platform.tasks.domains import generate
 
-    tasks = generate(domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty_of(domain), split=config.split)
+    tasks = generate(
+        domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty_of(domain), split=config.split
+    )
     return apply_format(tasks, config.prompt_format)
 
 
@@ -144,13 +171,24 @@ def general_config(config: EvalConfig) -> EvalConfig | None:
     domains = [d for d in check.domains if d not in config.domains] if check is not None else []
     if check is None or not domains:
         return None
-    return EvalConfig(domains=domains, difficulty=check.difficulty, tasks_per_domain=check.tasks_per_domain,
-                      max_new_tokens=check.max_new_tokens, seed=config.seed, batch_size=config.batch_size,
-                      device=config.device)
+    return EvalConfig(
+        domains=domains,
+        difficulty=check.difficulty,
+        tasks_per_domain=check.tasks_per_domain,
+        max_new_tokens=check.max_new_tokens,
+        seed=config.seed,
+        batch_size=config.batch_size,
+        device=config.device,
+    )
 
 
-def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, service: VerifierService | None = None,
-                    records: list[dict[str, Any]] | None = None) -> dict[str, float]:
+def evaluate_policy(
+    config: EvalConfig,
+    policy: PolicySource | None = None,
+    *,
+    service: VerifierService | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> dict[str, float]:
     """Per-domain and overall ``pass@k``, ``pass_rate`` (= pass@1) and mean ``score`` of one policy
     (``eval/<domain>/pass@1``, ``eval/pass@1``, ...); in the domains that hold out more than prompts, pass@1
     and the task count by why each task is held out, per domain and over them all
@@ -166,7 +204,9 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
     source = policy if policy is not None else (sources[0] if sources else None)
     if source is None:
         raise ValueError("no model: set EvalConfig.model or pass a (model, tokenizer) pair")
-    model, tokenizer = load_policy(source, device=resolve_device(config.device))  # a base model in the completion format
+    model, tokenizer = load_policy(
+        source, device=resolve_device(config.device)
+    )  # a base model in the completion format
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
     episodes = open_eval_episodes(config, engine, service)
@@ -179,13 +219,19 @@ def evaluate_policy(config: EvalConfig, policy: PolicySource | None = None, *, s
         kept: list[dict[str, Any]] | None = [] if records is not None else None
         found = _domains_report(engine, None, service, general, general.domains, kept)
         report |= {GENERAL + key.removeprefix("eval/"): value for key, value in found.items()}
-        if kept is not None:  # its flips explain a general-check loss
+        if kept is not None and records is not None:  # its flips explain a general-check loss
             records += [row | {"domain": GENERAL + row["domain"]} for row in kept]
     return report
 
 
-def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | None, service: VerifierService,
-                    config: EvalConfig, domains: list[str], records: list[dict[str, Any]] | None) -> dict[str, float]:
+def _domains_report(
+    engine: EmbeddedRolloutEngine,
+    episodes: EpisodeRunner | None,
+    service: VerifierService,
+    config: EvalConfig,
+    domains: list[str],
+    records: list[dict[str, Any]] | None,
+) -> dict[str, float]:
     generator = torch.Generator().manual_seed(config.seed)
     n = config.samples
     report: dict[str, float] = {}
@@ -240,7 +286,9 @@ def _domains_report(engine: EmbeddedRolloutEngine, episodes: EpisodeRunner | Non
     return report
 
 
-def compare_reports(reports: Mapping[str, Mapping[str, float]], domains: Sequence[str], metric: str = "pass@1") -> dict[str, dict[str, float]]:
+def compare_reports(
+    reports: Mapping[str, Mapping[str, float]], domains: Sequence[str], metric: str = "pass@1"
+) -> dict[str, dict[str, float]]:
     """Per domain (and ``"all"``): each model's ``metric`` and ``delta`` = last model minus first."""
     names = list(reports)
     table: dict[str, dict[str, float]] = {}
@@ -290,12 +338,17 @@ def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]])
     # what the flips of a domain that lost beyond noise show is the interference: those are kept before the rest
     lost = {d for d, row in table.items() if d != "all" and row["ci_high"] < 0}
     differ = [x for x in differ if x["domain"] in lost] + [x for x in differ if x["domain"] not in lost]
-    return {"domains": table, **({"general": general} if general else {}), "disagreements": differ[:MAX_DISAGREEMENTS],
-            "disagreements_total": len(differ)}
+    return {
+        "domains": table,
+        **({"general": general} if general else {}),
+        "disagreements": differ[:MAX_DISAGREEMENTS],
+        "disagreements_total": len(differ),
+    }
 
 
-def evaluate_models(config: EvalConfig, resolve: Any = None, *, service: VerifierService | None = None,
-                    on_model: Any = None) -> dict[str, Any]:
+def evaluate_models(
+    config: EvalConfig, resolve: Any = None, *, service: VerifierService | None = None, on_model: Any = None
+) -> dict[str, Any]:
     """Evaluate every model of ``config`` (``resolve(name) -> path`` maps registered names) on the
     same tasks and compare them; two models greedily also get a :func:`head_to_head` (``arena``).
     ``on_model(index, name)`` is called as each model finishes."""

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import torch
 
@@ -70,8 +70,10 @@ def _optimizer_state_by_name(indexed: dict[str, Any], names: list[str]) -> dict[
     """The inverse of :func:`_optimizer_state_by_index` for a model whose trainable parameters are ``names``."""
     ids = [i for group in indexed["param_groups"] for i in group["params"]]
     if sorted(ids) != list(range(len(names))):
-        raise ValueError(f"the checkpoint's optimizer holds {len(ids)} parameters, the model trains {len(names)}: "
-                         "it was written for another model or LoRA setting")
+        raise ValueError(
+            f"the checkpoint's optimizer holds {len(ids)} parameters, the model trains {len(names)}: "
+            "it was written for another model or LoRA setting"
+        )
     groups = [{**group, "params": [names[i] for i in group["params"]]} for group in indexed["param_groups"]]
     return {"state": {names[int(i)]: value for i, value in indexed["state"].items()}, "param_groups": groups}
 
@@ -80,11 +82,14 @@ def shard(model: torch.nn.Module, ctx: DistContext) -> None:
     """``fully_shard`` each decoder layer (the model's ``_no_split_modules``), then the root."""
     from torch.distributed.fsdp import fully_shard
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model
+    # a peft model's base model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     layer_types = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     if not layers:
-        log.warning("no decoder layers found (_no_split_modules=%s): the whole model is one FSDP unit", sorted(layer_types))
+        log.warning(
+            "no decoder layers found (_no_split_modules=%s): the whole model is one FSDP unit", sorted(layer_types)
+        )
     for layer in layers:
         fully_shard(layer, mesh=ctx.mesh, mp_policy=ctx.mp_policy)
     fully_shard(model, mesh=ctx.mesh, mp_policy=ctx.mp_policy)
@@ -107,7 +112,9 @@ def process_group(config: TrainConfig) -> Iterator[DistContext]:
     if config.model is None:
         raise ValueError(f"no model: set {type(config).__name__}.model to a model directory")
     if "RANK" not in os.environ:
-        raise RuntimeError("run this under torchrun: torchrun --nproc_per_node N -m posttrain.training.fsdp --config FILE")
+        raise RuntimeError(
+            "run this under torchrun: torchrun --nproc_per_node N -m posttrain.training.fsdp --config FILE"
+        )
     requested = resolve_device(config.device)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if requested.type == "cuda":
@@ -121,7 +128,11 @@ def process_group(config: TrainConfig) -> Iterator[DistContext]:
         world = dist.get_world_size()
         bf16 = config.bf16 if config.bf16 is not None else device.type == "cuda" and torch.cuda.is_bf16_supported()
         fsdp_bf16 = bool(bf16) and device.type == "cuda"  # bf16 compute and all-gathers, fp32 gradient reduction
-        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if fsdp_bf16 else MixedPrecisionPolicy()
+        mp_policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if fsdp_bf16
+            else MixedPrecisionPolicy()
+        )
         amp = False if fsdp_bf16 else config.bf16  # else as in one process: fp32, or bf16 autocast where asked for
         yield DistContext(dist.get_rank(), world, device, amp, init_device_mesh(device.type, (world,)), mp_policy)
     finally:
@@ -151,7 +162,8 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on rank 0's CPU (a collective: every rank calls it; the others get nothing)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast("dict[str, torch.Tensor]", state)  # full_state_dict: plain tensors, no shards
 
 
 def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tied: set[str]) -> dict[str, Any]:
@@ -160,7 +172,9 @@ def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tied: 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     model_state = {k: v for k, v in full_state(model).items() if k not in tied}
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    optimizer_state = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if not optimizer_state:  # not rank 0
         return {}
     return {"model_state": model_state, "optimizer_state": _optimizer_state_by_index(optimizer_state)}
@@ -171,13 +185,17 @@ def check_launch(config: SFTConfig | GRPOConfig) -> None:
     """Raise ``ValueError`` naming the fix when ``config`` cannot run on ``nproc_per_node`` processes here."""
     n = config.nproc_per_node
     if config.output_dir is None:
-        raise ValueError(f"a multi-process {_kind(config).upper()} run needs output_dir: its final model is read back "
-                         "from the last checkpoint")
+        raise ValueError(
+            f"a multi-process {_kind(config).upper()} run needs output_dir: its final model is read back "
+            "from the last checkpoint"
+        )
     if config.model is None:
         raise ValueError("no model: set SFTConfig.model to a model directory")
     if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < n:
-        raise ValueError(f"nproc_per_node={n} needs {n} GPUs, this machine has {torch.cuda.device_count()}; "
-                         "lower nproc_per_node or set device: cpu")
+        raise ValueError(
+            f"nproc_per_node={n} needs {n} GPUs, this machine has {torch.cuda.device_count()}; "
+            "lower nproc_per_node or set device: cpu"
+        )
 
 
 class _Follower:
@@ -233,9 +251,22 @@ def launch(
     tmp = run_dir / f".{config_file.name}.tmp"
     tmp.write_text(config.model_dump_json(indent=1))
     os.replace(tmp, config_file)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(config.nproc_per_node),
-               "-m", "posttrain.training.fsdp", "--kind", _kind(config), "--config", str(config_file),
-               "--metrics-file", str(metrics_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(config.nproc_per_node),
+        "-m",
+        "posttrain.training.fsdp",
+        "--kind",
+        _kind(config),
+        "--config",
+        str(config_file),
+        "--metrics-file",
+        str(metrics_file),
+    ]
     env = dict(os.environ)
     if trajectories is not None:
         env[_TRAJECTORY_URL_ENV] = trajectories[0]
@@ -246,7 +277,9 @@ def launch(
         sink.write(line + "\n")
         sink.flush()
 
-    child = Supervised(command, env=env, on_line=forward, tail_lines=40)  # in our process group: a job's kill reaches it
+    child = Supervised(
+        command, env=env, on_line=forward, tail_lines=40
+    )  # in our process group: a job's kill reaches it
     follower = _Follower(metrics_file)
     result = TrainResult(steps=0, checkpoint=None, metrics=[], model=None)
     ended = stopped = False
@@ -290,6 +323,7 @@ def launch(
 def trained_model(config: SFTConfig | GRPOConfig, checkpoint: str | Path) -> torch.nn.Module:
     """The model a finished run trained: ``config.model`` (with LoRA, if set) and the checkpoint's weights."""
     assert config.model is not None
+    model: torch.nn.Module  # a peft model under LoRA
     model, _ = load_policy(config.model)
     if config.lora is not None:
         model = apply_lora(model, config.lora)
@@ -302,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    parser = argparse.ArgumentParser(prog="torchrun ... -m posttrain.training.fsdp", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="torchrun ... -m posttrain.training.fsdp", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--kind", choices=["sft", "grpo"], default="sft", help="the trainer")
     parser.add_argument("--config", required=True, help="an SFTConfig or GRPOConfig as a YAML or JSON file")
     parser.add_argument("--metrics-file", help="rank 0 appends one JSON line per step here")
@@ -350,15 +386,21 @@ def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> Train
 
                     url = os.environ.get(_TRAJECTORY_URL_ENV) or get_settings().resolved_database_url
                     on_groups = TrajectoryWriter(url, args.trajectories_job, args.trajectories_limit)
-                result = train_grpo(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics,
-                                                            on_groups=on_groups)
+                result = train_grpo(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics, on_groups=on_groups)
             else:
                 result = train_sft(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics)
-            emit({"event": "end", "steps": result.steps, "checkpoint": str(result.checkpoint) if result.checkpoint else None})
+            emit(
+                {
+                    "event": "end",
+                    "steps": result.steps,
+                    "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+                }
+            )
         finally:
             if out is not None:
                 out.close()
     return result
+
 
 if __name__ == "__main__":
     sys.exit(main())

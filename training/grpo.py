@@ -78,7 +78,9 @@ class GRPOLossOutput:
     stats: GRPOStats
 
 
-def _aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation, normalizer: float | None) -> torch.Tensor:
+def _aggregate(
+    values: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation, normalizer: float | None
+) -> torch.Tensor:
     if aggregation == "token":
         denom = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
         return (values * mask).sum() / denom

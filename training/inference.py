@@ -33,7 +33,6 @@ Behaviour and learner log-probs of the same tokens should agree up to numerics (
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
@@ -53,7 +52,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.models.chat_template import reply_end_ids
 from posttrain.platform.models.loader import load_model
-from posttrain.platform.serving.generation import DecodeBatch, KVPrefix, SamplingParams, SpeculationConfig, decode_groups
+from posttrain.platform.serving.generation import (
+    DecodeBatch,
+    KVPrefix,
+    SamplingParams,
+    SpeculationConfig,
+    decode_groups,
+)
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
 from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, engine_dtype
 from posttrain.platform.verifiers import TaskSpec
@@ -107,7 +112,9 @@ class PolicyBatcher(Protocol):
     @property
     def version(self) -> int: ...
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion: ...
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion: ...
 
     def forget_prefixes(self) -> None:
         """Drop what is kept for later turns (the episodes it was kept for are over): memory the learner's update
@@ -169,7 +176,9 @@ class EmbeddedRolloutEngine:
         self.model, self.tokenizer, self.max_num_seqs, self.version = model, tokenizer, max_num_seqs, version
         self.prefix_cache_bytes = prefix_cache_bytes
         if stop_token_ids is None:
-            stop_token_ids = reply_end_ids(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+            stop_token_ids = reply_end_ids(
+                tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            )
         self.stop_token_ids = frozenset(stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (eos if eos is not None else 0)
@@ -186,11 +195,17 @@ class EmbeddedRolloutEngine:
     def generate(
         self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
     ) -> list[list[Completion]]:
-        params = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                top_p=sampling.top_p, logprobs=True)
+        params = SamplingParams(
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            logprobs=True,
+        )
         generator = None if seed is None else torch.Generator(device=self.model.device).manual_seed(seed)
-        groups = [[DecodeSequence(list(p), params, self.stop_token_ids, generator=generator) for _ in range(n)]
-                  for p in prompts]
+        groups = [
+            [DecodeSequence(list(p), params, self.stop_token_ids, generator=generator) for _ in range(n)]
+            for p in prompts
+        ]
         with eval_mode(self.model):
             decode_groups(self.model, groups, pad_token_id=self.pad_token_id, max_num_seqs=self.max_num_seqs)
         return [[Completion(s.generated, s.logprobs, s.finish_reason == "stop") for s in group] for group in groups]
@@ -230,8 +245,11 @@ class PrefixStore:
         completion that goes on from it leaves a longer one)."""
         with self._lock:
             self._at(version)
-            best = max((ids for ids in self._entries if len(ids) < len(prompt_ids) and tuple(prompt_ids[: len(ids)]) == ids),
-                       key=len, default=None)
+            best = max(
+                (ids for ids in self._entries if len(ids) < len(prompt_ids) and tuple(prompt_ids[: len(ids)]) == ids),
+                key=len,
+                default=None,
+            )
             if best is None:
                 return None
             prefix = self._entries.pop(best)
@@ -265,7 +283,9 @@ class ContinuousBatcher:
         batcher.close()
     """
 
-    def __init__(self, engine: EmbeddedRolloutEngine, *, seed: int = 0, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
+    def __init__(
+        self, engine: EmbeddedRolloutEngine, *, seed: int = 0, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
+    ) -> None:
         self.engine = engine
         self._generator = torch.Generator(device=engine.model.device).manual_seed(seed)
         self._cond = threading.Condition()
@@ -280,12 +300,23 @@ class ContinuousBatcher:
     def version(self) -> int:
         return self.engine.version
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion:
         """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
-        params = SamplingParams(max_new_tokens=max_new_tokens or sampling.max_new_tokens, temperature=sampling.temperature,
-                                top_p=sampling.top_p, logprobs=True)
-        seq = DecodeSequence(list(prompt_ids), params, self.engine.stop_token_ids, generator=self._generator,
-                             keep_kv=self._prefixes is not None)
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens or sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            logprobs=True,
+        )
+        seq = DecodeSequence(
+            list(prompt_ids),
+            params,
+            self.engine.stop_token_ids,
+            generator=self._generator,
+            keep_kv=self._prefixes is not None,
+        )
         if self._prefixes is not None:  # held by the sequence alone, which lets it go once the batch has a copy
             seq.prefix = self._prefixes.take(prompt_ids, self.engine.version)
             self.reused_tokens += len(seq.prefix.token_ids) if seq.prefix is not None else 0
@@ -315,14 +346,14 @@ class ContinuousBatcher:
             with self._cond:
                 self._cond.wait_for(lambda: self._closed or self._pending or len(batch))
                 if self._closed:
-                    for seq, future in self._pending:
+                    for _seq, future in self._pending:
                         future.set_exception(RuntimeError("the batcher closed"))
                     for future in out.values():
                         future.set_exception(RuntimeError("the batcher closed"))
                     return
                 room = (limit - len(batch)) if limit else len(self._pending)
                 joining = self._pending[:room] if batch.can_join else []
-                self._pending = self._pending[len(joining):]
+                self._pending = self._pending[len(joining) :]
             try:
                 with eval_mode(self.engine.model):
                     if joining:
@@ -434,20 +465,33 @@ class VLLMRolloutEngine:
             vllm = _import_vllm()
             llm_class, sampling_params_class = llm_class or vllm.LLM, sampling_params_class or vllm.SamplingParams
         self.model_path, self.args, self.version = Path(model_path), args, version
-        self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))
+        self.weights_dir = (
+            Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))
+        )
         self._llm_class, self._sampling_params_class = llm_class, sampling_params_class
         self.llm = llm_class(**args.llm_kwargs(str(self.model_path)))
         self.weight_sync: str | None = None
 
-    def sampling_params(self, n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None) -> Any:
-        return self._sampling_params_class(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                           max_tokens=max_new_tokens or sampling.max_new_tokens, logprobs=0, seed=seed)
+    def sampling_params(
+        self, n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
+    ) -> Any:
+        return self._sampling_params_class(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=max_new_tokens or sampling.max_new_tokens,
+            logprobs=0,
+            seed=seed,
+        )
 
     def generate(
         self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
     ) -> list[list[Completion]]:
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                    sampling_params=self.sampling_params(n, sampling, seed), use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts],
+            sampling_params=self.sampling_params(n, sampling, seed),
+            use_tqdm=False,
+        )
         return [[_vllm_completion(o) for o in out.outputs] for out in outputs]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -505,7 +549,9 @@ class VLLMBatcher:
     def version(self) -> int:
         return self.engine.version
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion:
         """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
         with self._lock:
             j, self._asked = self._asked, self._asked + 1
@@ -520,8 +566,9 @@ class VLLMBatcher:
         self._thread.join(timeout=30)
 
 
-def vllm_request(prompt: Sequence[int], n: int, sampling: SamplingConfig, seed: int | None,
-                 max_new_tokens: int | None = None) -> dict[str, Any]:
+def vllm_request(
+    prompt: Sequence[int], n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
+) -> dict[str, Any]:
     """One request as the rollout server's :class:`~posttrain.training.vllm_server.Driver` takes it."""
     return {"prompt": list(prompt), "n": n, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "max_tokens": max_new_tokens or sampling.max_new_tokens, "seed": seed}  # fmt: skip
@@ -545,8 +592,15 @@ class VLLMServerEngine:
       loop batches the concurrent ones.
     """
 
-    def __init__(self, model_path: str | os.PathLike[str], *, args: VLLMEngineArgs = VLLMEngineArgs(),
-                 version: int = 0, python: str | os.PathLike[str] | None = None, start_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        args: VLLMEngineArgs = VLLMEngineArgs(),
+        version: int = 0,
+        python: str | os.PathLike[str] | None = None,
+        start_timeout_s: float = 600.0,
+    ) -> None:
         import httpx
 
         from posttrain.platform.serving.jobs import free_port
@@ -586,9 +640,12 @@ class VLLMServerEngine:
         answers = self._post("/generate", {"requests": [vllm_request(p, n, sampling, seed) for p in prompts]})
         return [self._completions(a) for a in answers["outputs"]]
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, seed: int | None,
-                 max_new_tokens: int | None = None) -> Completion:
-        (answer,) = self._post("/generate", {"requests": [vllm_request(prompt_ids, 1, sampling, seed, max_new_tokens)]})["outputs"]
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
+    ) -> Completion:
+        (answer,) = self._post(
+            "/generate", {"requests": [vllm_request(prompt_ids, 1, sampling, seed, max_new_tokens)]}
+        )["outputs"]
         return self._completions(answer)[0]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -631,7 +688,9 @@ class VLLMServerBatcher:
     def version(self) -> int:
         return self.engine.version
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion:
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -647,12 +706,16 @@ class VLLMServerBatcher:
 
 
 def _import_vllm() -> Any:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process (its batcher drives it)
+    os.environ.setdefault(
+        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+    )  # the engine core in this process (its batcher drives it)
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError("VLLMRolloutEngine needs vLLM in this environment (a GPU host: pip install 'posttrain[gpu]'); "
-                          "elsewhere VLLMServerEngine runs it from its own environment (make vllm)") from exc
+        raise ImportError(
+            "VLLMRolloutEngine needs vLLM in this environment (a GPU host: pip install 'posttrain[gpu]'); "
+            "elsewhere VLLMServerEngine runs it from its own environment (make vllm)"
+        ) from exc
     return vllm
 
 
@@ -674,8 +737,11 @@ def save_weights(state_dict: Mapping[str, torch.Tensor], source: Path, weights_d
     for item in source.iterdir():
         if item.is_file() and not item.name.endswith(WEIGHT_FILES):
             shutil.copy2(item, staging / item.name)
-    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()},
-              str(staging / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()},
+        str(staging / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     final = weights_dir / f"version-{version}"
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
@@ -764,11 +830,19 @@ class LogprobMismatchError(RuntimeError):
         self.mismatch = mismatch
 
 
-def check_logprob_mismatch(mismatch: LogprobMismatch, tolerance: MismatchTolerance = MismatchTolerance()) -> None:
-    """Raise :class:`LogprobMismatchError` naming each figure past its tolerance."""
-    limits = {"mean_abs_diff": tolerance.mean_abs_diff, "kl_k3": tolerance.kl_k3, "max_abs_diff": tolerance.max_abs_diff}
-    over = [f"{name} {getattr(mismatch, name):.4g} > {limit:g}" for name, limit in limits.items()
-            if limit is not None and getattr(mismatch, name) > limit]
+def check_logprob_mismatch(mismatch: LogprobMismatch, tolerance: MismatchTolerance | None = None) -> None:
+    """Raise :class:`LogprobMismatchError` naming each figure past its tolerance (the defaults when none is given)."""
+    tolerance = tolerance or MismatchTolerance()
+    limits = {
+        "mean_abs_diff": tolerance.mean_abs_diff,
+        "kl_k3": tolerance.kl_k3,
+        "max_abs_diff": tolerance.max_abs_diff,
+    }
+    over = [
+        f"{name} {getattr(mismatch, name):.4g} > {limit:g}"
+        for name, limit in limits.items()
+        if limit is not None and getattr(mismatch, name) > limit
+    ]
     if not over:
         return
     raise LogprobMismatchError(

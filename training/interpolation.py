@@ -53,10 +53,16 @@ class InterpolateConfig(BaseModel):
     a: str = Field(min_length=1, description="the registered model training started from (alpha 0)")
     b: str = Field(min_length=1, description="the registered model trained from a (alpha 1)")
     alpha: float | None = Field(default=None, ge=0, le=1, description="the weight of b: (1 - alpha) * a + alpha * b")
-    alphas: list[float] = Field(default_factory=list, max_length=21, description="candidates to pick from on validation "
-                                "tasks from the train split (never the held-out eval split)")
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
-                             description="register the result under this name (default: <b>-alpha<alpha>)")
+    alphas: list[float] = Field(
+        default_factory=list,
+        max_length=21,
+        description="candidates to pick from on validation tasks from the train split (never the held-out eval split)",
+    )
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
+        description="register the result under this name (default: <b>-alpha<alpha>)",
+    )
     domains: list[str] = Field(default_factory=list, description="procedural domains of the validation tasks (alphas)")
     tasks_per_domain: int = Field(default=32, ge=1, le=1000)
     difficulty: int = Field(default=1, ge=1)
@@ -120,7 +126,9 @@ class InterpolateJobResult(BaseModel):
     split: str | None = Field(default=None, description="the split the validation tasks came from: always train")
     validation_seed: int | None = None
     validation_tasks: int | None = None
-    validation_file: str | None = Field(default=None, description="the validation tasks (domain, task id, split, prompt)")
+    validation_file: str | None = Field(
+        default=None, description="the validation tasks (domain, task id, split, prompt)"
+    )
 
 
 def pick(candidates: list[Candidate]) -> Candidate:
@@ -163,7 +171,9 @@ def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJo
             where = ctx.workdir / f"candidate-{i}"
             shutil.rmtree(where, ignore_errors=True)  # a retried attempt's leftover
             try:
-                interpolate_dirs(Path(a_row.path), Path(b_row.path), where, x, a_label=repr(config.a), b_label=repr(config.b))
+                interpolate_dirs(
+                    Path(a_row.path), Path(b_row.path), where, x, a_label=repr(config.a), b_label=repr(config.b)
+                )
             except ModelDirError as exc:
                 raise BadInput(str(exc)) from None
             records: list[dict[str, Any]] = []
@@ -195,6 +205,13 @@ def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJo
                                 candidates=candidates, **extra)  # fmt: skip
 
 
-INTERPOLATE_MODEL = register(JobKind("interpolate_model", InterpolateConfig, run_interpolate,
-                                     "weight interpolation of a trained model with its start (WiSE-FT); alpha given, or "
-                                     "picked on validation tasks of the train split", result_model=InterpolateJobResult))
+INTERPOLATE_MODEL = register(
+    JobKind(
+        "interpolate_model",
+        InterpolateConfig,
+        run_interpolate,
+        "weight interpolation of a trained model with its start (WiSE-FT); alpha given, or "
+        "picked on validation tasks of the train split",
+        result_model=InterpolateJobResult,
+    )
+)

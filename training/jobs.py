@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.platform import metric_names
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
-from posttrain.platform import metric_names
 
 if TYPE_CHECKING:
     import torch
@@ -74,9 +74,12 @@ class EvalJobResult(BaseModel):
     domains: list[str] = Field(default_factory=list)
     task_set: str | None = None
     arena: dict[str, Any] | None = None
-    records: dict[str, str] = Field(default_factory=dict, description="each model's per-task records (JSON file in the "
-                                    "job's directory: domain, task id, source, answer, verdict), to pair with another "
-                                    "evaluation of the same tasks (training.evaluate.head_to_head)")
+    records: dict[str, str] = Field(
+        default_factory=dict,
+        description="each model's per-task records (JSON file in the "
+        "job's directory: domain, task id, source, answer, verdict), to pair with another "
+        "evaluation of the same tasks (training.evaluate.head_to_head)",
+    )
 
 
 class PresetJobResult(BaseModel):
@@ -105,13 +108,20 @@ class PresetJobResult(BaseModel):
     general_before: float | None = Field(default=None, description="the general check's pass@1 before GRPO")
     general_after: float | None = Field(default=None, description="... and after: what training cost elsewhere")
     general_tasks: int | None = Field(default=None, description="the general check's tasks (for its standard error)")
-    pass_base: float | None = Field(default=None, description="held-out pass@1 of the model before SFT, when the run "
-                                    "evaluated it (a base model: in the plain completion format)")
+    pass_base: float | None = Field(
+        default=None,
+        description="held-out pass@1 of the model before SFT, when the run "
+        "evaluated it (a base model: in the plain completion format)",
+    )
     general_base: float | None = Field(default=None, description="... and its general check")
-    arena: dict[str, Any] | None = Field(default=None, description="the held-out evaluations before and after GRPO "
-                                         "paired task by task (training.evaluate.head_to_head): the run's comparison")
-    peak_rss_gb: float | None = Field(default=None, description="the job process's peak RSS (learner, rollouts, "
-                                      "evaluation), GiB")
+    arena: dict[str, Any] | None = Field(
+        default=None,
+        description="the held-out evaluations before and after GRPO "
+        "paired task by task (training.evaluate.head_to_head): the run's comparison",
+    )
+    peak_rss_gb: float | None = Field(
+        default=None, description="the job process's peak RSS (learner, rollouts, evaluation), GiB"
+    )
 
 
 # --- models in and out ------------------------------------------------------------
@@ -129,12 +139,20 @@ def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
         return row.path, row.name
     if (Path(ref) / "config.json").is_file():
         return str(Path(ref)), None
-    raise BadInput(f"model {ref!r} is neither a registered model name nor a model directory (no config.json there); "
-                   "`posttrain models list` shows the registered models")
+    raise BadInput(
+        f"model {ref!r} is neither a registered model name nor a model directory (no config.json there); "
+        "`posttrain models list` shows the registered models"
+    )
 
 
-def register_final_model(ctx: JobContext, config: TrainConfig, model: torch.nn.Module, source_dir: str,
-                         base: str | None, meta: dict[str, Any]) -> str:
+def register_final_model(
+    ctx: JobContext,
+    config: TrainConfig,
+    model: torch.nn.Module,
+    source_dir: str,
+    base: str | None,
+    meta: dict[str, Any],
+) -> str:
     """Save ``model`` (LoRA merged) with the source's tokenizer, in the chat template the run trained in when it gave
     one (a base model's SFT), under ``<data_dir>/models/<name>`` and register it."""
     from posttrain.platform.models.chat_template import resolve_template
@@ -159,13 +177,21 @@ def register_final_model(ctx: JobContext, config: TrainConfig, model: torch.nn.M
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    register_model(ctx.identity, name, final, base=base, produced_by_job_id=ctx.job_id, meta={"job_kind": ctx.kind, **meta},
-                   replace=True, url=ctx.url)
+    register_model(
+        ctx.identity,
+        name,
+        final,
+        base=base,
+        produced_by_job_id=ctx.job_id,
+        meta={"job_kind": ctx.kind, **meta},
+        replace=True,
+        url=ctx.url,
+    )
     return name
 
 
 # --- reporting ----------------------------------------------------------------------
-def _reporter(ctx: JobContext, total: int):  # type: ignore[no-untyped-def]
+def _reporter(ctx: JobContext, total: int):
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         ctx.log_metrics(step, metrics)
         ctx.progress(step / total, f"step {step}/{total} loss {metrics.get('train/loss', float('nan')):.4f}")
@@ -196,6 +222,7 @@ class TrajectoryWriter:
         if self.limit <= 0:
             return
         from sqlalchemy import delete
+        from sqlmodel import col
 
         from posttrain.platform.db.engine import retry_transient, session
         from posttrain.platform.db.models import Trajectory
@@ -209,17 +236,23 @@ class TrajectoryWriter:
             episode = stored_episode(t.episode) if t.episode is not None else None
             if episode is not None:
                 verdict |= {k: episode[k] for k in ("stop_reason", "error", "attempts", "elapsed_s")}
-            rows.append({
-                "job_id": self.job_id, "step": step, "domain": group.task.domain,
-                "prompt": [m.model_dump() for m in group.task.prompt], "completion": t.text,
-                "tool_calls": episode["turns"] if episode is not None else [],
-                "reward": float(t.reward or 0.0), "verdict": verdict,
-            })
+            rows.append(
+                {
+                    "job_id": self.job_id,
+                    "step": step,
+                    "domain": group.task.domain,
+                    "prompt": [m.model_dump() for m in group.task.prompt],
+                    "completion": t.text,
+                    "tool_calls": episode["turns"] if episode is not None else [],
+                    "reward": float(t.reward or 0.0),
+                    "verdict": verdict,
+                }
+            )
 
         def write() -> None:  # one transaction, repeated as a whole when the database was out of reach
             with session(self.url) as s:
                 # a step redone after a resume replaces its rows
-                s.exec(delete(Trajectory).where(Trajectory.job_id == self.job_id, Trajectory.step == step))  # type: ignore[call-overload]
+                s.exec(delete(Trajectory).where(col(Trajectory.job_id) == self.job_id, col(Trajectory.step) == step))
                 s.add_all([Trajectory(**row) for row in rows])
 
         retry_transient(write, what=f"writing the trajectories of step {step}")
@@ -244,7 +277,9 @@ def _with_output_dir(ctx: JobContext, config: Any) -> Any:
     return config
 
 
-def _launch_fsdp(ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: tuple[str, int, int] | None = None) -> Any:
+def _launch_fsdp(
+    ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: tuple[str, int, int] | None = None
+) -> Any:
     """Run ``config`` on ``nproc_per_node`` FSDP processes (torchrun children); the model comes back as the last checkpoint."""
     from posttrain.training import fsdp
 
@@ -252,8 +287,12 @@ def _launch_fsdp(ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: 
         fsdp.check_launch(config)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    result = fsdp.launch(config, on_metrics=_reporter(ctx, config.max_steps), should_stop=lambda: ctx.should_stop,
-                         trajectories=trajectories)
+    result = fsdp.launch(
+        config,
+        on_metrics=_reporter(ctx, config.max_steps),
+        should_stop=lambda: ctx.should_stop,
+        trajectories=trajectories,
+    )
     ctx.check_stop()
     if result.checkpoint is None:
         raise RuntimeError(f"the FSDP run ended at step {result.steps} without a checkpoint to register")
@@ -274,8 +313,13 @@ def run_sft(ctx: JobContext, config: SFTConfig) -> TrainJobResult:
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
-    return TrainJobResult(steps=result.steps, model=name, base_model=base, resumed_from=result.resumed_from,
-                          checkpoint=str(result.checkpoint) if result.checkpoint else None)
+    return TrainJobResult(
+        steps=result.steps,
+        model=name,
+        base_model=base,
+        resumed_from=result.resumed_from,
+        checkpoint=str(result.checkpoint) if result.checkpoint else None,
+    )
 
 
 def run_grpo(ctx: JobContext, config: GRPOConfig) -> TrainJobResult:
@@ -288,15 +332,21 @@ def run_grpo(ctx: JobContext, config: GRPOConfig) -> TrainJobResult:
         result = _launch_fsdp(ctx, config, trajectories=(ctx.url, ctx.job_id, config.trajectories_per_step))
     else:
         writer = TrajectoryWriter(ctx.url, ctx.job_id, config.trajectories_per_step)
-        result = train_grpo(config, on_metrics=_reporter(ctx, config.max_steps), on_groups=writer,
-                            should_stop=lambda: ctx.should_stop)
+        result = train_grpo(
+            config, on_metrics=_reporter(ctx, config.max_steps), on_groups=writer, should_stop=lambda: ctx.should_stop
+        )
     ctx.check_stop()
     assert result.model is not None
     name = register_final_model(ctx, config, result.model, path, base, {"steps": result.steps})
     last = result.metrics[-1] if result.metrics else {}
-    return TrainJobResult(steps=result.steps, model=name, base_model=base, resumed_from=result.resumed_from,
-                          checkpoint=str(result.checkpoint) if result.checkpoint else None,
-                          final_reward_mean=last.get(metric_names.REWARD_MEAN))
+    return TrainJobResult(
+        steps=result.steps,
+        model=name,
+        base_model=base,
+        resumed_from=result.resumed_from,
+        checkpoint=str(result.checkpoint) if result.checkpoint else None,
+        final_reward_mean=last.get(metric_names.REWARD_MEAN),
+    )
 
 
 def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -314,8 +364,11 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
     paths = {name: resolve_model(ctx, name)[0] for name in names}
     ctx.progress(0.0, f"evaluating {names[0]}", force=True)
     try:
-        out = evaluate_models(config, paths.__getitem__,
-                              on_model=lambda i, name: ctx.progress((i + 1) / len(names), f"evaluated {name}", force=True))
+        out = evaluate_models(
+            config,
+            paths.__getitem__,
+            on_model=lambda i, name: ctx.progress((i + 1) / len(names), f"evaluated {name}", force=True),
+        )
     except ValueError as exc:  # a task set without the split's tasks: the input's fault
         raise BadInput(str(exc)) from None
     for index, name in enumerate(names):
@@ -328,8 +381,17 @@ def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
         kept[name] = str(path := ctx.workdir / f"records-{index}.json")
         (tmp := path.with_suffix(".tmp")).write_text(json.dumps(out["records"][name]))
         tmp.replace(path)
-    return EvalJobResult(models=names, paths=paths, pass_at_1=summary, reports=out["models"], comparison=out["comparison"],
-                         domains=out["domains"], task_set=config.task_set, arena=out.get("arena"), records=kept)
+    return EvalJobResult(
+        models=names,
+        paths=paths,
+        pass_at_1=summary,
+        reports=out["models"],
+        comparison=out["comparison"],
+        domains=out["domains"],
+        task_set=config.task_set,
+        arena=out.get("arena"),
+        records=kept,
+    )
 
 
 class PresetRunConfig(BaseModel):
@@ -346,18 +408,30 @@ class PresetRunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     preset: str = Field(default="cpu-quick", description="a preset name (posttrain.training.presets)")
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-                             description="register the models as <name>-base, <name>-sft and <name> (default '<preset>-job<id>')")
-    model: str | None = Field(default=None, description="start from this registered model (or directory) instead of building one",
-                              json_schema_extra=JOB_PATH)
-    output_dir: str | None = Field(default=None, description="checkpoints and stage state (default: the job's workdir)",
-                                   json_schema_extra=JOB_PATH)
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="register the models as <name>-base, <name>-sft and <name> (default '<preset>-job<id>')",
+    )
+    model: str | None = Field(
+        default=None,
+        description="start from this registered model (or directory) instead of building one",
+        json_schema_extra=JOB_PATH,
+    )
+    output_dir: str | None = Field(
+        default=None, description="checkpoints and stage state (default: the job's workdir)", json_schema_extra=JOB_PATH
+    )
     sft: dict[str, Any] = Field(default_factory=dict)
     grpo: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
-    control: bool = Field(default=True, description="also continue SFT for GRPO's number of steps and evaluate it (the peer)")
-    evaluate_base: bool | None = Field(default=None, description="also evaluate the model before SFT (a base model in "
-                                       "the plain completion format); None: as the preset says")
+    control: bool = Field(
+        default=True, description="also continue SFT for GRPO's number of steps and evaluate it (the peer)"
+    )
+    evaluate_base: bool | None = Field(
+        default=None,
+        description="also evaluate the model before SFT (a base model in "
+        "the plain completion format); None: as the preset says",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PresetRunConfig:
@@ -384,7 +458,16 @@ class PresetRunConfig(BaseModel):
 
 
 # a stage's share of the job's progress bar
-_STAGE_SHARES = {"base": 0.02, "eval_base": 0.05, "sft": 0.18, "eval_before": 0.05, "grpo": 0.5, "eval_after": 0.05, "control": 0.1, "eval_control": 0.05}
+_STAGE_SHARES = {
+    "base": 0.02,
+    "eval_base": 0.05,
+    "sft": 0.18,
+    "eval_before": 0.05,
+    "grpo": 0.5,
+    "eval_after": 0.05,
+    "control": 0.1,
+    "eval_control": 0.05,
+}
 
 
 def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
@@ -395,12 +478,17 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     from posttrain.platform.models.factory import build_tiny_model
     from posttrain.platform.models.general_check import GeneralCheck
     from posttrain.platform.models.registry import record_general_check, register_model
-    from posttrain.training.evaluate import compare_reports, evaluate_policy, head_to_head
+    from posttrain.platform.tasks.heldout import check_held_out
+    from posttrain.training.evaluate import (
+        all_eval_tasks,
+        compare_reports,
+        evaluate_policy,
+        general_config,
+        head_to_head,
+    )
     from posttrain.training.loop import train_grpo
     from posttrain.training.modeling import peak_rss_bytes
     from posttrain.training.presets import get_preset
-    from posttrain.platform.tasks.heldout import check_held_out
-    from posttrain.training.evaluate import all_eval_tasks, general_config
     from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 
     sft_config, grpo_config, eval_config = config.sections()
@@ -438,18 +526,27 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     preset = get_preset(config.preset)
     preset_model = preset.model
     documents = preset.documents
-    check_task_set(ctx, grpo_config, "" if documents is None else (
-        f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload {', '.join(documents.paths)} "
-        f"(Documents page or `posttrain docs add`), then build the set from them with the documents source "
-        f"{documents.source} (Tasks page or `posttrain jobs submit build_tasks`); `bench/learning.py --preset "
-        f"{config.preset}` does all of it"))
+    check_task_set(
+        ctx,
+        grpo_config,
+        ""
+        if documents is None
+        else (
+            f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload {', '.join(documents.paths)} "
+            f"(Documents page or `posttrain docs add`), then build the set from them with the documents source "
+            f"{documents.source} (Tasks page or `posttrain jobs submit build_tasks`); `bench/learning.py --preset "
+            f"{config.preset}` does all of it"
+        ),
+    )
     if "base" not in state:
         if config.model is not None or isinstance(preset_model, str):
             path, base_name = resolve_model(ctx, config.model or str(preset_model))
             base_name = base_name or Path(path).name
         else:
             base_name = f"{name}-base"
-            path = str(build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, preset_model, overwrite=True))
+            path = str(
+                build_tiny_model(Path(ctx.settings.data_dir) / "models" / base_name, preset_model, overwrite=True)
+            )
             register_model(ctx.identity, base_name, path, produced_by_job_id=ctx.job_id, replace=True, url=ctx.url,
                            meta={"job_kind": ctx.kind, "preset": config.preset})  # fmt: skip
         finish("base", {"path": path, "model": base_name})
@@ -465,7 +562,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         finish("sft", {"model": base["model"], "path": base["path"], "checkpoint": None})
     if "sft" not in state:
         assert sft_config is not None
-        sft_config = sft_config.model_copy(update={"model": base["path"], "output_dir": str(out / "sft"), "register_as": f"{name}-sft"})
+        sft_config = sft_config.model_copy(
+            update={"model": base["path"], "output_dir": str(out / "sft"), "register_as": f"{name}-sft"}
+        )
 
         def on_sft(step: int, metrics: dict[str, float]) -> None:
             ctx.log_metrics(step, metric_names.renamed(metrics, metric_names.SFT_PREFIX))
@@ -475,7 +574,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         ctx.check_stop()
         assert result.model is not None
         assert result.checkpoint is not None
-        sft_name = register_final_model(ctx, sft_config, result.model, base["path"], base["model"], {"steps": result.steps})
+        sft_name = register_final_model(
+            ctx, sft_config, result.model, base["path"], base["model"], {"steps": result.steps}
+        )
         finish("sft", {"model": sft_name, "path": str(Path(ctx.settings.data_dir) / "models" / sft_name),
                        "checkpoint": str(result.checkpoint)})  # fmt: skip
     sft = state["sft"]
@@ -488,7 +589,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
 
     held_out = all_eval_tasks(eval_config)
     if "grpo" not in state:
-        grpo_config = grpo_config.model_copy(update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name})
+        grpo_config = grpo_config.model_copy(
+            update={"model": sft["path"], "output_dir": str(out / "grpo"), "register_as": name}
+        )
         write_trajectories = TrajectoryWriter(ctx.url, ctx.job_id, grpo_config.trajectories_per_step)
         trained = sft_tasks(sft_config) if sft_config is not None else []
 
@@ -499,7 +602,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         def on_grpo(step: int, metrics: dict[str, float]) -> None:
             ctx.log_metrics(step, metrics)
             reward = metrics.get(metric_names.REWARD_MEAN, float("nan"))
-            stage_progress("grpo", grpo_config.max_steps, step, f"GRPO step {step}/{grpo_config.max_steps} reward {reward:.3f}")
+            stage_progress(
+                "grpo", grpo_config.max_steps, step, f"GRPO step {step}/{grpo_config.max_steps} reward {reward:.3f}"
+            )
 
         result = train_grpo(grpo_config, on_metrics=on_grpo, on_groups=writer, should_stop=lambda: ctx.should_stop)
         ctx.check_stop()
@@ -508,8 +613,16 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         # the eval tasks against what SFT and GRPO trained on (GRPO: the steps this attempt ran)
         check = check_held_out(trained, held_out)
         ctx.log.info("held-out check: %s", check.describe())
-        finish("grpo", {"model": final, "path": str(Path(ctx.settings.data_dir) / "models" / final), "steps": result.steps,
-                        "grpo_steps_checked": result.steps - result.resumed_from, "eval_unseen_fraction": check.unseen_fraction})
+        finish(
+            "grpo",
+            {
+                "model": final,
+                "path": str(Path(ctx.settings.data_dir) / "models" / final),
+                "steps": result.steps,
+                "grpo_steps_checked": result.steps - result.resumed_from,
+                "eval_unseen_fraction": check.unseen_fraction,
+            },
+        )
     grpo = state["grpo"]
 
     if "eval_after" not in state:
@@ -531,7 +644,9 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
                               on_metrics=on_control, should_stop=lambda: ctx.should_stop)  # fmt: skip
         ctx.check_stop()
         assert result.model is not None
-        control_name = register_final_model(ctx, control_config, result.model, sft["path"], sft["model"], {"steps": result.steps})
+        control_name = register_final_model(
+            ctx, control_config, result.model, sft["path"], sft["model"], {"steps": result.steps}
+        )
         finish("control", {"model": control_name, "path": str(Path(ctx.settings.data_dir) / "models" / control_name),
                            "extra_steps": grpo["steps"]})  # fmt: skip
     if control and "eval_control" not in state:
@@ -539,6 +654,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         controlled = evaluate_policy(eval_config, state["control"]["path"])
         ctx.log_metrics(first + 2, controlled)
         finish("eval_control", controlled)
+    raw: Any  # the base model's evaluation, there when ``first``
     before, after, raw = state["eval_before"], state["eval_after"], state.get("eval_base")
     evaluated_models = {**({base["model"]: raw} if first else {}), sft["model"]: before, grpo["model"]: after}
     comparison = {m: compare_reports(evaluated_models, eval_config.domains, m) for m in ("pass@1",)}  # side by side
@@ -556,8 +672,11 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     }  # fmt: skip
     paired = [out / f"{stage}.records.json" for stage in ("eval_before", "eval_after")]
     if eval_config.samples == 1 and all(p.is_file() for p in paired):  # greedy, as the Compare tab's arena
-        result_fields["arena"] = {"a": sft["model"], "b": grpo["model"],
-                                  **head_to_head(*(json.loads(p.read_text()) for p in paired))}
+        result_fields["arena"] = {
+            "a": sft["model"],
+            "b": grpo["model"],
+            **head_to_head(*(json.loads(p.read_text()) for p in paired)),
+        }
         # each model the run trained beside the one it was trained from, on the general check's tasks (the gate before
         # deploy reads it): GRPO's result beside its start, and the SFT warm-up beside the model before it when evaluated
         checks = {grpo["model"]: (sft["model"], result_fields["arena"].get("general"))}
@@ -567,21 +686,63 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
             checks[sft["model"]] = (base["model"], warm_up.get("general"))
         for model, (start, general) in checks.items():
             if general:
-                record_general_check(model, GeneralCheck.from_difference(start, general, job_id=ctx.job_id),
-                                     by=ctx.identity.username, url=ctx.url)
+                record_general_check(
+                    model,
+                    GeneralCheck.from_difference(start, general, job_id=ctx.job_id),
+                    by=ctx.identity.username,
+                    url=ctx.url,
+                )
     if control:
         controlled = state["eval_control"]["eval/pass@1"]
-        result_fields |= {"control_model": state["control"]["model"], "control_steps": state["control"]["extra_steps"],
-                          "control_after": controlled, "gain_over_control_points": round(100 * (after["eval/pass@1"] - controlled), 2)}
+        result_fields |= {
+            "control_model": state["control"]["model"],
+            "control_steps": state["control"]["extra_steps"],
+            "control_after": controlled,
+            "gain_over_control_points": round(100 * (after["eval/pass@1"] - controlled), 2),
+        }
     return PresetJobResult.model_validate(result_fields)
 
 
-TRAIN_SFT = register(JobKind("train_sft", SFTConfig, run_sft, "supervised fine-tuning", resumable=True, retryable=True,
-                             result_model=TrainJobResult))
-TRAIN_GRPO = register(JobKind("train_grpo", GRPOConfig, run_grpo, "GRPO reinforcement learning", resumable=True, retryable=True,
-                              result_model=TrainJobResult))
-EVALUATE = register(JobKind("evaluate", EvalConfig, run_evaluate, "pass@1 / pass@k on held-out tasks; compares models",
-                            retryable=True, result_model=EvalJobResult))
-TRAIN_PRESET = register(JobKind("train_preset", PresetRunConfig, run_preset_job,
-                                "a preset's whole recipe: build, SFT, evaluate, GRPO, evaluate", resumable=True, retryable=True,
-                                result_model=PresetJobResult))
+TRAIN_SFT = register(
+    JobKind(
+        "train_sft",
+        SFTConfig,
+        run_sft,
+        "supervised fine-tuning",
+        resumable=True,
+        retryable=True,
+        result_model=TrainJobResult,
+    )
+)
+TRAIN_GRPO = register(
+    JobKind(
+        "train_grpo",
+        GRPOConfig,
+        run_grpo,
+        "GRPO reinforcement learning",
+        resumable=True,
+        retryable=True,
+        result_model=TrainJobResult,
+    )
+)
+EVALUATE = register(
+    JobKind(
+        "evaluate",
+        EvalConfig,
+        run_evaluate,
+        "pass@1 / pass@k on held-out tasks; compares models",
+        retryable=True,
+        result_model=EvalJobResult,
+    )
+)
+TRAIN_PRESET = register(
+    JobKind(
+        "train_preset",
+        PresetRunConfig,
+        run_preset_job,
+        "a preset's whole recipe: build, SFT, evaluate, GRPO, evaluate",
+        resumable=True,
+        retryable=True,
+        result_model=PresetJobResult,
+    )
+)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from posttrain.platform import metric_names as names
 from posttrain.platform.models.loader import cache_keyword
 from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
@@ -36,7 +37,6 @@ from posttrain.training.grpo import group_advantages, grpo_loss
 from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.rollout import RolloutGroup, Trajectory
-from posttrain.platform import metric_names as names
 
 
 # --- where this learner runs --------------------------------------------------------------
@@ -115,12 +115,24 @@ def completion_batch(trajectories: Sequence[Trajectory], advantages: Sequence[fl
         mask.append([float(m) for m in (t.loss_mask or [1] * n)] + [0.0] * (lmax - n))
         old.append(t.behaviour_logprobs + [0.0] * (lmax - n))
     return CompletionBatch(
-        torch.tensor(ids), torch.tensor(attn), torch.tensor(index), torch.tensor(mask), torch.tensor(old), torch.tensor(list(advantages))
+        torch.tensor(ids),
+        torch.tensor(attn),
+        torch.tensor(index),
+        torch.tensor(mask),
+        torch.tensor(old),
+        torch.tensor(list(advantages)),
     )
 
 
-def scored_logprobs(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, *,
-                    temperature: float = 1.0, **inputs: Any) -> torch.Tensor:
+def scored_logprobs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    **inputs: Any,
+) -> torch.Tensor:
     """``out[b, t] = log p(targets[b, t])`` from the model's output at input position ``t``, at the positions
     ``keep`` marks, 0 elsewhere; shape ``ids.shape``, fp32. ``inputs``: the model's other inputs
     (``attention_mask``, ``position_ids``, a KV cache).
@@ -130,7 +142,8 @@ def scored_logprobs(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Te
     and its fp32 logits (positions x vocabulary, three copies kept for the backward pass) are most of a
     long episode's memory, whose tool outputs and padding are never scored. Either way, the same values."""
     keep = keep.bool()
-    body, head = getattr(model, getattr(model, "base_model_prefix", ""), None), model.get_output_embeddings()
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings()  # type: ignore[operator]
     if body is None or body is model or head is None or hasattr(model, "peft_config") or _is_sharded(model):
         logits = model(input_ids=ids, **inputs).logits[keep].float()
     else:
@@ -142,20 +155,32 @@ def scored_logprobs(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Te
     return out
 
 
-def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, device: torch.device, temperature: float) -> torch.Tensor:
+def completion_logprobs(
+    model: torch.nn.Module, batch: CompletionBatch, device: torch.device, temperature: float
+) -> torch.Tensor:
     """The log-probs of the batch's completion tokens under ``model``, shape ``(B, longest completion)``, at the
     tokens ``batch.mask`` scores (0 elsewhere)."""
     ids = batch.input_ids.to(device)
     index, mask = batch.gather_index.to(device), batch.mask.to(device) > 0
-    keep = torch.zeros(ids.shape, dtype=torch.int32, device=device).scatter_add_(1, index, mask.int()) > 0  # positions scored
+    keep = (
+        torch.zeros(ids.shape, dtype=torch.int32, device=device).scatter_add_(1, index, mask.int()) > 0
+    )  # positions scored
     targets = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)  # the output at position t predicts input t + 1
-    scored = scored_logprobs(model, ids, targets, keep, temperature=temperature, attention_mask=batch.attention_mask.to(device),
-                             use_cache=False)
+    scored = scored_logprobs(
+        model,
+        ids,
+        targets,
+        keep,
+        temperature=temperature,
+        attention_mask=batch.attention_mask.to(device),
+        use_cache=False,
+    )
     return torch.gather(scored, 1, index) * mask
 
 
-def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device,
-                           temperature: float) -> torch.Tensor:
+def shared_prompt_logprobs(
+    model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device, temperature: float
+) -> torch.Tensor:
     """:func:`completion_logprobs` of completions that share one prompt, with the prompt run once: its KV
     cache (all but its last token) is computed for one row and repeated for every completion, with its
     graph, so the gradient still flows through it. Column ``j`` scores completion token ``j``; shape
@@ -168,20 +193,36 @@ def shared_prompt_logprobs(model: torch.nn.Module, trajectories: Sequence[Trajec
     suffix = [[prompt[-1], *t.completion_ids[:-1]] for t in trajectories]
     ids = torch.tensor([s + [prompt[-1]] * (lmax - len(s)) for s in suffix], device=device)
     valid = torch.tensor([[1] * len(s) + [0] * (lmax - len(s)) for s in suffix], device=device)
-    scored = torch.tensor([[bool(m) for m in (t.loss_mask or [1] * len(t.completion_ids))] + [False] * (lmax - len(t.completion_ids))
-                           for t in trajectories], device=device)
+    scored = torch.tensor(
+        [
+            [bool(m) for m in (t.loss_mask or [1] * len(t.completion_ids))] + [False] * (lmax - len(t.completion_ids))
+            for t in trajectories
+        ],
+        device=device,
+    )
     extra: dict[str, Any] = {}
     if start > 0:
         key = cache_keyword(model)
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
         model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, **{key: cache})
         cache.batch_repeat_interleave(rows)
         extra = {key: cache}
     attention = torch.cat([torch.ones(rows, start, dtype=valid.dtype, device=device), valid], dim=1)
     positions = torch.arange(start, start + lmax, device=device).expand(rows, lmax)
-    targets = torch.tensor([t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device)
-    return scored_logprobs(model, ids, targets, scored, temperature=temperature, attention_mask=attention, position_ids=positions,
-                           use_cache=bool(extra), **extra)
+    targets = torch.tensor(
+        [t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device
+    )
+    return scored_logprobs(
+        model,
+        ids,
+        targets,
+        scored,
+        temperature=temperature,
+        attention_mask=attention,
+        position_ids=positions,
+        use_cache=bool(extra),
+        **extra,
+    )
 
 
 def prompt_passes(indices: Sequence[int], trajectories: Sequence[Trajectory], micro_batch_size: int) -> list[list[int]]:
@@ -190,7 +231,9 @@ def prompt_passes(indices: Sequence[int], trajectories: Sequence[Trajectory], mi
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i in indices:
         by_prompt.setdefault(tuple(trajectories[i].prompt_ids), []).append(i)
-    return [rows[k : k + micro_batch_size] for rows in by_prompt.values() for k in range(0, len(rows), micro_batch_size)]
+    return [
+        rows[k : k + micro_batch_size] for rows in by_prompt.values() for k in range(0, len(rows), micro_batch_size)
+    ]
 
 
 def select_groups(groups: Sequence[RolloutGroup], config: GRPOConfig) -> tuple[list[Trajectory], list[float], int]:
@@ -258,16 +301,23 @@ class Learner:
     ``config.model``.
     """
 
-    def __init__(self, config: TrainConfig, ctx: DistContext, policy: PolicySource | None = None, *,
-                 reference: bool = False) -> None:
+    def __init__(
+        self, config: TrainConfig, ctx: DistContext, policy: PolicySource | None = None, *, reference: bool = False
+    ) -> None:
         self.config, self.ctx = config, ctx
         source = policy if policy is not None else config.model
         if source is None:
-            raise ValueError(f"no model: set {type(config).__name__}.model to a model directory or pass a (model, tokenizer) pair")
+            raise ValueError(
+                f"no model: set {type(config).__name__}.model to a model directory or pass a (model, tokenizer) pair"
+            )
         torch.manual_seed(config.seed)
         sharded = ctx.world > 1
-        model, self.tokenizer = load_policy(source, device="cpu" if sharded else ctx.device,  # shards move to the device
-                                            chat_template=config.chat_template)
+        model: torch.nn.Module  # a peft model under LoRA
+        model, self.tokenizer = load_policy(
+            source,
+            device="cpu" if sharded else ctx.device,  # shards move to the device
+            chat_template=config.chat_template,
+        )
         if config.activation_checkpointing:  # off in eval mode: the rollout copy and the reference keep their cache
             model.activation_checkpointing_enable({"use_reentrant": False})
         if config.lora is not None:
@@ -276,7 +326,11 @@ class Learner:
         self.has_reference = reference
         self.reference = frozen_copy(model) if reference and config.lora is None else None  # LoRA: adapters off
         self.ckpt_root = Path(config.output_dir) / "checkpoints" if config.output_dir else None
-        loaded = load_latest_checkpoint(self.ckpt_root, model) if self.ckpt_root is not None and config.checkpoint.resume else None
+        loaded = (
+            load_latest_checkpoint(self.ckpt_root, model)
+            if self.ckpt_root is not None and config.checkpoint.resume
+            else None
+        )
         self.start = int(loaded.state["step"]) if loaded else 0  # the step the run continues from
         self.state: dict[str, Any] = loaded.state if loaded else {}  # the checkpoint's state.json
         self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
@@ -368,12 +422,16 @@ class Learner:
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
             normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            shared = world == 1 and algo.shared_prompt and not self.config.activation_checkpointing  # needs its KV cache
+            shared = (
+                world == 1 and algo.shared_prompt and not self.config.activation_checkpointing
+            )  # needs its KV cache
             if shared:  # a group's completions in one pass, its prompt run once
                 groups = prompt_passes(mini, trajectories, algo.micro_batch_size)
             else:  # every rank runs the same number of passes, whatever its rows' prompts
-                groups = [mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
-                          for k in range(_passes(len(mini), world, algo.micro_batch_size))]
+                groups = [
+                    mine[k * algo.micro_batch_size : (k + 1) * algo.micro_batch_size]
+                    for k in range(_passes(len(mini), world, algo.micro_batch_size))
+                ]
             passes = len(groups)
             for k, idx in enumerate(groups):
                 weight = 1.0 if idx else 0.0  # a pass with nothing of its own: the collectives still run
@@ -393,9 +451,18 @@ class Learner:
                     if self.has_reference and algo.kl_coef > 0:
                         with torch.no_grad(), self.reference_policy() as reference:
                             ref = logprobs_of(reference)
-                out = grpo_loss(logprobs, batch.old_logprobs.to(device), batch.advantages.to(device), batch.mask.to(device),
-                                clip_low=algo.clip_low, clip_high=algo.clip_high, ref_logprobs=ref,
-                                kl_coef=algo.kl_coef, aggregation=algo.aggregation, normalizer=normalizer)
+                out = grpo_loss(
+                    logprobs,
+                    batch.old_logprobs.to(device),
+                    batch.advantages.to(device),
+                    batch.mask.to(device),
+                    clip_low=algo.clip_low,
+                    clip_high=algo.clip_high,
+                    ref_logprobs=ref,
+                    kl_coef=algo.kl_coef,
+                    aggregation=algo.aggregation,
+                    normalizer=normalizer,
+                )
                 (out.loss * (weight * world)).backward()
                 if not weight:
                     continue
@@ -470,8 +537,17 @@ class Learner:
             full = fsdp.full_states(self.model, self.optimizer, self._tied)
         if not self.ctx.main:
             return None
-        return save_checkpoint(self.ckpt_root, step, self.model, self.tokenizer, self.optimizer, self.lr_scheduler, state,
-                               keep=self.config.checkpoint.keep, **full)
+        return save_checkpoint(
+            self.ckpt_root,
+            step,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.lr_scheduler,
+            state,
+            keep=self.config.checkpoint.keep,
+            **full,
+        )
 
     def last_checkpoint(self, saved: Path | None) -> Path | None:
         """The run's final checkpoint (``saved``, else the latest on disk); no rank leaves before rank 0 wrote it."""
@@ -484,11 +560,15 @@ class Learner:
 _SUMMED = ("loss", "kl", "ratio_mean", "clip_frac_low", "clip_frac_high")
 
 
-def _reduce_over_ranks(totals: dict[str, float], token_count: int, device: torch.device) -> tuple[dict[str, float], int]:
+def _reduce_over_ranks(
+    totals: dict[str, float], token_count: int, device: torch.device
+) -> tuple[dict[str, float], int]:
     """Sum the ranks' loss and token-weighted statistics, take the largest ratio (the norm and LR are already global)."""
     import torch.distributed as dist
 
-    summed = torch.tensor([totals.get(k, 0.0) for k in _SUMMED] + [float(token_count)], dtype=torch.float64, device=device)
+    summed = torch.tensor(
+        [totals.get(k, 0.0) for k in _SUMMED] + [float(token_count)], dtype=torch.float64, device=device
+    )
     dist.all_reduce(summed)
     peak = torch.tensor([totals.get("ratio_max", 0.0)], dtype=torch.float64, device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
-
+from posttrain.platform import metric_names as names
 from posttrain.platform.verifiers import VerifierService
 from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
@@ -34,7 +35,6 @@ from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
 from posttrain.training.scheduler import DomainSpec, Scheduler, resolve_domains
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
-from posttrain.platform import metric_names as names
 
 GroupsFn = Callable[[int, list[RolloutGroup]], None]
 
@@ -44,22 +44,26 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
     rewards = [t.reward for t in trajectories if t.reward is not None]
     latencies = [g.verify_latency_s for g in batch.groups if g.verify_latency_s is not None]
     staleness = [version - g.policy_version for g in used] or [0]
-    return {
-        names.REWARD_MEAN: sum(rewards) / max(1, len(rewards)),
-        names.PASS_RATE: sum(bool(t.passed) for t in trajectories) / max(1, len(trajectories)),
-        names.COMPLETION_LEN_MEAN: sum(len(t.completion_ids) for t in trajectories) / max(1, len(trajectories)),
-        names.TRUNCATED_FRAC: sum(not t.finished for t in trajectories) / max(1, len(trajectories)),
-        names.ROLLOUT_TOKENS_PER_S: batch.generated_tokens / max(batch.generation_s, 1e-9),
-        names.GROUPS: float(len(batch.groups)),
-        names.GROUPS_USED: float(len(used)),
-        names.GROUPS_SIGNAL: float(sum(has_signal(g) for g in batch.groups)),
-        names.GROUPS_STALE_DROPPED: float(batch.stale_dropped),
-        names.VERIFIER_LATENCY_S: sum(latencies) / max(1, len(latencies)),
-        names.VERIFIER_INFRA_ERRORS: float(sum(g.infra_errors for g in batch.groups)),
-        names.QUEUE_DEPTH: float(batch.queue_depth),
-        names.STALENESS_MEAN: sum(staleness) / len(staleness),
-        names.STALENESS_MAX: float(max(staleness)),
-    } | episode_metrics([t.episode for t in trajectories if t.episode is not None]) | batch.extra
+    return (
+        {
+            names.REWARD_MEAN: sum(rewards) / max(1, len(rewards)),
+            names.PASS_RATE: sum(bool(t.passed) for t in trajectories) / max(1, len(trajectories)),
+            names.COMPLETION_LEN_MEAN: sum(len(t.completion_ids) for t in trajectories) / max(1, len(trajectories)),
+            names.TRUNCATED_FRAC: sum(not t.finished for t in trajectories) / max(1, len(trajectories)),
+            names.ROLLOUT_TOKENS_PER_S: batch.generated_tokens / max(batch.generation_s, 1e-9),
+            names.GROUPS: float(len(batch.groups)),
+            names.GROUPS_USED: float(len(used)),
+            names.GROUPS_SIGNAL: float(sum(has_signal(g) for g in batch.groups)),
+            names.GROUPS_STALE_DROPPED: float(batch.stale_dropped),
+            names.VERIFIER_LATENCY_S: sum(latencies) / max(1, len(latencies)),
+            names.VERIFIER_INFRA_ERRORS: float(sum(g.infra_errors for g in batch.groups)),
+            names.QUEUE_DEPTH: float(batch.queue_depth),
+            names.STALENESS_MEAN: sum(staleness) / len(staleness),
+            names.STALENESS_MAX: float(max(staleness)),
+        }
+        | episode_metrics([t.episode for t in trajectories if t.episode is not None])
+        | batch.extra
+    )
 
 
 def time_step(metrics: dict[str, float], learn_started: float, last_end: float) -> float:
@@ -72,12 +76,15 @@ def time_step(metrics: dict[str, float], learn_started: float, last_end: float) 
     return now
 
 
-def draw_step(rollouts: RolloutBackend, step: int, config: GRPOConfig
-              ) -> tuple[RolloutBatch, list[Trajectory], list[float], dict[str, float]]:
+def draw_step(
+    rollouts: RolloutBackend, step: int, config: GRPOConfig
+) -> tuple[RolloutBatch, list[Trajectory], list[float], dict[str, float]]:
     """A step's rollout batch, the trajectories and advantages of its groups with a learning signal
     (at most ``batch_size`` groups), and its rollout metrics."""
     batch = rollouts.next_batch(version=step)
-    used = [g for g in batch.groups if has_signal(g) or not config.algorithm.skip_zero_signal][: config.scheduler.batch_size]
+    used = [g for g in batch.groups if has_signal(g) or not config.algorithm.skip_zero_signal][
+        : config.scheduler.batch_size
+    ]
     trajectories, advantages, _ = select_groups(used, config)
     return batch, trajectories, advantages, batch_metrics(batch, step, used)
 
@@ -94,8 +101,13 @@ def check_logprobs(learner: Learner, batch: RolloutBatch, step: int, config: GRP
     policy = learner.rollout_policy()
     if not fresh or policy is None:
         return {}
-    mismatch = measure_logprob_mismatch(policy, fresh[: check.trajectories], pad_id=learner.tokenizer.pad_token_id,
-                                        temperature=config.sampling.temperature, bf16=learner.ctx.amp)
+    mismatch = measure_logprob_mismatch(
+        policy,
+        fresh[: check.trajectories],
+        pad_id=learner.tokenizer.pad_token_id,
+        temperature=config.sampling.temperature,
+        bf16=learner.ctx.amp,
+    )
     check_logprob_mismatch(mismatch, check)
     return mismatch.metrics(names.LOGPROB_PREFIX)
 
@@ -131,15 +143,25 @@ def train_grpo(
                 scheduler.load_state_dict(learner.state["scheduler"])
             source = policy if policy is not None else config.model
             assert source is not None and (rollout_policy := learner.rollout_policy()) is not None
-            rollouts = stack.enter_context(open_rollouts(config, rollout_policy, learner.tokenizer, scheduler,
-                                                          version=learner.start, source=source, service=service))
+            rollouts = stack.enter_context(
+                open_rollouts(
+                    config,
+                    rollout_policy,
+                    learner.tokenizer,
+                    scheduler,
+                    version=learner.start,
+                    source=source,
+                    service=service,
+                )
+            )
         if on_start is not None:
             on_start(learner.start)
         last_end = time.perf_counter()
         for step in range(learner.start, config.max_steps):
             if should_stop is not None and should_stop():
                 break
-            batch, payload = None, [None, None, None]
+            batch = None
+            payload: list[Any] = [None, None, None]
             if rollouts is not None:
                 batch, *payload = draw_step(rollouts, step, config)  # trajectories, advantages, rollout metrics
             if batch is not None and check_due(config, step):  # the engine samples what the learner scores
@@ -162,7 +184,10 @@ def train_grpo(
             if on_metrics is not None:
                 on_metrics(step + 1, metrics)
             if checkpoint_due(config, step + 1):
-                state = {"scheduler": scheduler.state_dict() if scheduler is not None else None, "data_position": step + 1}
+                state = {
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "data_position": step + 1,
+                }
                 result.checkpoint = learner.save(step + 1, state) or result.checkpoint
     result.checkpoint = learner.last_checkpoint(result.checkpoint)
     return result

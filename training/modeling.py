@@ -23,8 +23,13 @@ Policy = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 PolicySource = str | Path | tuple[Any, Any]
 
 
-def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                chat_template: str | None = None) -> Policy:
+def load_policy(
+    source: PolicySource,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    chat_template: str | None = None,
+) -> Policy:
     """A causal LM and its tokenizer from a model directory, or a given pair (moved to ``device``), the tokenizer
     rendering prompts and answers the way training and evaluation put them to the model: in ``chat_template`` (a
     family, ``completion`` for the plain completion format, or a Jinja template; :func:`resolve_template`) instead
@@ -35,7 +40,9 @@ def load_policy(source: PolicySource, *, device: str | torch.device = "cpu", dty
     else:
         path = Path(source)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not a model directory (no config.json); pass a Hugging Face model directory")
+            raise FileNotFoundError(
+                f"{path} is not a model directory (no config.json); pass a Hugging Face model directory"
+            )
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if tokenizer.pad_token_id is None:
@@ -77,7 +84,9 @@ def token_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """``out[b, t] = log p(input_ids[b, t + 1] | input_ids[b, : t + 1])``, shape ``(B, T - 1)``, fp32."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits
     logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature

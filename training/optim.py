@@ -16,7 +16,13 @@ def apply_lora(model: torch.nn.Module, lora: LoRAConfig) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("LoRA needs the 'peft' package: pip install peft") from exc
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 
@@ -31,8 +37,15 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
 Schedule = Literal["constant", "linear", "cosine", "wsd"]
 
 
-def lr_at(step: int, steps: int, lr: float, warmup_steps: int, schedule: Schedule, min_lr_ratio: float = 0.1,
-          decay_fraction: float = 0.25) -> float:
+def lr_at(
+    step: int,
+    steps: int,
+    lr: float,
+    warmup_steps: int,
+    schedule: Schedule,
+    min_lr_ratio: float = 0.1,
+    decay_fraction: float = 0.25,
+) -> float:
     """The learning rate of step ``step`` (0-based) of ``steps``: a linear warm-up over ``warmup_steps``, then
     ``constant``; ``linear`` or ``cosine`` decay to ``min_lr_ratio * lr``; or ``wsd`` (warm-up, stable,
     decay): constant, then a cosine decay over the last ``decay_fraction`` of the steps."""
@@ -51,5 +64,8 @@ def lr_at(step: int, steps: int, lr: float, warmup_steps: int, schedule: Schedul
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """The config's schedule (:func:`lr_at`) as a factor on the optimizer's learning rate, one step per update."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_at(step, config.max_steps, 1.0, config.optim.warmup_steps, config.optim.lr_schedule,
-                                      config.optim.min_lr_ratio))
+        optimizer,
+        lambda step: lr_at(
+            step, config.max_steps, 1.0, config.optim.warmup_steps, config.optim.lr_schedule, config.optim.min_lr_ratio
+        ),
+    )

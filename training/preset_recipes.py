@@ -42,18 +42,49 @@ def _cpu_demo() -> Recipe:
     return dict(
         name="cpu-demo",
         description="tiny model, SFT warm-up then GRPO on reading three-digit number words and zero-padding numbers; "
-                    "evaluated on prompts it never trained on; minutes on a 2-core CPU",
-        model=TinyModelSpec(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                            intermediate_size=256, max_position_embeddings=256, seed=0),
+        "evaluated on prompts it never trained on; minutes on a 2-core CPU",
+        model=TinyModelSpec(
+            vocab_size=300,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=256,
+            max_position_embeddings=256,
+            seed=0,
+        ),
         # a partial warm-up: stopped mid-way through learning the mapping, so GRPO has reward variance
-        sft=dict(domains=domains, difficulty=level, tasks_per_domain=8192, max_steps=420, lr=3e-3, packing=False,
-                 micro_batch_size=32, max_seq_len=256, device="cpu", checkpoint_every=140, seed=0),
-        grpo=dict(domains=[DomainSpec(name=d, difficulty=level) for d in domains],
-                  scheduler=SchedulerConfig(batch_size=16, seed=0), group_size=8,
-                  max_new_tokens=6, temperature=1.0, lr=3e-4, max_steps=200, micro_batch_size=64,
-                  max_rollout_batches_per_step=1, checkpoint_every=50, device="cpu", seed=0,
-                  verifier_workers=1),
-        eval=dict(domains=domains, difficulty=level, tasks_per_domain=200, max_new_tokens=6, batch_size=100, device="cpu"),
+        sft=dict(
+            domains=domains,
+            difficulty=level,
+            tasks_per_domain=8192,
+            max_steps=420,
+            lr=3e-3,
+            packing=False,
+            micro_batch_size=32,
+            max_seq_len=256,
+            device="cpu",
+            checkpoint_every=140,
+            seed=0,
+        ),
+        grpo=dict(
+            domains=[DomainSpec(name=d, difficulty=level) for d in domains],
+            scheduler=SchedulerConfig(batch_size=16, seed=0),
+            group_size=8,
+            max_new_tokens=6,
+            temperature=1.0,
+            lr=3e-4,
+            max_steps=200,
+            micro_batch_size=64,
+            max_rollout_batches_per_step=1,
+            checkpoint_every=50,
+            device="cpu",
+            seed=0,
+            verifier_workers=1,
+        ),
+        eval=dict(
+            domains=domains, difficulty=level, tasks_per_domain=200, max_new_tokens=6, batch_size=100, device="cpu"
+        ),
     )
 
 
@@ -73,10 +104,15 @@ def _cpu_quick() -> Recipe:
     return demo | {
         "name": "cpu-quick",
         "description": "cpu-demo on one domain (zero-padding three-digit numbers), a 300-step SFT warm-up and 100 GRPO "
-                       "steps, evaluated on prompts it never trained on: two to three minutes on a 2-core CPU",
+        "steps, evaluated on prompts it never trained on: two to three minutes on a 2-core CPU",
         "sft": demo["sft"] | {"domains": domains, "max_steps": 300, "checkpoint_every": 100},
-        "grpo": demo["grpo"] | {"domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
-                                "max_steps": 100, "lr": 1e-3, "checkpoint_every": 20},  # 60 gained 0.5 to 11.5 points by seed here
+        "grpo": demo["grpo"]
+        | {
+            "domains": [DomainSpec(name=d, difficulty=CPU_DEMO_DIFFICULTY) for d in domains],
+            "max_steps": 100,
+            "lr": 1e-3,
+            "checkpoint_every": 20,
+        },  # 60 gained 0.5 to 11.5 points by seed here
         "eval": demo["eval"] | {"domains": domains, "tasks_per_domain": 200},
     }
 
@@ -85,8 +121,11 @@ def _cpu_quick() -> Recipe:
 REAL_MODEL = "smollm2-135m-instruct"  # the built-in model (posttrain.platform.models.importer.DEFAULT_MODEL)
 BOXED = PromptFormat(
     instruction="Put your final answer within \\boxed{}.",
-    examples=[WorkedExample(user="Compute 12 + 7.\nPut your final answer within \\boxed{}.",
-                            assistant="12 + 7 = 19.\n\n\\boxed{19}")],
+    examples=[
+        WorkedExample(
+            user="Compute 12 + 7.\nPut your final answer within \\boxed{}.", assistant="12 + 7 = 19.\n\n\\boxed{19}"
+        )
+    ],
     answer="boxed",
 )
 # held out by construction: every domain here has thousands of prompts at its difficulty, a fifth in eval
@@ -98,15 +137,37 @@ def _smollm2_arith() -> Recipe:
     return dict(
         name="smollm2-arith",
         description="SmolLM2-135M-Instruct as it ships, GRPO on two-digit additions and subtractions with the answer "
-                    "in \\boxed{} (strict), one worked example in the chat; evaluated on prompts it never trained on, "
-                    "with the general check beside it",
-        model=REAL_MODEL, sft=None,
-        grpo=dict(domains=domains, prompt_format=BOXED, scheduler=SchedulerConfig(batch_size=8, seed=0),
-                  group_size=8, max_new_tokens=40, temperature=1.0, lr=5e-6, max_steps=10, micro_batch_size=16,
-                  max_rollout_batches_per_step=2, checkpoint_every=10, device="cpu", seed=0, verifier_workers=1,
-                  logprob_check={"every": 10, "trajectories": 8}),
-        eval=dict(domains=[d.name for d in domains], difficulty=2, prompt_format=BOXED, tasks_per_domain=50,
-                  max_new_tokens=40, batch_size=50, device="cpu", general={"tasks_per_domain": 100}),
+        "in \\boxed{} (strict), one worked example in the chat; evaluated on prompts it never trained on, "
+        "with the general check beside it",
+        model=REAL_MODEL,
+        sft=None,
+        grpo=dict(
+            domains=domains,
+            prompt_format=BOXED,
+            scheduler=SchedulerConfig(batch_size=8, seed=0),
+            group_size=8,
+            max_new_tokens=40,
+            temperature=1.0,
+            lr=5e-6,
+            max_steps=10,
+            micro_batch_size=16,
+            max_rollout_batches_per_step=2,
+            checkpoint_every=10,
+            device="cpu",
+            seed=0,
+            verifier_workers=1,
+            logprob_check={"every": 10, "trajectories": 8},
+        ),
+        eval=dict(
+            domains=[d.name for d in domains],
+            difficulty=2,
+            prompt_format=BOXED,
+            tasks_per_domain=50,
+            max_new_tokens=40,
+            batch_size=50,
+            device="cpu",
+            general={"tasks_per_domain": 100},
+        ),
     )
 
 
@@ -116,30 +177,54 @@ def _smollm2_quick() -> Recipe:
     return arith | {
         "name": "smollm2-quick",
         "description": "the one-click demo on the real model: GRPO on two-digit additions (answer in \\boxed{}), "
-                       "4 prompts x 8 samples a step for 8 steps, evaluated greedily on 64 prompts it never trained on "
-                       "with a 64-task general check beside it: several minutes on a 2-core CPU",
-        "grpo": arith["grpo"] | {"domains": domains, "scheduler": SchedulerConfig(batch_size=4, seed=0), "lr": 1e-5,
-                                 "max_steps": 8, "max_rollout_batches_per_step": 1, "checkpoint_every": 4,
-                                 "logprob_check": {"every": 4, "trajectories": 8}},
-        "eval": arith["eval"] | {"domains": [d.name for d in domains], "tasks_per_domain": 64, "batch_size": 32,
-                                 "general": {"tasks_per_domain": 16}},
+        "4 prompts x 8 samples a step for 8 steps, evaluated greedily on 64 prompts it never trained on "
+        "with a 64-task general check beside it: several minutes on a 2-core CPU",
+        "grpo": arith["grpo"]
+        | {
+            "domains": domains,
+            "scheduler": SchedulerConfig(batch_size=4, seed=0),
+            "lr": 1e-5,
+            "max_steps": 8,
+            "max_rollout_batches_per_step": 1,
+            "checkpoint_every": 4,
+            "logprob_check": {"every": 4, "trajectories": 8},
+        },
+        "eval": arith["eval"]
+        | {
+            "domains": [d.name for d in domains],
+            "tasks_per_domain": 64,
+            "batch_size": 32,
+            "general": {"tasks_per_domain": 16},
+        },
     }
 
 
 # --- the real model with tools: the python tool is there to be used -----------------------------------
 def _multiply_with_python(a: int, b: int) -> WorkedExample:
-    return WorkedExample(user=f"Compute {a} * {b}.\nPut your final answer within \\boxed{{}}.",
-                         tools=[ToolStep(name="python", arguments={"code": f"print({a} * {b})"}, result=f"{a * b}\n")],
-                         assistant=f"\\boxed{{{a * b}}}")
+    return WorkedExample(
+        user=f"Compute {a} * {b}.\nPut your final answer within \\boxed{{}}.",
+        tools=[ToolStep(name="python", arguments={"code": f"print({a} * {b})"}, result=f"{a * b}\n")],
+        assistant=f"\\boxed{{{a * b}}}",
+    )
 
 
 # two worked multiplications: with them the model calls python for every two-digit product (greedy, 48 of 48
 # here) but not for a sum of four numbers (0 of 16 greedy; 4 of 64 sampled at 0.7 call it right): the gain to find
-TOOL_CALLS = PromptFormat(instruction="Put your final answer within \\boxed{}.",
-                          examples=[_multiply_with_python(23, 41), _multiply_with_python(56, 17)], answer="boxed")
+TOOL_CALLS = PromptFormat(
+    instruction="Put your final answer within \\boxed{}.",
+    examples=[_multiply_with_python(23, 41), _multiply_with_python(56, 17)],
+    answer="boxed",
+)
 TOOLS_DOMAINS = [DomainSpec(name="arith.sum_list.int", difficulty=2)]
-PYTHON_TOOL = dict(name="tool_use", tools=["python"], max_turns=3, max_episode_tokens=1024,
-                   episode_timeout_s=60.0, tool_timeout_s=5.0, concurrency=16)
+PYTHON_TOOL = dict(
+    name="tool_use",
+    tools=["python"],
+    max_turns=3,
+    max_episode_tokens=1024,
+    episode_timeout_s=60.0,
+    tool_timeout_s=5.0,
+    concurrency=16,
+)
 
 
 def _smollm2_tools() -> Recipe:
@@ -147,15 +232,39 @@ def _smollm2_tools() -> Recipe:
     return dict(
         name="smollm2-tools",
         description="SmolLM2-135M-Instruct as it ships, GRPO in the tool_use environment (a python tool in a sandbox, up "
-                    "to three turns) on sums of four two-digit numbers, answer in \\boxed{} (strict); two worked "
-                    "examples show the tool on products only; evaluated greedily as episodes on prompts it never trained on",
-        model=REAL_MODEL, sft=None,
-        grpo=dict(domains=domains, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
-                  scheduler=SchedulerConfig(batch_size=8, seed=0), group_size=8, max_new_tokens=60, temperature=0.7,
-                  lr=1e-5, max_steps=10, micro_batch_size=8, max_rollout_batches_per_step=2, checkpoint_every=5,
-                  device="cpu", seed=0, verifier_workers=1, logprob_check={"every": 5, "trajectories": 8}),
-        eval=dict(domains=[d.name for d in domains], difficulty=2, prompt_format=TOOL_CALLS, environment=PYTHON_TOOL,
-                  tasks_per_domain=64, max_new_tokens=60, batch_size=64, device="cpu", general={"tasks_per_domain": 100}),
+        "to three turns) on sums of four two-digit numbers, answer in \\boxed{} (strict); two worked "
+        "examples show the tool on products only; evaluated greedily as episodes on prompts it never trained on",
+        model=REAL_MODEL,
+        sft=None,
+        grpo=dict(
+            domains=domains,
+            prompt_format=TOOL_CALLS,
+            environment=PYTHON_TOOL,
+            scheduler=SchedulerConfig(batch_size=8, seed=0),
+            group_size=8,
+            max_new_tokens=60,
+            temperature=0.7,
+            lr=1e-5,
+            max_steps=10,
+            micro_batch_size=8,
+            max_rollout_batches_per_step=2,
+            checkpoint_every=5,
+            device="cpu",
+            seed=0,
+            verifier_workers=1,
+            logprob_check={"every": 5, "trajectories": 8},
+        ),
+        eval=dict(
+            domains=[d.name for d in domains],
+            difficulty=2,
+            prompt_format=TOOL_CALLS,
+            environment=PYTHON_TOOL,
+            tasks_per_domain=64,
+            max_new_tokens=60,
+            batch_size=64,
+            device="cpu",
+            general={"tasks_per_domain": 100},
+        ),
     )
 
 
@@ -166,18 +275,37 @@ DOCQA_TASK_SET = "smollm2-docqa"
 # answered "twice" to most tasks; with these it copies the page's sentence as its evidence (half the score)
 # far more often (mean score 0.12 against 0.07 greedily on 30 held-out tasks), and the answer is the word
 # that sentence has in the gap: the step GRPO has to find
-DOC_QUOTE = PromptFormat(examples=[WorkedExample(user=user, assistant=reply) for user, reply in (
-    span_recovery_example("guide.pdf", 2, "The Project Team releases a new version twice a year. Each release is tested on "
-                          "Linux and Windows before it ships. Bug reports go to the Tracker.",
-                          "Each release is tested on Linux and Windows before it ships.", "Windows"),
-    span_recovery_example("notes.pdf", 5, "Version 3 of the Manual was printed in 1998. The Editors thank every reader who "
-                          "sent corrections. A new Index lists all commands.", "A new Index lists all commands.", "Index"))])
+DOC_QUOTE = PromptFormat(
+    examples=[
+        WorkedExample(user=user, assistant=reply)
+        for user, reply in (
+            span_recovery_example(
+                "guide.pdf",
+                2,
+                "The Project Team releases a new version twice a year. Each release is tested on "
+                "Linux and Windows before it ships. Bug reports go to the Tracker.",
+                "Each release is tested on Linux and Windows before it ships.",
+                "Windows",
+            ),
+            span_recovery_example(
+                "notes.pdf",
+                5,
+                "Version 3 of the Manual was printed in 1998. The Editors thank every reader who "
+                "sent corrections. A new Index lists all commands.",
+                "A new Index lists all commands.",
+                "Index",
+            ),
+        )
+    ]
+)
 
 
 # the LaTeX News issues Debian ships, made into span-recovery tasks (domain doc.span), a quarter held out
-DOCQA_DOCUMENTS = dict(task_set=DOCQA_TASK_SET, paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
-                       source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24,
-                               "eval_fraction": 0.25, "seed": 0})
+DOCQA_DOCUMENTS = dict(
+    task_set=DOCQA_TASK_SET,
+    paths=["/usr/share/doc/texlive-doc/latex/base/ltnews[0-9]*.pdf"],
+    source={"kinds": ["span_recovery"], "passage_chars": 400, "max_per_document": 24, "eval_fraction": 0.25, "seed": 0},
+)
 DOC_DOMAIN = "doc.span"
 
 
@@ -185,26 +313,56 @@ def _smollm2_docqa() -> Recipe:
     return dict(
         name="smollm2-docqa",
         description="SmolLM2-135M-Instruct as it ships, GRPO on tasks built from uploaded documents (the LaTeX News "
-                    "issues Debian ships): recover a masked term of a sentence from the passage around it, quoting the "
-                    "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
-                    f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
-        model=REAL_MODEL, sft=None,
+        "issues Debian ships): recover a masked term of a sentence from the passage around it, quoting the "
+        "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
+        f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
+        model=REAL_MODEL,
+        sft=None,
         documents=DOCQA_DOCUMENTS,
-        grpo=dict(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, scheduler=SchedulerConfig(batch_size=8, seed=0),
-                  group_size=8, max_new_tokens=80, temperature=0.7, lr=2e-5, max_steps=12, micro_batch_size=16,
-                  max_rollout_batches_per_step=2, checkpoint_every=6, device="cpu", seed=0, verifier_workers=1,
-                  logprob_check={"every": 6, "trajectories": 8}),
-        eval=dict(task_set=DOCQA_TASK_SET, prompt_format=DOC_QUOTE, tasks_per_domain=100, max_new_tokens=80,
-                  batch_size=25, device="cpu", general={}),
+        grpo=dict(
+            task_set=DOCQA_TASK_SET,
+            prompt_format=DOC_QUOTE,
+            scheduler=SchedulerConfig(batch_size=8, seed=0),
+            group_size=8,
+            max_new_tokens=80,
+            temperature=0.7,
+            lr=2e-5,
+            max_steps=12,
+            micro_batch_size=16,
+            max_rollout_batches_per_step=2,
+            checkpoint_every=6,
+            device="cpu",
+            seed=0,
+            verifier_workers=1,
+            logprob_check={"every": 6, "trajectories": 8},
+        ),
+        eval=dict(
+            task_set=DOCQA_TASK_SET,
+            prompt_format=DOC_QUOTE,
+            tasks_per_domain=100,
+            max_new_tokens=80,
+            batch_size=25,
+            device="cpu",
+            general={},
+        ),
     )
 
 
 # --- the real model repairing code in a sandbox, turn by turn ----------------------------------------------
-REPAIR_DOMAINS = [DomainSpec(name=f"repair.{kind}", difficulty=2)  # two functions, one with a planted defect
-                  for kind in ("off_by_one", "wrong_operator", "missing_case", "wrong_return")]
+REPAIR_DOMAINS = [
+    DomainSpec(name=f"repair.{kind}", difficulty=2)  # two functions, one with a planted defect
+    for kind in ("off_by_one", "wrong_operator", "missing_case", "wrong_return")
+]
 # the policy's tools; the tool schemas and the task are about 720 tokens of the prompt, a demonstration about 1,300 in all
-REPAIR_ENV = dict(name="code_repair", tools=["bash", "read_file", "edit_file", "list_dir"], max_turns=8,
-                  max_episode_tokens=2048, episode_timeout_s=180.0, tool_timeout_s=10.0, concurrency=16)
+REPAIR_ENV = dict(
+    name="code_repair",
+    tools=["bash", "read_file", "edit_file", "list_dir"],
+    max_turns=8,
+    max_episode_tokens=2048,
+    episode_timeout_s=180.0,
+    tool_timeout_s=10.0,
+    concurrency=16,
+)
 OOD_DIFFICULTY = 3  # repair.humaneval's shortest three fifths: 28 problems held out whole (difficulty 2 holds out 13)
 
 
@@ -213,21 +371,53 @@ def _smollm2_repair() -> Recipe:
     return dict(
         name="smollm2-repair",
         description="SmolLM2-135M-Instruct taught terminal programming: SFT on expert demonstrations (a scripted agent "
-                    "repairs train-split modules in real sandboxes: list, run the tests, read, edit_file, run the tests "
-                    "again, reply), then GRPO on code_repair episodes (up to 8 turns; reward: the share of hidden tests "
-                    "the final module passes). Evaluated greedily as episodes on repairs of functions no training task "
-                    "shows, on unseen modules of seen functions, and on HumanEval problems held out whole",
+        "repairs train-split modules in real sandboxes: list, run the tests, read, edit_file, run the tests "
+        "again, reply), then GRPO on code_repair episodes (up to 8 turns; reward: the share of hidden tests "
+        "the final module passes). Evaluated greedily as episodes on repairs of functions no training task "
+        "shows, on unseen modules of seen functions, and on HumanEval problems held out whole",
         model=REAL_MODEL,
-        sft=dict(demonstrations={"domains": domains, "tasks_per_domain": 24, "seed": 0, "environment": REPAIR_ENV},
-                 max_seq_len=2048, packing=False, micro_batch_size=1, grad_accum_steps=4, lr=5e-5, max_steps=32,
-                 checkpoint_every=16, device="cpu", seed=0, activation_checkpointing=True),
-        grpo=dict(domains=domains, environment=REPAIR_ENV, scheduler=SchedulerConfig(batch_size=3, seed=0), group_size=4,
-                  max_new_tokens=256, temperature=0.8, lr=1e-5, max_steps=8, micro_batch_size=2, activation_checkpointing=True,
-                  max_rollout_batches_per_step=2, checkpoint_every=4, device="cpu", seed=0, verifier_workers=1,
-                  logprob_check={"every": 4, "trajectories": 4}),
-        eval=dict(domains=[d.name for d in domains] + ["repair.humaneval"], difficulty=2,
-                  difficulties={"repair.humaneval": OOD_DIFFICULTY}, environment=REPAIR_ENV, tasks_per_domain=12,
-                  max_new_tokens=256, batch_size=16, device="cpu", general={"tasks_per_domain": 32}),
+        sft=dict(
+            demonstrations={"domains": domains, "tasks_per_domain": 24, "seed": 0, "environment": REPAIR_ENV},
+            max_seq_len=2048,
+            packing=False,
+            micro_batch_size=1,
+            grad_accum_steps=4,
+            lr=5e-5,
+            max_steps=32,
+            checkpoint_every=16,
+            device="cpu",
+            seed=0,
+            activation_checkpointing=True,
+        ),
+        grpo=dict(
+            domains=domains,
+            environment=REPAIR_ENV,
+            scheduler=SchedulerConfig(batch_size=3, seed=0),
+            group_size=4,
+            max_new_tokens=256,
+            temperature=0.8,
+            lr=1e-5,
+            max_steps=8,
+            micro_batch_size=2,
+            activation_checkpointing=True,
+            max_rollout_batches_per_step=2,
+            checkpoint_every=4,
+            device="cpu",
+            seed=0,
+            verifier_workers=1,
+            logprob_check={"every": 4, "trajectories": 4},
+        ),
+        eval=dict(
+            domains=[d.name for d in domains] + ["repair.humaneval"],
+            difficulty=2,
+            difficulties={"repair.humaneval": OOD_DIFFICULTY},
+            environment=REPAIR_ENV,
+            tasks_per_domain=12,
+            max_new_tokens=256,
+            batch_size=16,
+            device="cpu",
+            general={"tasks_per_domain": 32},
+        ),
     )
 
 
@@ -259,8 +449,15 @@ def _worked(domain: str, level: int) -> PromptFormat:
     assert example.reference is not None
     if domain.startswith("json."):  # a JSON reply is read as JSON: no box
         return PromptFormat(examples=[WorkedExample(user=example.prompt_text, assistant=example.reference)])
-    return BOXED.model_copy(update={"examples": [WorkedExample(user=f"{example.prompt_text}\n{BOXED.instruction}",
-                                                                assistant=f"\\boxed{{{example.reference}}}")]})
+    return BOXED.model_copy(
+        update={
+            "examples": [
+                WorkedExample(
+                    user=f"{example.prompt_text}\n{BOXED.instruction}", assistant=f"\\boxed{{{example.reference}}}"
+                )
+            ]
+        }
+    )
 
 
 # the curriculum: draws weighed by each domain's learning signal (the share of its groups whose rewards differ;
@@ -270,8 +467,9 @@ def _worked(domain: str, level: int) -> PromptFormat:
 # reach cost ever less of a batch): measured here, signal weights alone (BROAD_SIGNAL: slow estimates, no steps, no
 # revisits) forgot domains they stopped drawing (units.kg_to_g 62% -> 0%) and found little more signal than uniform
 # draws (BROAD_UNIFORM), the peers in bench/learning.py
-BROAD_CURRICULUM = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True,
-                                   min_results=16, revisit_after=15)
+BROAD_CURRICULUM = SchedulerConfig(
+    batch_size=8, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True, min_results=16, revisit_after=15
+)
 BROAD_SIGNAL = SchedulerConfig(batch_size=8, seed=0, weigh_by="signal")
 BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
 
@@ -279,7 +477,9 @@ BROAD_UNIFORM = SchedulerConfig(batch_size=8, seed=0, curriculum=False)
 def broad_format() -> PromptFormat:
     """Each broad domain put in its own format (:func:`_worked`), the document domain as the docqa preset puts it;
     the run's format holding them all."""
-    return BOXED.model_copy(update={"domains": {d: _worked(d, level) for d, level in BROAD_LEVELS.items()} | {DOC_DOMAIN: DOC_QUOTE}})
+    return BOXED.model_copy(
+        update={"domains": {d: _worked(d, level) for d, level in BROAD_LEVELS.items()} | {DOC_DOMAIN: DOC_QUOTE}}
+    )
 
 
 def _smollm2_broad() -> Recipe:
@@ -287,33 +487,48 @@ def _smollm2_broad() -> Recipe:
     return dict(
         name="smollm2-broad",
         description="SmolLM2-135M-Instruct as it ships, GRPO across 37 domains at once: 36 of nine families (arithmetic, "
-                    "comparison, dates, units, lists, strings, regex extraction, formatting, JSON restructuring), answers "
-                    "boxed (JSON replies as JSON), and the span-recovery tasks of the LaTeX News documents (doc_qa "
-                    f"verifier); the scheduler draws toward the domains whose groups disagree, with a floor and revisits, and "
-                    f"steps each domain's difficulty by its pass rate; against forgetting, a fifth of each batch replays "
-                    f"the general domains' train split (the control that kept the most gain within the bounds of "
-                    f"bench/learning.py --forgetting: +20.6 points of the uncontrolled +23.0, the general check +5.5 "
-                    f"instead of -7.0); evaluated per domain on prompts it never trained on, with the general check beside "
-                    f"it. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-broad does)",
-        model=REAL_MODEL, sft=None, documents=DOCQA_DOCUMENTS,
+        "comparison, dates, units, lists, strings, regex extraction, formatting, JSON restructuring), answers "
+        "boxed (JSON replies as JSON), and the span-recovery tasks of the LaTeX News documents (doc_qa "
+        f"verifier); the scheduler draws toward the domains whose groups disagree, with a floor and revisits, and "
+        f"steps each domain's difficulty by its pass rate; against forgetting, a fifth of each batch replays "
+        f"the general domains' train split (the control that kept the most gain within the bounds of "
+        f"bench/learning.py --forgetting: +20.6 points of the uncontrolled +23.0, the general check +5.5 "
+        f"instead of -7.0); evaluated per domain on prompts it never trained on, with the general check beside "
+        f"it. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-broad does)",
+        model=REAL_MODEL,
+        sft=None,
+        documents=DOCQA_DOCUMENTS,
         # never stepped below the difficulty it is evaluated at (below it, list.int.length's answer is always 3, not 4).
         # Measured with steps down to the lowest difficulty whose answers vary: no more signal (x1.13; at single digits the
         # model still copies the worked example's sum), and str.first_char.letters, trained on three-letter words, fell
         # from 37.5% to 6.2% where it is evaluated (as under signal weights alone, which never step)
-        grpo=arith["grpo"] | {"domains": [DomainSpec(name=d, difficulty=level, min_difficulty=level)
-                                          for d, level in BROAD_LEVELS.items()]
-                              + [DomainSpec(name=DOC_DOMAIN, task_set=DOCQA_TASK_SET)],
-                              "prompt_format": fmt, "scheduler": BROAD_CURRICULUM, "max_new_tokens": 80,
-                              "lr": 1e-5, "max_steps": 30, "checkpoint_every": 10,
-                              "logprob_check": {"every": 10, "trajectories": 8},
-                              # the forgetting arms from the same start (bench/results/forgetting-smollm2-broad.json): replay
-                              # met both bounds; KL 0.05 kept the gain and not the general check (-9.4), LoRA lost a quarter
-                              # of the gain and more of the check, interpolation at 0.75 kept 94% of the gain at -3.9
-                              "replay": {"share": 0.2}},
-        eval=arith["eval"] | {"domains": [*BROAD_LEVELS, DOC_DOMAIN], "difficulty": 2,
-                              "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
-                              "task_sets": {DOC_DOMAIN: DOCQA_TASK_SET}, "prompt_format": fmt, "tasks_per_domain": 16,
-                              "max_new_tokens": 80, "general": {"tasks_per_domain": 32}},
+        grpo=arith["grpo"]
+        | {
+            "domains": [DomainSpec(name=d, difficulty=level, min_difficulty=level) for d, level in BROAD_LEVELS.items()]
+            + [DomainSpec(name=DOC_DOMAIN, task_set=DOCQA_TASK_SET)],
+            "prompt_format": fmt,
+            "scheduler": BROAD_CURRICULUM,
+            "max_new_tokens": 80,
+            "lr": 1e-5,
+            "max_steps": 30,
+            "checkpoint_every": 10,
+            "logprob_check": {"every": 10, "trajectories": 8},
+            # the forgetting arms from the same start (bench/results/forgetting-smollm2-broad.json): replay
+            # met both bounds; KL 0.05 kept the gain and not the general check (-9.4), LoRA lost a quarter
+            # of the gain and more of the check, interpolation at 0.75 kept 94% of the gain at -3.9
+            "replay": {"share": 0.2},
+        },
+        eval=arith["eval"]
+        | {
+            "domains": [*BROAD_LEVELS, DOC_DOMAIN],
+            "difficulty": 2,
+            "difficulties": {d: level for d, level in BROAD_LEVELS.items() if level != 2},
+            "task_sets": {DOC_DOMAIN: DOCQA_TASK_SET},
+            "prompt_format": fmt,
+            "tasks_per_domain": 16,
+            "max_new_tokens": 80,
+            "general": {"tasks_per_domain": 32},
+        },
     )
 
 
@@ -334,26 +549,49 @@ def _gemma3_base_to_instruct() -> Recipe:
     return dict(
         name="gemma3-base-to-instruct",
         description="Gemma 3 270M, a pretrained base model (no chat template), post-trained from raw on 36 of the "
-                    "platform's own domains (arithmetic, comparison, dates, units, lists, strings, regex extraction, "
-                    "formatting, JSON restructuring): evaluated as it ships in the plain completion format (questions "
-                    "and answers as text, one worked example a domain), then SFT on their reference answers in Gemma's "
-                    "chat template, then GRPO on the same domains; each model evaluated on prompts no step trained on, "
-                    "with the general check beside it",
-        model=GEMMA_BASE, evaluate_base=True,
-        sft=dict(domains=list(BROAD_LEVELS), difficulty=2, difficulties=broad["eval"]["difficulties"], prompt_format=broad["grpo"]["prompt_format"],
-                 tasks_per_domain=64, chat_template="gemma", max_seq_len=512, packing=True, micro_batch_size=4,
-                 grad_accum_steps=2, lr=3e-5, max_steps=24, checkpoint_every=12, device="cpu", seed=0,
-                 activation_checkpointing=True),  # 7.5 GB at peak here, about 35 s a step (the arithmetic recipe: 9.9 GB without)
+        "platform's own domains (arithmetic, comparison, dates, units, lists, strings, regex extraction, "
+        "formatting, JSON restructuring): evaluated as it ships in the plain completion format (questions "
+        "and answers as text, one worked example a domain), then SFT on their reference answers in Gemma's "
+        "chat template, then GRPO on the same domains; each model evaluated on prompts no step trained on, "
+        "with the general check beside it",
+        model=GEMMA_BASE,
+        evaluate_base=True,
+        sft=dict(
+            domains=list(BROAD_LEVELS),
+            difficulty=2,
+            difficulties=broad["eval"]["difficulties"],
+            prompt_format=broad["grpo"]["prompt_format"],
+            tasks_per_domain=64,
+            chat_template="gemma",
+            max_seq_len=512,
+            packing=True,
+            micro_batch_size=4,
+            grad_accum_steps=2,
+            lr=3e-5,
+            max_steps=24,
+            checkpoint_every=12,
+            device="cpu",
+            seed=0,
+            activation_checkpointing=True,
+        ),  # 7.5 GB at peak here, about 35 s a step (the arithmetic recipe: 9.9 GB without)
         # without the broad preset's replay until its own forgetting arms are measured (recorded without it)
-        grpo=broad["grpo"] | {"domains": domains, "lr": 5e-6, "micro_batch_size": 8, "checkpoint_every": 10, "replay": None},
+        grpo=broad["grpo"]
+        | {"domains": domains, "lr": 5e-6, "micro_batch_size": 8, "checkpoint_every": 10, "replay": None},
         eval=broad["eval"] | {"domains": list(BROAD_LEVELS), "task_sets": {}},
     )
 
 
 _RECIPES: dict[str, Callable[[], Recipe]] = {
-    "cpu-demo": _cpu_demo, "cpu-small": _cpu_small, "cpu-quick": _cpu_quick, "smollm2-arith": _smollm2_arith,
-    "smollm2-quick": _smollm2_quick, "smollm2-tools": _smollm2_tools, "smollm2-docqa": _smollm2_docqa,
-    "smollm2-repair": _smollm2_repair, "smollm2-broad": _smollm2_broad, "gemma3-base-to-instruct": _gemma3_base_to_instruct,
+    "cpu-demo": _cpu_demo,
+    "cpu-small": _cpu_small,
+    "cpu-quick": _cpu_quick,
+    "smollm2-arith": _smollm2_arith,
+    "smollm2-quick": _smollm2_quick,
+    "smollm2-tools": _smollm2_tools,
+    "smollm2-docqa": _smollm2_docqa,
+    "smollm2-repair": _smollm2_repair,
+    "smollm2-broad": _smollm2_broad,
+    "gemma3-base-to-instruct": _gemma3_base_to_instruct,
 }
 
 

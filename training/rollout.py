@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -70,18 +70,29 @@ class RolloutGroup:
         return all(t.verdict is not None for t in self.trajectories)
 
 
-def make_trajectory(tokenizer: PreTrainedTokenizerBase, prompt: list[int], token_ids: list[int], logprobs: list[float],
-                    finished: bool) -> Trajectory:
+def make_trajectory(
+    tokenizer: PreTrainedTokenizerBase, prompt: list[int], token_ids: list[int], logprobs: list[float], finished: bool
+) -> Trajectory:
     """One sampled completion of ``prompt``. In the plain completion format the continuation is kept through the
     token where it goes on to a question of its own (:func:`~posttrain.platform.models.chat_template.completion_cut`):
     those tokens are what the learner scores, the answer before that question is what the verifier reads (as in
     evaluation), and the completion counts as finished."""
     if is_completion_format(tokenizer):
         kept, answer, ended = completion_cut(tokenizer, token_ids)
-        return Trajectory(prompt_ids=prompt, completion_ids=token_ids[:kept], behaviour_logprobs=logprobs[:kept],
-                          text=answer, finished=finished or ended)
-    return Trajectory(prompt_ids=prompt, completion_ids=token_ids, behaviour_logprobs=logprobs,
-                      text=tokenizer.decode(token_ids, skip_special_tokens=True), finished=finished)
+        return Trajectory(
+            prompt_ids=prompt,
+            completion_ids=token_ids[:kept],
+            behaviour_logprobs=logprobs[:kept],
+            text=answer,
+            finished=finished or ended,
+        )
+    return Trajectory(
+        prompt_ids=prompt,
+        completion_ids=token_ids,
+        behaviour_logprobs=logprobs,
+        text=cast(str, tokenizer.decode(token_ids, skip_special_tokens=True)),
+        finished=finished,
+    )
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, task: TaskSpec | list[dict[str, Any]]) -> list[int]:
@@ -119,9 +130,14 @@ def generate_groups(
         prefilled = {}
         if width > 1:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            cache = DynamicCache(config=model.config)
-            model(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-                  use_cache=True, **{key: cache})
+            cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
+            model(
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention[:, :-1],
+                position_ids=positions[:, :-1],
+                use_cache=True,
+                **{key: cache},
+            )
             cache.batch_repeat_interleave(group_size)
             prefilled = {key: cache}
         out = model.generate(  # type: ignore[operator]
@@ -153,7 +169,9 @@ def generate_groups(
             ids = new_tokens[row].tolist()
             finished = eos in ids
             length = ids.index(eos) + 1 if finished else len(ids)
-            trajectories.append(make_trajectory(tokenizer, prompts[i], ids[:length], logprobs[row, :length].tolist(), finished))
+            trajectories.append(
+                make_trajectory(tokenizer, prompts[i], ids[:length], logprobs[row, :length].tolist(), finished)
+            )
         groups.append(RolloutGroup(task=task, trajectories=trajectories, policy_version=policy_version))
     return groups
 

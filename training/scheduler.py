@@ -67,10 +67,18 @@ class DomainSpec(BaseModel):
     weight: float = Field(default=1.0, gt=0)
     priority: int = Field(default=0, ge=-10, le=10)
     difficulty: int = Field(default=1, ge=1)
-    min_difficulty: int | None = Field(default=None, ge=1, description="the lowest difficulty adapt_difficulty steps it "
-                                       "down to (None: its generator's lowest)")
-    task_set: str | None = Field(default=None, min_length=1, max_length=256, description="a stored task set whose "
-                                 "domain of this name the tasks come from (its train split), beside generated domains")
+    min_difficulty: int | None = Field(
+        default=None,
+        ge=1,
+        description="the lowest difficulty adapt_difficulty steps it down to (None: its generator's lowest)",
+    )
+    task_set: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a stored task set whose "
+        "domain of this name the tasks come from (its train split), beside generated domains",
+    )
     tasks: list[TaskSpec] | None = None
 
 
@@ -85,16 +93,26 @@ class SchedulerConfig(BaseModel):
     min_factor: float = Field(default=0.05, gt=0, le=1, description="floor of the learnability factor")
     curriculum: bool = Field(default=True, description="False: sample by weight and priority only")
     weigh_by: Literal["pass_rate", "signal"] = Field(
-        default="pass_rate", description="what the curriculum weighs a domain by: its pass rate's learnability, "
-        "or its learning-signal rate (the share of its groups whose rewards differ)")
-    adapt_difficulty: bool = Field(default=False, description="step each generated domain's difficulty by its pass rate")
+        default="pass_rate",
+        description="what the curriculum weighs a domain by: its pass rate's learnability, "
+        "or its learning-signal rate (the share of its groups whose rewards differ)",
+    )
+    adapt_difficulty: bool = Field(
+        default=False, description="step each generated domain's difficulty by its pass rate"
+    )
     step_up_at: float = Field(default=0.8, gt=0, le=1, description="pass rate at which a domain's difficulty steps up")
     step_down_at: float = Field(default=0.1, ge=0, lt=1, description="pass rate at which it steps down")
-    min_results: int = Field(default=16, ge=1, description="results since a domain's last step before it may step again")
-    revisit_after: float | None = Field(default=None, gt=0, description="batches in which the estimates a domain is "
-                                        "weighed by, while it goes unrecorded, relax 63% of the way back to an unseen "
-                                        "domain's, so one held at the floor is drawn again (None: they keep); doubled "
-                                        "for each further group in a row without a learning signal")
+    min_results: int = Field(
+        default=16, ge=1, description="results since a domain's last step before it may step again"
+    )
+    revisit_after: float | None = Field(
+        default=None,
+        gt=0,
+        description="batches in which the estimates a domain is "
+        "weighed by, while it goes unrecorded, relax 63% of the way back to an unseen "
+        "domain's, so one held at the floor is drawn again (None: they keep); doubled "
+        "for each further group in a row without a learning signal",
+    )
 
     @model_validator(mode="after")
     def _thresholds(self) -> SchedulerConfig:
@@ -109,7 +127,9 @@ class LevelEstimates(BaseModel):
 
     pass_rate: float | None = None
     signal_rate: float | None = None  # share of groups whose rewards differ (EMA)
-    at_difficulty: int = 0  # results since the difficulty last changed (kept in ``levels``: those of the last stay there)
+    at_difficulty: int = (
+        0  # results since the difficulty last changed (kept in ``levels``: those of the last stay there)
+    )
     seen_at: int = 0  # the batch its estimates were last updated at
     quiet: int = 0  # its groups in a row whose rewards all agreed (each after the first doubles its revisit time)
 
@@ -146,8 +166,9 @@ def signal_factor(signal_rate: float | None, min_factor: float) -> float:
     return max(min_factor, UNSEEN_SIGNAL_RATE if signal_rate is None else signal_rate)
 
 
-def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, split: Split = "train",
-                   url: str | None = None) -> list[DomainSpec]:
+def stored_domains(
+    task_set: str, domains: Sequence[str | DomainSpec] = (), *, split: Split = "train", url: str | None = None
+) -> list[DomainSpec]:
     """The domains of stored task set ``task_set`` (those named in ``domains``, keeping their weight and
     priority; empty: every domain it holds in ``split``), each with its ``split`` tasks as a fixed list."""
     from posttrain.platform.tasks.store import load_tasks
@@ -158,17 +179,22 @@ def stored_domains(task_set: str, domains: Sequence[str | DomainSpec] = (), *, s
     for task in stored:
         by_domain.setdefault(task.spec.domain, []).append(task.spec)
     if not by_domain:
-        raise ValueError(f"task set {task_set!r} holds no {split} tasks"
-                         + (f" in domains {[d.name for d in named]}" if named else "")
-                         + "; `posttrain tasks list` shows the task sets and their splits")
+        raise ValueError(
+            f"task set {task_set!r} holds no {split} tasks"
+            + (f" in domains {[d.name for d in named]}" if named else "")
+            + "; `posttrain tasks list` shows the task sets and their splits"
+        )
     if missing := [d.name for d in named if d.name not in by_domain]:
-        raise ValueError(f"task set {task_set!r} has no {split} tasks in domains {missing}; it holds {sorted(by_domain)}")
+        raise ValueError(
+            f"task set {task_set!r} has no {split} tasks in domains {missing}; it holds {sorted(by_domain)}"
+        )
     specs = named or [DomainSpec(name=name) for name in by_domain]
     return [spec.model_copy(update={"tasks": by_domain[spec.name]}) for spec in specs]
 
 
-def resolve_domains(domains: Sequence[str | DomainSpec], task_set: str | None = None, *, split: Split = "train",
-                    url: str | None = None) -> list[str | DomainSpec]:
+def resolve_domains(
+    domains: Sequence[str | DomainSpec], task_set: str | None = None, *, split: Split = "train", url: str | None = None
+) -> list[str | DomainSpec]:
     """``domains`` with the tasks of every stored one filled in (:func:`stored_domains`): a domain naming its own
     ``task_set``, and with ``task_set`` (the run's) every other domain, or all of that set's when none is named."""
     if task_set is not None and not domains:
@@ -181,7 +207,11 @@ def resolve_domains(domains: Sequence[str | DomainSpec], task_set: str | None = 
             by_set.setdefault(source, []).append(spec)
     if not by_set:
         return list(domains)
-    found = {(source, d.name): d for source, named in by_set.items() for d in stored_domains(source, named, split=split, url=url)}
+    found = {
+        (source, d.name): d
+        for source, named in by_set.items()
+        for d in stored_domains(source, named, split=split, url=url)
+    }
     return [found[(source, spec.name)] if source else domain for source, spec, domain in zip(sources, specs, domains)]
 
 
@@ -231,7 +261,9 @@ class Scheduler:
         whatever the scheduler's split, put as generated (not in the run's prompt format), and outside the
         curriculum: a replayed domain is rehearsed at its share, not weighed by what the policy learns from it."""
         if overlap := sorted(set(domains) & set(self._specs)):
-            raise ValueError(f"replay domains {overlap} are trained on already: replay rehearses domains the run does not train on")
+            raise ValueError(
+                f"replay domains {overlap} are trained on already: replay rehearses domains the run does not train on"
+            )
         if not 0 < share < 1:
             raise ValueError(f"the replay share must be between 0 and 1, got {share}")
         with self._lock:
@@ -251,10 +283,14 @@ class Scheduler:
             w = spec.weight * cfg.priority_factor**spec.priority
             if cfg.curriculum:
                 stats, age = self._stats[name], self._batch - self._stats[name].seen_at
-                revisit = None if cfg.revisit_after is None else cfg.revisit_after * 2.0 ** min(max(0, stats.quiet - 1), 32)
-                w *= (signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, revisit), cfg.min_factor)
-                      if cfg.weigh_by == "signal" else
-                      learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, revisit), cfg.min_factor))
+                revisit = (
+                    None if cfg.revisit_after is None else cfg.revisit_after * 2.0 ** min(max(0, stats.quiet - 1), 32)
+                )
+                w *= (
+                    signal_factor(aged(stats.signal_rate, UNSEEN_SIGNAL_RATE, age, revisit), cfg.min_factor)
+                    if cfg.weigh_by == "signal"
+                    else learnability(aged(stats.pass_rate, UNSEEN_PASS_RATE, age, revisit), cfg.min_factor)
+                )
             out[name] = w
         return out
 
@@ -349,7 +385,12 @@ class Scheduler:
                 stats.groups += 1
                 stats.quiet = 0 if signal else stats.quiet + 1
             spec = self._specs.get(domain)
-            if cfg.adapt_difficulty and spec is not None and spec.tasks is None and stats.at_difficulty >= cfg.min_results:
+            if (
+                cfg.adapt_difficulty
+                and spec is not None
+                and spec.tasks is None
+                and stats.at_difficulty >= cfg.min_results
+            ):
                 self._step_difficulty(spec, stats)
 
     def _step_difficulty(self, spec: DomainSpec, stats: DomainStats) -> None:

@@ -51,9 +51,16 @@ def procedural_tasks(config: SFTConfig) -> list[TaskSpec]:
     from posttrain.platform.tasks.domains import generate
     from posttrain.platform.tasks.prompt_format import apply_format
 
-    return apply_format([t for i, domain in enumerate(config.domains)
-                         for t in generate(domain, config.tasks_per_domain, seed=config.seed * 1000 + i,
-                                           difficulty=config.difficulty_of(domain))], config.prompt_format)
+    return apply_format(
+        [
+            t
+            for i, domain in enumerate(config.domains)
+            for t in generate(
+                domain, config.tasks_per_domain, seed=config.seed * 1000 + i, difficulty=config.difficulty_of(domain)
+            )
+        ],
+        config.prompt_format,
+    )
 
 
 SELF_GENERATED = "self-generated.jsonl"
@@ -73,11 +80,19 @@ def self_generated_file(config: SFTConfig, learner: Learner) -> Path:
     assert wanted is not None and config.output_dir is not None
     path = Path(config.output_dir) / SELF_GENERATED
     stamp = path.with_suffix(".config.json")
-    made_for = json.dumps({"self_generated": wanted.model_dump(mode="json"), "domains": config.domains, "seed": config.seed,
-                           "tasks_per_domain": config.tasks_per_domain, "difficulty": config.difficulty,
-                           "difficulties": config.difficulties, "model": config.model,
-                           "demonstrations": config.demonstrations and config.demonstrations.model_dump(mode="json")},
-                          sort_keys=True)
+    made_for = json.dumps(
+        {
+            "self_generated": wanted.model_dump(mode="json"),
+            "domains": config.domains,
+            "seed": config.seed,
+            "tasks_per_domain": config.tasks_per_domain,
+            "difficulty": config.difficulty,
+            "difficulties": config.difficulties,
+            "model": config.model,
+            "demonstrations": config.demonstrations and config.demonstrations.model_dump(mode="json"),
+        },
+        sort_keys=True,
+    )
     policy = learner.rollout_policy()
     if policy is not None and not (path.is_file() and stamp.is_file() and stamp.read_text() == made_for):
         sampling = SamplingConfig(max_new_tokens=wanted.max_new_tokens, temperature=wanted.temperature)
@@ -87,19 +102,32 @@ def self_generated_file(config: SFTConfig, learner: Learner) -> Path:
         kept += kept_episodes
         others = config.demonstrations or config.jsonl_path or config.episodes_path or wanted.with_references
         if not kept and not others:
-            raise ValueError(f"the model passed none of its {len(tasks) + len(episodes)} tasks in {wanted.samples} tries "
-                             "each: there is nothing of its own to train on; raise self_generated.samples, lower the "
-                             "difficulty, or train on references (self_generated: null)")
-        _log.info("self_generated: kept %d passing answers of %d tasks and %d passing episodes of %d tasks (%d tries each)",
-                  len(kept) - len(kept_episodes), len(tasks), len(kept_episodes), len(episodes), wanted.samples)
+            raise ValueError(
+                f"the model passed none of its {len(tasks) + len(episodes)} tasks in {wanted.samples} tries "
+                "each: there is nothing of its own to train on; raise self_generated.samples, lower the "
+                "difficulty, or train on references (self_generated: null)"
+            )
+        _log.info(
+            "self_generated: kept %d passing answers of %d tasks and %d passing episodes of %d tasks (%d tries each)",
+            len(kept) - len(kept_episodes),
+            len(tasks),
+            len(kept_episodes),
+            len(episodes),
+            wanted.samples,
+        )
         write_episodes(path, kept)
         stamp.write_text(made_for)
     learner.ctx.barrier()
     return path
 
 
-def own_answers(config: SFTConfig, policy, tokenizer, sampling: SamplingConfig,  # type: ignore[no-untyped-def]
-                service) -> tuple[list[TaskSpec], list[Episode]]:
+def own_answers(
+    config: SFTConfig,
+    policy,
+    tokenizer,
+    sampling: SamplingConfig,
+    service,
+) -> tuple[list[TaskSpec], list[Episode]]:
     """The run's procedural tasks, and the first ``keep_per_task`` of ``samples`` answers to each that reach
     ``min_reward``, as episodes of the policy's sampled tokens."""
     from posttrain.training.rollout import generate_groups
@@ -108,15 +136,27 @@ def own_answers(config: SFTConfig, policy, tokenizer, sampling: SamplingConfig, 
     assert wanted is not None
     tasks, kept = procedural_tasks(config) if config.domains else [], []
     for start in range(0, len(tasks), SELF_GENERATED_BATCH):
-        for group in generate_groups(policy, tokenizer, tasks[start : start + SELF_GENERATED_BATCH], wanted.samples, sampling):
+        for group in generate_groups(
+            policy, tokenizer, tasks[start : start + SELF_GENERATED_BATCH], wanted.samples, sampling
+        ):
             verdicts = [service.verify(group.task, t.text) for t in group.trajectories]
-            kept += first_passing([(_episode(group.task, t, v), None if v.is_infra_error else v.score)
-                                   for t, v in zip(group.trajectories, verdicts)], wanted)
+            kept += first_passing(
+                [
+                    (_episode(group.task, t, v), None if v.is_infra_error else v.score)
+                    for t, v in zip(group.trajectories, verdicts)
+                ],
+                wanted,
+            )
     return tasks, kept
 
 
-def own_episodes(config: SFTConfig, policy, tokenizer, sampling: SamplingConfig,  # type: ignore[no-untyped-def]
-                 service) -> tuple[list[TaskSpec], list[Episode]]:
+def own_episodes(
+    config: SFTConfig,
+    policy,
+    tokenizer,
+    sampling: SamplingConfig,
+    service,
+) -> tuple[list[TaskSpec], list[Episode]]:
     """The demonstrated tasks (none without ``demonstrations``), and the first ``keep_per_task`` of ``samples`` episodes
     of each, played by the policy in the demonstrations' environment, whose rubric gave at least ``min_reward``."""
     if config.demonstrations is None:
@@ -130,8 +170,14 @@ def own_episodes(config: SFTConfig, policy, tokenizer, sampling: SamplingConfig,
     assert wanted is not None
     env_config = config.demonstrations.environment
     tasks = demonstration_tasks(config.demonstrations)
-    runner = EpisodeRunner(load_environment(env_config, tokenizer, sampling), EmbeddedRolloutEngine(policy, tokenizer),
-                           env_config, service, group_size=wanted.samples, seed=config.seed)
+    runner = EpisodeRunner(
+        load_environment(env_config, tokenizer, sampling),
+        EmbeddedRolloutEngine(policy, tokenizer),
+        env_config,
+        service,
+        group_size=wanted.samples,
+        seed=config.seed,
+    )
     try:
         groups = runner.groups(tasks)
     finally:
@@ -139,7 +185,7 @@ def own_episodes(config: SFTConfig, policy, tokenizer, sampling: SamplingConfig,
     return tasks, own_successes(groups, wanted)
 
 
-def own_successes(groups, wanted: SelfGeneratedConfig) -> list[Episode]:  # type: ignore[no-untyped-def]
+def own_successes(groups, wanted: SelfGeneratedConfig) -> list[Episode]:
     """Of each group of scored episodes, :func:`first_passing` (an episode left unscored, its sandbox failed, is never
     kept)."""
     return [e for group in groups for e in first_passing([(t.episode, t.reward) for t in group.trajectories], wanted)]
@@ -155,7 +201,7 @@ def first_passing(tries: Sequence[tuple[Episode | None, float | None]], wanted: 
 SELF_GENERATED_BATCH = 8  # tasks sampled together (each with its samples)
 
 
-def _episode(task: TaskSpec, trajectory, verdict) -> Episode:  # type: ignore[no-untyped-def]
+def _episode(task: TaskSpec, trajectory, verdict) -> Episode:
     """A sampled single-turn answer as an episode: the policy's tokens, all of them trained on."""
     episode = Episode(task=task, prompt_ids=list(trajectory.prompt_ids), policy_version=0)
     episode.token_ids, episode.logprobs = list(trajectory.completion_ids), list(trajectory.behaviour_logprobs)
@@ -164,7 +210,7 @@ def _episode(task: TaskSpec, trajectory, verdict) -> Episode:  # type: ignore[no
     return episode
 
 
-def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None]]:  # type: ignore[no-untyped-def]
+def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None]]:
     """The episode files the run trains on, each with its reward floor: ``episodes_path``, the model's own
     answers it keeps (``self_generated``), and the demonstrations it makes (once) under its output directory."""
     files: list[tuple[Path, float | None]] = []
@@ -177,11 +223,16 @@ def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None
 
         if config.output_dir is None:
             raise ValueError("SFT with demonstrations writes them under output_dir: set output_dir")
-        files.append((demonstration_file(config.demonstrations, tokenizer, Path(config.output_dir) / "demonstrations.jsonl"), None))
+        files.append(
+            (
+                demonstration_file(config.demonstrations, tokenizer, Path(config.output_dir) / "demonstrations.jsonl"),
+                None,
+            )
+        )
     return files
 
 
-def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: ignore[no-untyped-def]
+def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:
     """Examples from the configured domains' references, the chat JSONL file and the episodes file (multi-turn
     episodes token for token, trained on the policy's tokens only, as GRPO's loss covers them)."""
     references = config.domains and (config.self_generated is None or config.self_generated.with_references)
@@ -193,8 +244,10 @@ def build_examples(config: SFTConfig, tokenizer) -> list[SFTExample]:  # type: i
         if not episodes and path.name == SELF_GENERATED:
             continue  # the model passed nothing of its own: the run's other data stands (self_generated_file said so)
         if not episodes:
-            raise ValueError(f"{path} holds no episode with a reward of at least {min_reward}; "
-                             "lower episodes_min_reward or make demonstrations first")
+            raise ValueError(
+                f"{path} holds no episode with a reward of at least {min_reward}; "
+                "lower episodes_min_reward or make demonstrations first"
+            )
         examples += [episode_example(e.prompt_ids, e.token_ids, e.loss_mask, config.max_seq_len) for e in episodes]
     if not examples:
         raise ValueError("no SFT data: set SFTConfig.domains, jsonl_path, episodes_path or demonstrations")
@@ -224,13 +277,18 @@ def replay_tasks(config: SFTConfig) -> list[TaskSpec]:
     replay = config.replay
     if replay is None:
         return []
-    return [t for i, domain in enumerate(replay.domains)
-            for t in generate(domain, replay.tasks_per_domain, seed=replay.seed * 1000 + i, difficulty=replay.difficulty,
-                              split="train")]
+    return [
+        t
+        for i, domain in enumerate(replay.domains)
+        for t in generate(
+            domain, replay.tasks_per_domain, seed=replay.seed * 1000 + i, difficulty=replay.difficulty, split="train"
+        )
+    ]
 
 
-def step_rows(rows: Sequence[list[SFTExample]], step: int, config: SFTConfig,
-              replay_rows: Sequence[list[SFTExample]] = ()) -> list[list[SFTExample]]:
+def step_rows(
+    rows: Sequence[list[SFTExample]], step: int, config: SFTConfig, replay_rows: Sequence[list[SFTExample]] = ()
+) -> list[list[SFTExample]]:
     """The ``micro_batch_size * grad_accum_steps`` rows of global step ``step`` (0-based), in order: with
     ``replay_rows``, ``replay.share`` of them (exactly, over the steps) from those, the rest from ``rows``."""
     per_step = config.micro_batch_size * config.grad_accum_steps
@@ -305,5 +363,7 @@ def continue_sft(
     if not any(ckpt_root.glob("step_*")):
         ckpt_root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(warm_checkpoint, ckpt_root / Path(warm_checkpoint).name)
-    control = config.updated(output_dir=str(output_dir), max_steps=warm_steps + extra_steps, resume=True, register_as=None)
+    control = config.updated(
+        output_dir=str(output_dir), max_steps=warm_steps + extra_steps, resume=True, register_as=None
+    )
     return train_sft(control, on_metrics=on_metrics, should_stop=should_stop)

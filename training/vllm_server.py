@@ -120,7 +120,9 @@ class Driver:
                 for output in core.step():
                     entry = out.pop(output.request_id, None) if output.finished else None
                     if entry is not None:
-                        entry[1].set_result({"version": entry[0], "completions": [completion(o) for o in output.outputs]})
+                        entry[1].set_result(
+                            {"version": entry[0], "completions": [completion(o) for o in output.outputs]}
+                        )
             except BaseException as exc:  # noqa: BLE001 - every caller waiting gets it
                 self._fail(core, out, joining, exc)
 
@@ -144,8 +146,10 @@ def completion(output: Any) -> dict[str, Any]:
     ids = list(output.token_ids)
     steps = output.logprobs or []
     if len(steps) != len(ids):
-        raise RuntimeError(f"vLLM returned log-probs for {len(steps)} of {len(ids)} sampled tokens; "
-                           "sample with SamplingParams(logprobs=0)")
+        raise RuntimeError(
+            f"vLLM returned log-probs for {len(steps)} of {len(ids)} sampled tokens; "
+            "sample with SamplingParams(logprobs=0)"
+        )
     return {"token_ids": ids, "logprobs": [float(step[tok].logprob) for step, tok in zip(steps, ids)],
             "finished": output.finish_reason == "stop"}  # fmt: skip
 
@@ -200,12 +204,12 @@ def main() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one driver thread
     import vllm
-
     from vllm.sampling_params import RequestOutputKind
 
     # FINAL_ONLY: a request with n > 1 comes back once, with all n completions (by default each step returns one)
-    driver = Driver(vllm.LLM(**json.loads(args.llm)), vllm.SamplingParams, args.version,
-                    output_kind=RequestOutputKind.FINAL_ONLY)
+    driver = Driver(
+        vllm.LLM(**json.loads(args.llm)), vllm.SamplingParams, args.version, output_kind=RequestOutputKind.FINAL_ONLY
+    )
     threading.Thread(target=driver.run, name="vllm-driver", daemon=True).start()
     server = ThreadingHTTPServer((args.host, args.port), handler(driver))
     print(f"rollout server on http://{args.host}:{args.port}", flush=True)

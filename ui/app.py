@@ -45,12 +45,16 @@ def first_admin_form() -> bool:
     shown. Anywhere else, the way to do it on the command line."""
     client = st.context.ip_address  # None: a browser on this machine (Streamlit reports loopback so)
     if client is not None or not auth.is_loopback(bind_host()):
-        st.info("No users yet. Create the first admin on the console's machine: open this page there, or run "
-                "`posttrain users bootstrap-admin NAME`.")
+        st.info(
+            "No users yet. Create the first admin on the console's machine: open this page there, or run "
+            "`posttrain users bootstrap-admin NAME`."
+        )
         return False
     st.subheader("Welcome: create the first admin")
-    st.caption(f"This one-time form is served only to a browser on this machine. The admin can then add users "
-               f"(Users & audit). Passwords need at least {auth.MIN_PASSWORD_LENGTH} characters.")
+    st.caption(
+        f"This one-time form is served only to a browser on this machine. The admin can then add users "
+        f"(Users & audit). Passwords need at least {auth.MIN_PASSWORD_LENGTH} characters."
+    )
     with st.form("first_admin"):
         name = st.text_input("Admin username", value="admin", key="setup_username")
         password = st.text_input("Password", type="password", key="setup_password")
@@ -60,8 +64,9 @@ def first_admin_form() -> bool:
                 st.error("The two passwords differ: type the same password twice.")
             else:
                 try:
-                    st.session_state[IDENTITY_KEY] = auth.setup_first_admin(name, password, client_ip=client,
-                                                                            bind_host=bind_host())
+                    st.session_state[IDENTITY_KEY] = auth.setup_first_admin(
+                        name, password, client_ip=client, bind_host=bind_host()
+                    )
                 except auth.AuthError as exc:
                     if auth.ADMIN_EXISTS not in str(exc):
                         st.error(str(exc))
@@ -139,5 +144,7 @@ pages = [
     st.Page(VIEWS / "sandboxes.py", title="Sandboxes", icon=":material/shield:", url_path="sandboxes"),
 ]
 if identity.can(Role.admin):
-    pages.append(st.Page(VIEWS / "admin.py", title="Users & audit", icon=":material/admin_panel_settings:", url_path="admin"))
+    pages.append(
+        st.Page(VIEWS / "admin.py", title="Users & audit", icon=":material/admin_panel_settings:", url_path="admin")
+    )
 st.navigation(pages).run()

@@ -8,13 +8,14 @@ from typing import Any
 import streamlit as st
 
 from posttrain.platform.auth import Identity
-from posttrain.platform.display import field_rows, shown
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
+from posttrain.platform.display import field_rows, shown
 from posttrain.platform.sandbox import SandboxPool, make_pool, parse_tool_calls
 from posttrain.platform.settings import SettingsError, get_settings
 
 IDENTITY_KEY = "identity"
+
 
 def status_label(status: JobStatus) -> str:
     """A job status as shown in tables and metrics (plain words: they render in any font)."""
@@ -24,7 +25,11 @@ def status_label(status: JobStatus) -> str:
 def current_identity() -> Identity | None:
     """The logged-in identity; anything else in its place (a dict, a string, an unknown role) is nobody."""
     identity = st.session_state.get(IDENTITY_KEY)
-    if not isinstance(identity, Identity) or not isinstance(identity.role, Role) or not isinstance(identity.username, str):
+    if (
+        not isinstance(identity, Identity)
+        or not isinstance(identity.role, Role)
+        or not isinstance(identity.username, str)
+    ):
         return None
     return identity
 
@@ -112,9 +117,16 @@ def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
 
     rows = [
         {
-            "id": j.id, "kind": j.kind, "status": status_label(j.status), "priority": j.priority,
-            "attempt": f"{j.attempts}/{j.max_attempts}", "progress": j.progress or 0.0, "message": j.progress_message,
-            "by": j.submitted_by, "created": j.created_at, "error": j.error or "",
+            "id": j.id,
+            "kind": j.kind,
+            "status": status_label(j.status),
+            "priority": j.priority,
+            "attempt": f"{j.attempts}/{j.max_attempts}",
+            "progress": j.progress or 0.0,
+            "message": j.progress_message,
+            "by": j.submitted_by,
+            "created": j.created_at,
+            "error": j.error or "",
         }  # fmt: skip
         for j in jobs
     ]
@@ -177,15 +189,23 @@ def cell(value: Any) -> Any:
     return shown(value)
 
 
-def plain_table(rows: list[dict[str, Any]], *, columns: list[str] | None = None, long: dict[str, str] | None = None,
-                column_config: dict[str, Any] | None = None, key: str | None = None) -> None:
+def plain_table(
+    rows: list[dict[str, Any]],
+    *,
+    columns: list[str] | None = None,
+    long: dict[str, str] | None = None,
+    column_config: dict[str, Any] | None = None,
+    key: str | None = None,
+) -> None:
     """Rows of values as a table that fits the page: every value through :func:`cell`, the table as wide as the
     page (``width="stretch"``) and scrolling sideways when its columns are wider; ``long`` sizes its long text
     columns (``{"details": "large"}``) so one long path or message does not push the others out of view."""
     import pandas as pd
 
     frame = pd.DataFrame([{name: cell(value) for name, value in row.items()} for row in rows], columns=columns)
-    config: dict[str, Any] = {name: st.column_config.TextColumn(name, width=size) for name, size in (long or {}).items()}
+    config: dict[str, Any] = {
+        name: st.column_config.TextColumn(name, width=size) for name, size in (long or {}).items()
+    }
     config.update(column_config or {})
     st.dataframe(frame, hide_index=True, width="stretch", column_config=config, key=key)
 
@@ -208,13 +228,17 @@ def per_domain_results(arena: dict[str, Any], key: str) -> None:
     lost = [d for d, r in rows if d != "all" and marks[d] == "▼ lost"]
     gained = sum(marks[d] == "▲ gained" for d, _ in rows if d != "all")
     general = sum(d.startswith("general/") for d, _ in rows)
-    st.caption(f"{len(rows) - ('all' in arena['domains']) - general} domains"
-               + (f" and the general check's {general} (general/...: domains the run never trained on)" if general else "")
-               + f": {gained} gained and {len(lost)} lost beyond noise (the 95% interval of the paired difference clear "
-               "of zero), sorted by the difference; all: the evaluation's own tasks")
+    st.caption(
+        f"{len(rows) - ('all' in arena['domains']) - general} domains"
+        + (f" and the general check's {general} (general/...: domains the run never trained on)" if general else "")
+        + f": {gained} gained and {len(lost)} lost beyond noise (the 95% interval of the paired difference clear "
+        "of zero), sorted by the difference; all: the evaluation's own tasks"
+    )
     if check := arena.get("general"):
-        st.caption(f"General check over its {check['tasks']} tasks: {a_name} {check['a']:.1%} → {b_name} {check['b']:.1%}, "
-                   f"{100 * check['delta']:+.1f} ± {100 * check['se']:.1f} points (paired SE), {beyond_noise(check)}")
+        st.caption(
+            f"General check over its {check['tasks']} tasks: {a_name} {check['a']:.1%} → {b_name} {check['b']:.1%}, "
+            f"{100 * check['delta']:+.1f} ± {100 * check['se']:.1f} points (paired SE), {beyond_noise(check)}"
+        )
     st.dataframe(pd.DataFrame([
         {"domain": d, "tasks": r["tasks"], a_name: r["a"], b_name: r["b"], "difference": r["delta"],
          "paired SE": r.get("se"), "95% CI": f"{r['ci_low']:+.1%} .. {r['ci_high']:+.1%}", "": marks[d],
@@ -232,8 +256,13 @@ def per_domain_results(arena: dict[str, Any], key: str) -> None:
     if differ:
         flipped = sorted({d["domain"] for d in differ}, key=lambda d: (d not in lost, d))
         options = ["(all)", *flipped]
-        domain = st.selectbox("Flipped tasks in", options, key=f"{key}_flipped", index=1 if lost and lost[0] in flipped else 0,
-                              format_func=lambda d: f"{d} (lost)" if d in lost else d)
+        domain = st.selectbox(
+            "Flipped tasks in",
+            options,
+            key=f"{key}_flipped",
+            index=1 if lost and lost[0] in flipped else 0,
+            format_func=lambda d: f"{d} (lost)" if d in lost else d,
+        )
         shown_rows = [d for d in differ if domain == "(all)" or d["domain"] == domain]
         st.dataframe(pd.DataFrame([
             {"domain": d["domain"], "prompt": d["prompt"], "reference": d["reference"],

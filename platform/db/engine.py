@@ -64,7 +64,7 @@ def is_sqlite(url: str) -> bool:
 
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn, _record) -> None:
         # Let SQLAlchemy, not the driver, decide when transactions begin.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
@@ -75,7 +75,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
         conn.exec_driver_sql(f"BEGIN {mode}")
 
@@ -191,7 +191,9 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, DBAPIError) and "disk is full" in str(exc.orig):  # SQLite's file system is full: not brief
         return False
-    return isinstance(exc, (OperationalError, InterfaceError)) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
 
 
 def retry_transient(fn: Callable[[], T], *, what: str = "a database call", timeout_s: float = RETRY_TIMEOUT_S) -> T:

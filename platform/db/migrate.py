@@ -38,7 +38,7 @@ def current_revision(url: str | None = None) -> str | None:
         raise unavailable(engine.url.render_as_string(hide_password=False), exc) from None
 
 
-def _run(url: str | None, fn, *args: str) -> None:  # type: ignore[no-untyped-def]
+def _run(url: str | None, fn, *args: str) -> None:
     engine = get_engine(url)
     cfg = alembic_config()
     try:

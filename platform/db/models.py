@@ -11,7 +11,7 @@ Schema changes go through Alembic migrations in ``migrations/versions``.
 from __future__ import annotations
 
 import enum
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index, UniqueConstraint
@@ -21,7 +21,7 @@ from sqlmodel import Field, SQLModel
 
 def utcnow() -> datetime:
     """Now, timezone-aware in UTC (the columns store and return UTC)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _enum(enum_cls: type[enum.Enum], default: Any, **kwargs: Any) -> Any:
@@ -70,7 +70,9 @@ class ApiKey(SQLModel, table=True):
 
     __tablename__ = "api_key"
     id: int | None = Field(default=None, primary_key=True)
-    key_id: str = Field(index=True, unique=True, max_length=32, description="public part: the key reads pt-<key_id>_<secret>")
+    key_id: str = Field(
+        index=True, unique=True, max_length=32, description="public part: the key reads pt-<key_id>_<secret>"
+    )
     name: str = Field(max_length=128)
     secret_sha256: str = Field(max_length=64, description="hex SHA-256 of the secret part")
     models: list[str] = _json(list)  # the models it may call; empty: every model
@@ -263,7 +265,9 @@ class Job(SQLModel, table=True):
     checkpoint: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     error: str | None = None
-    error_cause: str | None = Field(default=None, max_length=32, description="oom, timeout, bad_input, transient, infrastructure, error, cancelled")
+    error_cause: str | None = Field(
+        default=None, max_length=32, description="oom, timeout, bad_input, transient, infrastructure, error, cancelled"
+    )
     submitted_by: str = Field(default="system", max_length=128)
 
 

@@ -76,8 +76,9 @@ class ConfigFile:
         lines = "; ".join(f"line {line}: {self._explain(p, path, names, model, listed)}" for (line, path), p in found)
         return JobConfigError(f"invalid config for job kind {kind_name!r} in {self.source}: {lines}")
 
-    def _explain(self, problem: ConfigProblem, path: str, names: frozenset[str], model: type[BaseModel] | None,
-                 listed: set[Loc]) -> str:
+    def _explain(
+        self, problem: ConfigProblem, path: str, names: frozenset[str], model: type[BaseModel] | None, listed: set[Loc]
+    ) -> str:
         if problem.kind == "extra_forbidden" and problem.loc:
             return self._unknown_key(problem.loc, names, model, listed)
         if problem.kind == "missing":
@@ -166,8 +167,10 @@ def read_config_file(path: Path) -> ConfigFile:
 
 def _check_size(size: int, source: str) -> None:
     if size > MAX_CONFIG_FILE_BYTES:
-        raise JobConfigError(f"{source} is over {MAX_CONFIG_FILE_BYTES // 1024} KiB, the most a job config may be; "
-                             "give the config alone (a data set goes into the data directory, named by its path)")
+        raise JobConfigError(
+            f"{source} is over {MAX_CONFIG_FILE_BYTES // 1024} KiB, the most a job config may be; "
+            "give the config alone (a data set goes into the data directory, named by its path)"
+        )
 
 
 def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node | None, int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import update
-from sqlmodel import select
+from sqlmodel import col, select
 
 from posttrain.platform.auth import Identity, job_identity
 from posttrain.platform.db.engine import retry_transient, session
@@ -89,8 +89,11 @@ class JobContext:
         def write() -> None:
             with session(self.url) as s:
                 # only while it runs: a late report never replaces the message its end left (queue.final_message)
-                s.exec(update(Job).where(Job.id == self.job_id, Job.status == JobStatus.running)
-                       .values(progress=value, progress_message=message[:500]))
+                s.exec(
+                    update(Job)
+                    .where(col(Job.id) == self.job_id, col(Job.status) == JobStatus.running)
+                    .values(progress=value, progress_message=message[:500])
+                )
 
         retry_transient(write, what="recording progress")
 
@@ -100,7 +103,7 @@ class JobContext:
 
         def write() -> None:
             with session(self.url) as s:
-                s.exec(update(Job).where(Job.id == self.job_id).values(checkpoint=state))
+                s.exec(update(Job).where(col(Job.id) == self.job_id).values(checkpoint=state))
 
         retry_transient(write, what="saving the checkpoint")
         self.checkpoint = state
@@ -113,9 +116,7 @@ class JobContext:
             with session(self.url) as s:
                 existing = {
                     m.name: m
-                    for m in s.exec(
-                        select(Metric).where(Metric.job_id == self.job_id, Metric.step == step)
-                    ).all()
+                    for m in s.exec(select(Metric).where(Metric.job_id == self.job_id, Metric.step == step)).all()
                 }
                 for name, value in values.items():
                     row = existing.get(name)

@@ -48,7 +48,9 @@ def drain(
     marks.unlink(missing_ok=True)
     rng = random.Random(seed)
     cfg = {"steps": 0, "sleep_s": 0, "mark_file": str(marks)}
-    ids = queue.submit_many(LOADTEST, "selftest", [cfg] * jobs, [rng.randrange(priorities) for _ in range(jobs)], url=url)
+    ids = queue.submit_many(
+        LOADTEST, "selftest", [cfg] * jobs, [rng.randrange(priorities) for _ in range(jobs)], url=url
+    )
     env = {
         **os.environ,
         "POSTTRAIN_DATABASE_URL": url,

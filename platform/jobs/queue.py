@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psutil
 from sqlalchemy import func, update
@@ -33,7 +33,7 @@ class JobNotFound(LookupError):
     pass
 
 
-def _job(s, job_id: int) -> Job:  # type: ignore[no-untyped-def]
+def _job(s, job_id: int) -> Job:
     job = s.get(Job, job_id)
     if job is None:
         raise JobNotFound(f"no job with id {job_id}; `posttrain jobs list` shows the jobs there are")
@@ -81,15 +81,18 @@ def submit(
         s.add(job)
         s.flush()
         s.add(AuditLog(username=identity.username, action="job.submit", target=f"job:{job.id}", details={"kind": kind}))
-        s.add_all(AuditLog(username=identity.username, action=a.action, target=a.target, details={"job": job.id, **a.details})
-                  for a in admitted)
+        s.add_all(
+            AuditLog(username=identity.username, action=a.action, target=a.target, details={"job": job.id, **a.details})
+            for a in admitted
+        )
         assert job.id is not None
         return job.id
 
 
 @action("job.submit_many", Role.operator)
-def submit_many(identity: Identity, kind: str, configs: list[dict[str, Any]], priorities: list[int], *,
-                url: str | None = None) -> list[int]:
+def submit_many(
+    identity: Identity, kind: str, configs: list[dict[str, Any]], priorities: list[int], *, url: str | None = None
+) -> list[int]:
     """Enqueue many jobs of one kind in one transaction (bulk loads, benchmarks, tests)."""
     job_kind = get_kind(kind)
     validated = [validate_config(kind, cfg) for cfg in configs]
@@ -159,11 +162,7 @@ def claim(worker_id: str, free_cpu: int, free_gpu: int, *, url: str | None = Non
 
 def record_process(job_id: int, pid: int, proc_started: float, log_path: str, *, url: str | None = None) -> None:
     with session(url) as s:
-        s.exec(
-            update(Job)
-            .where(col(Job.id) == job_id)
-            .values(pid=pid, proc_started=proc_started, log_path=log_path)
-        )
+        s.exec(update(Job).where(col(Job.id) == job_id).values(pid=pid, proc_started=proc_started, log_path=log_path))
 
 
 def heartbeat(job_ids: list[int], *, url: str | None = None) -> None:
@@ -172,7 +171,7 @@ def heartbeat(job_ids: list[int], *, url: str | None = None) -> None:
     with session(url) as s:
         s.exec(
             update(Job)
-            .where(col(Job.id).in_(job_ids), Job.status == JobStatus.running)
+            .where(col(Job.id).in_(job_ids), col(Job.status) == JobStatus.running)
             .values(heartbeat_at=utcnow())
         )
 
@@ -182,7 +181,7 @@ def cancel_requested(job_ids: list[int], *, url: str | None = None) -> set[int]:
         return set()
     with session(url, read_only=True) as s:
         rows = s.exec(select(Job.id).where(col(Job.id).in_(job_ids), col(Job.cancel_requested).is_(True)))
-        return {int(r) for r in rows}
+        return {int(cast(int, r)) for r in rows}  # primary keys: never None
 
 
 CANCELLED_QUEUED = "cancelled before it started"
@@ -204,7 +203,11 @@ def final_message(job: Job, now: datetime) -> str:
     thing it reported while running ("7/8 pages" on a job that succeeded says nothing true any more)."""
     ran = f" after {took((now - job.started_at).total_seconds())}" if job.started_at is not None else ""
     if job.status == JobStatus.succeeded:
-        text = f"succeeded in {took((now - job.started_at).total_seconds())}" if job.started_at is not None else "succeeded"
+        text = (
+            f"succeeded in {took((now - job.started_at).total_seconds())}"
+            if job.started_at is not None
+            else "succeeded"
+        )
     elif job.status == JobStatus.failed:
         text = f"failed{ran}: {job.error or 'no cause recorded'}"
     elif job.status == JobStatus.cancelled:
@@ -285,7 +288,11 @@ def finish(
         job.progress_message = final_message(job, now)
         s.add(job)
         if outcome.interrupted:
-            s.add(AuditLog(action="job.interrupted", target=f"job:{job_id}", details={"requeued": status == JobStatus.queued}))
+            s.add(
+                AuditLog(
+                    action="job.interrupted", target=f"job:{job_id}", details={"requeued": status == JobStatus.queued}
+                )
+            )
         return status
 
 
@@ -402,7 +409,12 @@ def get_job(job_id: int, *, url: str | None = None) -> Job:
 
 
 def list_jobs(
-    *, status: JobStatus | None = None, kind: str | None = None, limit: int = 50, offset: int = 0, url: str | None = None
+    *,
+    status: JobStatus | None = None,
+    kind: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    url: str | None = None,
 ) -> list[Job]:
     with session(url, read_only=True) as s:
         stmt = select(Job)

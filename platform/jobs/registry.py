@@ -34,6 +34,7 @@ KIND_MODULES: tuple[str, ...] = (
     "posttrain.training.jobs",
     "posttrain.training.estimate",
     "posttrain.training.interpolation",
+    "posttrain.training.tier_card",
 )
 
 
@@ -95,7 +96,7 @@ class Admitted:
 class JobKind:
     name: str
     config_model: type[BaseModel]
-    run: Callable[["JobContext", Any], BaseModel | dict[str, Any] | None]
+    run: Callable[[JobContext, Any], BaseModel | dict[str, Any] | None]
     description: str = ""
     result_model: type[BaseModel] | None = None  # what ``run`` returns, stored as JSON; read back with read_result
     resumable: bool = False
@@ -203,16 +204,26 @@ def _not_plain_json(config: Any) -> ConfigProblem | None:
         if len(loc) > MAX_CONFIG_DEPTH:
             return _problem(loc, "not_plain", f"nested deeper than {MAX_CONFIG_DEPTH} levels")
         if isinstance(value, float) and not math.isfinite(value):
-            return _problem(loc, "not_plain", "not a finite number; give a number such as 1.0",
-                            f"{value} is not a finite number; give a number such as 1.0")
+            return _problem(
+                loc,
+                "not_plain",
+                "not a finite number; give a number such as 1.0",
+                f"{value} is not a finite number; give a number such as 1.0",
+            )
         if isinstance(value, str) and not _is_text(value):
-            return _problem(loc, "not_plain", "the value is not valid Unicode text (it holds a lone surrogate); send UTF-8")
+            return _problem(
+                loc, "not_plain", "the value is not valid Unicode text (it holds a lone surrogate); send UTF-8"
+            )
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    return _problem(loc, "not_plain", "a key is not a string; quote it", f"key {key!r} is not a string; quote it")
+                    return _problem(
+                        loc, "not_plain", "a key is not a string; quote it", f"key {key!r} is not a string; quote it"
+                    )
                 if not _is_text(key):
-                    return _problem(loc, "not_plain", "a key is not valid Unicode text (it holds a lone surrogate); send UTF-8")
+                    return _problem(
+                        loc, "not_plain", "a key is not valid Unicode text (it holds a lone surrogate); send UTF-8"
+                    )
                 stack.append((item, (*loc, key)))
         elif isinstance(value, (list, tuple)):
             stack.extend((item, (*loc, i)) for i, item in enumerate(value))
@@ -290,7 +301,9 @@ def _plain_unique_keys(pairs: list[tuple[Any, Any]], where: Callable[[int], str]
         if not isinstance(key, (str, int, float, bool, type(None))):
             raise _BadKey(f"a key is a {type(key).__name__}{where(index) if where else ''}; keys are plain names")
         if key in seen:  # a file's key is not shown (a config file can be anything on disk): its line is
-            raise _BadKey(f"a key appears twice{where(index)}; keep one" if where else f"key {key!r} appears twice; keep one")
+            raise _BadKey(
+                f"a key appears twice{where(index)}; keep one" if where else f"key {key!r} appears twice; keep one"
+            )
         seen[key] = value
     return seen
 
@@ -310,7 +323,9 @@ def _yaml_error(exc: Exception, text: str) -> str:
     mark = getattr(exc, "problem_mark", None)
     at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = str(getattr(exc, "problem", None) or "unreadable")
-    return f"YAML syntax error{at}: " + _QUOTED.sub(lambda m: m.group(0) if _TOKEN.fullmatch(m.group(0)) else CUT, problem)
+    return f"YAML syntax error{at}: " + _QUOTED.sub(
+        lambda m: m.group(0) if _TOKEN.fullmatch(m.group(0)) else CUT, problem
+    )
 
 
 def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any:

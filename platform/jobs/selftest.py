@@ -39,8 +39,7 @@ def run(ctx: JobContext, config: SelftestConfig) -> dict[str, Any]:
     if config.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        for _ in range(config.spawn_children)
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(config.spawn_children)
     ]
     if ctx.attempt <= config.transient_failures:
         raise TransientError(f"selftest: transient failure on attempt {ctx.attempt} (on purpose)")
@@ -58,12 +57,18 @@ def run(ctx: JobContext, config: SelftestConfig) -> dict[str, Any]:
         else:
             ctx.sleep(config.sleep_s)
         ctx.save_checkpoint({"counter": counter + 1})
-        ctx.progress((counter + 1) / config.steps, f"step {counter + 1}/{config.steps}", force=counter + 1 == config.steps)
+        ctx.progress(
+            (counter + 1) / config.steps, f"step {counter + 1}/{config.steps}", force=counter + 1 == config.steps
+        )
         counter += 1
     for child in children:
         child.terminate()
-    return {"counter": counter if config.steps else 0, "resumed_from": start, "pid": os.getpid(),
-            "threads": int(os.environ["OMP_NUM_THREADS"])}
+    return {
+        "counter": counter if config.steps else 0,
+        "resumed_from": start,
+        "pid": os.getpid(),
+        "threads": int(os.environ["OMP_NUM_THREADS"]),
+    }
 
 
 register(

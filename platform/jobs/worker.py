@@ -30,11 +30,18 @@ import psutil
 from pydantic import ValidationError
 
 from posttrain.platform.db.engine import is_transient, reset_engines, retry_transient, session
-from posttrain.platform.db.models import Job, JobStatus, Worker as WorkerRow, utcnow
+from posttrain.platform.db.models import Job, utcnow
+from posttrain.platform.db.models import Worker as WorkerRow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import (
-    BadInput, JobConfigError, TransientError, get_kind, no_room_left, result_json, validate_config,
+    BadInput,
+    JobConfigError,
+    TransientError,
+    get_kind,
+    no_room_left,
+    result_json,
+    validate_config,
 )
 from posttrain.platform.settings import Settings, get_settings
 from posttrain.platform.supervise import die_with_parent
@@ -128,7 +135,9 @@ class Worker:
                     # The database is out of reach (a restart, a network blip): the jobs keep running;
                     # claims, heartbeats and exits wait until it is back.
                     outage_delay = min(max(2 * outage_delay, 0.2), 5.0)
-                    log.warning("database unavailable, retrying in %.1fs: %s", outage_delay, str(exc).splitlines()[0][:300])
+                    log.warning(
+                        "database unavailable, retrying in %.1fs: %s", outage_delay, str(exc).splitlines()[0][:300]
+                    )
                     signal.sigtimedwait({signal.SIGCHLD}, outage_delay)
                     continue
                 if outage_delay:
@@ -179,7 +188,9 @@ class Worker:
             if not is_transient(exc):
                 raise
             # the next worker to start finds these jobs orphaned and re-queues them
-            log.error("database unavailable: could not record the end of jobs %s", [r.job_id for r, _ in self._finished])
+            log.error(
+                "database unavailable: could not record the end of jobs %s", [r.job_id for r, _ in self._finished]
+            )
         log.info("worker %s stopped", self.id)
 
     # --- claiming and spawning --------------------------------------------------
@@ -266,7 +277,9 @@ class Worker:
         elif r.reason == "shutdown" or (r.reason is None and code in (EXIT_STOPPED, -signal.SIGTERM)):
             outcome = queue.Outcome(code, interrupted=True, error="interrupted: the worker stopped")
         elif code == EXIT_DISK_FULL and r.reason is None:
-            outcome = queue.Outcome(code, error=error.get("error") or disk_full_message(self.settings), cause="disk_full")
+            outcome = queue.Outcome(
+                code, error=error.get("error") or disk_full_message(self.settings), cause="disk_full"
+            )
         elif code == -signal.SIGKILL and r.reason is None:
             outcome = queue.Outcome(
                 code, error="killed by SIGKILL, most often the kernel's out-of-memory killer", cause="oom"
@@ -318,7 +331,13 @@ class Worker:
             pass
 
 
-_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "database or disk is full")
+_NO_SPACE = (
+    "no space left on device",
+    "os error 28",
+    "disk quota exceeded",
+    "os error 122",
+    "database or disk is full",
+)
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
@@ -383,7 +402,9 @@ def _child_main(job: Job, workdir: Path, log_path: Path, parent: int, settings: 
     root.setLevel(settings.log_level)
     logger = logging.getLogger(f"posttrain.job.{job.id}")
     threads = job_threads(settings)
-    logger.info("=== job %d (%s) attempt %d, pid %d, %d torch threads ===", job.id, job.kind, job.attempts, os.getpid(), threads)
+    logger.info(
+        "=== job %d (%s) attempt %d, pid %d, %d torch threads ===", job.id, job.kind, job.attempts, os.getpid(), threads
+    )
     try:
         return _run_job(job, workdir, settings, url, logger)
     finally:
@@ -400,7 +421,11 @@ def job_threads(settings: Settings) -> int:
     threads = settings.job_threads
     if threads is None:
         inherited = os.environ.get("OMP_NUM_THREADS", "")
-        threads = int(inherited) if inherited.isdigit() and int(inherited) > 0 else max(1, (os.cpu_count() or 1) // settings.worker_cpu_slots)
+        threads = (
+            int(inherited)
+            if inherited.isdigit() and int(inherited) > 0
+            else max(1, (os.cpu_count() or 1) // settings.worker_cpu_slots)
+        )
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -37,14 +37,14 @@ _TOOLS_LIST = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
     "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
     "\\n</tool_call>' -}}"
 )
 _TOOL_CALLS = (
     "{%- for call in message.tool_calls or [] -%}"
     "{%- set fn = call.function if call.function is defined else call -%}"
     "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' -}}'
     "{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
@@ -61,12 +61,10 @@ def _tool_results(open_turn: str, close_turn: str) -> str:
 
 
 CHAT_TEMPLATE = (
-    _RENDER_CONTENT
-    + "{%- if tools -%}"
+    _RENDER_CONTENT + "{%- if tools -%}"
     "{{- '<|im_start|>system\\n' -}}"
     "{%- if messages[0].role == 'system' -%}{{- render_content(messages[0].content) -}}"
-    "{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
-    + _TOOLS_LIST + "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}" + _TOOLS_LIST + "{{- '<|im_end|>\\n' -}}"
     "{%- elif messages[0].role != 'system' -%}"
     "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -78,11 +76,8 @@ CHAT_TEMPLATE = (
     "{%- elif message.role == 'user' -%}"
     "{{- '<|im_start|>user\\n' + render_content(message.content) + '<|im_end|>\\n' -}}"
     "{%- elif message.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' + render_content(message.content) -}}"
-    + _TOOL_CALLS + "{{- '<|im_end|>\\n' -}}"
-    "{%- elif message.role == 'tool' -%}"
-    + _tool_results("<|im_start|>user", "<|im_end|>\\n") +
-    "{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' + render_content(message.content) -}}" + _TOOL_CALLS + "{{- '<|im_end|>\\n' -}}"
+    "{%- elif message.role == 'tool' -%}" + _tool_results("<|im_start|>user", "<|im_end|>\\n") + "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
@@ -91,8 +86,7 @@ CHAT_TEMPLATE = (
 # ``model``, content trimmed), with the same tool format: the tools listed after the system text in the first
 # user turn, calls in the model's turn, results in a user turn.
 GEMMA_TEMPLATE = (
-    _RENDER_CONTENT
-    + "{{- bos_token -}}"
+    _RENDER_CONTENT + "{{- bos_token -}}"
     "{%- set ns = namespace(prefix='', pending=true) -%}"
     "{%- if messages[0].role == 'system' -%}{%- set ns.prefix = render_content(messages[0].content) | trim -%}{%- endif -%}"
     "{%- if tools -%}{%- set listed -%}" + _TOOLS_LIST + "{%- endset -%}"
@@ -108,10 +102,9 @@ GEMMA_TEMPLATE = (
     "{{- render_content(message.content) | trim + '<end_of_turn>\\n' -}}"
     "{%- elif message.role == 'assistant' -%}"
     "{{- '<start_of_turn>model\\n' + render_content(message.content) | trim -}}"
-    + _TOOL_CALLS + "{{- '<end_of_turn>\\n' -}}"
-    "{%- elif message.role == 'tool' -%}"
-    + _tool_results("<start_of_turn>user", "<end_of_turn>\\n") +
-    "{%- endif -%}"
+    + _TOOL_CALLS
+    + "{{- '<end_of_turn>\\n' -}}"
+    "{%- elif message.role == 'tool' -%}" + _tool_results("<start_of_turn>user", "<end_of_turn>\\n") + "{%- endif -%}"
     "{%- set ns.pending = false -%}"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -125,8 +118,7 @@ GEMMA_TEMPLATE = (
 # GRPO's rollouts as in evaluation. It has no tool turns. A run selects it as its ``chat_template`` by the name
 # ``completion`` (:data:`COMPLETION`); a model with no template of its own gets it by default.
 COMPLETION_TEMPLATE = (
-    _RENDER_CONTENT
-    + "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
+    _RENDER_CONTENT + "{%- if bos_token -%}{{- bos_token -}}{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message.role == 'system' -%}{{- render_content(message.content) | trim + '\\n\\n' -}}"
     "{%- elif message.role == 'user' -%}{{- 'Question: ' + render_content(message.content) | trim + '\\n' -}}"
@@ -162,7 +154,9 @@ def completion_cut(tokenizer: Any, token_ids: Sequence[int]) -> tuple[int, str, 
     at = text.find(COMPLETION_STOP)
     if at < 0:
         return len(ids), completion_answer(text), False
-    kept = next((n for n in range(1, len(ids)) if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) > at), len(ids))
+    kept = next(
+        (n for n in range(1, len(ids)) if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) > at), len(ids)
+    )
     return kept, completion_answer(text), True
 
 
@@ -188,8 +182,10 @@ def resolve_template(spec: str) -> str:
         return COMPLETION_TEMPLATE
     if "{{" in spec or "{%" in spec:
         return spec
-    raise ValueError(f"chat template {spec!r} is neither a family ({', '.join(FAMILY_TEMPLATES)}), {COMPLETION} (the plain "
-                     "completion format) nor a Jinja template; give a family name, completion or the template's text")
+    raise ValueError(
+        f"chat template {spec!r} is neither a family ({', '.join(FAMILY_TEMPLATES)}), {COMPLETION} (the plain "
+        "completion format) nor a Jinja template; give a family name, completion or the template's text"
+    )
 
 
 def assigned_name(spec: str) -> str:
@@ -226,8 +222,7 @@ def model_family(model_type: str) -> str:
 
 # A conversation that offers tools, or carries tool calls or tool results.
 _USES_TOOLS = (
-    "tools or (messages | selectattr('role', 'equalto', 'tool') | list)"
-    " or (messages | selectattr('tool_calls') | list)"
+    "tools or (messages | selectattr('role', 'equalto', 'tool') | list) or (messages | selectattr('tool_calls') | list)"
 )
 
 

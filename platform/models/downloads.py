@@ -58,8 +58,10 @@ def _key(settings: Settings) -> bytes:
         key = path.read_bytes()
         if len(key) >= 32:
             return key
-        raise DownloadRefused(f"{path} holds no download key (it is {len(key)} bytes, not 32): delete it and the "
-                              "platform makes a new one (links already given out stop working)") from None
+        raise DownloadRefused(
+            f"{path} holds no download key (it is {len(key)} bytes, not 32): delete it and the "
+            "platform makes a new one (links already given out stop working)"
+        ) from None
     with os.fdopen(fd, "wb") as out:
         out.write(key := secrets.token_bytes(32))
     return key
@@ -80,17 +82,29 @@ def _exports_of(name: str, url: str | None) -> set[str]:
 
 
 @action("model.download", Role.operator)
-def export_link(identity: Identity, name: str, path: str, *, ttl_s: float = LINK_TTL_S, url: str | None = None,
-                settings: Settings | None = None) -> str:
+def export_link(
+    identity: Identity,
+    name: str,
+    path: str,
+    *,
+    ttl_s: float = LINK_TTL_S,
+    url: str | None = None,
+    settings: Settings | None = None,
+) -> str:
     """The gateway path (``/v1/exports/<token>``) that streams model ``name``'s export at ``path`` for ``ttl_s``
     seconds; only a path the registry lists as one of the model's exports."""
     exports = _exports_of(name, url)
     if path not in exports:
-        raise ModelDirError(f"{path} is not an export of model {name!r}; its exports: {', '.join(sorted(exports)) or 'none'}")
+        raise ModelDirError(
+            f"{path} is not an export of model {name!r}; its exports: {', '.join(sorted(exports)) or 'none'}"
+        )
     if not Path(path).exists():
         raise ModelDirError(f"the export {path} of model {name!r} is gone from disk: export the model again")
-    claims = _b64(json.dumps({"m": name, "p": path, "u": identity.username, "e": time.time() + ttl_s},
-                             separators=(",", ":")).encode())
+    claims = _b64(
+        json.dumps(
+            {"m": name, "p": path, "u": identity.username, "e": time.time() + ttl_s}, separators=(",", ":")
+        ).encode()
+    )
     signature = _b64(hmac.new(_key(settings or get_settings()), claims.encode(), hashlib.sha256).digest())
     return f"{ROUTE}{claims}.{signature}"
 
@@ -173,7 +187,9 @@ def open_export(token: str, *, url: str | None = None, settings: Settings | None
     except (ValueError, KeyError, TypeError):
         raise DownloadRefused("this download link is damaged: ask the console for a new one") from None
     if time.time() > expires:
-        raise DownloadRefused(f"this download link of model {name!r} expired: open the model's Export tab for a new one")
+        raise DownloadRefused(
+            f"this download link of model {name!r} expired: open the model's Export tab for a new one"
+        )
     from posttrain.platform.models.registry import ModelNotFound
 
     try:
@@ -182,7 +198,9 @@ def open_export(token: str, *, url: str | None = None, settings: Settings | None
         raise DownloadRefused(f"model {name!r} is no longer registered", status=404) from None
     where = Path(path)
     if path not in current or not where.exists():
-        raise DownloadRefused(f"{path} is no longer an export of model {name!r} on disk: export the model again", status=404)
+        raise DownloadRefused(
+            f"{path} is no longer an export of model {name!r} on disk: export the model again", status=404
+        )
     with session(url) as s:
         s.add(AuditLog(username=who, action="model.download", target=name, details={"path": path}))
     if where.is_file():

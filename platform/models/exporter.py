@@ -86,7 +86,9 @@ def adapter_base(path: Path) -> Path:
     config = json.loads((path / ADAPTER_CONFIG).read_text())
     named = config.get("base_model_name_or_path")
     if not named:
-        raise ExportError(f"{path / ADAPTER_CONFIG} names no base_model_name_or_path; set it to the base model's directory")
+        raise ExportError(
+            f"{path / ADAPTER_CONFIG} names no base_model_name_or_path; set it to the base model's directory"
+        )
     base = Path(named).expanduser()
     base = base if base.is_absolute() else (path / base)
     if not (base / "config.json").is_file():
@@ -204,10 +206,14 @@ def gguf_arch(model_dir: Path, config_dir: Path) -> GgufArch:
         )
     activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
     if activation != arch.activation:
-        raise ExportError(f"{model_dir}: its MLP activation is {activation!r}; llama.cpp's {arch.name} applies "
-                          f"{arch.activation}; use fmt='hf'")
+        raise ExportError(
+            f"{model_dir}: its MLP activation is {activation!r}; llama.cpp's {arch.name} applies "
+            f"{arch.activation}; use fmt='hf'"
+        )
     if model_type in ("llama", "gemma3_text") and (config.get("attention_bias") or config.get("mlp_bias")):
-        raise ExportError(f"{model_dir}: a {model_type} model with attention/MLP biases does not round-trip through GGUF; use fmt='hf'")
+        raise ExportError(
+            f"{model_dir}: a {model_type} model with attention/MLP biases does not round-trip through GGUF; use fmt='hf'"
+        )
     if model_type == "gemma3_text":
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         scalar = config.get("query_pre_attn_scalar") or head_dim
@@ -217,8 +223,10 @@ def gguf_arch(model_dir: Path, config_dir: Path) -> GgufArch:
             ("use_bidirectional_attention (llama.cpp's gemma3 is causal)", bool(config.get("use_bidirectional_attention"))),
         ) if differs]  # fmt: skip
         if unlike:
-            raise ExportError(f"{model_dir}: a gemma3 model with {'; '.join(unlike)} does not run in llama.cpp as it does "
-                              "here; use fmt='hf'")
+            raise ExportError(
+                f"{model_dir}: a gemma3 model with {'; '.join(unlike)} does not run in llama.cpp as it does "
+                "here; use fmt='hf'"
+            )
     return arch
 
 
@@ -234,8 +242,10 @@ def rope_metadata(model_dir: Path, config: Any, layer_type: str = "full_attentio
         return theta, None
     if kind == "linear" and layer_type == "full_attention":
         return theta, float(params["factor"])
-    raise ExportError(f"{model_dir}: RoPE scaling {kind!r} of its {layer_type} layers cannot be written to GGUF by this "
-                      "exporter; use fmt='hf'")
+    raise ExportError(
+        f"{model_dir}: RoPE scaling {kind!r} of its {layer_type} layers cannot be written to GGUF by this "
+        "exporter; use fmt='hf'"
+    )
 
 
 def add_sliding_window(writer: Any, model_dir: Path, config: Any) -> None:
@@ -344,8 +354,10 @@ def spm_space_prefix(model_dir: Path, backend: dict[str, Any]) -> bool | None:
     model = backend.get("model") or {}
     if model.get("type") != "BPE" or not model.get("byte_fallback"):
         return None
-    kinds = [(n.get("type"), n.get("prepend") or (n.get("pattern") or {}).get("String"), n.get("content"))
-             for n in _normalizers(backend)]
+    kinds = [
+        (n.get("type"), n.get("prepend") or (n.get("pattern") or {}).get("String"), n.get("content"))
+        for n in _normalizers(backend)
+    ]
     pre = backend.get("pre_tokenizer")
     # Gemma's split on " " finds nothing once the normalizer has replaced every space
     pre_noop = pre is None or (pre.get("type") == "Split" and (pre.get("pattern") or {}).get("String") == " ")
@@ -376,7 +388,9 @@ def _looks_special(token: str) -> bool:
     return (token.startswith("<|") and token.endswith("|>")) or token in ("<pad>", "<mask>")
 
 
-def token_table(model_dir: Path, tokenizer: Any, vocab_size: int, byte_fallback: bool = False) -> tuple[list[str], list[int]]:
+def token_table(
+    model_dir: Path, tokenizer: Any, vocab_size: int, byte_fallback: bool = False
+) -> tuple[list[str], list[int]]:
     """Every id's token and type: control for special added tokens, user-defined for other
     added ones, byte for a byte-fallback tokenizer's ``<0xNN>``, unused ``[PADn]`` for ids the
     model has but the tokenizer does not."""
@@ -471,7 +485,9 @@ def tensor_qtype(name: str, shape: tuple[int, ...], outtype: GgufType) -> Any:
     return Q.F16
 
 
-def plan_tensors(model_dir: Path, state: dict[str, Any], config: Any, arch: GgufArch, outtype: GgufType) -> list[PlannedTensor]:
+def plan_tensors(
+    model_dir: Path, state: dict[str, Any], config: Any, arch: GgufArch, outtype: GgufType
+) -> list[PlannedTensor]:
     import gguf
 
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch.name)
@@ -494,7 +510,11 @@ def plan_tensors(model_dir: Path, state: dict[str, Any], config: Any, arch: Gguf
 
 def permute_for_llama(weights: Any, n_head: int) -> Any:
     """llama.cpp's q/k row order for ``llama``: each head's rotary halves interleaved."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def tensor_data(planned: PlannedTensor, state: dict[str, Any], config: Any, arch: GgufArch) -> Any:
@@ -506,7 +526,9 @@ def tensor_data(planned: PlannedTensor, state: dict[str, Any], config: Any, arch
     if arch.permute_qk and ".attn_q." in planned.name:
         array = permute_for_llama(array, int(config.num_attention_heads))
     elif arch.permute_qk and ".attn_k." in planned.name:
-        array = permute_for_llama(array, int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
+        array = permute_for_llama(
+            array, int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        )
     return gguf.quants.quantize(array, planned.qtype)
 
 
@@ -518,7 +540,9 @@ def declare_tensor(writer: Any, planned: PlannedTensor) -> None:
 
     if planned.qtype == Q.Q8_0:
         byte_shape = quant_shape_to_byte_shape(planned.shape, planned.qtype)
-        writer.add_tensor_info(planned.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=planned.qtype)
+        writer.add_tensor_info(
+            planned.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=planned.qtype
+        )
     else:
         dtype = np.dtype(np.float32 if planned.qtype == Q.F32 else np.float16)
         writer.add_tensor_info(planned.name, planned.shape, dtype, int(np.prod(planned.shape)) * dtype.itemsize)
@@ -548,7 +572,9 @@ def add_metadata(writer: Any, source: GgufSource, outtype: GgufType) -> None:
     add_tokenizer(writer, source.model_dir, source.tokenizer, source.config)
 
 
-def write_gguf(path: Path, source: GgufSource, planned: list[PlannedTensor], outtype: GgufType, report: Progress) -> None:
+def write_gguf(
+    path: Path, source: GgufSource, planned: list[PlannedTensor], outtype: GgufType, report: Progress
+) -> None:
     """Metadata and tensor infos first, then each tensor converted and written on its own."""
     import gguf
     import torch
@@ -593,7 +619,9 @@ def export_model(
     report: Progress = progress or (lambda fraction, message: None)
     source, target = Path(model_dir).expanduser(), Path(out).expanduser()
     if fmt not in get_args(ExportFormat):
-        raise ExportError(f"unknown export format {fmt!r} for {source}; choose one of: {', '.join(get_args(ExportFormat))}")
+        raise ExportError(
+            f"unknown export format {fmt!r} for {source}; choose one of: {', '.join(get_args(ExportFormat))}"
+        )
     if outtype not in get_args(GgufType):
         raise ExportError(f"unknown GGUF type {outtype!r} for {source}; choose one of: {', '.join(get_args(GgufType))}")
     if fmt == "hf":
@@ -617,5 +645,5 @@ def serve_elsewhere(name: str, fmt: str, path: str) -> dict[str, str]:
     return {
         "vLLM": f"vllm serve {quoted} --served-model-name {shlex.quote(name)}   # OpenAI API at http://127.0.0.1:8000/v1",
         "transformers": f"python -c \"from transformers import pipeline; print(pipeline('text-generation', {path!r})"
-                        f"([{{'role': 'user', 'content': 'Hello'}}], max_new_tokens=32))\"",
+        f"([{{'role': 'user', 'content': 'Hello'}}], max_new_tokens=32))\"",
     }

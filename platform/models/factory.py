@@ -12,15 +12,16 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-
+from typing import Any, cast
 
 import torch
-
 from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -42,7 +43,7 @@ def _generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
     )
 
 
-def _write_atomically(out_dir: str | os.PathLike[str], overwrite: bool, write: callable) -> Path:  # type: ignore[valid-type]
+def _write_atomically(out_dir: str | os.PathLike[str], overwrite: bool, write: Callable[[Path], None]) -> Path:
     """Write into a temporary sibling directory, then rename: no half-written model stays behind."""
     target = Path(out_dir)
     if target.exists() and any(target.iterdir()):
@@ -67,7 +68,7 @@ def build_tiny_model(
     """Train a tokenizer, initialise a causal LM from ``spec`` and save both to ``out_dir``."""
     spec = spec or TinyModelSpec()
     tokenizer = train_tokenizer(vocab_size=spec.vocab_size, seed=spec.seed)
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -82,7 +83,7 @@ def build_tiny_model(
     )
     torch.manual_seed(spec.seed)
     if spec.architecture == "qwen2":
-        model: torch.nn.Module = Qwen2ForCausalLM(Qwen2Config(**common))
+        model: PreTrainedModel = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.generation_config = _generation_config(tokenizer)
@@ -100,8 +101,13 @@ def build_tiny_vision_model(
     """Build a Qwen2-VL model with tokenizer, image processor and processor, saved to ``out_dir``."""
     spec = spec or TinyVisionModelSpec()
     tokenizer = train_tokenizer(vocab_size=spec.vocab_size, seed=spec.seed)
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in
-           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", EOS_TOKEN, PAD_TOKEN)}
+    ids = cast(
+        dict[str, int],  # one token each: an id, not a list
+        {
+            name: tokenizer.convert_tokens_to_ids(name)
+            for name in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", EOS_TOKEN, PAD_TOKEN)
+        },
+    )
     config = Qwen2VLConfig(
         text_config=dict(
             vocab_size=len(tokenizer),

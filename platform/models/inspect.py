@@ -38,7 +38,9 @@ def inspect_model_dir(path: str | os.PathLike[str]) -> ModelInfo:
     root = Path(path)
     config_file = root / "config.json"
     if not root.is_dir():
-        raise ModelDirError(f"model directory {root} does not exist; build one with build_tiny_model or point at real weights")
+        raise ModelDirError(
+            f"model directory {root} does not exist; build one with build_tiny_model or point at real weights"
+        )
     if not config_file.is_file():
         raise ModelDirError(f"{root} has no config.json; it is not a Hugging Face model directory")
     if not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():

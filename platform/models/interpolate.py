@@ -58,7 +58,12 @@ def _is_weights(path: Path) -> bool:
 
 def check_alpha(alpha: float) -> float:
     """``alpha`` as a float in [0, 1], else :class:`InterpolationError` naming it."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha <= 1:
+    if (
+        isinstance(alpha, bool)
+        or not isinstance(alpha, (int, float))
+        or not math.isfinite(alpha)
+        or not 0 <= alpha <= 1
+    ):
         raise InterpolationError(f"alpha {alpha!r} is outside [0, 1]: give --alpha between 0 (the model it started "
                                  "from, A) and 1 (the trained model, B)")  # fmt: skip
     return float(alpha)
@@ -93,7 +98,9 @@ def _config(model_dir: Path) -> dict[str, Any]:
     return json.loads((model_dir / "config.json").read_text())
 
 
-def check_compatible(a_dir: Path, b_dir: Path, a_label: str, b_label: str) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+def check_compatible(
+    a_dir: Path, b_dir: Path, a_label: str, b_label: str
+) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """A's tensors (file, shape, dtype), after checking B holds the same ones by name, shape and dtype and that both
     are the same architecture; else :class:`InterpolationError` naming both models and the first difference."""
     for label, where in ((a_label, a_dir), (b_label, b_dir)):
@@ -106,7 +113,8 @@ def check_compatible(a_dir: Path, b_dir: Path, a_label: str, b_label: str) -> di
         if a_config.get(field) != b_config.get(field):
             raise InterpolationError(
                 f"models {a_label} and {b_label} are not the same architecture ({field} {a_config.get(field)!r} against "
-                f"{b_config.get(field)!r}); interpolate a trained model with the model it was trained from")
+                f"{b_config.get(field)!r}); interpolate a trained model with the model it was trained from"
+            )
     a_tensors = _header(weight_files(a_dir, a_label))
     b_tensors = _header(weight_files(b_dir, b_label))
     fix = "interpolate a trained model with the model it was trained from (same architecture and size)"
@@ -134,8 +142,13 @@ def _copy_entry(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _blend_file(b_file: Path, out_file: Path, alpha: float, a_tensors: dict[str, tuple[Path, tuple[int, ...], str]],
-                a_open: Callable[[Path], Any]) -> None:
+def _blend_file(
+    b_file: Path,
+    out_file: Path,
+    alpha: float,
+    a_tensors: dict[str, tuple[Path, tuple[int, ...], str]],
+    a_open: Callable[[Path], Any],
+) -> None:
     """One of B's weight files blended with A's tensors of the same names, written to ``out_file``."""
     import torch
     from safetensors import safe_open
@@ -156,8 +169,16 @@ def _blend_file(b_file: Path, out_file: Path, alpha: float, a_tensors: dict[str,
     save_file(blended, str(out_file), metadata=metadata)
 
 
-def interpolate_dirs(a_dir: Path, b_dir: Path, out: Path, alpha: float, *, a_label: str | None = None,
-                     b_label: str | None = None, progress: Progress | None = None) -> Path:
+def interpolate_dirs(
+    a_dir: Path,
+    b_dir: Path,
+    out: Path,
+    alpha: float,
+    *,
+    a_label: str | None = None,
+    b_label: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
     """Write the model ``(1 - alpha) * A + alpha * B`` to ``out`` (which must not exist): B's files but its weights,
     A's weight files as they are at ``alpha == 0`` and B's at ``alpha == 1``. Refuses, writing nothing, what
     :func:`check_alpha` and :func:`check_compatible` refuse."""
@@ -211,9 +232,18 @@ def default_name(b: str, alpha: float) -> str:
 
 
 @action("model.interpolate", Role.operator)
-def interpolate_models(identity: Identity, a: str, b: str, alpha: float, *, name: str | None = None,
-                       url: str | None = None, produced_by_job_id: int | None = None, progress: Progress | None = None,
-                       meta: dict[str, Any] | None = None) -> Model:
+def interpolate_models(
+    identity: Identity,
+    a: str,
+    b: str,
+    alpha: float,
+    *,
+    name: str | None = None,
+    url: str | None = None,
+    produced_by_job_id: int | None = None,
+    progress: Progress | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Model:
     """Interpolate registered model ``a`` (the start) towards registered model ``b`` (trained from it) by ``alpha``,
     write the result to ``<data_dir>/models/<name>`` (default ``<b>-alpha<alpha>``) and register it with ``a`` as its
     base; audited as ``model.interpolate``. ``meta`` is added to the registered row's."""
@@ -233,7 +263,9 @@ def interpolate_models(identity: Identity, a: str, b: str, alpha: float, *, name
     except ModelNotFound:
         taken = None
     if taken is not None:
-        raise InterpolationError(f"a model named {name!r} is registered already (at {taken.path}); choose another --name")
+        raise InterpolationError(
+            f"a model named {name!r} is registered already (at {taken.path}); choose another --name"
+        )
     final = Path(get_settings().data_dir) / "models" / name
     interpolate_dirs(Path(rows["A"].path), Path(rows["B"].path), final, alpha, a_label=repr(a), b_label=repr(b),
                      progress=progress)  # fmt: skip

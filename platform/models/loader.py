@@ -23,18 +23,17 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-
 from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parameters_of(forward: Any) -> frozenset[str]:
     return frozenset(inspect.signature(forward).parameters)
 
 
 def forward_parameters(model: torch.nn.Module) -> frozenset[str]:
     """The keywords the model class's ``forward`` takes (looked up once per class); a peft model answers for its base."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     return _parameters_of(type(base).forward)
 
 
@@ -117,9 +116,7 @@ class LoadedModel:
         return reply_end_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
 
-def load_model(
-    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str = "cpu"
-) -> LoadedModel:
+def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """Load a directory with AutoTokenizer / AutoModelForCausalLM (or AutoProcessor and the
     image-text-to-text model class for vision-language models)."""
     info = inspect_model_dir(path)
@@ -132,5 +129,6 @@ def load_model(
         tokenizer = load_tokenizer(info.path)
         model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype)
     tokenizer.padding_side = "left"
-    model.to(device).eval()
+    # transformers wraps ``to`` with functools.wraps, whose stub takes the device for ``self``
+    model.to(device).eval()  # type: ignore[arg-type]
     return LoadedModel(info=info, model=model, tokenizer=tokenizer, processor=processor)

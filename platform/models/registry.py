@@ -49,8 +49,12 @@ def register_model(
         row.architecture = (info.architectures or [info.model_type])[0]
         row.base_model_id = base_id
         row.produced_by_job_id = produced_by_job_id
-        row.meta = {**(meta or {}), "is_vision": info.is_vision, "max_position_embeddings": info.max_position_embeddings,
-                    "chat_template": info.has_chat_template}  # False: a base model
+        row.meta = {
+            **(meta or {}),
+            "is_vision": info.is_vision,
+            "max_position_embeddings": info.max_position_embeddings,
+            "chat_template": info.has_chat_template,
+        }  # False: a base model
         s.add(row)
         s.add(AuditLog(username=identity.username, action="model.register", target=name, details={"path": row.path}))
         s.flush()
@@ -123,7 +127,14 @@ def record_export(name: str, entry: dict[str, Any], *, by: str = "system", url: 
         exports = [e for e in (row.meta or {}).get("exports", []) if e.get("path") != entry.get("path")]
         row.meta = {**(row.meta or {}), "exports": [entry, *exports]}
         s.add(row)
-        s.add(AuditLog(username=by, action="model.export", target=name, details={"path": entry.get("path"), "format": entry.get("format")}))
+        s.add(
+            AuditLog(
+                username=by,
+                action="model.export",
+                target=name,
+                details={"path": entry.get("path"), "format": entry.get("format")},
+            )
+        )
         s.flush()
         s.refresh(row)
         return row

@@ -42,16 +42,22 @@ def synthetic_corpus(num_lines: int, seed: int) -> Iterator[str]:
         words = [rng.choice(_WORDS) for _ in range(rng.randint(5, 20))]
         line = " ".join(words).capitalize() + rng.choice([".", "?", "!", ":", ","])
         if i % 5 == 0:
-            line += f' {{"name": "{rng.choice(_WORDS)}", "arguments": {{"{rng.choice(_WORDS)}": {rng.randint(0, 9999)}}}}}'
+            line += (
+                f' {{"name": "{rng.choice(_WORDS)}", "arguments": {{"{rng.choice(_WORDS)}": {rng.randint(0, 9999)}}}}}'
+            )
         if i % 7 == 0:
-            line += f" {rng.randint(0, 10**6)} {rng.random():.3f} 2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            line += (
+                f" {rng.randint(0, 10**6)} {rng.random():.3f} 2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            )
         yield line
 
 
 def train_tokenizer(vocab_size: int = 1024, seed: int = 0, num_lines: int = 4000) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (any text encodes) with chat and vision tokens and a tool-aware chat template."""
     if vocab_size < 300:
-        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 300 (256 bytes + specials)")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 300 (256 bytes + specials)"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

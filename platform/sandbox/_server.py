@@ -49,11 +49,13 @@ def load_beside(filename: str, module_name: str) -> types.ModuleType:
     """Load the file ``filename`` beside this one as the module ``module_name``."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), filename))
-    module = importlib.util.module_from_spec(spec)
+    spec = importlib.util.spec_from_file_location(
+        module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # a .py path always has a spec
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
     except BaseException:
         del sys.modules[module_name]
         raise
@@ -121,16 +123,29 @@ class Episode:
                 os._exit(3)
             if msg is None:
                 os._exit(0)
-            reply = self.handle(msg)
+            reply = self.handle(msg)  # type: ignore[arg-type]  # the host sends dicts
             if os.getpid() != self.pid:  # a fork made by model code came back here
                 os._exit(0)
             try:
                 try:
                     send(self.sock, reply)
                 except ValueError as error:  # over the wire's limit: nothing was sent; say so instead
-                    send(self.sock, {"id": reply["id"], "status": "error", "value": None, "exit_code": None, "stdout": "", "stderr": "",
-                                     "error": {"type": "ValueError", "message": f"the call's result is too large to return: {error}",
-                                               "traceback": ""}})
+                    send(
+                        self.sock,
+                        {
+                            "id": reply["id"],
+                            "status": "error",
+                            "value": None,
+                            "exit_code": None,
+                            "stdout": "",
+                            "stderr": "",
+                            "error": {
+                                "type": "ValueError",
+                                "message": f"the call's result is too large to return: {error}",
+                                "traceback": "",
+                            },
+                        },
+                    )
             except OSError:
                 os._exit(3)
 
@@ -238,8 +253,12 @@ class Episode:
             except ValueError:
                 name = str(-code)
             lost_output = -code == signal.SIGXFSZ
-            return {"type": "Signal", "message": f"terminated by {name}", "traceback": "",
-                    "errno": errno.EFBIG if lost_output else None}
+            return {
+                "type": "Signal",
+                "message": f"terminated by {name}",
+                "traceback": "",
+                "errno": errno.EFBIG if lost_output else None,
+            }
         return {"type": "ExitStatus", "message": f"exit status {code}", "traceback": ""}
 
     # ------------------------------------------------------------- tools
@@ -255,7 +274,7 @@ class Episode:
         tree = ast.parse(code, "<tool>", "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]  # the ast.Expr above
         body = compile(tree, "<tool>", "exec")
         tail = compile(last, "<tool>", "eval") if last is not None else None
         importlib.invalidate_caches()  # files written since the last call must be importable
@@ -319,16 +338,18 @@ class Episode:
         count = text.count(old)
         if count != 1:
             where = "is not in" if count == 0 else f"occurs {count} times in"
-            raise ValueError(f"the old text {where} {path}; it must occur exactly once (copy it from the file, "
-                             f"with its indentation{', and add lines around it' if count else ''})")
+            raise ValueError(
+                f"the old text {where} {path}; it must occur exactly once (copy it from the file, "
+                f"with its indentation{', and add lines around it' if count else ''})"
+            )
         start = text.index(old)
         with open(target, "w", encoding="utf-8") as fh:
-            fh.write(text[:start] + new + text[start + len(old):])
+            fh.write(text[:start] + new + text[start + len(old) :])
         first = text.count("\n", 0, start) + 1
         return f"edited {path}: lines {first}-{first + new.count(chr(10))} now hold the new text"
 
     def op_list_dir(self, path: str) -> list[dict]:
-        entries = []
+        entries: list[dict] = []
         with os.scandir(self.confine(path)) as it:
             for entry in it:
                 try:
@@ -377,7 +398,7 @@ class Zygote:
             self.reap()
             if self.ctrl in readable:
                 try:
-                    msg = recv(self.ctrl)
+                    msg: dict | None = recv(self.ctrl)  # type: ignore[assignment]  # the host sends dicts
                 except (OSError, ValueError):
                     msg = None
                 if msg is None or msg.get("cmd") == "exit":

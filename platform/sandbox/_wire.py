@@ -16,10 +16,14 @@ import socket
 import struct
 
 globals().update({name: value for name, value in vars(builtins).items() if not name.startswith("__")})
-_encode_json = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
-    None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
-) if getattr(json.encoder, "c_make_encoder", None) else None
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+_encode_json = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+    if getattr(json.encoder, "c_make_encoder", None)
+    else None
+)
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]  # loaded by json.decoder
 
 HEADER = struct.Struct(">I")
 MAX_MESSAGE = 64 << 20

@@ -55,8 +55,16 @@ class Ending:
     ran: Ran = field(default_factory=list)
 
 
-def run_turns(next_reply: Callable[[], ParsedTurn | Ending], give_results: Callable[[Ran], None], sandbox: Sandbox, *,
-              allowed: list[str], max_turns: int, deadline: float, tool_timeout_s: float | None = None) -> Ending:
+def run_turns(
+    next_reply: Callable[[], ParsedTurn | Ending],
+    give_results: Callable[[Ran], None],
+    sandbox: Sandbox,
+    *,
+    allowed: list[str],
+    max_turns: int,
+    deadline: float,
+    tool_timeout_s: float | None = None,
+) -> Ending:
     """Alternate the model's replies (``next_reply``: its next turn, parsed with :func:`parse_tool_calls`, or an
     :class:`Ending` when it could not give one) and its tool calls, run in ``sandbox`` (``give_results``: hand a turn's results back to the
     model's side) until it answers, ``max_turns`` replies are used or ``deadline`` (``time.monotonic()``)
@@ -114,7 +122,10 @@ def run_agent(
     def reply() -> ParsedTurn:
         answer = model(history, schemas)
         parsed = parse_tool_calls(answer)
-        assistant: Message = {"role": "assistant", "content": answer.get("content") if isinstance(answer, Mapping) else answer}
+        assistant: Message = {
+            "role": "assistant",
+            "content": answer.get("content") if isinstance(answer, Mapping) else answer,
+        }
         if isinstance(answer, Mapping) and answer.get("tool_calls") and parsed.calls:
             assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]  # calls in the text stay in the text
         append(assistant)
@@ -130,8 +141,15 @@ def run_agent(
             results.append(result)
             append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.to_message_content()})
 
-    ending = run_turns(reply, give, sandbox, allowed=[s["function"]["name"] for s in schemas], max_turns=max_turns,
-                       deadline=started + time_budget_s, tool_timeout_s=tool_timeout_s)
+    ending = run_turns(
+        reply,
+        give,
+        sandbox,
+        allowed=[s["function"]["name"] for s in schemas],
+        max_turns=max_turns,
+        deadline=started + time_budget_s,
+        tool_timeout_s=tool_timeout_s,
+    )
     give(ending.ran)
-    turns = sum(m["role"] == "assistant" for m in history[len(messages):])
+    turns = sum(m["role"] == "assistant" for m in history[len(messages) :])
     return EpisodeResult(history, ending.answer, ending.reason, turns, results, time.monotonic() - started)

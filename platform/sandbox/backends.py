@@ -78,7 +78,10 @@ def python_prefixes(executable: str) -> tuple[str, ...]:
         raise SandboxUnavailableError(f"python_executable {executable!r} is not an executable file")
     out = subprocess.run(
         [executable, "-I", "-c", "import sys, json; print(json.dumps([sys.prefix, sys.base_prefix]))"],
-        capture_output=True, text=True, timeout=60, env={"PATH": PATH},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": PATH},
     )
     paths = set(json.loads(out.stdout)) if out.returncode == 0 else set()
     paths.add(os.path.dirname(real))
@@ -102,25 +105,51 @@ def bwrap_argv(
     under the seccomp program bwrap reads from the inherited descriptor ``seccomp_fd``."""
     argv = [
         bwrap_path(),
-        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--as-pid-1",
-        "--hostname", "sandbox",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--hostname",
+        "sandbox",
         *system_mounts(),
     ]
     for path in (*python_prefixes(config.python_executable), *config.ro_binds):
         argv += ["--ro-bind", path, path]
     argv += [
-        "--dev", "/dev", "--proc", "/proc",
-        "--size", str(config.tmp_size_mb << 20), "--tmpfs", TMP_IN_SANDBOX,
-        "--bind", str(work), WORK_IN_SANDBOX,
-        "--ro-bind", str(server), SERVER_IN_SANDBOX,
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--size",
+        str(config.tmp_size_mb << 20),
+        "--tmpfs",
+        TMP_IN_SANDBOX,
+        "--bind",
+        str(work),
+        WORK_IN_SANDBOX,
+        "--ro-bind",
+        str(server),
+        SERVER_IN_SANDBOX,
     ]
     for name in BESIDE:
         argv += ["--ro-bind", str(server.with_name(name)), str(Path(SERVER_IN_SANDBOX).with_name(name))]
     argv += [
-        "--size", str(config.tmp_size_mb << 20), "--tmpfs", "/dev/shm",
-        "--remount-ro", "/", "--remount-ro", "/dev",
-        "--chdir", WORK_IN_SANDBOX, "--clearenv",
+        "--size",
+        str(config.tmp_size_mb << 20),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
+        "--chdir",
+        WORK_IN_SANDBOX,
+        "--clearenv",
     ]
     for key, value in sandbox_env(WORK_IN_SANDBOX, TMP_IN_SANDBOX).items():
         argv += ["--setenv", key, value]
@@ -130,18 +159,32 @@ def bwrap_argv(
 
 
 def server_config(config: SandboxConfig, work: str, tmp: str, ctrl_fd: int, data_fd: int, in_cgroup: bool) -> str:
-    return json.dumps({
-        "ctrl_fd": ctrl_fd, "data_fd": data_fd, "work_dir": work, "tmp_dir": tmp,
-        "memory_mb": config.memory_mb, "cpu_seconds": config.cpu_seconds,
-        # RLIMIT_NPROC counts every process of the uid, other sandboxes' too: only without a cgroup.
-        "max_processes": None if in_cgroup else config.max_processes, "file_size_mb": config.file_size_mb,
-        "open_files": config.open_files, "output_limit_bytes": config.output_limit_bytes,
-    })
+    return json.dumps(
+        {
+            "ctrl_fd": ctrl_fd,
+            "data_fd": data_fd,
+            "work_dir": work,
+            "tmp_dir": tmp,
+            "memory_mb": config.memory_mb,
+            "cpu_seconds": config.cpu_seconds,
+            # RLIMIT_NPROC counts every process of the uid, other sandboxes' too: only without a cgroup.
+            "max_processes": None if in_cgroup else config.max_processes,
+            "file_size_mb": config.file_size_mb,
+            "open_files": config.open_files,
+            "output_limit_bytes": config.output_limit_bytes,
+        }
+    )
 
 
 def launch_spec(
-    config: SandboxConfig, server: Path, slot_dir: Path, ctrl_fd: int, data_fd: int,
-    *, seccomp_fd: int | None = None, in_cgroup: bool = False,
+    config: SandboxConfig,
+    server: Path,
+    slot_dir: Path,
+    ctrl_fd: int,
+    data_fd: int,
+    *,
+    seccomp_fd: int | None = None,
+    in_cgroup: bool = False,
 ) -> LaunchSpec:
     """Command line, environment and uid of one sandbox's zygote (``in_cgroup``: it runs in a cgroup
     of its own, which bounds its processes; ``seccomp_fd``: the filter for bwrap)."""

@@ -149,7 +149,7 @@ class CgroupHost:
         with them; one that still holds processes is left alone: its pid may be another namespace's)."""
         for parent in dict.fromkeys((self.memory_parent, self.pids_parent)):
             for entry in parent.glob(f"{PREFIX}*-*"):
-                pid = entry.name[len(PREFIX):].split("-")[0]
+                pid = entry.name[len(PREFIX) :].split("-")[0]
                 if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                     with contextlib.suppress(OSError):
                         entry.rmdir()
@@ -226,8 +226,11 @@ def detect_v2(mounts: list[Mount], cgroups: dict[str, str], parent: Path | None)
         try:
             (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in CONTROLLERS))
         except OSError as exc:
-            why = "it holds processes; set sandbox.cgroup_parent to a delegated cgroup that holds none" \
-                if exc.errno == errno.EBUSY else exc.strerror
+            why = (
+                "it holds processes; set sandbox.cgroup_parent to a delegated cgroup that holds none"
+                if exc.errno == errno.EBUSY
+                else exc.strerror
+            )
             return Unavailable(f"cgroup v2 at {parent} cannot hand memory and pids to child cgroups ({why})")
     problem = can_create_children(parent)
     return Unavailable(f"cgroup v2: {problem}") if problem else CgroupHost(2, parent, parent)

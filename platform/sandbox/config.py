@@ -33,7 +33,8 @@ class SandboxConfig(BaseModel):
     # Limits of every sandbox. The budget of memory and processes is the sandbox's own cgroup where
     # the host allows one (see limits.py; the pool's status says which holds), else rlimits per process.
     memory_mb: int = Field(
-        1024, ge=64,
+        1024,
+        ge=64,
         description="memory of the whole sandbox, its tmpfs files included (cgroup); also the address space "
         "of each process (RLIMIT_AS)",
     )
@@ -48,11 +49,13 @@ class SandboxConfig(BaseModel):
         256, ge=1, description="size of the work directory (a tmpfs of its own where the host lets us mount one)"
     )
     use_cgroups: bool = Field(
-        True, description="one memory and process budget per sandbox in a cgroup where the host allows; "
+        True,
+        description="one memory and process budget per sandbox in a cgroup where the host allows; "
         "False: rlimits per process only",
     )
     cgroup_parent: Path | None = Field(
-        None, description="a delegated cgroup v2 directory (memory and pids available, no processes of its own) "
+        None,
+        description="a delegated cgroup v2 directory (memory and pids available, no processes of its own) "
         "to make the sandboxes' cgroups in; default: this process's own cgroup",
     )
 

@@ -62,14 +62,29 @@ BIG_INT = 1 << 63
 PR_SET_PDEATHSIG = 1
 
 _DATA_TYPES = (type(None), bool, int, float, str)
-_LENT_OPS = frozenset({"call", "list", "len", "bool", "str", "repr", "contains", "getitem", "next", "int", "index", "float"})
+_LENT_OPS = frozenset(
+    {"call", "list", "len", "bool", "str", "repr", "contains", "getitem", "next", "int", "index", "float"}
+)
 """What the child may ask of an object the tests lent it (a call-back, a range): never its attributes."""
 
 
-_ASKED = {"call": "a call", "getattr": "an attribute read", "setattr": "an attribute write", "getitem": "an item read",
-          "setitem": "an item write", "delitem": "an item deletion", "contains": "an `in` test", "len": "len()",
-          "bool": "bool()", "list": "iteration", "str": "str()", "repr": "repr()", "int": "int()", "index": "an index",
-          "float": "float()"}
+_ASKED = {
+    "call": "a call",
+    "getattr": "an attribute read",
+    "setattr": "an attribute write",
+    "getitem": "an item read",
+    "setitem": "an item write",
+    "delitem": "an item deletion",
+    "contains": "an `in` test",
+    "len": "len()",
+    "bool": "bool()",
+    "list": "iteration",
+    "str": "str()",
+    "repr": "repr()",
+    "int": "int()",
+    "index": "an index",
+    "float": "float()",
+}
 """What each request is, in the message of an error raised while answering it."""
 
 
@@ -105,10 +120,10 @@ class Remote:
         object.__setattr__(self, "_pt_name", name)
 
     def _pt_ask(self, op: str, **args: object) -> object:
-        return self._pt_peer.request({"op": op, "h": self._pt_id, **args})
+        return self._pt_peer.request({"op": op, "h": self._pt_id, **args})  # type: ignore[attr-defined]
 
     def __call__(self, *args: object, **kwargs: object) -> object:
-        return self._pt_peer.call(self._pt_id, args, kwargs)
+        return self._pt_peer.call(self._pt_id, args, kwargs)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         if name.startswith("__") and name.endswith("__") or name.startswith("_pt_"):
@@ -118,49 +133,49 @@ class Remote:
     def __setattr__(self, name: str, value: object) -> None:
         if name.startswith("_pt_"):
             raise AttributeError(name)
-        self._pt_ask("setattr", n=name, v=self._pt_peer.encode(value))
+        self._pt_ask("setattr", n=name, v=self._pt_peer.encode(value))  # type: ignore[attr-defined]
 
     def __getitem__(self, key: object) -> object:
-        return self._pt_ask("getitem", k=self._pt_peer.encode(key))
+        return self._pt_ask("getitem", k=self._pt_peer.encode(key))  # type: ignore[attr-defined]
 
     def __setitem__(self, key: object, value: object) -> None:
-        self._pt_ask("setitem", k=self._pt_peer.encode(key), v=self._pt_peer.encode(value))
+        self._pt_ask("setitem", k=self._pt_peer.encode(key), v=self._pt_peer.encode(value))  # type: ignore[attr-defined]
 
     def __delitem__(self, key: object) -> None:
-        self._pt_ask("delitem", k=self._pt_peer.encode(key))
+        self._pt_ask("delitem", k=self._pt_peer.encode(key))  # type: ignore[attr-defined]
 
     def __contains__(self, item: object) -> bool:
-        return _expect(self._pt_ask("contains", v=self._pt_peer.encode(item)), bool, "in")
+        return _expect(self._pt_ask("contains", v=self._pt_peer.encode(item)), bool, "in")  # type: ignore[attr-defined, return-value]
 
     def __len__(self) -> int:
         value = _expect(self._pt_ask("len"), int, "len()")
-        if value < 0:
+        if value < 0:  # type: ignore[operator]
             raise ValueError("__len__() should return >= 0")
-        return value
+        return value  # type: ignore[return-value]
 
     def __bool__(self) -> bool:
-        return _expect(self._pt_ask("bool"), bool, "bool()")
+        return _expect(self._pt_ask("bool"), bool, "bool()")  # type: ignore[return-value]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         return iter(_expect(self._pt_ask("list"), list, "iter()"))
 
     def __next__(self) -> object:
         return self._pt_ask("next")
 
     def __str__(self) -> str:
-        return _expect(self._pt_ask("str"), str, "str()")
+        return _expect(self._pt_ask("str"), str, "str()")  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return _expect(self._pt_ask("repr"), str, "repr()")
+        return _expect(self._pt_ask("repr"), str, "repr()")  # type: ignore[return-value]
 
     def __int__(self) -> int:
-        return _expect(self._pt_ask("int"), int, "int()")
+        return _expect(self._pt_ask("int"), int, "int()")  # type: ignore[return-value]
 
     def __index__(self) -> int:
-        return _expect(self._pt_ask("index"), int, "an index")
+        return _expect(self._pt_ask("index"), int, "an index")  # type: ignore[return-value]
 
     def __float__(self) -> float:
-        return _expect(self._pt_ask("float"), float, "float()")
+        return _expect(self._pt_ask("float"), float, "float()")  # type: ignore[return-value]
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -176,7 +191,7 @@ class Remote:
     def __deepcopy__(self, memo: object) -> Remote:
         return self
 
-    def __reduce_ex__(self, protocol: object) -> object:
+    def __reduce_ex__(self, protocol: object) -> object:  # type: ignore[override]  # it only raises
         raise TypeError(f"cannot pickle {self._pt_name}, an object of the graded code")
 
 
@@ -248,9 +263,13 @@ class Peer:
             return {"E": str(value)}
         for base, convert in _BASES:
             if issubclass(t, base):  # a subclass of a builtin value (Counter, a named tuple): travels as that value
-                return self.encode(convert(value), depth)
-        if self.parent and isinstance(value, (type, type(len))) and getattr(builtins, getattr(value, "__name__", ""), None) is value:
-            return {"G": value.__name__}  # a builtin function or type: the child uses its own
+                return self.encode(convert(value), depth)  # type: ignore[arg-type]  # an instance of base
+        if (
+            self.parent
+            and isinstance(value, (type, type(len)))
+            and getattr(builtins, getattr(value, "__name__", ""), None) is value
+        ):
+            return {"G": value.__name__}  # type: ignore[union-attr]  # a builtin function or type: the child uses its own
         return {"H": self._lend(value), "n": _describe(value)}
 
     def encode_value(self, value: object) -> object:
@@ -345,7 +364,11 @@ class Peer:
         try:
             return self.decode(reply["ok"])
         except Exception as error:  # noqa: BLE001 - whatever the child sent, it is no value
-            raise SolutionError(f"the graded code answered with a value the tests cannot read ({type(error).__name__}: {error})"[:MESSAGE_CHARS]) from None
+            raise SolutionError(
+                f"the graded code answered with a value the tests cannot read ({type(error).__name__}: {error})"[
+                    :MESSAGE_CHARS
+                ]
+            ) from None
 
     def _write_back(self, args: tuple, item: object) -> None:
         if type(item) is not list or len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] < len(args):
@@ -354,7 +377,9 @@ class Peer:
         try:
             new = self.decode(item[1])
         except Exception as error:  # noqa: BLE001
-            raise SolutionError(f"the graded code changed an argument into a value the tests cannot read ({error})") from None
+            raise SolutionError(
+                f"the graded code changed an argument into a value the tests cannot read ({error})"
+            ) from None
         if type(target) is list and type(new) is list:
             target[:] = new
         elif type(target) is dict and type(new) is dict:
@@ -451,7 +476,11 @@ class Peer:
         generator. From ``next`` it is what it means in Python, the end of the code's iterator."""
         if type(err) is not dict:
             return self._broken("an error that is not an object")
-        name, module, text = str(err.get("t", "Exception"))[:80], str(err.get("m", "")), str(err.get("s", ""))[:MESSAGE_CHARS]
+        name, module, text = (
+            str(err.get("t", "Exception"))[:80],
+            str(err.get("m", "")),
+            str(err.get("s", ""))[:MESSAGE_CHARS],
+        )
         trace = str(err.get("tb", ""))[-TRACE_CHARS:]
         found = getattr(builtins, name, None) if module == "builtins" else None
         error: BaseException | None = None
@@ -459,7 +488,11 @@ class Peer:
             error = SolutionError(f"the code raised {name} from {_ASKED.get(op, op)}")
         elif isinstance(found, type) and issubclass(found, BaseException):
             if not issubclass(found, Exception):
-                error = SolutionExit(f"the code raised {name}({text}) inside the test" if text else f"the code raised {name} inside the test")
+                error = SolutionExit(
+                    f"the code raised {name}({text}) inside the test"
+                    if text
+                    else f"the code raised {name} inside the test"
+                )
             else:
                 try:
                     error = found(text) if text else found()
@@ -468,7 +501,7 @@ class Peer:
         if error is None:
             error = SolutionError(f"{name}: {text}" if text else name)
         if trace:
-            error.__notes__ = [trace]  # type: ignore[attr-defined]
+            error.__notes__ = [trace]
         return error
 
     # -------------------------------------------------------------- serving
@@ -607,7 +640,7 @@ def _child(sock: socket.socket, source: str, path: list[str]) -> None:
             pass
         sys.path[:] = path
         peer = Peer(sock, parent=False)
-        program = {"__name__": "__main__", "__builtins__": builtins}
+        program: dict = {"__name__": "__main__", "__builtins__": builtins}
         status: dict = {}
         try:
             compiled = compile(source, "<solution>", "exec")
@@ -722,8 +755,11 @@ def _ready() -> tuple:
     if "error" in status:
         peer._stop_child()
         return ("error", str(status["error"])[:2000])
-    STATE["names"] = {item[0]: item[1] for item in message["names"]
-                      if type(item) is list and len(item) == 2 and type(item[0]) is str and not item[0].startswith("__")}
+    STATE["names"] = {
+        item[0]: item[1]
+        for item in message["names"]
+        if type(item) is list and len(item) == 2 and type(item[0]) is str and not item[0].startswith("__")
+    }
     return ("ready", str(status["exit"])[:MESSAGE_CHARS] if "exit" in status else None)
 
 
@@ -752,14 +788,18 @@ def run(tests: object, nonce: str, count: int, max_failures: int, names: list[st
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     for name in names:
-        if name in STATE["names"] and (name == entry or not (hasattr(builtins, name) or name in sys.stdlib_module_names)):
+        if name in STATE["names"] and (
+            name == entry or not (hasattr(builtins, name) or name in sys.stdlib_module_names)
+        ):
             try:
                 namespace[name] = peer.decode(STATE["names"][name])
             except Exception:  # noqa: BLE001 - a name whose value does not parse is not defined
                 continue
-    namespace.update(__pt_caught=(Exception, SystemExit), __pt_passed=passed, __pt_failed=failed, __pt_state=state, __pt_why=_why)
+    namespace.update(
+        __pt_caught=(Exception, SystemExit), __pt_passed=passed, __pt_failed=failed, __pt_state=state, __pt_why=_why
+    )
     code = compile(tests, "<tests>", "exec") if isinstance(tests, str) else tests
-    exec(code, namespace)  # noqa: S102 - the task's own tests
+    exec(code, namespace)  # type: ignore[arg-type]  # noqa: S102 - the task's own tests: a code object or compiled here
     state["died"] = peer.death
     peer._stop_child()
     return (nonce, count, ok, failures, state)

@@ -101,7 +101,9 @@ def _arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
 
 def _from_openai(item: Any) -> ToolCall:
     if not isinstance(item, Mapping):
-        return ToolCall(name="", error=f'a tool call must be an object {{"id", "type", "function"}}, got {type(item).__name__}')
+        return ToolCall(
+            name="", error=f'a tool call must be an object {{"id", "type", "function"}}, got {type(item).__name__}'
+        )
     call_id = item.get("id")
     call_id = call_id if isinstance(call_id, str) and call_id else f"call_{uuid.uuid4().hex[:12]}"
     function = item.get("function")
@@ -152,8 +154,9 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts
-        return "".join(part["text"] for part in content
-                       if isinstance(part, Mapping) and isinstance(part.get("text"), str))
+        return "".join(
+            part["text"] for part in content if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
     return ""
 
 

@@ -320,6 +320,6 @@ class SandboxPool:
     def _sweep_stale(base: Path, prefix: str) -> None:
         """Remove pool directories (``<prefix><pid>-...``) left behind by processes that no longer exist."""
         for entry in base.glob(f"{prefix}*-*"):
-            pid = entry.name[len(prefix):].split("-")[0]
+            pid = entry.name[len(prefix) :].split("-")[0]
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                 shutil.rmtree(entry, ignore_errors=True)

@@ -61,7 +61,6 @@ REFRESH_INTERVAL_S = 30.0  # how often acquire() looks for joined or lost nodes
 ACTOR_NAMESPACE = "posttrain"
 
 
-
 # ===================================================================== node side
 @dataclass
 class _Lease:
@@ -207,8 +206,9 @@ class RaySandbox(ToolMethods):
                 ray.cancel(ref, force=False)
                 result = self._lost(op, started, f"Ray did not return the call within {limit:g} s")
             except RayActorError as exc:
-                result = self._lost(op, started, f"the sandbox pool actor on node {self.node_id[:12]} died: "
-                                    f"{_first_line(exc)}")
+                result = self._lost(
+                    op, started, f"the sandbox pool actor on node {self.node_id[:12]} died: {_first_line(exc)}"
+                )
             except RayError as exc:
                 result = self._lost(op, started, f"Ray failed the call: {type(exc).__name__}: {_first_line(exc)}")
             else:
@@ -275,8 +275,7 @@ class RaySandboxPool:
         """Connect to Ray and start one pool actor per alive node; waits until they are up.
         Raises SandboxStartError when no node could start its pool."""
         if not ray.is_initialized():
-            ray.init(address=self._address, namespace=ACTOR_NAMESPACE, log_to_driver=False,
-                     configure_logging=False)
+            ray.init(address=self._address, namespace=ACTOR_NAMESPACE, log_to_driver=False, configure_logging=False)
             self._owns_ray = True
         self.refresh(wait=True)
         if not self._members:
@@ -451,7 +450,7 @@ class RaySandboxPool:
         node_calls: list[float] = []
         last_error = self._last_error
         limits: dict[str, str] = {}
-        for member, ref in zip(members, refs, strict=True):
+        for _member, ref in zip(members, refs, strict=True):
             try:
                 local, durations, reaped = ray.get(ref, timeout=RPC_TIMEOUT_S)
             except (RayError, GetTimeoutError):
@@ -558,4 +557,3 @@ def _remote_actor_class() -> Any:
 def _first_line(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:limit]
-

@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from posttrain.platform.sandbox import _wire as wire
 from posttrain.platform.sandbox import seccomp, workdir
@@ -97,7 +97,9 @@ class Sandbox(ToolMethods):
             self._launch(ctrl_box.fileno(), data_box.fileno())
         except (OSError, subprocess.SubprocessError) as exc:
             self.close()
-            raise SandboxStartError(f"sandbox {self.slot} ({self.config.backend}) could not be launched: {exc}") from exc
+            raise SandboxStartError(
+                f"sandbox {self.slot} ({self.config.backend}) could not be launched: {exc}"
+            ) from exc
         finally:
             ctrl_box.close()
             data_box.close()
@@ -138,12 +140,27 @@ class Sandbox(ToolMethods):
                 opened.append(filter_fd)
             joins = self._cgroup.open_procs() if self._cgroup is not None else []
             opened += joins
-            spec = launch_spec(self.config, self._server, self.slot_dir, ctrl_fd, data_fd,
-                               seccomp_fd=filter_fd, in_cgroup=self._cgroup is not None)
+            spec = launch_spec(
+                self.config,
+                self._server,
+                self.slot_dir,
+                ctrl_fd,
+                data_fd,
+                seccomp_fd=filter_fd,
+                in_cgroup=self._cgroup is not None,
+            )
             passed = (ctrl_fd, data_fd) if filter_fd is None else (ctrl_fd, data_fd, filter_fd)
-            self._child = Supervised(spec.argv, env=spec.env, cwd=str(self.slot_dir), log_path=self.slot_dir / "server.log",
-                                     own_group=True, death_signal=signal.SIGKILL, run_as=spec.run_as,
-                                     pass_fds=passed, cgroup_procs=joins)
+            self._child = Supervised(
+                spec.argv,
+                env=spec.env,
+                cwd=str(self.slot_dir),
+                log_path=self.slot_dir / "server.log",
+                own_group=True,
+                death_signal=signal.SIGKILL,
+                run_as=spec.run_as,
+                pass_fds=passed,
+                cgroup_procs=joins,
+            )
         finally:
             for fd in opened:
                 os.close(fd)
@@ -344,8 +361,11 @@ class Sandbox(ToolMethods):
         if self.config.backend == "process":
             # Model code can kill the zygote itself here: that is the model's doing.
             return ToolResult(
-                tool=op, status=CallStatus.KILLED, error=CallError("Killed", why),
-                duration_ms=(time.monotonic() - started) * 1000, detail=why,
+                tool=op,
+                status=CallStatus.KILLED,
+                error=CallError("Killed", why),
+                duration_ms=(time.monotonic() - started) * 1000,
+                detail=why,
             )
         return infra_failure(op, why, started)
 
@@ -357,7 +377,7 @@ class Sandbox(ToolMethods):
     def _recv(sock: socket.socket, timeout: float) -> dict[str, Any] | None:
         sock.settimeout(timeout)
         try:
-            return wire.recv(sock)
+            return cast("dict[str, Any] | None", wire.recv(sock))
         except TimeoutError as exc:
             raise OSError(f"no answer within {timeout:.1f} s") from exc
         finally:

@@ -13,12 +13,20 @@ Tool = Literal["python", "bash"]
 
 
 @action("sandbox.run", Role.operator)
-def run_snippet(identity: Identity, pool: Callable[[], Any], tool: Tool, code: str, *, url: str | None = None) -> ToolResult:
+def run_snippet(
+    identity: Identity, pool: Callable[[], Any], tool: Tool, code: str, *, url: str | None = None
+) -> ToolResult:
     """Run ``code`` with ``tool`` in a sandbox lent by ``pool()`` (a :class:`~posttrain.platform.sandbox.SandboxPool`
     or its Ray twin, asked for only after the role check: a refused caller starts none); the snippet is
     audited, its first characters kept, before it runs."""
     if tool not in ("python", "bash"):
         raise ValueError(f"tool {tool!r} is not python or bash")
-    audit(identity.username, "sandbox.run", target=tool, details={"code": code[:AUDITED_CHARS], "chars": len(code)}, url=url)
+    audit(
+        identity.username,
+        "sandbox.run",
+        target=tool,
+        details={"code": code[:AUDITED_CHARS], "chars": len(code)},
+        url=url,
+    )
     with pool().acquire() as sandbox:
         return sandbox.run_python(code) if tool == "python" else sandbox.run_bash(code)

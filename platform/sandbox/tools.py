@@ -143,7 +143,9 @@ def execute_turn(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        result = execute_tool_call(sandbox, call, allowed=allowed, timeout=min(timeout or sandbox.config.call_timeout_s, remaining))
+        result = execute_tool_call(
+            sandbox, call, allowed=allowed, timeout=min(timeout or sandbox.config.call_timeout_s, remaining)
+        )
         done.append((call, result))
         if result.is_infrastructure_failure:
             break

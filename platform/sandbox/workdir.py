@@ -53,7 +53,7 @@ def unmount_stale(pool_prefixes: tuple[str, ...]) -> list[Path]:
         if fstype != "tmpfs" or work.name != "work" or not work.parent.name.startswith("slot-"):
             continue
         for prefix in pool_prefixes:
-            pid = pool.name[len(prefix):].split("-")[0] if pool.name.startswith(prefix) else ""
+            pid = pool.name[len(prefix) :].split("-")[0] if pool.name.startswith(prefix) else ""
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                 unmount(work)
                 pools.append(pool)

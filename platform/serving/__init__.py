@@ -1,9 +1,9 @@
 """Serving: the embedded CPU engine, vLLM launch profiles, speed tiers and the gateway.
 
-    engine = EmbeddedEngine(EngineConfig(model_path="var/models/tiny", tier=DEFAULT_TIERS["fast"])).start()
-    server = serve_in_thread(create_engine_app(engine), port=0)   # server.base_url + "/v1"
-    gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
-        Deployment(model="tiny", tier="fast", base_url=server.base_url)])))
+engine = EmbeddedEngine(EngineConfig(model_path="var/models/tiny", tier=DEFAULT_TIERS["fast"])).start()
+server = serve_in_thread(create_engine_app(engine), port=0)   # server.base_url + "/v1"
+gateway = serve_in_thread(create_gateway_app(GatewayConfig(deployments=[
+    Deployment(model="tiny", tier="fast", base_url=server.base_url)])))
 """
 
 from __future__ import annotations

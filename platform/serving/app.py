@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -23,9 +23,9 @@ from posttrain.platform.serving.disconnect import unless_client_leaves
 from posttrain.platform.serving.engine import DoneEvent, EmbeddedEngine, ErrorEvent, RequestHandle
 from posttrain.platform.serving.errors import APIError, model_not_found
 from posttrain.platform.serving.protocol import (
+    IGNORED_HEADER,
     ChatCompletionRequest,
     CompletionRequest,
-    IGNORED_HEADER,
     SamplingFields,
     parse_request,
     read_json_body,
@@ -63,11 +63,11 @@ class _Detokenizer:
 
     def add(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        before = self._decode(self.ids[self._prefix:self._read])
-        after = self._decode(self.ids[self._prefix:])
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""  # nothing new yet, or an incomplete UTF-8 sequence: wait for the next token
-        delta = after[len(before):]
+        delta = after[len(before) :]
         self.text += delta
         self._prefix, self._read = self._read, len(self.ids)
         return delta
@@ -75,7 +75,7 @@ class _Detokenizer:
     def final(self) -> str:
         """What is left at the end: tokens held back for incomplete UTF-8 (decoded once as a whole)."""
         text = self._decode(self.ids)
-        delta = text[len(self.text):] if text.startswith(self.text) else ""
+        delta = text[len(self.text) :] if text.startswith(self.text) else ""
         self.text += delta
         return delta
 
@@ -100,8 +100,10 @@ class _StopStrings:
             self.hit = True
             out, self.pending = self.pending[: min(found)], ""
             return out
-        keep = max((k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0)
-        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        keep = max(
+            (k for stop in self.stops for k in range(1, len(stop)) if self.pending.endswith(stop[:k])), default=0
+        )
+        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
         return out
 
     def flush(self) -> str:
@@ -118,7 +120,7 @@ async def _deltas(engine: EmbeddedEngine, handle: RequestHandle) -> AsyncIterato
         if isinstance(event, ErrorEvent):
             raise event.error
         done = isinstance(event, DoneEvent)
-        out = cut.feed(detok.final() if done else detok.add(event.ids))  # type: ignore[union-attr]
+        out = cut.feed(detok.final() if isinstance(event, DoneEvent) else detok.add(event.ids))
         if cut.hit:
             handle.stop_early(len(detok.ids))
             if out:
@@ -129,15 +131,16 @@ async def _deltas(engine: EmbeddedEngine, handle: RequestHandle) -> AsyncIterato
             out += cut.flush()
         if out:
             yield out, None
-        if done:
-            yield "", event.finish_reason  # type: ignore[union-attr]
+        if isinstance(event, DoneEvent):
+            yield "", event.finish_reason
             return
     raise APIError(500, "generation ended without a finish event")
 
 
 async def _whole(engine: EmbeddedEngine, handle: RequestHandle) -> tuple[str, str]:
     """The whole completion text and its finish reason."""
-    parts, reason = [], "abort"
+    parts: list[str] = []
+    reason = "abort"
     async for delta, finished in _deltas(engine, handle):
         parts.append(delta)
         reason = finished or reason
@@ -148,8 +151,8 @@ async def _merged(engine: EmbeddedEngine, handles: list[RequestHandle]) -> Async
     """Every handle's :func:`_deltas` as they come, ``(index, delta, finish_reason)``, the requests' choices
     interleaved; the first engine error is raised."""
     if len(handles) == 1:
-        async for delta, reason in _deltas(engine, handles[0]):
-            yield 0, delta, reason
+        async for text, reason in _deltas(engine, handles[0]):
+            yield 0, text, reason
         return
     arrived: asyncio.Queue[tuple[int, str | None, str | None, APIError | None]] = asyncio.Queue()
 
@@ -195,7 +198,7 @@ def _usage(handles: list[RequestHandle]) -> dict[str, int]:
 
 
 def _token_text(engine: EmbeddedEngine, token: int) -> str:
-    return engine.tokenizer.decode([token])
+    return cast(str, engine.tokenizer.decode([token]))  # one id list decodes to one string
 
 
 def _chat_entries(engine: EmbeddedEngine, h: RequestHandle, start: int, end: int) -> list[dict[str, Any]]:
@@ -211,14 +214,16 @@ def _chat_entries(engine: EmbeddedEngine, h: RequestHandle, start: int, end: int
             for t, lp, top in zip(seq.generated[start:end], seq.logprobs[start:end], tops)]  # fmt: skip
 
 
-def _scored_tokens(h: RequestHandle, echo: bool, end: int) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
+def _scored_tokens(
+    h: RequestHandle, echo: bool, end: int
+) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
     """The legacy completions' scored tokens: with ``echo`` the prompt's first (the very first unscored), then the
     completion's first ``end``."""
     seq = h.seq
     tops = seq.top_logprobs[:end] if seq.params.top_logprobs else [[]] * end
     tokens, scored = seq.generated[:end], list(zip(seq.logprobs[:end], tops))
     if echo:
-        return seq.prompt_ids + tokens, list(seq.prompt_logprobs) + scored  # type: ignore[operator]
+        return seq.prompt_ids + tokens, list(seq.prompt_logprobs) + scored
     return tokens, scored  # type: ignore[return-value]
 
 
@@ -233,8 +238,12 @@ def _legacy_logprobs(engine: EmbeddedEngine, tokens: list[int], scored: list[Any
         offset += len(text)
     tops = [None if found is None else {**{_token_text(engine, a): alp for a, alp in found[1]}, text: found[0]}
             for text, found in zip(texts, scored)]  # fmt: skip
-    return {"tokens": texts, "token_logprobs": [None if f is None else f[0] for f in scored], "top_logprobs": tops,
-            "text_offset": offsets}
+    return {
+        "tokens": texts,
+        "token_logprobs": [None if f is None else f[0] for f in scored],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 class _Released:
@@ -281,7 +290,9 @@ def default_max_request_bytes(engine: EmbeddedEngine) -> int:
     return images * 4 // 3 + TEXT_REQUEST_BYTES
 
 
-def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = None, auth: ApiAuth | None = None) -> FastAPI:
+def create_engine_app(
+    engine: EmbeddedEngine, max_request_bytes: int | None = None, auth: ApiAuth | None = None
+) -> FastAPI:
     """Routes: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics.
 
     A request body over ``max_request_bytes`` (default :func:`default_max_request_bytes`) gets a 413;
@@ -318,10 +329,20 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         granted = None if auth is None else await auth.grant(request)
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": 0, "owned_by": "posttrain",
-            "root": engine.loaded.info.path, "max_model_len": engine.max_model_len,
-        } for name in visible(granted, [engine.name])]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "posttrain",
+                    "root": engine.loaded.info.path,
+                    "max_model_len": engine.max_model_len,
+                }
+                for name in visible(granted, [engine.name])
+            ],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -333,7 +354,9 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         handles = engine.submit([await asyncio.to_thread(engine.prepare_chat, req)], req.n)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ignoring(req, StreamingResponse(_chat_stream(engine, handles, include_usage), media_type="text/event-stream"))
+            return ignoring(
+                req, StreamingResponse(_chat_stream(engine, handles, include_usage), media_type="text/event-stream")
+            )
         return ignoring(req, await unless_client_leaves(request, _chat_full(engine, handles)))
 
     @app.post("/v1/completions")
@@ -345,8 +368,12 @@ def create_engine_app(engine: EmbeddedEngine, max_request_bytes: int | None = No
         handles = engine.submit(prepared, req.n)  # choice i: prompt i // n, sample i % n
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ignoring(req, StreamingResponse(_completion_stream(engine, handles, include_usage, req.echo),
-                                                   media_type="text/event-stream"))
+            return ignoring(
+                req,
+                StreamingResponse(
+                    _completion_stream(engine, handles, include_usage, req.echo), media_type="text/event-stream"
+                ),
+            )
         return ignoring(req, await unless_client_leaves(request, _completion_full(engine, handles, req.echo)))
 
     return app
@@ -367,22 +394,37 @@ async def _chat_full(engine: EmbeddedEngine, handles: list[RequestHandle]) -> JS
         if h.prepared.has_tools:
             content, calls = parse_tool_calls(text)
             if calls:
-                message = {"role": "assistant", "content": content or None,
-                           "tool_calls": [c.to_openai() for c in calls]}
+                message = {
+                    "role": "assistant",
+                    "content": content or None,
+                    "tool_calls": [c.to_openai() for c in calls],
+                }
                 reason = "tool_calls"
         scored = {"content": _chat_entries(engine, h, 0, h.completion_tokens)} if h.seq.params.logprobs else None
         choices.append({"index": index, "message": message, "finish_reason": reason, "logprobs": scored})
     first = handles[0]
-    return JSONResponse({
-        "id": f"chatcmpl-{first.id}", "object": "chat.completion", "created": first.created, "model": engine.name,
-        "choices": choices, "usage": _usage(handles),
-    })
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{first.id}",
+            "object": "chat.completion",
+            "created": first.created,
+            "model": engine.name,
+            "choices": choices,
+            "usage": _usage(handles),
+        }
+    )
 
 
-async def _chat_stream(engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool) -> AsyncIterator[bytes]:
+async def _chat_stream(
+    engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool
+) -> AsyncIterator[bytes]:
     first = handles[0]
-    base = {"id": f"chatcmpl-{first.id}", "object": "chat.completion.chunk", "created": first.created,
-            "model": engine.name}
+    base = {
+        "id": f"chatcmpl-{first.id}",
+        "object": "chat.completion.chunk",
+        "created": first.created,
+        "model": engine.name,
+    }
     tools = first.prepared.has_tools
 
     released = _Released(handles)
@@ -402,17 +444,17 @@ async def _chat_stream(engine: EmbeddedEngine, handles: list[RequestHandle], inc
             if reason is None:
                 limit = safe_prefix_len(text) if tools else len(text)
                 if limit > sent[index]:
-                    yield chunk(index, {"content": text[sent[index]:limit]})
+                    yield chunk(index, {"content": text[sent[index] : limit]})
                     sent[index] = limit
                 continue
             content, calls = parse_tool_calls(text) if tools else (text, [])
             if calls:
                 if len(content) > sent[index]:
-                    yield chunk(index, {"content": content[sent[index]:]})
+                    yield chunk(index, {"content": content[sent[index] :]})
                 yield chunk(index, {"tool_calls": [c.to_openai(index=i) for i, c in enumerate(calls)]})
                 reason = "tool_calls"
             elif len(text) > sent[index]:
-                yield chunk(index, {"content": text[sent[index]:]})
+                yield chunk(index, {"content": text[sent[index] :]})
             yield chunk(index, {}, reason)
         if include_usage:
             yield sse({**base, "choices": [], "usage": _usage(handles)})
@@ -441,8 +483,9 @@ async def _completion_full(engine: EmbeddedEngine, handles: list[RequestHandle],
     })  # fmt: skip
 
 
-async def _completion_stream(engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool,
-                             echo: bool) -> AsyncIterator[bytes]:
+async def _completion_stream(
+    engine: EmbeddedEngine, handles: list[RequestHandle], include_usage: bool, echo: bool
+) -> AsyncIterator[bytes]:
     first = handles[0]
     base = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created, "model": engine.name}
 

@@ -47,8 +47,10 @@ def refuse_open_server(what: str, host: str, auth: ApiAuth | None, *, url: str |
         raise OpenServerRefused(f"refusing to serve the {what} on {host} without API keys: listen on 127.0.0.1, or "
                                 "check keys (the posttrain commands do)")  # fmt: skip
     if not any_active_key(url=url):
-        raise OpenServerRefused(f"refusing to serve the {what} on {host} while no API key exists: create one with "
-                                "`posttrain keys create NAME` (or in the console, as an admin), or listen on 127.0.0.1")
+        raise OpenServerRefused(
+            f"refusing to serve the {what} on {host} while no API key exists: create one with "
+            "`posttrain keys create NAME` (or in the console, as an admin), or listen on 127.0.0.1"
+        )
 
 
 @dataclass

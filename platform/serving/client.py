@@ -19,8 +19,8 @@ from posttrain.platform.auth import AUDITED_CHARS, Identity, action, audit
 from posttrain.platform.db.models import Role
 from posttrain.platform.sandbox.agent import UNSCORED, EpisodeResult, ModelFn, run_agent
 from posttrain.platform.sandbox.parser import parse_tool_calls
-from posttrain.platform.verifiers import Verdict
 from posttrain.platform.serving.gateway import TIER_HEADER
+from posttrain.platform.verifiers import Verdict
 
 
 class ChatError(RuntimeError):
@@ -58,7 +58,9 @@ def stream_chat(
     headers = {TIER_HEADER: tier} if tier else {}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
-    with httpx.stream("POST", f"{base_url.rstrip('/')}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s) as resp:
+    with httpx.stream(
+        "POST", f"{base_url.rstrip('/')}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s
+    ) as resp:
         _raise_for(resp)
         for line in resp.iter_lines():
             if not line.startswith("data: "):
@@ -80,9 +82,18 @@ CONSOLE_KEY = "console"  # the name of the console's own API key
 
 
 @action("model.chat", Role.operator)
-def chat_as(identity: Identity, base_url: str, model: str, messages: list[dict[str, Any]], *, tier: str | None = None,
-            tools: list[dict[str, Any]] | None = None, max_tokens: int = 256, temperature: float = 0.0,
-            url: str | None = None) -> Iterator[dict[str, Any]]:
+def chat_as(
+    identity: Identity,
+    base_url: str,
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    tier: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    url: str | None = None,
+) -> Iterator[dict[str, Any]]:
     """:func:`stream_chat` for a console user (the playground, a task's "ask the model"): audited, and
     sent, once keys exist, with the console's own API key for ``model``, which may use that model alone."""
     from posttrain.platform.api_keys import ApiKeyError, service_key
@@ -97,8 +108,9 @@ def chat_as(identity: Identity, base_url: str, model: str, messages: list[dict[s
                        temperature=temperature, api_key=key)  # fmt: skip
 
 
-def choose_by_loglik(base_url: str, model: str, context: str, options: list[str], *, api_key: str | None = None,
-                     timeout_s: float = 120.0) -> tuple[int, list[float]]:
+def choose_by_loglik(
+    base_url: str, model: str, context: str, options: list[str], *, api_key: str | None = None, timeout_s: float = 120.0
+) -> tuple[int, list[float]]:
     """A log-likelihood multiple-choice answer through the completions API, as evaluation harnesses ask it: each
     ``context + option`` echoed with its tokens' log-probs (one request, the options as a list of prompts), each
     option scored by the summed log-probs of the tokens that start at or after the end of ``context``. Returns the
@@ -149,7 +161,9 @@ def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for delta in deltas:
         content.append(delta.get("content") or "")
         for piece in delta.get("tool_calls") or []:
-            call = calls.setdefault(int(piece.get("index", len(calls))), {"type": "function", "function": {"name": "", "arguments": ""}})
+            call = calls.setdefault(
+                int(piece.get("index", len(calls))), {"type": "function", "function": {"name": "", "arguments": ""}}
+            )
             call["id"] = piece.get("id") or call.get("id")
             function = piece.get("function") or {}
             call["function"]["name"] += function.get("name") or ""
@@ -163,28 +177,65 @@ def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
 PLAYGROUND_TOOLS = ("python", "bash", "read_file", "write_file", "edit_file", "list_dir")
 
 
-def agent_reply(identity: Identity, base_url: str, model: str, *, tier: str | None, max_tokens: int, temperature: float,
-                url: str | None, send_tools: bool = True) -> ModelFn:
+def agent_reply(
+    identity: Identity,
+    base_url: str,
+    model: str,
+    *,
+    tier: str | None,
+    max_tokens: int,
+    temperature: float,
+    url: str | None,
+    send_tools: bool = True,
+) -> ModelFn:
     """The agent loop's model side for a deployment: each reply through :func:`chat_as`, every tool call in it
     audited before it runs. ``send_tools``: the tool schemas go in the request's ``tools`` (the deployment's chat
     template describes them); else the messages describe them already (:func:`~posttrain.platform.tasks.episodes.
     episode_messages`, as in training) and the calls come back as Hermes blocks in the reply's text."""
+
     def reply(history: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> dict[str, Any]:
-        message = assistant_message(chat_as(identity, base_url, model, history, tier=tier, tools=schemas if send_tools else None,
-                                            max_tokens=max_tokens, temperature=temperature, url=url))
+        message = assistant_message(
+            chat_as(
+                identity,
+                base_url,
+                model,
+                history,
+                tier=tier,
+                tools=schemas if send_tools else None,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                url=url,
+            )
+        )
         for call in parse_tool_calls(message).calls:
-            audit(identity.username, "sandbox.run", target=call.name,
-                  details={"arguments": json.dumps(call.arguments, ensure_ascii=False)[:AUDITED_CHARS], "model": model}, url=url)
+            audit(
+                identity.username,
+                "sandbox.run",
+                target=call.name,
+                details={"arguments": json.dumps(call.arguments, ensure_ascii=False)[:AUDITED_CHARS], "model": model},
+                url=url,
+            )
         return message
 
     return reply
 
 
 @action("model.chat_tools", Role.operator)
-def chat_with_tools(identity: Identity, pool: Callable[[], Any], base_url: str, model: str, messages: list[dict[str, Any]], *,
-                    tier: str | None = None, tools: Iterable[str] = PLAYGROUND_TOOLS, max_turns: int = 4, max_tokens: int = 256,
-                    temperature: float = 0.0, on_message: Callable[[dict[str, Any]], None] | None = None,
-                    url: str | None = None) -> EpisodeResult:
+def chat_with_tools(
+    identity: Identity,
+    pool: Callable[[], Any],
+    base_url: str,
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    tier: str | None = None,
+    tools: Iterable[str] = PLAYGROUND_TOOLS,
+    max_turns: int = 4,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    on_message: Callable[[dict[str, Any]], None] | None = None,
+    url: str | None = None,
+) -> EpisodeResult:
     """The playground's agent: the deployment's replies (:func:`agent_reply`) and the tool calls in them, run in one
     sandbox lent by ``pool()`` for the whole conversation, for up to ``max_turns`` replies, through the agent loop
     training episodes run through (:func:`~posttrain.platform.sandbox.agent.run_agent`). ``on_message`` sees each
@@ -205,9 +256,19 @@ class TaskEpisode:
 
 
 @action("task.try_episode", Role.operator)
-def try_task(identity: Identity, pool: Callable[[], Any], base_url: str, model: str, task_id: int, *, tier: str | None = None,
-             max_turns: int = 8, max_tokens: int = 256, on_message: Callable[[dict[str, Any]], None] | None = None,
-             url: str | None = None) -> TaskEpisode:
+def try_task(
+    identity: Identity,
+    pool: Callable[[], Any],
+    base_url: str,
+    model: str,
+    task_id: int,
+    *,
+    tier: str | None = None,
+    max_turns: int = 8,
+    max_tokens: int = 256,
+    on_message: Callable[[dict[str, Any]], None] | None = None,
+    url: str | None = None,
+) -> TaskEpisode:
     """Stored task ``task_id`` as a real episode, the way the ``tool_use`` and ``code_repair`` environments run it
     in training: the tools described in the system message, a project's files laid into a sandbox from ``pool()``,
     the deployment's replies (greedy) and its tool calls through the one agent loop for up to ``max_turns``
@@ -215,21 +276,45 @@ def try_task(identity: Identity, pool: Callable[[], Any], base_url: str, model: 
     final module by the hidden tests in the verifier's own sandbox, another task on its final answer."""
     from posttrain.platform.sandbox import tool_schemas
     from posttrain.platform.tasks import store
-    from posttrain.platform.tasks.episodes import (ANSWER_TOOLS, PROJECT_TOOLS, episode_messages, grade_answer, grade_project,
-                                                   is_project, lay_out, task_messages)
+    from posttrain.platform.tasks.episodes import (
+        ANSWER_TOOLS,
+        PROJECT_TOOLS,
+        episode_messages,
+        grade_answer,
+        grade_project,
+        is_project,
+        lay_out,
+        task_messages,
+    )
     from posttrain.platform.verifiers import default_service
 
     task = store.get_task(task_id, url=url).spec
     project = is_project(task)
     tools = list(PROJECT_TOOLS if project else ANSWER_TOOLS)
-    audit(identity.username, "task.try_episode", target=f"task:{task_id}", details={"model": model, "tools": tools}, url=url)
-    reply = agent_reply(identity, base_url, model, tier=tier, max_tokens=max_tokens, temperature=0.0, url=url, send_tools=False)
+    audit(
+        identity.username,
+        "task.try_episode",
+        target=f"task:{task_id}",
+        details={"model": model, "tools": tools},
+        url=url,
+    )
+    reply = agent_reply(
+        identity, base_url, model, tier=tier, max_tokens=max_tokens, temperature=0.0, url=url, send_tools=False
+    )
     with pool().acquire() as sandbox:
         lay_out(task, sandbox)
-        result = run_agent(reply, sandbox, episode_messages(task_messages(task), tool_schemas(tools)), tools=tools,
-                           max_turns=max_turns, on_message=on_message)
+        result = run_agent(
+            reply,
+            sandbox,
+            episode_messages(task_messages(task), tool_schemas(tools)),
+            tools=tools,
+            max_turns=max_turns,
+            on_message=on_message,
+        )
         if result.stop_reason in UNSCORED:
-            return TaskEpisode(result, tools, None, Verdict.infra(f"the episode ended {result.stop_reason}; it is not scored"))
+            return TaskEpisode(
+                result, tools, None, Verdict.infra(f"the episode ended {result.stop_reason}; it is not scored")
+            )
         if project:  # the module as the episode left it, whether or not the model said it was done
             graded, verdict = grade_project(task, sandbox, default_service())
         else:

@@ -40,7 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from PIL import Image
@@ -48,9 +48,9 @@ from PIL import Image
 from posttrain.platform.models.loader import LoadedModel, load_model
 from posttrain.platform.serving.errors import APIError, bad_request, base_model_cannot_chat
 from posttrain.platform.serving.generation import (
+    DecodeBatch,
     SamplingParams,
     Sequence,
-    DecodeBatch,
     SpeculationConfig,
     accept_tokens,
 )
@@ -101,8 +101,16 @@ class RequestHandle:
     numbers the request it belongs to (its samples share the request's budget of rows); ``steps`` reads the
     engine's decode step count (an abort records when it was asked for)."""
 
-    def __init__(self, prepared: PreparedRequest, stop_ids: frozenset[int], loop: asyncio.AbstractEventLoop,
-                 seed: int | None = None, *, request: int, steps: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        prepared: PreparedRequest,
+        stop_ids: frozenset[int],
+        loop: asyncio.AbstractEventLoop,
+        seed: int | None = None,
+        *,
+        request: int,
+        steps: Callable[[], int],
+    ) -> None:
         self.id = f"{next(_ids)}-{uuid.uuid4().hex[:12]}"
         self.request = request
         self._steps = steps
@@ -150,8 +158,9 @@ class RequestHandle:
                 return
 
 
-def _template_messages(messages: list[ChatMessage], vision: bool, max_images: int, max_bytes: int, max_pixels: int
-                       ) -> tuple[list[dict[str, Any]], list[Image.Image]]:
+def _template_messages(
+    messages: list[ChatMessage], vision: bool, max_images: int, max_bytes: int, max_pixels: int
+) -> tuple[list[dict[str, Any]], list[Image.Image]]:
     """Messages as chat-template dicts, plus the decoded images in order."""
     out: list[dict[str, Any]] = []
     images: list[Image.Image] = []
@@ -177,14 +186,19 @@ def _template_messages(messages: list[ChatMessage], vision: bool, max_images: in
                 if len(images) >= max_images:
                     raise bad_request(
                         f"too many images: at most {max_images} per prompt are allowed by this deployment "
-                        f"(limit_mm_per_prompt)", param="messages")
+                        f"(limit_mm_per_prompt)",
+                        param="messages",
+                    )
                 images.append(decode_image_url(part.image_url.url, len(images), max_bytes, max_pixels))
                 content.append({"type": "image"})
         item: dict[str, Any] = {"role": role, "content": content}
         if msg.tool_calls:
             item["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
                 for c in msg.tool_calls
             ]
         if msg.tool_call_id:
@@ -252,31 +266,51 @@ class EmbeddedEngine:
             self._thread = None
 
     # request preparation (caller's thread) ------------------------------
-    def _params(self, prompt_len: int, max_tokens: int | None, temperature: float | None, top_p: float,
-                seed: int | None, top_logprobs: int | None = None, echo: bool = False,
-                processing: dict[str, Any] | None = None) -> SamplingParams:
+    def _params(
+        self,
+        prompt_len: int,
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float,
+        seed: int | None,
+        top_logprobs: int | None = None,
+        echo: bool = False,
+        processing: dict[str, Any] | None = None,
+    ) -> SamplingParams:
         """``top_logprobs``: None for no log-probs, else how many likeliest tokens beside each one's; ``echo``
         with log-probs scores the prompt's tokens too."""
         if prompt_len >= self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                f"{prompt_len} input tokens. Please reduce the length of the input messages.", param="messages")
+                f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+                param="messages",
+            )
         if max_tokens is None:
             max_tokens = self.max_model_len - prompt_len
         elif prompt_len + max_tokens > self.max_model_len:
             raise bad_request(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
                 f"length is {self.max_model_len} tokens and your request has {prompt_len} input tokens "
-                f"({max_tokens} > {self.max_model_len} - {prompt_len}).", param="max_tokens")
+                f"({max_tokens} > {self.max_model_len} - {prompt_len}).",
+                param="max_tokens",
+            )
         temp = self.default_temperature if temperature is None else temperature
         processing = processing or {}
         vocab = len(self.tokenizer)
         if any(not 0 <= t < vocab for t in processing.get("logit_bias") or {}):  # the request's; starts are ours
             raise bad_request(f"logit_bias token ids must lie in [0, {vocab})", param="logit_bias")
         scored = top_logprobs is not None
-        return SamplingParams(max_new_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, logprobs=scored,
-                              raw_logprobs=scored, top_logprobs=top_logprobs or 0, prompt_logprobs=scored and echo,
-                              **processing)
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=temp,
+            top_p=top_p,
+            seed=seed,
+            logprobs=scored,
+            raw_logprobs=scored,
+            top_logprobs=top_logprobs or 0,
+            prompt_logprobs=scored and echo,
+            **processing,
+        )
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -296,22 +330,29 @@ class EmbeddedEngine:
     def prepare_chat(self, req: ChatCompletionRequest) -> PreparedRequest:
         """Render and tokenise a chat request (call it off the event loop: it is proportional to the prompt)."""
         if self.is_vision and (req.logprobs or req.n > 1 or any(req.processing.values())):
-            raise bad_request("this vision model's engine returns one answer, without log-probs, penalties or logit "
-                              "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
-                              param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias")
+            raise bad_request(
+                "this vision model's engine returns one answer, without log-probs, penalties or logit "
+                "bias: leave out n, logprobs, presence_penalty, frequency_penalty and logit_bias",
+                param="n" if req.n > 1 else "logprobs" if req.logprobs else "logit_bias",
+            )
         if not self.is_vision and self.tokenizer.chat_template is None:
             raise base_model_cannot_chat(self.name)
         self.refuse_long_text(sum(m.text_chars for m in req.messages))
         messages, images = _template_messages(
-            req.messages, self.is_vision, self.config.max_images_per_prompt, self.config.max_image_bytes,
-            self.config.max_image_pixels)
+            req.messages,
+            self.is_vision,
+            self.config.max_images_per_prompt,
+            self.config.max_image_bytes,
+            self.config.max_image_pixels,
+        )
         tools = [t.model_dump() for t in req.tools] if req.tools and req.tool_choice != "none" else None
-        renderer = self.loaded.processor if self.is_vision else self.tokenizer
+        renderer: Any = self.loaded.processor if self.is_vision else self.tokenizer  # a vision model has a processor
         try:
             text = renderer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as exc:  # jinja errors: the messages do not fit the template
-            raise bad_request(f"messages could not be rendered with the model's chat template: {exc}",
-                              param="messages") from None
+            raise bad_request(
+                f"messages could not be rendered with the model's chat template: {exc}", param="messages"
+            ) from None
         # tool_choice required or named: the answer starts as a call (and names the function), the model goes on
         forced, starts = "", None
         if req.tool_choice == "required" or req.forced_function:
@@ -320,24 +361,46 @@ class EmbeddedEngine:
             if len(names) == 1:
                 forced += f'{names[0]}", "arguments": '
             else:  # the model chooses among the functions' names, and only among them
-                starts = [self.tokenizer(f'{name}", "arguments": ', add_special_tokens=False)["input_ids"] for name in names]
+                starts = [
+                    self.tokenizer(f'{name}", "arguments": ', add_special_tokens=False)["input_ids"] for name in names
+                ]
             text += forced
         if self.is_vision:
-            batch = self.loaded.processor(text=[text], images=images or None, return_tensors="pt")
+            processor: Any = self.loaded.processor  # a vision model's, never None
+            batch = processor(text=[text], images=images or None, return_tensors="pt")
             prompt_ids = batch["input_ids"][0].tolist()
         else:
             prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         max_tokens = req.max_completion_tokens or req.max_tokens
-        params = self._params(len(prompt_ids), max_tokens, req.temperature, req.top_p, req.seed, req.top_k_logprobs,
-                              processing={**req.processing, "starts": starts})
-        return PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text if self.is_vision else None,
-                               images=images, has_tools=tools is not None, stop=req.stop_strings, forced=forced)
+        params = self._params(
+            len(prompt_ids),
+            max_tokens,
+            req.temperature,
+            req.top_p,
+            req.seed,
+            req.top_k_logprobs,
+            processing={**req.processing, "starts": starts},
+        )
+        return PreparedRequest(
+            prompt_ids=prompt_ids,
+            params=params,
+            prompt_text=text if self.is_vision else None,
+            images=images,
+            has_tools=tools is not None,
+            stop=req.stop_strings,
+            forced=forced,
+        )
 
     def prepare_completion(self, req: CompletionRequest) -> list[PreparedRequest]:
         """Tokenise each prompt of a completion request (off the event loop, like :meth:`prepare_chat`)."""
-        if self.is_vision and (req.logprobs is not None or req.n > 1 or len(req.prompts) > 1 or any(req.processing.values())):
-            raise bad_request("this vision model's engine completes one prompt once without log-probs: send one prompt, "
-                              "without n and logprobs", param="prompt")
+        if self.is_vision and (
+            req.logprobs is not None or req.n > 1 or len(req.prompts) > 1 or any(req.processing.values())
+        ):
+            raise bad_request(
+                "this vision model's engine completes one prompt once without log-probs: send one prompt, "
+                "without n and logprobs",
+                param="prompt",
+            )
         prepared = []
         for index, prompt in enumerate(req.prompts):
             where = "prompt" if isinstance(req.prompt, str) or len(req.prompts) == 1 else f"prompt.{index}"
@@ -349,12 +412,22 @@ class EmbeddedEngine:
                 vocab = len(self.tokenizer)
                 if any(not 0 <= t < vocab for t in prompt):
                     raise bad_request(f"prompt token ids must lie in [0, {vocab})", param=where)
-                prompt_ids, text = list(prompt), self.tokenizer.decode(prompt)
+                prompt_ids, text = list(prompt), cast(str, self.tokenizer.decode(prompt))  # one id list: one string
             if not prompt_ids:
                 raise bad_request("prompt is empty", param=where)
-            params = self._params(len(prompt_ids), req.max_tokens, req.temperature, req.top_p, req.seed,
-                                  req.top_k_logprobs, req.echo, req.processing)
-            prepared.append(PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text, stop=req.stop_strings))
+            params = self._params(
+                len(prompt_ids),
+                req.max_tokens,
+                req.temperature,
+                req.top_p,
+                req.seed,
+                req.top_k_logprobs,
+                req.echo,
+                req.processing,
+            )
+            prepared.append(
+                PreparedRequest(prompt_ids=prompt_ids, params=params, prompt_text=text, stop=req.stop_strings)
+            )
         return prepared
 
     def submit(self, prompts: list[PreparedRequest], n: int = 1) -> list[RequestHandle]:
@@ -367,8 +440,14 @@ class EmbeddedEngine:
 
         def sample(prepared: PreparedRequest, j: int) -> RequestHandle:
             seed = prepared.params.seed
-            return RequestHandle(prepared, self.stop_ids, loop, None if seed is None else (seed + j) % 2**64,
-                                 request=request, steps=lambda: self.decode_steps)
+            return RequestHandle(
+                prepared,
+                self.stop_ids,
+                loop,
+                None if seed is None else (seed + j) % 2**64,
+                request=request,
+                steps=lambda: self.decode_steps,
+            )
 
         handles = [sample(prepared, j) for prepared in prompts for j in range(n)]
         with self.metrics._lock:
@@ -498,14 +577,22 @@ class EmbeddedEngine:
         reason = h.seq.finish_reason or "abort"
         now = time.perf_counter()
         if h.aborted_at_step is not None:
-            log.info("request %s aborted: it left %d decode step(s) after the abort", h.id,
-                     self.decode_steps - h.aborted_at_step)
+            log.info(
+                "request %s aborted: it left %d decode step(s) after the abort",
+                h.id,
+                self.decode_steps - h.aborted_at_step,
+            )
         with self.metrics._lock:
             self.metrics.running -= 1
         self.metrics.request_finished(
-            reason, len(h.seq.prompt_ids), len(h.seq.generated),
-            None if h.first_token_at is None else h.first_token_at - h.submitted_at, now - h.submitted_at,
-            h.seq.draft_tokens, h.seq.accepted_draft_tokens)
+            reason,
+            len(h.seq.prompt_ids),
+            len(h.seq.generated),
+            None if h.first_token_at is None else h.first_token_at - h.submitted_at,
+            now - h.submitted_at,
+            h.seq.draft_tokens,
+            h.seq.accepted_draft_tokens,
+        )
         h._push(DoneEvent(reason))
 
     def _run_vision(self, batch: list[RequestHandle]) -> None:
@@ -515,10 +602,11 @@ class EmbeddedEngine:
             self._generate_vision(group)
 
     def _generate_vision(self, group: list[RequestHandle]) -> None:
-        processor = self.loaded.processor
+        processor: Any = self.loaded.processor  # a vision model's, never None
         images = [img for h in group for img in h.prepared.images]
-        inputs = processor(text=[h.prepared.prompt_text for h in group], images=images or None,
-                           padding=True, return_tensors="pt").to(self.loaded.model.device)
+        inputs = processor(
+            text=[h.prepared.prompt_text for h in group], images=images or None, padding=True, return_tensors="pt"
+        ).to(self.loaded.model.device)
         first = group[0].seq.params
         sampling: dict[str, Any] = {"do_sample": False}
         if not first.greedy:
@@ -526,9 +614,14 @@ class EmbeddedEngine:
             if first.seed is not None:
                 torch.manual_seed(first.seed)
         streamer = _RowStreamer([h.seq for h in group])
-        self.loaded.model.generate(
-            **inputs, max_new_tokens=max(h.seq.params.max_new_tokens for h in group), streamer=streamer,
-            eos_token_id=sorted(self.stop_ids), pad_token_id=self.pad_id, **sampling)
+        self.loaded.model.generate(  # type: ignore[operator]  # the vision model's GenerationMixin method
+            **inputs,
+            max_new_tokens=max(h.seq.params.max_new_tokens for h in group),
+            streamer=streamer,
+            eos_token_id=sorted(self.stop_ids),
+            pad_token_id=self.pad_id,
+            **sampling,
+        )
 
 
 class _RowStreamer:
@@ -551,4 +644,3 @@ class _RowStreamer:
         for seq in self.seqs:
             if not seq.finished:
                 seq.finish_reason = "length"
-

@@ -48,6 +48,10 @@ def model_not_found(model: str, served: list[str], *, registered: bool = False) 
     the models that are served are listed (or that nothing is)."""
     listed = f"Served models: {', '.join(served)}." if served else "Nothing is deployed yet."
     if registered:
-        return APIError(404, f"The model `{model}` is registered but not deployed: deploy it (Deploy on the console's "
-                             f"Models page, or `posttrain models deploy {model}`) and ask again. {listed}", param="model")
+        return APIError(
+            404,
+            f"The model `{model}` is registered but not deployed: deploy it (Deploy on the console's "
+            f"Models page, or `posttrain models deploy {model}`) and ask again. {listed}",
+            param="model",
+        )
     return APIError(404, f"The model `{model}` does not exist. {listed}", param="model")

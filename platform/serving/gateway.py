@@ -36,7 +36,7 @@ import urllib.parse
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -75,8 +75,9 @@ class Deployment(BaseModel):
 
 
 class RoutingPolicy(BaseModel):
-    task_tiers: dict[str, str] = Field(default_factory=lambda: {
-        "chat": "fast", "ide": "fast", "batch": "standard", "reasoning": "standard"})
+    task_tiers: dict[str, str] = Field(
+        default_factory=lambda: {"chat": "fast", "ide": "fast", "batch": "standard", "reasoning": "standard"}
+    )
     default_tier: str = "standard"
     model_tiers: dict[str, str] = Field(default_factory=dict, description="a model's default tier, by model name")
 
@@ -94,8 +95,12 @@ class GatewayConfig(BaseModel):
     policy: RoutingPolicy = Field(default_factory=RoutingPolicy)
     health_interval_s: float = Field(2.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
-    max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="larger request bodies get a 413 (each "
-                                   "deployment bounds its own too: 1 MiB of text, more for images on vision models)")
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="larger request bodies get a 413 (each "
+        "deployment bounds its own too: 1 MiB of text, more for images on vision models)",
+    )
 
 
 class RequestRecord(BaseModel):
@@ -119,8 +124,12 @@ class ModelNotServed(LookupError):
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None,
-                 registered: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        refresh: Callable[[], list[Deployment]] | None = None,
+        registered: Callable[[str], bool] | None = None,
+    ) -> None:
         self.config = config
         self.refresh = refresh
         self.registered = registered
@@ -137,9 +146,14 @@ class Gateway:
             if replica.base_url in self._lengths:
                 return self._lengths[replica.base_url]
             try:
-                async with self.client.get(f"{replica.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
-                    found = [m.get("max_model_len") or (m.get("meta") or {}).get("n_ctx")  # llama-server: per slot
-                             for m in (await r.json()).get("data", []) if m.get("id") == model]
+                async with self.client.get(
+                    f"{replica.base_url}/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)
+                ) as r:
+                    found = [
+                        m.get("max_model_len") or (m.get("meta") or {}).get("n_ctx")  # llama-server: per slot
+                        for m in (await r.json()).get("data", [])
+                        if m.get("id") == model
+                    ]
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
             if found and isinstance(found[0], int):
@@ -153,8 +167,9 @@ class Gateway:
     def tiers(self, model: str) -> list[str]:
         return sorted({d.tier for d in self.deployments if d.model == model})
 
-    async def resolve(self, requested: str, tier_header: str | None, task_type: str | None,
-                      grant: KeyGrant | None) -> Route:
+    async def resolve(
+        self, requested: str, tier_header: str | None, task_type: str | None, grant: KeyGrant | None
+    ) -> Route:
         """:meth:`route`, whose 404 for a model not served names the served models ``grant`` may see and, when the
         model is in the registry (asked off the event loop, only then) and the key may use it, says how to deploy it."""
         try:
@@ -177,18 +192,24 @@ class Gateway:
         asked, how = (suffix, "the model name's suffix") if suffix else (tier_header, f"the {TIER_HEADER} header")
         if asked:
             if asked not in tiers:
-                raise APIError(404, f"model `{model}` has no deployment in tier `{asked}` (asked by {how}); deployed "
-                                    f"tiers: {', '.join(tiers)}", param="model" if suffix else "tier")
+                raise APIError(
+                    404,
+                    f"model `{model}` has no deployment in tier `{asked}` (asked by {how}); deployed "
+                    f"tiers: {', '.join(tiers)}",
+                    param="model" if suffix else "tier",
+                )
             return Route(model=model, tier=asked, how=how)
         policy = self.config.policy
         wanted = policy.task_tiers.get(task_type or "")
         if wanted in tiers:
             return Route(model=model, tier=wanted, how=f"task type {task_type!r}")
         marked = [d.tier for d in self.deployments if d.model == model and d.default and d.tier in tiers]
-        for tier, why in ((marked[0] if marked else None, "the model's default tier"),
-                          (policy.model_tiers.get(model), "the policy's tier for the model"),
-                          (policy.default_tier, "the policy's default tier"), (tiers[0], "the only tier deployed" if
-                                                                                len(tiers) == 1 else "the first tier deployed")):
+        for tier, why in (
+            (marked[0] if marked else None, "the model's default tier"),
+            (policy.model_tiers.get(model), "the policy's tier for the model"),
+            (policy.default_tier, "the policy's default tier"),
+            (tiers[0], "the only tier deployed" if len(tiers) == 1 else "the first tier deployed"),
+        ):
             if tier in tiers:
                 unmet = f"; task type {task_type!r} asks for `{wanted}`, not deployed" if wanted else ""
                 return Route(model=model, tier=tier, how=why + unmet)
@@ -199,7 +220,7 @@ class Gateway:
         found = [d for d in self.deployments if d.model == model and d.tier == tier]
         start = self._rr.get((model, tier), 0)
         self._rr[(model, tier)] = start + 1
-        ordered = found[start % len(found):] + found[: start % len(found)]
+        ordered = found[start % len(found) :] + found[: start % len(found)]
         return sorted(ordered, key=lambda d: not d.healthy)  # healthy first, rotation kept within each group
 
     async def check_health(self) -> None:
@@ -239,9 +260,13 @@ def _error(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status_code)
 
 
-def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deployment]] | None = None,
-                       auth: ApiAuth | None = None, exports: Callable[[str], Download] | None = None,
-                       registered: Callable[[str], bool] | None = None) -> FastAPI:
+def create_gateway_app(
+    config: GatewayConfig,
+    refresh: Callable[[], list[Deployment]] | None = None,
+    auth: ApiAuth | None = None,
+    exports: Callable[[str], Download] | None = None,
+    registered: Callable[[str], bool] | None = None,
+) -> FastAPI:
     """The gateway app; ``refresh`` (called every health interval) replaces the deployment list;
     ``auth`` checks API keys (none: everyone is served); ``exports`` opens a signed export link
     (:func:`posttrain.platform.models.downloads.open_export`; none: no exports are served); ``registered`` says
@@ -299,9 +324,19 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         data = []
         for m in shown:
             default = gw.route(m, None, None).tier
-            data.append({"id": m, "object": "model", "created": 0, "owned_by": "posttrain", "root": m,
-                         "max_model_len": lengths[m][default], "tiers": gw.tiers(m), "default_tier": default,
-                         "max_model_len_by_tier": lengths[m]})
+            data.append(
+                {
+                    "id": m,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "posttrain",
+                    "root": m,
+                    "max_model_len": lengths[m][default],
+                    "tiers": gw.tiers(m),
+                    "default_tier": default,
+                    "max_model_len_by_tier": lengths[m],
+                }
+            )
         return {"object": "list", "data": data}
 
     @app.get("/v1/deployments")
@@ -316,11 +351,14 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         raw, body = await read_json_body(request, gw.config.max_request_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise APIError(400, "request body must be a JSON object with a string 'model'", param="model")
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = cast(dict[str, Any], body.get("metadata")) if isinstance(body.get("metadata"), dict) else {}
         task_type = request.headers.get(TASK_HEADER) or metadata.get("task_type")
         if task_type is not None and not isinstance(task_type, str):
-            raise APIError(400, f"metadata.task_type must be a string such as 'chat', got {type(task_type).__name__}",
-                           param="metadata.task_type")
+            raise APIError(
+                400,
+                f"metadata.task_type must be a string such as 'chat', got {type(task_type).__name__}",
+                param="metadata.task_type",
+            )
         routed = await gw.resolve(body["model"], request.headers.get(TIER_HEADER), task_type, granted)
         model, tier = routed.model, routed.tier
         allow_model(granted, model)
@@ -336,8 +374,16 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         response = await unless_client_leaves(request, _forward(gw, path, raw, headers, routed, stream, started))
         if response.status_code == CLIENT_CLOSED_REQUEST:
             log.info("request %s: the client left; the upstream request is closed", rid)
-            gw.record(RequestRecord(model=model, tier=tier, replica=None, status=CLIENT_CLOSED_REQUEST,
-                                    latency_ms=(time.perf_counter() - started) * 1000, stream=stream))
+            gw.record(
+                RequestRecord(
+                    model=model,
+                    tier=tier,
+                    replica=None,
+                    status=CLIENT_CLOSED_REQUEST,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    stream=stream,
+                )
+            )
         return response
 
     @app.get(EXPORTS_ROUTE + "{token}")
@@ -350,8 +396,11 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
         except DownloadRefused as exc:
             raise APIError(exc.status, str(exc)) from None
         disposition = f"attachment; filename*=UTF-8''{urllib.parse.quote(download.filename)}"
-        return StreamingResponse(iterate_in_threadpool(download.chunks()), media_type=download.media_type,
-                                 headers={"content-length": str(download.size), "content-disposition": disposition})
+        return StreamingResponse(
+            iterate_in_threadpool(download.chunks()),
+            media_type=download.media_type,
+            headers={"content-length": str(download.size), "content-disposition": disposition},
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -364,8 +413,9 @@ def create_gateway_app(config: GatewayConfig, refresh: Callable[[], list[Deploym
     return app
 
 
-async def _forward(gw: Gateway, path: str, raw: bytes, headers: dict[str, str], routed: Route, stream: bool,
-                   started: float) -> Response:
+async def _forward(
+    gw: Gateway, path: str, raw: bytes, headers: dict[str, str], routed: Route, stream: bool, started: float
+) -> Response:
     """The first answer to ``raw`` from a replica of the routed model and tier: a replica that cannot be reached or
     fails with a 5xx before answering is marked unhealthy and the next one is tried; a stream passes through."""
     model, tier = routed.model, routed.tier
@@ -386,8 +436,15 @@ async def _forward(gw: Gateway, path: str, raw: bytes, headers: dict[str, str], 
             replica.healthy = False
             last_error = APIError(resp.status, f"deployment {replica.base_url} failed: {text[:500]}")
             continue
-        rec = RequestRecord(model=model, tier=tier, replica=replica.base_url, status=resp.status,
-                            latency_ms=0.0, stream=stream, attempts=attempts)
+        rec = RequestRecord(
+            model=model,
+            tier=tier,
+            replica=replica.base_url,
+            status=resp.status,
+            latency_ms=0.0,
+            stream=stream,
+            attempts=attempts,
+        )
         passed = {REQUEST_ID_HEADER: headers[REQUEST_ID_HEADER]}
         if IGNORED_HEADER in resp.headers:
             passed[IGNORED_HEADER] = resp.headers[IGNORED_HEADER]
@@ -403,23 +460,39 @@ async def _forward(gw: Gateway, path: str, raw: bytes, headers: dict[str, str], 
             if resp.status == 200:
                 with contextlib.suppress(Exception):
                     usage = json.loads(content).get("usage") or {}
-                    rec.prompt_tokens, rec.completion_tokens = usage.get("prompt_tokens"), usage.get(
-                        "completion_tokens")
+                    rec.prompt_tokens, rec.completion_tokens = (
+                        usage.get("prompt_tokens"),
+                        usage.get("completion_tokens"),
+                    )
             rec.latency_ms = (time.perf_counter() - started) * 1000
             gw.record(rec)
-            return Response(content, status_code=resp.status, headers=passed,
-                            media_type=resp.headers.get("content-type", "application/json"))
-        return StreamingResponse(_pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream",
-                                 headers=passed)
+            return Response(
+                content,
+                status_code=resp.status,
+                headers=passed,
+                media_type=resp.headers.get("content-type", "application/json"),
+            )
+        return StreamingResponse(
+            _pass_stream(gw, resp, replica, rec, started), media_type="text/event-stream", headers=passed
+        )
     err = last_error or APIError(503, f"no replica of `{model}` in tier `{tier}` answered")
-    gw.record(RequestRecord(model=model, tier=tier, replica=None, status=err.status_code,
-                            latency_ms=(time.perf_counter() - started) * 1000, stream=stream, attempts=attempts))
-    raise APIError(503, f"all {attempts} replica(s) of `{model}` in tier `{tier}` failed; last error: "
-                        f"{err.message}")
+    gw.record(
+        RequestRecord(
+            model=model,
+            tier=tier,
+            replica=None,
+            status=err.status_code,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            stream=stream,
+            attempts=attempts,
+        )
+    )
+    raise APIError(503, f"all {attempts} replica(s) of `{model}` in tier `{tier}` failed; last error: {err.message}")
 
 
-async def _pass_stream(gw: Gateway, resp: aiohttp.ClientResponse, replica: Deployment, rec: RequestRecord,
-                       started: float) -> AsyncIterator[bytes]:
+async def _pass_stream(
+    gw: Gateway, resp: aiohttp.ClientResponse, replica: Deployment, rec: RequestRecord, started: float
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in resp.content.iter_any():
             if b'"usage"' in chunk:

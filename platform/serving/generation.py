@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -85,10 +85,16 @@ class Sequence:
     accepted_draft_tokens: int = 0
     generator: torch.Generator | None = None
     logprobs: list[float] = field(default_factory=list)  # one per generated token when params.logprobs
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per generated token, params.top_logprobs
-    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = field(default_factory=list)  # per prompt token
+    top_logprobs: list[list[tuple[int, float]]] = field(
+        default_factory=list
+    )  # per generated token, params.top_logprobs
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = field(
+        default_factory=list
+    )  # per prompt token
     prefix: KVPrefix | None = None  # the KV cache of a start of prompt_ids, computed before: only the rest is prefilled
-    keep_kv: bool = False  # leave this sequence's KV cache in ``kv`` when it finishes (for a prompt that goes on from it)
+    keep_kv: bool = (
+        False  # leave this sequence's KV cache in ``kv`` when it finishes (for a prompt that goes on from it)
+    )
     kv: KVPrefix | None = None
 
     @property
@@ -190,7 +196,9 @@ def choose_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         if len(rows) == 1:
             chosen[rows[0]] = _choose(logits[rows[0]], first)
             continue
-        probs = _top_p_filter(torch.softmax(logits[rows].float() / first.params.temperature, dim=-1), first.params.top_p)
+        probs = _top_p_filter(
+            torch.softmax(logits[rows].float() / first.params.temperature, dim=-1), first.params.top_p
+        )
         for row, tok in zip(rows, _draw(probs, first.generator)):
             chosen[row] = tok
     return chosen
@@ -207,7 +215,9 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
     return index.clamp(max=probs.shape[-1] - 1).squeeze(-1).tolist()
 
 
-def _scored(logits: torch.Tensor, ids: list[int], seqs: list[Sequence]) -> tuple[list[float], list[list[tuple[int, float]]]]:
+def _scored(
+    logits: torch.Tensor, ids: list[int], seqs: list[Sequence]
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
     """For row ``j`` of ``logits`` (rows, vocab): the log-prob of ``ids[j]`` under ``seqs[j]``'s distribution (its
     temperature's, the untruncated sampling distribution; temperature 1 for greedy rows and raw log-probs), and its
     ``top_logprobs`` most likely tokens with theirs."""
@@ -242,11 +252,12 @@ def _logprobs_of(logits: torch.Tensor, new_ids: list[list[int]], seqs: list[Sequ
     return out
 
 
-def _prompt_logprobs(logits: torch.Tensor, mask: torch.Tensor, prompts: list[list[int]], seqs: list[Sequence]) -> list[
-        list[tuple[float, list[tuple[int, float]]] | None]]:
+def _prompt_logprobs(
+    logits: torch.Tensor, mask: torch.Tensor, prompts: list[list[int]], seqs: list[Sequence]
+) -> list[list[tuple[float, list[tuple[int, float]]] | None]]:
     """Each prompt's tokens scored by the prefill's logits (rows, positions, vocab; rows left-padded as ``mask``
     says): token ``i`` by the position before it, the first token by none (None), as the legacy ``echo`` returns."""
-    out = []
+    out: list[list[tuple[float, list[tuple[int, float]]] | None]] = []
     for row, (prompt, seq) in enumerate(zip(prompts, seqs)):
         start = int(mask.shape[1] - mask[row].sum())
         if len(prompt) < 2:
@@ -280,15 +291,16 @@ def accept_tokens(seq: Sequence, new_ids: list[int], logprobs: list[float] | Sco
         seq.emit(kept)
 
 
-def _forward(model: PreTrainedModel, cache: DynamicCache, **inputs: torch.Tensor) -> Any:
+def _forward(model: PreTrainedModel, cache: DynamicCache, **inputs: torch.Tensor | int) -> Any:
     """Call the model with its KV cache under whichever keyword this transformers version names it."""
     return model(**inputs, **{cache_keyword(model): cache}, use_cache=True)
 
 
 def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    rms: Any = norm  # an RMSNorm: its weight and variance_epsilon, which torch's stubs type as Tensor | Module
     if x.dtype == torch.float32:
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-    return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype) * norm.weight
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), rms.weight, rms.variance_epsilon)
+    return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), None, rms.variance_epsilon).to(x.dtype) * rms.weight
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -310,7 +322,7 @@ class LeanDecoder:
     ARCHITECTURES = ("llama", "qwen2")
 
     def __init__(self, model: PreTrainedModel) -> None:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
         self.inner, self.lm_head = base.model, base.get_output_embeddings()
         self.heads = base.config.num_attention_heads
         self.kv_heads = base.config.num_key_value_heads
@@ -321,12 +333,13 @@ class LeanDecoder:
     @classmethod
     def unsupported(cls, model: PreTrainedModel) -> str | None:
         """Why this step cannot run ``model`` exactly (None: it can); the model then decodes through ``forward``."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
         config = base.config
         if config.model_type not in cls.ARCHITECTURES:
             return f"the lean decode step knows {' and '.join(cls.ARCHITECTURES)} layers, not {config.model_type!r}"
         if getattr(config, "use_sliding_window", False) or any(
-                t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]):
+            t != "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"]
+        ):
             return "the model has sliding-window attention layers, which the lean decode step does not mask"
         if getattr(config, "hidden_act", "silu") != "silu":
             return f"the model's activation is {config.hidden_act!r}; the lean decode step computes silu"
@@ -336,8 +349,9 @@ class LeanDecoder:
     def supports(cls, model: PreTrainedModel) -> bool:
         return cls.unsupported(model) is None
 
-    def __call__(self, cache: DynamicCache, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, cache: DynamicCache, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         rows, width = input_ids.shape
         total = attention_mask.shape[1]
         h = self.inner.embed_tokens(input_ids)
@@ -353,14 +367,21 @@ class LeanDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             if fused is not None:
                 qkv = fused.attention_in(index, h, cos, sin)
-                q, k, v = qkv[:, : self.heads], qkv[:, self.heads : self.heads + self.kv_heads], qkv[:, self.heads + self.kv_heads :]
+                q, k, v = (
+                    qkv[:, : self.heads],
+                    qkv[:, self.heads : self.heads + self.kv_heads],
+                    qkv[:, self.heads + self.kv_heads :],
+                )
                 k, v = cache.update(k, v, index)
                 o = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
+                    q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
+                )
                 fused.attention_out_mlp(index, h, o.reshape(rows, -1))
                 continue
             x = _rms(h, layer.input_layernorm)
-            if (qkv_proj := getattr(attn, "qkv_proj", None)) is not None:  # stacked (q8.quantize_q8): rotate q, k at once
+            if (
+                qkv_proj := getattr(attn, "qkv_proj", None)
+            ) is not None:  # stacked (q8.quantize_q8): rotate q, k at once
                 qkv = qkv_proj(x).view(rows, width, self.heads + 2 * self.kv_heads, -1).transpose(1, 2)
                 qk, v = _rotated(qkv[:, : self.heads + self.kv_heads], cos, sin), qkv[:, self.heads + self.kv_heads :]
                 q, k = qk[:, : self.heads], qk[:, self.heads :]
@@ -370,7 +391,8 @@ class LeanDecoder:
                 v = attn.v_proj(x).view(rows, width, self.kv_heads, -1).transpose(1, 2)
             k, v = cache.update(k, v, index)
             o = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads)
+                q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
+            )
             h = h + attn.o_proj(o.transpose(1, 2).reshape(rows, width, -1))
             x = _rms(h, layer.post_attention_layernorm)
             if (gate_up_proj := getattr(mlp, "gate_up_proj", None)) is not None:
@@ -427,7 +449,9 @@ class DecodeBatch:
     :mod:`posttrain.platform.serving.engine`.
     """
 
-    def __init__(self, model: PreTrainedModel, spec: SpeculationConfig = SpeculationConfig(), pad_token_id: int = 0) -> None:
+    def __init__(
+        self, model: PreTrainedModel, spec: SpeculationConfig = SpeculationConfig(), pad_token_id: int = 0
+    ) -> None:
         self.model, self.spec, self.pad_token_id = model, spec, pad_token_id
         self.device = model.device
         self.seqs: list[Sequence] = []  # one per cache row
@@ -500,7 +524,9 @@ class DecodeBatch:
         self.seqs += seqs
         self.pending += pending
 
-    def _prefill(self, prompts: list[list[int]], every: bool = False) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, prompts: list[list[int]], every: bool = False
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model: their cache, mask and logits (rows, positions, vocab) at the last
         position, or at ``every`` position (scoring the prompts). A prefix every prompt starts with (a system
         prompt, a worked example: most of an evaluation's or a rollout step's tokens) runs once, for one row,
@@ -530,8 +556,14 @@ class DecodeBatch:
             own[row, width - lengths[row] :] = 1
         positions = shared + (own.cumsum(-1) - 1).clamp(min=0)
         mask = torch.cat([torch.ones((len(rest), shared), dtype=torch.long), own], dim=1)
-        out = _forward(self.model, cache, input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                       position_ids=positions.to(self.device), **keep)
+        out = _forward(
+            self.model,
+            cache,
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            **keep,
+        )
         return cache, mask, out.logits
 
     def _prefill_after(self, prefix: KVPrefix, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
@@ -558,7 +590,9 @@ class DecodeBatch:
         if not (_mergeable(self.cache) and _mergeable(cache)):
             raise RuntimeError("this model's cache layout does not allow joining a running batch")
         total = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, cache.layers):
+        # plain DynamicLayers (_mergeable) holding keys and values, which transformers types as optional
+        ours, new = cast(list[Any], self.cache.layers), cast(list[Any], cache.layers)
+        for mine, theirs in zip(ours, new):
             mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
             mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
         self.mask = torch.cat([_left_pad(self.mask, total, -1), _left_pad(mask, total, -1)], dim=0)
@@ -586,7 +620,7 @@ class DecodeBatch:
         used = torch.nonzero(self.mask.any(dim=0))
         first = int(used[0]) if len(used) else 0
         if first and _mergeable(self.cache):  # padding columns no remaining row uses
-            for layer in self.cache.layers:
+            for layer in cast(list[Any], self.cache.layers):  # DynamicLayers: keys and values set
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
             self.mask = self.mask[:, first:]
         return done
@@ -599,7 +633,10 @@ class DecodeBatch:
         if len(columns) != int(self.valid[row]) or len(columns) != len(seq.prompt_ids) + len(seq.generated) - 1:
             return None  # not a plain run of its tokens (an abort between steps): nothing to go on from
         at = columns.to(self.device)
-        layers = tuple((layer.keys[row][:, at].clone(), layer.values[row][:, at].clone()) for layer in self.cache.layers)
+        layers = tuple(
+            (layer.keys[row][:, at].clone(), layer.values[row][:, at].clone())
+            for layer in cast(list[Any], self.cache.layers)  # DynamicLayers (the caller checked): keys and values set
+        )
         return KVPrefix(tuple(tokens), layers)
 
     @torch.inference_mode()
@@ -622,11 +659,16 @@ class DecodeBatch:
         mask = torch.cat([self.mask, step_mask], dim=1)
         if k:  # a rejected draft is cropped: a sliding-window layer must keep what it would drop until the crop decides
             self.cache.activate_past_recording()
-        inputs = {"input_ids": step_ids.to(self.device), "attention_mask": mask.to(self.device),
-                  "position_ids": step_pos.to(self.device)}
+        inputs = {
+            "input_ids": step_ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+            "position_ids": step_pos.to(self.device),
+        }
         logits = self._lean(self.cache, **inputs) if self._lean else _forward(self.model, self.cache, **inputs).logits
         sampling = [i for i, s in enumerate(seqs) if not s.params.greedy or s.params.processed]  # chosen one at a time
-        sampled = dict(zip(sampling, choose_tokens(logits[sampling, 0], [seqs[i] for i in sampling]))) if sampling else {}
+        sampled = (
+            dict(zip(sampling, choose_tokens(logits[sampling, 0], [seqs[i] for i in sampling]))) if sampling else {}
+        )
         kept_per_row: list[int] = []
         new_per_row: list[list[int]] = []
         for i, seq in enumerate(seqs):

@@ -1,5 +1,5 @@
-"""Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model``, ``deploy`` and
-``measure_tiers`` (the tier card, :mod:`posttrain.platform.serving.tier_card`).
+"""Job kinds for models and serving: ``build_model``, ``import_model``, ``export_model`` and ``deploy`` (the tier
+card's ``measure_tiers`` is :mod:`posttrain.training.tier_card`'s: it grades with training's evaluation).
 
 ``deploy`` is a long-running job: it starts a server for a registered model
 (the embedded engine, ``llama-server`` on its GGUF export, or vLLM's OpenAI server from its own environment), waits for ``/health``,
@@ -36,7 +36,6 @@ from posttrain.platform.models.importer import BUILTIN_PREFIX, sha256_file
 from posttrain.platform.models.importer import import_model as run_import
 from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, get_model, record_export, register_model
-from posttrain.platform.serving.tier_card import MeasureTiersConfig
 from posttrain.platform.serving.tiers import tier_catalog, tiers_path
 
 HEALTH_INTERVAL_S = 2.0
@@ -64,7 +63,10 @@ def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
         path = build_tiny_vision_model(out, TinyVisionModelSpec(seed=config.seed))
     else:
         spec = TinyModelSpec(
-            architecture=config.architecture, hidden_size=config.hidden_size, num_layers=config.num_layers, seed=config.seed
+            architecture=config.architecture,
+            hidden_size=config.hidden_size,
+            num_layers=config.num_layers,
+            seed=config.seed,
         )
         path = build_tiny_model(out, spec)
     row = register_model(ctx.identity, config.name, path, produced_by_job_id=ctx.job_id, meta={"built": config.model_dump()},
@@ -82,9 +84,13 @@ class ImportModelConfig(BaseModel):
     )
     name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
     dtype: Literal["float32", "bfloat16"] = "float32"
-    chat_template: str | None = Field(default=None, min_length=1, max_length=100_000,
-                                      description="a family (chatml, gemma) or a Jinja template to give the model in "
-                                                  "place of its own; a base model has none")
+    chat_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        description="a family (chatml, gemma) or a Jinja template to give the model in "
+        "place of its own; a base model has none",
+    )
 
 
 def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
@@ -96,8 +102,22 @@ def import_model(ctx: JobContext, config: ImportModelConfig) -> dict[str, Any]:
                          chat_template=config.chat_template)  # fmt: skip
     except ModelDirError as exc:
         raise BadInput(str(exc)) from None
-    return {"model": row.name, "path": row.path, **{k: row.meta.get(k) for k in (
-        "parameters", "sha256", "check_answer", "chat_template", "chat_template_assigned", "provenance", "licence")}}
+    return {
+        "model": row.name,
+        "path": row.path,
+        **{
+            k: row.meta.get(k)
+            for k in (
+                "parameters",
+                "sha256",
+                "check_answer",
+                "chat_template",
+                "chat_template_assigned",
+                "provenance",
+                "licence",
+            )
+        },
+    }
 
 
 class ExportModelConfig(BaseModel):
@@ -110,12 +130,15 @@ class ExportModelConfig(BaseModel):
 def export_path(settings: Any, config: ExportModelConfig) -> Path:
     """Where an export goes: ``<data_dir>/exports/<model>/<model>.<TYPE>.gguf`` or ``.../<model>-hf``."""
     folder = Path(settings.data_dir) / "exports" / config.model
-    return folder / (f"{config.model}.{config.outtype.upper()}.gguf" if config.format == "gguf" else f"{config.model}-hf")
+    return folder / (
+        f"{config.model}.{config.outtype.upper()}.gguf" if config.format == "gguf" else f"{config.model}-hf"
+    )
 
 
 @action("model.export", Role.operator)
-def export_registered(identity: Identity, config: ExportModelConfig, settings: Any, *, url: str | None = None,
-                      progress: Any = None) -> dict[str, Any]:
+def export_registered(
+    identity: Identity, config: ExportModelConfig, settings: Any, *, url: str | None = None, progress: Any = None
+) -> dict[str, Any]:
     """Export a registered model (replacing an older export of the same kind) and record it in its meta."""
     from posttrain.platform.models.exporter import ExportError, export_model
 
@@ -156,18 +179,27 @@ class DeployConfig(BaseModel):
     model: str = Field(min_length=1, description="a registered model name")
     tier: str = Field(default="standard", description="tier profile: fast or standard (or one from tiers_file)")
     engine: Literal["embedded", "llamacpp", "vllm"] | None = Field(
-        default=None, description="default: the tier's engine (embedded unless the tier names llamacpp or vllm)")
-    host: str = Field(default="127.0.0.1", description="127.0.0.1: reached through the gateway only; another address "
-                      "serves the network, checking API keys (embedded engine only)")
+        default=None, description="default: the tier's engine (embedded unless the tier names llamacpp or vllm)"
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="127.0.0.1: reached through the gateway only; another address "
+        "serves the network, checking API keys (embedded engine only)",
+    )
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     max_model_len: int | None = Field(default=None, ge=16)
     tiers_file: str | None = Field(default=None, json_schema_extra=JOB_PATH)
     start_timeout_s: float = Field(default=600.0, gt=0)
     vllm_overrides: dict[str, Any] = Field(default_factory=dict, description="VllmProfile fields (engine=vllm)")
-    llamacpp_overrides: dict[str, Any] = Field(default_factory=dict, description="LlamaCppProfile fields (engine=llamacpp)")
-    allow_regression: bool = Field(default=False, description="deploy a model whose general check fell beyond 2 paired "
-                                   "SEs below the model it was trained from (refused otherwise); the audit log records "
-                                   "who overrode it")
+    llamacpp_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="LlamaCppProfile fields (engine=llamacpp)"
+    )
+    allow_regression: bool = Field(
+        default=False,
+        description="deploy a model whose general check fell beyond 2 paired "
+        "SEs below the model it was trained from (refused otherwise); the audit log records "
+        "who overrode it",
+    )
 
 
 class RegressionRefused(JobConfigError):
@@ -195,8 +227,13 @@ def admit_deploy(identity: Identity, config: DeployConfig, url: str | None) -> l
     overridden = check_regression(config, model)
     if overridden is None:
         return []
-    return [Admitted("deploy.allow_regression", config.model, {"tier": config.tier, "drop": overridden.drop(),
-                                                                "general_check": overridden.as_meta()})]
+    return [
+        Admitted(
+            "deploy.allow_regression",
+            config.model,
+            {"tier": config.tier, "drop": overridden.drop(), "general_check": overridden.as_meta()},
+        )
+    ]
 
 
 def free_port(host: str) -> int:
@@ -214,8 +251,9 @@ def deploy_tier(config: DeployConfig, settings: Any) -> tuple[Any, str]:
     return tier, config.engine or tier.engine
 
 
-def llamacpp_gguf(identity: Identity, model: Any, weights: str, settings: Any, *, url: str | None = None,
-                  progress: Any = None) -> Path:
+def llamacpp_gguf(
+    identity: Identity, model: Any, weights: str, settings: Any, *, url: str | None = None, progress: Any = None
+) -> Path:
     """The model's GGUF export that llama-server runs (Q8_0, or F16 for a tier with the model's own weights),
     exported now when there is none or the weights changed since."""
     config = ExportModelConfig(model=model.name, format="gguf", outtype="q8_0" if weights == "q8_0" else "f16")
@@ -227,8 +265,16 @@ def llamacpp_gguf(identity: Identity, model: Any, weights: str, settings: Any, *
     return path
 
 
-def server_command(config: DeployConfig, model: Any, port: int, settings: Any, identity: Identity, *,
-                   url: str | None = None, progress: Any = None) -> tuple[str, list[str]]:
+def server_command(
+    config: DeployConfig,
+    model: Any,
+    port: int,
+    settings: Any,
+    identity: Identity,
+    *,
+    url: str | None = None,
+    progress: Any = None,
+) -> tuple[str, list[str]]:
     """The engine serving ``config`` and the argv that starts its server for the registered ``model`` (a llamacpp
     deployment exports the model's GGUF first when it has none, as ``identity``)."""
     tiers_file = config.tiers_file or (str(tiers_path(settings)) if tiers_path(settings).is_file() else None)
@@ -250,8 +296,13 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         overrides = {**config.vllm_overrides, "host": config.host, "port": port, "served_model_name": config.model}
         if config.max_model_len:
             overrides["max_model_len"] = config.max_model_len
-        profile = VllmProfile.for_tier(path, tier, device="cuda" if torch.cuda.is_available() else "cpu",
-                                       model_max_len=inspect_model_dir(path).max_position_embeddings, **overrides)
+        profile = VllmProfile.for_tier(
+            path,
+            tier,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            model_max_len=inspect_model_dir(path).max_position_embeddings,
+            **overrides,
+        )
         return engine, profile.to_args(python)
     if engine == "llamacpp":
         from posttrain.platform.models.inspect import inspect_model_dir
@@ -266,11 +317,17 @@ def server_command(config: DeployConfig, model: Any, port: int, settings: Any, i
         # llama.cpp's own default (every core) unless the operator set POSTTRAIN_JOB_THREADS: on a quiet 2-core host
         # it made 88.6 tokens/s with two threads against 59.4 with one (bench/serving.py --engines); beside a
         # computing process two threads collapse, so a host that trains while it serves sets the setting
-        profile = LlamaCppProfile.for_tier(
-            gguf, tier, served_model_name=config.model, host=config.host, port=port,
+        llama_profile = LlamaCppProfile.for_tier(
+            gguf,
+            tier,
+            served_model_name=config.model,
+            host=config.host,
+            port=port,
             ctx_per_slot=min(config.max_model_len or model_max, model_max),
-            threads=getattr(settings, "job_threads", None), **config.llamacpp_overrides)
-        return engine, profile.to_args(binary)
+            threads=getattr(settings, "job_threads", None),
+            **config.llamacpp_overrides,
+        )
+        return engine, llama_profile.to_args(binary)
     cmd = [
         sys.executable, "-m", "posttrain.platform.serving", "--model", path, "--served-model-name", config.model,
         "--host", config.host, "--port", str(port), "--tier", config.tier,
@@ -307,6 +364,7 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
     base_url = f"http://{config.host}:{port}"
     engine, command = server_command(config, model, port, ctx.settings, ctx.identity, url=ctx.url,
                                      progress=lambda f, m: ctx.progress(f, m, force=True))  # fmt: skip
+    assert model.id is not None  # a stored model
     with session(ctx.url) as s:
         row = Deployment(
             model_id=model.id, tier=config.tier, engine=engine, job_id=ctx.job_id, url=base_url,
@@ -314,7 +372,8 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
         )  # fmt: skip
         s.add(row)
         s.flush()
-        deployment_id = int(row.id)  # type: ignore[arg-type]
+        assert row.id is not None  # given by the flush
+        deployment_id = int(row.id)
     ctx.log.info("starting %s", " ".join(command))
     ctx.progress(None, f"starting {engine} server for {config.model} ({config.tier})", force=True)
     env = server_env(cpu_threads=ctx.settings.job_threads) if engine == "vllm" else None
@@ -349,13 +408,21 @@ def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
                     raise RuntimeError(f"the server exited with code {code} and did not start again: {exc}") from None
                 ctx.log.info("the server is back at %s", base_url)
             healthy = server.healthy()
-            _update(deployment_id, ctx.url, healthy=healthy, last_health_at=utcnow(), status="running" if healthy else "unhealthy")
+            _update(
+                deployment_id,
+                ctx.url,
+                healthy=healthy,
+                last_health_at=utcnow(),
+                status="running" if healthy else "unhealthy",
+            )
     except JobStopped:
         ctx.log.info("stop requested")
     finally:
         code = server.stop(timeout_s=max(1.0, ctx.settings.cancel_grace_s - 2.0))
         _update(deployment_id, ctx.url, status="stopped", healthy=False)
-        ctx.log.info("server stopped with code %s; it answered %d health and metrics polls (not logged)", code, lines.polls)
+        ctx.log.info(
+            "server stopped with code %s; it answered %d health and metrics polls (not logged)", code, lines.polls
+        )
     return {"deployment_id": deployment_id, "url": base_url}
 
 
@@ -396,24 +463,6 @@ register(
 )
 
 
-def measure_tiers_job(ctx: JobContext, config: Any) -> dict[str, Any]:
-    from posttrain.platform.serving.tier_card import card_tasks, measure_tiers
-
-    return measure_tiers(ctx.identity, config, ctx.settings, card_tasks(config, url=ctx.url), url=ctx.url,
-                         progress=lambda f, m: ctx.progress(f, m, force=True), log=ctx.log.info)  # fmt: skip
-
-
-register(
-    JobKind(
-        name="measure_tiers",
-        config_model=MeasureTiersConfig,
-        run=measure_tiers_job,
-        description="Serve a model in every tier this host can run and measure each one's speed beside its quality "
-        "(the tier card on the Models page).",
-    )
-)
-
-
 def registered_deployments(url: str | None = None) -> list[Any]:
     """Deployments the database says are serving, as the gateway routes them."""
     from sqlmodel import col, select
@@ -427,5 +476,14 @@ def registered_deployments(url: str | None = None) -> list[Any]:
             .join(Model, col(Model.id) == col(Deployment.model_id))
             .where(col(Deployment.status).in_(("running", "unhealthy")))
         ).all()
-    return [Route(model=name, tier=d.tier, base_url=d.url, healthy=d.healthy, default=(meta or {}).get("default_tier") == d.tier,
-                  chat=(meta or {}).get("chat_template", True)) for d, name, meta in rows]
+    return [
+        Route(
+            model=name,
+            tier=d.tier,
+            base_url=d.url,
+            healthy=d.healthy,
+            default=(meta or {}).get("default_tier") == d.tier,
+            chat=(meta or {}).get("chat_template", True),
+        )
+        for d, name, meta in rows
+    ]

@@ -19,7 +19,6 @@ import httpx
 
 from posttrain.platform.supervise import Supervised
 
-
 POLL = re.compile(r"\bGET /(?:health|metrics)\b[^\n]*\b200\b")
 """A line an engine's server logs for a health or metrics poll it answered (uvicorn's access log, as the embedded
 engine and vLLM write it, and llama-server's request log): the deploy job's own checks and the gateway's, every few
@@ -50,9 +49,15 @@ class ServerProcess:
     ``/health`` answers."""
 
     def __init__(
-        self, command: list[str], base_url: str, *, env: dict[str, str] | None = None,
-        log_path: str | os.PathLike[str] | None = None, on_log: Callable[[str], None] | None = None,
-        cwd: str | None = None, die_with_parent: bool = True,
+        self,
+        command: list[str],
+        base_url: str,
+        *,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        on_log: Callable[[str], None] | None = None,
+        cwd: str | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.command = command
         self.base_url = base_url.rstrip("/")
@@ -64,22 +69,31 @@ class ServerProcess:
         self.child: Supervised | None = None
 
     def start(self, timeout_s: float = 600.0, poll_s: float = 0.2) -> ServerProcess:
-        self.child = child = Supervised(self.command, env=self.env, cwd=self.cwd, log_path=self.log_path,
-                                        on_line=self.on_log, own_group=True,
-                                        death_signal=signal.SIGKILL if self.die_with_parent else None)
+        self.child = child = Supervised(
+            self.command,
+            env=self.env,
+            cwd=self.cwd,
+            log_path=self.log_path,
+            on_line=self.on_log,
+            own_group=True,
+            death_signal=signal.SIGKILL if self.die_with_parent else None,
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             code = child.poll()
             if code is not None:
                 child.join_output()
-                raise LaunchError(f"{self.command[0]} exited with code {code} before becoming healthy; "
-                                  f"last log lines:\n" + child.last_lines())
+                raise LaunchError(
+                    f"{self.command[0]} exited with code {code} before becoming healthy; "
+                    f"last log lines:\n" + child.last_lines()
+                )
             if self.healthy():
                 return self
             if time.monotonic() > deadline:
                 self.stop()
-                raise LaunchError(f"{self.base_url}/health not ready after {timeout_s:.0f}s; last log lines:\n"
-                                  + child.last_lines())
+                raise LaunchError(
+                    f"{self.base_url}/health not ready after {timeout_s:.0f}s; last log lines:\n" + child.last_lines()
+                )
             time.sleep(poll_s)
 
     def healthy(self) -> bool:

@@ -40,8 +40,14 @@ class EngineMetrics:
         self.errors: dict[int, int] = defaultdict(int)
 
     def request_finished(
-        self, reason: str, prompt_tokens: int, generation_tokens: int, ttft_s: float | None, e2e_s: float,
-        draft: int = 0, accepted: int = 0,
+        self,
+        reason: str,
+        prompt_tokens: int,
+        generation_tokens: int,
+        ttft_s: float | None,
+        e2e_s: float,
+        draft: int = 0,
+        accepted: int = 0,
     ) -> None:
         with self._lock:
             self.success[reason] += 1
@@ -80,16 +86,36 @@ class EngineMetrics:
             metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", [(label, self.running)])
             metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", [(label, self.waiting)])
             metric("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", [(label, self.prompt_tokens)])
-            metric("vllm:generation_tokens_total", "counter", "Generation tokens produced.",
-                   [(label, self.generation_tokens)])
-            metric("vllm:request_success_total", "counter", "Finished requests by finish reason.",
-                   [(f'{label},finished_reason="{r}"', n) for r, n in sorted(self.success.items())] or [(label, 0)])
-            metric("vllm:spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens proposed.",
-                   [(label, self.draft_tokens)])
-            metric("vllm:spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
-                   [(label, self.accepted_tokens)])
+            metric(
+                "vllm:generation_tokens_total",
+                "counter",
+                "Generation tokens produced.",
+                [(label, self.generation_tokens)],
+            )
+            metric(
+                "vllm:request_success_total",
+                "counter",
+                "Finished requests by finish reason.",
+                [(f'{label},finished_reason="{r}"', n) for r, n in sorted(self.success.items())] or [(label, 0)],
+            )
+            metric(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "counter",
+                "Speculative draft tokens proposed.",
+                [(label, self.draft_tokens)],
+            )
+            metric(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Speculative draft tokens accepted.",
+                [(label, self.accepted_tokens)],
+            )
             histogram("vllm:time_to_first_token_seconds", "Time to first token.", self.ttft)
             histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", self.e2e)
-            metric("posttrain:request_errors_total", "counter", "Rejected requests by HTTP status.",
-                   [(f'{label},status="{s}"', n) for s, n in sorted(self.errors.items())] or [(label, 0)])
+            metric(
+                "posttrain:request_errors_total",
+                "counter",
+                "Rejected requests by HTTP status.",
+                [(f'{label},status="{s}"', n) for s, n in sorted(self.errors.items())] or [(label, 0)],
+            )
         return "\n".join(lines) + "\n"

@@ -26,18 +26,28 @@ class TierProfile(BaseModel):
 
     name: str
     description: str = ""
-    engine: Engine = Field("embedded", description="embedded (transformers, any host), llamacpp (llama-server on a "
-                           "CPU host; `make llamacpp` builds it) or vllm (vLLM: the gpu extra on a GPU host, `make vllm` on a CPU); "
-                           "a deployment may name another")
-    weights: Weights | None = Field(None, description="model: the model's own weights (a llamacpp tier: its F16 GGUF); "
-                                    "q8_0: 8-bit blocks, about a quarter of fp32's bytes, several times faster decode "
-                                    "on a CPU, output close to the model's own. Default: model, for llamacpp q8_0")
+    engine: Engine = Field(
+        "embedded",
+        description="embedded (transformers, any host), llamacpp (llama-server on a "
+        "CPU host; `make llamacpp` builds it) or vllm (vLLM: the gpu extra on a GPU host, `make vllm` on a CPU); "
+        "a deployment may name another",
+    )
+    weights: Weights | None = Field(
+        None,
+        description="model: the model's own weights (a llamacpp tier: its F16 GGUF); "
+        "q8_0: 8-bit blocks, about a quarter of fp32's bytes, several times faster decode "
+        "on a CPU, output close to the model's own. Default: model, for llamacpp q8_0",
+    )
     # embedded engine
     prompt_lookup_num_tokens: int = Field(0, ge=0, le=64, description="n-gram draft tokens per step; 0 disables")
     prompt_lookup_max_ngram: int = Field(4, ge=1, le=8)
     prompt_lookup_min_ngram: int = Field(
-        3, ge=1, le=8, description="draft only after a match this long: on a CPU, verifying drafts costs a real "
-        "model about twice a plain step, so a one-token match's guesses lose time")
+        3,
+        ge=1,
+        le=8,
+        description="draft only after a match this long: on a CPU, verifying drafts costs a real "
+        "model about twice a plain step, so a one-token match's guesses lose time",
+    )
     max_num_seqs: int = Field(8, ge=1, description="largest batch decoded together")
     batch_wait_ms: float = Field(2.0, ge=0, description="how long the scheduler waits to fill a batch")
     # vLLM
@@ -81,7 +91,7 @@ DEFAULT_TIERS: dict[str, TierProfile] = {
     "q8": TierProfile(
         name="q8",
         description="CPU decoding with 8-bit weights (Q8_0) in the embedded engine: several times the standard tier's "
-                    "tokens/s for one stream; greedy output close to, not identical with, the model's own",
+        "tokens/s for one stream; greedy output close to, not identical with, the model's own",
         weights="q8_0",
         max_num_seqs=4,
         batch_wait_ms=0.0,
@@ -89,7 +99,7 @@ DEFAULT_TIERS: dict[str, TierProfile] = {
     "llamacpp": TierProfile(
         name="llamacpp",
         description="llama.cpp's llama-server on the model's Q8_0 GGUF: the fastest CPU serving (build it once with "
-                    "`make llamacpp`); greedy output close to, not identical with, the model's own",
+        "`make llamacpp`); greedy output close to, not identical with, the model's own",
         engine="llamacpp",
         max_num_seqs=4,
     ),
@@ -144,10 +154,18 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=16, description="prompt + completion tokens; default: the model's")
     max_images_per_prompt: int = Field(4, ge=0)
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
-    max_image_pixels: int = Field(16 * 1024 * 1024, ge=1024, description="width x height of one image, checked "
-                                  "from its header before it is decoded (a small file can decode to gigabytes)")
-    max_request_bytes: int | None = Field(None, ge=1024, description="larger request bodies get a 413; default: "
-                                          "1 MiB of text plus room for the images a vision model accepts")
+    max_image_pixels: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="width x height of one image, checked "
+        "from its header before it is decoded (a small file can decode to gigabytes)",
+    )
+    max_request_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="larger request bodies get a 413; default: "
+        "1 MiB of text plus room for the images a vision model accepts",
+    )
     seed: int = 0
 
     @property

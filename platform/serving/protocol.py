@@ -75,9 +75,16 @@ class StreamOptions(BaseModel):
 
 # OpenAI parameters the embedded engine does not implement, with the values that mean "not used": accepted as such
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "parallel_tool_calls": (None, True),
-    "service_tier": (None, "auto", "default"), "store": (None, False), "prediction": (None,), "modalities": (None, ["text"]),
-    "audio": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+    "response_format": (None, {"type": "text"}),
+    "suffix": (None, ""),
+    "parallel_tool_calls": (None, True),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "prediction": (None,),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
 }
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 64  # n per prompt, times the prompts of a completion request
@@ -87,7 +94,9 @@ IGNORED_HEADER = "x-posttrain-ignored-fields"  # the request's fields the engine
 
 class UnsupportedParameter(ValueError):
     def __init__(self, name: str, value: Any, why: str | None = None) -> None:
-        super().__init__(f"`{name}`: {why}" if why else f"`{name}` is not supported by this engine (got {value!r}); leave it out")
+        super().__init__(
+            f"`{name}`: {why}" if why else f"`{name}` is not supported by this engine (got {value!r}); leave it out"
+        )
         self.name = name
 
 
@@ -100,11 +109,19 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="what torch.Generator.manual_seed takes")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="completions per prompt, sampled together, the prompt prefilled once")
+    n: int = Field(
+        1, ge=1, le=MAX_CHOICES, description="completions per prompt, sampled together, the prompt prefilled once"
+    )
     best_of: int | None = Field(None, ge=1, description="accepted when it equals n (no candidates are drawn beyond n)")
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="minus this for each token generated so far")
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="minus this times each token's count so far")
-    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> added to its logit, -100..100")
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this for each token generated so far"
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this times each token's count so far"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) -> added to its logit, -100..100"
+    )
 
     @field_validator("logit_bias")
     @classmethod
@@ -119,8 +136,12 @@ class SamplingFields(BaseModel):
     @property
     def processing(self) -> dict[str, Any]:
         """The request's logits processing as :class:`SamplingParams` takes it."""
-        return {"presence_penalty": self.presence_penalty or 0.0, "frequency_penalty": self.frequency_penalty or 0.0,
-                "logit_bias": {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None}
+        return {
+            "presence_penalty": self.presence_penalty or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "logit_bias": {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
+        }
+
     stop: str | list[str] | None = Field(None, description="the text ends before the first of these (not included)")
     user: str | None = Field(None, max_length=256, description="the caller's end user, for the caller's records")
 
@@ -135,8 +156,12 @@ class SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> SamplingFields:
         if self.best_of is not None and self.best_of != self.n:
-            raise UnsupportedParameter("best_of", self.best_of, f"best_of other than n ({self.n}) is not supported: "
-                                       "leave it out, or ask for n completions and choose among them")
+            raise UnsupportedParameter(
+                "best_of",
+                self.best_of,
+                f"best_of other than n ({self.n}) is not supported: "
+                "leave it out, or ask for n completions and choose among them",
+            )
         for name, neutral in UNSUPPORTED.items():
             value = (self.model_extra or {}).get(name)
             if not any(value == v and type(value) is not bool or value is v for v in neutral):
@@ -193,8 +218,12 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(description="a prompt, prompts, or token ids")
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="each token's log-prob and this many "
-                                 "likeliest tokens at each position (legacy format)")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="each token's log-prob and this many likeliest tokens at each position (legacy format)",
+    )
     echo: bool = Field(False, description="the prompt precedes the completion; with logprobs, scored too")
 
     @model_validator(mode="after")
@@ -202,8 +231,10 @@ class CompletionRequest(SamplingFields):
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is an empty list: give a prompt, a list of prompts, or token ids")
         if len(self.prompts) * self.n > MAX_CHOICES:
-            raise ValueError(f"{len(self.prompts)} prompts x n={self.n} is over {MAX_CHOICES} completions a request: "
-                             "send fewer prompts a request")
+            raise ValueError(
+                f"{len(self.prompts)} prompts x n={self.n} is over {MAX_CHOICES} completions a request: "
+                "send fewer prompts a request"
+            )
         return self
 
     @property
@@ -224,8 +255,11 @@ async def read_json_body(request: Request, max_bytes: int) -> tuple[bytes, Any]:
     """The raw body and its JSON, refused with a clear 4xx when it is larger than ``max_bytes``
     (checked on Content-Length and again while reading, so an oversized body is never held whole),
     not UTF-8 JSON, nested deeper than the JSON decoder goes, or uses NaN/Infinity."""
-    too_large = APIError(413, f"request body is larger than {max_bytes} bytes; send less (fewer or smaller "
-                              "images, a shorter prompt)", type="BadRequestError")
+    too_large = APIError(
+        413,
+        f"request body is larger than {max_bytes} bytes; send less (fewer or smaller images, a shorter prompt)",
+        type="BadRequestError",
+    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
@@ -265,5 +299,6 @@ def parse_request(model: type[SamplingFields], body: Any) -> Any:
             raise APIError(400, str(cause), param=cause.name) from None
         where = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
-        raise APIError(400, f"invalid request: {where}: {message}" if where else f"invalid request: {message}",
-                       param=where or None) from None
+        raise APIError(
+            400, f"invalid request: {where}: {message}" if where else f"invalid request: {message}", param=where or None
+        ) from None

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -215,7 +216,10 @@ void q8_attention_out_mlp(const layer_t *L, const dims_t *d, int64_t rows, float
 """
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 # the dot product's VNNI forms, where the CPU has them (/proc/cpuinfo's names): one instruction for maddubs + madd
-_VNNI = ((frozenset({"avx512_vnni", "avx512vl"}), ["-mavx512vnni", "-mavx512vl"]), (frozenset({"avx_vnni"}), ["-mavxvnni"]))
+_VNNI = (
+    (frozenset({"avx512_vnni", "avx512vl"}), ["-mavx512vnni", "-mavx512vl"]),
+    (frozenset({"avx_vnni"}), ["-mavxvnni"]),
+)
 
 
 def compile_flags(cpu: frozenset[str]) -> list[str]:
@@ -242,7 +246,9 @@ def kernel() -> ctypes.CDLL:
     if not library.is_file():
         compiler = shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
-            raise Q8Unavailable("q8_0 weights compile a small C kernel on first use: install a C compiler (Debian's gcc)")
+            raise Q8Unavailable(
+                "q8_0 weights compile a small C kernel on first use: install a C compiler (Debian's gcc)"
+            )
         library.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
             source, built = Path(tmp) / "q8.c", Path(tmp) / "libq8.so"
@@ -253,9 +259,11 @@ def kernel() -> ctypes.CDLL:
             built.replace(library)  # whole or absent, also when two processes build it at once
     lib = ctypes.CDLL(str(library))
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    for name, argtypes in (("q8_linear", [pointer, size, size, pointer, pointer, size, pointer, pointer]),
-                           ("q8_attention_in", [pointer, pointer, size, pointer, pointer, pointer, pointer]),
-                           ("q8_attention_out_mlp", [pointer, pointer, size, pointer, pointer])):
+    for name, argtypes in (
+        ("q8_linear", [pointer, size, size, pointer, pointer, size, pointer, pointer]),
+        ("q8_attention_in", [pointer, pointer, size, pointer, pointer, pointer, pointer]),
+        ("q8_attention_out_mlp", [pointer, pointer, size, pointer, pointer]),
+    ):
         getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, None
     return lib
 
@@ -285,6 +293,10 @@ def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Q8Linear(nn.Module):
     """An ``nn.Linear`` whose weight is held as Q8_0 (see the module's docstring)."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -333,14 +345,36 @@ class Q8Linear(nn.Module):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_scales", "o_scales", "gate_up_scales",
-        "down_scales", "qkv_bias", "o_bias", "gate_up_bias", "down_bias")]
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "input_norm",
+            "post_norm",
+            "qkv",
+            "o",
+            "gate_up",
+            "down",
+            "qkv_scales",
+            "o_scales",
+            "gate_up_scales",
+            "down_scales",
+            "qkv_bias",
+            "o_bias",
+            "gate_up_bias",
+            "down_bias",
+        )
+    ]
 
 
 class _Dims(ctypes.Structure):
-    _fields_ = [("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
-                ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("eps", ctypes.c_float)]
+    _fields_ = [
+        ("hidden", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("intermediate", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+    ]
 
 
 class FusedLayers:
@@ -353,12 +387,18 @@ class FusedLayers:
     def __init__(self, layers: list[nn.Module], heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
         self._keep = layers  # the weights the structures point into
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        mlp = layers[0].mlp
+        decoder: list[Any] = layers  # their submodules, which torch's stubs type as Tensor | Module
+        mlp = decoder[0].mlp
         self.dims = _Dims(mlp.down_proj.out_features, heads, kv_heads, head_dim, mlp.down_proj.in_features, eps)
         self.structs = (_Layer * len(layers))()
-        for struct, layer in zip(self.structs, layers):
+        for struct, layer in zip(self.structs, decoder):
             attn, mlp = layer.self_attn, layer.mlp
-            for name, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
+            for name, module in (
+                ("qkv", attn.qkv_proj),
+                ("o", attn.o_proj),
+                ("gate_up", mlp.gate_up_proj),
+                ("down", mlp.down_proj),
+            ):
                 setattr(struct, name, module.values.data_ptr())
                 setattr(struct, f"{name}_scales", module.scales.data_ptr())
                 setattr(struct, f"{name}_bias", None if module.bias is None else module.bias.data_ptr())
@@ -373,10 +413,16 @@ class FusedLayers:
         if not layers:
             return None
         eps = {layer.input_layernorm.variance_epsilon for layer in layers} | {
-            layer.post_attention_layernorm.variance_epsilon for layer in layers}
+            layer.post_attention_layernorm.variance_epsilon for layer in layers
+        }
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
-            projections = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
+            projections = [
+                getattr(attn, "qkv_proj", None),
+                attn.o_proj,
+                getattr(mlp, "gate_up_proj", None),
+                mlp.down_proj,
+            ]
             if not all(type(p) is Q8Linear for p in projections):
                 return None
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
@@ -416,9 +462,12 @@ def quantize_q8(model: nn.Module) -> int:
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, Q8Linear(module))
-    for module in list(model.modules()):  # the projections a decoder layer applies to one input, stacked
-        for stacked, names in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
-            parts = [getattr(module, n, None) for n in names]
-            if all(isinstance(p, Q8Linear) for p in parts) and not hasattr(module, stacked):
-                setattr(module, stacked, Q8Linear.stacked(parts))
+    for owner in list(model.modules()):  # the projections a decoder layer applies to one input, stacked
+        for stacked, names in (
+            ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            ("gate_up_proj", ("gate_proj", "up_proj")),
+        ):
+            parts = [getattr(owner, n, None) for n in names]
+            if all(isinstance(p, Q8Linear) for p in parts) and not hasattr(owner, stacked):
+                setattr(owner, stacked, Q8Linear.stacked(cast(list[Q8Linear], parts)))
     return len(targets)

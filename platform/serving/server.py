@@ -89,9 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     except OpenServerRefused as exc:
         raise SystemExit(f"error: {exc}") from None
     catalog = TierCatalog.load(args.tiers_file) if args.tiers_file else TierCatalog()
-    config = EngineConfig(model_path=args.model, served_model_name=args.served_model_name,
-                          tier=catalog.get(args.tier), max_model_len=args.max_model_len,
-                          max_images_per_prompt=args.max_images_per_prompt)
+    config = EngineConfig(
+        model_path=args.model,
+        served_model_name=args.served_model_name,
+        tier=catalog.get(args.tier),
+        max_model_len=args.max_model_len,
+        max_images_per_prompt=args.max_images_per_prompt,
+    )
     try:
         engine = EmbeddedEngine(config).start()
     except (ModelDirError, ValueError) as exc:  # a bad directory; weights this host cannot serve (q8_0)
@@ -102,4 +106,3 @@ def main(argv: list[str] | None = None) -> None:
                     lifespan="off")  # fmt: skip
     finally:
         engine.stop()
-

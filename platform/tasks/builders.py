@@ -261,9 +261,13 @@ def table_lookup_questions(page: Page, tables: Sequence[CleanTable], page_norm: 
                     continue
                 out.append(
                     Question(
-                        kind="table_lookup", page=page, key=f"t{table.index}-r{row[0].text}-c{c}",
+                        kind="table_lookup",
+                        page=page,
+                        key=f"t{table.index}-r{row[0].text}-c{c}",
                         question=f'In {where}, what is the value in row "{row[0].text}", column "{header[c].text}"?',
-                        answer=cell.text, bbox=cell.bbox or table.bbox, evidence=evidence,
+                        answer=cell.text,
+                        bbox=cell.bbox or table.bbox,
+                        evidence=evidence,
                         extra={"table": table.index, "row": row[0].text, "column": header[c].text},
                     )  # fmt: skip
                 )
@@ -311,7 +315,11 @@ def key_value_pairs(page: Page, tables: Sequence[CleanTable]) -> list[tuple[str,
 
 
 def field_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) -> list[Question]:
-    pairs = [p for p in key_value_pairs(page, tables) if _on_page(p[1], page_norm) or len(normalize_whitespace(p[1])) < MIN_EVIDENCE_CHARS]
+    pairs = [
+        p
+        for p in key_value_pairs(page, tables)
+        if _on_page(p[1], page_norm) or len(normalize_whitespace(p[1])) < MIN_EVIDENCE_CHARS
+    ]
     out: list[Question] = []
     for start in range(0, len(pairs), MAX_FIELDS_PER_TASK):
         group = pairs[start : start + MAX_FIELDS_PER_TASK]
@@ -320,9 +328,13 @@ def field_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) ->
         keys = ", ".join(json.dumps(k, ensure_ascii=False) for k, _, _ in group)
         out.append(
             Question(
-                kind="field_extraction", page=page, key=f"f{start}",
-                question=(f"From page {_page_label(page)}, extract these fields as one JSON object with exactly "
-                          f"these keys: {keys}. Copy each value verbatim from the page."),
+                kind="field_extraction",
+                page=page,
+                key=f"f{start}",
+                question=(
+                    f"From page {_page_label(page)}, extract these fields as one JSON object with exactly "
+                    f"these keys: {keys}. Copy each value verbatim from the page."
+                ),
                 answer={k: v for k, v, _ in group},
                 bbox=union(b for _, _, b in group) or (0.0, 0.0, page.width, page.height),
             )  # fmt: skip
@@ -371,9 +383,14 @@ def span_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) -> 
                 masked = _masked(sentence, term)
                 out.append(
                     Question(
-                        kind="span_recovery", page=page, key=f"s{block.get('order', 0)}-{n}-{term}",
+                        kind="span_recovery",
+                        page=page,
+                        key=f"s{block.get('order', 0)}-{n}-{term}",
                         question=_span_question(_page_label(page), masked),
-                        answer=term, bbox=box, evidence=sentence, extra={"masked": masked},
+                        answer=term,
+                        bbox=box,
+                        evidence=sentence,
+                        extra={"masked": masked},
                     )  # fmt: skip
                 )
     return out
@@ -384,7 +401,9 @@ def _masked(sentence: str, term: str) -> str:
 
 
 def _span_question(label: int, masked: str) -> str:
-    return f"On page {label} this sentence appears with one term masked as {MASK}:\n\"{masked}\"\nWhat is the masked term?"
+    return (
+        f'On page {label} this sentence appears with one term masked as {MASK}:\n"{masked}"\nWhat is the masked term?'
+    )
 
 
 # --- packaging --------------------------------------------------------------------------------
@@ -432,8 +451,10 @@ def span_recovery_example(filename: str, page: int, excerpt: str, sentence: str,
     if sentence not in excerpt or term not in _terms(sentence):
         raise ValueError(f"a span-recovery example needs {sentence!r} in its excerpt and {term!r} one of its terms")
     question = _span_question(page, _masked(sentence, term))
-    return (_text_prompt(f"Document: {filename}, page {page} (an excerpt).", excerpt, question, DOC_QA_FORMAT),
-            _doc_qa_reply(term, sentence, page))
+    return (
+        _text_prompt(f"Document: {filename}, page {page} (an excerpt).", excerpt, question, DOC_QA_FORMAT),
+        _doc_qa_reply(term, sentence, page),
+    )
 
 
 def _base_id(q: Question, document: Document) -> str:
@@ -526,25 +547,48 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
         metadata["passage_chars"] = len(excerpt)
     text_prompt = _text_prompt(text_head, body, q.question, fmt)
     specs = [
-        TaskSpec(domain=DOMAINS[q.kind], prompt=text_prompt, verifier=verifier, reference=reference, split=split,  # type: ignore[arg-type]
-                 task_id=base_id, metadata={**metadata, "modality": "text"}, provenance=provenance)  # fmt: skip
+        TaskSpec(
+            domain=DOMAINS[q.kind],
+            prompt=text_prompt,
+            verifier=verifier,
+            reference=reference,
+            split=split,
+            task_id=base_id,
+            metadata={**metadata, "modality": "text"},
+            provenance=provenance,
+        )  # fmt: skip
     ]
     encoded = images.get(q.page) if images is not None else None
     if encoded is not None:
-        content = [encoded.message_part, {"type": "text", "text": f"{head} The page image is above.\n\n{q.question}\n\n{fmt}"}]
+        content = [
+            encoded.message_part,
+            {"type": "text", "text": f"{head} The page image is above.\n\n{q.question}\n\n{fmt}"},
+        ]
         specs.append(
             TaskSpec(
-                domain=DOMAINS[q.kind] + VISION_SUFFIX, prompt=[{"role": "user", "content": content}],  # type: ignore[list-item]
-                verifier=verifier, reference=reference, split=split, task_id=base_id + "-vision",  # type: ignore[arg-type]
-                metadata={**metadata, "modality": "vision", "visual_tokens": encoded.visual_tokens,
-                          "image_size": [encoded.width, encoded.height]},
+                domain=DOMAINS[q.kind] + VISION_SUFFIX,
+                prompt=[{"role": "user", "content": content}],
+                verifier=verifier,
+                reference=reference,
+                split=split,
+                task_id=base_id + "-vision",
+                metadata={
+                    **metadata,
+                    "modality": "vision",
+                    "visual_tokens": encoded.visual_tokens,
+                    "image_size": [encoded.width, encoded.height],
+                },
                 provenance=provenance,
             )  # fmt: skip
         )
     return specs
 
 
-_GENERATORS = {"table_lookup": table_lookup_questions, "field_extraction": field_questions, "span_recovery": span_questions}
+_GENERATORS = {
+    "table_lookup": table_lookup_questions,
+    "field_extraction": field_questions,
+    "span_recovery": span_questions,
+}
 
 
 def questions_for_pages(pages: Sequence[Page], kinds: Sequence[str] = KINDS) -> dict[str, list[Question]]:

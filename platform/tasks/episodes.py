@@ -64,7 +64,7 @@ def episode_messages(messages: list[dict[str, Any]], schemas: Sequence[dict[str,
 def lay_out(task: TaskSpec, sandbox: Sandbox) -> None:
     """Write a project task's files into the sandbox (nothing for a task without files)."""
     files = task.metadata.get("files")
-    for path, text in (files.items() if isinstance(files, dict) else ()):
+    for path, text in files.items() if isinstance(files, dict) else ():
         result = sandbox.write_file(str(path), str(text))
         if not result.ok:
             raise RuntimeError(f"could not lay out {path} in the sandbox: {result.to_message_content()}")
@@ -105,8 +105,13 @@ def grade_project(task: TaskSpec, sandbox: Sandbox, service: VerifierService) ->
         return None, Verdict.infra(problem)
     final = sandbox.read_file(MODULE)
     if final.is_infrastructure_failure:
-        return None, Verdict.infra(f"could not read {MODULE} back from the episode's sandbox: {final.to_message_content()}")
+        return None, Verdict.infra(
+            f"could not read {MODULE} back from the episode's sandbox: {final.to_message_content()}"
+        )
     if final.status is not CallStatus.OK or not isinstance(final.value, str):
-        return None, Verdict(score=0.0, passed=False, details=f"{MODULE} is gone or unreadable after the episode: "
-                                                              f"{final.to_message_content()[:200]}")
+        return None, Verdict(
+            score=0.0,
+            passed=False,
+            details=f"{MODULE} is gone or unreadable after the episode: {final.to_message_content()[:200]}",
+        )
     return final.value, service.verify(as_file(task), final.value)

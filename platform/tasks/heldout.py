@@ -55,8 +55,10 @@ class HeldOutCheck:
     def describe(self) -> str:
         if self.ok:
             return f"all {self.eval_tasks} eval tasks are unseen in training"
-        return (f"{self.eval_tasks - self.unseen} of {self.eval_tasks} eval tasks were trained on "
-                f"(e.g. {'; '.join(repr(p) for p in self.seen_examples)})")
+        return (
+            f"{self.eval_tasks - self.unseen} of {self.eval_tasks} eval tasks were trained on "
+            f"(e.g. {'; '.join(repr(p) for p in self.seen_examples)})"
+        )
 
 
 def check_held_out(train: Iterable[TaskSpec], eval_tasks: Iterable[TaskSpec]) -> HeldOutCheck:

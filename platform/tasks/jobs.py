@@ -72,9 +72,14 @@ class DocumentsSource(BaseModel):
     vision: bool = Field(default=False, description="also ask each question over the page image (domain <base>.vision)")
     max_per_document: int = Field(default=50, ge=1, le=100_000, description="questions per document")
     eval_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
-    passage_chars: int | None = Field(default=None, ge=200, le=100_000, description="put only the passage around each "
-                                      "question's evidence (about this many characters) in the prompt instead of the "
-                                      "whole page (None: the page)")
+    passage_chars: int | None = Field(
+        default=None,
+        ge=200,
+        le=100_000,
+        description="put only the passage around each "
+        "question's evidence (about this many characters) in the prompt instead of the "
+        "whole page (None: the page)",
+    )
     seed: int = 0
 
 
@@ -101,7 +106,9 @@ def procedural_specs(src: ProceduralSource) -> list[TaskSpec]:
             specs += generate(name, src.per_domain, seed=src.seed, difficulty=src.difficulty, split="train")
             # a domain too small to hold out an eval split gets none (``run`` names them)
             if src.eval_per_domain and prompt_space(name, src.difficulty).has_held_out_split:
-                specs += generate(name, src.eval_per_domain, seed=src.seed + 1_000_003, difficulty=src.difficulty, split="eval")
+                specs += generate(
+                    name, src.eval_per_domain, seed=src.seed + 1_000_003, difficulty=src.difficulty, split="eval"
+                )
         except UnknownDomainError as exc:
             raise BadInput(str(exc)) from None
     return specs
@@ -162,9 +169,13 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
     if isinstance(config.source, (JsonlSource, HumanEvalSource)):  # imported code tasks, checked by the importers
         result.update(mutation_report(specs))
     if result.get("tests_forgeable_by_mutation"):
-        ctx.log.warning("%d test(s) of %d code task(s) read an argument again after passing it to the program, so code "
-                        "that rewrites it in place can pass them: %s", result["tests_forgeable_by_mutation"],
-                        result["tasks_with_tests_forgeable_by_mutation"], "; ".join(result["forgeable_by_mutation"][:5]))
+        ctx.log.warning(
+            "%d test(s) of %d code task(s) read an argument again after passing it to the program, so code "
+            "that rewrites it in place can pass them: %s",
+            result["tests_forgeable_by_mutation"],
+            result["tasks_with_tests_forgeable_by_mutation"],
+            "; ".join(result["forgeable_by_mutation"][:5]),
+        )
     return result
 
 

@@ -42,8 +42,10 @@ class ToolStep(BaseModel):
 
     def messages(self) -> list[ChatMessage]:
         call = json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False)
-        return [ChatMessage(role="assistant", content=f"<tool_call>{call}</tool_call>"),
-                ChatMessage(role="tool", content=self.result)]
+        return [
+            ChatMessage(role="assistant", content=f"<tool_call>{call}</tool_call>"),
+            ChatMessage(role="tool", content=self.result),
+        ]
 
 
 class WorkedExample(BaseModel):
@@ -53,11 +55,16 @@ class WorkedExample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     user: str = Field(min_length=1)
     assistant: str = Field(min_length=1, description="the final answer")
-    tools: list[ToolStep] = Field(default_factory=list, description="tool calls before the answer, each with its result")
+    tools: list[ToolStep] = Field(
+        default_factory=list, description="tool calls before the answer, each with its result"
+    )
 
     def messages(self) -> list[ChatMessage]:
-        return [ChatMessage(role="user", content=self.user), *(m for step in self.tools for m in step.messages()),
-                ChatMessage(role="assistant", content=self.assistant)]
+        return [
+            ChatMessage(role="user", content=self.user),
+            *(m for step in self.tools for m in step.messages()),
+            ChatMessage(role="assistant", content=self.assistant),
+        ]
 
 
 class PromptFormat(BaseModel):
@@ -68,11 +75,15 @@ class PromptFormat(BaseModel):
     instruction: str | None = Field(default=None, description="appended to the task's last user message, on a new line")
     examples: list[WorkedExample] = Field(default_factory=list, description="worked examples as earlier chat turns")
     answer: Literal["as_task", "boxed"] = Field(
-        default="as_task", description="as_task: the task's verifier reads the answer as it always does; boxed: only the "
-        "last \\boxed{...} of the completion is read (numeric and exact verifiers), no box scores 0")
+        default="as_task",
+        description="as_task: the task's verifier reads the answer as it always does; boxed: only the "
+        "last \\boxed{...} of the completion is read (numeric and exact verifiers), no box scores 0",
+    )
     domains: dict[str, PromptFormat] = Field(
-        default_factory=dict, description="a format of its own for some domains: a key is a domain's name, or the start "
-        "of names when it ends with a dot (json.: every json.* domain); the longest match wins, the rest are put this way")
+        default_factory=dict,
+        description="a format of its own for some domains: a key is a domain's name, or the start "
+        "of names when it ends with a dot (json.: every json.* domain); the longest match wins, the rest are put this way",
+    )
 
     @field_validator("domains")
     @classmethod
@@ -102,9 +113,11 @@ class PromptFormat(BaseModel):
         update: dict[str, object] = {"prompt": [*system, *shots, *(m for m in prompt if m.role != "system")]}
         if self.answer == "boxed":
             if task.verifier.kind not in EXTRACTING_KINDS:
-                raise ValueError(f"prompt_format answer 'boxed' reads the answer from \\boxed{{}} with a "
-                                 f"{' or '.join(EXTRACTING_KINDS)} verifier; domain {task.domain!r} uses "
-                                 f"{task.verifier.kind!r}: give it a format of its own with answer: as_task (the format's domains)")
+                raise ValueError(
+                    f"prompt_format answer 'boxed' reads the answer from \\boxed{{}} with a "
+                    f"{' or '.join(EXTRACTING_KINDS)} verifier; domain {task.domain!r} uses "
+                    f"{task.verifier.kind!r}: give it a format of its own with answer: as_task (the format's domains)"
+                )
             spec = dict(task.verifier.spec) | {"extract": "boxed_only"}
             update["verifier"] = task.verifier.model_copy(update={"spec": spec})
             if task.reference is not None and "\\boxed{" not in task.reference:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy import case, func, update
 from sqlmodel import col, select
@@ -47,7 +48,7 @@ class DomainStats:
         return self.passes / self.attempts if self.attempts else None
 
 
-def _domain_row(s, name: str, cache: dict[str, Domain]) -> Domain:  # type: ignore[no-untyped-def]
+def _domain_row(s, name: str, cache: dict[str, Domain]) -> Domain:
     if name in cache:
         return cache[name]
     row = s.exec(select(Domain).where(Domain.name == name)).first()
@@ -73,9 +74,11 @@ def save_tasks(
             ts = TaskSet(name=task_set, source=source, description=description)
             s.add(ts)
             s.flush()
+        assert ts.id is not None  # given by the flush
         domains: dict[str, Domain] = {}
         for spec in specs:
             domain = _domain_row(s, spec.domain, domains)
+            assert domain.id is not None  # given by the flush
             s.add(
                 Task(
                     task_set_id=ts.id,
@@ -88,7 +91,6 @@ def save_tasks(
                     provenance={**spec.provenance, "task_id": spec.task_id, "metadata": spec.metadata},
                 )
             )
-        assert ts.id is not None
         return ts.id
 
 
@@ -131,7 +133,8 @@ def load_tasks(
         if limit is not None:
             stmt = stmt.limit(limit)
         rows = s.exec(stmt).all()
-    return [StoredTask(t.id, ts, _to_spec(t, d), t.attempts, t.passes) for t, d, ts in rows]  # type: ignore[arg-type]
+    # stored tasks: their ids are set
+    return [StoredTask(cast(int, t.id), ts, _to_spec(t, d), t.attempts, t.passes) for t, d, ts in rows]
 
 
 def get_task(task_id: int, *, url: str | None = None) -> StoredTask:
@@ -145,7 +148,8 @@ def get_task(task_id: int, *, url: str | None = None) -> StoredTask:
     if row is None:
         raise LookupError(f"no task with id {task_id}")
     t, d, ts = row
-    return StoredTask(t.id, ts, _to_spec(t, d), t.attempts, t.passes)  # type: ignore[arg-type]
+    assert t.id is not None  # a stored task
+    return StoredTask(t.id, ts, _to_spec(t, d), t.attempts, t.passes)
 
 
 @action("task.verify", Role.operator)
@@ -183,10 +187,10 @@ def task_sets(*, url: str | None = None) -> list[tuple[TaskSet, int]]:
 def domain_stats(*, task_set: str | None = None, url: str | None = None) -> list[DomainStats]:
     with session(url, read_only=True) as s:
         stmt = (
-            select(
+            select(  # type: ignore[call-overload]  # sqlmodel's overloads stop at four columns
                 Domain,
                 func.count(col(Task.id)),
-                func.sum(case((Task.split == Split.train, 1), else_=0)),
+                func.sum(case((col(Task.split) == Split.train, 1), else_=0)),
                 func.coalesce(func.sum(Task.attempts), 0),
                 func.coalesce(func.sum(Task.passes), 0),
             )
@@ -198,6 +202,8 @@ def domain_stats(*, task_set: str | None = None, url: str | None = None) -> list
             stmt = stmt.join(TaskSet, col(TaskSet.id) == col(Task.task_set_id)).where(TaskSet.name == task_set)
         rows = s.exec(stmt).all()
     return [
-        DomainStats(d.name, d.family, d.weight, d.priority, int(n), int(train or 0), int(n) - int(train or 0), int(a), int(p))
+        DomainStats(
+            d.name, d.family, d.weight, d.priority, int(n), int(train or 0), int(n) - int(train or 0), int(a), int(p)
+        )
         for d, n, train, a, p in rows
     ]

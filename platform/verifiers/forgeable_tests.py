@@ -70,12 +70,20 @@ class ForgeableTest:
 
     @property
     def reason(self) -> str:
-        callee = f"`{self.callee}`" + (f" (the entry point `{self.entry_point}`)" if self.entry_point and self.entry_point != self.callee else "")
+        callee = f"`{self.callee}`" + (
+            f" (the entry point `{self.entry_point}`)" if self.entry_point and self.entry_point != self.callee else ""
+        )
         again = f" (as `{self.read_as}`)" if self.read_as else ""
         return f"passes `{self.argument}` to {callee} and reads it again{again}: code that rewrites `{self.argument}` in place can pass"
 
     def to_json(self) -> dict[str, Any]:
-        return {"test": self.test, "code": self.code, "argument": self.argument, "callee": self.callee, "reason": self.reason}
+        return {
+            "test": self.test,
+            "code": self.code,
+            "argument": self.argument,
+            "callee": self.callee,
+            "reason": self.reason,
+        }
 
 
 # --------------------------------------------------------------------------- what a value is
@@ -102,7 +110,11 @@ def _join(a: _Val | None, b: _Val | None) -> _Val | None:
     """A value that is either ``a`` or ``b``."""
     if a is None or b is None:
         return a if b is None else b
-    parts = tuple(_join(x, y) or UNKNOWN for x, y in zip(a.parts, b.parts)) if a.parts and b.parts and len(a.parts) == len(b.parts) else None
+    parts = (
+        tuple(_join(x, y) or UNKNOWN for x, y in zip(a.parts, b.parts))
+        if a.parts and b.parts and len(a.parts) == len(b.parts)
+        else None
+    )
     return _Val(a.kind if a.kind == b.kind else None, _join(a.items, b.items), parts)
 
 
@@ -211,7 +223,10 @@ class _Walker:
             left, right = self.value(node.left), self.value(node.right)
             for kind in ("list", "tuple"):  # xs + ys, [0] * n
                 if kind in (left.kind, right.kind) and isinstance(node.op, (ast.Add, ast.Mult)):
-                    return _Val(kind, _join(left.items if left.kind == kind else None, right.items if right.kind == kind else None))
+                    return _Val(
+                        kind,
+                        _join(left.items if left.kind == kind else None, right.items if right.kind == kind else None),
+                    )
             return IMMUTABLE if left.kind == right.kind == "immutable" else UNKNOWN
         if isinstance(node, ast.BoolOp):
             return _join_all(self.value(v) for v in node.values) or UNKNOWN
@@ -244,7 +259,9 @@ class _Walker:
         elif isinstance(target, (ast.Tuple, ast.List)):
             parts = value.parts if value.parts and len(value.parts) == len(target.elts) else None
             for i, elt in enumerate(target.elts):
-                self.bind_name_tree(elt.value if isinstance(elt, ast.Starred) else elt, parts[i] if parts else (value.items or UNKNOWN))
+                self.bind_name_tree(
+                    elt.value if isinstance(elt, ast.Starred) else elt, parts[i] if parts else (value.items or UNKNOWN)
+                )
 
     def _call_value(self, node: ast.Call) -> _Val:
         name = _call_name(node.func)
@@ -468,13 +485,17 @@ def _target_names(generators: list[ast.comprehension]) -> Iterator[str]:
 # --------------------------------------------------------------------------- tests as the verifier counts them
 
 
-def forgeable_tests(tests: str, test_call: str | None = None, *, entry_point: str | None = None, prelude: str = "") -> list[ForgeableTest]:
+def forgeable_tests(
+    tests: str, test_call: str | None = None, *, entry_point: str | None = None, prelude: str = ""
+) -> list[ForgeableTest]:
     """The tests of a code task (its spec's ``tests``, ``test_call``, ``entry_point`` and ``prelude``) that the
     program can pass by rewriting an argument in place, numbered and labelled as the verifier counts them."""
     return _analyse(tests, test_call, entry_point, prelude)[0]
 
 
-def _analyse(tests: str, test_call: str | None, entry_point: str | None, prelude: str) -> tuple[list[ForgeableTest], list[str]]:
+def _analyse(
+    tests: str, test_call: str | None, entry_point: str | None, prelude: str
+) -> tuple[list[ForgeableTest], list[str]]:
     """The flagged tests, and the label of every test in the order the check counted them (the verifier's own
     labels, in its order: a test says so)."""
     program_names = build_plan(tests, test_call, prelude, entry_point).program_names
@@ -488,7 +509,9 @@ def _analyse(tests: str, test_call: str | None, entry_point: str | None, prelude
     flagged: list[ForgeableTest] = []
     labels: list[str] = []
 
-    def walk(statements: list[ast.stmt], label: str | None, enter: ast.FunctionDef | ast.AsyncFunctionDef | None = None) -> None:
+    def walk(
+        statements: list[ast.stmt], label: str | None, enter: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    ) -> None:
         """Run ``statements`` (a counted test when ``label`` is given), then ``enter``'s body as they call it."""
         walker.in_test, walker.found = label is not None, {}
         walker.run(statements)
@@ -498,8 +521,10 @@ def _analyse(tests: str, test_call: str | None, entry_point: str | None, prelude
             walker.run(enter.body)
             walker.scope = outer
         if label is not None:
-            flagged.extend(ForgeableTest(len(labels), label, arg, callee, entry_point, read_as)
-                           for (arg, callee), read_as in walker.found.items())
+            flagged.extend(
+                ForgeableTest(len(labels), label, arg, callee, entry_point, read_as)
+                for (arg, callee), read_as in walker.found.items()
+            )
             labels.append(label)
         walker.in_test = False
 
@@ -531,7 +556,9 @@ def _enter(walker: _Walker, function: ast.FunctionDef | ast.AsyncFunctionDef, ca
         walker.bind_name(function.args.vararg.arg)
     if function.args.kwarg:
         walker.bind_name(function.args.kwarg.arg)
-    passed = list(zip(params, call.args)) + [(p, k.value) for k in call.keywords for p in [*params, *function.args.kwonlyargs] if p.arg == k.arg]
+    passed = list(zip(params, call.args)) + [
+        (p, k.value) for k in call.keywords for p in [*params, *function.args.kwonlyargs] if p.arg == k.arg
+    ]
     for param, arg in passed:
         if isinstance(arg, ast.Name) and arg.id in walker.callees:
             walker.callees = walker.callees | {param.arg}
@@ -587,5 +614,6 @@ def mutation_report(tasks: Sequence[TaskSpec]) -> dict[str, Any]:
     }
     if lines:
         report["forgeable_by_mutation"] = lines[:MAX_REPORTED] + (
-            [f"... and {len(lines) - MAX_REPORTED} more"] if len(lines) > MAX_REPORTED else [])
+            [f"... and {len(lines) - MAX_REPORTED} more"] if len(lines) > MAX_REPORTED else []
+        )
     return report

@@ -24,7 +24,6 @@ class ChatMessage(BaseModel):
         description="text, or OpenAI-style content parts (text and image_url) for vision-language prompts"
     )
 
-
     @property
     def text(self) -> str:
         """The message's text, with image parts left out."""

@@ -75,7 +75,9 @@ def _worker_main(conn: Connection, memory_limit_bytes: int | None) -> None:
         try:
             verdict = check(spec, completion, task)
             if not isinstance(verdict, Verdict):
-                verdict = Verdict.infra(f"check {getattr(check, '__name__', check)!r} returned {type(verdict).__name__}, not a Verdict")
+                verdict = Verdict.infra(
+                    f"check {getattr(check, '__name__', check)!r} returned {type(verdict).__name__}, not a Verdict"
+                )
         except MemoryError:
             verdict = Verdict.infra("the check ran out of memory in its worker")
         except BaseException as exc:  # noqa: BLE001 - a failing check is reported, not propagated
@@ -150,7 +152,9 @@ class ProcessPool:
         self._live: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._threads = ThreadPoolExecutor(max_workers=config.thread_checks, thread_name_prefix="posttrain-verify-thread")
+        self._threads = ThreadPoolExecutor(
+            max_workers=config.thread_checks, thread_name_prefix="posttrain-verify-thread"
+        )
 
     def _start_worker(self) -> _Worker:
         worker = _Worker(self._context, self.config.memory_limit_bytes)
@@ -195,7 +199,9 @@ class ProcessPool:
         try:
             verdict = future.result(timeout=timeout_s)
         except FutureTimeout:
-            return Verdict.infra(f"the check did not finish within {timeout_s:g} s (it runs in a thread and is left to end itself)")
+            return Verdict.infra(
+                f"the check did not finish within {timeout_s:g} s (it runs in a thread and is left to end itself)"
+            )
         except Exception as exc:  # noqa: BLE001
             return Verdict.infra(f"the check raised {_describe_exception(exc)}")
         if not isinstance(verdict, Verdict):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -102,9 +103,7 @@ def register_verifier(kind: VerifierKind, *, replace: bool = False) -> None:
     with _lock:
         existing = _kinds.get(kind.name)
         if existing is not None and not replace and not existing.placeholder:
-            raise ValueError(
-                f"verifier kind '{kind.name}' is already registered; pass replace=True to replace it"
-            )
+            raise ValueError(f"verifier kind '{kind.name}' is already registered; pass replace=True to replace it")
         _kinds[kind.name] = kind
 
 
@@ -140,9 +139,7 @@ def validate_spec(kind: str, spec: dict[str, Any] | BaseModel) -> BaseSpec:
     if isinstance(spec, BaseModel):
         spec = spec.model_dump(by_alias=True)
     if not isinstance(spec, dict):
-        raise VerifierSpecError.from_validation_error(
-            kind, _not_a_mapping(verifier.spec_model, spec)
-        )
+        raise VerifierSpecError.from_validation_error(kind, _not_a_mapping(verifier.spec_model, spec))
     try:
         return verifier.spec_model.model_validate(spec)
     except ValidationError as error:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from typing import cast
 
 from posttrain.platform.sandbox import SandboxPool, make_pool
 
@@ -32,7 +33,8 @@ def shared_pool() -> SandboxPool:
             from posttrain.platform.settings import get_settings
 
             settings = get_settings()
-            _pool = make_pool(settings.sandbox, settings.data_dir, settings.ray_address)  # type: ignore[assignment]
+            # a RaySandboxPool has SandboxPool's interface
+            _pool = cast(SandboxPool, make_pool(settings.sandbox, settings.data_dir, settings.ray_address))
             _owned = True
             if not _atexit_registered:
                 atexit.register(close_shared_pool)

@@ -27,7 +27,9 @@ _NO_CONTEXT = VerifyContext()
 class VerifierService:
     """Runs verifications on a pool of worker processes. Use as a context manager or call close()."""
 
-    def __init__(self, config: PoolConfig | None = None, *, max_completion_chars: int = DEFAULT_MAX_COMPLETION_CHARS) -> None:
+    def __init__(
+        self, config: PoolConfig | None = None, *, max_completion_chars: int = DEFAULT_MAX_COMPLETION_CHARS
+    ) -> None:
         self.config = config or PoolConfig()
         self.max_completion_chars = max_completion_chars
         self._pool = ProcessPool(self.config)
@@ -105,7 +107,9 @@ class VerifierService:
         # loop's thread, while the first checks already compete for the GIL, kept it silent most of a second
         return await asyncio.to_thread(self.verify_batch, tasks, completions, context=context, timeout_s=timeout_s)
 
-    def _prepare_batch(self, tasks: Sequence[TaskSpec], completions: Sequence[str]) -> list[tuple[VerifierKind, BaseSpec]]:
+    def _prepare_batch(
+        self, tasks: Sequence[TaskSpec], completions: Sequence[str]
+    ) -> list[tuple[VerifierKind, BaseSpec]]:
         if len(tasks) != len(completions):
             raise ValueError(f"got {len(tasks)} tasks but {len(completions)} completions; pass one completion per task")
         prepared = []
@@ -176,22 +180,34 @@ def default_service() -> VerifierService:
         return _default
 
 
-def verify(task: TaskSpec, completion: str, *, context: VerifyContext | None = None, timeout_s: float | None = None) -> Verdict:
+def verify(
+    task: TaskSpec, completion: str, *, context: VerifyContext | None = None, timeout_s: float | None = None
+) -> Verdict:
     """Check ``completion`` against ``task`` on the default service."""
     return default_service().verify(task, completion, context=context, timeout_s=timeout_s)
 
 
 def verify_batch(
-    tasks: Sequence[TaskSpec], completions: Sequence[str], *, context: VerifyContext | None = None, timeout_s: float | None = None
+    tasks: Sequence[TaskSpec],
+    completions: Sequence[str],
+    *,
+    context: VerifyContext | None = None,
+    timeout_s: float | None = None,
 ) -> list[Verdict]:
     return default_service().verify_batch(tasks, completions, context=context, timeout_s=timeout_s)
 
 
-async def averify(task: TaskSpec, completion: str, *, context: VerifyContext | None = None, timeout_s: float | None = None) -> Verdict:
+async def averify(
+    task: TaskSpec, completion: str, *, context: VerifyContext | None = None, timeout_s: float | None = None
+) -> Verdict:
     return await default_service().averify(task, completion, context=context, timeout_s=timeout_s)
 
 
 async def averify_batch(
-    tasks: Sequence[TaskSpec], completions: Sequence[str], *, context: VerifyContext | None = None, timeout_s: float | None = None
+    tasks: Sequence[TaskSpec],
+    completions: Sequence[str],
+    *,
+    context: VerifyContext | None = None,
+    timeout_s: float | None = None,
 ) -> list[Verdict]:
     return await default_service().averify_batch(tasks, completions, context=context, timeout_s=timeout_s)

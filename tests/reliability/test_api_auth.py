@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from conftest import ADMIN, OPERATOR, Reliability
+from test_api_keys import CHAT, deployed, gateway_process, tiny_dir  # noqa: F401 - tiny_dir is a fixture
+
 from posttrain.platform.api_keys import create_key, revoke_key, shown
 from posttrain.platform.models.registry import register_model
-from test_api_keys import CHAT, deployed, gateway_process, tiny_dir  # noqa: F401 - tiny_dir is a fixture
 
 CATEGORY = "api_auth"
 
@@ -30,11 +30,14 @@ def test_gateway_refuses_every_caller_without_a_valid_key_and_never_logs_one(
     log_path = tmp_path / "gateway.log"
     register_model(OPERATOR, "other", tiny_dir)  # a model some key is limited to
     with deployed(tiny_dir), gateway_process(platform_env, log_path) as base:
+
         def client(key: str) -> openai.OpenAI:
             return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60)
 
         # Before any key exists a loopback gateway serves everyone (as the console does before its admin).
-        assert client("unused").chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).usage.completion_tokens
+        assert (
+            client("unused").chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).usage.completion_tokens
+        )
         good, scoped, gone = (create_key(ADMIN, "good"), create_key(ADMIN, "scoped", ["other"]),
                               create_key(ADMIN, "gone", ["tiny"]))  # fmt: skip
         revoke_key(ADMIN, gone.key.key_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from conftest import OPERATOR, Reliability
 from test_jobs import job_count
+
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, parse_config_text
 
@@ -32,13 +33,28 @@ def _path_cases(data: Path, outside: Path) -> list[tuple[str, dict, str]]:
     (data / "runs" / "deep").symlink_to("/etc")
     sft = {"preset": "cpu-demo", "model": "tiny"}
     paths = [
-        "/etc", "/", "/root/.ssh", str(outside / "run"),  # absolute, outside
-        "../elsewhere", "runs/../../elsewhere", "runs/a/../../../../etc", "../" * 64 + "etc", "./../x",  # .. escapes
-        f"{data}/../escape", f"{data}/runs/../../escape",  # absolute, starting inside then leaving
-        "innocent/run", "innocent/", "./innocent", "runs/deep/passwd",  # symlinks inside the data dir pointing out
-        "~", "~/run", "~root/run",  # home directories
-        "/" + "x" * 5000, "/" + "a/" * 3000 + "b",  # very long, outside
-        "//etc/passwd", "/./etc/../etc",  # odd spellings of outside
+        "/etc",
+        "/",
+        "/root/.ssh",
+        str(outside / "run"),  # absolute, outside
+        "../elsewhere",
+        "runs/../../elsewhere",
+        "runs/a/../../../../etc",
+        "../" * 64 + "etc",
+        "./../x",  # .. escapes
+        f"{data}/../escape",
+        f"{data}/runs/../../escape",  # absolute, starting inside then leaving
+        "innocent/run",
+        "innocent/",
+        "./innocent",
+        "runs/deep/passwd",  # symlinks inside the data dir pointing out
+        "~",
+        "~/run",
+        "~root/run",  # home directories
+        "/" + "x" * 5000,
+        "/" + "a/" * 3000 + "b",  # very long, outside
+        "//etc/passwd",
+        "/./etc/../etc",  # odd spellings of outside
     ]
     cases = [("train_sft", {**sft, "output_dir": p}, "output_dir") for p in paths]
     cases += [
@@ -54,9 +70,14 @@ def _path_cases(data: Path, outside: Path) -> list[tuple[str, dict, str]]:
 
 # Strings that are not paths to anywhere outside: refused, or kept inside the data directory.
 ODD = [
-    "file:///etc/passwd", "http://169.254.169.254/latest/meta-data/", "s3://bucket/../../etc",  # URL-ish
-    "runs/a\x00/../../../etc/passwd", "\x00/etc/passwd", "/etc\x00",  # NUL bytes
-    "runs/" + "a" * 300 + "/x", "runs/" + "b/" * 3000 + "c",  # very long, inside
+    "file:///etc/passwd",
+    "http://169.254.169.254/latest/meta-data/",
+    "s3://bucket/../../etc",  # URL-ish
+    "runs/a\x00/../../../etc/passwd",
+    "\x00/etc/passwd",
+    "/etc\x00",  # NUL bytes
+    "runs/" + "a" * 300 + "/x",
+    "runs/" + "b/" * 3000 + "c",  # very long, inside
 ]
 
 
@@ -64,8 +85,9 @@ def _inside(value: str, data: Path) -> bool:
     return Path(value).resolve().is_relative_to(data)
 
 
-def test_hostile_job_paths_are_refused_at_submit(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                                                 reliability: Reliability) -> None:
+def test_hostile_job_paths_are_refused_at_submit(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     data = Path(platform_env["POSTTRAIN_DATA_DIR"])
     data.mkdir(parents=True, exist_ok=True)
     data = data.resolve()
@@ -79,7 +101,10 @@ def test_hostile_job_paths_are_refused_at_submit(platform_env: dict[str, str], d
             job = queue.submit(OPERATOR, kind, config)
             problems.append((kind, field, repr(config), f"accepted as job {job}"))
         except JobConfigError as exc:
-            if re.search(re.escape(field) + ": .* is outside the data directory", str(exc)) and job_count(db_url) == before:
+            if (
+                re.search(re.escape(field) + ": .* is outside the data directory", str(exc))
+                and job_count(db_url) == before
+            ):
                 refused += 1
             else:
                 problems.append((kind, field, str(exc)[:300], job_count(db_url) - before))
@@ -105,8 +130,15 @@ def test_hostile_job_paths_are_refused_at_submit(platform_env: dict[str, str], d
             problems.append(("train_sft", repr(value[:80]), f"stored as {stored[:200]}"))
     valid = queue.submit(OPERATOR, "train_sft", {"preset": "cpu-demo", "model": "tiny", "output_dir": "runs/ok"})
     ok = queue.get_job(valid).config["output_dir"] == str(data / "runs" / "ok")
-    reliability.inputs("job config paths at queue.submit", tried=len(cases) + len(ODD) + 1, refused_cleanly=refused,
-                       accepted=accepted + int(ok), category=CATEGORY, database=db_url.split(":")[0], problems=problems)
+    reliability.inputs(
+        "job config paths at queue.submit",
+        tried=len(cases) + len(ODD) + 1,
+        refused_cleanly=refused,
+        accepted=accepted + int(ok),
+        category=CATEGORY,
+        database=db_url.split(":")[0],
+        problems=problems,
+    )
     assert not problems, problems
     assert refused >= len(cases) and ok
 
@@ -114,7 +146,7 @@ def test_hostile_job_paths_are_refused_at_submit(platform_env: dict[str, str], d
 YAML_CASES = {
     "top-level duplicate": f"preset: cpu-demo\nmax_steps: 5\nmax_steps: {SECRET}\n",
     "nested duplicate": f"optim:\n  lr: 1\n  lr: {SECRET}\n",
-    "duplicate spelled two ways": f"steps: 1\n\"steps\": {SECRET}\n",
+    "duplicate spelled two ways": f'steps: 1\n"steps": {SECRET}\n',
     "duplicate after a merge key": f"base: &b {{lr: 1}}\nopt:\n  <<: *b\n  x: 1\n  x: {SECRET}\n",
     "duplicate in a list item": f"items:\n  - a: 1\n    a: {SECRET}\n",
     "duplicate in flow style": f"{{a: 1, b: {SECRET}, a: 2}}\n",
@@ -156,15 +188,23 @@ def test_hostile_config_texts_are_refused_without_echoing_them(reliability: Reli
     valid_yaml = parse_config_text("preset: cpu-demo\noptim: {lr: 1}\nsteps: 5\n", "run.yaml")
     valid_json = parse_config_text('{"steps": 5, "optim": {"lr": 1}}', "--config", json_only=True)
     accepted = int(valid_yaml == {"preset": "cpu-demo", "optim": {"lr": 1}, "steps": 5}) + int(
-        valid_json == {"steps": 5, "optim": {"lr": 1}})
-    reliability.inputs("job config text (YAML and JSON)", tried=len(cases) + 2, refused_cleanly=refused,
-                       accepted=accepted, category=CATEGORY, problems=problems)
+        valid_json == {"steps": 5, "optim": {"lr": 1}}
+    )
+    reliability.inputs(
+        "job config text (YAML and JSON)",
+        tried=len(cases) + 2,
+        refused_cleanly=refused,
+        accepted=accepted,
+        category=CATEGORY,
+        problems=problems,
+    )
     assert not problems, problems
     assert accepted == 2
 
 
-def test_a_symlinked_data_dir_entry_cannot_redirect_a_running_job(platform_env: dict[str, str], tmp_path: Path,
-                                                                  reliability: Reliability) -> None:
+def test_a_symlinked_data_dir_entry_cannot_redirect_a_running_job(
+    platform_env: dict[str, str], tmp_path: Path, reliability: Reliability
+) -> None:
     """A path accepted at submit and swapped for a symlink to outside before the job starts is
     refused when the stored config is validated again (the worker does this at start)."""
     from posttrain.platform.jobs.registry import validate_config
@@ -191,6 +231,11 @@ def test_a_symlinked_data_dir_entry_cannot_redirect_a_running_job(platform_env: 
                 refused += 1
             else:
                 problems.append((name, str(exc)[:300]))
-    reliability.inputs("job config paths swapped for symlinks after submit", tried=len(names), refused_cleanly=refused,
-                       category=CATEGORY, problems=problems)
+    reliability.inputs(
+        "job config paths swapped for symlinks after submit",
+        tried=len(names),
+        refused_cleanly=refused,
+        category=CATEGORY,
+        problems=problems,
+    )
     assert not problems, problems

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlmodel import select
-
 from conftest import OPERATOR, Reliability, start_worker, stop_worker, wait_deployed, wait_for
 from required_parts import fail_missing
+from sqlmodel import select
+
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Document, Job, JobStatus, Metric, Trajectory
 from posttrain.platform.jobs import queue
@@ -106,7 +106,9 @@ def check_stored(reliability: Reliability, stored: StoredData, url: str, after: 
     for doc_id, (sha, path) in stored.documents.items():
         row = rows.get(doc_id)
         intact = (
-            row is not None and row.sha256 == sha and Path(path).is_file()
+            row is not None
+            and row.sha256 == sha
+            and Path(path).is_file()
             and hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
         )
         lost_documents += not intact
@@ -114,7 +116,9 @@ def check_stored(reliability: Reliability, stored: StoredData, url: str, after: 
     lost_tasks = sum(now.get(task_id) != value for task_id, value in stored.tasks.items())
     reliability.data_lost("documents", lost_documents, stored=len(stored.documents), after=after)
     reliability.data_lost("tasks", lost_tasks, stored=len(stored.tasks), after=after)
-    assert lost_documents == 0 and lost_tasks == 0, f"after {after}: {lost_documents} documents, {lost_tasks} tasks lost"
+    assert lost_documents == 0 and lost_tasks == 0, (
+        f"after {after}: {lost_documents} documents, {lost_tasks} tasks lost"
+    )
 
 
 def running_jobs(url: str) -> list[int]:
@@ -190,7 +194,9 @@ def wait_steps(url: str, job_id: int, at_least: int, timeout: float = 180) -> in
         done = steps_done(url, job_id)
         if done >= at_least:
             return done
-        assert not job.status.finished, f"job {job_id} ended at step {done}, before step {at_least}: {job.status.value} {job.error}"
+        assert not job.status.finished, (
+            f"job {job_id} ended at step {done}, before step {at_least}: {job.status.value} {job.error}"
+        )
         return 0
 
     return wait_for(reached, timeout=timeout, interval=0.1, message=f"job {job_id} to log step {at_least}")
@@ -202,8 +208,10 @@ def live_job(url: str, job_id: int) -> Job:
                         timeout=60, message=f"job {job_id} to run")  # fmt: skip
     except AssertionError as exc:
         job = queue.get_job(job_id, url=url)
-        raise AssertionError(f"{exc}: {job.status.value} attempt {job.attempts} pid {job.pid} error {job.error}\n"
-                             + queue.read_log(job, 40)) from None
+        raise AssertionError(
+            f"{exc}: {job.status.value} attempt {job.attempts} pid {job.pid} error {job.error}\n"
+            + queue.read_log(job, 40)
+        ) from None
 
 
 def gone(pid: int, started: float | None) -> bool:
@@ -396,17 +404,22 @@ def _wait_quietly(predicate, timeout: float) -> bool:  # type: ignore[no-untyped
 
 def _stderr(proc: subprocess.Popen[bytes]) -> str:
     """The end of a stopped process's stderr."""
-    return proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr is not None and proc.poll() is not None else ""
+    return (
+        proc.stderr.read().decode(errors="replace")[-3000:]
+        if proc.stderr is not None and proc.poll() is not None
+        else ""
+    )
 
 
 def restart_postgres() -> float:
     """``pg_ctlcluster 15 main restart -m fast`` and wait until it accepts connections; the outage in seconds."""
     import psycopg
-
     from conftest import _pg_conninfo
 
     started = time.monotonic()
-    subprocess.run(["pg_ctlcluster", "15", "main", "restart", "-m", "fast"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["pg_ctlcluster", "15", "main", "restart", "-m", "fast"], check=True, capture_output=True, timeout=120
+    )
     wait_for(lambda: _pg_accepts(psycopg, _pg_conninfo()), timeout=60, interval=0.2, message="PostgreSQL back")
     return time.monotonic() - started
 
@@ -451,8 +464,10 @@ def test_postgres_restart_under_a_training_job(
     retried_writes = queue.read_log(job, None).count("the database is out of reach")
     reliability.fault("restart postgres", survived=survived, seed=rng.seed_value, at_step=at, outage_s=round(outage, 2),
                       attempts=job.attempts, worker_survived=worker_alive, job_writes_retried=retried_writes)  # fmt: skip
-    assert finished, (f"job {job_id} still {job.status.value} (attempt {job.attempts}) two minutes after the restart;"
-                      f" worker alive: {worker_alive}\n{queue.read_log(job, 30)}\nworker: {_stderr(worker)}")
+    assert finished, (
+        f"job {job_id} still {job.status.value} (attempt {job.attempts}) two minutes after the restart;"
+        f" worker alive: {worker_alive}\n{queue.read_log(job, 30)}\nworker: {_stderr(worker)}"
+    )
     assert worker_alive, "the worker died with the database connection: " + _stderr(worker)
     assert job.status is JobStatus.succeeded, f"{job.error}\n{queue.read_log(job, 40)}"
     assert running_jobs(db_url) == []
@@ -485,7 +500,9 @@ def kill_sandbox_part(pid: int, victim: str) -> list[psutil.Process]:
 
 
 @pytest.mark.requires("bubblewrap")
-def test_sandbox_killed_mid_call_or_idle_fails_cleanly_and_is_replaced(rng: SeededRandom, reliability: Reliability) -> None:
+def test_sandbox_killed_mid_call_or_idle_fails_cleanly_and_is_replaced(
+    rng: SeededRandom, reliability: Reliability
+) -> None:
     """At random moments, SIGKILL the interpreter, the zygote or the whole bubblewrap sandbox, during
     a tool call or while the sandbox waits in the pool. A call in flight ends at once with a clear
     status (never OK, never a hang; INFRA when the sandbox itself died); an idle casualty is never
@@ -637,7 +654,9 @@ def test_serving_engine_killed_under_traffic_is_noticed_and_restarted(
                     time.sleep(0.05)
 
         with gateway:
-            wait_for(lambda: httpx.get(gateway.base_url + "/v1/models").json()["data"], timeout=30, message="gateway routes")
+            wait_for(
+                lambda: httpx.get(gateway.base_url + "/v1/models").json()["data"], timeout=30, message="gateway routes"
+            )
             sender = threading.Thread(target=traffic, daemon=True)
             sender.start()
             wait_for(lambda: any(o[2] == 200 for o in outcomes), timeout=60, message="a first answer")
@@ -707,10 +726,17 @@ def test_console_killed_under_a_running_job(
     stored = store_documents_and_tasks(db_url)
     seed = rng.seed_value
     port = free_port()
-    env = {**os.environ, **platform_env, "POSTTRAIN_CONSOLE_PORT": str(port), "POSTTRAIN_GATEWAY_PORT": str(free_port())}
+    env = {
+        **os.environ,
+        **platform_env,
+        "POSTTRAIN_CONSOLE_PORT": str(port),
+        "POSTTRAIN_GATEWAY_PORT": str(free_port()),
+    }
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "up.log").open("w")
-    up = subprocess.Popen([sys.executable, "-m", "posttrain.platform.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "posttrain.platform.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
     job_id = 0
 
@@ -750,7 +776,9 @@ def test_console_killed_under_a_running_job(
     reliability.fault("kill console", survived=unaffected and came_back and still_up, seed=seed,
                       steps_per_s_before=round(before, 2), steps_per_s_after=round(after, 2),
                       console_back=came_back, up_survived=still_up)  # fmt: skip
-    assert still_up, "`posttrain up` stopped everything when the console died:\n" + (tmp_path / "up.log").read_text()[-2000:]
+    assert still_up, (
+        "`posttrain up` stopped everything when the console died:\n" + (tmp_path / "up.log").read_text()[-2000:]
+    )
     assert finished and end.status is JobStatus.succeeded and end.attempts == 1, (end.status, end.attempts, end.error)
     assert end.pid is None and job.pid is not None
     assert after >= 0.5 * before, f"the job slowed from {before:.1f} to {after:.1f} steps/s after the console died"
@@ -794,7 +822,11 @@ def fill(path: Path) -> Path:
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_disk_full_fails_the_job_clearly_and_loses_nothing(
-    platform_env: dict[str, str], db_url: str, tmp_path: Path, rng: SeededRandom, reliability: Reliability,
+    platform_env: dict[str, str],
+    db_url: str,
+    tmp_path: Path,
+    rng: SeededRandom,
+    reliability: Reliability,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The data directory on a 24 MiB filesystem; a GRPO run checkpoints every step; at a random step
@@ -833,7 +865,9 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
                      and f"free space in {data}" in (job.error or ""))  # fmt: skip
             reliability.fault("disk full", survived=failed and clear and job.attempts == 1, seed=seed, at_step=at,
                               status=job.status.value, cause=job.error_cause, error=(job.error or "")[:300])  # fmt: skip
-            assert failed, f"job {job_id} still {job.status.value} 90 s after the disk filled:\n{queue.read_log(job, 30)}"
+            assert failed, (
+                f"job {job_id} still {job.status.value} 90 s after the disk filled:\n{queue.read_log(job, 30)}"
+            )
             assert clear, (job.status, job.error_cause, job.error)
             assert job.attempts == 1, "a full disk was retried"
             assert running_jobs(db_url) == []
@@ -860,7 +894,9 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
 
             # space freed: the platform works again, and the run continues from its last good checkpoint
             filler.unlink()
-            again = queue.submit(OPERATOR, "train_grpo", grpo_config(steps, output_dir=str(checkpoints_of(job_id).parent)))
+            again = queue.submit(
+                OPERATOR, "train_grpo", grpo_config(steps, output_dir=str(checkpoints_of(job_id).parent))
+            )
             wait_for(lambda: queue.get_job(again).status.finished, timeout=240, message="the resumed run")
         finally:
             stop_worker(worker)
@@ -868,14 +904,18 @@ def test_disk_full_fails_the_job_clearly_and_loses_nothing(
         assert resumed.status is JobStatus.succeeded, resumed.error
         assert resumed.result["resumed_from"] == last_good  # type: ignore[index]
         per_name = metric_steps(db_url, again)
-        assert all(sorted(per_name[name].elements()) == list(range(last_good + 1, steps + 1)) for name in METRIC_NAMES), per_name
+        assert all(
+            sorted(per_name[name].elements()) == list(range(last_good + 1, steps + 1)) for name in METRIC_NAMES
+        ), per_name
         check_stored(reliability, stored, db_url, "freeing the disk")
         get_settings.cache_clear()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_job_that_fails_while_the_disk_is_full_says_so_whatever_its_error(
-    platform_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    platform_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A write on a full disk does not always fail with ENOSPC's text (torch.save says "file write failed", a
     helper process just exits 1), and the job then cannot write its error file or its log either: a job that

@@ -28,22 +28,22 @@ import textwrap
 import time
 import unicodedata
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import pymupdf
 import pytest
+from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from PIL import Image
+from required_parts import require
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
-from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
-from required_parts import require
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Document, DocumentStatus, Job, JobStatus, Role, User
@@ -58,7 +58,9 @@ from posttrain.preprocess.pipeline import inspect_document
 Outcome = Literal["refused", "accepted"]  # what a target reports for one input; anything mishandled fails the test
 
 
-def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], Outcome], seconds: float, *, batch: int = 25) -> Counter[Outcome]:
+def fuzz(
+    strategy: st.SearchStrategy[Any], target: Callable[[Any], Outcome], seconds: float, *, batch: int = 25
+) -> Counter[Outcome]:
     """Feed ``target`` examples of ``strategy`` until ``seconds`` have passed; returns the outcomes it
     reported ("refused" or "accepted"). Each batch is one hypothesis run with its own seed, so a failing
     input is shrunk and reported by hypothesis; the test fails with it."""
@@ -69,8 +71,13 @@ def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], Outcome], sec
     while time.monotonic() < deadline:
 
         @seed(base + run)
-        @settings(max_examples=batch, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=batch,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate, Phase.shrink],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(strategy)
         def one(example: Any) -> None:
             outcomes[target(example)] += 1
@@ -82,8 +89,9 @@ def fuzz(strategy: st.SearchStrategy[Any], target: Callable[[Any], Outcome], sec
 
 def record(reliability: Reliability, surface: str, outcomes: Counter[Outcome], **detail: object) -> None:
     tried = sum(outcomes.values())
-    reliability.inputs(surface, tried=tried, refused_cleanly=outcomes["refused"], accepted=outcomes["accepted"],
-                       **detail)
+    reliability.inputs(
+        surface, tried=tried, refused_cleanly=outcomes["refused"], accepted=outcomes["accepted"], **detail
+    )
     assert tried > 0
 
 
@@ -116,24 +124,60 @@ def active_pdfs(marker: Path) -> dict[str, bytes]:
         out[name] = doc.tobytes()
 
     touch = f"touch {marker}"
-    build("openaction_js", lambda d, p: d.xref_set_key(d.pdf_catalog(), "OpenAction",
-                                                        "<</S/JavaScript/JS(app.alert('pwned'))>>"))
-    build("names_js", lambda d, p: d.xref_set_key(
-        d.pdf_catalog(), "Names", "<</JavaScript <</Names [(x) <</S/JavaScript/JS(this.exportDataObject())>>]>>>>"))
-    build("launch", lambda d, p: d.xref_set_key(
-        d.pdf_catalog(), "OpenAction", f"<</S/Launch/F(/bin/sh)/Win<</F(cmd.exe)/P({touch})>>>>"))
-    build("launch_link", lambda d, p: p.insert_link(
-        {"kind": pymupdf.LINK_LAUNCH, "from": pymupdf.Rect(10, 10, 100, 60), "file": "/bin/sh"}))
+    build(
+        "openaction_js",
+        lambda d, p: d.xref_set_key(d.pdf_catalog(), "OpenAction", "<</S/JavaScript/JS(app.alert('pwned'))>>"),
+    )
+    build(
+        "names_js",
+        lambda d, p: d.xref_set_key(
+            d.pdf_catalog(), "Names", "<</JavaScript <</Names [(x) <</S/JavaScript/JS(this.exportDataObject())>>]>>>>"
+        ),
+    )
+    build(
+        "launch",
+        lambda d, p: d.xref_set_key(
+            d.pdf_catalog(), "OpenAction", f"<</S/Launch/F(/bin/sh)/Win<</F(cmd.exe)/P({touch})>>>>"
+        ),
+    )
+    build(
+        "launch_link",
+        lambda d, p: p.insert_link(
+            {"kind": pymupdf.LINK_LAUNCH, "from": pymupdf.Rect(10, 10, 100, 60), "file": "/bin/sh"}
+        ),
+    )
     build("page_aa", lambda d, p: d.xref_set_key(p.xref, "AA", "<</O <</S/JavaScript/JS(app.launchURL('x'))>>>>"))
     build("embedded_file", lambda d, p: d.embfile_add("payload.sh", b"#!/bin/sh\n" + touch.encode() + b"\n"))
     return out
 
 
 HOSTILE_NAMES = [
-    "../../../../etc/passwd.pdf", "..\\..\\windows\\system32\\evil.pdf", "/etc/cron.d/evil.pdf", "C:evil.pdf",
-    "C:\\evil.pdf", "..", ".", "", "   ", "a\x00b.pdf", "line\nbreak.pdf", "tab\tname.pdf", "x" * 300 + ".pdf",
-    "%2e%2e%2fescape.pdf", "....//....//escape.pdf", "\u202efdp.exe", "con.pdf", "ok name (1).pdf",
-    "..pdf", "...", "évidence.pdf", "e\u0301vidence.pdf", "\ud7ff.pdf", "\udcff.pdf", "name/../x.pdf", "~/.ssh/id_rsa.pdf",
+    "../../../../etc/passwd.pdf",
+    "..\\..\\windows\\system32\\evil.pdf",
+    "/etc/cron.d/evil.pdf",
+    "C:evil.pdf",
+    "C:\\evil.pdf",
+    "..",
+    ".",
+    "",
+    "   ",
+    "a\x00b.pdf",
+    "line\nbreak.pdf",
+    "tab\tname.pdf",
+    "x" * 300 + ".pdf",
+    "%2e%2e%2fescape.pdf",
+    "....//....//escape.pdf",
+    "\u202efdp.exe",
+    "con.pdf",
+    "ok name (1).pdf",
+    "..pdf",
+    "...",
+    "évidence.pdf",
+    "e\u0301vidence.pdf",
+    "\ud7ff.pdf",
+    "\udcff.pdf",
+    "name/../x.pdf",
+    "~/.ssh/id_rsa.pdf",
 ]
 
 
@@ -153,11 +197,14 @@ def mutated(draw: st.DrawFn, seeds: list[bytes]) -> bytes:
 
 
 def files_under(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
-def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                              reliability: Reliability) -> None:
+def test_document_ingest_fuzz(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     """``add_document`` with random and mutated bytes under hostile names: each refused with a
     PreprocessError naming the file, or stored under the data directory; what was stored before stays."""
     data_dir = Path(platform_env["POSTTRAIN_DATA_DIR"])
@@ -165,8 +212,11 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
     stored_before = files_under(data_dir / "documents")
     outside_before = sorted(p.name for p in tmp_path.iterdir())
     seeds = [plain_pdf(), png_bytes(), *active_pdfs(tmp_path / "never").values()]
-    names = st.one_of(st.sampled_from(HOSTILE_NAMES), st.text(max_size=40),
-                      st.sampled_from(["a.pdf", "b.png", "c.jpg", "d.txt", "report"]))
+    names = st.one_of(
+        st.sampled_from(HOSTILE_NAMES),
+        st.text(max_size=40),
+        st.sampled_from(["a.pdf", "b.png", "c.jpg", "d.txt", "report"]),
+    )
     contents = st.one_of(st.binary(max_size=1024), mutated(seeds), st.sampled_from(seeds + [plain_pdf()]))
     seen: set[str] = set()
 
@@ -177,8 +227,9 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
         except PreprocessError as exc:
             message = str(exc)
             stored = unicodedata.normalize("NFC", name)  # the name as it is stored (and named in messages)
-            assert message and ("name" in message or any(repr(n) in message or repr(n[:40]) in message
-                                                         for n in (name, stored))), message
+            assert message and (
+                "name" in message or any(repr(n) in message or repr(n[:40]) in message for n in (name, stored))
+            ), message
             return "refused"
         path = Path(added.document.storage_path).resolve()
         assert path.is_relative_to((data_dir / "documents").resolve()), path
@@ -202,8 +253,9 @@ def test_document_ingest_fuzz(platform_env: dict[str, str], db_url: str, tmp_pat
     record(reliability, "document_ingest", outcomes)
 
 
-def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                                                          reliability: Reliability) -> None:
+def test_uploads_with_path_traversal_names_and_oversized(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     """Each hostile name is refused (or reduced to a plain base name) and writes nothing outside the
     data directory; a stored document uploaded again under a hostile name stays as it was; an
     oversized stream is refused before it fills the disk."""
@@ -266,8 +318,9 @@ def test_uploads_with_path_traversal_names_and_oversized(platform_env: dict[str,
     record(reliability, "upload_names_and_size", outcomes)
 
 
-def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                                                         reliability: Reliability) -> None:
+def test_pdfs_with_active_content_are_flagged_never_run(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     """JavaScript, launch actions, page actions and embedded files: the preprocess job reads the text,
     runs nothing, and records on the document which active content it had."""
     marker = tmp_path / "launched"
@@ -310,7 +363,12 @@ def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, 
             outcomes["accepted"] += 1
         else:
             assert doc.error and job.status is JobStatus.failed and job.error_cause == "bad_input", (
-                doc.status, doc.error, job.status, job.error_cause, job.error)
+                doc.status,
+                doc.error,
+                job.status,
+                job.error_cause,
+                job.error,
+            )
             outcomes["refused"] += 1
     for name, a in added.items():
         doc = get_document(a.document.id)  # type: ignore[arg-type]
@@ -322,34 +380,91 @@ def test_pdfs_with_active_content_are_flagged_never_run(platform_env: dict[str, 
     assert not marker.exists()
     wanted = {a.job_id for a in added.values()} | {clean.job_id}
     assert {j.id: j.status for j in queue.list_jobs(kind="preprocess") if j.id in wanted} == dict.fromkeys(
-        wanted, JobStatus.succeeded)
+        wanted, JobStatus.succeeded
+    )
     record(reliability, "pdf_active_content", outcomes, kinds=sorted(pdfs))
 
 
 # ------------------------------------------------------------------------------ tool-call parser
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                      st.text(max_size=20))
-json_values = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                              st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                           max_leaves=20)
-hermes_pieces = st.sampled_from([
-    "<tool_call>", "</tool_call>", '{"name": "python", "arguments": {"code": "1+1"}}', '{"name": ', '"arguments": ',
-    "{", "}", "[", "]", '"', "\\", " ", "\n", "NaN", "Infinity", '{"name": "f", "parameters": "{}"}', "null",
-    '{"name": 5}', "<tool_call><tool_call>", "\x00", "\ud7ff", "[" * 50,
-])
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=20,
+)
+hermes_pieces = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        '{"name": "python", "arguments": {"code": "1+1"}}',
+        '{"name": ',
+        '"arguments": ',
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        "\\",
+        " ",
+        "\n",
+        "NaN",
+        "Infinity",
+        '{"name": "f", "parameters": "{}"}',
+        "null",
+        '{"name": 5}',
+        "<tool_call><tool_call>",
+        "\x00",
+        "\ud7ff",
+        "[" * 50,
+    ]
+)
 hermes_text = st.lists(st.one_of(hermes_pieces, st.text(max_size=10)), max_size=30).map("".join)
-openai_messages = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from(["assistant", "user", 5]),
-    "content": st.one_of(json_values, hermes_text, st.lists(st.one_of(
-        st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(hermes_text, json_leaf)}), json_values),
-        max_size=3)),
-    "tool_calls": st.one_of(json_values, st.lists(st.one_of(json_values, st.fixed_dictionaries({}, optional={
-        "id": json_leaf, "type": json_leaf,
-        "function": st.one_of(json_values, st.fixed_dictionaries({}, optional={
-            "name": json_leaf, "arguments": st.one_of(json_values, hermes_text, json_values.map(json.dumps))}))})),
-        max_size=3)),
-})
+openai_messages = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["assistant", "user", 5]),
+        "content": st.one_of(
+            json_values,
+            hermes_text,
+            st.lists(
+                st.one_of(
+                    st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(hermes_text, json_leaf)}),
+                    json_values,
+                ),
+                max_size=3,
+            ),
+        ),
+        "tool_calls": st.one_of(
+            json_values,
+            st.lists(
+                st.one_of(
+                    json_values,
+                    st.fixed_dictionaries(
+                        {},
+                        optional={
+                            "id": json_leaf,
+                            "type": json_leaf,
+                            "function": st.one_of(
+                                json_values,
+                                st.fixed_dictionaries(
+                                    {},
+                                    optional={
+                                        "name": json_leaf,
+                                        "arguments": st.one_of(json_values, hermes_text, json_values.map(json.dumps)),
+                                    },
+                                ),
+                            ),
+                        },
+                    ),
+                ),
+                max_size=3,
+            ),
+        ),
+    },
+)
 
 
 def strict_json(text: str) -> Any:
@@ -363,8 +478,10 @@ def strict_json(text: str) -> Any:
 # tool call carries a 100,000-character argument (decoding it is the most work a legitimate turn
 # asks for: 6 ms here). The slowest hostile turn measured (20,000 opening tags, 220,000 characters)
 # took 4.4x that, the rest far less; a backtracking or quadratic parse takes thousands of times longer.
-PEER_TURN = {"content": "Let me run it.", "tool_calls": [{"function": {
-    "name": "python", "arguments": json.dumps({"code": "x = 1\n" * 16_667})}}]}
+PEER_TURN = {
+    "content": "Let me run it.",
+    "tool_calls": [{"function": {"name": "python", "arguments": json.dumps({"code": "x = 1\n" * 16_667})}}],
+}
 PARSE_WITHIN = 100  # times the peer's parse
 
 
@@ -401,10 +518,15 @@ HOSTILE_TURNS: list[Any] = [
     '<tool_call>{"name": "f", "arguments": {"x": NaN, "y": -Infinity}}</tool_call>',
     '<tool_call>{"name": "f", "arguments": "' + "[" * 50_000 + '"}</tool_call>',
     "<tool_call>" * 20_000,
-    {"tool_calls": "not a list"}, {"tool_calls": {"function": {"name": "f"}}}, {"tool_calls": [None, 5, "x"]},
-    {"tool_calls": [{"function": "python"}]}, {"tool_calls": [{"function": {"name": ["f"], "arguments": 5}}]},
+    {"tool_calls": "not a list"},
+    {"tool_calls": {"function": {"name": "f"}}},
+    {"tool_calls": [None, 5, "x"]},
+    {"tool_calls": [{"function": "python"}]},
+    {"tool_calls": [{"function": {"name": ["f"], "arguments": 5}}]},
     {"tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}]},
-    {"content": 5}, {"content": [{"text": 5}, "x", None]}, {"content": {"text": "x"}},
+    {"content": 5},
+    {"content": [{"text": 5}, "x", None]},
+    {"content": {"text": "x"}},
 ]
 
 
@@ -413,8 +535,12 @@ def test_tool_call_parser_fuzz(reliability: Reliability) -> None:
     never slower than PARSE_WITHIN times an ordinary turn's parse, and what goes back out is always valid JSON."""
     limit_s = PARSE_WITHIN * peer_parse_s()
     outcomes = Counter(check_turn(m, limit_s) for m in HOSTILE_TURNS)
-    outcomes += fuzz(st.one_of(hermes_text, st.text(), openai_messages), lambda m: check_turn(m, limit_s), reliability.budget(4, 120),
-                     batch=100)
+    outcomes += fuzz(
+        st.one_of(hermes_text, st.text(), openai_messages),
+        lambda m: check_turn(m, limit_s),
+        reliability.budget(4, 120),
+        batch=100,
+    )
     record(reliability, "tool_call_parser", outcomes)
 
 
@@ -446,8 +572,13 @@ def test_tool_call_parser_atheris(tmp_path: Path, reliability: Reliability) -> N
     seconds = int(reliability.budget(5, 120))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for i, seed_text in enumerate(['<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>',
-                                   '{"a": [1, {"b": null}]}', "<tool_call>[[[</tool_call>"]):
+    for i, seed_text in enumerate(
+        [
+            '<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>',
+            '{"a": [1, {"b": null}]}',
+            "<tool_call>[[[</tool_call>",
+        ]
+    ):
         (corpus / f"seed{i}").write_text(seed_text)
     script = tmp_path / "fuzz_parser.py"
     script.write_text(ATHERIS_TARGET)
@@ -457,9 +588,23 @@ def test_tool_call_parser_atheris(tmp_path: Path, reliability: Reliability) -> N
     # would start with this process's peak, and libFuzzer's -rss_limit_mb would count it.
     fresh = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
     proc = subprocess.run(
-        [sys.executable, "-c", fresh, sys.executable, str(script), str(limit_s), f"-max_total_time={seconds}",
-         "-max_len=4096", "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}/", str(corpus)],
-        capture_output=True, text=True, timeout=seconds + 60, cwd=tmp_path,
+        [
+            sys.executable,
+            "-c",
+            fresh,
+            sys.executable,
+            str(script),
+            str(limit_s),
+            f"-max_total_time={seconds}",
+            "-max_len=4096",
+            "-rss_limit_mb=2048",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        cwd=tmp_path,
     )
     out = proc.stdout + proc.stderr
     done = [line for line in out.splitlines() if line.startswith("Done ")]
@@ -491,20 +636,63 @@ def job_configs(draw: st.DrawFn) -> tuple[str, Any]:
     if how == "random":
         return kind, draw(st.one_of(json_values, st.dictionaries(st.text(max_size=12), json_values, max_size=6)))
     for _ in range(draw(st.integers(1, 3))):
-        field = draw(st.one_of(st.sampled_from(sorted(base) or ["x"]), st.sampled_from(
-            ["preset", "lr", "temperature", "max_grad_norm", "register_as", "output_dir", "seed", "betas", "lora",
-             "scheduler", "vllm_overrides", "steps", "mark_file", "source"]), st.text(max_size=8)))
+        field = draw(
+            st.one_of(
+                st.sampled_from(sorted(base) or ["x"]),
+                st.sampled_from(
+                    [
+                        "preset",
+                        "lr",
+                        "temperature",
+                        "max_grad_norm",
+                        "register_as",
+                        "output_dir",
+                        "seed",
+                        "betas",
+                        "lora",
+                        "scheduler",
+                        "vllm_overrides",
+                        "steps",
+                        "mark_file",
+                        "source",
+                    ]
+                ),
+                st.text(max_size=8),
+            )
+        )
         if draw(st.booleans()):
             base.pop(field, None)
         else:
-            base[field] = draw(st.one_of(json_values, st.sampled_from(
-                [math.inf, -math.inf, math.nan, 10**40, -(10**40), "\x00", "../../etc", "cpu-demo", "", [], {}])))
+            base[field] = draw(
+                st.one_of(
+                    json_values,
+                    st.sampled_from(
+                        [math.inf, -math.inf, math.nan, 10**40, -(10**40), "\x00", "../../etc", "cpu-demo", "", [], {}]
+                    ),
+                )
+            )
     if how == "yaml":
-        text = draw(st.one_of(st.just(json.dumps(base, default=str)), st.text(max_size=80), st.sampled_from([
-            "a: &a [1, 2]\nb: *a\n", "!!python/object/apply:os.system ['touch /tmp/pwned']", "- 1\n- 2\n",
-            "steps: .nan\n", "steps: .inf\n", "preset: [cpu-demo]\n", "? [1, 2]\n: x\n", "steps: 2021-01-01\n",
-            "%YAML 9.9\n---\nx: 1\n", "x: !!binary aGVsbG8=\n", "{" * 5000,
-        ])))
+        text = draw(
+            st.one_of(
+                st.just(json.dumps(base, default=str)),
+                st.text(max_size=80),
+                st.sampled_from(
+                    [
+                        "a: &a [1, 2]\nb: *a\n",
+                        "!!python/object/apply:os.system ['touch /tmp/pwned']",
+                        "- 1\n- 2\n",
+                        "steps: .nan\n",
+                        "steps: .inf\n",
+                        "preset: [cpu-demo]\n",
+                        "? [1, 2]\n: x\n",
+                        "steps: 2021-01-01\n",
+                        "%YAML 9.9\n---\nx: 1\n",
+                        "x: !!binary aGVsbG8=\n",
+                        "{" * 5000,
+                    ]
+                ),
+            )
+        )
         return kind, ("yaml", text)
     return kind, base
 
@@ -522,8 +710,9 @@ def laughs(depth: int = 9) -> str:
     return "model: m1\nvllm_overrides:\n" + "\n".join("  " + line for line in lines) + "\n"
 
 
-def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                                reliability: Reliability) -> None:
+def test_job_config_loader_fuzz(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     """Configs of every kind, mutated, random and as YAML text: refused with a JobConfigError naming
     the field, or queued with a config that reads back exactly as it was validated."""
     from posttrain.platform.cli import _load_config
@@ -556,7 +745,9 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
         return "accepted"
 
     must_refuse = [
-        ("deploy", ("yaml", laughs())), ("selftest", {"steps": math.nan}), ("train_sft", {"model": "m", "lr": math.inf}),
+        ("deploy", ("yaml", laughs())),
+        ("selftest", {"steps": math.nan}),
+        ("train_sft", {"model": "m", "lr": math.inf}),
         ("train_grpo", {"model": "m", "domains": ["a"], "temperature": math.inf}),  # would be stored as null
         ("train_sft", {"model": "m", "max_grad_norm": math.inf}),  # null: clipping silently off
         ("train_grpo", ("yaml", '{"preset": "cpu-demo", "lr": Infinity}')),  # text read as a float: inf
@@ -568,7 +759,8 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
         ("deploy", {"model": "m", "vllm_overrides": {1: "non-string key"}}),
         ("build_model", ("yaml", "{" * 5000)),
         ("selftest", ("yaml", "!!python/object/apply:os.system ['touch /tmp/pwned']")),
-        ("selftest", [1, 2]), ("no-such-kind", {}),
+        ("selftest", [1, 2]),
+        ("no-such-kind", {}),
     ]
     for kind, config in must_refuse:
         assert submit(kind, config) == "refused", (kind, str(config)[:200])
@@ -588,18 +780,32 @@ def test_job_config_loader_fuzz(platform_env: dict[str, str], db_url: str, tmp_p
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A tiny model behind the embedded engine on a real uvicorn port, and a gateway in front of it."""
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
-    from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
+    from posttrain.platform.serving import (
+        DEFAULT_TIERS,
+        EmbeddedEngine,
+        EngineConfig,
+        create_engine_app,
+        serve_in_thread,
+    )
     from posttrain.platform.serving.gateway import Deployment, GatewayConfig, create_gateway_app
 
-    path = build_tiny_model(tmp_path_factory.mktemp("hostile") / "tiny", TinyModelSpec(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128))
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("hostile") / "tiny",
+        TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    )
     tier = DEFAULT_TIERS["standard"].model_copy(update={"batch_wait_ms": 1.0})
-    engine = EmbeddedEngine(EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier,
-                                         max_model_len=128)).start()
+    engine = EmbeddedEngine(
+        EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier, max_model_len=128)
+    ).start()
     server = serve_in_thread(create_engine_app(engine, max_request_bytes=MAX_BODY))
-    gateway = serve_in_thread(create_gateway_app(GatewayConfig(
-        deployments=[Deployment(model="tiny", tier=t, base_url=server.base_url) for t in ("fast", "standard")],
-        max_request_bytes=MAX_BODY)))
+    gateway = serve_in_thread(
+        create_gateway_app(
+            GatewayConfig(
+                deployments=[Deployment(model="tiny", tier=t, base_url=server.base_url) for t in ("fast", "standard")],
+                max_request_bytes=MAX_BODY,
+            )
+        )
+    )
     yield {"engine": server.base_url, "gateway": gateway.base_url, "engine_obj": engine}
     gateway.stop()
     server.stop()
@@ -616,30 +822,81 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, Any], bytes]:
     path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
     base = json.loads(json.dumps(CHAT if "chat" in path else COMPLETION))
     how = draw(st.sampled_from(["mutate", "mutate", "random", "bytes"]))
-    headers = draw(st.fixed_dictionaries({}, optional={
-        "x-posttrain-tier": st.sampled_from(["fast", "standard", "nope", "", "fast\u00e9"]),
-        "x-task-type": st.sampled_from(["chat", "batch", "??", ""]),
-        "content-type": st.sampled_from(["application/json", "text/plain", "multipart/form-data"]),
-    }))
+    headers = draw(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "x-posttrain-tier": st.sampled_from(["fast", "standard", "nope", "", "fast\u00e9"]),
+                "x-task-type": st.sampled_from(["chat", "batch", "??", ""]),
+                "content-type": st.sampled_from(["application/json", "text/plain", "multipart/form-data"]),
+            },
+        )
+    )
     headers = {k: v.encode("utf-8") for k, v in headers.items()}  # raw bytes on the wire, UTF-8 included
     if how == "bytes":
         return path, headers, draw(st.binary(max_size=256))
     if how == "random":
         return path, headers, json.dumps(draw(json_values)).encode()
-    fields = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-              "stream", "stream_options", "n", "tools", "tool_choice", "metadata", "logprobs"]
+    fields = [
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stream",
+        "stream_options",
+        "n",
+        "tools",
+        "tool_choice",
+        "metadata",
+        "logprobs",
+    ]
     for _ in range(draw(st.integers(1, 3))):
         field = draw(st.sampled_from(fields))
         if draw(st.integers(0, 4)) == 0:
             base.pop(field, None)
             continue
-        base[field] = draw(st.one_of(json_values, st.sampled_from([
-            10**30, -(10**30), 2**64, -1, 0, 1, True, 0.5, 2.5, "tiny", "", [], {}, [2**40], [-1], [0, 1, 2],
-            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
-            [{"role": "assistant", "content": None}], [{"role": "tool", "content": "x"}],
-            [{"role": "user", "content": [{"type": "text"}]}], {"task_type": ["chat"]}, {"task_type": 5},
-            {"include_usage": True}, [{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}],
-        ])))
+        base[field] = draw(
+            st.one_of(
+                json_values,
+                st.sampled_from(
+                    [
+                        10**30,
+                        -(10**30),
+                        2**64,
+                        -1,
+                        0,
+                        1,
+                        True,
+                        0.5,
+                        2.5,
+                        "tiny",
+                        "",
+                        [],
+                        {},
+                        [2**40],
+                        [-1],
+                        [0, 1, 2],
+                        [
+                            {
+                                "role": "user",
+                                "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                            }
+                        ],
+                        [{"role": "assistant", "content": None}],
+                        [{"role": "tool", "content": "x"}],
+                        [{"role": "user", "content": [{"type": "text"}]}],
+                        {"task_type": ["chat"]},
+                        {"task_type": 5},
+                        {"include_usage": True},
+                        [{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}],
+                    ]
+                ),
+            )
+        )
     return path, headers, json.dumps(base).encode()  # NaN and Infinity go out as such: hostile too
 
 
@@ -660,13 +917,22 @@ def check_response(resp: httpx.Response, sent: bytes) -> Outcome:
 
 
 HOSTILE_BODIES: list[bytes] = [
-    b"[" * 100_000 + b"]" * 100_000, b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
-    b"\xff\xfe\x00", b"", b"null", b'"tiny"', json.dumps({**CHAT, "seed": 2**64}).encode(),
-    json.dumps({**CHAT, "seed": -(2**63) - 1}).encode(), json.dumps({**COMPLETION, "seed": 10**30}).encode(),
-    json.dumps({**CHAT, "metadata": {"task_type": ["chat"]}}).encode(), json.dumps({**CHAT, "metadata": []}).encode(),
-    json.dumps({**CHAT, "model": ["tiny"]}).encode(), json.dumps({**CHAT, "max_tokens": 10**30}).encode(),
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    b"\xff\xfe\x00",
+    b"",
+    b"null",
+    b'"tiny"',
+    json.dumps({**CHAT, "seed": 2**64}).encode(),
+    json.dumps({**CHAT, "seed": -(2**63) - 1}).encode(),
+    json.dumps({**COMPLETION, "seed": 10**30}).encode(),
+    json.dumps({**CHAT, "metadata": {"task_type": ["chat"]}}).encode(),
+    json.dumps({**CHAT, "metadata": []}).encode(),
+    json.dumps({**CHAT, "model": ["tiny"]}).encode(),
+    json.dumps({**CHAT, "max_tokens": 10**30}).encode(),
     b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
-    json.dumps({**COMPLETION, "prompt": [10**12]}).encode(), json.dumps({**COMPLETION, "prompt": [[1]]}).encode(),
+    json.dumps({**COMPLETION, "prompt": [10**12]}).encode(),
+    json.dumps({**COMPLETION, "prompt": [[1]]}).encode(),
 ]
 
 
@@ -678,8 +944,10 @@ def test_request_parsing_fuzz(serving: dict[str, Any], reliability: Reliability)
 
         def send(example: tuple[str, dict[str, Any], bytes]) -> Outcome:
             path, headers, body = example
-            results = {check_response(client.post(base + path, content=body, headers=headers), body)
-                       for base in (serving["engine"], serving["gateway"])}
+            results = {
+                check_response(client.post(base + path, content=body, headers=headers), body)
+                for base in (serving["engine"], serving["gateway"])
+            }
             return "accepted" if results == {"accepted"} else "refused"
 
         for body in HOSTILE_BODIES:
@@ -728,8 +996,9 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
     monkeypatch.setenv("HOME", str(tmp_path))
     outcomes: Counter[Outcome] = Counter()
     try:
-        with local_cluster(head_cpus=2, head_object_store_bytes=80_000_000,
-                           env={"POSTTRAIN_TEST_SECRET_TOKEN": SECRET}) as cluster:  # the actors must not see it
+        with local_cluster(
+            head_cpus=2, head_object_store_bytes=80_000_000, env={"POSTTRAIN_TEST_SECRET_TOKEN": SECRET}
+        ) as cluster:  # the actors must not see it
             with make_pool(ray_tests.RAY_CONFIG, data_dir, ray_address=cluster.address) as pool:
                 for item in BAD_INPUTS:
                     with pool.acquire(timeout=30) as sandbox:
@@ -738,13 +1007,18 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
                         result = ray_tests.run(sandbox, item)
                         took = time.monotonic() - started
                         assert took < CONTAINED_WITHIN * peer, (item.name, took, peer)
-                        assert result.status in item.expected and not result.is_infrastructure_failure, (item.name, result)
+                        assert result.status in item.expected and not result.is_infrastructure_failure, (
+                            item.name,
+                            result,
+                        )
                         assert sandbox.run_python("'alive'").value == "'alive'", item.name
                     outcomes["refused"] += 1  # contained and classified
                 ray_tests.assert_pool_healthy(pool)
-                for check in (ray_tests.test_the_host_loopback_is_out_of_reach,
-                              ray_tests.test_the_nodes_environment_is_invisible,
-                              ray_tests.test_writes_outside_the_work_directory_stay_inside):
+                for check in (
+                    ray_tests.test_the_host_loopback_is_out_of_reach,
+                    ray_tests.test_the_nodes_environment_is_invisible,
+                    ray_tests.test_writes_outside_the_work_directory_stay_inside,
+                ):
                     check(pool)
                     outcomes["refused"] += 1
     finally:
@@ -756,8 +1030,25 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
 
 
 PASSWORD = "correct horse battery"
-SQLISH = ["admin' --", "' OR '1'='1", "admin'; DROP TABLE users; --", "admin\x00", "\x00", "%", "_", "*",
-          "admin ", " admin", "ADMIN", "\u0430dmin", "a" * 10_000, "admin\n", "", "\ud7ff", "admin\\"]
+SQLISH = [
+    "admin' --",
+    "' OR '1'='1",
+    "admin'; DROP TABLE users; --",
+    "admin\x00",
+    "\x00",
+    "%",
+    "_",
+    "*",
+    "admin ",
+    " admin",
+    "ADMIN",
+    "\u0430dmin",
+    "a" * 10_000,
+    "admin\n",
+    "",
+    "\ud7ff",
+    "admin\\",
+]
 
 
 def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str, reliability: Reliability) -> None:
@@ -774,8 +1065,14 @@ def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str
         return not at.exception and not at.dataframe and not at.metric and not at.button and not at.json
 
     # 1. Every page without a login, and with crafted identities in the session.
-    crafted: list[Any] = [None, {"username": "admin", "role": "admin"}, "admin", ("admin", "admin"),
-                          auth.Identity("eve", "superuser"), auth.Identity("admin", Role.admin.value + " ")]  # type: ignore[arg-type]
+    crafted: list[Any] = [
+        None,
+        {"username": "admin", "role": "admin"},
+        "admin",
+        ("admin", "admin"),
+        auth.Identity("eve", "superuser"),
+        auth.Identity("admin", Role.admin.value + " "),
+    ]  # type: ignore[arg-type]
     for page in [REPO_ROOT / "ui" / "app.py", *views]:
         for state in crafted if page.name in ("app.py", "jobs.py", "admin.py") else crafted[:1]:
             at = AppTest.from_file(str(page), default_timeout=30)
@@ -813,8 +1110,13 @@ def test_console_authentication_bypass(platform_env: dict[str, str], db_url: str
     assert str(locked.value) == auth.REFUSED  # locked, and saying so would tell that "admin" exists
     outcomes["refused"] += 1
     at = AppTest.from_file(str(REPO_ROOT / "ui" / "app.py"), default_timeout=30).run()
-    for name, password in [("admin' --", PASSWORD), ("admin\x00", PASSWORD), ("a" * 10_000, PASSWORD),
-                           ("admin", "' OR '1'='1"), ("admin", "")]:
+    for name, password in [
+        ("admin' --", PASSWORD),
+        ("admin\x00", PASSWORD),
+        ("a" * 10_000, PASSWORD),
+        ("admin", "' OR '1'='1"),
+        ("admin", ""),
+    ]:
         at.text_input(key="login_username").set_value(name)
         at.text_input(key="login_password").set_value(password)
         at.button[0].click().run()

@@ -19,13 +19,13 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from conftest import OPERATOR, REPO_ROOT, Reliability, login_as, stop_worker, wait_for
 from sqlmodel import col, select
 
-from conftest import OPERATOR, REPO_ROOT, Reliability, login_as, stop_worker, wait_for
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Job, JobStatus
 
@@ -189,7 +189,13 @@ def chat_stack(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     """A tiny model served by the embedded engine in both tiers, behind the real gateway."""
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
     from posttrain.platform.serving import (
-        DEFAULT_TIERS, Deployment, EmbeddedEngine, EngineConfig, GatewayConfig, create_engine_app, create_gateway_app,
+        DEFAULT_TIERS,
+        Deployment,
+        EmbeddedEngine,
+        EngineConfig,
+        GatewayConfig,
+        create_engine_app,
+        create_gateway_app,
         serve_in_thread,
     )  # fmt: skip
 
@@ -382,7 +388,7 @@ def _bulk_insert_metrics(job_id: int, steps: int) -> float:
     from posttrain.platform.db.engine import get_engine
     from posttrain.platform.db.models import Metric
 
-    ts = datetime.now(timezone.utc)
+    ts = datetime.now(UTC)
 
     def rows():  # type: ignore[no-untyped-def]
         for step in range(steps):
@@ -403,7 +409,9 @@ def _bulk_insert_metrics(job_id: int, steps: int) -> float:
             raw.close()
     else:
         with session() as s:
-            s.execute(insert(Metric), [{"job_id": job_id, "step": st, "name": n, "value": v, "ts": ts} for st, n, v in rows()])
+            s.execute(
+                insert(Metric), [{"job_id": job_id, "step": st, "name": n, "value": v, "ts": ts} for st, n, v in rows()]
+            )
     return time.perf_counter() - start
 
 
@@ -463,13 +471,17 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
     charts = at.get("vega_lite_chart")
     plotted = {name: n for c in charts for name, n in _plotted(c).items()}
     # downsampled, not 300,000 points (the reward chart draws each point and its moving average)
-    assert plotted == {name: -(-steps // width) * (2 if name == "rollout/reward_mean" else 1) for name in SERIES}, plotted
+    assert plotted == {name: -(-steps // width) * (2 if name == "rollout/reward_mean" else 1) for name in SERIES}, (
+        plotted
+    )
     step_tile = next(m for m in at.metric if m.label == "Step")
     assert step_tile.value == f"{steps - 1:,}"
     reliability.load("metrics.run_view_render", renders, errors=0, backend=backend, steps=steps)
-    print(f"\n{steps:,} steps x {len(SERIES)} series ({backend}): insert {insert_s:.1f}s, read p50 "
-          f"{sorted(reads)[len(reads) // 2] * 1000:.0f} ms (point for point {raw_s * 1000:.0f} ms), render "
-          f"{', '.join(f'{r * 1000:.0f}' for r in renders)} ms (1,000 steps: {', '.join(f'{r * 1000:.0f}' for r in small_renders)} ms)")
+    print(
+        f"\n{steps:,} steps x {len(SERIES)} series ({backend}): insert {insert_s:.1f}s, read p50 "
+        f"{sorted(reads)[len(reads) // 2] * 1000:.0f} ms (point for point {raw_s * 1000:.0f} ms), render "
+        f"{', '.join(f'{r * 1000:.0f}' for r in renders)} ms (1,000 steps: {', '.join(f'{r * 1000:.0f}' for r in small_renders)} ms)"
+    )
     # timings on a shared 2-core machine are noisy: each against its peer from this run, no absolute bound
     read_p50 = sorted(reads)[len(reads) // 2]
     assert read_p50 * 5 < raw_s, f"downsampled read took {reads} s, the point-for-point read {raw_s:.2f} s"
@@ -477,8 +489,9 @@ def test_a_hundred_thousand_step_metrics_history_reads_and_renders_fast(
     # against 0.25 + 0.3-0.45 s); drawing every point would cost the point-for-point read, 10x more
     median = sorted(renders)[len(renders) // 2]
     small_median = sorted(small_renders)[len(small_renders) // 2]
-    assert median < 2 * (small_median + read_p50), \
+    assert median < 2 * (small_median + read_p50), (
         f"run view renders took {renders} s; a 1,000-step run's {small_renders} s, the downsampled read {read_p50:.2f} s"
+    )
 
 
 def _plotted(chart) -> dict[str, int]:  # type: ignore[no-untyped-def]

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
 from conftest import Reliability, wait_for
+
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.serving import (
     DEFAULT_TIERS,
@@ -132,8 +132,13 @@ class Latency:
 
 def _short_latency(base_url: str, engine: EmbeddedEngine) -> Latency:
     """How long one short request took, from sending it to its answer (it must generate all its tokens)."""
-    body = {"model": "tiny", "prompt": "The invoice total is", "max_tokens": SHORT_TOKENS, "temperature": 0,
-            "logit_bias": _no_eos(engine)}
+    body = {
+        "model": "tiny",
+        "prompt": "The invoice total is",
+        "max_tokens": SHORT_TOKENS,
+        "temperature": 0,
+        "logit_bias": _no_eos(engine),
+    }
     steps, started = engine.decode_steps, time.perf_counter()
     answer = httpx.post(f"{base_url}/v1/completions", json=body, timeout=HANG_CAP_S)
     took = Latency(time.perf_counter() - started, engine.decode_steps - steps)
@@ -219,8 +224,9 @@ def _round(stack: Stack, base_url: str, stream: bool) -> Round:
                      timeout=HANG_CAP_S, interval=0.005, message="the long request decoding")  # fmt: skip
             assert engine.metrics.running == engine.rows_per_request < engine.config.tier.max_num_seqs  # its budget
             beside = _short_latency(base_url, engine)
-            assert _counts(stack.server) == (engine.rows_per_request, LONG_N - engine.rows_per_request), \
+            assert _counts(stack.server) == (engine.rows_per_request, LONG_N - engine.rows_per_request), (
                 "the long request changed before its client left"
+            )
             assert not log.aborts, "a sample was aborted before its client left"
         finally:
             left_at, left_steps = time.perf_counter(), engine.decode_steps
@@ -267,18 +273,31 @@ def test_a_long_request_neither_starves_a_short_one_nor_outlives_its_client(
                      category=CATEGORY, decode_steps={"p50": statistics.median(leaving), "max": max(leaving),
                                                       "bound": LEAVING_STEPS_BOUND},
                      steps_to_abort=asked)  # fmt: skip
-    reliability.load("request_lifetime.short_beside_long", [r.beside.seconds for r in rounds], errors=0,
-                     category=CATEGORY, alone_p50_ms=round(statistics.median(r.alone.seconds for r in rounds) * 1e3, 2),
-                     steps_ratio=round(steps_ratio, 2), steps_bound=STEPS_BOUND, seconds_ratio=round(seconds_ratio, 2))
-    print(f"\nbeside/alone: {steps_ratio:.2f}x in steps {[round(r.steps_ratio, 2) for r in rounds]}, "
-          f"{seconds_ratio:.2f}x in seconds {[round(r.seconds_ratio, 2) for r in rounds]}; aborted {len(lags)} "
-          f"samples, steps after abort {sorted(set(lags))}; from the client leaving: steps to the abort {asked}, "
-          f"to the request gone {leaving}, ms {[round(r.seconds_after_leaving * 1e3, 1) for r in rounds]}")
+    reliability.load(
+        "request_lifetime.short_beside_long",
+        [r.beside.seconds for r in rounds],
+        errors=0,
+        category=CATEGORY,
+        alone_p50_ms=round(statistics.median(r.alone.seconds for r in rounds) * 1e3, 2),
+        steps_ratio=round(steps_ratio, 2),
+        steps_bound=STEPS_BOUND,
+        seconds_ratio=round(seconds_ratio, 2),
+    )
+    print(
+        f"\nbeside/alone: {steps_ratio:.2f}x in steps {[round(r.steps_ratio, 2) for r in rounds]}, "
+        f"{seconds_ratio:.2f}x in seconds {[round(r.seconds_ratio, 2) for r in rounds]}; aborted {len(lags)} "
+        f"samples, steps after abort {sorted(set(lags))}; from the client leaving: steps to the abort {asked}, "
+        f"to the request gone {leaving}, ms {[round(r.seconds_after_leaving * 1e3, 1) for r in rounds]}"
+    )
     assert max(leaving) <= LEAVING_STEPS_BOUND, (
         f"the long request's client left and {max(leaving)} decode steps later {len(rounds[-1].lags)} of its {LONG_N} "
         f"samples had left the engine (the bound: {LEAVING_STEPS_BOUND} steps); "
-        + ("the server never asked for the abort" if rounds[-1].steps_to_abort is None else
-           f"the server asked for the abort {rounds[-1].steps_to_abort} steps after the client left"))
+        + (
+            "the server never asked for the abort"
+            if rounds[-1].steps_to_abort is None
+            else f"the server asked for the abort {rounds[-1].steps_to_abort} steps after the client left"
+        )
+    )
     assert len(lags) == ROUNDS * LONG_N, f"{len(lags)} of {ROUNDS} long requests' {ROUNDS * LONG_N} samples aborted"
     assert max(lags) <= ABORT_STEPS, lags
     assert steps_ratio <= STEPS_BOUND, rounds

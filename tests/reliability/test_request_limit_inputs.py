@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
-
 from conftest import Reliability
 from test_request_limits import _png, server  # noqa: F401 - ``server`` is the module's engine fixture
+
 from posttrain.platform.serving import EmbeddedEngine
 from posttrain.platform.serving.app import TEXT_REQUEST_BYTES
 from posttrain.platform.serving.errors import APIError
@@ -68,34 +68,94 @@ def _cases(engine: EmbeddedEngine) -> list[Case]:
     chat = "/v1/chat/completions"
     comp = "/v1/completions"
     return [
-        Case("one huge string (chat)", _post(chat, json={"model": "tiny", "messages": [{"role": "user", "content": huge}]}),
-             413, TOO_LARGE),
+        Case(
+            "one huge string (chat)",
+            _post(chat, json={"model": "tiny", "messages": [{"role": "user", "content": huge}]}),
+            413,
+            TOO_LARGE,
+        ),
         Case("one huge string (completion)", _post(comp, json={"model": "tiny", "prompt": huge}), 413, TOO_LARGE),
-        Case("huge body, Content-Length declared", _post(comp, content=b"{" + b" " * (8 * TEXT_REQUEST_BYTES) + b"}",
-                                                         headers={"content-type": "application/json"}), 413, TOO_LARGE),
-        Case("huge body streamed without Content-Length", _streamed(b'{"model": "tiny", "prompt": "', 4 * TEXT_REQUEST_BYTES),
-             413, TOO_LARGE),
+        Case(
+            "huge body, Content-Length declared",
+            _post(
+                comp,
+                content=b"{" + b" " * (8 * TEXT_REQUEST_BYTES) + b"}",
+                headers={"content-type": "application/json"},
+            ),
+            413,
+            TOO_LARGE,
+        ),
+        Case(
+            "huge body streamed without Content-Length",
+            _streamed(b'{"model": "tiny", "prompt": "', 4 * TEXT_REQUEST_BYTES),
+            413,
+            TOO_LARGE,
+        ),
         Case("many messages", _post(chat, json=many), 400, CONTEXT),
-        Case("many prompts in a list", _post(comp, json={"model": "tiny", "prompt": ["hello " * 40] * 3000}), 400,
-             "3000 prompts x n=1 is over 64 completions a request"),
-        Case("deeply nested JSON", _post(chat, content=deep, headers={"content-type": "application/json"}),
-             400, "nests JSON too deeply"),
-        Case("huge max_tokens (completion)", _post(comp, json={"model": "tiny", "prompt": "hi", "max_tokens": 10**15}),
-             400, "'max_tokens' or 'max_completion_tokens' is too large"),
-        Case("huge max_tokens (chat)", _post(chat, json={"model": "tiny", "max_tokens": 2**62,
-                                                          "messages": [{"role": "user", "content": "hi"}]}),
-             400, "is too large"),
-        Case("negative max_tokens", _post(comp, json={"model": "tiny", "prompt": "hi", "max_tokens": -1}), 400, "max_tokens"),
-        Case("prompt just over max_model_len (text)", _post(comp, json={"model": "tiny", "prompt": just_over, "max_tokens": 1}),
-             400, CONTEXT),
-        Case("prompt just over max_model_len (chat)", _post(chat, json={"model": "tiny", "max_tokens": 1, "messages": [
-            {"role": "user", "content": just_over}]}), 400, CONTEXT),
-        Case("prompt of token ids one over max_model_len", _post(comp, json={"model": "tiny", "prompt": [5] * (MAX_LEN + 1),
-                                                                              "max_tokens": 1}), 400, CONTEXT),
-        Case("prompt that fits, max_tokens past the context", _post(comp, json={
-            "model": "tiny", "prompt": [5] * (MAX_LEN - 10), "max_tokens": 11}), 400, "is too large"),
-        Case("NaN in the body", _post(comp, content=b'{"model": "tiny", "prompt": "hi", "temperature": NaN}',
-                                      headers={"content-type": "application/json"}), 400, "not valid JSON"),
+        Case(
+            "many prompts in a list",
+            _post(comp, json={"model": "tiny", "prompt": ["hello " * 40] * 3000}),
+            400,
+            "3000 prompts x n=1 is over 64 completions a request",
+        ),
+        Case(
+            "deeply nested JSON",
+            _post(chat, content=deep, headers={"content-type": "application/json"}),
+            400,
+            "nests JSON too deeply",
+        ),
+        Case(
+            "huge max_tokens (completion)",
+            _post(comp, json={"model": "tiny", "prompt": "hi", "max_tokens": 10**15}),
+            400,
+            "'max_tokens' or 'max_completion_tokens' is too large",
+        ),
+        Case(
+            "huge max_tokens (chat)",
+            _post(chat, json={"model": "tiny", "max_tokens": 2**62, "messages": [{"role": "user", "content": "hi"}]}),
+            400,
+            "is too large",
+        ),
+        Case(
+            "negative max_tokens",
+            _post(comp, json={"model": "tiny", "prompt": "hi", "max_tokens": -1}),
+            400,
+            "max_tokens",
+        ),
+        Case(
+            "prompt just over max_model_len (text)",
+            _post(comp, json={"model": "tiny", "prompt": just_over, "max_tokens": 1}),
+            400,
+            CONTEXT,
+        ),
+        Case(
+            "prompt just over max_model_len (chat)",
+            _post(chat, json={"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": just_over}]}),
+            400,
+            CONTEXT,
+        ),
+        Case(
+            "prompt of token ids one over max_model_len",
+            _post(comp, json={"model": "tiny", "prompt": [5] * (MAX_LEN + 1), "max_tokens": 1}),
+            400,
+            CONTEXT,
+        ),
+        Case(
+            "prompt that fits, max_tokens past the context",
+            _post(comp, json={"model": "tiny", "prompt": [5] * (MAX_LEN - 10), "max_tokens": 11}),
+            400,
+            "is too large",
+        ),
+        Case(
+            "NaN in the body",
+            _post(
+                comp,
+                content=b'{"model": "tiny", "prompt": "hi", "temperature": NaN}',
+                headers={"content-type": "application/json"},
+            ),
+            400,
+            "not valid JSON",
+        ),
     ]
 
 
@@ -107,7 +167,8 @@ def _error_message(response: httpx.Response) -> str:
 
 
 def test_oversize_requests_are_refused_cleanly_and_the_engine_keeps_serving(
-        server: tuple[str, EmbeddedEngine], reliability: Reliability) -> None:  # noqa: F811
+    server: tuple[str, EmbeddedEngine], reliability: Reliability
+) -> None:  # noqa: F811
     url, engine = server
     cases = _cases(engine)
     refused, accepted, problems = 0, 0, []
@@ -126,8 +187,14 @@ def test_oversize_requests_are_refused_cleanly_and_the_engine_keeps_serving(
         valid = client.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 2})
         accepted += valid.status_code == 200
         healthy = client.get(f"{url}/health").status_code == 200
-    reliability.inputs("serving engine /v1 request bodies", tried=len(cases) + 1, refused_cleanly=refused,
-                       accepted=accepted, category=CATEGORY, problems=problems)
+    reliability.inputs(
+        "serving engine /v1 request bodies",
+        tried=len(cases) + 1,
+        refused_cleanly=refused,
+        accepted=accepted,
+        category=CATEGORY,
+        problems=problems,
+    )
     assert not problems, problems
     assert valid.status_code == 200, valid.text
     assert healthy
@@ -158,7 +225,13 @@ def test_images_over_the_caps_are_refused_from_their_header(reliability: Reliabi
         except Exception as exc:  # noqa: BLE001 - anything but a clear APIError is mishandled
             problems.append((url[:60], repr(exc)[:200]))
     ok = decode_image_url(_png(64, 48), 0, max_bytes=limit_bytes, max_pixels=limit_px).size == (64, 48)
-    reliability.inputs("image_url decoding", tried=len(cases) + 1, refused_cleanly=refused, accepted=int(ok),
-                       category=CATEGORY, problems=problems)
+    reliability.inputs(
+        "image_url decoding",
+        tried=len(cases) + 1,
+        refused_cleanly=refused,
+        accepted=int(ok),
+        category=CATEGORY,
+        problems=problems,
+    )
     assert not problems, problems
     assert ok

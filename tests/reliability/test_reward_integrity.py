@@ -26,11 +26,18 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-
 from conftest import Reliability, wait_for
 from test_code_verifier import reachable_dir
+
 from posttrain.platform.sandbox import SandboxConfig, SandboxPool
-from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService, VerifierSpecError, VerifyContext, validate_spec
+from posttrain.platform.verifiers import (
+    PoolConfig,
+    TaskSpec,
+    VerifierService,
+    VerifierSpecError,
+    VerifyContext,
+    validate_spec,
+)
 
 pytestmark = pytest.mark.requires("bubblewrap")
 
@@ -48,7 +55,9 @@ def code_task(tests: str = THREE_TESTS, timeout_s: float | None = None) -> TaskS
     spec: dict[str, object] = {"tests": tests, "entry_point": "f"}
     if timeout_s is not None:
         spec["timeout_s"] = timeout_s
-    return TaskSpec(domain="test.reward_integrity", prompt="write f(x) = x + 1", verifier={"kind": "code", "spec": spec})
+    return TaskSpec(
+        domain="test.reward_integrity", prompt="write f(x) = x + 1", verifier={"kind": "code", "spec": spec}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +303,12 @@ CASES: list[tuple[str, str, str, str]] = [
     ("harness records rewritten through frames and gc", THREE_TESTS, PARTIAL, RECORDS),
     ("sys.exit(0) before the tests", THREE_TESTS, PARTIAL, "import sys\nsys.exit(0)\n"),
     ("os._exit(0) before the tests", THREE_TESTS, WRONG, "import os\nos._exit(0)\n"),
-    ("atexit os._exit(0)", THREE_TESTS, WRONG, "import atexit, os\natexit.register(lambda: os._exit(0))\nraise SystemExit(0)\n"),
+    (
+        "atexit os._exit(0)",
+        THREE_TESTS,
+        WRONG,
+        "import atexit, os\natexit.register(lambda: os._exit(0))\nraise SystemExit(0)\n",
+    ),
     ("fake result lines printed", THREE_TESTS, PARTIAL, FAKE_OUTPUT),
     ("harness and imported modules rewritten", WITH_MATH, PARTIAL, FILES),
     ("parent killed at import", THREE_TESTS, WRONG, KILL_PARENT),
@@ -311,8 +325,9 @@ CASES: list[tuple[str, str, str, str]] = [
 ]
 
 
-def test_hostile_code_scores_what_its_honest_behaviour_earns(service: VerifierService, pool: SandboxPool,
-                                                             reliability: Reliability) -> None:
+def test_hostile_code_scores_what_its_honest_behaviour_earns(
+    service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     ctx = VerifyContext(sandbox_pool=pool)
     scored: dict[str, tuple[float, float, str]] = {}
     for name, tests, base, attack in CASES:
@@ -322,17 +337,31 @@ def test_hostile_code_scores_what_its_honest_behaviour_earns(service: VerifierSe
         assert not honest.is_infra_error and not hostile.is_infra_error, (name, honest, hostile)
         scored[name] = (honest.score, hostile.score, hostile.details[:200])
     # Honest controls: a right solution passes every task above, also with harmless noise around it.
-    controls = [RIGHT, RIGHT + "import sys\nprint('hello')\nsys.exit(0)\n", "from collections import Counter\n" + RIGHT,
-                "class F:\n    def __call__(self, x):\n        return x + 1\nf = F()\n"]
+    controls = [
+        RIGHT,
+        RIGHT + "import sys\nprint('hello')\nsys.exit(0)\n",
+        "from collections import Counter\n" + RIGHT,
+        "class F:\n    def __call__(self, x):\n        return x + 1\nf = F()\n",
+    ]
     passed = [service.verify(code_task(WITH_MATH), c, context=ctx).passed for c in controls]
     forged = {name: v for name, v in scored.items() if v[1] != v[0]}
-    reliability.inputs("reward_integrity.code", tried=len(CASES) + len(controls), refused_cleanly=len(CASES) - len(forged),
-                       accepted=sum(passed), category=CATEGORY, vectors=sorted(scored), forged=sorted(forged))
+    reliability.inputs(
+        "reward_integrity.code",
+        tried=len(CASES) + len(controls),
+        refused_cleanly=len(CASES) - len(forged),
+        accepted=sum(passed),
+        category=CATEGORY,
+        vectors=sorted(scored),
+        forged=sorted(forged),
+    )
     assert not forged, forged
     assert all(passed), passed
     for name, (honest_score, _, details) in scored.items():
         expected = 2 / 3 if honest_score > 0 else 0.0
-        assert honest_score == pytest.approx(expected) or name == "harness and imported modules rewritten", (name, details)
+        assert honest_score == pytest.approx(expected) or name == "harness and imported modules rewritten", (
+            name,
+            details,
+        )
     assert scored["harness and imported modules rewritten"][0] == pytest.approx(0.5)
 
 
@@ -353,8 +382,11 @@ def repair_humaneval_task(entry_point: str) -> TaskSpec:
     """A ``repair.humaneval`` task as its builder makes it (no prelude: the helpers are in the module it edits)."""
     from posttrain.platform.tasks.domains.registry import generate
 
-    return next(t for t in generate("repair.humaneval", 200, seed=0, difficulty=1)
-                if t.verifier.spec["entry_point"] == entry_point)
+    return next(
+        t
+        for t in generate("repair.humaneval", 200, seed=0, difficulty=1)
+        if t.verifier.spec["entry_point"] == entry_point
+    )
 
 
 def name_cases() -> list[tuple[str, TaskSpec, str, str]]:
@@ -363,35 +395,78 @@ def name_cases() -> list[tuple[str, TaskSpec, str, str]]:
     module = decode.metadata["files"]["solution.py"].replace("    raise NotImplementedError\n", "    return s\n")
     f_task = code_task  # tests of f(x) = x + 1 unless given
     return [
-        ("abs rebound (HumanEval/2)", humaneval_task("HumanEval/2"), "    return 0.5\n", "    return 0.5\nabs = lambda x: 0\n"),
-        ("abs rebound (HumanEval/4)", humaneval_task("HumanEval/4"), "    return 0.0\n", "    return 0.0\nabs = lambda x: 0\n"),
-        ("set rebound (MBPP style)", f_task("assert set(f([1, 2, 2])) == set([1, 2])\nassert set(f([3])) == set([3])\n"),
-         "def f(xs):\n    return [1, 2]\n", "def f(xs):\n    return [1, 2]\nset = lambda *a: 1\n"),
-        ("prompt helper rebound (HumanEval/38)", humaneval_task("HumanEval/38"), "    return s\n",
-         "    return s\n" + ENCODE_CYCLIC_IDENTITY),
+        (
+            "abs rebound (HumanEval/2)",
+            humaneval_task("HumanEval/2"),
+            "    return 0.5\n",
+            "    return 0.5\nabs = lambda x: 0\n",
+        ),
+        (
+            "abs rebound (HumanEval/4)",
+            humaneval_task("HumanEval/4"),
+            "    return 0.0\n",
+            "    return 0.0\nabs = lambda x: 0\n",
+        ),
+        (
+            "set rebound (MBPP style)",
+            f_task("assert set(f([1, 2, 2])) == set([1, 2])\nassert set(f([3])) == set([3])\n"),
+            "def f(xs):\n    return [1, 2]\n",
+            "def f(xs):\n    return [1, 2]\nset = lambda *a: 1\n",
+        ),
+        (
+            "prompt helper rebound (HumanEval/38)",
+            humaneval_task("HumanEval/38"),
+            "    return s\n",
+            "    return s\n" + ENCODE_CYCLIC_IDENTITY,
+        ),
         ("prompt helper rebound (repair.humaneval decode_cyclic)", decode, module, module + ENCODE_CYCLIC_IDENTITY),
-        ("range rebound", f_task("for i in range(3):\n    assert f(i) == i + 1\n"), WRONG, WRONG + "def range(*a):\n    return []\n"),
-        ("all rebound", f_task("assert all(f(x) == x + 1 for x in [-1, 1])\nassert f(1) == 2\n"), PARTIAL,
-         PARTIAL + "def all(*a):\n    return True\n"),
-        ("StopIteration inside map", f_task("assert all(map(f, [1, 2, 3]))\nassert not any(map(f, [-1, -2]))\n"),
-         "def f(x):\n    return x > 5\n",
-         "def f(x):\n    if x > 0:\n        raise StopIteration\n    return x > 5\n"),
+        (
+            "range rebound",
+            f_task("for i in range(3):\n    assert f(i) == i + 1\n"),
+            WRONG,
+            WRONG + "def range(*a):\n    return []\n",
+        ),
+        (
+            "all rebound",
+            f_task("assert all(f(x) == x + 1 for x in [-1, 1])\nassert f(1) == 2\n"),
+            PARTIAL,
+            PARTIAL + "def all(*a):\n    return True\n",
+        ),
+        (
+            "StopIteration inside map",
+            f_task("assert all(map(f, [1, 2, 3]))\nassert not any(map(f, [-1, -2]))\n"),
+            "def f(x):\n    return x > 5\n",
+            "def f(x):\n    if x > 0:\n        raise StopIteration\n    return x > 5\n",
+        ),
     ]
 
 
-VECTORS = ["abs rebound (HumanEval/2)", "abs rebound (HumanEval/4)", "set rebound (MBPP style)", "prompt helper rebound (HumanEval/38)",
-           "prompt helper rebound (repair.humaneval decode_cyclic)", "range rebound", "all rebound", "StopIteration inside map"]
+VECTORS = [
+    "abs rebound (HumanEval/2)",
+    "abs rebound (HumanEval/4)",
+    "set rebound (MBPP style)",
+    "prompt helper rebound (HumanEval/38)",
+    "prompt helper rebound (repair.humaneval decode_cyclic)",
+    "range rebound",
+    "all rebound",
+    "StopIteration inside map",
+]
 
 
 @pytest.mark.parametrize("vector", VECTORS)
-def test_no_name_the_program_binds_stands_in_for_a_builtin_or_a_prompt_helper(vector: str, service: VerifierService, pool: SandboxPool,
-                                                                              reliability: Reliability) -> None:
+def test_no_name_the_program_binds_stands_in_for_a_builtin_or_a_prompt_helper(
+    vector: str, service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     task, honest, hostile = next((t, h, a) for name, t, h, a in name_cases() if name == vector)
     verdicts = service.verify_batch([task, task], [honest, hostile], context=VerifyContext(sandbox_pool=pool))
     assert not any(v.is_infra_error for v in verdicts), verdicts
-    assert verdicts[0].score < 1, verdicts[0].details  # the honest completion is wrong somewhere: there is something to forge
+    assert verdicts[0].score < 1, verdicts[
+        0
+    ].details  # the honest completion is wrong somewhere: there is something to forge
     forged = verdicts[1].score != verdicts[0].score
-    reliability.inputs(f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    reliability.inputs(
+        f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY
+    )
     assert not forged, (verdicts[0].details, verdicts[1].details)
 
 
@@ -405,42 +480,105 @@ def test_no_name_the_program_binds_stands_in_for_a_builtin_or_a_prompt_helper(ve
 
 def _answers(dunders: str) -> str:
     """``f(x)`` returns an object of a class with these methods (``x`` kept as ``self.x``)."""
-    return f"class R:\n    def __init__(self, x):\n        self.x = x\n{textwrap.indent(textwrap.dedent(dunders), '    ')}" \
-           "def f(x):\n    return R(x)\n"
+    return (
+        f"class R:\n    def __init__(self, x):\n        self.x = x\n{textwrap.indent(textwrap.dedent(dunders), '    ')}"
+        "def f(x):\n    return R(x)\n"
+    )
 
 
 REQUEST_CASES: list[tuple[str, str, str, str, int]] = [
     # (request kind, tests, the honest method's signature, its body, the argument of the first test)
-    ("item", "assert f(1)[0] == 1\nassert all(map(lambda x: f(x)[1] == 2 * x, [2, 3, 4]))\n",
-     "__getitem__(self, i)", "return self.x if i == 0 else -1", 1),
-    ("len", "assert len(f(1)) == 1\nassert not any(map(lambda x: len(f(x)) != x, [5, 6]))\n",
-     "__len__(self)", "return 1", 1),
-    ("bool in filter", "assert f(1)\nassert not list(filter(lambda x: not f(x), [-4, 0, 9]))\n",
-     "__bool__(self)", "return self.x == 1", 1),
-    ("attribute", "assert f(1).value == 1\nassert next(filter(lambda x: f(x).double != 2 * x, [3, 7]), None) is None\n",
-     "__getattr__(self, name)", "return self.x if name == 'value' else 0", 1),
-    ("str", "assert str(f(1)) == '1'\nassert min(map(lambda x: str(f(x)) == hex(x), [10, 11]), default=True)\n",
-     "__str__(self)", "return str(self.x)", 1),
-    ("repr", "assert repr(f(1)) == 'R(1)'\nassert all(a == b for a, b in zip(map(lambda x: repr(f(x)), [2, 3]), ['R(2)', 'R(3)']))\n",
-     "__repr__(self)", "return 'R(1)'", 1),
-    ("int", "assert int(f(1)) == 1\nassert sum(map(lambda x: abs(int(f(x)) - x * x), [2, 3])) == 0\n",
-     "__int__(self)", "return self.x", 1),
-    ("index", "assert [10, 20, 30][f(0)] == 10\nassert all(map(lambda x: 'abcd'[f(x)] == 'dcba'[x], [1, 2]))\n",
-     "__index__(self)", "return 0", 0),
-    ("float", "assert float(f(2)) == 1.0\nassert all(map(lambda x: float(f(x)) == x / 2, [3, 5]))\n",
-     "__float__(self)", "return 1.0", 2),
-    ("contains", "assert 1 in f(1)\nassert all(map(lambda x: x + 1 in f(x), [4, 8]))\n",
-     "__contains__(self, v)", "return v == self.x", 1),
-    ("iteration", "assert list(f(1)) == [1]\nassert all(map(lambda x: sorted(f(x)) == [0, x], [2, 3]))\n",
-     "__iter__(self)", "return iter([self.x])", 1),
-    ("call through zip", "assert f(1).x == 1\nassert all(a == b for a, b in zip(map(lambda x: f(x)(), [2, 3]), [4, 9]))\n",
-     "__call__(self)", "return self.x", 1),
+    (
+        "item",
+        "assert f(1)[0] == 1\nassert all(map(lambda x: f(x)[1] == 2 * x, [2, 3, 4]))\n",
+        "__getitem__(self, i)",
+        "return self.x if i == 0 else -1",
+        1,
+    ),
+    (
+        "len",
+        "assert len(f(1)) == 1\nassert not any(map(lambda x: len(f(x)) != x, [5, 6]))\n",
+        "__len__(self)",
+        "return 1",
+        1,
+    ),
+    (
+        "bool in filter",
+        "assert f(1)\nassert not list(filter(lambda x: not f(x), [-4, 0, 9]))\n",
+        "__bool__(self)",
+        "return self.x == 1",
+        1,
+    ),
+    (
+        "attribute",
+        "assert f(1).value == 1\nassert next(filter(lambda x: f(x).double != 2 * x, [3, 7]), None) is None\n",
+        "__getattr__(self, name)",
+        "return self.x if name == 'value' else 0",
+        1,
+    ),
+    (
+        "str",
+        "assert str(f(1)) == '1'\nassert min(map(lambda x: str(f(x)) == hex(x), [10, 11]), default=True)\n",
+        "__str__(self)",
+        "return str(self.x)",
+        1,
+    ),
+    (
+        "repr",
+        "assert repr(f(1)) == 'R(1)'\nassert all(a == b for a, b in zip(map(lambda x: repr(f(x)), [2, 3]), ['R(2)', 'R(3)']))\n",
+        "__repr__(self)",
+        "return 'R(1)'",
+        1,
+    ),
+    (
+        "int",
+        "assert int(f(1)) == 1\nassert sum(map(lambda x: abs(int(f(x)) - x * x), [2, 3])) == 0\n",
+        "__int__(self)",
+        "return self.x",
+        1,
+    ),
+    (
+        "index",
+        "assert [10, 20, 30][f(0)] == 10\nassert all(map(lambda x: 'abcd'[f(x)] == 'dcba'[x], [1, 2]))\n",
+        "__index__(self)",
+        "return 0",
+        0,
+    ),
+    (
+        "float",
+        "assert float(f(2)) == 1.0\nassert all(map(lambda x: float(f(x)) == x / 2, [3, 5]))\n",
+        "__float__(self)",
+        "return 1.0",
+        2,
+    ),
+    (
+        "contains",
+        "assert 1 in f(1)\nassert all(map(lambda x: x + 1 in f(x), [4, 8]))\n",
+        "__contains__(self, v)",
+        "return v == self.x",
+        1,
+    ),
+    (
+        "iteration",
+        "assert list(f(1)) == [1]\nassert all(map(lambda x: sorted(f(x)) == [0, x], [2, 3]))\n",
+        "__iter__(self)",
+        "return iter([self.x])",
+        1,
+    ),
+    (
+        "call through zip",
+        "assert f(1).x == 1\nassert all(a == b for a, b in zip(map(lambda x: f(x)(), [2, 3]), [4, 9]))\n",
+        "__call__(self)",
+        "return self.x",
+        1,
+    ),
 ]
 
 
 @pytest.mark.parametrize("kind", [case[0] for case in REQUEST_CASES])
-def test_no_request_of_the_tests_ends_their_loop_early(kind: str, service: VerifierService, pool: SandboxPool,
-                                                       reliability: Reliability) -> None:
+def test_no_request_of_the_tests_ends_their_loop_early(
+    kind: str, service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     tests, method, body, first = next((t, m, b, a) for k, t, m, b, a in REQUEST_CASES if k == kind)
     honest = _answers(f"def {method}:\n    {body}\n")
     # as honest on the first test's object; StopIteration instead of every wrong answer
@@ -450,7 +588,9 @@ def test_no_request_of_the_tests_ends_their_loop_early(kind: str, service: Verif
     assert not any(v.is_infra_error for v in verdicts), [v.details for v in verdicts]
     assert verdicts[0].score == pytest.approx(0.5), verdicts[0].details  # the first test right, the loop's test wrong
     forged = verdicts[1].score != verdicts[0].score
-    reliability.inputs(f"reward_integrity.request_kinds.{kind}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    reliability.inputs(
+        f"reward_integrity.request_kinds.{kind}", tried=1, refused_cleanly=int(not forged), category=CATEGORY
+    )
     assert not forged, (verdicts[0].details, verdicts[1].details)
     assert "StopIteration from" in verdicts[1].details, verdicts[1].details
 
@@ -458,55 +598,93 @@ def test_no_request_of_the_tests_ends_their_loop_early(kind: str, service: Verif
 def test_the_end_of_the_code_s_iterator_is_still_the_end_for_next(service: VerifierService, pool: SandboxPool) -> None:
     """``next`` is the one request whose StopIteration means what it says: the code's iterator is exhausted."""
     tests = "it = f(2)\nassert next(it) == 0\nassert next(it) == 1\nassert next(it, 'end') == 'end'\n"
-    verdict = service.verify(code_task(tests), "def f(n):\n    return iter(range(n))\n", context=VerifyContext(sandbox_pool=pool))
+    verdict = service.verify(
+        code_task(tests), "def f(n):\n    return iter(range(n))\n", context=VerifyContext(sandbox_pool=pool)
+    )
     assert verdict.passed, verdict.details
 
 
 # ----------------------------------------------------------------------------- modules the tests read without importing
 
 MODULE_CASES = [  # (vector, tests, honest wrong completion, the module the program binds in its place)
-    ("math without import", "assert math.isclose(f(0.5), 1.5)\nassert math.isclose(f(2.0), 3.0)\n",
-     "def f(x):\n    return x + 1 if x < 1 else 0.0\n", "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n"),
-    ("string without import", "assert f('a') == string.ascii_lowercase[1]\nassert f('y') == string.ascii_lowercase[25]\n",
-     "def f(c):\n    return 'b'\n", "import types\nstring = types.SimpleNamespace(ascii_lowercase='bbbbbbbbbbbbbbbbbbbbbbbbbb')\n"),
-    ("statistics without import", "assert f([1, 2, 3]) == statistics.mean([1, 2, 3])\nassert f([4, 4, 10]) == statistics.mean([4, 4, 10])\n",
-     "def f(xs):\n    return 2\n", "class statistics:\n    mean = staticmethod(lambda xs: 2)\n"),
-    ("operator without import (a function of it passed to the code)",
-     "assert f(operator.add, 2, 3) == 5\nassert f(operator.mul, 2, 3) == 6\n",
-     "def f(op, a, b):\n    return a * b if op == 'mul' else a + b\n", "operator = type('operator', (), {'add': 'add', 'mul': 'mul'})\n"),
+    (
+        "math without import",
+        "assert math.isclose(f(0.5), 1.5)\nassert math.isclose(f(2.0), 3.0)\n",
+        "def f(x):\n    return x + 1 if x < 1 else 0.0\n",
+        "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n",
+    ),
+    (
+        "string without import",
+        "assert f('a') == string.ascii_lowercase[1]\nassert f('y') == string.ascii_lowercase[25]\n",
+        "def f(c):\n    return 'b'\n",
+        "import types\nstring = types.SimpleNamespace(ascii_lowercase='bbbbbbbbbbbbbbbbbbbbbbbbbb')\n",
+    ),
+    (
+        "statistics without import",
+        "assert f([1, 2, 3]) == statistics.mean([1, 2, 3])\nassert f([4, 4, 10]) == statistics.mean([4, 4, 10])\n",
+        "def f(xs):\n    return 2\n",
+        "class statistics:\n    mean = staticmethod(lambda xs: 2)\n",
+    ),
+    (
+        "operator without import (a function of it passed to the code)",
+        "assert f(operator.add, 2, 3) == 5\nassert f(operator.mul, 2, 3) == 6\n",
+        "def f(op, a, b):\n    return a * b if op == 'mul' else a + b\n",
+        "operator = type('operator', (), {'add': 'add', 'mul': 'mul'})\n",
+    ),
 ]
 
 
 @pytest.mark.parametrize("vector", [case[0] for case in MODULE_CASES])
-def test_a_module_the_tests_read_is_the_grader_s_own_import(vector: str, service: VerifierService, pool: SandboxPool,
-                                                            reliability: Reliability) -> None:
+def test_a_module_the_tests_read_is_the_grader_s_own_import(
+    vector: str, service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     tests, honest, module = next((t, h, m) for v, t, h, m in MODULE_CASES if v == vector)
     task = code_task(tests)
     verdicts = service.verify_batch([task, task], [honest, honest + module], context=VerifyContext(sandbox_pool=pool))
     assert not any(v.is_infra_error for v in verdicts), [v.details for v in verdicts]
     assert verdicts[0].score == pytest.approx(0.5), verdicts[0].details
     forged = verdicts[1].score != verdicts[0].score
-    reliability.inputs(f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY)
+    reliability.inputs(
+        f"reward_integrity.program_names.{vector}", tried=1, refused_cleanly=int(not forged), category=CATEGORY
+    )
     assert not forged, (verdicts[0].details, verdicts[1].details)
 
 
-def test_right_solutions_still_read_the_prompt_helpers_and_the_program_s_own_names(service: VerifierService, pool: SandboxPool) -> None:
+def test_right_solutions_still_read_the_prompt_helpers_and_the_program_s_own_names(
+    service: VerifierService, pool: SandboxPool
+) -> None:
     """The prompt's own encode_cyclic (from the prelude, or the tests of repair.humaneval), a class of the program's
     that the tests use, and a program that rebinds a builtin the tests read for themselves."""
     decode = repair_humaneval_task("decode_cyclic")
     he38 = humaneval_task("HumanEval/38")
-    controls = [(he38, he38.reference or ""), (decode, decode.reference or ""),
-                (code_task("assert Box(2).f(1) == 3\n"), "class Box:\n    def __init__(self, n):\n        self.n = n\n"
-                                                         "    def f(self, x):\n        return x + self.n\n"),
-                (code_task("assert sum(f(x) for x in [1, 2]) == 5\n"), "def f(x):\n    return x + 1\nsum = lambda *a: 0\n"),
-                (code_task("assert math.floor(f(1.5)) == 2\n"), "import math\ndef f(x):\n    return x + 1\nmath = None\n"),
-                (TaskSpec(domain="test.reward_integrity", prompt="write copy(xs)", verifier={"kind": "code", "spec": {
-                    "tests": "assert copy([1]) == [1, 1]\n", "entry_point": "copy"}}), "def copy(xs):\n    return xs * 2\n")]
-    verdicts = service.verify_batch([t for t, _ in controls], [c for _, c in controls], context=VerifyContext(sandbox_pool=pool))
+    controls = [
+        (he38, he38.reference or ""),
+        (decode, decode.reference or ""),
+        (
+            code_task("assert Box(2).f(1) == 3\n"),
+            "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+            "    def f(self, x):\n        return x + self.n\n",
+        ),
+        (code_task("assert sum(f(x) for x in [1, 2]) == 5\n"), "def f(x):\n    return x + 1\nsum = lambda *a: 0\n"),
+        (code_task("assert math.floor(f(1.5)) == 2\n"), "import math\ndef f(x):\n    return x + 1\nmath = None\n"),
+        (
+            TaskSpec(
+                domain="test.reward_integrity",
+                prompt="write copy(xs)",
+                verifier={"kind": "code", "spec": {"tests": "assert copy([1]) == [1, 1]\n", "entry_point": "copy"}},
+            ),
+            "def copy(xs):\n    return xs * 2\n",
+        ),
+    ]
+    verdicts = service.verify_batch(
+        [t for t, _ in controls], [c for _, c in controls], context=VerifyContext(sandbox_pool=pool)
+    )
     assert all(v.passed for v in verdicts), [v.details for v in verdicts]
 
 
-def test_a_process_left_behind_does_not_reach_the_next_check(service: VerifierService, reliability: Reliability) -> None:
+def test_a_process_left_behind_does_not_reach_the_next_check(
+    service: VerifierService, reliability: Reliability
+) -> None:
     """One sandbox, so the next check gets the very sandbox the hostile code forked in."""
     data_dir = reachable_dir()
     try:
@@ -573,10 +751,14 @@ def test_comparisons_are_by_value_never_by_the_code_s_methods(service: VerifierS
 
 
 def tool_task(spec: dict[str, object]) -> TaskSpec:
-    return TaskSpec(domain="test.reward_integrity", prompt="write the answer", verifier={"kind": "tool_use", "spec": spec})
+    return TaskSpec(
+        domain="test.reward_integrity", prompt="write the answer", verifier={"kind": "tool_use", "spec": spec}
+    )
 
 
-def test_tool_use_checks_cannot_be_answered_by_the_agent(service: VerifierService, pool: SandboxPool, reliability: Reliability) -> None:
+def test_tool_use_checks_cannot_be_answered_by_the_agent(
+    service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     file_check = {"check": "file_contains", "path": "out.txt", "expected": "right", "match": "equals"}
     command_check = {"check": "command_output", "command": "python3 solve.py", "expected": "42"}
     tried = refused = 0
@@ -610,16 +792,22 @@ def test_tool_use_checks_cannot_be_answered_by_the_agent(service: VerifierServic
         honest = service.verify(tool_task(spec), "", context=VerifyContext(sandbox=sandbox))
         # (what it writes while its own check runs is its program's doing, as if the agent had written it; what
         # it would write after that check is not)
-        sneaky = ("import subprocess\nprint(42)\nsubprocess.Popen(['/bin/bash', '-c', 'sleep 0.3; while true; do echo -n right > out.txt; "
-                  "sleep 0.01; done'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n")
+        sneaky = (
+            "import subprocess\nprint(42)\nsubprocess.Popen(['/bin/bash', '-c', 'sleep 0.3; while true; do echo -n right > out.txt; "
+            "sleep 0.01; done'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        )
         assert sandbox.write_file("solve.py", sneaky).ok
         hostile = service.verify(tool_task(spec), "", context=VerifyContext(sandbox=sandbox))
         tried += 1
         refused += hostile.score == honest.score == pytest.approx(0.5)
         assert sandbox.pid is not None
         box = psutil.Process(sandbox.pid)
-        wait_for(lambda: not any(p.name() == "bash" for p in box.children(recursive=True)), timeout=10, interval=0.05,
-                 message="the checks' processes to be gone")
+        wait_for(
+            lambda: not any(p.name() == "bash" for p in box.children(recursive=True)),
+            timeout=10,
+            interval=0.05,
+            message="the checks' processes to be gone",
+        )
 
     # 3. A task cannot ask for the agent's own interpreter to run the checks.
     tried += 1
@@ -634,8 +822,9 @@ def test_tool_use_checks_cannot_be_answered_by_the_agent(service: VerifierServic
 # ----------------------------------------------------------------------------- code_repair rubric
 
 
-def test_code_repair_grades_the_module_as_the_episode_left_it(service: VerifierService, pool: SandboxPool,
-                                                               reliability: Reliability) -> None:
+def test_code_repair_grades_the_module_as_the_episode_left_it(
+    service: VerifierService, pool: SandboxPool, reliability: Reliability
+) -> None:
     from posttrain.platform.tasks.domains.registry import generate
     from posttrain.platform.verifiers.sandboxes import set_shared_pool
     from posttrain.training.environments.base import Episode
@@ -652,14 +841,22 @@ def test_code_repair_grades_the_module_as_the_episode_left_it(service: VerifierS
                 for path, text in files.items():
                     assert sandbox.write_file(path, text).ok
                 if leave_a_writer:  # rewrites solution.py with the reference, too late to be the episode's work
-                    writer = ("import subprocess\nsubprocess.Popen(['/bin/bash', '-c', 'sleep 0.3; cp reference.py solution.py'], "
-                              "start_new_session=True)\n")
+                    writer = (
+                        "import subprocess\nsubprocess.Popen(['/bin/bash', '-c', 'sleep 0.3; cp reference.py solution.py'], "
+                        "start_new_session=True)\n"
+                    )
                     assert sandbox.write_file("reference.py", task.reference or "").ok
                     assert sandbox.run_python(writer).ok
                 episode = Episode(task=task, prompt_ids=[], policy_version=0)
                 verdict = rubric.score(episode, service, sandbox)
                 time.sleep(0.5)
-                scores.append((verdict.score, episode.answer == files["solution.py"], sandbox.read_file("solution.py").value == files["solution.py"]))
+                scores.append(
+                    (
+                        verdict.score,
+                        episode.answer == files["solution.py"],
+                        sandbox.read_file("solution.py").value == files["solution.py"],
+                    )
+                )
     finally:
         set_shared_pool(previous)
     ok = scores[0][0] < 1 and scores[1] == scores[0] and all(s[1] and s[2] for s in scores)

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
+from test_roles import CODE_TASK, PASSWORD, png, state
 
-from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as
 from posttrain.platform import auth
 from posttrain.platform.api_keys import create_key
 from posttrain.platform.db.engine import session
@@ -28,7 +29,6 @@ from posttrain.platform.documents import add_document
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.tasks import store
-from test_roles import CODE_TASK, PASSWORD, png, state
 
 CATEGORY = "role_enforcement"
 PAGES = sorted((REPO_ROOT / "ui" / "views").glob("*.py"))
@@ -91,8 +91,9 @@ def reachable(at: AppTest) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_no_action_is_reachable_for_a_viewer(platform_env: dict[str, str], db_url: str, tmp_path: Path,
-                                             reliability: Reliability) -> None:
+def test_no_action_is_reachable_for_a_viewer(
+    platform_env: dict[str, str], db_url: str, tmp_path: Path, reliability: Reliability
+) -> None:
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
     tiny_dir = build_tiny_model(tmp_path / "tiny", TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2,

@@ -23,9 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import Reliability
-from posttrain.platform.sandbox import CallStatus, ProcessBackendWarning, SandboxConfig, SandboxPool, limits, seccomp, workdir
+
+from posttrain.platform.sandbox import (
+    CallStatus,
+    ProcessBackendWarning,
+    SandboxConfig,
+    SandboxPool,
+    limits,
+    seccomp,
+    workdir,
+)
 from posttrain.platform.sandbox.cgroups import CgroupHost, detect
 
 pytestmark = pytest.mark.requires("bubblewrap")
@@ -80,7 +88,9 @@ for _ in range(4):
 
 @pytest.mark.requires("cgroups")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_processes_together_stay_within_the_sandbox_memory(data_dir: Path, backend: str, reliability: Reliability) -> None:
+def test_processes_together_stay_within_the_sandbox_memory(
+    data_dir: Path, backend: str, reliability: Reliability
+) -> None:
     """Four processes of 100 MB each, every one under memory_mb (256 MB), 400 MB together: the OOM
     killer stops enough of them inside the sandbox; the host and the neighbouring sandbox go on."""
     with pool_of(data_dir, backend, memory_mb=256, work_size_mb=64, tmp_size_mb=32) as pool:
@@ -110,7 +120,9 @@ def test_an_interpreter_killed_for_memory_is_reported_as_memory(data_dir: Path, 
     with pool_of(data_dir, memory_mb=320, work_size_mb=160, tmp_size_mb=32) as pool, pool.acquire() as sandbox:
         ballast = sandbox.run_bash("for i in 1 2 3; do head -c 50M /dev/zero > ballast$i || exit 1; done")
         assert ballast.status is CallStatus.OK, ballast
-        result = sandbox.run_python("blocks = []\nfor _ in range(20):\n    blocks.append(b'x' * (10 << 20))\nlen(blocks)")
+        result = sandbox.run_python(
+            "blocks = []\nfor _ in range(20):\n    blocks.append(b'x' * (10 << 20))\nlen(blocks)"
+        )
         after = sandbox.run_bash("ls ballast* | wc -l")
         survived = result.status is CallStatus.MEMORY and after.stdout.strip() == "3"
         reliability.fault("interpreter over the sandbox's memory", survived=survived, category=CATEGORY,

@@ -45,7 +45,9 @@ class EnvironmentLoadError(RuntimeError):
     """An environment that cannot be built: unknown, or its plugin does not load."""
 
 
-def load_environment(config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig) -> Environment:
+def load_environment(
+    config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBase, sampling: SamplingConfig
+) -> Environment:
     """The multi-turn environment ``config.name`` names, built; :class:`EnvironmentLoadError` names
     the plugin and why when it cannot load (a job fails at its start with that one line)."""
     name = config.name
@@ -56,8 +58,10 @@ def load_environment(config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBa
         else:
             found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
             if not found:
-                raise EnvironmentLoadError(f"no environment {name!r}; known: {', '.join(environment_names())} "
-                                           f"(a plugin publishes one under the entry-point group {ENTRY_POINT_GROUP!r})")
+                raise EnvironmentLoadError(
+                    f"no environment {name!r}; known: {', '.join(environment_names())} "
+                    f"(a plugin publishes one under the entry-point group {ENTRY_POINT_GROUP!r})"
+                )
             cls = found[0].load()
         environment = cls(config, tokenizer, sampling)
     except EnvironmentLoadError:
@@ -66,10 +70,19 @@ def load_environment(config: EnvironmentConfig, tokenizer: PreTrainedTokenizerBa
         raise EnvironmentLoadError(f"environment {name!r} does not load: {type(exc).__name__}: {exc}") from exc
     missing = [m for m in ("name", "needs_sandbox", "rollout", "score") if not hasattr(environment, m)]
     if missing:
-        raise EnvironmentLoadError(f"environment {name!r} ({type(environment).__name__}) lacks {', '.join(missing)}; "
-                                   "see posttrain.training.environments.base.Environment")
+        raise EnvironmentLoadError(
+            f"environment {name!r} ({type(environment).__name__}) lacks {', '.join(missing)}; "
+            "see posttrain.training.environments.base.Environment"
+        )
     return environment
 
 
-__all__ = ["ENTRY_POINT_GROUP", "Environment", "EnvironmentLoadError", "Episode", "PolicyClient", "environment_names",
-           "load_environment"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Environment",
+    "EnvironmentLoadError",
+    "Episode",
+    "PolicyClient",
+    "environment_names",
+    "load_environment",
+]

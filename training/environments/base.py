@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
@@ -30,6 +30,7 @@ from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.inference import Completion
 from posttrain.training.rollout import prompt_ids
 
+
 class PolicyClient(Protocol):
     """Token-in, token-out sampling from the policy (an engine's batcher: :class:`~posttrain.training.inference.ContinuousBatcher`
     on the embedded engine, :class:`~posttrain.training.inference.VLLMBatcher` on vLLM)."""
@@ -37,7 +38,9 @@ class PolicyClient(Protocol):
     @property
     def version(self) -> int: ...
 
-    def complete(self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None) -> Completion: ...
+    def complete(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
+    ) -> Completion: ...
 
 
 @dataclass
@@ -66,8 +69,13 @@ class Turn:
     elapsed_s: float = 0.0
 
     def stored(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content, "tokens": self.tokens, "elapsed_s": round(self.elapsed_s, 4),
-                "tool_calls": [vars(c) for c in self.tool_calls]}
+        return {
+            "role": self.role,
+            "content": self.content,
+            "tokens": self.tokens,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "tool_calls": [vars(c) for c in self.tool_calls],
+        }
 
 
 @dataclass
@@ -135,14 +143,21 @@ class ChatTokens:
 
     # a system message of its own: templates put a default one first otherwise, and some pick it by
     # whether tool messages follow (SmolLM2's does), which would change the probe's first turn
-    _PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    _PROBE = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+    ]
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        self.end_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
+        self.end_text = (
+            cast(str, tokenizer.decode([tokenizer.eos_token_id])) if tokenizer.eos_token_id is not None else ""
+        )
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return cast(str, text)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -153,13 +168,19 @@ class ChatTokens:
         before = self._render(self._PROBE, False)
         after = self._render(self._PROBE + messages, True)
         if not after.startswith(before):
-            raise ValueError("this chat template renders earlier turns differently once more follow; "
-                             "a multi-turn episode cannot be kept token-in, token-out with it")
-        end = before.rindex(self.end_text) + len(self.end_text) if self.end_text and self.end_text in before else len(before)
-        return self.encode(before[end:] + after[len(before):])
+            raise ValueError(
+                "this chat template renders earlier turns differently once more follow; "
+                "a multi-turn episode cannot be kept token-in, token-out with it"
+            )
+        end = (
+            before.rindex(self.end_text) + len(self.end_text)
+            if self.end_text and self.end_text in before
+            else len(before)
+        )
+        return self.encode(before[end:] + after[len(before) :])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return cast(str, self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
 @runtime_checkable
@@ -200,7 +221,9 @@ class EnvironmentBase:
             episode.end("context")
             return None
         started = time.monotonic()
-        completion = client.complete(episode.all_ids, self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, room))
+        completion = client.complete(
+            episode.all_ids, self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, room)
+        )
         text = self.chat.decode(completion.token_ids)
         episode.add_policy(completion, text, time.monotonic() - started)
         return completion, text
@@ -215,10 +238,18 @@ class EnvironmentBase:
 
 def episode_record(episode: Episode) -> dict[str, Any]:
     """An episode as one JSON object: its task, its ids and masks token for token, its turns and verdict."""
-    return {"task": episode.task.model_dump(mode="json"), "prompt_ids": episode.prompt_ids, "token_ids": episode.token_ids,
-            "logprobs": episode.logprobs, "loss_mask": episode.loss_mask, "turns": [t.stored() for t in episode.turns],
-            "stop_reason": episode.stop_reason, "answer": episode.answer, "policy_version": episode.policy_version,
-            "reward": episode.verdict.score if episode.verdict is not None else None}
+    return {
+        "task": episode.task.model_dump(mode="json"),
+        "prompt_ids": episode.prompt_ids,
+        "token_ids": episode.token_ids,
+        "logprobs": episode.logprobs,
+        "loss_mask": episode.loss_mask,
+        "turns": [t.stored() for t in episode.turns],
+        "stop_reason": episode.stop_reason,
+        "answer": episode.answer,
+        "policy_version": episode.policy_version,
+        "reward": episode.verdict.score if episode.verdict is not None else None,
+    }
 
 
 def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> Path:
@@ -256,11 +287,17 @@ def read_episodes(path: str | Path, *, min_reward: float | None = None) -> list[
             continue
         try:
             row = json.loads(line)
-            stored = StoredEpisode([int(i) for i in row["prompt_ids"]], [int(i) for i in row["token_ids"]],
-                                   [int(m) for m in row["loss_mask"]], row.get("reward"))
+            stored = StoredEpisode(
+                [int(i) for i in row["prompt_ids"]],
+                [int(i) for i in row["token_ids"]],
+                [int(m) for m in row["loss_mask"]],
+                row.get("reward"),
+            )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}, line {number}: not an episode ({type(error).__name__}); write episodes with "
-                             "posttrain.training.environments.base.write_episodes") from None
+            raise ValueError(
+                f"{path}, line {number}: not an episode ({type(error).__name__}); write episodes with "
+                "posttrain.training.environments.base.write_episodes"
+            ) from None
         if len(stored.token_ids) != len(stored.loss_mask):
             raise ValueError(f"{path}, line {number}: token_ids and loss_mask differ in length; the episode is damaged")
         if min_reward is None or (stored.reward is not None and stored.reward >= min_reward):

@@ -15,8 +15,8 @@ running) reaches the grading. The reward is the fraction of hidden tests that pa
 from __future__ import annotations
 
 from posttrain.platform.sandbox import Sandbox
-from posttrain.platform.tasks.episodes import PROJECT_TOOLS, grade_project, is_project
 from posttrain.platform.tasks.domains.families.repair_tasks import MODULE
+from posttrain.platform.tasks.episodes import PROJECT_TOOLS, grade_project, is_project
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.environments.base import Episode
 from posttrain.training.environments.tool_use import ToolUse
@@ -28,8 +28,10 @@ class CodeRepair(ToolUse):
 
     def prepare(self, task: TaskSpec, sandbox: Sandbox | None) -> None:
         if not is_project(task):
-            raise ValueError(f"task {task.task_id or task.domain!r} has no project to repair (metadata.files with "
-                             f"{MODULE}); train code_repair on the repair.* domains")
+            raise ValueError(
+                f"task {task.task_id or task.domain!r} has no project to repair (metadata.files with "
+                f"{MODULE}); train code_repair on the repair.* domains"
+            )
         super().prepare(task, sandbox)
 
     def score(self, episode: Episode, service: VerifierService, sandbox: Sandbox | None) -> Verdict:

@@ -30,13 +30,24 @@ from posttrain.training.rollout import RolloutGroup, Trajectory
 
 
 class EpisodeRunner:
-    def __init__(self, environment: Environment, engine: InferenceEngine, env_config: EnvironmentConfig,
-                 service: VerifierService, *, group_size: int, seed: int = 0, pool: Any = None) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        engine: InferenceEngine,
+        env_config: EnvironmentConfig,
+        service: VerifierService,
+        *,
+        group_size: int,
+        seed: int = 0,
+        pool: Any = None,
+    ) -> None:
         self.environment, self.env_config, self.service, self.group_size = environment, env_config, service, group_size
         self.client = engine.batcher(seed=seed)
         self._own_pool = pool is None and environment.needs_sandbox
         self.pool = open_pool(self.env_config.concurrency) if self._own_pool else pool
-        self._threads = ThreadPoolExecutor(max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode")
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode"
+        )
 
     def groups(self, tasks: Sequence[TaskSpec]) -> list[RolloutGroup]:
         n = self.group_size
@@ -44,8 +55,11 @@ class EpisodeRunner:
         groups = []
         for task, members in zip(tasks, futures):
             episodes = [f.result() for f in members]
-            group = RolloutGroup(task=task, trajectories=[trajectory(e) for e in episodes],
-                                 policy_version=min(e.policy_version for e in episodes))
+            group = RolloutGroup(
+                task=task,
+                trajectories=[trajectory(e) for e in episodes],
+                policy_version=min(e.policy_version for e in episodes),
+            )
             group.infra_errors = sum(not e.scored for e in episodes)  # a verdict that failed made its episode unscored
             elapsed = [e.verdict.elapsed_s or 0.0 for e in episodes if e.verdict is not None]
             group.verify_latency_s = max(elapsed, default=0.0)
@@ -70,18 +84,27 @@ class EpisodeRunner:
                 try:
                     episode = self.environment.rollout(self.client, task, sandbox)
                 except Exception as exc:  # noqa: BLE001 - a plugin's fault fails its episode, not the run
-                    return _failed(task, self.client.version, "environment_error",
-                                   f"environment {name!r} raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+                    return _failed(
+                        task,
+                        self.client.version,
+                        "environment_error",
+                        f"environment {name!r} raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}",
+                    )
                 if episode.stop_reason is None:
                     episode.end("max_turns")
                 if episode.scored:
                     episode.verdict = self._score(episode, sandbox)
                     if episode.verdict.is_infra_error:
-                        episode.end("infrastructure_failure", answer=episode.answer,
-                                    error=f"the rubric could not score it: {episode.verdict.infra_error}")
+                        episode.end(
+                            "infrastructure_failure",
+                            answer=episode.answer,
+                            error=f"the rubric could not score it: {episode.verdict.infra_error}",
+                        )
                 return episode
         except Exception as exc:  # noqa: BLE001 - no sandbox to be had: an infrastructure failure
-            return _failed(task, self.client.version, "infrastructure_failure", f"no sandbox: {type(exc).__name__}: {exc}")
+            return _failed(
+                task, self.client.version, "infrastructure_failure", f"no sandbox: {type(exc).__name__}: {exc}"
+            )
 
     def _score(self, episode: Episode, sandbox: Sandbox | None) -> Verdict:
         try:
@@ -122,10 +145,16 @@ def trajectory(episode: Episode) -> Trajectory:
     verdict = episode.verdict
     scored = episode.scored and verdict is not None  # an infrastructure verdict left it unscored (EpisodeRunner)
     return Trajectory(
-        prompt_ids=episode.prompt_ids, completion_ids=episode.token_ids, behaviour_logprobs=episode.logprobs,
-        text=episode.answer or "", finished=episode.finished, loss_mask=episode.loss_mask, episode=episode,
+        prompt_ids=episode.prompt_ids,
+        completion_ids=episode.token_ids,
+        behaviour_logprobs=episode.logprobs,
+        text=episode.answer or "",
+        finished=episode.finished,
+        loss_mask=episode.loss_mask,
+        episode=episode,
         reward=verdict.score if scored and verdict is not None else None,
-        passed=verdict.passed if scored and verdict is not None else None, verdict=verdict,
+        passed=verdict.passed if scored and verdict is not None else None,
+        verdict=verdict,
     )
 
 
@@ -151,6 +180,12 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def stored_episode(episode: Episode) -> dict[str, Any]:
     """What the database keeps of an episode beside its prompt and answer: every turn after the prompt."""
-    return {"turns": [t.stored() for t in episode.turns], "stop_reason": episode.stop_reason, "error": episode.error,
-            "attempts": episode.attempts, "elapsed_s": round(episode.elapsed_s, 4),
-            "policy_tokens": sum(episode.loss_mask), "environment_tokens": len(episode.loss_mask) - sum(episode.loss_mask)}
+    return {
+        "turns": [t.stored() for t in episode.turns],
+        "stop_reason": episode.stop_reason,
+        "error": episode.error,
+        "attempts": episode.attempts,
+        "elapsed_s": round(episode.elapsed_s, 4),
+        "policy_tokens": sum(episode.loss_mask),
+        "environment_tokens": len(episode.loss_mask) - sum(episode.loss_mask),
+    }

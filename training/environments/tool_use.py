@@ -29,6 +29,7 @@ from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig, SamplingConfig
 from posttrain.training.environments.base import EnvironmentBase, Episode, PolicyClient, ToolCallRecord, Turn
 
+
 def clipped(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
@@ -66,9 +67,15 @@ class ToolUse(EnvironmentBase):
             completion, text = sampled
             return parse_tool_calls(text) if completion.finished else Ending("length")
 
-        ending = run_turns(reply, lambda ran: self.give_results(episode, ran), sandbox, allowed=self.tools,
-                           max_turns=self.config.max_turns, deadline=episode.started + self.config.episode_timeout_s,
-                           tool_timeout_s=self.config.tool_timeout_s)
+        ending = run_turns(
+            reply,
+            lambda ran: self.give_results(episode, ran),
+            sandbox,
+            allowed=self.tools,
+            max_turns=self.config.max_turns,
+            deadline=episode.started + self.config.episode_timeout_s,
+            tool_timeout_s=self.config.tool_timeout_s,
+        )
         return episode.end(ending.reason, answer=ending.answer, error=ending.error)
 
     def give_results(self, episode: Episode, ran: Ran) -> None:
@@ -77,8 +84,13 @@ class ToolUse(EnvironmentBase):
         turns, messages = [], []
         for call, result in ran:
             output = clipped(result.to_message_content(), self.config.tool_output_chars)
-            record = ToolCallRecord(call.name, call.arguments, "error" if call.error else result.status.value, output,
-                                    result.duration_ms / 1000)
+            record = ToolCallRecord(
+                call.name,
+                call.arguments,
+                "error" if call.error else result.status.value,
+                output,
+                result.duration_ms / 1000,
+            )
             episode.turns[-1].tool_calls.append(record)
             messages.append({"role": "tool", "name": call.name, "content": output})
             turns.append(Turn("tool", output, 0, elapsed_s=record.elapsed_s))

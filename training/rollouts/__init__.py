@@ -53,8 +53,16 @@ def backend_class(name: str) -> Callable[[RolloutSetup], RolloutBackend]:
 
 
 @contextlib.contextmanager
-def open_rollouts(config: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler,
-                  *, version: int, source: PolicySource, service: VerifierService | None = None) -> Iterator[RolloutBackend]:
+def open_rollouts(
+    config: GRPOConfig,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    scheduler: Scheduler,
+    *,
+    version: int,
+    source: PolicySource,
+    service: VerifierService | None = None,
+) -> Iterator[RolloutBackend]:
     """The backend ``config.rollout`` names, sampling from ``model``'s weights (published as ``version``),
     with its verifier pool (``service``, else one of its own when it verifies here), closed afterwards."""
     local_verifier = BACKENDS[config.rollout.backend][2]
@@ -64,8 +72,16 @@ def open_rollouts(config: GRPOConfig, model: torch.nn.Module, tokenizer: PreTrai
     executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="posttrain-verify-wait")
     rollouts: RolloutBackend | None = None
     try:
-        setup = RolloutSetup(model, tokenizer, scheduler, config, version, source,
-                             service if local_verifier else None, executor if local_verifier else None)
+        setup = RolloutSetup(
+            model,
+            tokenizer,
+            scheduler,
+            config,
+            version,
+            source,
+            service if local_verifier else None,
+            executor if local_verifier else None,
+        )
         rollouts = backend_class(config.rollout.backend)(setup)
         yield rollouts
     finally:

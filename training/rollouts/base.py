@@ -9,15 +9,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import TaskSpec, VerifierService
 from posttrain.training.config import GRPOConfig, PipelinedRollout, SamplingConfig
-from posttrain.training.modeling import PolicySource, load_policy
 from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
+from posttrain.training.modeling import PolicySource, load_policy
 from posttrain.training.rollout import RolloutGroup, collect_verification
 from posttrain.training.scheduler import Scheduler
 
@@ -92,12 +92,19 @@ class PolicySampler:
     with the policy version it holds: the body of every rollout worker (the rollout thread, a rollout
     process, a Ray actor)."""
 
-    def __init__(self, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, group_size: int,
-                 sampling: SamplingConfig, version: int = -1) -> None:
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        group_size: int,
+        sampling: SamplingConfig,
+        version: int = -1,
+    ) -> None:
         self.policy, self.tokenizer, self.group_size, self.sampling = policy, tokenizer, group_size, sampling
         self.policy.eval()
         self.policy.requires_grad_(False)
-        self.engine = EmbeddedRolloutEngine(policy, tokenizer, version=version)  # type: ignore[arg-type]
+        # a peft model under LoRA, which passes for one
+        self.engine = EmbeddedRolloutEngine(cast(PreTrainedModel, policy), tokenizer, version=version)
         self.episodes: EpisodeRunner | None = None  # set by open_episodes for a multi-turn environment
 
     @property
@@ -110,8 +117,9 @@ class PolicySampler:
         self.engine.version = value
 
     @classmethod
-    def from_recipe(cls, recipe: str | tuple[Any, Any], group_size: int, sampling: SamplingConfig, device: str,
-                    seed: int) -> PolicySampler:
+    def from_recipe(
+        cls, recipe: str | tuple[Any, Any], group_size: int, sampling: SamplingConfig, device: str, seed: int
+    ) -> PolicySampler:
         """A sampler in a worker of its own: the policy from a model directory or a shipped ``(model, tokenizer)``."""
         torch.manual_seed(seed)
         policy, tokenizer = load_policy(recipe if isinstance(recipe, str) else tuple(recipe), device=device)
@@ -130,8 +138,9 @@ class PolicySampler:
             self.episodes.close()
 
 
-def open_episodes(config: GRPOConfig, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase,
-                  service: VerifierService | None) -> EpisodeRunner | None:
+def open_episodes(
+    config: GRPOConfig, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase, service: VerifierService | None
+) -> EpisodeRunner | None:
     """The episode runner of ``config.environment`` over ``engine`` (None for ``single_turn``, whose
     rollouts the engine batches itself); raises EnvironmentLoadError when the environment does not load."""
     if not config.environment.multi_turn:
@@ -140,12 +149,24 @@ def open_episodes(config: GRPOConfig, engine: InferenceEngine, tokenizer: PreTra
     from posttrain.training.environments.runner import EpisodeRunner
 
     environment = load_environment(config.environment, tokenizer, config.sampling)
-    return EpisodeRunner(environment, engine, config.environment, service or VerifierService(),
-                         group_size=config.algorithm.group_size, seed=config.seed)
+    return EpisodeRunner(
+        environment,
+        engine,
+        config.environment,
+        service or VerifierService(),
+        group_size=config.algorithm.group_size,
+        seed=config.seed,
+    )
 
 
-def sample_groups(engine: InferenceEngine, episodes: EpisodeRunner | None, tokenizer: PreTrainedTokenizerBase,
-                  tasks: Sequence[TaskSpec], group_size: int, sampling: SamplingConfig) -> list[RolloutGroup]:
+def sample_groups(
+    engine: InferenceEngine,
+    episodes: EpisodeRunner | None,
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[TaskSpec],
+    group_size: int,
+    sampling: SamplingConfig,
+) -> list[RolloutGroup]:
     """``group_size`` rollouts of each task: episodes of the environment, else single completions."""
     if episodes is not None:
         return episodes.groups(tasks)
@@ -154,7 +175,9 @@ def sample_groups(engine: InferenceEngine, episodes: EpisodeRunner | None, token
 
 def generated_tokens(groups: Sequence[RolloutGroup]) -> int:
     """Tokens the policy sampled (an episode's environment tokens not counted)."""
-    return sum(len(t.completion_ids) if t.loss_mask is None else sum(t.loss_mask) for g in groups for t in g.trajectories)
+    return sum(
+        len(t.completion_ids) if t.loss_mask is None else sum(t.loss_mask) for g in groups for t in g.trajectories
+    )
 
 
 class ReadyBatches:
@@ -215,8 +238,9 @@ def in_flight_limit(bound: PipelinedRollout, waiting: bool, capacity: int) -> in
     return min(bound.max_off_policy_steps + (1 if waiting else 0), capacity)
 
 
-def assemble_batch(out: RolloutBatch, take: Callable[[], Generated], version: int, config: GRPOConfig,
-                   scheduler: Scheduler) -> RolloutBatch:
+def assemble_batch(
+    out: RolloutBatch, take: Callable[[], Generated], version: int, config: GRPOConfig, scheduler: Scheduler
+) -> RolloutBatch:
     """Take produced batches until the step has ``batch_size`` groups with a learning signal (at most
     ``max_rollout_batches_per_step`` fresh batches): batches more than ``max_off_policy_steps`` policy
     versions old are dropped (with :func:`in_flight_limit` none should be), the rest are scored and

@@ -55,7 +55,13 @@ from posttrain.training.config import GRPOConfig, ProcessRollout
 from posttrain.training.modeling import frozen_copy
 from posttrain.training.rollout import SamplingConfig, submit_verification
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
+    Generated,
+    PolicySampler,
+    ReadyBatches,
+    RolloutBatch,
+    RolloutSetup,
+    assemble_batch,
+    in_flight_limit,
 )
 
 BATCHES_PER_WORKER = 2  # one sampling, one waiting behind it
@@ -113,8 +119,10 @@ class SharedWeights:
     def _slot_views(self, slot: int) -> dict[str, torch.Tensor]:
         if self._views is None:
             self._views = [
-                {key: self.buffer[s, off: off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
-                 for key, off, shape, dtype in self.layout}
+                {
+                    key: self.buffer[s, off : off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
+                    for key, off, shape, dtype in self.layout
+                }
                 for s in (0, 1)
             ]
         return self._views[slot]
@@ -122,8 +130,10 @@ class SharedWeights:
     @contextlib.contextmanager
     def _locked(self) -> Any:
         if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
-            raise RuntimeError(f"the shared weights' lock was held for over {LOCK_TIMEOUT_S:g} s: a rollout worker "
-                               "process died holding it")
+            raise RuntimeError(
+                f"the shared weights' lock was held for over {LOCK_TIMEOUT_S:g} s: a rollout worker "
+                "process died holding it"
+            )
         try:
             yield
         finally:
@@ -174,8 +184,17 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 # ===================================================================== the worker process
-def _worker_main(conn: Connection, tasks: Any, weights: SharedWeights, recipe: str | tuple[Any, Any], group_size: int,
-                 sampling: SamplingConfig, device: str, seed: int, threads: int) -> None:
+def _worker_main(
+    conn: Connection,
+    tasks: Any,
+    weights: SharedWeights,
+    recipe: str | tuple[Any, Any],
+    group_size: int,
+    sampling: SamplingConfig,
+    device: str,
+    seed: int,
+    threads: int,
+) -> None:
     """A rollout worker process: ``(batch id, tasks)`` in from ``tasks``, ``("done", batch id, Generated)`` out
     on ``conn``; ``None`` stops it, and so does its learner's end of ``conn`` closing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the learner, which stops the workers
@@ -237,7 +256,12 @@ class ProcessRollouts:
         if not isinstance(config.rollout, ProcessRollout):
             raise ValueError("ProcessRollouts needs rollout: {backend: process}")
         assert setup.service is not None and setup.executor is not None
-        self.scheduler, self.service, self.executor, self.config = setup.scheduler, setup.service, setup.executor, config
+        self.scheduler, self.service, self.executor, self.config = (
+            setup.scheduler,
+            setup.service,
+            setup.executor,
+            config,
+        )
         self.bound = config.rollout
         self.stats = ProcStats()
         self.rollout_threads, self.learner_threads = thread_split(config)
@@ -273,9 +297,21 @@ class ProcessRollouts:
         parent, child = self._context.Pipe(duplex=True)
         tasks = self._context.Queue()
         process = start_worker(
-            self._context, _worker_main, name=f"posttrain-rollout-{slot}.{incarnation}",
-            args=(child, tasks, self.weights, self._recipe, self.config.algorithm.group_size, self.config.sampling,
-                  self._device, self.config.seed + 1 + slot + 1000 * incarnation, self.rollout_threads))
+            self._context,
+            _worker_main,
+            name=f"posttrain-rollout-{slot}.{incarnation}",
+            args=(
+                child,
+                tasks,
+                self.weights,
+                self._recipe,
+                self.config.algorithm.group_size,
+                self.config.sampling,
+                self._device,
+                self.config.seed + 1 + slot + 1000 * incarnation,
+                self.rollout_threads,
+            ),
+        )
         child.close()
         return _Worker(slot, incarnation, process, parent, tasks)
 
@@ -302,8 +338,10 @@ class ProcessRollouts:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         self.stats.replaced_workers += 1
         if self.stats.replaced_workers > self._max_replacements:
-            raise RuntimeError(f"rollout worker processes keep dying ({self._max_replacements} replaced); "
-                               f"the last ({worker.process.name}, pid {worker.pid}) ended: {how}")
+            raise RuntimeError(
+                f"rollout worker processes keep dying ({self._max_replacements} replaced); "
+                f"the last ({worker.process.name}, pid {worker.pid}) ended: {how}"
+            )
         self._retry.extend(worker.pending.values())
         self.stats.requeued_batches += len(worker.pending)
         worker.pending.clear()
@@ -417,4 +455,3 @@ class ProcessRollouts:
         self._wake_r.close()
         self._wake_w.close()
         torch.set_num_threads(self._previous_threads)
-

@@ -53,23 +53,36 @@ from typing import Any
 try:
     import ray
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("rollout: {backend: ray} runs rollouts on Ray, which is not installed: pip install 'posttrain[ray]' "
-                      "(or choose another rollout backend)") from exc
+    raise ImportError(
+        "rollout: {backend: ray} runs rollouts on Ray, which is not installed: pip install 'posttrain[ray]' "
+        "(or choose another rollout backend)"
+    ) from exc
 import torch
 from ray.exceptions import (
-    GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError, RayTaskError, WorkerCrashedError,
+    GetTimeoutError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    WorkerCrashedError,
 )
 
+from posttrain.platform import metric_names as names
 from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import TaskSpec, Verdict
 from posttrain.training.config import RayRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import RolloutGroup, SamplingConfig
 from posttrain.training.rollouts.base import (
-    Generated, PolicySampler, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit,
+    Generated,
+    PolicySampler,
+    RolloutBatch,
+    RolloutSetup,
+    assemble_batch,
+    in_flight_limit,
 )
 from posttrain.training.rollouts.ray_actors import ToVerify, VerifierActor, WeightStore, infra_verdicts
-from posttrain.platform import metric_names as names
 
 ACTOR_NAMESPACE = "posttrain"  # the sandbox pools' namespace too
 START_TIMEOUT_S = 600.0  # actors import torch and load the model before they answer
@@ -86,8 +99,15 @@ class RolloutWorker:
     """A :class:`~posttrain.training.rollouts.base.PolicySampler` in a Ray actor: before each batch it loads the latest
     weights the learner put into the object store."""
 
-    def __init__(self, recipe: str | tuple[Any, Any], store: Any, group_size: int, sampling: SamplingConfig,
-                 device: str, seed: int) -> None:
+    def __init__(
+        self,
+        recipe: str | tuple[Any, Any],
+        store: Any,
+        group_size: int,
+        sampling: SamplingConfig,
+        device: str,
+        seed: int,
+    ) -> None:
         self.sampler = PolicySampler.from_recipe(recipe, group_size, sampling, device, seed)
         self.store = store
 
@@ -153,7 +173,13 @@ class RayRollouts:
     """Rollout workers and verifiers as Ray actors; see the module docstring."""
 
     def __init__(self, setup: RolloutSetup) -> None:
-        config, model, tokenizer, source, version = setup.config, setup.model, setup.tokenizer, setup.source, setup.version
+        config, model, tokenizer, source, version = (
+            setup.config,
+            setup.model,
+            setup.tokenizer,
+            setup.source,
+            setup.version,
+        )
         if not isinstance(config.rollout, RayRollout):
             raise ValueError("RayRollouts needs rollout: {backend: ray}")
         self.bound = spec = config.rollout
@@ -173,14 +199,22 @@ class RayRollouts:
         cpus = spec.workers + spec.verifier_actors  # one each
         if not ray.is_initialized():
             # a Ray started here (no address) gets enough logical CPUs for the actors even on a small host
-            local = {} if address else {"num_cpus": max(os.cpu_count() or 1, cpus)}
-            ray.init(address=address or None, namespace=ACTOR_NAMESPACE, log_to_driver=False, configure_logging=False,
-                     **local)
+            local: dict[str, Any] = {} if address else {"num_cpus": max(os.cpu_count() or 1, cpus)}
+            ray.init(
+                address=address or None,
+                namespace=ACTOR_NAMESPACE,
+                log_to_driver=False,
+                configure_logging=False,
+                **local,
+            )
             self._owns_ray = True
         try:
             self._check_resources(cpus, spec.workers * spec.worker_gpus)
-            self._store = _remote(WeightStore).options(
-                num_cpus=0, max_restarts=-1, name=f"posttrain-weights-{self.run_id}").remote()
+            self._store = (
+                _remote(WeightStore)
+                .options(num_cpus=0, max_restarts=-1, name=f"posttrain-weights-{self.run_id}")
+                .remote()
+            )
             self._put_weights(model, version)
             if isinstance(source, (str, Path)) and config.lora is None and config.chat_template is None:
                 self._recipe: Any = str(Path(source).resolve())
@@ -203,20 +237,33 @@ class RayRollouts:
                 f"the Ray cluster has {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; the run's actors need "
                 f"{cpus:g} CPUs (one per rollout worker and per verifier actor) and {gpus:g} GPUs "
                 "(workers * worker_gpus): lower rollout_workers / verifier_actors (rollout.workers / "
-                "rollout.verifier_actors) or add nodes")
+                "rollout.verifier_actors) or add nodes"
+            )
 
     def _spawn_worker(self, slot: int, incarnation: int) -> _Slot:
         name = f"posttrain-rollout-{self.run_id}-{slot}.{incarnation}"
         gpus = self.bound.worker_gpus
-        actor = _remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus, max_restarts=0, name=name).remote(
-            self._recipe, self._store, self.config.algorithm.group_size, self.config.sampling, "cuda" if gpus > 0 else "cpu",
-            self.config.seed + 1 + slot + 1000 * incarnation)
+        actor = (
+            _remote(RolloutWorker)
+            .options(num_cpus=1, num_gpus=gpus, max_restarts=0, name=name)
+            .remote(
+                self._recipe,
+                self._store,
+                self.config.algorithm.group_size,
+                self.config.sampling,
+                "cuda" if gpus > 0 else "cpu",
+                self.config.seed + 1 + slot + 1000 * incarnation,
+            )
+        )
         return _Slot(actor, incarnation, name)
 
     def _spawn_verifier(self, slot: int, incarnation: int) -> _Slot:
         name = f"posttrain-verifier-{self.run_id}-{slot}.{incarnation}"
-        actor = _remote(VerifierActor).options(num_cpus=1, max_restarts=0, max_concurrency=8, name=name).remote(
-            self.config.verifier_workers)
+        actor = (
+            _remote(VerifierActor)
+            .options(num_cpus=1, max_restarts=0, max_concurrency=8, name=name)
+            .remote(self.config.verifier_workers)
+        )
         return _Slot(actor, incarnation, name)
 
     def _wait_ready(self) -> None:
@@ -235,7 +282,8 @@ class RayRollouts:
         self.stats.replaced_verifiers += what == "verifier"
         if self.stats.replaced_workers + self.stats.replaced_verifiers > self._max_replacements:
             raise RuntimeError(
-                f"Ray {what}s keep dying ({self._max_replacements} replaced); the last: {_first_line(exc)}") from exc
+                f"Ray {what}s keep dying ({self._max_replacements} replaced); the last: {_first_line(exc)}"
+            ) from exc
         with contextlib.suppress(RayError):
             ray.kill(slots[slot].actor, no_restart=True)
         spawn = self._spawn_worker if slots is self._workers else self._spawn_verifier
@@ -253,7 +301,9 @@ class RayRollouts:
 
     def _fill(self) -> None:
         """Keep every worker busy, up to the bound on outstanding batches."""
-        while len(self._flights) < in_flight_limit(self.bound, self._waiting, len(self._workers) + self.bound.queue_size):
+        while len(self._flights) < in_flight_limit(
+            self.bound, self._waiting, len(self._workers) + self.bound.queue_size
+        ):
             busy = Counter(f.slot for f in self._flights if f.result is None)
             slot = min(range(len(self._workers)), key=lambda s: busy[s])
             if busy[slot] >= BATCHES_PER_WORKER:
@@ -313,7 +363,9 @@ class RayRollouts:
                     if flight.verify_attempts < 2:
                         self._verify(flight)
                         continue
-                    return flight, _groups_infra(flight.result.groups, f"the verifier actor was lost twice: {_first_line(exc)}")
+                    return flight, _groups_infra(
+                        flight.result.groups, f"the verifier actor was lost twice: {_first_line(exc)}"
+                    )
                 except RayError as exc:  # e.g. a task with an unknown verifier kind: the operator must fix it
                     raise RuntimeError(f"verification on Ray failed: {_first_line(exc)}") from exc
             if time.monotonic() > flight.deadline:

@@ -4,14 +4,24 @@ engine; a multi-turn environment's episodes through its runner), verify, return 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine
 from posttrain.training.rollout import collect_verification, submit_verification
 from posttrain.training.rollouts.base import (
-    RolloutBatch, RolloutSetup, generated_tokens, has_signal, open_episodes, record, sample_groups,
+    RolloutBatch,
+    RolloutSetup,
+    generated_tokens,
+    has_signal,
+    open_episodes,
+    record,
+    sample_groups,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class SyncRollouts:
@@ -22,21 +32,29 @@ class SyncRollouts:
     def __init__(self, setup: RolloutSetup, engine: InferenceEngine | None = None) -> None:
         assert setup.service is not None and setup.executor is not None
         self.setup = setup
-        self.engine = engine or EmbeddedRolloutEngine(setup.model, setup.tokenizer, version=setup.version)  # type: ignore[arg-type]
+        policy = cast("PreTrainedModel", setup.model)  # a peft model under LoRA, which passes for one
+        self.engine = engine or EmbeddedRolloutEngine(policy, setup.tokenizer, version=setup.version)
         self.episodes = open_episodes(setup.config, self.engine, setup.tokenizer, setup.service)
 
     def next_batch(self, version: int) -> RolloutBatch:
         s, config = self.setup, self.setup.config
+        assert s.executor is not None and s.service is not None  # checked in __init__
         out = RolloutBatch()
         useful = 0
         for _ in range(config.algorithm.max_rollout_batches_per_step):
             t0 = time.perf_counter()
-            groups = sample_groups(self.engine, self.episodes, s.tokenizer, s.scheduler.next_batch(config.scheduler.batch_size - useful),
-                                   config.algorithm.group_size, config.sampling)
+            groups = sample_groups(
+                self.engine,
+                self.episodes,
+                s.tokenizer,
+                s.scheduler.next_batch(config.scheduler.batch_size - useful),
+                config.algorithm.group_size,
+                config.sampling,
+            )
             out.generation_s += time.perf_counter() - t0
             out.generated_tokens += generated_tokens(groups)
             for group in groups:
-                submit_verification(s.executor, s.service, group, config.verifier_timeout_s)  # type: ignore[arg-type]
+                submit_verification(s.executor, s.service, group, config.verifier_timeout_s)
             for group in groups:
                 collect_verification(group)
                 record(s.scheduler, group)

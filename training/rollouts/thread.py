@@ -17,7 +17,13 @@ from posttrain.training.config import ThreadRollout
 from posttrain.training.modeling import frozen_copy, snapshot_state
 from posttrain.training.rollout import submit_verification
 from posttrain.training.rollouts.base import (
-    PolicySampler, ReadyBatches, RolloutBatch, RolloutSetup, assemble_batch, in_flight_limit, open_episodes,
+    PolicySampler,
+    ReadyBatches,
+    RolloutBatch,
+    RolloutSetup,
+    assemble_batch,
+    in_flight_limit,
+    open_episodes,
 )
 
 
@@ -25,11 +31,14 @@ class ThreadRollouts:
     """A rollout thread with a policy snapshot feeding verification-in-flight batches to the learner."""
 
     def __init__(self, setup: RolloutSetup) -> None:
-        assert isinstance(setup.config.rollout, ThreadRollout) and setup.service is not None and setup.executor is not None
+        assert (
+            isinstance(setup.config.rollout, ThreadRollout) and setup.service is not None and setup.executor is not None
+        )
         self.setup, self.bound = setup, setup.config.rollout
         config = setup.config
-        self.sampler = PolicySampler(frozen_copy(setup.model), setup.tokenizer, config.algorithm.group_size, config.sampling,
-                                     setup.version)
+        self.sampler = PolicySampler(
+            frozen_copy(setup.model), setup.tokenizer, config.algorithm.group_size, config.sampling, setup.version
+        )
         self.sampler.episodes = open_episodes(config, self.sampler.engine, setup.tokenizer, setup.service)
         self._snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
         self.ready = ReadyBatches("the rollout thread", lambda: self._thread.is_alive())
@@ -43,6 +52,7 @@ class ThreadRollouts:
 
     def _run(self) -> None:
         s = self.setup
+        assert s.executor is not None and s.service is not None  # checked in __init__
         try:
             while not self._stop.is_set():
                 with self.ready.cond:
@@ -55,7 +65,7 @@ class ThreadRollouts:
                     self.sampler.load(snapshot[1], snapshot[0])
                 item = self.sampler.sample(s.scheduler.next_batch())
                 for group in item.groups:
-                    submit_verification(s.executor, s.service, group, s.config.verifier_timeout_s)  # type: ignore[arg-type]
+                    submit_verification(s.executor, s.service, group, s.config.verifier_timeout_s)
                 self.ready.put(item)
         except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
             self.ready.fail(exc)

@@ -40,16 +40,19 @@ class VLLMRollouts(SyncRollouts):
         if not isinstance(spec, VLLMRollout):
             raise ValueError("VLLMRollouts needs rollout: {backend: vllm}")
         if not isinstance(setup.source, (str, Path)) or setup.config.lora is not None:
-            raise ValueError("the vllm rollout backend loads the policy from its model directory: give the run a "
-                             "model directory (not a model object) and no LoRA, or choose another rollout backend")
+            raise ValueError(
+                "the vllm rollout backend loads the policy from its model directory: give the run a "
+                "model directory (not a model object) and no LoRA, or choose another rollout backend"
+            )
         device = next(setup.model.parameters()).device.type
         args = VLLMEngineArgs(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
                               kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
                               enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
                               device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed,
                               cpu_threads=spec.cpu_threads or torch.get_num_threads())  # fmt: skip
-        colocated = spec.engine == "colocated" or (spec.engine == "auto" and (
-            llm_class is not None or importlib.util.find_spec("vllm") is not None))
+        colocated = spec.engine == "colocated" or (
+            spec.engine == "auto" and (llm_class is not None or importlib.util.find_spec("vllm") is not None)
+        )
         engine: VLLMRolloutEngine | VLLMServerEngine
         if colocated:
             engine = VLLMRolloutEngine(setup.source, args=args, version=setup.version, llm_class=llm_class,

@@ -8,10 +8,10 @@ import streamlit as st
 
 from posttrain.platform import api_keys, auth
 from posttrain.platform.db.models import ApiKey, Role, utcnow
+from posttrain.platform.display import details_text, utc_text
 from posttrain.platform.models.registry import list_models
 from posttrain.platform.serving.client import CONSOLE_KEY
 from posttrain.platform.users import disable_user, enable_user
-from posttrain.platform.display import details_text, utc_text
 from posttrain.ui.common import can, guard_platform, me, plain_table
 
 RECENT_USE = timedelta(days=1)  # a key used this recently is "in use": revoking it asks for a confirmation first
@@ -50,7 +50,9 @@ def revoke_chosen() -> None:
         st.session_state["revoke_outcome"] = ("error", str(exc))
     else:
         st.session_state["revoke_outcome"] = (
-            "success", f"Revoked {api_keys.shown(row.key_id)} ({row.name}); requests with it are refused from now on.")
+            "success",
+            f"Revoked {api_keys.shown(row.key_id)} ({row.name}); requests with it are refused from now on.",
+        )
     st.session_state["revoke_key_id"] = None
     st.session_state["revoke_confirm"] = False
 
@@ -90,8 +92,10 @@ with right, st.form("change_role"):
 
 with st.form("account"):
     st.markdown("**Disable or enable a user**")
-    st.caption("A disabled user's console session, actions and API keys are refused from their next request on; "
-               "enabled again, they log in again and their keys work again.")
+    st.caption(
+        "A disabled user's console session, actions and API keys are refused from their next request on; "
+        "enabled again, they log in again and their keys work again."
+    )
     state = {u.username: "disabled" if u.disabled else "enabled" for u in users}
     account = st.selectbox("User", list(state), format_func=lambda n: f"{n} ({state[n]})", key="account_user")
     for column, (label, change) in zip(st.columns(2), (("Disable", disable_user), ("Enable", enable_user))):
@@ -109,21 +113,29 @@ with users_table.container():
                   "last login": u.last_login_at, "created": u.created_at} for u in users])  # fmt: skip
 
 st.subheader("API keys")
-st.caption("Keys of the OpenAI-compatible API: clients send one as `Authorization: Bearer pt-...` (the OpenAI "
-           "client's `api_key`). A key is shown once, when created; only a hash of it is kept.")
+st.caption(
+    "Keys of the OpenAI-compatible API: clients send one as `Authorization: Bearer pt-...` (the OpenAI "
+    "client's `api_key`). A key is shown once, when created; only a hash of it is kept."
+)
 left, right = st.columns(2)
 with left, st.form("create_key", clear_on_submit=True):
     st.markdown("**Create a key**")
     key_name = st.text_input("Name (who or what uses it)", key="key_name")
-    key_models = st.multiselect("Models it may use (none: every model)", [m.name for m in list_models()], key="key_models")
+    key_models = st.multiselect(
+        "Models it may use (none: every model)", [m.name for m in list_models()], key="key_models"
+    )
     if st.form_submit_button("Create key"):
         try:
             made = api_keys.create_key(me(), key_name, key_models)
         except (api_keys.ApiKeyError, PermissionError) as exc:
             st.error(str(exc))
         else:  # shown in this run only: the next rerun no longer has it
-            st.success(f"Created {api_keys.shown(made.key.key_id)} ({made.key.name}). Copy it now; it is not shown again.")
-            st.code(made.secret, language="text", wrap_lines=True)  # whole inside the half-width card, never cut at its edge
+            st.success(
+                f"Created {api_keys.shown(made.key.key_id)} ({made.key.name}). Copy it now; it is not shown again."
+            )
+            st.code(
+                made.secret, language="text", wrap_lines=True
+            )  # whole inside the half-width card, never cut at its edge
 keys = api_keys.list_keys(me())
 active = {k.key_id: k for k in keys if k.revoked_at is None}
 with right, st.container(border=True):
@@ -149,7 +161,9 @@ if keys:
                   "refused": "creator disabled" if k.created_by in disabled else None} for k in keys],
                 long={"name": "medium", "models": "medium"})  # fmt: skip
 else:
-    st.caption("No API keys yet: the gateway serves everyone on loopback, and refuses to listen beyond it, until one exists.")
+    st.caption(
+        "No API keys yet: the gateway serves everyone on loopback, and refuses to listen beyond it, until one exists."
+    )
 
 st.subheader("Audit log")
 page = st.number_input("Page", min_value=1, value=1, key="audit_page")

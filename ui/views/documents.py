@@ -45,7 +45,9 @@ def upload(files: list, password: str) -> None:
         if added.created:
             st.success(f"{f.name}: stored as document {added.document.id}, preprocess job {added.job_id} queued.")
         else:
-            st.info(f"{f.name}: the same content is already document {added.document.id} ({added.document.status.value}).")
+            st.info(
+                f"{f.name}: the same content is already document {added.document.id} ({added.document.status.value})."
+            )
 
 
 st.subheader("Upload")
@@ -73,10 +75,17 @@ def document_list() -> None:
     st.dataframe(
         pd.DataFrame(
             [
-                {"id": d.id, "file": d.filename, "kind": d.kind, "status": status_text(d.status), "pages": d.page_count,
-                 "size (KB)": round(d.size_bytes / 1024, 1),
-                 "active content": ", ".join((d.meta or {}).get("active_content") or []),
-                 "updated": d.updated_at, "error": d.error or ""}
+                {
+                    "id": d.id,
+                    "file": d.filename,
+                    "kind": d.kind,
+                    "status": status_text(d.status),
+                    "pages": d.page_count,
+                    "size (KB)": round(d.size_bytes / 1024, 1),
+                    "active content": ", ".join((d.meta or {}).get("active_content") or []),
+                    "updated": d.updated_at,
+                    "error": d.error or "",
+                }
                 for d in rows
             ]  # fmt: skip
         ),
@@ -135,8 +144,10 @@ labels = {d.id: f"#{d.id} {d.filename} ({d.status.value}, {d.page_count} pages)"
 doc_id = st.selectbox("Document", list(labels), format_func=labels.get, key="viewer_doc")
 active = next((d.meta or {}).get("active_content") for d in documents if d.id == doc_id)
 if active:
-    st.warning(f"This file carries active content ({', '.join(active)}). Nothing in it was run; only its text, "
-               "layout and renders were read. Treat the original with care.")
+    st.warning(
+        f"This file carries active content ({', '.join(active)}). Nothing in it was run; only its text, "
+        "layout and renders were read. Treat the original with care."
+    )
 pages = get_pages(int(doc_id))  # type: ignore[arg-type]
 if not pages:
     st.info("No page is stored yet; the preprocess job is still running.")
@@ -156,11 +167,15 @@ m1, m2, m3, m4 = st.columns(4)
 m1.metric("Visual tokens", page.visual_tokens if page.visual_tokens is not None else "n/a")
 m2.metric("Text tokens", counts.get("text", "n/a"))
 m3.metric("Markdown tokens", counts.get("markdown", "n/a"))
-m4.metric("Source", page.source + (f" ({layout.get('ocr_confidence'):.0f}% conf.)" if layout.get("ocr_confidence") else ""))
+m4.metric(
+    "Source", page.source + (f" ({layout.get('ocr_confidence'):.0f}% conf.)" if layout.get("ocr_confidence") else "")
+)
 words = counts.get("layout")
-st.caption(f"Token counts by {counts.get('tokenizer', 'an unknown tokenizer')}"
-           + (f"; {words:,} positioned words in the layout" if isinstance(words, int) else "")
-           + (f"; the page image as the vision encoder sizes it: {page.visual_tokens:,} tokens" if page.visual_tokens else ""))
+st.caption(
+    f"Token counts by {counts.get('tokenizer', 'an unknown tokenizer')}"
+    + (f"; {words:,} positioned words in the layout" if isinstance(words, int) else "")
+    + (f"; the page image as the vision encoder sizes it: {page.visual_tokens:,} tokens" if page.visual_tokens else "")
+)
 
 left, right = st.columns(2)
 with left:
@@ -186,8 +201,10 @@ if not chunks:
 else:
     st.dataframe(
         pd.DataFrame(
-            [{"seq": c.seq, "tokens": c.token_count, "headings": " › ".join(c.heading_path), "text": c.text[:300]}
-             for c in chunks]  # fmt: skip
+            [
+                {"seq": c.seq, "tokens": c.token_count, "headings": " › ".join(c.heading_path), "text": c.text[:300]}
+                for c in chunks
+            ]  # fmt: skip
         ),
         hide_index=True,
         width="stretch",

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from posttrain.platform.db.models import JobStatus
+from posttrain.platform.db.models import JobStatus, Role
+from posttrain.platform.display import utc_text
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.platform.db.models import Role
-from posttrain.platform.display import utc_text
 from posttrain.ui.common import can, fields_table, guard_platform, me, plain_table, status_label, yaml_block
 
 PAGE_SIZE = 25
@@ -44,13 +43,25 @@ def live_queue() -> None:
         return
     plain_table(
         [
-            {"id": j.id, "kind": j.kind, "status": status_label(j.status), "priority": j.priority,
-             "attempt": f"{j.attempts}/{j.max_attempts}", "progress": j.progress or 0.0, "message": j.progress_message or None,
-             "created": j.created_at, "finished": j.finished_at, "by": j.submitted_by, "error": j.error}
+            {
+                "id": j.id,
+                "kind": j.kind,
+                "status": status_label(j.status),
+                "priority": j.priority,
+                "attempt": f"{j.attempts}/{j.max_attempts}",
+                "progress": j.progress or 0.0,
+                "message": j.progress_message or None,
+                "created": j.created_at,
+                "finished": j.finished_at,
+                "by": j.submitted_by,
+                "error": j.error,
+            }
             for j in jobs
         ],  # fmt: skip
         long={"message": "medium", "error": "large"},
-        column_config={"progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")},
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")
+        },
     )
 
 
@@ -64,7 +75,9 @@ with st.form("submit_selftest"):
     priority = c3.number_input("Priority (higher runs first)", min_value=-100, max_value=100, value=0)
     if st.form_submit_button("Submit", type="primary", disabled=not can(Role.operator)):
         try:
-            job_id = queue.submit(me(), "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority))
+            job_id = queue.submit(
+                me(), "selftest", {"steps": int(steps), "sleep_s": float(sleep_s)}, priority=int(priority)
+            )
             st.success(f"Queued job {job_id}.")
         except (JobConfigError, PermissionError) as exc:
             st.error(str(exc))
@@ -80,9 +93,13 @@ def job_detail(job_id: int) -> None:
     except queue.JobNotFound as exc:
         st.warning(str(exc))
         return
-    st.markdown(f"**Job {job.id}** · `{job.kind}` · {status_label(job.status)} · attempt {job.attempts}/{job.max_attempts}")
+    st.markdown(
+        f"**Job {job.id}** · `{job.kind}` · {status_label(job.status)} · attempt {job.attempts}/{job.max_attempts}"
+    )
     times = [("submitted", job.created_at), ("started", job.started_at), ("finished", job.finished_at)]
-    st.caption(" · ".join(f"{what} {utc_text(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}")
+    st.caption(
+        " · ".join(f"{what} {utc_text(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}"
+    )
     if job.progress is not None:
         st.progress(job.progress, text=job.progress_message or None)
     elif job.progress_message:

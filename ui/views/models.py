@@ -16,11 +16,11 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus, Model, Role
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, read_result
-from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
-from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.downloads import export_link
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
-from posttrain.platform.models.downloads import export_link
+from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
+from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
 from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
 from posttrain.platform.serving.client import ChatError, chat_as, chat_with_tools, prometheus_values
@@ -28,7 +28,16 @@ from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets
-from posttrain.ui.common import can, console_pool, flash, guard_platform, me, per_domain_results, show_flash, show_message
+from posttrain.ui.common import (
+    can,
+    console_pool,
+    flash,
+    guard_platform,
+    me,
+    per_domain_results,
+    show_flash,
+    show_message,
+)
 
 METRICS = (
     "vllm:num_requests_running",
@@ -66,10 +75,18 @@ if models:
     st.dataframe(
         pd.DataFrame(
             [
-                {"model": m.name, "architecture": m.architecture, "base": names.get(m.base_model_id, ""),
-                 "from job": m.produced_by_job_id, "general check": general[m.name].short() if general[m.name] else "not measured",
-                 "vision": m.meta.get("is_vision", False), "source": m.meta.get("source", ""),
-                 "licence": m.meta.get("licence", ""), "path": m.path, "registered": m.created_at}
+                {
+                    "model": m.name,
+                    "architecture": m.architecture,
+                    "base": names.get(m.base_model_id, ""),
+                    "from job": m.produced_by_job_id,
+                    "general check": general[m.name].short() if general[m.name] else "not measured",
+                    "vision": m.meta.get("is_vision", False),
+                    "source": m.meta.get("source", ""),
+                    "licence": m.meta.get("licence", ""),
+                    "path": m.path,
+                    "registered": m.created_at,
+                }
                 for m in models
             ]  # fmt: skip
         ),
@@ -88,8 +105,10 @@ if models:
             st.caption(f"**{m.name}**: {m.meta['provenance']}; licence: {m.meta.get('licence', 'not recorded')}"
                        + (f" (its text: `{m.meta['licence_file']}`)" if m.meta.get("licence_file") else ""))  # fmt: skip
 else:
-    st.info("No models yet: import a built-in model (make run imports SmolLM2-135M-Instruct), a GGUF file or a Hugging "
-            "Face directory, or build a small one locally.")
+    st.info(
+        "No models yet: import a built-in model (make run imports SmolLM2-135M-Instruct), a GGUF file or a Hugging "
+        "Face directory, or build a small one locally."
+    )
 
 model_names = [m.name for m in models]
 
@@ -102,8 +121,11 @@ def deploy_confirmation(key: str) -> None:
     if not pending:
         return
     check = general.get(pending["model"])
-    st.warning(f"**{pending['model']}**: {check.describe() if check else NOT_MEASURED}, beyond 2 SE. "
-               "Deploy it anyway? The override is recorded in the audit log under your name.", icon=":material/warning:")
+    st.warning(
+        f"**{pending['model']}**: {check.describe() if check else NOT_MEASURED}, beyond 2 SE. "
+        "Deploy it anyway? The override is recorded in the audit log under your name.",
+        icon=":material/warning:",
+    )
     c1, c2 = st.columns(2)
     if c1.button(f"Deploy {pending['model']} despite the drop", key=f"{key}_confirm", type="primary"):
         try:
@@ -112,8 +134,10 @@ def deploy_confirmation(key: str) -> None:
             st.error(str(exc))
         else:
             st.session_state.pop(key)
-            flash(f"Queued deploy job {job_id} of {pending['model']} (its general check's drop allowed, audited); "
-                  "follow it on the Jobs page.")
+            flash(
+                f"Queued deploy job {job_id} of {pending['model']} (its general check's drop allowed, audited); "
+                "follow it on the Jobs page."
+            )
     elif c2.button("Cancel", key=f"{key}_cancel"):
         st.session_state.pop(key)
         st.rerun()
@@ -158,7 +182,9 @@ with import_tab, st.form("import_model"):
     if st.form_submit_button("Import", disabled=not operator):
         builtin = source_kind == "A built-in model"
         if builtin and not import_builtin:
-            st.error("Every built-in model is imported already; give the path of a GGUF file or Hugging Face directory.")
+            st.error(
+                "Every built-in model is imported already; give the path of a GGUF file or Hugging Face directory."
+            )
         elif not builtin and not import_path.strip():
             st.error("Give the path of a GGUF file or Hugging Face directory, or pick a built-in model.")
         else:
@@ -188,11 +214,20 @@ with deploy_tab, st.form("deploy"):
     dep_model = c1.selectbox("Model", model_names, index=first_choice(model_names), key="deploy_model")
     catalog = tier_catalog(get_settings())
     dep_tier = c2.selectbox("Tier", sorted(catalog.tiers), key="deploy_tier")
-    dep_engine = c3.selectbox("Engine", ["the tier's", "embedded", "llamacpp", "vllm"], key="deploy_engine",
-                              help="the tier's: the engine its profile names (below). llamacpp: llama-server on the "
-                                   "model's GGUF, the fastest on a CPU (`make llamacpp` builds it); vllm: vLLM from its own "
-                                   "environment (`make vllm` on a CPU host, the gpu extra on a GPU host)")
-    st.caption(" · ".join(f"**{name}**: {tier.engine}, {tier.weights_for(tier.engine)} weights" for name, tier in sorted(catalog.tiers.items())))
+    dep_engine = c3.selectbox(
+        "Engine",
+        ["the tier's", "embedded", "llamacpp", "vllm"],
+        key="deploy_engine",
+        help="the tier's: the engine its profile names (below). llamacpp: llama-server on the "
+        "model's GGUF, the fastest on a CPU (`make llamacpp` builds it); vllm: vLLM from its own "
+        "environment (`make vllm` on a CPU host, the gpu extra on a GPU host)",
+    )
+    st.caption(
+        " · ".join(
+            f"**{name}**: {tier.engine}, {tier.weights_for(tier.engine)} weights"
+            for name, tier in sorted(catalog.tiers.items())
+        )
+    )
     max_len = st.number_input("max_model_len (0: the model's own)", 0, 1_048_576, 0, key="deploy_max_len")
     if st.form_submit_button("Deploy", disabled=not operator or not models) and dep_model:
         config = {"model": dep_model, "tier": dep_tier}
@@ -211,8 +246,12 @@ with export_tab:
     with st.form("export_model"):
         c1, c2, c3 = st.columns(3)
         exp_model = c1.selectbox("Model", model_names, index=first_choice(model_names), key="export_model")
-        exp_format = c2.selectbox("Format", ["gguf", "hf"], key="export_format",
-                                  help="gguf: one file for llama.cpp and Ollama; hf: a Hugging Face directory")
+        exp_format = c2.selectbox(
+            "Format",
+            ["gguf", "hf"],
+            key="export_format",
+            help="gguf: one file for llama.cpp and Ollama; hf: a Hugging Face directory",
+        )
         exp_type = c3.selectbox("GGUF weights", ["q8_0", "f16"], key="export_outtype")
         if st.form_submit_button("Export", disabled=not operator or not models) and exp_model:
             submit("export_model", {"model": exp_model, "format": exp_format, "outtype": exp_type})
@@ -222,7 +261,10 @@ with export_tab:
         table["bytes"] = table["bytes"].map(lambda b: f"{b / 2**20:,.1f} MiB" if isinstance(b, (int, float)) else "")
         st.dataframe(table.rename(columns={"bytes": "size", "outtype": "weights"}), hide_index=True, width="stretch")
         st.markdown("**Take it away**")
-        labels = [f"{e['model']} · {e['format']}{' ' + e['outtype'] if e.get('outtype') else ''} · {e['path']}" for e in exports]
+        labels = [
+            f"{e['model']} · {e['format']}{' ' + e['outtype'] if e.get('outtype') else ''} · {e['path']}"
+            for e in exports
+        ]
         picked = exports[st.selectbox("Export", range(len(exports)), format_func=labels.__getitem__, key="takeaway")]
         where = Path(picked["path"])
         for runtime, command in serve_elsewhere(picked["model"], picked["format"], picked["path"]).items():
@@ -234,15 +276,21 @@ with export_tab:
             # streamed by the gateway from disk under a signed link good for an hour (the page signs a new one on every
             # run): the console never holds a model's weights in memory, and the download starts at once
             link = export_link(me(), picked["model"], picked["path"]) if operator else None
-            st.link_button(f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
-                           f"{gateway_url}{link}" if link else gateway_url, disabled=link is None,
-                           help=f"from the gateway ({gateway_url}), which streams it; the link works for an hour"
-                           if link else "operators download exports")
+            st.link_button(
+                f"Download {where.name}{' as a .tar archive' if archive else ''} ({size / 2**20:,.1f} MiB)",
+                f"{gateway_url}{link}" if link else gateway_url,
+                disabled=link is None,
+                help=f"from the gateway ({gateway_url}), which streams it; the link works for an hour"
+                if link
+                else "operators download exports",
+            )
         else:
             st.warning(f"{where} is gone from disk: export the model again to take it away.")
     else:
-        st.caption("No exports yet: export a model above (GGUF for llama.cpp and Ollama, a Hugging Face directory for "
-                   "vLLM and transformers); its serving commands and a download appear here.")
+        st.caption(
+            "No exports yet: export a model above (GGUF for llama.cpp and Ollama, a Hugging Face directory for "
+            "vLLM and transformers); its serving commands and a download appear here."
+        )
 with compare_tab:
     with st.form("compare_models"):
         st.caption("The same held-out tasks through two models, greedy: pass@1 per domain, the difference with its "
@@ -251,22 +299,33 @@ with compare_tab:
         query = st.query_params
         cmp_a = c1.selectbox("A (baseline)", model_names, key="compare_a",
                              index=first_choice(model_names, query.get("compare_a", DEFAULT_MODEL)))  # fmt: skip
-        cmp_b = c2.selectbox("B", model_names, key="compare_b", index=first_choice(model_names, query.get("compare_b", "")))
+        cmp_b = c2.selectbox(
+            "B", model_names, key="compare_b", index=first_choice(model_names, query.get("compare_b", ""))
+        )
         run_preset = query.get("compare_preset")  # from a finished run's "compare with its base"
         if run_preset:
-            st.info(f"Tasks: the held-out evaluation of the run's preset {run_preset!r} (its domains, prompt format and "
-                    "eval split, without the general check), the tasks the run's gain was measured on.")
+            st.info(
+                f"Tasks: the held-out evaluation of the run's preset {run_preset!r} (its domains, prompt format and "
+                "eval split, without the general check), the tasks the run's gain was measured on."
+            )
         sets = [ts.name for ts, count in task_sets() if count]
-        cmp_set = st.selectbox("Task set (its eval split)", ["(procedural domains)", *sets], key="compare_set",
-                               disabled=bool(run_preset))
+        cmp_set = st.selectbox(
+            "Task set (its eval split)", ["(procedural domains)", *sets], key="compare_set", disabled=bool(run_preset)
+        )
         domain_names = [d.name for d in list_domains()]
         cmp_domains = st.multiselect("Procedural domains (without a task set)", domain_names, key="compare_domains",
                                      default=[d for d in query.get("compare_domains", "").split(",") if d in domain_names],
                                      disabled=bool(run_preset))  # fmt: skip
         c1, c2, c3 = st.columns(3)
         level = query.get("compare_difficulty", "1")
-        cmp_difficulty = c1.number_input("Difficulty", 1, 5, int(level) if level.isdigit() and 1 <= int(level) <= 5 else 1,
-                                         key="compare_difficulty", disabled=bool(run_preset))
+        cmp_difficulty = c1.number_input(
+            "Difficulty",
+            1,
+            5,
+            int(level) if level.isdigit() and 1 <= int(level) <= 5 else 1,
+            key="compare_difficulty",
+            disabled=bool(run_preset),
+        )
         cmp_limit = c2.number_input("Tasks per domain", 1, 2000, 50, key="compare_limit", disabled=bool(run_preset))
         cmp_tokens = c3.number_input("Max new tokens", 1, 4096, 64, key="compare_tokens", disabled=bool(run_preset))
         if st.form_submit_button("Compare", disabled=not operator or len(models) < 2):
@@ -279,7 +338,11 @@ with compare_tab:
                                     "domains": cmp_domains, "difficulty": int(cmp_difficulty),
                                     "tasks_per_domain": int(cmp_limit), "max_new_tokens": int(cmp_tokens)})  # fmt: skip
     # the evaluate jobs that compared two models, and the runs that compared their result with their base
-    finished = [j for kind in ("evaluate", "train_preset") for j in queue.list_jobs(kind=kind, status=JobStatus.succeeded, limit=100)]
+    finished = [
+        j
+        for kind in ("evaluate", "train_preset")
+        for j in queue.list_jobs(kind=kind, status=JobStatus.succeeded, limit=100)
+    ]
     runs = {j.id for j in finished if j.kind == "train_preset"}
     results = {j.id: read_result(j.kind, j.result) for j in sorted(finished, key=lambda j: -(j.id or 0))}
     compared = {job_id: r for job_id, r in results.items() if r is not None and getattr(r, "arena", None)}
@@ -300,12 +363,16 @@ with compare_tab:
             check = general.get(compared_model)
             line = f"**{compared_model}**: {check.describe() if check else NOT_MEASURED}"
             if check is not None and check.regressed:
-                st.warning(f"{line}, beyond 2 SE: deploying it asks for a confirmation", icon=":material/trending_down:")
+                st.warning(
+                    f"{line}, beyond 2 SE: deploying it asks for a confirmation", icon=":material/trending_down:"
+                )
             else:
                 st.caption(line)
         per_domain_results(arena, "compare")
     else:
         st.caption("No comparisons yet.")
+
+
 def tier_card_rows(card: dict) -> list[dict]:
     """The tier card as a table: speed, then quality beside standard's with the difference's 95% interval."""
     rows = []
@@ -346,16 +413,24 @@ with tiers_tab:
                "with a suffix of the model's name (`model@fast`).")  # fmt: skip
     c1, c2 = st.columns([3, 1])
     card_model = c1.selectbox("Model to measure", model_names, index=first_choice(model_names), key="card_model")
-    if c2.button("Measure tiers", disabled=not operator or not model_names, key="card_go",
-                 help="serves the model in every tier this host can run and measures each one's speed and quality"):
+    if c2.button(
+        "Measure tiers",
+        disabled=not operator or not model_names,
+        key="card_go",
+        help="serves the model in every tier this host can run and measures each one's speed and quality",
+    ):
         try:
             job_id = queue.submit(me(), "measure_tiers", {"model": card_model})
         except (JobConfigError, PermissionError) as exc:
             st.error(str(exc))
         else:
-            st.success(f"Queued measure_tiers job {job_id}; the card appears here when it ends (the Jobs page follows it).")
+            st.success(
+                f"Queued measure_tiers job {job_id}; the card appears here when it ends (the Jobs page follows it)."
+            )
     st.caption("Named speed tiers; every deployment started after a change uses the edited profile.")
-    text = st.text_area("Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json")
+    text = st.text_area(
+        "Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json"
+    )
     if st.button("Save tiers", disabled=not operator, key="tiers_save"):
         try:
             edited = save_tiers(me(), text, get_settings())
@@ -370,7 +445,10 @@ with tiers_tab:
 def deployments_panel() -> None:
     with session(read_only=True) as s:
         rows = s.exec(
-            select(Deployment, Model.name).join(Model, col(Model.id) == col(Deployment.model_id)).order_by(col(Deployment.id).desc()).limit(50)
+            select(Deployment, Model.name)
+            .join(Model, col(Model.id) == col(Deployment.model_id))
+            .order_by(col(Deployment.id).desc())
+            .limit(50)
         ).all()
     if not rows:
         st.caption("No deployments yet.")
@@ -389,13 +467,17 @@ def deployments_panel() -> None:
                 "running": values.get("vllm:num_requests_running"),
                 "waiting": values.get("vllm:num_requests_waiting"),
                 "tokens out": values.get("vllm:generation_tokens_total"),
-                "draft acceptance": values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) / drafts if drafts else None,
+                "draft acceptance": values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) / drafts
+                if drafts
+                else None,
             }
         table.append(entry)
     st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
     live = [(d, m) for d, m in rows if d.status in ("running", "starting", "unhealthy") and d.job_id]
     if live and can(Role.operator):
-        stop_id = st.selectbox("Stop a deployment", [d.id for d, _ in live], format_func=lambda i: f"#{i}", key="stop_dep")
+        stop_id = st.selectbox(
+            "Stop a deployment", [d.id for d, _ in live], format_func=lambda i: f"#{i}", key="stop_dep"
+        )
         if st.button("Stop", key="stop_dep_go"):
             job_id = next(d.job_id for d, _ in live if d.id == stop_id)
             try:
@@ -414,7 +496,9 @@ deployments_panel()
 st.subheader("Playground")
 with session(read_only=True) as s:
     serving = s.exec(
-        select(Deployment, Model.name).join(Model, col(Model.id) == col(Deployment.model_id)).where(Deployment.status == "running")
+        select(Deployment, Model.name)
+        .join(Model, col(Model.id) == col(Deployment.model_id))
+        .where(Deployment.status == "running")
     ).all()
 if not serving:
     st.caption("Deploy a model to chat with it here.")
@@ -428,7 +512,10 @@ route = st.radio(
     help=f"The gateway ({gateway_url}) is what API clients use; it routes by model and tier.",
 )  # fmt: skip
 # the built-in real model first: it is what a newcomer deployed
-choices = {f"{name} · {d.tier} on {d.engine} (#{d.id})": (name, d) for d, name in sorted(serving, key=lambda r: (r[1] != DEFAULT_MODEL, -(r[0].id or 0)))}
+choices = {
+    f"{name} · {d.tier} on {d.engine} (#{d.id})": (name, d)
+    for d, name in sorted(serving, key=lambda r: (r[1] != DEFAULT_MODEL, -(r[0].id or 0)))
+}
 side_by_side = st.toggle("Two models side by side", key="pg_two")
 picked = st.multiselect(
     "Deployments", list(choices), default=list(choices)[: 2 if side_by_side else 1], max_selections=2 if side_by_side else 1,
@@ -437,24 +524,47 @@ picked = st.multiselect(
 c1, c2, c3, c4 = st.columns(4)
 max_tokens = c1.number_input("Max tokens", 1, 4096, 64, key="pg_max_tokens")
 temperature = c2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="pg_temperature")
-use_tools = c3.toggle("Offer sandbox tools", key="pg_tools",
-                      help="python, bash and file tools: each call runs in a real sandbox and its output goes back to the model")
-tool_turns = c4.number_input("Tool turns", 1, 16, 4, key="pg_tool_turns", disabled=not use_tools,
-                             help="replies the model may give in one exchange, calling tools between them")
+use_tools = c3.toggle(
+    "Offer sandbox tools",
+    key="pg_tools",
+    help="python, bash and file tools: each call runs in a real sandbox and its output goes back to the model",
+)
+tool_turns = c4.number_input(
+    "Tool turns",
+    1,
+    16,
+    4,
+    key="pg_tool_turns",
+    disabled=not use_tools,
+    help="replies the model may give in one exchange, calling tools between them",
+)
 image = st.file_uploader("Image (for vision-language models)", type=["png", "jpg", "jpeg", "webp"], key="pg_image")
 
 
-
-def tool_exchange(base: str, model_name: str, tier: str, messages: list[dict], turns: int, max_tokens: int, temperature: float) -> str:
+def tool_exchange(
+    base: str, model_name: str, tier: str, messages: list[dict], turns: int, max_tokens: int, temperature: float
+) -> str:
     """The model's replies and tool calls, each call run in the console's sandbox, shown turn by turn; the answer."""
     try:
-        episode = chat_with_tools(me(), console_pool, base, model_name, messages, tier=tier, max_turns=turns,
-                                  max_tokens=max_tokens, temperature=temperature, on_message=show_message)
+        episode = chat_with_tools(
+            me(),
+            console_pool,
+            base,
+            model_name,
+            messages,
+            tier=tier,
+            max_turns=turns,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            on_message=show_message,
+        )
     except (ChatError, OSError, PermissionError, SandboxUnavailableError, SandboxStartError) as exc:
         st.error(str(exc))
         return ""
     calls = len(episode.tool_results)
-    st.caption(f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, ended: {episode.stop_reason.replace('_', ' ')}")
+    st.caption(
+        f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, ended: {episode.stop_reason.replace('_', ' ')}"
+    )
     return episode.answer or ""
 
 
@@ -495,7 +605,9 @@ if prompt and picked:
         with column, st.chat_message("assistant"):
             st.caption(label)
             if use_tools:
-                text = tool_exchange(base, model_name, deployment.tier, messages, int(tool_turns), int(max_tokens), float(temperature))
+                text = tool_exchange(
+                    base, model_name, deployment.tier, messages, int(tool_turns), int(max_tokens), float(temperature)
+                )
             else:
                 try:
                     text = st.write_stream(delta["content"] for delta in chat_as(

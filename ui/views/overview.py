@@ -42,7 +42,9 @@ def builtin_model() -> None:
         return
     live = ("starting", "running", "unhealthy")
     with session(read_only=True) as s:
-        deployments = list(s.exec(select(Deployment).where(Deployment.model_id == model.id, col(Deployment.status).in_(live))))
+        deployments = list(
+            s.exec(select(Deployment).where(Deployment.model_id == model.id, col(Deployment.status).in_(live)))
+        )
     healthy = sorted({d.tier for d in deployments if d.status == "running" and d.healthy})
     if healthy:
         st.success(f"The built-in model {DEFAULT_MODEL} is deployed ({', '.join(healthy)} tier): chat with it in the "
@@ -61,7 +63,9 @@ def builtin_model() -> None:
         st.info(f"The built-in model {DEFAULT_MODEL} is being deployed (job {waiting[0].id}); once it is up, chat with "
                 "it on Models & Serving.")  # fmt: skip
         return
-    st.info(f"The built-in model {DEFAULT_MODEL} is registered but not deployed: deploy it on Models & Serving to chat.")
+    st.info(
+        f"The built-in model {DEFAULT_MODEL} is registered but not deployed: deploy it on Models & Serving to chat."
+    )
 
 
 def jobs_by_status(jobs: dict[str, int]) -> None:
@@ -93,9 +97,14 @@ def live() -> None:
             pd.DataFrame(
                 [
                     {
-                        "job": r.job_id, "kind": r.kind, "step": r.step, "progress": r.progress or 0.0,
-                        "reward": r.metrics.get("reward_mean"), "loss": r.metrics.get("loss"),
-                        "tokens/s": r.metrics.get("rollout_tokens_per_s"), "status": r.message,
+                        "job": r.job_id,
+                        "kind": r.kind,
+                        "step": r.step,
+                        "progress": r.progress or 0.0,
+                        "reward": r.metrics.get("reward_mean"),
+                        "loss": r.metrics.get("loss"),
+                        "tokens/s": r.metrics.get("rollout_tokens_per_s"),
+                        "status": r.message,
                     }
                     for r in o.runs
                 ]  # fmt: skip

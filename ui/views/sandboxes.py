@@ -14,9 +14,8 @@ import streamlit as st
 from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import Role
+from posttrain.platform.db.models import Role, utcnow
 from posttrain.platform.db.models import SandboxPool as SandboxPoolRow
-from posttrain.platform.db.models import utcnow
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.sandbox.status import StatusPublisher, default_name, publish
 from posttrain.platform.settings import get_settings
@@ -87,7 +86,10 @@ def pool_state(row: SandboxPoolRow, now: datetime) -> tuple[str, str]:
         if ended:
             return "closed", f"its process ended {since}; its sandboxes were reclaimed"
         if ended is None:
-            return "silent", f"no report since {since}: its process on {row.host or 'another machine'} ended or is stuck"
+            return (
+                "silent",
+                f"no report since {since}: its process on {row.host or 'another machine'} ended or is stuck",
+            )
         return "silent", f"no report since {since}, though its process still runs: it may be stuck"
     if size and not (ready or busy or starting):
         return "closed", "the pool was closed; its sandboxes were reclaimed"
@@ -96,10 +98,14 @@ def pool_state(row: SandboxPoolRow, now: datetime) -> tuple[str, str]:
     if starting and not ready and row.failures and error:
         return "failed", f"no sandbox is up, the pool keeps retrying: {error}"
     if starting:
-        return "starting", (f"{starting} of {size} sandbox{plural} starting, or being wiped after an episode; "
-                            f"{ready} warm and free")
+        return "starting", (
+            f"{starting} of {size} sandbox{plural} starting, or being wiped after an episode; {ready} warm and free"
+        )
     note = f"; {row.failures} failure(s) so far, the last: {error}" if row.failures and error else ""
-    return "idle", f"{ready} of {size} sandbox{plural} warm and free; each is wiped and restarted after its episode{note}"
+    return (
+        "idle",
+        f"{ready} of {size} sandbox{plural} warm and free; each is wiped and restarted after its episode{note}",
+    )
 
 
 def bin_labels(starts: list[float]) -> list[str]:
@@ -175,8 +181,10 @@ def pools_panel() -> None:
         chosen = st.selectbox("Tool", ["all", *tools], key="latency_tool")
         ms = frame["ms"] if chosen == "all" else frame.loc[frame["tool"] == chosen, "ms"]
         st.altair_chart(latency_histogram(ms), width="stretch")
-        st.caption(f"{len(ms)} call{'' if len(ms) == 1 else 's'} from {ms.min():.2f} ms to {ms.max():.2f} ms, "
-                   f"in {HISTOGRAM_BINS} log-spaced bins.")
+        st.caption(
+            f"{len(ms)} call{'' if len(ms) == 1 else 's'} from {ms.min():.2f} ms to {ms.max():.2f} ms, "
+            f"in {HISTOGRAM_BINS} log-spaced bins."
+        )
         by_status = frame.groupby("status").size().rename("calls")
         st.caption("Outcomes: " + ", ".join(f"{k} {v}" for k, v in by_status.items()))
 

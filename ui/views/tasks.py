@@ -5,17 +5,17 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from posttrain.platform.db.models import DocumentStatus, JobStatus, Role
+from posttrain.platform.documents import list_documents
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.tasks import store
+from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.domains import list_domains, list_families
+from posttrain.platform.tasks.episodes import is_project
 from posttrain.platform.tasks.jobs import import_jsonl_upload
 from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.verifiers.forgeable_tests import METADATA_KEY as FORGEABLE
-from posttrain.platform.db.models import DocumentStatus, JobStatus, Role
-from posttrain.platform.documents import list_documents
-from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.platform.tasks.episodes import is_project
 from posttrain.ui.common import can, console_pool, fields_table, guard_platform, me, show_message, yaml_block
 
 PAGE_SIZE = 50
@@ -65,8 +65,12 @@ with from_docs:
                 {
                     "task_set": doc_set,
                     "source": {
-                        "type": "documents", "document_ids": picked, "kinds": kinds, "vision": vision,
-                        "max_per_document": int(per_doc), "eval_fraction": float(eval_fraction),
+                        "type": "documents",
+                        "document_ids": picked,
+                        "kinds": kinds,
+                        "vision": vision,
+                        "max_per_document": int(per_doc),
+                        "eval_fraction": float(eval_fraction),
                     },
                 }  # fmt: skip
             )
@@ -75,11 +79,19 @@ with from_docs:
 def procedural_count_caption(chosen: list[str], per_domain: int, eval_per_domain: int, difficulty: int) -> str:
     """How many domains and tasks the build form's current values make, and which domains get no eval tasks."""
     picked_domains = [d for f in chosen for d in list_domains(f)]
-    small = [d.name for d in picked_domains if not d.prompt_space(difficulty).has_held_out_split] if eval_per_domain else []
+    small = (
+        [d.name for d in picked_domains if not d.prompt_space(difficulty).has_held_out_split] if eval_per_domain else []
+    )
     n_domains = len(picked_domains)
-    return (f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
-            + (f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
-               f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}." if small else ""))
+    return (
+        f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
+        + (
+            f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
+            f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}."
+            if small
+            else ""
+        )
+    )
 
 
 with build:
@@ -101,14 +113,19 @@ with build:
                 {
                     "task_set": name,
                     "source": {
-                        "type": "procedural", "families": chosen, "per_domain": int(per_domain),
-                        "eval_per_domain": int(eval_per_domain), "difficulty": int(difficulty), "seed": int(seed),
+                        "type": "procedural",
+                        "families": chosen,
+                        "per_domain": int(per_domain),
+                        "eval_per_domain": int(eval_per_domain),
+                        "difficulty": int(difficulty),
+                        "seed": int(seed),
                     },
                 }  # fmt: skip
             )
 with imports:
-    upload = st.file_uploader("JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl",
-                              disabled=not operator)
+    upload = st.file_uploader(
+        "JSONL file (prompt, answer, verifier per line)", type=["jsonl"], key="import_jsonl", disabled=not operator
+    )
     jsonl_set = st.text_input("Task set name", value="imported", key="import_set_name")
     if upload is not None and st.button("Import JSONL", key="import_jsonl_go", disabled=not operator):
         submit_build(jsonl=upload.getvalue(), task_set=jsonl_set)
@@ -124,7 +141,9 @@ def overview() -> None:
         return
     st.subheader("Task sets")
     st.dataframe(
-        pd.DataFrame([{"task set": ts.name, "source": ts.source, "tasks": n, "created": ts.created_at} for ts, n in sets]),
+        pd.DataFrame(
+            [{"task set": ts.name, "source": ts.source, "tasks": n, "created": ts.created_at} for ts, n in sets]
+        ),
         hide_index=True,
         width="stretch",
     )
@@ -139,21 +158,38 @@ def recent_builds() -> None:
         return
     st.markdown("**Recent builds**")
     st.dataframe(
-        pd.DataFrame([{"job": j.id, "task set": j.config.get("task_set"), "source": j.config.get("source", {}).get("type"),
-                       "tasks": j.result.get("tasks"), "tests forgeable by mutation": j.result.get("tests_forgeable_by_mutation"),
-                       "finished": j.finished_at} for j in builds]),  # fmt: skip
+        pd.DataFrame(
+            [
+                {
+                    "job": j.id,
+                    "task set": j.config.get("task_set"),
+                    "source": j.config.get("source", {}).get("type"),
+                    "tasks": j.result.get("tasks"),
+                    "tests forgeable by mutation": j.result.get("tests_forgeable_by_mutation"),
+                    "finished": j.finished_at,
+                }
+                for j in builds
+            ]
+        ),  # fmt: skip
         hide_index=True,
         width="stretch",
     )
     for job in builds:
         lines = job.result.get("forgeable_by_mutation") or []
         if lines:
-            n, tasks = job.result.get("tests_forgeable_by_mutation"), job.result.get("tasks_with_tests_forgeable_by_mutation")
-            with st.expander(f"Build job {job.id} ({job.config.get('task_set')}): {n} test(s) in {tasks} task(s) are "
-                             "forgeable by mutation"):
-                st.caption("Each reads an argument again after passing it to the program, so code that rewrites the "
-                           "argument in place can pass it. Python allows that, and the grader keeps it; fix the tests "
-                           "(pass a copy, or compute the expected value first) to close it.")
+            n, tasks = (
+                job.result.get("tests_forgeable_by_mutation"),
+                job.result.get("tasks_with_tests_forgeable_by_mutation"),
+            )
+            with st.expander(
+                f"Build job {job.id} ({job.config.get('task_set')}): {n} test(s) in {tasks} task(s) are "
+                "forgeable by mutation"
+            ):
+                st.caption(
+                    "Each reads an argument again after passing it to the program, so code that rewrites the "
+                    "argument in place can pass it. Python allows that, and the grader keeps it; fix the tests "
+                    "(pass a copy, or compute the expected value first) to close it."
+                )
                 st.markdown("\n".join(f"- {line}" for line in lines))
 
 
@@ -168,8 +204,17 @@ chosen_set = st.selectbox("Task set", ["all", *sets], key="browse_set")
 stats = store.domain_stats(task_set=None if chosen_set == "all" else chosen_set)
 frame = pd.DataFrame(
     [
-        {"domain": d.name, "family": d.family, "tasks": d.tasks, "train": d.train, "eval": d.eval,
-         "attempts": d.attempts, "pass rate": d.pass_rate, "weight": d.weight, "priority": d.priority}
+        {
+            "domain": d.name,
+            "family": d.family,
+            "tasks": d.tasks,
+            "train": d.train,
+            "eval": d.eval,
+            "attempts": d.attempts,
+            "pass rate": d.pass_rate,
+            "weight": d.weight,
+            "priority": d.priority,
+        }
         for d in stats
     ]  # fmt: skip
 )
@@ -184,13 +229,19 @@ st.subheader("Open a task")
 domain = st.selectbox("Domain", [d.name for d in stats], key="browse_domain")
 page = st.number_input("Page", min_value=1, value=1, key="browse_page")
 tasks = store.load_tasks(
-    task_set=None if chosen_set == "all" else chosen_set, domains=[domain], limit=PAGE_SIZE, offset=PAGE_SIZE * (int(page) - 1)
+    task_set=None if chosen_set == "all" else chosen_set,
+    domains=[domain],
+    limit=PAGE_SIZE,
+    offset=PAGE_SIZE * (int(page) - 1),
 )
 if not tasks:
     st.info("No tasks on this page.")
     st.stop()
-labels = {t.id: f"#{t.id} [{t.spec.split}]{' [forgeable by mutation]' if t.spec.metadata.get(FORGEABLE) else ''} "
-             f"{t.spec.prompt_text[:80]}" for t in tasks}
+labels = {
+    t.id: f"#{t.id} [{t.spec.split}]{' [forgeable by mutation]' if t.spec.metadata.get(FORGEABLE) else ''} "
+    f"{t.spec.prompt_text[:80]}"
+    for t in tasks
+}
 task_id = st.selectbox("Task", list(labels), format_func=labels.get, key="browse_task")
 task = next(t for t in tasks if t.id == task_id)
 spec = task.spec
@@ -204,9 +255,11 @@ with left:
     st.markdown(f"**Reference answer** ({spec.verifier.kind} verifier)")
     st.code(spec.reference or "(none)", language="text")
     if flags := spec.metadata.get(FORGEABLE):
-        st.warning(f"Forgeable by mutation: {len(flags)} of this task's tests can be passed by code that rewrites an "
-                   "argument in place (the grader keeps such changes, as Python does).\n\n"
-                   + "\n".join(f"- test {f['test'] + 1}: `{f['code']}` {f['reason']}" for f in flags))
+        st.warning(
+            f"Forgeable by mutation: {len(flags)} of this task's tests can be passed by code that rewrites an "
+            "argument in place (the grader keeps such changes, as Python does).\n\n"
+            + "\n".join(f"- test {f['test'] + 1}: `{f['code']}` {f['reason']}" for f in flags)
+        )
 with right:
     st.markdown("**Verifier spec**")
     yaml_block(spec.verifier.spec)
@@ -227,7 +280,9 @@ def show_source_page(provenance: dict) -> None:
     try:
         document = get_document(document_id)
     except LookupError:
-        st.warning(f"Document {document_id} ({provenance.get('filename', '?')}) no longer exists; its page cannot be shown.")
+        st.warning(
+            f"Document {document_id} ({provenance.get('filename', '?')}) no longer exists; its page cannot be shown."
+        )
         return
     page = next((p for p in get_pages(document_id) if p.page_no == page_no), None)
     image = page_image(page, highlight=provenance.get("bbox")) if page is not None else None
@@ -240,6 +295,7 @@ def show_source_page(provenance: dict) -> None:
 if "document_id" in spec.provenance and "page" in spec.provenance:
     with st.expander("Source page", expanded=True):
         show_source_page(spec.provenance)
+
 
 def running_deployments() -> list[tuple[str, str, str]]:
     """(model, tier, url) of every healthy deployment, the built-in real model first."""
@@ -254,7 +310,9 @@ def show_verdict(verdict) -> None:  # type: ignore[no-untyped-def]
     if verdict.is_infra_error:
         st.error(f"The verifier itself failed: {verdict.infra_error}")
     else:
-        (st.success if verdict.passed else st.warning)(f"score {verdict.score:.2f}, {'passed' if verdict.passed else 'not passed'}")
+        (st.success if verdict.passed else st.warning)(
+            f"score {verdict.score:.2f}, {'passed' if verdict.passed else 'not passed'}"
+        )
     if verdict.details:
         st.caption(verdict.details)
 
@@ -267,14 +325,24 @@ def try_as_episode(target: tuple[str, str, str], turns: int, limit: int) -> None
 
     try:
         with st.container(border=True):
-            out = try_task(me(), console_pool, target[2], target[0], task.id, max_turns=turns, max_tokens=limit,
-                           on_message=show_message)
+            out = try_task(
+                me(),
+                console_pool,
+                target[2],
+                target[0],
+                task.id,
+                max_turns=turns,
+                max_tokens=limit,
+                on_message=show_message,
+            )
     except (ChatError, OSError, VerifierError, PermissionError, SandboxUnavailableError, SandboxStartError) as exc:
         st.error(str(exc))
         return
     calls = len(out.result.tool_results)
-    st.caption(f"{out.result.turns} replies, {calls} tool call{'s' * (calls != 1)} ({', '.join(out.tools)} offered), "
-               f"ended: {out.result.stop_reason.replace('_', ' ')}")
+    st.caption(
+        f"{out.result.turns} replies, {calls} tool call{'s' * (calls != 1)} ({', '.join(out.tools)} offered), "
+        f"ended: {out.result.stop_reason.replace('_', ' ')}"
+    )
     if project and out.graded is not None:
         st.markdown("**solution.py as the episode left it** (what the hidden tests graded)")
         st.code(out.graded, language="python")
@@ -292,19 +360,29 @@ else:
     c1, c2, c3 = st.columns([3, 1, 1])
     target = c1.selectbox("Deployment", serving, format_func=lambda r: f"{r[0]} · {r[1]}", key="try_model")
     limit = c2.number_input("Max tokens", 1, 4096, 256, key="try_model_tokens", help="per reply")
-    episode = st.toggle("As an episode with sandbox tools", value=project, key="try_model_episode",
-                        help="The model may call sandbox tools (a repair task: bash, read_file, write_file, edit_file, "
-                             "list_dir on its project; another task: python and bash) over several replies, as the "
-                             "tool_use and code_repair environments run it in training; then the rubric grades it")
+    episode = st.toggle(
+        "As an episode with sandbox tools",
+        value=project,
+        key="try_model_episode",
+        help="The model may call sandbox tools (a repair task: bash, read_file, write_file, edit_file, "
+        "list_dir on its project; another task: python and bash) over several replies, as the "
+        "tool_use and code_repair environments run it in training; then the rubric grades it",
+    )
     turns = c3.number_input("Max replies", 1, 16, 8, key="try_model_turns", disabled=not episode)
-    if st.button("Ask the model", key="try_model_go", disabled=not operator,
-                 help=None if operator else "Asking a model and verifying its answer needs the operator role"):
+    if st.button(
+        "Ask the model",
+        key="try_model_go",
+        disabled=not operator,
+        help=None if operator else "Asking a model and verifying its answer needs the operator role",
+    ):
         if episode:
             try_as_episode(target, int(turns), int(limit))
         else:
             messages = [m.model_dump(exclude_none=True) for m in spec.prompt]
             try:
-                reply = "".join(d.get("content") or "" for d in chat_as(me(), target[2], target[0], messages, max_tokens=int(limit)))
+                reply = "".join(
+                    d.get("content") or "" for d in chat_as(me(), target[2], target[0], messages, max_tokens=int(limit))
+                )
                 verdict = store.try_answer(me(), task.id, reply)
             except (ChatError, OSError, VerifierError, PermissionError) as exc:
                 st.error(str(exc))
@@ -315,8 +393,12 @@ else:
 
 st.markdown("**Try the verifier**")
 answer = st.text_area("Answer", key="try_answer", height=100)
-if st.button("Verify", key="try_verify", disabled=not operator,
-             help=None if operator else "Verifying runs the answer (a code task's tests run it in a sandbox): operators only"):
+if st.button(
+    "Verify",
+    key="try_verify",
+    disabled=not operator,
+    help=None if operator else "Verifying runs the answer (a code task's tests run it in a sandbox): operators only",
+):
     try:
         verdict = store.try_answer(me(), task.id, answer)
     except (VerifierError, PermissionError) as exc:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from urllib.parse import urlencode
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -25,7 +25,16 @@ from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
 from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import get_settings
-from posttrain.ui.common import can, fields_table, guard_platform, job_table, me, per_domain_results, status_label, yaml_block
+from posttrain.ui.common import (
+    can,
+    fields_table,
+    guard_platform,
+    job_table,
+    me,
+    per_domain_results,
+    status_label,
+    yaml_block,
+)
 
 TRAIN_KINDS = ("train_preset", "train_grpo", "train_sft")
 RUN_KINDS = (*TRAIN_KINDS, "evaluate")
@@ -33,13 +42,19 @@ QUEUE_SIZE = 50
 TRAJECTORY_PAGE_SIZE = 20
 MAX_POINTS = 1000
 DEMO_PRESET = "smollm2-quick"  # the one-click demo's default (and the preset tab's): the built-in real model
-EMA_ALPHA = 0.3  # the smoothed reward: an exponential moving average, each step weighing 0.3 and the average before it 0.7
+EMA_ALPHA = (
+    0.3  # the smoothed reward: an exponential moving average, each step weighing 0.3 and the average before it 0.7
+)
 GENERAL_CHECK = "general/pass@1"  # an evaluation's general check (training.evaluate: domains the run never trained on)
 HELD_OUT = "held-out pass@1"  # the Reward chart's before/after series
 SMOOTHED_CHARTS = ("Reward",)  # charts of a noisy per-step figure: the raw points and their moving average
 LINES_UP_TO = 8  # a run over more domains draws its per-domain figures as a domains x steps heatmap, not as lines
 HEATMAP_COLUMNS = 100  # the heatmap's steps: the run's steps in at most this many buckets, averaged in the database
-HEATMAP_FIGURES = {"pass rate": "pass_rate", "draw share": "prob", "signal rate": "signal_rate"}  # sched/<domain>/<figure>
+HEATMAP_FIGURES = {
+    "pass rate": "pass_rate",
+    "draw share": "prob",
+    "signal rate": "signal_rate",
+}  # sched/<domain>/<figure>
 
 # (title, metric names) for the live charts; a chart shows only when its run logged one of them.
 CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -55,7 +70,10 @@ CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Gradient norm", (metric_names.GRAD_NORM,)),
     ("Learning rate", (metric_names.LR,)),
     ("Train/inference log-prob gap", (metric_names.LOGPROB_PREFIX + "mean_abs_diff",)),
-    ("Peak memory (GiB): after rollouts, after the update", (metric_names.PEAK_RSS_ROLLOUT_GB, metric_names.PEAK_RSS_GB)),
+    (
+        "Peak memory (GiB): after rollouts, after the update",
+        (metric_names.PEAK_RSS_ROLLOUT_GB, metric_names.PEAK_RSS_GB),
+    ),
 )
 TILES = (
     ("Reward", metric_names.REWARD_MEAN),
@@ -68,7 +86,9 @@ TILES = (
 )
 
 st.title("Training")
-st.caption("SFT and GRPO runs and their evaluations. Every run is a job in the worker: closing this tab never stops one.")
+st.caption(
+    "SFT and GRPO runs and their evaluations. Every run is a job in the worker: closing this tab never stops one."
+)
 if not guard_platform():
     st.stop()
 
@@ -183,7 +203,11 @@ def find_estimate(kind: str, config: dict[str, Any], before: Any = None) -> Job 
     except JobConfigError:
         return None
     for job in queue.list_jobs(kind="estimate", limit=200):
-        if job.config.get("kind") == kind and job.config.get("config") == stored and (before is None or job.created_at <= before):
+        if (
+            job.config.get("kind") == kind
+            and job.config.get("config") == stored
+            and (before is None or job.created_at <= before)
+        ):
             return job
     return None
 
@@ -202,22 +226,35 @@ def estimate_panel(kind: str, config: dict[str, Any], key: str, found: Job | Non
         else:
             st.toast(f"Queued estimate job {job_id}.")
             st.rerun()  # the panel follows it live
-    result = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    result = (
+        read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    )
     if found is not None and not found.status.finished:
-        c1.progress(min(1.0, found.progress or 0.0), text=f"Estimating (job {found.id}): {found.progress_message or 'queued'}")
+        c1.progress(
+            min(1.0, found.progress or 0.0), text=f"Estimating (job {found.id}): {found.progress_message or 'queued'}"
+        )
     elif result is not None:
-        c1.info(f"**Estimate** (job {found.id}): {result.summary()}, measured by a "  # type: ignore[union-attr, attr-defined]
-                f"{metrics.duration(result.calibration_s)} calibration.", icon=":material/timer:")  # type: ignore[attr-defined]
+        c1.info(
+            f"**Estimate** (job {found.id}): {result.summary()}, measured by a "  # type: ignore[union-attr, attr-defined]
+            f"{metrics.duration(result.calibration_s)} calibration.",
+            icon=":material/timer:",
+        )  # type: ignore[attr-defined]
     elif found is not None:
         c1.error(f"The estimate (job {found.id}) {found.status.value}: {found.error or 'no result'}")
     else:
-        c1.caption("Not estimated yet: the estimate times a few real steps and one evaluation batch of this run on this "
-                   "host (a minute or two), then scales them to the whole run.")
+        c1.caption(
+            "Not estimated yet: the estimate times a few real steps and one evaluation batch of this run on this "
+            "host (a minute or two), then scales them to the whole run."
+        )
     if result is not None:
         with st.expander("How it was estimated"):
-            st.dataframe(pd.DataFrame([{"stage": s.stage, "estimate": metrics.duration(s.seconds), "how": s.how}
-                                       for s in result.stages]),  # type: ignore[attr-defined]
-                         hide_index=True, width="stretch")
+            st.dataframe(
+                pd.DataFrame(
+                    [{"stage": s.stage, "estimate": metrics.duration(s.seconds), "how": s.how} for s in result.stages]
+                ),  # type: ignore[attr-defined]
+                hide_index=True,
+                width="stretch",
+            )
 
 
 # Live panels poll only while there is something to follow: on a 2-core host the console and the browser
@@ -247,21 +284,32 @@ def estimate_line(job: Job) -> None:
     if job.kind not in TRAIN_KINDS:
         return
     found = find_estimate(job.kind, job.config, before=job.created_at)
-    estimate = read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    estimate = (
+        read_result("estimate", found.result) if found is not None and found.status is JobStatus.succeeded else None
+    )
     if estimate is None:
         return
     wall = estimate.wall_s  # type: ignore[attr-defined]
     if job.status is JobStatus.succeeded and job.started_at is not None and job.finished_at is not None:
         actual = (job.finished_at - job.started_at).total_seconds()
         off = (actual - wall) / wall  # how far the run went past (or stopped short of) its estimate
-        how = "as estimated" if round(off, 2) == 0 else f"{abs(off):.0%} {'longer' if off > 0 else 'shorter'} than estimated"
-        st.info(f"Estimate against actual: estimated {metrics.duration(wall)} (job {found.id}), took {metrics.duration(actual)}: "  # type: ignore[union-attr]
-                f"{how}.", icon=":material/timer:")
+        how = (
+            "as estimated"
+            if round(off, 2) == 0
+            else f"{abs(off):.0%} {'longer' if off > 0 else 'shorter'} than estimated"
+        )
+        st.info(
+            f"Estimate against actual: estimated {metrics.duration(wall)} (job {found.id}), took {metrics.duration(actual)}: "  # type: ignore[union-attr]
+            f"{how}.",
+            icon=":material/timer:",
+        )
     elif job.status is JobStatus.running and job.started_at is not None:
         from posttrain.platform.db.models import utcnow
 
-        st.caption(f"Estimated {metrics.duration(wall)} before launch (job {found.id}); running for "  # type: ignore[union-attr]
-                   f"{metrics.duration((utcnow() - job.started_at).total_seconds())} so far.")
+        st.caption(
+            f"Estimated {metrics.duration(wall)} before launch (job {found.id}); running for "  # type: ignore[union-attr]
+            f"{metrics.duration((utcnow() - job.started_at).total_seconds())} so far."
+        )
 
 
 def demo_calibrating(preset: str) -> str | None:
@@ -271,8 +319,10 @@ def demo_calibrating(preset: str) -> str | None:
     if found is None or found.status.finished:
         return None
     doing = "calibrating" if found.status is JobStatus.running else "queued"
-    return (f"its estimate (job {found.id}) is {doing} on this host, and a run beside it would slow both and spoil the "
-            f"estimate; the button comes back when the estimate ends")
+    return (
+        f"its estimate (job {found.id}) is {doing} on this host, and a run beside it would slow both and spoil the "
+        f"estimate; the button comes back when the estimate ends"
+    )
 
 
 def _launch_demo(preset: str) -> None:
@@ -290,8 +340,10 @@ def demo_running(preset: str) -> str | None:
     halve both), or None."""
     for job in queue.list_jobs(kind="train_preset", limit=200):
         if not job.status.finished and job.config.get("preset") == preset:
-            return (f"the demo is {'running' if job.status is JobStatus.running else 'queued'} (job {job.id}): follow it "
-                    "in the run view below; the button comes back when it ends")
+            return (
+                f"the demo is {'running' if job.status is JobStatus.running else 'queued'} (job {job.id}): follow it "
+                "in the run view below; the button comes back when it ends"
+            )
     return None
 
 
@@ -303,11 +355,13 @@ st.subheader("Launch a run")
 presets = load_presets()
 if presets:
     with st.container(border=True):
-        st.markdown("**One-click demo**: the preset's whole recipe in one job: evaluate the model it starts from on "
-                    "prompts it will never train on, train it with GRPO, and evaluate it again on the same held-out prompts "
-                    "(a from-scratch preset first builds and warms up its small model, beside an SFT control). The "
-                    "reward per step is noisy (a few prompts a step): the run view draws it with its moving average, "
-                    "and the held-out pass@1 before and after is what shows whether the model learned.")
+        st.markdown(
+            "**One-click demo**: the preset's whole recipe in one job: evaluate the model it starts from on "
+            "prompts it will never train on, train it with GRPO, and evaluate it again on the same held-out prompts "
+            "(a from-scratch preset first builds and warms up its small model, beside an SFT control). The "
+            "reward per step is noisy (a few prompts a step): the run view draws it with its moving average, "
+            "and the held-out pass@1 before and after is what shows whether the model learned."
+        )
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
         names = list(presets)
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
@@ -315,14 +369,28 @@ if presets:
                                                     "cpu-quick trains a tiny model built from scratch")  # fmt: skip
         start = presets[demo].model
         missing = start is not None and start not in model_names()
-        why = (f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
-               f"import builtin:{start}` (make run does)") if missing else None
+        why = (
+            (
+                f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
+                f"import builtin:{start}` (make run does)"
+            )
+            if missing
+            else None
+        )
         calibrating = demo_running(demo) or demo_calibrating(demo)
         # submitted in the click's callback, before the page is drawn again: the page it draws holds the run, and the
         # button waits for it (a click from a page drawn before the estimate started never runs: Streamlit drops a
         # disabled button's click on the server)
-        c2.button("Run the demo", key="demo_launch", type="primary", icon=":material/rocket:", on_click=_launch_demo,
-                  args=(demo,), disabled=not operator or missing or calibrating is not None, help=why or calibrating)
+        c2.button(
+            "Run the demo",
+            key="demo_launch",
+            type="primary",
+            icon=":material/rocket:",
+            on_click=_launch_demo,
+            args=(demo,),
+            disabled=not operator or missing or calibrating is not None,
+            help=why or calibrating,
+        )
         if (launched := st.session_state.pop("demo_launched", None)) is not None:
             (st.success if launched[0] else st.error)(launched[1])
         if why:
@@ -334,8 +402,12 @@ if presets:
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
-KIND_LABELS = {"train_grpo": "GRPO (RL)", "train_sft": "SFT warm-up", "evaluate": "Evaluation",
-               "train_preset": "Whole recipe (build, SFT, evaluate, GRPO, evaluate)"}
+KIND_LABELS = {
+    "train_grpo": "GRPO (RL)",
+    "train_sft": "SFT warm-up",
+    "evaluate": "Evaluation",
+    "train_preset": "Whole recipe (build, SFT, evaluate, GRPO, evaluate)",
+}
 
 
 def _edit_preset(preset: Preset, kind: str, model: str | None) -> None:
@@ -385,14 +457,18 @@ def model_mismatch(name: str, preset: Preset, kind: str, model: str) -> str | No
     if preset.model is not None:
         if preset.model in ancestors:
             return None
-        return (f"Preset {name!r} was made for {preset.model!r}{budget}: its prompt format and settings were tuned on it, "
-                f"and {model!r} is neither that model nor trained from it. Pick {preset.model!r}, or a preset made for "
-                f"{model!r}.")
+        return (
+            f"Preset {name!r} was made for {preset.model!r}{budget}: its prompt format and settings were tuned on it, "
+            f"and {model!r} is neither that model nor trained from it. Pick {preset.model!r}, or a preset made for "
+            f"{model!r}."
+        )
     real = {p.model for p in presets.values() if p.model is not None}
     if any(m.name in real or "source" in (m.meta or {}) for m in chain):  # imported weights: a real model
         demo = DEMO_PRESET if DEMO_PRESET in presets else next(n for n, p in presets.items() if p.model is not None)
-        return (f"Preset {name!r} is made for the small model it builds from scratch{budget}, and {model!r} is a real "
-                f"model: pick a real-model preset (such as {demo!r}) for it, or a model built for this preset.")
+        return (
+            f"Preset {name!r} is made for the small model it builds from scratch{budget}, and {model!r} is a real "
+            f"model: pick a real-model preset (such as {demo!r}) for it, or a model built for this preset."
+        )
     return None
 
 
@@ -402,8 +478,13 @@ with tab_preset:
     else:
         c1, c2, c3 = st.columns(3)
         preset_names = list(presets)  # opens on the demo's preset, a real-model one, with its own model
-        name = c1.selectbox("Preset", preset_names, index=preset_names.index(DEMO_PRESET) if DEMO_PRESET in presets else 0,
-                            key="preset_name", on_change=_pick_own_model)
+        name = c1.selectbox(
+            "Preset",
+            preset_names,
+            index=preset_names.index(DEMO_PRESET) if DEMO_PRESET in presets else 0,
+            key="preset_name",
+            on_change=_pick_own_model,
+        )
         preset_kind = c2.selectbox("Stage", [k for k in RUN_KINDS if k in presets[name].sections],
                                    format_func=KIND_LABELS.get, key="preset_kind")  # fmt: skip
         preset_model = presets[name].sections[preset_kind].get("model")
@@ -431,7 +512,9 @@ with tab_preset:
                 show_problems(problems)
             else:
                 launch(preset_kind, config, f"preset {name!r} ({KIND_LABELS[preset_kind]})")
-        c2.button("Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset, preset_kind, model))
+        c2.button(
+            "Edit in the YAML editor", key="preset_edit", on_click=_edit_preset, args=(preset, preset_kind, model)
+        )
         if preset_kind in TRAIN_KINDS and choices:
             live_estimate(preset_kind, preset_config(name, model), "preset")
 
@@ -543,8 +626,11 @@ def evaluate_config(job: Job) -> dict[str, Any]:
         config["difficulty"] = levels.pop()
     sampling = job.config.get("sampling") or {}  # a config stored before the groups had it at the top
     tokens = sampling.get("max_new_tokens", job.config.get("max_new_tokens"))
-    return config | ({"device": job.config["device"]} if "device" in job.config else {}) | (
-        {"max_new_tokens": tokens} if tokens is not None else {})
+    return (
+        config
+        | ({"device": job.config["device"]} if "device" in job.config else {})
+        | ({"max_new_tokens": tokens} if tokens is not None else {})
+    )
 
 
 def preset_run(job: Job) -> Any:
@@ -588,13 +674,20 @@ def preset_models(job: Job) -> list[str]:
     start = run.model or get_preset(run.preset).model
     base = Path(start).name if isinstance(start, str) else f"{name}-base"  # a registered name, or a directory's
     before = f"{name}-sft" if sft is not None else base
-    return [*([base] if run.evaluates_base() else []), before, name, *([f"{name}-control"] if run.control and sft is not None else [])]
+    return [
+        *([base] if run.evaluates_base() else []),
+        before,
+        name,
+        *([f"{name}-control"] if run.control and sft is not None else []),
+    ]
 
 
 def preset_roles(job: Job) -> tuple[str, ...]:
     """What each model of :func:`preset_models` is in the recipe."""
     result, run = job_result(job), preset_run(job)
-    evaluated_base = getattr(result, "pass_base", None) is not None if result is not None else bool(run and run.evaluates_base())
+    evaluated_base = (
+        getattr(result, "pass_base", None) is not None if result is not None else bool(run and run.evaluates_base())
+    )
     return (("before SFT",) if evaluated_base else ()) + PRESET_ROLES
 
 
@@ -622,7 +715,9 @@ def act(action: str, job: Job) -> None:
     try:
         if action == "stop":
             status = queue.cancel(me(), job.id)
-            st.success(f"Stopped job {job.id}." if status is JobStatus.cancelled else f"Stop requested for job {job.id}.")
+            st.success(
+                f"Stopped job {job.id}." if status is JobStatus.cancelled else f"Stop requested for job {job.id}."
+            )
             return
         if action == "resume":
             new = queue.submit(me(), job.kind, resume_config(job))
@@ -633,7 +728,9 @@ def act(action: str, job: Job) -> None:
         elif action in ("deploy", "deploy_despite_drop"):
             model = getattr(job_result(job), "model", None)
             check = general_check(model)
-            if action == "deploy" and check is not None and check.regressed:  # the gate: confirmed before it is submitted
+            if (
+                action == "deploy" and check is not None and check.regressed
+            ):  # the gate: confirmed before it is submitted
                 st.session_state[f"deploy_pending_{job.id}"] = True
                 return
             st.session_state.pop(f"deploy_pending_{job.id}", None)
@@ -661,11 +758,15 @@ def actions(job: Job) -> None:
     if job.kind in TRAIN_KINDS and job.status is JobStatus.succeeded:
         model, domains = run_model(job), run_domains(job)
         why = None if model and domains else "the run left no model or names no domains"
-        if cols[2].button("Evaluate", key=f"evaluate_{job.id}", icon=":material/fact_check:", disabled=why is not None, help=why):
+        if cols[2].button(
+            "Evaluate", key=f"evaluate_{job.id}", icon=":material/fact_check:", disabled=why is not None, help=why
+        ):
             act("evaluate", job)
         registered = getattr(job_result(job), "model", None)
         why = None if registered else "the run registered no model"
-        if cols[3].button("Deploy", key=f"deploy_{job.id}", icon=":material/rocket_launch:", disabled=why is not None, help=why):
+        if cols[3].button(
+            "Deploy", key=f"deploy_{job.id}", icon=":material/rocket_launch:", disabled=why is not None, help=why
+        ):
             act("deploy", job)
         if registered and st.session_state.get(f"deploy_pending_{job.id}"):
             check = general_check(registered)
@@ -697,9 +798,15 @@ def chart_spec(smoothed: bool = False) -> dict[str, Any]:
         "height": 220,
         "encoding": encoding,
         "layer": [
-            {"transform": shown("per step"), "mark": {"type": "point", "filled": True, "opacity": 0.45, "tooltip": True}},
+            {
+                "transform": shown("per step"),
+                "mark": {"type": "point", "filled": True, "opacity": 0.45, "tooltip": True},
+            },
             {"transform": shown("smoothed"), "mark": {"type": "line", "tooltip": True, "interpolate": "linear"}},
-            {"transform": shown("held-out"), "mark": {"type": "line", "point": True, "strokeDash": [6, 3], "tooltip": True}},
+            {
+                "transform": shown("held-out"),
+                "mark": {"type": "line", "point": True, "strokeDash": [6, 3], "tooltip": True},
+            },
         ],
     }
 
@@ -713,8 +820,12 @@ def ema(values: list[float], alpha: float = EMA_ALPHA) -> list[float]:
     return out
 
 
-def chart(title: str, points: dict[str, list[metrics.Point]], smoothed: bool = False,
-          held_out: list[metrics.Point] | None = None) -> None:
+def chart(
+    title: str,
+    points: dict[str, list[metrics.Point]],
+    smoothed: bool = False,
+    held_out: list[metrics.Point] | None = None,
+) -> None:
     """One chart of a run's series; ``smoothed``: each series' points with their moving average, and ``held_out``
     (the held-out pass@1 before and after training, at the steps it was measured between) beside them."""
     rows = [(name, step, value, "per step") for name, series in points.items() for step, value in series]
@@ -726,23 +837,40 @@ def chart(title: str, points: dict[str, list[metrics.Point]], smoothed: bool = F
     st.markdown(f"**{title}**")
     st.vega_lite_chart(frame, chart_spec(smoothed), width="stretch")
     if smoothed:
-        st.caption(f"Dots: each step's mean over its rollouts (a few prompts a step, so it is noisy); line: their "
-                   f"exponential moving average (each step weighs {EMA_ALPHA:g}, the average before it {1 - EMA_ALPHA:g})."
-                   + (f" Dashed: {HELD_OUT} before and after training, on prompts no step drew: the figure that shows "
-                      "whether the model learned." if held_out else ""))
+        st.caption(
+            f"Dots: each step's mean over its rollouts (a few prompts a step, so it is noisy); line: their "
+            f"exponential moving average (each step weighs {EMA_ALPHA:g}, the average before it {1 - EMA_ALPHA:g})."
+            + (
+                f" Dashed: {HELD_OUT} before and after training, on prompts no step drew: the figure that shows "
+                "whether the model learned."
+                if held_out
+                else ""
+            )
+        )
 
 
 def domain_heatmap(job_id: int, domains: list[str]) -> None:
     """A many-domain run's per-domain figures as a domains x steps heatmap (live, as the charts are): each domain's
     pass rate, draw share or learning-signal rate as the scheduler saw it, the steps bucketed in the database."""
     st.markdown(f"**By domain** ({len(domains)} domains)")
-    figure = st.radio("Heatmap of", list(HEATMAP_FIGURES), horizontal=True, key=f"heatmap_{job_id}",
-                      help="pass rate and signal rate (the share of groups whose rewards differ): moving averages of "
-                           "the run's own rollouts; draw share: the chance a prompt of the batch comes from the domain")
+    figure = st.radio(
+        "Heatmap of",
+        list(HEATMAP_FIGURES),
+        horizontal=True,
+        key=f"heatmap_{job_id}",
+        help="pass rate and signal rate (the share of groups whose rewards differ): moving averages of "
+        "the run's own rollouts; draw share: the chance a prompt of the batch comes from the domain",
+    )
     suffix = HEATMAP_FIGURES[figure]
     data = metrics.series(job_id, [f"sched/{d}/{suffix}" for d in domains], max_points=HEATMAP_COLUMNS)
-    frame = pd.DataFrame([(name.removeprefix("sched/").removesuffix(f"/{suffix}"), step, value)
-                          for name, points in data.items() for step, value in points], columns=["domain", "step", "value"])
+    frame = pd.DataFrame(
+        [
+            (name.removeprefix("sched/").removesuffix(f"/{suffix}"), step, value)
+            for name, points in data.items()
+            for step, value in points
+        ],
+        columns=["domain", "step", "value"],
+    )
     if frame.empty:
         st.caption(f"No {figure} logged yet.")
         return
@@ -754,7 +882,13 @@ def domain_heatmap(job_id: int, domains: list[str]) -> None:
         "height": min(1200, max(160, 6 * len(domains))),
         "encoding": {
             "x": {"field": "step", "type": "ordinal", "title": "step", "axis": {"labelOverlap": True}},
-            "y": {"field": "domain", "type": "nominal", "title": None, "sort": sorted(domains), "axis": {"labelOverlap": True}},
+            "y": {
+                "field": "domain",
+                "type": "nominal",
+                "title": None,
+                "sort": sorted(domains),
+                "axis": {"labelOverlap": True},
+            },
             "color": color,
         },
     }
@@ -766,12 +900,21 @@ def zero_reason(title: str, job: Job) -> str:
     grpo = grpo_config(job)
     if title == "KL to the initial policy" and grpo is not None and grpo.algorithm.kl_coef == 0:
         return "its `kl_coef` is 0, so it keeps no reference model and logs KL as 0"
-    if title == "Clip fraction" and grpo is not None and grpo.algorithm.updates_per_batch == 1 and grpo.rollout.backend == "sync":
-        return ("one update per batch of rollouts from the current policy (`updates_per_batch: 1`, lock-step): the "
-                "probability ratio stays at 1, so no token is clipped")
+    if (
+        title == "Clip fraction"
+        and grpo is not None
+        and grpo.algorithm.updates_per_batch == 1
+        and grpo.rollout.backend == "sync"
+    ):
+        return (
+            "one update per batch of rollouts from the current policy (`updates_per_batch: 1`, lock-step): the "
+            "probability ratio stays at 1, so no token is clipped"
+        )
     if title == "Pipeline" and grpo is not None and grpo.rollout.backend == "sync":
-        return ("rollouts and updates run in lock-step (`rollout: {backend: sync}`): no batch waits in a queue and "
-                "none comes from an older policy")
+        return (
+            "rollouts and updates run in lock-step (`rollout: {backend: sync}`): no batch waits in a queue and "
+            "none comes from an older policy"
+        )
     return "every value the run logged is 0"
 
 
@@ -806,7 +949,11 @@ def gain_line(job: Job) -> None:
     """Held-out pass@1 before and after, for a run that evaluated two models (steps 0 and 1; a whole-recipe run that
     evaluated its model before SFT too: steps 1 and 2, with step 0 before them); for a whole-recipe run before its
     after-evaluation, what happens next (it is evaluated again) or what happened (it ended without)."""
-    points = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
+    points = dict(
+        metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(
+            metric_names.EVAL_PASS_AT_1, []
+        )
+    )
     labels = eval_labels(job)
     raw = ""
     if job.kind == "train_preset" and preset_roles(job)[0] == "before SFT":  # step 0: the model before SFT
@@ -819,8 +966,10 @@ def gain_line(job: Job) -> None:
         scope = f" on {result.eval_tasks} eval tasks, {unseen:.0%} unseen in training" if unseen is not None else ""
         control = ""
         if 2 in points and getattr(result, "control_steps", None):
-            control = (f"; SFT control ({result.control_steps} more SFT steps from the same warm-up) {points[2]:.1%}, "
-                       f"GRPO {100 * (after - points[2]):+.1f} points over it")
+            control = (
+                f"; SFT control ({result.control_steps} more SFT steps from the same warm-up) {points[2]:.1%}, "
+                f"GRPO {100 * (after - points[2]):+.1f} points over it"
+            )
         own = ((getattr(result, "arena", None) or {}).get("domains") or {}).get("all")  # the two, paired task by task
         error = f" ± {100 * own['se']:.1f} points, ± one paired standard error" if own and "se" in own else " points"
         st.success(f"Held-out pass@1{scope}: {raw}{labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
@@ -834,10 +983,16 @@ def gain_line(job: Job) -> None:
         grpo = grpo_config(job)
         of = f" of {grpo.max_steps}" if grpo is not None else ""
         when = f"at GRPO step {reward.step}{of}" if reward is not None else "before its first GRPO step"
-        happened = {JobStatus.cancelled: "was cancelled", JobStatus.failed: "failed", JobStatus.interrupted: "was interrupted"}
+        happened = {
+            JobStatus.cancelled: "was cancelled",
+            JobStatus.failed: "failed",
+            JobStatus.interrupted: "was interrupted",
+        }
         resume = " Resume continues it from its last checkpoint." if job.status is not JobStatus.succeeded else ""
-        st.warning(f"{first}. The run {happened.get(job.status, job.status.value)} {when}, so there is no "
-                   f"after-evaluation: no held-out figure after GRPO, and no gain.{resume}")
+        st.warning(
+            f"{first}. The run {happened.get(job.status, job.status.value)} {when}, so there is no "
+            f"after-evaluation: no held-out figure after GRPO, and no gain.{resume}"
+        )
 
 
 def general_tasks(job: Job) -> tuple[int, int] | None:
@@ -869,7 +1024,9 @@ def general_line(job: Job) -> None:
     n = getattr(result, "general_tasks", None)
     size = general_tasks(job)
     n = n or (size[0] if size else None)
-    scope = f" on {n} tasks of {size[1]} domains it never trained on" if n and size else " on domains it never trained on"
+    scope = (
+        f" on {n} tasks of {size[1]} domains it never trained on" if n and size else " on domains it never trained on"
+    )
     if after is None:
         st.info(f"General check{scope}: {labels[0]} {before:.1%} before GRPO.", icon=":material/balance:")
         return
@@ -882,8 +1039,11 @@ def general_line(job: Job) -> None:
         error = f" ± {100 * math.sqrt(before * (1 - before) / n + after * (1 - after) / n):.1f} points, ± one unpaired standard error"
     else:
         error = " points"
-    st.info(f"General check{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
-            f"({100 * (after - before):+.1f}{error}): what training cost elsewhere.", icon=":material/balance:")
+    st.info(
+        f"General check{scope}: {labels[0]} {before:.1%} → {labels[1]} {after:.1%} "
+        f"({100 * (after - before):+.1f}{error}): what training cost elsewhere.",
+        icon=":material/balance:",
+    )
 
 
 def compare_link(job: Job) -> None:
@@ -893,16 +1053,28 @@ def compare_link(job: Job) -> None:
     base = getattr(result, "sft_model", None) or getattr(result, "base_model", None)
     if model and base and model != base:
         # the arena on the tasks the run was evaluated on: its preset's evaluation, else its domains at its level
-        tasks = ({"compare_preset": job.config["preset"]} if job.kind == "train_preset" else
-                 {"compare_domains": ",".join(run_domains(job))} | (
-                     {"compare_difficulty": evaluate_config(job)["difficulty"]} if "difficulty" in evaluate_config(job) else {}))
+        tasks = (
+            {"compare_preset": job.config["preset"]}
+            if job.kind == "train_preset"
+            else {"compare_domains": ",".join(run_domains(job))}
+            | (
+                {"compare_difficulty": evaluate_config(job)["difficulty"]}
+                if "difficulty" in evaluate_config(job)
+                else {}
+            )
+        )
         if getattr(result, "arena", None):  # the run compared them on its held-out tasks already: open that
             tasks |= {"compare_open": str(job.id)}
         query = {"compare_a": base, "compare_b": model, **tasks}
-        label, why = f"Compare {model} with its base {base}", ("The Models & Serving page's Compare tab: the run's own "
-                                                               "comparison when it made one (the held-out tasks through "
-                                                               "both, task by task), and both models and the run's tasks "
-                                                               "chosen for another")
+        label, why = (
+            f"Compare {model} with its base {base}",
+            (
+                "The Models & Serving page's Compare tab: the run's own "
+                "comparison when it made one (the held-out tasks through "
+                "both, task by task), and both models and the run's tasks "
+                "chosen for another"
+            ),
+        )
         try:  # in the console: in-app, the same session
             st.page_link("views/models.py", label=label, icon=":material/compare_arrows:", query_params=query, help=why)
         except StreamlitAPIException:  # the page run on its own, outside the console's navigation
@@ -914,7 +1086,11 @@ def held_out_points(job: Job, last_step: int) -> list[metrics.Point]:
     run's last step (none when the run evaluated nothing yet)."""
     if job.kind != "train_preset":
         return []
-    found = dict(metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(metric_names.EVAL_PASS_AT_1, []))
+    found = dict(
+        metrics.series(int(job.id or 0), [metric_names.EVAL_PASS_AT_1], max_points=MAX_POINTS).get(
+            metric_names.EVAL_PASS_AT_1, []
+        )
+    )
     return [metrics.Point(step, found[i]) for i, step in ((0, 0), (1, max(1, last_step))) if i in found]
 
 
@@ -957,8 +1133,11 @@ def run_view(job: Job) -> None:
             charts.insert(1, ("Pass rate by domain", domain_names))
         wanted = [n for _, group in charts for n in group]
         data = metrics.series(job_id, wanted, max_points=MAX_POINTS)
-        flat = [(t, group) for t, group in charts
-                if any(data.get(n) for n in group) and all(v == 0 for n in group for _, v in data.get(n, []))]
+        flat = [
+            (t, group)
+            for t, group in charts
+            if any(data.get(n) for n in group) and all(v == 0 for n in group for _, v in data.get(n, []))
+        ]
         for title, _ in flat:  # a figure the run logs as 0 at every step: a note, not a flat line
             st.caption(f"**{title}**: not drawn: 0 at every step, because {zero_reason(title, job)}.")
         charts = [c for c in charts if c not in flat]
@@ -1021,21 +1200,37 @@ def trajectory_browser(job: Job) -> None:
     domains = metrics.trajectory_domains(run_id)
     if not domains:
         live = not job.status.finished and job.kind in ("train_preset", "train_grpo")
-        st.caption("No trajectories yet: GRPO stores each step's as the step ends, and they show here as they come."
-                   if live else "This run has stored no trajectories.")
+        st.caption(
+            "No trajectories yet: GRPO stores each step's as the step ends, and they show here as they come."
+            if live
+            else "This run has stored no trajectories."
+        )
         return
     first, last = metrics.trajectory_steps(run_id) or (0, 0)
     f1, f2, f3 = st.columns([2, 2, 2])
     chosen = f1.multiselect("Domains", domains, default=[], key="traj_domains", placeholder="all domains")
-    steps = f2.slider("Steps", first, last, followed_steps(run_id, first, last), key="traj_steps") if last > first else (first, last)
-    rewards = f3.slider("Reward", 0.0, 1.0, (0.0, 1.0), step=0.05, key="traj_rewards",
-                        help="0 to 1: every trajectory; 1 to 1: only full marks; 0 to 0: only failures")
+    steps = (
+        f2.slider("Steps", first, last, followed_steps(run_id, first, last), key="traj_steps")
+        if last > first
+        else (first, last)
+    )
+    rewards = f3.slider(
+        "Reward",
+        0.0,
+        1.0,
+        (0.0, 1.0),
+        step=0.05,
+        key="traj_rewards",
+        help="0 to 1: every trajectory; 1 to 1: only full marks; 0 to 0: only failures",
+    )
     filters = {"domains": chosen, "steps": steps, "rewards": rewards}
     total = metrics.trajectory_count(run_id, **filters)
     pages = max(1, -(-total // TRAJECTORY_PAGE_SIZE))
     page = st.number_input(f"Page (of {pages}, {total:,} trajectories)", min_value=1, max_value=pages, value=1, step=1,
                            key="traj_page")  # fmt: skip
-    rows = metrics.trajectories(run_id, **filters, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1))
+    rows = metrics.trajectories(
+        run_id, **filters, limit=TRAJECTORY_PAGE_SIZE, offset=TRAJECTORY_PAGE_SIZE * (int(page) - 1)
+    )
     if not rows:
         st.info("No trajectories match: widen the domains, steps or reward range.")
         return
@@ -1066,7 +1261,9 @@ def trajectory_detail(rows: list[Any]) -> None:
     """The picked trajectory of a page: its prompt, the episode turn by turn or its completion, and its verdict."""
     by_id = {t.id: t for t in rows}
     picked = st.selectbox(
-        "Trajectory", list(by_id), format_func=lambda i: f"#{i} · step {by_id[i].step} · {by_id[i].domain} · reward {by_id[i].reward:.3g}",
+        "Trajectory",
+        list(by_id),
+        format_func=lambda i: f"#{i} · step {by_id[i].step} · {by_id[i].domain} · reward {by_id[i].reward:.3g}",
         key="traj_pick",
     )
     trajectory = by_id[picked]
@@ -1085,9 +1282,13 @@ def trajectory_detail(rows: list[Any]) -> None:
                     with st.chat_message("assistant"):
                         st.text(turn.get("content") or "(empty)")
                         for call in turn.get("tool_calls", []):
-                            st.caption(f"called {call.get('name')} · {call.get('status')} · {float(call.get('elapsed_s', 0)):.2f} s")
+                            st.caption(
+                                f"called {call.get('name')} · {call.get('status')} · {float(call.get('elapsed_s', 0)):.2f} s"
+                            )
                 else:
-                    with st.expander(f"{turn['role']} output · {len(str(turn.get('content', '')))} chars", expanded=False):
+                    with st.expander(
+                        f"{turn['role']} output · {len(str(turn.get('content', '')))} chars", expanded=False
+                    ):
                         st.text(turn.get("content") or "(empty)")
             if trajectory.verdict.get("error"):
                 st.error(f"The episode was not scored: {trajectory.verdict['error']}")

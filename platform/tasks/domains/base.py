@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.platform.verifiers.models import VerifierRef
 
@@ -46,7 +47,9 @@ def exact(prompt: str, answer: str, *, normalize: bool = False) -> Problem:
     return Problem(prompt, answer, VerifierRef(kind=kind, spec={"answer": answer}))
 
 
-def numeric(prompt: str, value: float, *, answer: str | None = None, unit: str | None = None, rel_tol: float = 1e-9) -> Problem:
+def numeric(
+    prompt: str, value: float, *, answer: str | None = None, unit: str | None = None, rel_tol: float = 1e-9
+) -> Problem:
     spec: dict[str, Any] = {"value": value, "rel_tol": rel_tol, "abs_tol": 1e-9}
     if unit is not None:
         spec["unit"] = unit

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.platform.tasks.domains.base import MAX_DIFFICULTY, MIN_DIFFICULTY, Domain, Problem
+from posttrain.platform.tasks.domains.base import MIN_DIFFICULTY, Domain, Problem
 from posttrain.platform.verifiers.models import ChatMessage, Split, TaskSpec
 
 FAMILY_MODULES = (
@@ -163,7 +163,9 @@ def _domain_spaces(domain: str) -> tuple[dict[int, PromptSpace], frozenset[str]]
         for d in levels:
             held = sum(1 for p in counts[d] if p in forced or (p not in train_only and prompt_split(p) == "eval"))
             distinct = chao1(counts[d])  # the held-out share of the space is the share of its seen prompts
-            spaces[d] = PromptSpace(domain, d, round(distinct), round(distinct * held / len(counts[d])), counts[d].total())
+            spaces[d] = PromptSpace(
+                domain, d, round(distinct), round(distinct * held / len(counts[d])), counts[d].total()
+            )
         now_small = {d for d in levels if not spaces[d].has_held_out_split}
         if now_small == small:
             return spaces, train_only
@@ -224,7 +226,14 @@ def list_domains(family: str | None = None) -> list[DomainInfo]:
             continue
         probe = domain.make(random.Random(0), MIN_DIFFICULTY)
         infos.append(
-            DomainInfo(domain.name, domain.family, domain.description, dict(domain.params), domain.max_difficulty, probe.verifier.kind)
+            DomainInfo(
+                domain.name,
+                domain.family,
+                domain.description,
+                dict(domain.params),
+                domain.max_difficulty,
+                probe.verifier.kind,
+            )
         )
     return infos
 
@@ -272,7 +281,13 @@ def generate(
                 reference=problem.answer,
                 split=split,
                 task_id=f"{domain}/d{difficulty}/s{seed}/{split}/{index}",
-                metadata={"family": spec.family, "difficulty": difficulty, "seed": seed, "index": index, "params": dict(spec.params)}
+                metadata={
+                    "family": spec.family,
+                    "difficulty": difficulty,
+                    "seed": seed,
+                    "index": index,
+                    "params": dict(spec.params),
+                }
                 | ({"files": dict(problem.files)} if problem.files else {})
                 | ({"held_out_by": problem.held_out_by} if problem.held_out_by else {}),
                 provenance={"source": "procedural", "generator": domain, "version": GENERATOR_VERSION},
@@ -294,5 +309,7 @@ def _draw(spec: Domain, rng: random.Random, difficulty: int, split: Split, seen:
         if problem.prompt not in seen or tries >= _MAX_TRIES_PER_TASK:
             return problem
     if found is None:
-        raise NoHeldOutSplitError(f"domain {spec.name!r} made no {split} prompt in {_MAX_DRAWS_PER_TASK} draws at difficulty {difficulty}")
+        raise NoHeldOutSplitError(
+            f"domain {spec.name!r} made no {split} prompt in {_MAX_DRAWS_PER_TASK} draws at difficulty {difficulty}"
+        )
     return found

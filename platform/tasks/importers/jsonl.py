@@ -59,7 +59,9 @@ class TaskImportError(ValueError):
         self.errors = errors
         shown = "\n  ".join(str(e) for e in errors[:MAX_ERRORS_LISTED])
         more = f"\n  ... and {len(errors) - MAX_ERRORS_LISTED} more" if len(errors) > MAX_ERRORS_LISTED else ""
-        super().__init__(f"{source}: {len(errors)} invalid line(s), nothing imported; fix them and import again:\n  {shown}{more}")
+        super().__init__(
+            f"{source}: {len(errors)} invalid line(s), nothing imported; fix them and import again:\n  {shown}{more}"
+        )
 
 
 def parse_jsonl_lines(lines: Iterable[str], *, domain: str, source: str = "<jsonl>") -> list[TaskSpec]:
@@ -88,7 +90,9 @@ def parse_jsonl_lines(lines: Iterable[str], *, domain: str, source: str = "<json
             validate_spec(row.verifier.kind, row.verifier.spec)
         except VerifierSpecError as error:
             for problem in error.problems:
-                errors.append(ImportErrorLine(number, f"verifier.{problem.field}", f"{problem.message} (fix: {problem.fix})"))
+                errors.append(
+                    ImportErrorLine(number, f"verifier.{problem.field}", f"{problem.message} (fix: {problem.fix})")
+                )
             continue
         except UnknownVerifierError as error:
             errors.append(ImportErrorLine(number, "verifier.kind", str(error)))

@@ -174,11 +174,15 @@ def start_program(solution: str, *, ship: bool = False, bytecode: bool = False) 
     grader the sandbox preloaded (``("missing", None)`` when it has none), or with ``ship`` the grader
     sent along. Nothing of the tests is in it."""
     if not ship:
-        return (f"__pt_g = __import__('sys').modules.get({GRADER_MODULE!r})\n"
-                f"('missing', None) if __pt_g is None else __pt_g.start({solution!r})\n")
+        return (
+            f"__pt_g = __import__('sys').modules.get({GRADER_MODULE!r})\n"
+            f"('missing', None) if __pt_g is None else __pt_g.start({solution!r})\n"
+        )
     code = _shipped(_grader_source(), _grader_bytecode() if bytecode else None)
-    return (f"__pt_g = type(__import__('sys'))({GRADER_MODULE!r})\nexec({code}, __pt_g.__dict__)\n"
-            f"__pt_g.start({solution!r})\n")
+    return (
+        f"__pt_g = type(__import__('sys'))({GRADER_MODULE!r})\nexec({code}, __pt_g.__dict__)\n"
+        f"__pt_g.start({solution!r})\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -202,9 +206,15 @@ class TestPlan:
         """The second call of a check: run the tests against the child started by :func:`start_program`.
         With ``bytecode`` (the sandbox's interpreter reads this one's marshal format) the tests travel
         compiled; else as source, compiled in the sandbox's parent interpreter."""
-        tests = f"__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}'))" if bytecode else repr(self.tests_source)
-        return (f"__pt_g.run({tests}, {nonce!r}, {len(self.labels)}, {MAX_FAILURES_REPORTED}, "
-                f"{list(self.program_names)!r}, {self.entry_point!r})\n")
+        tests = (
+            f"__import__('marshal').loads(bytes.fromhex('{self.harness_bytecode.hex()}'))"
+            if bytecode
+            else repr(self.tests_source)
+        )
+        return (
+            f"__pt_g.run({tests}, {nonce!r}, {len(self.labels)}, {MAX_FAILURES_REPORTED}, "
+            f"{list(self.program_names)!r}, {self.entry_point!r})\n"
+        )
 
 
 @functools.lru_cache(maxsize=16)
@@ -212,7 +222,9 @@ def reads_our_bytecode(python_executable: str) -> bool:
     """Whether ``python_executable`` loads this interpreter's marshalled code (same magic number)."""
     probe = "import importlib.util; print(importlib.util.MAGIC_NUMBER.hex())"
     try:
-        out = subprocess.run([python_executable, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            [python_executable, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return out.strip() == importlib.util.MAGIC_NUMBER.hex()
@@ -260,7 +272,11 @@ def _counted(stmt: ast.stmt, index: int) -> ast.Try:
     handler = ast.ExceptHandler(
         type=ast.Name("__pt_caught", ast.Load()),
         name="__pt_e",
-        body=[ast.Expr(ast.Call(ast.Name("__pt_failed", ast.Load()), [ast.Constant(index), ast.Name("__pt_e", ast.Load())], []))],
+        body=[
+            ast.Expr(
+                ast.Call(ast.Name("__pt_failed", ast.Load()), [ast.Constant(index), ast.Name("__pt_e", ast.Load())], [])
+            )
+        ],
     )
     passed = ast.Expr(ast.Call(ast.Name("__pt_passed", ast.Load()), [ast.Constant(index)], []))
     return ast.Try(body=[stmt], handlers=[handler], orelse=[passed], finalbody=[])
@@ -298,8 +314,12 @@ def prompt_helpers(prelude: str, entry_point: str | None) -> str:
             module = ast.parse("".join(lines[:end]))
         except SyntaxError:
             continue
-        kept = [s for s in module.body if not _is_future_import(s)
-                and not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name == entry_point)]
+        kept = [
+            s
+            for s in module.body
+            if not _is_future_import(s)
+            and not (isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name == entry_point)
+        ]
         return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n" if kept else ""
     return ""
 
@@ -344,8 +364,15 @@ def _program_names(entry_point: str | None, *trees: ast.AST) -> tuple[tuple[str,
 def _imports(modules: tuple[str, ...]) -> list[ast.stmt]:
     """``try: import m`` ``except ImportError: pass`` for each module: one the sandbox's Python lacks stays
     undefined (the tests that read it fail), never the program's."""
-    return [ast.Try(body=[ast.Import([ast.alias(m)])], handlers=[ast.ExceptHandler(ast.Name("ImportError", ast.Load()), None, [ast.Pass()])],
-                    orelse=[], finalbody=[]) for m in modules]
+    return [
+        ast.Try(
+            body=[ast.Import([ast.alias(m)])],
+            handlers=[ast.ExceptHandler(ast.Name("ImportError", ast.Load()), None, [ast.Pass()])],
+            orelse=[],
+            finalbody=[],
+        )
+        for m in modules
+    ]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -358,7 +385,9 @@ def build_plan(tests: str, test_call: str | None, prelude: str = "", entry_point
     call_module = ast.parse(test_call) if test_call else None
     names, modules = _program_names(entry_point, module, helpers, *([call_module] if call_module else []))
     target = _called_function(call_module) if call_module is not None else None
-    definitions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == target]
+    definitions = [
+        s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == target
+    ]
     # The last definition of the target is the one the call reaches; rewrite it when it asserts.
     rewritten = definitions[-1] if definitions and any(map(_is_test, definitions[-1].body)) else None
     labels: list[str] = []
@@ -509,16 +538,24 @@ def _failed_run(result: ToolResult, breakdown: dict[str, Any], limit: float, poo
     if status is CallStatus.INFRA:
         return Verdict.infra(f"the sandbox failed: {result.detail or result.error}", kind="code")
     if status is CallStatus.TIMEOUT:
-        return Verdict.failure(f"the code did not finish within {limit:g} s (wall clock or CPU limit); no test counted", **breakdown)
+        return Verdict.failure(
+            f"the code did not finish within {limit:g} s (wall clock or CPU limit); no test counted", **breakdown
+        )
     if status is CallStatus.MEMORY:
-        return Verdict.failure(f"the code ran out of memory (limit {pool.config.memory_mb} MB); no test counted", **breakdown)
+        return Verdict.failure(
+            f"the code ran out of memory (limit {pool.config.memory_mb} MB); no test counted", **breakdown
+        )
     if status is CallStatus.KILLED:
         why = result.error.message if result.error else result.detail
-        return Verdict.failure(f"the code ended its interpreter before the tests reported ({why}); no test counted", **breakdown)
+        return Verdict.failure(
+            f"the code ended its interpreter before the tests reported ({why}); no test counted", **breakdown
+        )
     if status is CallStatus.ERROR:
         error = result.error
         what = f"{error.type}: {error.message}" if error else "an error"
-        return Verdict.failure(f"the code raised {what[:_MESSAGE_CHARS]} outside any test; no test counted", **breakdown)
+        return Verdict.failure(
+            f"the code raised {what[:_MESSAGE_CHARS]} outside any test; no test counted", **breakdown
+        )
     return None
 
 
@@ -536,17 +573,28 @@ def _parse_start(value: Any) -> tuple[str, str | None] | None:
     return kind, text
 
 
-def _verdict(first: ToolResult, second: ToolResult | None, plan: TestPlan, nonce: str, limit: float, pool: SandboxPool) -> Verdict:
+def _verdict(
+    first: ToolResult, second: ToolResult | None, plan: TestPlan, nonce: str, limit: float, pool: SandboxPool
+) -> Verdict:
     run_ms = first.duration_ms + (second.duration_ms if second is not None else 0.0)
-    breakdown: dict[str, Any] = {"tests": len(plan.labels), "passed": 0, "status": first.status.value, "run_ms": round(run_ms, 3)}
+    breakdown: dict[str, Any] = {
+        "tests": len(plan.labels),
+        "passed": 0,
+        "status": first.status.value,
+        "run_ms": round(run_ms, 3),
+    }
     failed = _failed_run(first, breakdown, limit, pool)
     if failed is not None:
         return failed
     started = _parse_start(first.value)
-    if started is None or started[0] != "started":  # never the sandbox's doing alone: scored, so no completion earns a redo
+    if (
+        started is None or started[0] != "started"
+    ):  # never the sandbox's doing alone: scored, so no completion earns a redo
         if started is not None and started[0] == "missing":
             return Verdict.infra("the sandbox has no code grader, and sending it did not help", kind="code")
-        return Verdict.failure(f"the grader did not start the code (value {str(first.value)[:200]!r}); no test counted", **breakdown)
+        return Verdict.failure(
+            f"the grader did not start the code (value {str(first.value)[:200]!r}); no test counted", **breakdown
+        )
     if second is None:  # not reached: a started program always gets its tests
         return Verdict.failure("the tests were not run after the code started; no test counted", **breakdown)
     breakdown["status"] = second.status.value
@@ -560,15 +608,17 @@ def _verdict(first: ToolResult, second: ToolResult | None, plan: TestPlan, nonce
         return Verdict.failure(f"{start[1]} before the tests ran; no test counted", **breakdown)
     report = _parse_report(second.value, nonce, len(plan.labels))
     if report is None:
-        return Verdict.failure(f"the grader's report is missing or does not add up (value {str(second.value)[:200]!r}); no test counted",
-                               **breakdown)
+        return Verdict.failure(
+            f"the grader's report is missing or does not add up (value {str(second.value)[:200]!r}); no test counted",
+            **breakdown,
+        )
     ok, failures, state = report
     notes: list[str] = []
     if state.get("exit"):
         notes.append(f"{state['exit']} before the tests; they ran anyway")
     total = len(plan.labels)
     breakdown["passed"] = len(ok)
-    listed = [
+    listed: list[dict[str, Any]] = [
         {"test": index, "code": plan.labels[index], "error": failures[index]}
         for index in sorted(failures)
         if failures[index]
@@ -598,7 +648,13 @@ def _parse_report(value: Any, nonce: str, total: int) -> tuple[list[int], dict[i
         tag, count, ok, failures, state = ast.literal_eval(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
-    if tag != nonce or count != total or not isinstance(ok, list) or not isinstance(failures, dict) or not isinstance(state, dict):
+    if (
+        tag != nonce
+        or count != total
+        or not isinstance(ok, list)
+        or not isinstance(failures, dict)
+        or not isinstance(state, dict)
+    ):
         return None
     if not all(isinstance(i, int) and 0 <= i < total for i in [*ok, *failures]):
         return None
@@ -628,7 +684,9 @@ def check_code(spec: CodeTestsSpec, completion: str, task: TaskSpec) -> Verdict:
         try:
             pool = shared_pool()
         except Exception as error:  # noqa: BLE001 - no sandbox on this host: not the completion's fault
-            return Verdict.infra(f"could not start the verifiers' sandbox pool: {type(error).__name__}: {error}", kind="code")
+            return Verdict.infra(
+                f"could not start the verifiers' sandbox pool: {type(error).__name__}: {error}", kind="code"
+            )
     started = time.monotonic()
     verdict = run_code_tests(spec, completion, pool, timeout_s=spec.timeout_s)
     breakdown = {**verdict.breakdown, "check_ms": round((time.monotonic() - started) * 1000, 3)}

@@ -65,7 +65,9 @@ def check_custom(spec: CustomSpec, completion: str, task: TaskSpec) -> Verdict:
     if isinstance(result, (int, float)):
         if not 0.0 <= float(result) <= 1.0:
             return Verdict.infra(f"custom verifier {spec.entry_point!r} returned {result}, outside [0, 1]")
-        return Verdict.of_score(float(result), f"{spec.entry_point}: score {float(result):.3f}", threshold=spec.pass_threshold)
+        return Verdict.of_score(
+            float(result), f"{spec.entry_point}: score {float(result):.3f}", threshold=spec.pass_threshold
+        )
     return Verdict.infra(
         f"custom verifier {spec.entry_point!r} returned {type(result).__name__}; return a Verdict, a float or a bool"
     )

@@ -33,10 +33,13 @@ class DocQASpec(BaseSpec):
     require_evidence: bool = False
     evidence_weight: float = Field(default=0.5, ge=0, le=1)
     min_evidence_chars: int = Field(default=8, ge=1)
-    evidence_holds_answer: bool = Field(default=True, description="the quote must contain an accepted answer: a "
-                                        "sentence that does not hold the answer is no evidence for it (without this, "
-                                        "quoting any sentence of the page earned the evidence's weight, and GRPO on "
-                                        "the docqa preset learned exactly that)")
+    evidence_holds_answer: bool = Field(
+        default=True,
+        description="the quote must contain an accepted answer: a "
+        "sentence that does not hold the answer is no evidence for it (without this, "
+        "quoting any sentence of the page earned the evidence's weight, and GRPO on "
+        "the docqa preset learned exactly that)",
+    )
     document_id: str | None = None
     page: int | None = Field(default=None, ge=0)
     pages: dict[int, str] = Field(default_factory=dict)
@@ -74,7 +77,9 @@ def parse_doc_answer(completion: str) -> DocAnswer:
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict) and "answer" in data:
-            return DocAnswer(str(data["answer"]), _opt_str(data.get("evidence", data.get("quote"))), _opt_int(data.get("page")))
+            return DocAnswer(
+                str(data["answer"]), _opt_str(data.get("evidence", data.get("quote"))), _opt_int(data.get("page"))
+            )
     fields: dict[str, str] = {}
     for line in text.splitlines():
         match = _LINE.match(line)

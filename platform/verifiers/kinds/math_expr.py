@@ -57,7 +57,7 @@ def _parse(text: str, seconds: int = 5) -> list[Any]:
         return list(math_verify.parse(
             text,
             extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
-            parsing_timeout=_alarm_seconds(seconds),  # type: ignore[arg-type]
+            parsing_timeout=_alarm_seconds(seconds),
             raise_on_error=True,
         ))  # fmt: skip
     except TimeoutException:
@@ -141,7 +141,9 @@ class MathSpec(BaseSpec):
     @classmethod
     def _parseable(cls, answer: str) -> str:
         if not _gold_parses(answer):
-            raise ValueError(f"math-verify cannot parse the gold answer {answer!r}; write it as LaTeX or a plain expression")
+            raise ValueError(
+                f"math-verify cannot parse the gold answer {answer!r}; write it as LaTeX or a plain expression"
+            )
         return answer
 
 

@@ -62,9 +62,13 @@ def check_numeric(spec: NumericSpec, completion: str, task: TaskSpec) -> Verdict
     unit = f" {spec.unit}" if spec.unit else ""
     breakdown = {"parsed": quantity.text, "value": value, "expected": spec.value, "error": error}
     if error <= allowed:
-        return Verdict.of_score(1.0, f"{value:g}{unit} is within {allowed:g} of {spec.value:g}{unit}", breakdown=breakdown)
+        return Verdict.of_score(
+            1.0, f"{value:g}{unit} is within {allowed:g} of {spec.value:g}{unit}", breakdown=breakdown
+        )
     return Verdict.of_score(
-        0.0, f"{value:g}{unit} differs from {spec.value:g}{unit} by {error:g} (allowed {allowed:g})", breakdown=breakdown
+        0.0,
+        f"{value:g}{unit} differs from {spec.value:g}{unit} by {error:g} (allowed {allowed:g})",
+        breakdown=breakdown,
     )
 
 

@@ -70,8 +70,8 @@ def _field_of(error: jsonschema.ValidationError, document: Any) -> str:
 def check_json_schema(spec: JsonSchemaSpec, completion: str, task: TaskSpec) -> Verdict:
     try:
         document = parse_json_answer(completion)
-    except json.JSONDecodeError as error:
-        return Verdict.failure(f"the answer is not JSON: {error.msg} at line {error.lineno} column {error.colno}")
+    except json.JSONDecodeError as exc:
+        return Verdict.failure(f"the answer is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
     validator_class = validator_for(spec.json_schema, default=jsonschema.Draft202012Validator)
     errors = list(validator_class(spec.json_schema).iter_errors(document))
     wrong: dict[str, str] = {}

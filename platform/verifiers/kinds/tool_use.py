@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -71,7 +71,7 @@ class AnswerContains(_Check):
     match: Match = "contains"
 
 
-Check = Annotated[Union[FileContains, CommandOutput, AnswerContains], Field(discriminator="check")]
+Check = Annotated[FileContains | CommandOutput | AnswerContains, Field(discriminator="check")]
 
 
 class ToolUseSpec(BaseSpec):
@@ -86,8 +86,10 @@ class ToolUseSpec(BaseSpec):
     @classmethod
     def _always_fresh(cls, value: bool) -> bool:
         if not value:
-            raise ValueError("must be true: with false the agent's own (possibly patched) interpreter would answer "
-                             "for the checks, and what it left running could change their results")
+            raise ValueError(
+                "must be true: with false the agent's own (possibly patched) interpreter would answer "
+                "for the checks, and what it left running could change their results"
+            )
         return value
 
     _sandbox: Sandbox | None = PrivateAttr(default=None)  # lent by the caller's VerifyContext
@@ -122,7 +124,12 @@ def _run_check(check: Check, sandbox: Sandbox | None, completion: str, timeout_s
     """(passed, what was found) for one check."""
     if isinstance(check, AnswerContains):
         ok = _matches(completion, check.expected, check.match)
-        return ok, "the answer matches" if ok else f"the answer {_show(completion)} does not {check.match} {_show(check.expected)}"
+        return (
+            ok,
+            "the answer matches"
+            if ok
+            else f"the answer {_show(completion)} does not {check.match} {_show(check.expected)}",
+        )
     assert sandbox is not None
     if isinstance(check, FileContains):
         result = sandbox.read_file(check.path, max_bytes=check.max_bytes)
@@ -133,17 +140,34 @@ def _run_check(check: Check, sandbox: Sandbox | None, completion: str, timeout_s
             return False, f"{check.path}: cannot be read ({why})"
         text = str(result.value or "")
         ok = _matches(text, check.expected, check.match)
-        return ok, f"{check.path} matches" if ok else f"{check.path} holds {_show(text)}, which does not {check.match} {_show(check.expected)}"
-    result = sandbox.run_bash(f"{CLEAN_ENV} /bin/bash --noprofile --norc -c {shlex.quote(check.command)}", timeout=timeout_s)
+        return (
+            ok,
+            f"{check.path} matches"
+            if ok
+            else f"{check.path} holds {_show(text)}, which does not {check.match} {_show(check.expected)}",
+        )
+    result = sandbox.run_bash(
+        f"{CLEAN_ENV} /bin/bash --noprofile --norc -c {shlex.quote(check.command)}", timeout=timeout_s
+    )
     if result.is_infrastructure_failure:
         raise _Infra(result.detail or str(result.error))
     if result.status is CallStatus.TIMEOUT:
         return False, f"`{check.command}` did not finish within {timeout_s:g} s"
     if check.exit_code is not None and result.exit_code != check.exit_code:
-        return False, f"`{check.command}` exited with {result.exit_code} (expected {check.exit_code}); stderr {_show(result.stderr)}"
-    output, expected = (result.stdout.strip(), check.expected.strip()) if check.strip else (result.stdout, check.expected)
+        return (
+            False,
+            f"`{check.command}` exited with {result.exit_code} (expected {check.exit_code}); stderr {_show(result.stderr)}",
+        )
+    output, expected = (
+        (result.stdout.strip(), check.expected.strip()) if check.strip else (result.stdout, check.expected)
+    )
     ok = _matches(output, expected, check.match)
-    return ok, f"`{check.command}` output matches" if ok else f"`{check.command}` printed {_show(output)}, which does not {check.match} {_show(expected)}"
+    return (
+        ok,
+        f"`{check.command}` output matches"
+        if ok
+        else f"`{check.command}` printed {_show(output)}, which does not {check.match} {_show(expected)}",
+    )
 
 
 def prepare_tool_use(spec: ToolUseSpec, completion: str, task: TaskSpec, context: VerifyContext) -> ToolUseSpec:
@@ -171,7 +195,9 @@ def check_tool_use(spec: ToolUseSpec, completion: str, task: TaskSpec) -> Verdic
                 # Before every check that reads the sandbox: nothing left running (by the agent, or by a
                 # command an earlier check ran) can answer for it or change what it finds.
                 if not sandbox.reset(wipe=False):
-                    return Verdict.infra(f"the episode's sandbox (slot {sandbox.slot}) did not restart its interpreter", kind="tool_use")
+                    return Verdict.infra(
+                        f"the episode's sandbox (slot {sandbox.slot}) did not restart its interpreter", kind="tool_use"
+                    )
             remaining = max(deadline - time.monotonic(), 0.5)
             ok, found = _run_check(check, sandbox, completion, remaining)
             results.append({"check": check.check, "passed": ok, "found": found})

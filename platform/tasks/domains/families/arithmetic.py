@@ -33,7 +33,9 @@ def _make(op: str, style: str, rng: random.Random, difficulty: int) -> Problem:
         result = a + b if op == "add" else a - b if op == "sub" else a * b
         question = f"{_show(a)} {_SYMBOL[op]} {_show(b)}"
     elif op == "div":
-        divisor = Decimal(rng.randint(1, max(2, 2 * difficulty + 1))) * (-1 if style == "signed" and rng.random() < 0.5 else 1)
+        divisor = Decimal(rng.randint(1, max(2, 2 * difficulty + 1))) * (
+            -1 if style == "signed" and rng.random() < 0.5 else 1
+        )
         result = a
         question = f"{_show(a * divisor)} / {_show(divisor)}"
     elif op == "mod":
@@ -62,7 +64,9 @@ def _make(op: str, style: str, rng: random.Random, difficulty: int) -> Problem:
         question = "the sum of " + ", ".join(_show(v) for v in values)
     else:  # pragma: no cover - guarded by the table below
         raise ValueError(op)
-    return numeric(f"Compute {question}.", float(result), answer=format(result.normalize(), "f") if result != 0 else "0")
+    return numeric(
+        f"Compute {question}.", float(result), answer=format(result.normalize(), "f") if result != 0 else "0"
+    )
 
 
 def _evaluate(expression: str) -> Decimal:
@@ -75,7 +79,11 @@ def _evaluate(expression: str) -> Decimal:
         token = tokens[position]
         position += 1
         if token == "(":
-            if tokens[position] not in ("(",) and tokens[position].lstrip("-").replace(".", "").isdigit() and tokens[position + 1] == ")":
+            if (
+                tokens[position] not in ("(",)
+                and tokens[position].lstrip("-").replace(".", "").isdigit()
+                and tokens[position + 1] == ")"
+            ):
                 value = Decimal(tokens[position])
                 position += 2
                 return value
@@ -113,7 +121,23 @@ def domains() -> list[Domain]:
         for style in ("int", "signed"):
             if op == "mod" and style == "signed":
                 continue
-            found.append(Domain(f"arith.{op}.{style}", "arithmetic", f"{op} of {style} numbers", partial(_make, op, style), {"op": op, "style": style}))
+            found.append(
+                Domain(
+                    f"arith.{op}.{style}",
+                    "arithmetic",
+                    f"{op} of {style} numbers",
+                    partial(_make, op, style),
+                    {"op": op, "style": style},
+                )
+            )
     for op in ("add", "sub", "mul", "sum_list", "chain", "abs_diff"):
-        found.append(Domain(f"arith.{op}.decimal", "arithmetic", f"{op} of decimals", partial(_make, op, "decimal"), {"op": op, "style": "decimal"}))
+        found.append(
+            Domain(
+                f"arith.{op}.decimal",
+                "arithmetic",
+                f"{op} of decimals",
+                partial(_make, op, "decimal"),
+                {"op": op, "style": "decimal"},
+            )
+        )
     return found

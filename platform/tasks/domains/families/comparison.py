@@ -34,7 +34,9 @@ def _make(task: str, style: str, rng: random.Random, difficulty: int) -> Problem
             return exact(f"Which is larger: {show(a)} or {show(b)}?", show(max(a, b)))
         if task == "smaller":
             return exact(f"Which is smaller: {show(a)} or {show(b)}?", show(min(a, b)))
-        return exact(f"Is {show(a)} greater than {show(b)}? Answer yes or no.", "yes" if a > b else "no", normalize=True)
+        return exact(
+            f"Is {show(a)} greater than {show(b)}? Answer yes or no.", "yes" if a > b else "no", normalize=True
+        )
     values = _distinct(rng, difficulty, style, 3)
     listed = ", ".join(show(v) for v in values)
     if task == "max3":
@@ -46,7 +48,13 @@ def _make(task: str, style: str, rng: random.Random, difficulty: int) -> Problem
 
 def domains() -> list[Domain]:
     return [
-        Domain(f"compare.{task}.{style}", "comparison", f"compare {style} numbers: {task}", partial(_make, task, style), {"task": task, "style": style})
+        Domain(
+            f"compare.{task}.{style}",
+            "comparison",
+            f"compare {style} numbers: {task}",
+            partial(_make, task, style),
+            {"task": task, "style": style},
+        )
         for task in ("larger", "smaller", "is_greater", "max3", "min3", "sort3")
         for style in ("int", "signed", "decimal")
     ]

@@ -48,7 +48,9 @@ def _make(task: str, rng: random.Random, difficulty: int) -> Problem:
         return exact(f"What date is {n} weeks after {iso}? Use YYYY-MM-DD.", (day + dt.timedelta(weeks=n)).isoformat())
     if task == "add_months":
         n = rng.randint(1, 3 + 12 * (difficulty - 1))
-        return exact(f"What date is {n} months after {iso}? Use YYYY-MM-DD (clamp to month end).", add_months(day, n).isoformat())
+        return exact(
+            f"What date is {n} months after {iso}? Use YYYY-MM-DD (clamp to month end).", add_months(day, n).isoformat()
+        )
     if task == "days_between":
         other = day + dt.timedelta(days=_offset(rng, difficulty))
         return numeric(f"How many days from {iso} to {other.isoformat()}?", (other - day).days)
@@ -58,9 +60,13 @@ def _make(task: str, rng: random.Random, difficulty: int) -> Problem:
         return numeric(f"What day of the year is {iso}?", day.timetuple().tm_yday)
     if task == "leap_year":
         year = day.year
-        return exact(f"Is {year} a leap year? Answer yes or no.", "yes" if calendar.isleap(year) else "no", normalize=True)
+        return exact(
+            f"Is {year} a leap year? Answer yes or no.", "yes" if calendar.isleap(year) else "no", normalize=True
+        )
     if task == "days_in_month":
-        return numeric(f"How many days are in {_MONTHS[day.month - 1]} {day.year}?", calendar.monthrange(day.year, day.month)[1])
+        return numeric(
+            f"How many days are in {_MONTHS[day.month - 1]} {day.year}?", calendar.monthrange(day.year, day.month)[1]
+        )
     if task == "iso_to_us":
         return exact(f"Write {iso} as MM/DD/YYYY.", day.strftime("%m/%d/") + f"{day.year:04d}")
     if task == "us_to_iso":
@@ -72,7 +78,10 @@ def _make(task: str, rng: random.Random, difficulty: int) -> Problem:
     if task == "next_weekday":
         target = rng.randrange(7)
         ahead = (target - day.weekday() - 1) % 7 + 1
-        return exact(f"What is the date of the first {_WEEKDAYS[target]} after {iso}? Use YYYY-MM-DD.", (day + dt.timedelta(days=ahead)).isoformat())
+        return exact(
+            f"What is the date of the first {_WEEKDAYS[target]} after {iso}? Use YYYY-MM-DD.",
+            (day + dt.timedelta(days=ahead)).isoformat(),
+        )
     if task == "quarter":
         return numeric(f"Which quarter (1-4) of the year is {iso} in?", (day.month - 1) // 3 + 1)
     if task == "month_name":
@@ -80,8 +89,28 @@ def _make(task: str, rng: random.Random, difficulty: int) -> Problem:
     raise ValueError(task)  # pragma: no cover
 
 
-_TASKS = ("add_days", "sub_days", "add_weeks", "add_months", "days_between", "weekday", "day_of_year", "leap_year", "days_in_month", "iso_to_us", "us_to_iso", "iso_to_long", "long_to_iso", "next_weekday", "quarter", "month_name")
+_TASKS = (
+    "add_days",
+    "sub_days",
+    "add_weeks",
+    "add_months",
+    "days_between",
+    "weekday",
+    "day_of_year",
+    "leap_year",
+    "days_in_month",
+    "iso_to_us",
+    "us_to_iso",
+    "iso_to_long",
+    "long_to_iso",
+    "next_weekday",
+    "quarter",
+    "month_name",
+)
 
 
 def domains() -> list[Domain]:
-    return [Domain(f"dates.{task}", "dates", f"date arithmetic: {task}", partial(_make, task), {"task": task}) for task in _TASKS]
+    return [
+        Domain(f"dates.{task}", "dates", f"date arithmetic: {task}", partial(_make, task), {"task": task})
+        for task in _TASKS
+    ]

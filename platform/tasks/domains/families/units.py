@@ -9,15 +9,34 @@ from posttrain.platform.tasks.domains.base import Domain, Problem, format_number
 from posttrain.platform.verifiers.kinds.units import find_unit
 
 PAIRS = (
-    ("km", "m"), ("m", "cm"), ("mi", "km"), ("ft", "m"), ("in", "cm"), ("yd", "m"),
-    ("kg", "g"), ("lb", "kg"), ("oz", "g"), ("t", "kg"),
-    ("h", "min"), ("min", "s"), ("day", "h"), ("week", "day"),
-    ("L", "mL"), ("gal", "L"),
-    ("GB", "MB"), ("MiB", "KiB"), ("KB", "B"),
-    ("km/h", "m/s"), ("mph", "km/h"),
-    ("°C", "°F"), ("°F", "°C"), ("°C", "K"),
-    ("kcal", "kJ"), ("kWh", "J"),
-    ("ha", "m2"), ("km2", "ha"),
+    ("km", "m"),
+    ("m", "cm"),
+    ("mi", "km"),
+    ("ft", "m"),
+    ("in", "cm"),
+    ("yd", "m"),
+    ("kg", "g"),
+    ("lb", "kg"),
+    ("oz", "g"),
+    ("t", "kg"),
+    ("h", "min"),
+    ("min", "s"),
+    ("day", "h"),
+    ("week", "day"),
+    ("L", "mL"),
+    ("gal", "L"),
+    ("GB", "MB"),
+    ("MiB", "KiB"),
+    ("KB", "B"),
+    ("km/h", "m/s"),
+    ("mph", "km/h"),
+    ("°C", "°F"),
+    ("°F", "°C"),
+    ("°C", "K"),
+    ("kcal", "kJ"),
+    ("kWh", "J"),
+    ("ha", "m2"),
+    ("km2", "ha"),
 )
 
 
@@ -36,7 +55,13 @@ def _make(source: str, target: str, rng: random.Random, difficulty: int) -> Prob
         value = round(rng.uniform(0.5, 10 ** (difficulty - 1)), difficulty - 2)
     result = convert(value, source, target)
     answer = f"{float(f'{result:.8g}'):.8g}"
-    return numeric(f"Convert {format_number(value)} {source} to {target}.", result, unit=target, rel_tol=1e-4, answer=f"{answer} {target}")
+    return numeric(
+        f"Convert {format_number(value)} {source} to {target}.",
+        result,
+        unit=target,
+        rel_tol=1e-4,
+        answer=f"{answer} {target}",
+    )
 
 
 def _slug(unit: str) -> str:
@@ -45,6 +70,12 @@ def _slug(unit: str) -> str:
 
 def domains() -> list[Domain]:
     return [
-        Domain(f"units.{_slug(s)}_to_{_slug(t)}", "units", f"convert {s} to {t}", partial(_make, s, t), {"from": s, "to": t})
+        Domain(
+            f"units.{_slug(s)}_to_{_slug(t)}",
+            "units",
+            f"convert {s} to {t}",
+            partial(_make, s, t),
+            {"from": s, "to": t},
+        )
         for s, t in PAIRS
     ]

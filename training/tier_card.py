@@ -26,16 +26,22 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.auth import Identity
+from posttrain.platform.jobs.registry import BadInput, JobKind, register
 from posttrain.platform.serving.profiles import Engine
 from posttrain.platform.stats import fell_beyond, paired_difference
 from posttrain.platform.tasks.heldout import task_source
 from posttrain.platform.verifiers import TaskSpec
+from posttrain.training.config import EvalConfig
+from posttrain.training.evaluate import all_eval_tasks
+
+if TYPE_CHECKING:
+    from posttrain.platform.jobs.context import JobContext
 
 STANDARD = "standard"
 SPEED_PROMPTS = (
@@ -64,16 +70,22 @@ class MeasureTiersConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1, description="a registered model name")
     variants: list[TierVariant] = Field(default_factory=list, description="empty: every variant this host can run")
-    domains: list[str] = Field(default_factory=lambda: list(DEFAULT_DOMAINS), description="procedural domains of "
-                               "the quality set (their held-out eval split)")
+    domains: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DOMAINS),
+        description="procedural domains of the quality set (their held-out eval split)",
+    )
     tasks_per_domain: int = Field(default=48, ge=1, le=1000)
     difficulty: int = Field(default=2, ge=1)
     task_set: str | None = Field(default=None, description="also a stored task set's eval tasks (document QA, ...)")
     task_set_tasks: int = Field(default=32, ge=1, le=10000)
     max_tokens: int = Field(default=64, ge=1, le=4096, description="at most this many tokens an answer")
     speed_max_tokens: int = Field(default=64, ge=8, le=1024)
-    rounds: int = Field(default=2, ge=1, le=10, description="interleaved speed rounds (each variant's best and their "
-                        "median are reported)")
+    rounds: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="interleaved speed rounds (each variant's best and their median are reported)",
+    )
     seed: int = 0
 
 
@@ -102,9 +114,6 @@ def host_variants(settings: Any) -> list[TierVariant]:
 
 def card_tasks(config: MeasureTiersConfig, *, url: str | None = None) -> list[TaskSpec]:
     """The fixed quality set: each domain's held-out eval tasks (seeded), then the task set's eval tasks."""
-    from posttrain.training.config import EvalConfig
-    from posttrain.training.evaluate import all_eval_tasks
-
     tasks = all_eval_tasks(EvalConfig(domains=list(config.domains), tasks_per_domain=config.tasks_per_domain,
                                       difficulty=config.difficulty, seed=config.seed))  # fmt: skip
     if config.task_set is not None:
@@ -112,14 +121,14 @@ def card_tasks(config: MeasureTiersConfig, *, url: str | None = None) -> list[Ta
 
         stored = load_tasks(task_set=config.task_set, split="eval", limit=config.task_set_tasks, url=url)
         if not stored:
-            from posttrain.platform.jobs.registry import BadInput
-
             raise BadInput(f"task set {config.task_set!r} has no eval tasks; build it with an eval fraction above 0")
         tasks += [t.spec for t in stored]
     return tasks
 
 
-def _chat(client: httpx.Client, base: str, model: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+def _chat(
+    client: httpx.Client, base: str, model: str, messages: list[dict[str, Any]], max_tokens: int
+) -> dict[str, Any]:
     resp = client.post(f"{base}/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": max_tokens,
                                                              "temperature": 0.0})  # fmt: skip
     resp.raise_for_status()
@@ -149,7 +158,10 @@ def measure_speed(client: httpx.Client, base: str, model: str, max_tokens: int) 
     one_s = time.perf_counter() - start
     start = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:
-        four = sum(r["usage"]["completion_tokens"] for r in pool.map(lambda m: _chat(client, base, model, m, max_tokens), messages))
+        four = sum(
+            r["usage"]["completion_tokens"]
+            for r in pool.map(lambda m: _chat(client, base, model, m, max_tokens), messages)
+        )
     four_s = time.perf_counter() - start
     return {"tokens_per_s_1": one / one_s, "tokens_per_s_4": four / four_s, "ttft_ms": ttft}
 
@@ -178,11 +190,15 @@ def speed_figures(rounds: Sequence[dict[str, Any]], standard: Sequence[dict[str,
     """A variant's speed over its rounds (:func:`measure_speed`'s results): the best round's tokens/s and the median
     of the rounds', one and four streams, each set against the standard tier's rounds the same way (best against best,
     median against median), every round's figures, and the median time to the first token."""
+
     def best_and_median(of: Sequence[dict[str, Any]], key: str) -> tuple[float, float]:
         values = [r[key] for r in of]
         return max(values), statistics.median(values)
 
-    (best_1, median_1), (best_4, median_4) = best_and_median(rounds, "tokens_per_s_1"), best_and_median(rounds, "tokens_per_s_4")
+    (best_1, median_1), (best_4, median_4) = (
+        best_and_median(rounds, "tokens_per_s_1"),
+        best_and_median(rounds, "tokens_per_s_4"),
+    )
     base_best, base_median = best_and_median(standard, "tokens_per_s_1")
     return {"tokens_per_s_1": round(best_1, 1), "tokens_per_s_4": round(best_4, 1),
             "tokens_per_s_1_median": round(median_1, 1), "tokens_per_s_4_median": round(median_4, 1),
@@ -193,12 +209,18 @@ def speed_figures(rounds: Sequence[dict[str, Any]], standard: Sequence[dict[str,
             "rounds_tokens_per_s_4": [round(r["tokens_per_s_4"], 1) for r in rounds]}  # fmt: skip
 
 
-def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any, tasks: Sequence[TaskSpec], *,
-                  url: str | None = None, progress: Callable[[float | None, str], None] | None = None,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+def measure_tiers(
+    identity: Identity,
+    config: MeasureTiersConfig,
+    settings: Any,
+    tasks: Sequence[TaskSpec],
+    *,
+    url: str | None = None,
+    progress: Callable[[float | None, str], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Serve ``config.model`` in every variant, measure speed in interleaved rounds, then quality on ``tasks``;
     the card as a dict (``tiers``: one entry a variant, in the order measured)."""
-    from posttrain.platform.jobs.registry import BadInput
     from posttrain.platform.models.registry import ModelNotFound, get_model
     from posttrain.platform.serving.jobs import DeployConfig, free_port, server_command
     from posttrain.platform.serving.launcher import ServerProcess
@@ -231,7 +253,9 @@ def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any,
         for r in range(config.rounds):
             for v in variants if r % 2 == 0 else variants[::-1]:
                 say(0.2 + 0.2 * r / config.rounds, f"speed round {r + 1}: {v.name}")
-                speed[v.name].append(measure_speed(client, servers[v.name][0].base_url, model.name, config.speed_max_tokens))
+                speed[v.name].append(
+                    measure_speed(client, servers[v.name][0].base_url, model.name, config.speed_max_tokens)
+                )
                 log(f"round {r + 1} {v.name}: {speed[v.name][-1]['tokens_per_s_1']:.1f} tokens/s, 4 streams "
                     f"{speed[v.name][-1]['tokens_per_s_4']:.1f}")  # fmt: skip
         service = default_service()
@@ -256,3 +280,19 @@ def measure_tiers(identity: Identity, config: MeasureTiersConfig, settings: Any,
     domains = sorted({t.domain for t in tasks})
     return {"model": model.name, "tasks": len(tasks), "domains": domains, "max_tokens": config.max_tokens,
             "rounds": config.rounds, "speed_prompts": len(SPEED_PROMPTS), "tiers": tiers}  # fmt: skip
+
+
+def measure_tiers_job(ctx: JobContext, config: Any) -> dict[str, Any]:
+    return measure_tiers(ctx.identity, config, ctx.settings, card_tasks(config, url=ctx.url), url=ctx.url,
+                         progress=lambda f, m: ctx.progress(f, m, force=True), log=ctx.log.info)  # fmt: skip
+
+
+register(
+    JobKind(
+        name="measure_tiers",
+        config_model=MeasureTiersConfig,
+        run=measure_tiers_job,
+        description="Serve a model in every tier this host can run and measure each one's speed beside its quality "
+        "(the tier card on the Models page).",
+    )
+)

@@ -105,9 +105,21 @@ def teach(
         raise ValueError(f"steps={steps}: teach needs at least one step")
     tok = load_tokenizer(model_dir)
     rows = ([[sft_example(tok, ex)] for ex in batch] for batch in batches)
-    config = SFTConfig(model=str(model_dir), max_steps=steps, lr=lr, warmup_steps=warmup_steps, lr_schedule=schedule,
-                       min_lr_ratio=0.1, max_grad_norm=max_grad_norm, weight_decay=weight_decay, seed=seed,
-                       micro_batch_size=1 << 20, packing=False, device="cpu", resume=False)
+    config = SFTConfig(
+        model=str(model_dir),
+        max_steps=steps,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        lr_schedule=schedule,
+        min_lr_ratio=0.1,
+        max_grad_norm=max_grad_norm,
+        weight_decay=weight_decay,
+        seed=seed,
+        micro_batch_size=1 << 20,
+        packing=False,
+        device="cpu",
+        resume=False,
+    )
     losses: list[float] = []
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
@@ -116,8 +128,12 @@ def teach(
             on_step(step - 1, losses[-1])
 
     with _intra_op_threads(num_threads):
-        result = train_sft(config, batches=rows, on_metrics=on_metrics,
-                           should_stop=lambda: bool(losses) and stop_when is not None and stop_when(losses))
+        result = train_sft(
+            config,
+            batches=rows,
+            on_metrics=on_metrics,
+            should_stop=lambda: bool(losses) and stop_when is not None and stop_when(losses),
+        )
     assert result.model is not None
     result.model.eval()
     result.model.save_pretrained(model_dir)
@@ -136,7 +152,11 @@ def _intra_op_threads(n: int | None) -> Iterator[None]:
 
 
 def memorize(
-    model_dir: str | os.PathLike[str], examples: list[ChatExample], *, steps: int = 60, lr: float = 3e-3,
+    model_dir: str | os.PathLike[str],
+    examples: list[ChatExample],
+    *,
+    steps: int = 60,
+    lr: float = 3e-3,
     seed: int = 0,
 ) -> list[float]:
     """Fine-tune the text model in ``model_dir`` on ``examples`` (all of them every step) and save it back.
@@ -144,8 +164,9 @@ def memorize(
     Constant learning rate, no clipping: a few dozen steps make a tiny model say exactly these completions.
     Returns the loss per step.
     """
-    return teach(model_dir, itertools.repeat(examples), steps=steps, lr=lr, schedule="constant",
-                 max_grad_norm=None, seed=seed)
+    return teach(
+        model_dir, itertools.repeat(examples), steps=steps, lr=lr, schedule="constant", max_grad_norm=None, seed=seed
+    )
 
 
 # --- quoting from a document: a stream of fresh examples --------------------------------------------
@@ -190,8 +211,15 @@ def quote_case(rng: random.Random, sentences: int | tuple[int, int] = (3, 5)) ->
     lines = []
     for (item, number), template in zip(sorted(keys, key=lambda _: rng.random()), rng.sample(_SENTENCES, n)):
         body = template.format(
-            city=rng.choice(CITIES), amount=rng.randint(1000, 99999), qty=rng.randint(2, 99), pct=rng.randint(1, 30),
-            month=rng.randint(1, 12), day=rng.randint(1, 28), days=rng.randint(5, 90), quarter=rng.randint(1, 4))
+            city=rng.choice(CITIES),
+            amount=rng.randint(1000, 99999),
+            qty=rng.randint(2, 99),
+            pct=rng.randint(1, 30),
+            month=rng.randint(1, 12),
+            day=rng.randint(1, 28),
+            days=rng.randint(5, 90),
+            quarter=rng.randint(1, 4),
+        )
         lines.append(f"The {item} {number} {body}")
     target = rng.randrange(n)
     opening = " ".join(lines[target].split()[:3])
@@ -203,16 +231,21 @@ def quote_cases(n: int, seed: int, sentences: int | tuple[int, int] = (3, 5)) ->
     return [quote_case(rng, sentences) for _ in range(n)]
 
 
-def quote_batches(seed: int, batch_size: int, sentences: int | tuple[int, int] = (3, 5)
-                  ) -> Iterator[list[ChatExample]]:
+def quote_batches(seed: int, batch_size: int, sentences: int | tuple[int, int] = (3, 5)) -> Iterator[list[ChatExample]]:
     """An endless stream of fresh batches (a new random document per example, never repeated on purpose)."""
     rng = random.Random(seed)
     while True:
         yield [quote_case(rng, sentences).example() for _ in range(batch_size)]
 
 
-def copy_drill_batches(vocab: Sequence[int], seed: int, batch_size: int, span: tuple[int, int] = (12, 24),
-                       noise: int = 20, lookback_steps: int = 200) -> Iterator[list[TokenExample]]:
+def copy_drill_batches(
+    vocab: Sequence[int],
+    seed: int,
+    batch_size: int,
+    span: tuple[int, int] = (12, 24),
+    noise: int = 20,
+    lookback_steps: int = 200,
+) -> Iterator[list[TokenExample]]:
     """Random token spans that recur later in the same row: predicting the recurrence needs an induction head.
 
     The first ``lookback_steps`` batches are rows of ``u v u`` triples, the loss on each third token: a
@@ -229,8 +262,10 @@ def copy_drill_batches(vocab: Sequence[int], seed: int, batch_size: int, span: t
         return [rng.choice(ids) for _ in range(n)]
 
     for _ in range(lookback_steps):  # u v u: the third token repeats the one before the last
-        yield [TokenExample([t for u, v in (draw(2) for _ in range(15)) for t in (u, v, u)], [False, False, True] * 15)
-               for _ in range(batch_size)]
+        yield [
+            TokenExample([t for u, v in (draw(2) for _ in range(15)) for t in (u, v, u)], [False, False, True] * 15)
+            for _ in range(batch_size)
+        ]
     while True:
         batch = []
         for _ in range(batch_size):
@@ -279,8 +314,11 @@ class QuotingRun:
 
 
 def teach_quoting(
-    model_dir: str | os.PathLike[str], recipe: QuotingRecipe | None = None, *,
-    on_step: Callable[[int, float], None] | None = None, seen_documents: set[str] | None = None,
+    model_dir: str | os.PathLike[str],
+    recipe: QuotingRecipe | None = None,
+    *,
+    on_step: Callable[[int, float], None] | None = None,
+    seen_documents: set[str] | None = None,
 ) -> QuotingRun:
     """Teach the model in ``model_dir`` to answer "quote the sentence that begins with ..." from its document.
 
@@ -291,20 +329,32 @@ def teach_quoting(
     """
     recipe = recipe or QuotingRecipe()
     if recipe.quote_steps < 1 or recipe.max_drill_steps <= recipe.lookback_steps + recipe.drill_window:
-        raise ValueError(f"quote_steps={recipe.quote_steps} must be at least 1 and max_drill_steps="
-                         f"{recipe.max_drill_steps} above lookback_steps + drill_window")
+        raise ValueError(
+            f"quote_steps={recipe.quote_steps} must be at least 1 and max_drill_steps="
+            f"{recipe.max_drill_steps} above lookback_steps + drill_window"
+        )
     tok = load_tokenizer(model_dir)
     reserved = set(tok.all_special_ids) | set(tok.get_added_vocab().values())
     vocab = [i for i in range(len(tok)) if i not in reserved]
 
     def mastered(losses: list[float]) -> bool:
-        return (len(losses) > recipe.lookback_steps + recipe.drill_window
-                and statistics.fmean(losses[-recipe.drill_window:]) < recipe.drill_mastered_loss)
+        return (
+            len(losses) > recipe.lookback_steps + recipe.drill_window
+            and statistics.fmean(losses[-recipe.drill_window :]) < recipe.drill_mastered_loss
+        )
 
-    drill = teach(model_dir, copy_drill_batches(vocab, recipe.seed, recipe.drill_batch_size,
-                                                lookback_steps=recipe.lookback_steps),
-                  steps=recipe.max_drill_steps, lr=recipe.lr, warmup_steps=recipe.warmup_steps, schedule="constant",
-                  seed=recipe.seed, num_threads=recipe.num_threads, on_step=on_step, stop_when=mastered)
+    drill = teach(
+        model_dir,
+        copy_drill_batches(vocab, recipe.seed, recipe.drill_batch_size, lookback_steps=recipe.lookback_steps),
+        steps=recipe.max_drill_steps,
+        lr=recipe.lr,
+        warmup_steps=recipe.warmup_steps,
+        schedule="constant",
+        seed=recipe.seed,
+        num_threads=recipe.num_threads,
+        on_step=on_step,
+        stop_when=mastered,
+    )
     quotes: Iterable[list[ChatExample]] = quote_batches(recipe.seed + 1, recipe.quote_batch_size, recipe.sentences)
     if seen_documents is not None:
         quotes = _recording(quotes, seen_documents)
@@ -313,8 +363,17 @@ def teach_quoting(
         if on_step is not None:
             on_step(len(drill) + step, loss)
 
-    quote = teach(model_dir, quotes, steps=recipe.quote_steps, lr=recipe.lr, warmup_steps=10, schedule="wsd",
-                  seed=recipe.seed, num_threads=recipe.num_threads, on_step=on_quote_step)
+    quote = teach(
+        model_dir,
+        quotes,
+        steps=recipe.quote_steps,
+        lr=recipe.lr,
+        warmup_steps=10,
+        schedule="wsd",
+        seed=recipe.seed,
+        num_threads=recipe.num_threads,
+        on_step=on_quote_step,
+    )
     return QuotingRun(drill, quote, mastered(drill))
 
 

@@ -1,0 +1,26 @@
+"""The import contracts ([tool.importlinter] in pyproject.toml) hold, and an upward import breaks them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from import_contract import lint, mirror
+
+
+def test_the_floors_hold(tmp_path: Path) -> None:
+    done = lint(mirror(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_an_upward_import_is_named(tmp_path: Path) -> None:
+    """The database floor importing training, and a preprocessing module importing the platform's database: both
+    contracts break, each naming the module, the line and the import."""
+    dest = mirror(tmp_path)
+    (dest / "posttrain" / "platform" / "db" / "upward.py").write_text("import posttrain.training.config\n")
+    (dest / "posttrain" / "preprocess" / "upward.py").write_text("\n\nfrom posttrain.platform.db import engine\n")
+    done = lint(dest)
+    assert done.returncode != 0
+    assert "posttrain.platform.db.upward -> posttrain.training.config (l.1)" in done.stdout, done.stdout
+    assert "posttrain.preprocess.upward -> posttrain.platform.db" in done.stdout, done.stdout
+    assert "2 broken" in done.stdout, done.stdout
