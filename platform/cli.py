@@ -42,25 +42,53 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 from rich.text import Text
 
 import posttrain
-from posttrain.platform.api_keys import ApiKeyError
+from posttrain.platform import auth
+from posttrain.platform.api_keys import ApiKeyError, create_key, list_keys, revoke_key
+from posttrain.platform.api_keys import shown as key_shown
 from posttrain.platform.auth import AuthError, Identity, PermissionDenied, command_line_identity, is_loopback
 from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.display import shown
+from posttrain.platform.documents import add_document, list_documents
+from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.config_file import ConfigFile, read_config_file
 from posttrain.platform.jobs.queue import JobNotFound
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text, validate_config
+from posttrain.platform.jobs.registry import (
+    BadInput,
+    JobConfigError,
+    kinds,
+    parse_config_text,
+    read_result,
+    validate_config,
+)
+from posttrain.platform.jobs.worker import Worker
+from posttrain.platform.models.downloads import open_export
+from posttrain.platform.models.exporter import serve_elsewhere
+from posttrain.platform.models.general_check import GeneralCheck, describe
+from posttrain.platform.models.importer import Dtype, import_model
 from posttrain.platform.models.inspect import ModelDirError
-from posttrain.platform.models.registry import ModelNotFound
+from posttrain.platform.models.interpolate import interpolate_models
+from posttrain.platform.models.registry import (
+    ModelNotFound,
+    is_registered,
+    list_models,
+    register_model,
+    set_default_tier,
+)
+from posttrain.platform.oidc import write_streamlit_secrets
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
+from posttrain.platform.serving.jobs import ExportModelConfig, export_registered, registered_deployments
 from posttrain.platform.settings import SettingsError, get_settings
 from posttrain.platform.supervise import Supervised
+from posttrain.platform.users import disable_user, enable_user
+from posttrain.preprocess.errors import PreprocessError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="posttrain: post-training platform.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -134,7 +162,7 @@ def _setup_logging() -> None:
 
 
 def require_schema() -> None:
-    from posttrain.platform.db import migrate
+    from posttrain.platform.db import migrate  # alembic (0.14 s) only where a command migrates
 
     current, head = migrate.current_revision(), migrate.head_revision()
     if current != head:
@@ -212,7 +240,7 @@ def _cut(text: str | None, limit: int) -> str:
 @user_errors
 def db_upgrade() -> None:
     """Create or migrate the schema to the latest revision."""
-    from posttrain.platform.db import migrate
+    from posttrain.platform.db import migrate  # alembic: see above
 
     settings = get_settings()
     settings.ensure_dirs()
@@ -224,7 +252,7 @@ def db_upgrade() -> None:
 @user_errors
 def db_current() -> None:
     """Show the schema revision of the configured database."""
-    from posttrain.platform.db import migrate
+    from posttrain.platform.db import migrate  # alembic: see above
 
     out.print(f"current: {migrate.current_revision()}  head: {migrate.head_revision()}")
 
@@ -240,8 +268,6 @@ def worker(
     exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queue is empty")] = False,
 ) -> None:
     """Claim queued jobs and run each in its own process group."""
-    from posttrain.platform.jobs.worker import Worker
-
     _setup_logging()
     require_schema()
     Worker(cpu_slots=cpu_slots, gpu_slots=gpu_slots, exit_when_idle=exit_when_idle).run()
@@ -254,8 +280,6 @@ def me() -> Identity:
 
 def refuse_open_console(host: str) -> None:
     """The console may listen beyond loopback only once an admin (with a password) exists."""
-    from posttrain.platform import auth
-
     if not is_loopback(host) and not auth.has_admin():
         raise AuthError(
             f"refusing to serve the console on {host} while no admin password is set: "
@@ -266,8 +290,6 @@ def refuse_open_console(host: str) -> None:
 def console_command(host: str, port: int) -> list[str]:
     """``streamlit run`` of the console; with single sign-on configured, first writes the ``[auth]``
     secrets Streamlit reads (posttrain.platform.oidc) and points Streamlit at that file alone."""
-    from posttrain.platform.oidc import write_streamlit_secrets
-
     app_path = Path(posttrain.__file__).resolve().parent / "ui" / "app.py"
     settings = get_settings()
     secrets: list[str] = []
@@ -307,12 +329,9 @@ def gateway(
 ) -> None:
     """Serve the OpenAI-compatible gateway in front of every running deployment, checking API keys
     (on loopback: everyone is served until the first key exists; elsewhere a key must exist first)."""
-    import uvicorn
+    import uvicorn  # with the gateway below: the web stack (0.3 s) only for this command
 
-    from posttrain.platform.models.downloads import open_export
-    from posttrain.platform.models.registry import is_registered
-    from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
-    from posttrain.platform.serving.jobs import registered_deployments
+    from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app  # fastapi, aiohttp
 
     _setup_logging()
     settings = get_settings()
@@ -425,8 +444,6 @@ def _explained(source: ConfigFile | None, kind: str) -> contextlib.AbstractConte
 @user_errors
 def jobs_kinds(as_json: JsonOption = False) -> None:
     """List the job kinds this installation knows."""
-    from posttrain.platform.jobs.registry import kinds
-
     rows = [{"kind": k.name, "resumable": k.resumable, "retryable": k.retryable, "max_attempts": k.max_attempts,
              "cpu_slots": k.cpu_slots, "gpu_slots": k.gpu_slots, "description": k.description}
             for k in kinds().values()]  # fmt: skip
@@ -445,8 +462,6 @@ def jobs_submit(
     follow: Annotated[bool, typer.Option(help="Follow the job with a progress bar until it ends")] = False,
 ) -> None:
     """Validate a job config and queue the job."""
-    from posttrain.platform.jobs import queue
-
     data, source = _load_config(config, config_file)
     require_schema()
     with _explained(source, kind):
@@ -467,9 +482,6 @@ def jobs_estimate(
 ) -> None:
     """Estimate a training run's wall time on this host before launching it: an ``estimate`` job times each of its
     stages in miniature (a few real steps, one evaluation batch per domain) and scales them to the run."""
-    from posttrain.platform.jobs import queue
-    from posttrain.platform.jobs.registry import read_result
-
     data, source = _load_config(config, config_file)
     require_schema()
     with _explained(source, kind):
@@ -521,8 +533,6 @@ def jobs_list(
     as_json: JsonOption = False,
 ) -> None:
     """List jobs, newest first."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     rows = [{**job.model_dump(), "attempt": f"{job.attempts}/{job.max_attempts}"}
             for job in queue.list_jobs(status=status, kind=kind, limit=limit)]  # fmt: skip
@@ -537,8 +547,6 @@ def jobs_show(
 ) -> None:
     """Show everything recorded about one job: id, kind and status first, then the rest (its config and result as
     indented JSON, one field a line, so a pipe gets short lines too)."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     fields = queue.get_job(job_id).model_dump()
     ordered = {k: json_value(fields[k]) for k in ("id", "kind", "status", *[k for k in fields if k not in SHOWN_FIRST])}
@@ -559,8 +567,6 @@ SHOWN_FIRST = ("id", "kind", "status")  # what `jobs show` leads with
 @user_errors
 def jobs_cancel(job_id: Annotated[int, typer.Argument(help="Job id")]) -> None:
     """Cancel a queued job, or stop a running one (SIGTERM, then SIGKILL after the grace period)."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     status = queue.cancel(me(), job_id)
     if status == JobStatus.running:
@@ -577,8 +583,6 @@ def jobs_logs(
     tail: Annotated[int | None, typer.Option(help="Only the last N lines")] = None,
 ) -> None:
     """Print a job's log."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     job = queue.get_job(job_id)
     if not follow:
@@ -589,8 +593,6 @@ def jobs_logs(
 
 def _follow(job_id: int, stream_log: bool = True) -> None:
     """Print the log as it grows, with a progress line, until the job finishes."""
-    from posttrain.platform.jobs import queue
-
     offset = 0
     with Progress(
         TextColumn("job {task.fields[job]} {task.fields[status]}"),
@@ -630,9 +632,6 @@ def docs_add(
     follow: Annotated[bool, typer.Option(help="Follow each preprocess job to its end")] = False,
 ) -> None:
     """Store documents (content-addressed; the same content twice is one document) and preprocess them."""
-    from posttrain.platform.documents import add_document
-    from posttrain.preprocess.errors import PreprocessError
-
     require_schema()
     identity = me()
     failed = 0
@@ -665,8 +664,6 @@ def docs_list(
     limit: Annotated[int, typer.Option(help="How many, newest first")] = 50, as_json: JsonOption = False
 ) -> None:
     """List documents with their status."""
-    from posttrain.platform.documents import list_documents
-
     require_schema()
     rows = [d.model_dump(exclude={"meta"}) for d in list_documents(limit=limit)]
     print_rows(rows, [ListField("id"), ListField("filename", "file"), ListField("kind"), ListField("page_count", "pages"),
@@ -684,9 +681,6 @@ def models_list(as_json: JsonOption = False) -> None:
     """List registered models with their lineage and general check: the change on the held-out tasks of domains its
     run never trained on, beside the model it was trained from, with its paired SE (``general_regressed``: it fell
     beyond 2 SEs, and deploying it needs --allow-regression; null: never measured)."""
-    from posttrain.platform.models.general_check import GeneralCheck, describe
-    from posttrain.platform.models.registry import list_models
-
     require_schema()
     found = list_models()
     names = {m.id: m.name for m in found}
@@ -725,8 +719,6 @@ def models_deploy(
 ) -> None:
     """Queue a deploy job: the model served in a tier until the job is cancelled (a worker runs it); the gateway
     routes to it. A model whose general check regressed is refused unless --allow-regression."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     config: dict[str, Any] = {"model": name, "tier": tier, "allow_regression": allow_regression}
     if engine is not None:
@@ -748,8 +740,6 @@ def models_default_tier(
     ] = None,
 ) -> None:
     """Set the tier the gateway routes a model's requests to when they name no tier (no header, no name@tier suffix)."""
-    from posttrain.platform.models.registry import set_default_tier
-
     require_schema()
     set_default_tier(me(), name, tier)
     out.print(
@@ -765,8 +755,6 @@ def models_register(
     base: Annotated[str | None, typer.Option(help="Registered model it derives from")] = None,
 ) -> None:
     """Register a model directory (checked: config, tokenizer and weights must be there)."""
-    from posttrain.platform.models.registry import register_model
-
     require_schema()
     row = register_model(me(), name, path, base=base)
     out.print(f"registered {row.name} ({row.architecture}) at {row.path}")
@@ -807,8 +795,6 @@ def models_import(
     it answers prompts on /v1/completions and refuses chat; SFT, GRPO and evaluation put its tasks to it in the
     plain completion format ("Question: ..." then "Answer:", worked examples first; SFT trains the answer and EOS,
     an answer is cut where the model goes on to a question of its own) unless the run sets chat_template."""
-    from posttrain.platform.models.importer import Dtype, import_model
-
     require_schema()
     if dtype not in ("float32", "bfloat16"):
         raise JobConfigError(f"--dtype {dtype!r} is not float32 or bfloat16")
@@ -839,9 +825,6 @@ def models_export(
     outtype: Annotated[str, typer.Option(help="GGUF weights: q8_0 or f16")] = "q8_0",
 ) -> None:
     """Export a model's full weights (a LoRA run merged) into <data_dir>/exports/<name>/."""
-    from pydantic import ValidationError
-
-    from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
 
     require_schema()
     try:
@@ -851,7 +834,6 @@ def models_export(
     with _progress_line("export") as progress:
         entry = export_registered(me(), config, get_settings(), progress=progress)
     out.print(f"exported {name} ({entry['bytes'] / 1e6:.0f} MB) to {entry['path']}", soft_wrap=True)
-    from posttrain.platform.models.exporter import serve_elsewhere
 
     for runtime, command in serve_elsewhere(name, entry["format"], entry["path"]).items():
         out.print(f"serve it with {runtime}:\n  {command}", soft_wrap=True, markup=False, highlight=False)
@@ -869,8 +851,6 @@ def models_interpolate(
     every floating tensor (1 - alpha) * A + alpha * B, A's weights at alpha 0 and B's at alpha 1 exactly; config,
     tokenizer and chat template from B. Registered with A as its base. To pick alpha on validation tasks from the
     train split, run the interpolate_model job with alphas: [...]."""
-    from posttrain.platform.models.interpolate import interpolate_models
-
     require_schema()
     with _progress_line("interpolate") as progress:
         row = interpolate_models(me(), a, b, alpha, name=name, progress=progress)
@@ -927,8 +907,6 @@ def models_compare(
 ) -> None:
     """The same held-out tasks through two models: pass@1 per domain with the difference and its
     confidence interval, and the tasks where they disagree (an evaluate job; a worker runs it)."""
-    from posttrain.platform.jobs import queue
-
     require_schema()
     if job is None:
         if not (a and b):
@@ -965,8 +943,6 @@ def users_bootstrap_admin(
     password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
 ) -> None:
     """Create the first admin (refused once an admin exists). Password: prompt, stdin, or POSTTRAIN_ADMIN_PASSWORD."""
-    from posttrain.platform import auth
-
     require_schema()
     if auth.has_admin():  # before the password prompt; bootstrap_admin checks again
         raise AuthError(auth.ADMIN_EXISTS)
@@ -982,8 +958,6 @@ def users_add(
     password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
 ) -> None:
     """Add a console user."""
-    from posttrain.platform import auth
-
     require_schema()
     identity = me()
     auth.create_user(identity, username, _read_password(password_stdin), role)
@@ -997,8 +971,6 @@ def users_passwd(
     password_stdin: Annotated[bool, typer.Option(help="Read the password from standard input")] = False,
 ) -> None:
     """Set a user's password (and unlock the account)."""
-    from posttrain.platform import auth
-
     require_schema()
     identity = me()
     auth.set_password(identity, username, _read_password(password_stdin))
@@ -1010,8 +982,6 @@ def users_passwd(
 def users_disable(username: Annotated[str, typer.Argument(help="Username")]) -> None:
     """Disable a user: their console session, their actions and the API keys they created are refused
     from their next request on (refused for the last enabled admin)."""
-    from posttrain.platform.users import disable_user
-
     _change_account(disable_user, username, "are refused until they are enabled")
 
 
@@ -1019,8 +989,6 @@ def users_disable(username: Annotated[str, typer.Argument(help="Username")]) -> 
 @user_errors
 def users_enable(username: Annotated[str, typer.Argument(help="Username")]) -> None:
     """Enable a disabled user again: they log in again, and the API keys they created work again."""
-    from posttrain.platform.users import enable_user
-
     _change_account(enable_user, username, "work again")
 
 
@@ -1035,8 +1003,6 @@ def _change_account(change: Callable[[Identity, str], Any], username: str, keys_
 @user_errors
 def users_list(as_json: JsonOption = False) -> None:
     """List console users."""
-    from posttrain.platform import auth
-
     require_schema()
     rows = [u.model_dump(exclude={"password_hash", "id"}) for u in auth.list_users()]
     print_rows(rows, [ListField("username", "user"), ListField("role"), ListField("disabled"), ListField("failed_logins", "failed logins"),
@@ -1056,11 +1022,9 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key and print it: the only time it is shown (only a hash of it is kept)."""
-    from posttrain.platform.api_keys import create_key, shown
-
     require_schema()
     made = create_key(me(), name, model or [])
-    err.print(f"API key {shown(made.key.key_id)} ({made.key.name}) for "
+    err.print(f"API key {key_shown(made.key.key_id)} ({made.key.name}) for "
               f"{', '.join(made.key.models) or 'every model'}; copy it now, it is not shown again:")  # fmt: skip
     sys.stdout.write(made.secret + "\n")
 
@@ -1071,10 +1035,8 @@ def keys_list(
     all_: Annotated[bool, typer.Option("--all", help="Also revoked keys")] = False, as_json: JsonOption = False
 ) -> None:
     """List API keys (their public ids; never the secrets). A key's models: empty (JSON) or "all" (table) is every model."""
-    from posttrain.platform.api_keys import list_keys, shown
-
     require_schema()
-    rows = [{"key": shown(k.key_id), "name": k.name, "models": list(k.models or []), "created_at": k.created_at,
+    rows = [{"key": key_shown(k.key_id), "name": k.name, "models": list(k.models or []), "created_at": k.created_at,
              "created_by": k.created_by, "last_used_at": k.last_used_at, "revoked_at": k.revoked_at,
              "revoked_by": k.revoked_by} for k in list_keys(me(), include_revoked=all_)]  # fmt: skip
     print_rows(rows, [ListField("key", no_wrap=True), ListField("name"), ListField("models", show=lambda m: ", ".join(m) or "all"),
@@ -1089,11 +1051,9 @@ def keys_revoke(
     key: Annotated[str, typer.Argument(help="The key's id (pt-<12 hex digits>, as `posttrain keys list` shows)")],
 ) -> None:
     """Revoke an API key: every request with it is refused from now on."""
-    from posttrain.platform.api_keys import revoke_key, shown
-
     require_schema()
     row = revoke_key(me(), key)
-    out.print(f"revoked {shown(row.key_id)} ({row.name})")
+    out.print(f"revoked {key_shown(row.key_id)} ({row.name})")
 
 
 def main() -> None:

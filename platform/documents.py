@@ -31,7 +31,16 @@ from posttrain.platform.db.models import AuditLog, Chunk, Document, DocumentStat
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import get_settings
+from posttrain.preprocess.chunking import chunk_document
+from posttrain.preprocess.errors import PreprocessError
+from posttrain.preprocess.ingest import ingest_bytes, ingest_file, ingest_stream
+from posttrain.preprocess.models import PageResult
+from posttrain.preprocess.options import PreprocessOptions
+from posttrain.preprocess.pipeline import inspect_document, process_document
+from posttrain.preprocess.tokens import as_token_counter
+from posttrain.preprocess.vision import encode_page_image
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +100,6 @@ def add_document(
     cannot be stored (type, size, filename); the failure is recorded as a
     failed document first, so the console shows it.
     """
-    from posttrain.preprocess.errors import PreprocessError
-    from posttrain.preprocess.ingest import ingest_bytes, ingest_file, ingest_stream
-
     settings = get_settings()
     data: bytes | None = source if isinstance(source, bytes) else None
     # An explicit name is checked as given (an empty one is refused, not replaced).
@@ -215,9 +221,6 @@ def _token_counter(config: PreprocessConfig, ctx: JobContext) -> tuple[str, Any]
         return "regex-words", regex_token_count
     from transformers import AutoTokenizer
 
-    from posttrain.platform.models.registry import ModelNotFound, get_model
-    from posttrain.preprocess.tokens import as_token_counter
-
     try:
         model = get_model(config.tokenizer_model, url=ctx.url)
     except ModelNotFound as exc:
@@ -237,11 +240,6 @@ def _set_status(document_id: int, url: str, **values: Any) -> None:
 
 
 def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
-    from posttrain.preprocess.errors import PreprocessError
-    from posttrain.preprocess.options import PreprocessOptions
-    from posttrain.preprocess.pipeline import inspect_document, process_document
-    from posttrain.preprocess.vision import encode_page_image
-
     doc = get_document(config.document_id, url=ctx.url)
     assert doc.id is not None  # a stored document
     password = None
@@ -313,9 +311,6 @@ def run_preprocess(ctx: JobContext, config: PreprocessConfig) -> dict[str, Any]:
 
 def _chunks(pages_dir: Path, document_id: int, budget: int, count: Any, url: str) -> int:
     """Chunk the whole document from the stored page extractions (a resumed job included)."""
-    from posttrain.preprocess.chunking import chunk_document
-    from posttrain.preprocess.models import PageResult
-
     results = [PageResult.model_validate_json(p.read_text()) for p in sorted(pages_dir.glob("*.json"))]
     chunks = chunk_document(results, max_tokens=budget, tokenizer=count)
     with session(url) as s:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from posttrain.preprocess.encode import attach_encodings
 from posttrain.preprocess.errors import CorruptDocument, EmptyDocument, ImageTooLarge, TooManyPages
 from posttrain.preprocess.models import Block, DocumentInfo, FileKind, PageImage, PageResult, Word
 from posttrain.preprocess.ocr import ocr_image
@@ -150,7 +151,5 @@ def extract_image_page(path: Path | str, index: int, options: PreprocessOptions 
         timings=timings,
     )
     if options.encodings:
-        from posttrain.preprocess.encode import attach_encodings
-
         result = attach_encodings(result)
     return result

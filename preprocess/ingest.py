@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import tempfile
 import unicodedata
@@ -154,7 +155,6 @@ def ingest_bytes(
     options = options or PreprocessOptions()
     if len(data) > options.max_file_bytes:
         raise _too_large(safe_filename(filename), len(data), options)
-    import io
 
     return ingest_stream(io.BytesIO(data), filename=filename, data_dir=data_dir, options=options)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pymupdf
 from PIL import Image
 
+from posttrain.preprocess.encode import attach_encodings
 from posttrain.preprocess.errors import (
     CorruptDocument,
     EmptyDocument,
@@ -278,8 +279,6 @@ def extract_page(page: pymupdf.Page, options: PreprocessOptions | None = None) -
         timings=timings,
     )
     if options.encodings:
-        from posttrain.preprocess.encode import attach_encodings
-
         t = time.perf_counter()
         result = attach_encodings(result)
         result.timings["encode"] = time.perf_counter() - t

@@ -30,6 +30,7 @@ from posttrain.preprocess.errors import (
     PreprocessError,
     UnsupportedFileType,
 )
+from posttrain.preprocess.images import image_info
 from posttrain.preprocess.models import DocumentInfo, FileKind, PageResult, Progress
 from posttrain.preprocess.options import PreprocessOptions
 from posttrain.preprocess.sniff import HEAD_BYTES, describe_unknown, sniff
@@ -103,7 +104,6 @@ def inspect_document(path: Path | str, options: PreprocessOptions | None = None)
             return pdf_info(doc)
         finally:
             doc.close()
-    from posttrain.preprocess.images import image_info
 
     return image_info(path, kind, options)
 

@@ -12,6 +12,7 @@ from multiprocessing.queues import Queue
 from pathlib import Path
 
 from posttrain.preprocess.errors import CorruptDocument, PreprocessError
+from posttrain.preprocess.images import extract_image_page
 from posttrain.preprocess.models import FileKind
 from posttrain.preprocess.options import PreprocessOptions
 
@@ -46,8 +47,6 @@ def worker_main(path: str, kind: str, options_json: str, tasks: Queue, results: 
                         ) from None
                     result = extract_page(page, options)
                 else:
-                    from posttrain.preprocess.images import extract_image_page
-
                     result = extract_image_page(path, index, options)
                 results.put((DONE, worker_id, index, result))
             except PreprocessError as exc:

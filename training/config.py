@@ -21,6 +21,9 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from posttrain.platform.jobs.registry import JOB_PATH
+from posttrain.platform.models.chat_template import resolve_template
+from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
+from posttrain.platform.tasks.domains import get_domain, prompt_space
 from posttrain.platform.tasks.prompt_format import PromptFormat
 from posttrain.training.environment_names import environment_names
 from posttrain.training.preset_recipes import preset_names, recipe_section
@@ -60,8 +63,6 @@ class ReplayConfig(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> Self:
-        from posttrain.platform.tasks.domains import get_domain
-
         for domain in self.domains:
             try:
                 spec = get_domain(domain)
@@ -304,8 +305,6 @@ class TrainConfig(BaseModel):
     @field_validator("chat_template")
     @classmethod
     def _template(cls, spec: str | None) -> str | None:
-        from posttrain.platform.models.chat_template import resolve_template
-
         if spec is not None:
             try:
                 resolve_template(spec)
@@ -363,8 +362,6 @@ class EnvironmentConfig(BaseModel):
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools: list[str] | None) -> list[str] | None:
-        from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
-
         if tools is not None and (unknown := [t for t in tools if t not in TOOL_SCHEMAS]):
             raise ValueError(f"unknown tools {unknown}; the sandbox has {', '.join(TOOL_SCHEMAS)}")
         return tools
@@ -844,8 +841,6 @@ class EvalConfig(Difficulties):
 
 def _check_held_out(domains: list[str], difficulty: int) -> None:
     """Every domain must hold out an eval split at ``difficulty``: refused here, at submit, not mid-job."""
-    from posttrain.platform.tasks.domains import get_domain, prompt_space
-
     for domain in domains:
         try:
             spec = get_domain(domain)

@@ -33,11 +33,13 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.platform.sandbox import SandboxPool
+from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.domains.families.repair_tasks import MODULE, VISIBLE
-from posttrain.platform.verifiers import TaskSpec, VerifierService
+from posttrain.platform.verifiers import PoolConfig, TaskSpec, VerifierService
 from posttrain.training.config import DemonstrationsConfig, EnvironmentConfig, SamplingConfig
 from posttrain.training.environments.base import Episode, write_episodes
 from posttrain.training.environments.code_repair import CodeRepair
+from posttrain.training.environments.runner import open_pool
 from posttrain.training.inference import Completion
 
 TOOLS = ["bash", "read_file", "edit_file", "list_dir"]
@@ -198,8 +200,6 @@ def demonstrations(
 
 def demonstration_tasks(config: DemonstrationsConfig) -> list[TaskSpec]:
     """The ``train``-split tasks ``config`` demonstrates (never an eval task: those stay held out)."""
-    from posttrain.platform.tasks.domains import generate
-
     return [
         t
         for i, d in enumerate(config.domains)
@@ -211,9 +211,6 @@ def demonstration_file(config: DemonstrationsConfig, tokenizer: PreTrainedTokeni
     """The demonstrations of ``config`` as an episodes file at ``path``: the file a run made before for the
     same config and tokenizer (its ``.config.json`` beside it says which), else made now in sandboxes of the
     platform's pool (the sandbox settings), graded by a verifier service of its own, and written at once."""
-    from posttrain.platform.verifiers import PoolConfig
-    from posttrain.training.environments.runner import open_pool
-
     path = Path(path)
     made_for = json.dumps(
         {"config": config.model_dump(mode="json"), "tokenizer": tokenizer.name_or_path, "vocab": len(tokenizer)},

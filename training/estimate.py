@@ -32,8 +32,13 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.platform import metric_names as names
+from posttrain.platform.db.models import utcnow
+from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import BadInput, JobConfigError, JobKind, register, validate_config
 from posttrain.platform.metrics import duration
+from posttrain.training.jobs import check_task_set, resolve_model
+from posttrain.training.presets import get_preset
 
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
@@ -104,8 +109,6 @@ def timed_loop(run: Callable[..., TrainResult], config: Any) -> Timed:
     A GRPO step is its rollouts and an update whose cost follows how many groups had a learning signal, which
     changes from step to step (12 to 30 s a step on the demo): the step is the measured steps' rollout time plus the
     update time of every calibration step, warm-up included, averaged."""
-    from posttrain.platform import metric_names as names
-
     marks: list[float] = []
     started = time.perf_counter()
     result = run(
@@ -209,8 +212,6 @@ def time_register(policy: Any, scratch: Path) -> float:
 
 def grpo_counts(timed: Timed, config: GRPOConfig, steps: int) -> tuple[int, int]:
     """(trajectories, generated tokens) of ``steps`` GRPO steps, at the calibration's groups per step and lengths."""
-    from posttrain.platform import metric_names as names
-
     groups = sum(m.get(names.GROUPS, 0.0) for m in timed.metrics) / len(timed.metrics)
     length = sum(m.get(names.COMPLETION_LEN_MEAN, 0.0) for m in timed.metrics) / len(timed.metrics)
     trajectories = round(steps * groups * config.algorithm.group_size)
@@ -222,7 +223,6 @@ def calibrate(
     ctx: JobContext, kind: str, config: Any, k: int, scratch: Path
 ) -> tuple[list[StageEstimate], dict[str, int]]:
     """The stages of a ``kind`` run with ``config``, each timed in miniature under ``scratch``."""
-    from posttrain.training.jobs import check_task_set, resolve_model
     from posttrain.training.loop import train_grpo
     from posttrain.training.sft import train_sft
 
@@ -269,7 +269,6 @@ def calibrate(
         return stages, counts
 
     from posttrain.platform.models.factory import build_tiny_model
-    from posttrain.training.presets import get_preset
 
     sft_config, grpo_config, eval_config = config.sections()
     preset = get_preset(config.preset)
@@ -328,9 +327,6 @@ def calibrate(
 
 
 def run_estimate(ctx: JobContext, config: EstimateConfig) -> RunEstimate:
-    from posttrain.platform.db.models import utcnow
-    from posttrain.platform.jobs import queue
-
     job = queue.get_job(ctx.job_id, url=ctx.url)
     # the run's process imports the training code before its first stage (seconds under load): the same imports here,
     # before the start is read, so that they count in it as they will in the run's

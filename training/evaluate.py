@@ -30,9 +30,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from posttrain.platform.stats import paired_difference
+from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.heldout import task_source
+from posttrain.platform.tasks.prompt_format import apply_format
+from posttrain.platform.tasks.store import domain_stats, load_tasks
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService, default_service
 from posttrain.training.config import EvalConfig, SamplingConfig
+from posttrain.training.environments import load_environment
+from posttrain.training.environments.runner import EpisodeRunner
 from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups
 from posttrain.training.modeling import PolicySource, load_policy, resolve_device
 
@@ -66,8 +71,6 @@ def open_eval_episodes(
     """The episode runner of ``config.environment`` (None: one completion per task)."""
     if config.environment is None or not config.environment.multi_turn:
         return None
-    from posttrain.training.environments import load_environment
-    from posttrain.training.environments.runner import EpisodeRunner
 
     environment = load_environment(config.environment, engine.tokenizer, eval_sampling(config))
     return EpisodeRunner(environment, engine, config.environment, service, group_size=config.samples, seed=config.seed)
@@ -124,7 +127,6 @@ def eval_domains(config: EvalConfig) -> list[str]:
     """The domains ``config`` evaluates: as named, else every domain of its task set with tasks in its split."""
     if config.domains or config.task_set is None:
         return list(config.domains)
-    from posttrain.platform.tasks.store import domain_stats
 
     stats = domain_stats(task_set=config.task_set)
     if not stats:
@@ -142,16 +144,11 @@ def eval_domains(config: EvalConfig) -> list[str]:
 def eval_tasks(config: EvalConfig, domain: str) -> list[TaskSpec]:
     """The tasks ``config`` evaluates ``domain`` on: from its task set (its ``split``), else generated
     procedurally in the ``eval`` split unless set otherwise."""
-    from posttrain.platform.tasks.prompt_format import apply_format
-
     if (task_set := config.task_set_of(domain)) is not None:
-        from posttrain.platform.tasks.store import load_tasks
-
         stored = load_tasks(task_set=task_set, domains=[domain], split=config.split, limit=config.tasks_per_domain)
         if not stored:
             raise ValueError(f"task set {task_set!r} has no {config.split} tasks in domain {domain!r}")
         return apply_format([t.spec for t in stored], config.prompt_format)
-    from posttrain.platform.tasks.domains import generate
 
     tasks = generate(
         domain, config.tasks_per_domain, seed=config.seed, difficulty=config.difficulty_of(domain), split=config.split

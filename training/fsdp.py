@@ -36,13 +36,18 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 import torch
+import yaml
 
+from posttrain.platform.settings import get_settings
 from posttrain.platform.supervise import Supervised, die_with_parent
 from posttrain.training.checkpoint import load_model_weights
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
+from posttrain.training.jobs import TrajectoryWriter
 from posttrain.training.learner import DistContext, TrainResult
+from posttrain.training.loop import train_grpo
 from posttrain.training.modeling import load_policy, resolve_device
 from posttrain.training.optim import apply_lora
+from posttrain.training.sft import train_sft
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +338,6 @@ def trained_model(config: SFTConfig | GRPOConfig, checkpoint: str | Path) -> tor
 
 # --- torchrun entry point -------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    import yaml
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parser = argparse.ArgumentParser(
@@ -358,9 +362,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> TrainResult:
     """This rank's share of the run: the one-process loop with this rank's context; rank 0 appends a
     ``start`` record, one record per step and an ``end`` record to the metrics file."""
-    from posttrain.training.loop import train_grpo
-    from posttrain.training.sft import train_sft
-
     with process_group(config) as ctx:
         out = open(args.metrics_file, "a", buffering=1) if ctx.main and args.metrics_file else None  # noqa: SIM115
 
@@ -381,9 +382,6 @@ def _run_rank(config: SFTConfig | GRPOConfig, args: argparse.Namespace) -> Train
             if isinstance(config, GRPOConfig):
                 on_groups = None
                 if args.trajectories_job is not None and ctx.main:
-                    from posttrain.platform.settings import get_settings
-                    from posttrain.training.jobs import TrajectoryWriter
-
                     url = os.environ.get(_TRAJECTORY_URL_ENV) or get_settings().resolved_database_url
                     on_groups = TrajectoryWriter(url, args.trajectories_job, args.trajectories_limit)
                 result = train_grpo(config, ctx=ctx, on_start=on_start, on_metrics=on_metrics, on_groups=on_groups)

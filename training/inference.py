@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import httpx
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -60,12 +61,15 @@ from posttrain.platform.serving.generation import (
     decode_groups,
 )
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
-from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, engine_dtype
+from posttrain.platform.serving.jobs import free_port
+from posttrain.platform.serving.launcher import ServerProcess
+from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, engine_dtype, find_python, server_env
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.modeling import autocast, eval_mode
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, make_trajectory, prompt_ids
+from posttrain.training.vllm_server import Driver, completion
 
 log = logging.getLogger(__name__)
 
@@ -537,8 +541,6 @@ class VLLMBatcher:
     the same completions."""
 
     def __init__(self, engine: VLLMRolloutEngine, *, seed: int = 0) -> None:
-        from posttrain.training.vllm_server import Driver
-
         self.engine, self._seed, self._asked = engine, seed, 0
         self._lock = threading.Lock()
         self._driver = Driver(engine.llm, engine._sampling_params_class)
@@ -601,11 +603,6 @@ class VLLMServerEngine:
         python: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 600.0,
     ) -> None:
-        import httpx
-
-        from posttrain.platform.serving.jobs import free_port
-        from posttrain.platform.serving.launcher import ServerProcess
-        from posttrain.platform.serving.vllm import find_python, server_env
 
         self.model_path, self.args, self.version = Path(model_path), args, version
         port = free_port("127.0.0.1")
@@ -721,8 +718,6 @@ def _import_vllm() -> Any:
 
 def _vllm_completion(output: Any) -> Completion:
     """A vLLM ``CompletionOutput`` (token ids, per-token ``{token_id: Logprob}``, finish reason) as a Completion."""
-    from posttrain.training.vllm_server import completion
-
     return Completion(**completion(output))
 
 

@@ -31,6 +31,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.interpolate import interpolate_dirs, interpolate_models
+from posttrain.platform.models.registry import ModelNotFound, get_model
+from posttrain.platform.tasks.domains import UnknownDomainError, get_domain
 from posttrain.training.config import EvalConfig
 
 if TYPE_CHECKING:
@@ -88,8 +92,6 @@ class InterpolateConfig(BaseModel):
     @field_validator("domains")
     @classmethod
     def _known(cls, domains: list[str]) -> list[str]:
-        from posttrain.platform.tasks.domains import UnknownDomainError, get_domain
-
         for domain in domains:
             try:
                 get_domain(domain)
@@ -147,9 +149,6 @@ def validation_tasks(config: InterpolateConfig, model: str) -> list[Any]:
 
 
 def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJobResult:
-    from posttrain.platform.models.inspect import ModelDirError
-    from posttrain.platform.models.interpolate import interpolate_dirs, interpolate_models
-    from posttrain.platform.models.registry import ModelNotFound, get_model
     from posttrain.training.evaluate import evaluate_policy
 
     try:

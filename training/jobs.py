@@ -37,10 +37,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy import delete
+from sqlmodel import col
 
 from posttrain.platform import metric_names
+from posttrain.platform.db.engine import retry_transient, session
+from posttrain.platform.db.models import Trajectory
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
+from posttrain.platform.models.chat_template import resolve_template
+from posttrain.platform.models.general_check import GeneralCheck
+from posttrain.platform.models.registry import ModelNotFound, get_model, record_general_check, register_model
+from posttrain.platform.tasks.heldout import check_held_out
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
+from posttrain.training.presets import get_preset
+from posttrain.training.scheduler import DomainSpec, resolve_domains
 
 if TYPE_CHECKING:
     import torch
@@ -127,8 +137,6 @@ class PresetJobResult(BaseModel):
 # --- models in and out ------------------------------------------------------------
 def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
     """``(directory, registered name or None)`` for a config's ``model`` (a name or a directory)."""
-    from posttrain.platform.models.registry import ModelNotFound, get_model
-
     if ref is None:
         raise BadInput("the config names no model: set model to a registered model name or a model directory")
     try:
@@ -155,8 +163,6 @@ def register_final_model(
 ) -> str:
     """Save ``model`` (LoRA merged) with the source's tokenizer, in the chat template the run trained in when it gave
     one (a base model's SFT), under ``<data_dir>/models/<name>`` and register it."""
-    from posttrain.platform.models.chat_template import resolve_template
-    from posttrain.platform.models.registry import register_model
     from posttrain.training.modeling import load_tokenizer
 
     name = config.register_as or f"{ctx.kind}-job{ctx.job_id}"
@@ -221,11 +227,7 @@ class TrajectoryWriter:
     def __call__(self, step: int, groups: list[RolloutGroup]) -> None:
         if self.limit <= 0:
             return
-        from sqlalchemy import delete
-        from sqlmodel import col
 
-        from posttrain.platform.db.engine import retry_transient, session
-        from posttrain.platform.db.models import Trajectory
         from posttrain.training.environments.runner import stored_episode
 
         rows = []
@@ -261,8 +263,6 @@ class TrajectoryWriter:
 def check_task_set(ctx: JobContext, config: GRPOConfig, hint: str = "") -> None:
     """A run on stored task sets (its own, or a domain's) fails at its start, naming the set (and ``hint``: how to
     build it), when a set holds no train tasks where the run draws them."""
-    from posttrain.training.scheduler import DomainSpec, resolve_domains
-
     try:
         found = resolve_domains(config.domains, config.task_set, url=ctx.url)
     except ValueError as exc:
@@ -439,8 +439,6 @@ class PresetRunConfig(BaseModel):
         return self
 
     def sections(self) -> tuple[SFTConfig | None, GRPOConfig, EvalConfig]:
-        from posttrain.training.presets import get_preset
-
         run = get_preset(self.preset)
         if run.sft is None and self.sft:
             raise ValueError(f"preset {self.preset!r} has no SFT warm-up to override: leave out sft")
@@ -451,8 +449,6 @@ class PresetRunConfig(BaseModel):
 
     def evaluates_base(self) -> bool:
         """Whether the run evaluates the model before SFT too (only a run with SFT has a "before SFT")."""
-        from posttrain.training.presets import get_preset
-
         run = get_preset(self.preset)
         return run.sft is not None and (self.evaluate_base if self.evaluate_base is not None else run.evaluate_base)
 
@@ -473,12 +469,7 @@ _STAGE_SHARES = {
 def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     """Each finished stage is recorded in ``<output_dir>/stages.json``: a retried or resumed job
     skips the stages it finished and continues SFT or GRPO from their checkpoints."""
-    import json
-
     from posttrain.platform.models.factory import build_tiny_model
-    from posttrain.platform.models.general_check import GeneralCheck
-    from posttrain.platform.models.registry import record_general_check, register_model
-    from posttrain.platform.tasks.heldout import check_held_out
     from posttrain.training.evaluate import (
         all_eval_tasks,
         compare_reports,
@@ -488,7 +479,6 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     )
     from posttrain.training.loop import train_grpo
     from posttrain.training.modeling import peak_rss_bytes
-    from posttrain.training.presets import get_preset
     from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 
     sft_config, grpo_config, eval_config = config.sections()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.platform.models.chat_template import COMPLETION, reply_end_ids, resolve_template
 from posttrain.platform.models.loader import load_tokenizer  # the tokenizer loader serving uses too
 
 Policy = tuple[PreTrainedModel, PreTrainedTokenizerBase]
@@ -49,7 +51,6 @@ def load_policy(
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has neither a pad token nor an eos token; set one of them")
         tokenizer.pad_token = tokenizer.eos_token
-    from posttrain.platform.models.chat_template import COMPLETION, reply_end_ids, resolve_template
 
     if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         chat_template = COMPLETION  # a base model
@@ -96,8 +97,6 @@ def token_logprobs(
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.models.specs import TinyModelSpec
 from posttrain.platform.tasks.builders import span_recovery_example
+from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
@@ -443,8 +444,6 @@ BROAD_LEVELS = {
 def _worked(domain: str, level: int) -> PromptFormat:
     """``domain``'s own format: one of its train-split tasks solved before the question (the one arithmetic example of
     BOXED shows no date, list or JSON answer), answered boxed, or as JSON for a JSON domain."""
-    from posttrain.platform.tasks.domains import generate
-
     (example,) = generate(domain, 1, seed=7, difficulty=level, split="train")
     assert example.reference is not None
     if domain.startswith("json."):  # a JSON reply is read as JSON: no box

@@ -50,7 +50,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.platform.tasks.domains import MIN_DIFFICULTY, generate, get_domain
 from posttrain.platform.tasks.prompt_format import PromptFormat, apply_format
+from posttrain.platform.tasks.store import load_tasks
 from posttrain.platform.verifiers.models import Split, TaskSpec
 
 CHUNK = 32
@@ -171,8 +173,6 @@ def stored_domains(
 ) -> list[DomainSpec]:
     """The domains of stored task set ``task_set`` (those named in ``domains``, keeping their weight and
     priority; empty: every domain it holds in ``split``), each with its ``split`` tasks as a fixed list."""
-    from posttrain.platform.tasks.store import load_tasks
-
     named = [d if isinstance(d, DomainSpec) else DomainSpec(name=d) for d in domains]
     stored = load_tasks(task_set=task_set, domains=[d.name for d in named] if named else None, split=split, url=url)
     by_domain: dict[str, list[TaskSpec]] = {}
@@ -344,8 +344,6 @@ class Scheduler:
         return task
 
     def _generate(self, spec: DomainSpec, chunk: int) -> list[TaskSpec]:
-        from posttrain.platform.tasks.domains import generate
-
         seed = _chunk_seed(self.config.seed, spec.name, chunk)
         difficulty = self.difficulty(spec.name)
         split = "train" if spec.name in self._replay else self.config.split  # replay never draws a held-out prompt
@@ -394,8 +392,6 @@ class Scheduler:
                 self._step_difficulty(spec, stats)
 
     def _step_difficulty(self, spec: DomainSpec, stats: DomainStats) -> None:
-        from posttrain.platform.tasks.domains import MIN_DIFFICULTY, get_domain
-
         now = stats.difficulty if stats.difficulty is not None else spec.difficulty
         assert stats.pass_rate is not None
         if stats.pass_rate >= self.config.step_up_at:

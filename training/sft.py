@@ -14,19 +14,29 @@ on every rank of an FSDP job.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
+from posttrain.platform.tasks.domains import generate
+from posttrain.platform.tasks.prompt_format import apply_format
+from posttrain.platform.verifiers import PoolConfig, VerifierService
 from posttrain.platform.verifiers.models import TaskSpec
 from posttrain.training.checkpoint import checkpoint_due, checkpoint_step
 from posttrain.training.config import SamplingConfig, SelfGeneratedConfig, SFTConfig
 from posttrain.training.data import SFTExample, chat_example, episode_example, pack, read_chat_jsonl, task_examples
-from posttrain.training.environments.base import Episode, read_episodes
+from posttrain.training.demonstrations import demonstration_file, demonstration_tasks
+from posttrain.training.environments import load_environment
+from posttrain.training.environments.base import Episode, read_episodes, write_episodes
+from posttrain.training.environments.runner import EpisodeRunner
+from posttrain.training.inference import EmbeddedRolloutEngine
 from posttrain.training.learner import DistContext, Learner, TrainResult, local_context
 from posttrain.training.modeling import PolicySource
+from posttrain.training.rollout import generate_groups
 from posttrain.training.scheduler import replayed_before
 
 MetricsFn = Callable[[int, dict[str, float]], None]
@@ -40,17 +50,12 @@ def sft_tasks(config: SFTConfig) -> list[TaskSpec]:
     its demonstrations repair."""
     demonstrated: list[TaskSpec] = []
     if config.demonstrations is not None:
-        from posttrain.training.demonstrations import demonstration_tasks
-
         demonstrated = demonstration_tasks(config.demonstrations)
     return procedural_tasks(config) + demonstrated
 
 
 def procedural_tasks(config: SFTConfig) -> list[TaskSpec]:
     """The ``train``-split tasks of the run's procedural domains, put in its prompt format."""
-    from posttrain.platform.tasks.domains import generate
-    from posttrain.platform.tasks.prompt_format import apply_format
-
     return apply_format(
         [
             t
@@ -71,10 +76,6 @@ def self_generated_file(config: SFTConfig, learner: Learner) -> Path:
     SelfGeneratedConfig`): single answers to the run's procedural tasks, graded by their verifiers, and whole episodes
     of the demonstrated tasks in the demonstrations' environment, graded by its rubric where they ran. Made once by
     rank 0 with the unsharded policy (every rank waits for it), again only when the settings that made it change."""
-    import json
-
-    from posttrain.platform.verifiers import PoolConfig, VerifierService
-    from posttrain.training.environments.base import write_episodes
 
     wanted = config.self_generated
     assert wanted is not None and config.output_dir is not None
@@ -130,8 +131,6 @@ def own_answers(
 ) -> tuple[list[TaskSpec], list[Episode]]:
     """The run's procedural tasks, and the first ``keep_per_task`` of ``samples`` answers to each that reach
     ``min_reward``, as episodes of the policy's sampled tokens."""
-    from posttrain.training.rollout import generate_groups
-
     wanted = config.self_generated
     assert wanted is not None
     tasks, kept = procedural_tasks(config) if config.domains else [], []
@@ -161,10 +160,6 @@ def own_episodes(
     of each, played by the policy in the demonstrations' environment, whose rubric gave at least ``min_reward``."""
     if config.demonstrations is None:
         return [], []
-    from posttrain.training.demonstrations import demonstration_tasks
-    from posttrain.training.environments import load_environment
-    from posttrain.training.environments.runner import EpisodeRunner
-    from posttrain.training.inference import EmbeddedRolloutEngine
 
     wanted = config.self_generated
     assert wanted is not None
@@ -219,8 +214,6 @@ def episode_files(config: SFTConfig, tokenizer) -> list[tuple[Path, float | None
     if config.self_generated is not None and config.output_dir is not None:
         files.append((Path(config.output_dir) / SELF_GENERATED, config.self_generated.min_reward))
     if config.demonstrations is not None:
-        from posttrain.training.demonstrations import demonstration_file
-
         if config.output_dir is None:
             raise ValueError("SFT with demonstrations writes them under output_dir: set output_dir")
         files.append(
@@ -272,8 +265,6 @@ def training_rows(config: SFTConfig, examples: Sequence[SFTExample]) -> list[lis
 def replay_tasks(config: SFTConfig) -> list[TaskSpec]:
     """The general tasks an SFT run with ``replay`` rehearses: the ``train`` split of the replay domains, put as
     generated (the general check's eval split is never drawn: a prompt's split is the prompt's own)."""
-    from posttrain.platform.tasks.domains import generate
-
     replay = config.replay
     if replay is None:
         return []
@@ -356,8 +347,6 @@ def continue_sft(
     """The control arm of a comparison: SFT continued from ``warm_checkpoint`` (model, optimizer,
     scheduler and data position) for ``extra_steps`` more steps, in ``output_dir``. Resumes from
     ``output_dir``'s own checkpoints when it has some."""
-    import shutil
-
     warm_steps = checkpoint_step(warm_checkpoint)
     ckpt_root = Path(output_dir) / "checkpoints"
     if not any(ckpt_root.glob("step_*")):

@@ -33,10 +33,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.auth import Identity
 from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.models.registry import ModelNotFound, get_model
+from posttrain.platform.serving.jobs import DeployConfig, free_port, server_command
+from posttrain.platform.serving.launcher import ServerProcess
+from posttrain.platform.serving.llamacpp import LlamaCppMissing, find_server
 from posttrain.platform.serving.profiles import Engine
+from posttrain.platform.serving.vllm import VllmMissing, find_python, server_env
 from posttrain.platform.stats import fell_beyond, paired_difference
+from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.tasks.heldout import task_source
-from posttrain.platform.verifiers import TaskSpec
+from posttrain.platform.tasks.store import load_tasks
+from posttrain.platform.verifiers import TaskSpec, default_service
 from posttrain.training.config import EvalConfig
 from posttrain.training.evaluate import all_eval_tasks
 
@@ -91,9 +98,6 @@ class MeasureTiersConfig(BaseModel):
 
 def host_variants(settings: Any) -> list[TierVariant]:
     """Every variant this host can serve: the embedded tiers always, llama.cpp and vLLM when installed."""
-    from posttrain.platform.serving.llamacpp import LlamaCppMissing, find_server
-    from posttrain.platform.serving.vllm import VllmMissing, find_python
-
     variants = [TierVariant(name=STANDARD, tier=STANDARD, engine="embedded"),
                 TierVariant(name="fast", tier="fast", engine="embedded"),
                 TierVariant(name="q8", tier="q8", engine="embedded")]  # fmt: skip
@@ -117,8 +121,6 @@ def card_tasks(config: MeasureTiersConfig, *, url: str | None = None) -> list[Ta
     tasks = all_eval_tasks(EvalConfig(domains=list(config.domains), tasks_per_domain=config.tasks_per_domain,
                                       difficulty=config.difficulty, seed=config.seed))  # fmt: skip
     if config.task_set is not None:
-        from posttrain.platform.tasks.store import load_tasks
-
         stored = load_tasks(task_set=config.task_set, split="eval", limit=config.task_set_tasks, url=url)
         if not stored:
             raise BadInput(f"task set {config.task_set!r} has no eval tasks; build it with an eval fraction above 0")
@@ -168,7 +170,6 @@ def measure_speed(client: httpx.Client, base: str, model: str, max_tokens: int) 
 
 def answer_tasks(client: httpx.Client, base: str, model: str, tasks: Sequence[TaskSpec], max_tokens: int) -> list[str]:
     """Greedy answers to every task, four requests at a time."""
-    from posttrain.platform.tasks.episodes import task_messages
 
     def one(task: TaskSpec) -> str:
         return _chat(client, base, model, task_messages(task), max_tokens)["choices"][0]["message"]["content"] or ""
@@ -221,12 +222,6 @@ def measure_tiers(
 ) -> dict[str, Any]:
     """Serve ``config.model`` in every variant, measure speed in interleaved rounds, then quality on ``tasks``;
     the card as a dict (``tiers``: one entry a variant, in the order measured)."""
-    from posttrain.platform.models.registry import ModelNotFound, get_model
-    from posttrain.platform.serving.jobs import DeployConfig, free_port, server_command
-    from posttrain.platform.serving.launcher import ServerProcess
-    from posttrain.platform.serving.vllm import server_env
-    from posttrain.platform.verifiers import default_service
-
     try:
         model = get_model(config.model, url=url)
     except ModelNotFound as exc:

@@ -6,8 +6,11 @@ import json
 from typing import Any
 
 import streamlit as st
+import yaml
+from sqlalchemy.exc import SQLAlchemyError
 
-from posttrain.platform.auth import Identity
+from posttrain.platform.auth import Identity, refresh_identity
+from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.display import field_rows, shown
@@ -37,13 +40,10 @@ def current_identity() -> Identity | None:
 def refreshed_identity() -> Identity | None:
     """The session's identity checked against the database once per run: a user disabled since the
     login is logged out, a changed role applies at once."""
-    from posttrain.platform.auth import refresh_identity
-
     identity = current_identity()
     if identity is None:
         st.session_state.pop(IDENTITY_KEY, None)
         return None
-    from sqlalchemy.exc import SQLAlchemyError
 
     try:
         fresh = refresh_identity(identity)
@@ -80,8 +80,6 @@ def require_login() -> Identity:
 
 def guard_platform() -> bool:
     """Require a login, then check settings and database; show a clear error instead of a traceback."""
-    from posttrain.platform.db import migrate
-
     require_login()
     try:
         if not migrate.is_up_to_date():
@@ -150,8 +148,6 @@ def fields_table(data: dict) -> None:
 
 def yaml_block(data: object) -> None:
     """A config as the YAML an operator would write."""
-    import yaml
-
     st.code(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), language="yaml")
 
 

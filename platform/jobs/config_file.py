@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -211,8 +212,6 @@ def _config_model(kind_name: str) -> type[BaseModel] | None:
 def _schema_words(model: type[BaseModel]) -> frozenset[str]:
     """What the schema itself says: its names, and the words of its models' and modules' docs and its fields'
     descriptions (``preset``, which a validator takes in, is one). A message may quote them from there."""
-    import sys
-
     texts: list[str] = []
     for sub in _models_in(model, set()):
         for cls in sub.__mro__[: sub.__mro__.index(BaseModel)]:  # the model and the models it extends

@@ -13,6 +13,8 @@ that define kinds are listed in :data:`KIND_MODULES` and imported on first use.
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import re
 import shutil
 import threading
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
+
+from posttrain.platform.settings import get_settings
 
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
@@ -191,8 +196,6 @@ def _problem(loc: Loc, kind: str, message: str, echo: str | None = None) -> Conf
 def _not_plain_json(config: Any) -> ConfigProblem | None:
     """Why ``config`` is not a plain, bounded JSON value (non-finite numbers, non-string keys, too deep
     or too many values), or None. Stored configs must read back exactly as they were validated."""
-    import math
-
     seen = 0
     stack: list[tuple[Any, Loc]] = [(config, ())]
     while stack:
@@ -248,8 +251,6 @@ def _names_a_path(value: str) -> bool:
 
 
 def _allowed_roots() -> list[Path]:
-    from posttrain.platform.settings import get_settings
-
     settings = get_settings()
     return [Path(root).expanduser().resolve() for root in (settings.data_dir, *settings.path_roots)]
 
@@ -315,8 +316,6 @@ _TOKEN = re.compile(r"""['"](?:<[a-z ]+>|[^\w\s])['"]""")  # a YAML token's name
 def _yaml_error(exc: Exception, text: str) -> str:
     """Where PyYAML stopped and why, without what it quotes from the text (an alias's, anchor's or tag's
     name, a character), except a token's name or a punctuation mark: the line and column say where."""
-    import yaml
-
     if isinstance(exc, yaml.reader.ReaderError):
         line = text.count("\n", 0, max(exc.position, 0)) + 1
         return f"YAML syntax error at line {line}: a control character YAML does not allow (is it a binary file?)"
@@ -332,9 +331,6 @@ def parse_config_text(text: str, source: str, *, json_only: bool = False) -> Any
     """A job config written as YAML (or JSON, ``json_only``) by a person: a duplicate key is refused,
     not silently the last one, and an error names ``source``, the line and the problem, never a
     line of the text itself (a config file can be anything on disk)."""
-    import json
-
-    import yaml
 
     if json_only:
         try:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,8 +52,6 @@ def run(ctx: JobContext, config: SelftestConfig) -> dict[str, Any]:
         if config.fail_at_step is not None and counter == config.fail_at_step:
             raise RuntimeError(f"selftest failing on purpose at step {counter}")
         if config.ignore_sigterm:
-            import time
-
             time.sleep(config.sleep_s)
         else:
             ctx.sleep(config.sleep_s)

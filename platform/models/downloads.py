@@ -33,6 +33,7 @@ from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
 from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import Settings, get_settings
 
 LINK_TTL_S = 3600.0  # a link shown on a page stays good this long (the page makes a fresh one on every run)
@@ -76,8 +77,6 @@ def _unb64(text: str) -> bytes:
 
 
 def _exports_of(name: str, url: str | None) -> set[str]:
-    from posttrain.platform.models.registry import get_model
-
     return {str(e.get("path")) for e in (get_model(name, url=url).meta or {}).get("exports", [])}
 
 
@@ -190,7 +189,6 @@ def open_export(token: str, *, url: str | None = None, settings: Settings | None
         raise DownloadRefused(
             f"this download link of model {name!r} expired: open the model's Export tab for a new one"
         )
-    from posttrain.platform.models.registry import ModelNotFound
 
     try:
         current = _exports_of(name, url)

@@ -45,9 +45,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
-from posttrain.platform.models.chat_template import assigned_name, resolve_template, with_tool_support
+from posttrain.platform.models.chat_template import assigned_name, reply_end_ids, resolve_template, with_tool_support
 from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
+from posttrain.platform.serving.llamacpp import (
+    cache_root,  # the one cache-dir rule (imported here: serving imports us)
+)
 from posttrain.platform.settings import get_settings
 
 if TYPE_CHECKING:
@@ -98,10 +101,6 @@ def record_sha256(file: importlib.metadata.PackagePath) -> str | None:
 
 def builtin_cache_dir() -> Path:
     """Where chunked built-ins are joined: ``<XDG_CACHE_HOME or ~/.cache>/posttrain/builtin``."""
-    from posttrain.platform.serving.llamacpp import (
-        cache_root,  # the one cache-dir rule (imported here: serving imports us)
-    )
-
     return cache_root() / "builtin"
 
 
@@ -517,7 +516,6 @@ def assign_template(model_dir: Path, template: str) -> None:
     end of turn among the generation config's end-of-sequence ids, where replies stop."""
     from transformers import GenerationConfig
 
-    from posttrain.platform.models.chat_template import reply_end_ids
     from posttrain.platform.models.loader import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)

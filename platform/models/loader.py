@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from posttrain.platform.models.chat_template import reply_end_ids
 from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
 
 
@@ -111,8 +112,6 @@ class LoadedModel:
     @property
     def eos_token_ids(self) -> list[int]:
         """Where a reply ends (:func:`~posttrain.platform.models.chat_template.reply_end_ids`)."""
-        from posttrain.platform.models.chat_template import reply_end_ids
-
         return reply_end_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
 

@@ -15,12 +15,26 @@ from typing import Any
 
 import httpx
 
+from posttrain.platform.api_keys import ApiKeyError, service_key
 from posttrain.platform.auth import AUDITED_CHARS, Identity, action, audit
 from posttrain.platform.db.models import Role
+from posttrain.platform.sandbox import tool_schemas
 from posttrain.platform.sandbox.agent import UNSCORED, EpisodeResult, ModelFn, run_agent
 from posttrain.platform.sandbox.parser import parse_tool_calls
 from posttrain.platform.serving.gateway import TIER_HEADER
-from posttrain.platform.verifiers import Verdict
+from posttrain.platform.settings import get_settings
+from posttrain.platform.tasks import store
+from posttrain.platform.tasks.episodes import (
+    ANSWER_TOOLS,
+    PROJECT_TOOLS,
+    episode_messages,
+    grade_answer,
+    grade_project,
+    is_project,
+    lay_out,
+    task_messages,
+)
+from posttrain.platform.verifiers import Verdict, default_service
 
 
 class ChatError(RuntimeError):
@@ -96,9 +110,6 @@ def chat_as(
 ) -> Iterator[dict[str, Any]]:
     """:func:`stream_chat` for a console user (the playground, a task's "ask the model"): audited, and
     sent, once keys exist, with the console's own API key for ``model``, which may use that model alone."""
-    from posttrain.platform.api_keys import ApiKeyError, service_key
-    from posttrain.platform.settings import get_settings
-
     audit(identity.username, "model.chat", target=model, details={"url": base_url, "tier": tier}, url=url)
     try:
         key = service_key(CONSOLE_KEY, model, get_settings().secrets_dir(), url=url)
@@ -274,20 +285,6 @@ def try_task(
     the deployment's replies (greedy) and its tool calls through the one agent loop for up to ``max_turns``
     replies, then the environment's rubric (:mod:`posttrain.platform.tasks.episodes`): a project graded on its
     final module by the hidden tests in the verifier's own sandbox, another task on its final answer."""
-    from posttrain.platform.sandbox import tool_schemas
-    from posttrain.platform.tasks import store
-    from posttrain.platform.tasks.episodes import (
-        ANSWER_TOOLS,
-        PROJECT_TOOLS,
-        episode_messages,
-        grade_answer,
-        grade_project,
-        is_project,
-        lay_out,
-        task_messages,
-    )
-    from posttrain.platform.verifiers import default_service
-
     task = store.get_task(task_id, url=url).spec
     project = is_project(task)
     tools = list(PROJECT_TOOLS if project else ANSWER_TOOLS)

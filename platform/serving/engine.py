@@ -58,6 +58,7 @@ from posttrain.platform.serving.images import decode_image_url
 from posttrain.platform.serving.metrics import EngineMetrics
 from posttrain.platform.serving.profiles import EngineConfig
 from posttrain.platform.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from posttrain.platform.serving.q8 import Q8Unavailable, quantize_q8
 from posttrain.platform.serving.tool_parser import TOOL_CALL_OPEN
 
 _ids = itertools.count()
@@ -209,8 +210,6 @@ def _template_messages(
 
 def _quantized(loaded: LoadedModel, copy: bool) -> LoadedModel:
     """``loaded`` with Q8_0 weights (:mod:`~posttrain.platform.serving.q8`); a copy when the caller keeps the original."""
-    from posttrain.platform.serving.q8 import Q8Unavailable, quantize_q8
-
     if loaded.info.is_vision:
         raise ValueError("q8_0 weights serve text models only; serve a vision model with weights 'model'")
     model = _copy.deepcopy(loaded.model) if copy else loaded.model

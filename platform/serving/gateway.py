@@ -27,6 +27,7 @@ replica): measured on this project's 2-core machine, httpx's async client added 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -36,6 +37,7 @@ import urllib.parse
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -518,9 +520,6 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m posttrain.platform.serving.gateway --config gateway.json --port 9000``: a gateway over a
     fixed list of deployments, checking API keys in the configured database (``--no-api-keys``, on
     loopback only: serve everyone, with no database at all)."""
-    import argparse
-    from pathlib import Path
-
     import uvicorn
 
     parser = argparse.ArgumentParser(description="posttrain gateway (OpenAI-compatible)")

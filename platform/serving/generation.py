@@ -27,6 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.platform.models.loader import cache_keyword, forward_parameters
+from posttrain.platform.serving.q8 import FusedLayers
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,6 @@ class LeanDecoder:
         self.inner, self.lm_head = base.model, base.get_output_embeddings()
         self.heads = base.config.num_attention_heads
         self.kv_heads = base.config.num_key_value_heads
-        from posttrain.platform.serving.q8 import FusedLayers
 
         self.fused = FusedLayers.of(self.inner, self.heads, self.kv_heads)  # a quantized model's layers in C
 

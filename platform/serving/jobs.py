@@ -25,18 +25,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlmodel import col, select
 
 from posttrain.platform.auth import Identity, action, is_loopback
 from posttrain.platform.db.engine import retry_transient, session
-from posttrain.platform.db.models import Deployment, Role, utcnow
+from posttrain.platform.db.models import Deployment, Model, Role, utcnow
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import JOB_PATH, Admitted, BadInput, JobConfigError, JobKind, register
+from posttrain.platform.models.exporter import ExportError, export_model
 from posttrain.platform.models.general_check import GeneralCheck, deploy_refusal
 from posttrain.platform.models.importer import BUILTIN_PREFIX, sha256_file
 from posttrain.platform.models.importer import import_model as run_import
-from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.models.registry import ModelNotFound, get_model, record_export, register_model
+from posttrain.platform.serving.llamacpp import LlamaCppMissing, LlamaCppProfile, find_server
 from posttrain.platform.serving.tiers import tier_catalog, tiers_path
+from posttrain.platform.serving.vllm import VllmMissing, VllmProfile, find_python, server_env
 
 HEALTH_INTERVAL_S = 2.0
 MAX_RESTARTS = 3  # a server that exits more often than this within RESTART_WINDOW_S fails its deployment
@@ -53,7 +57,12 @@ class BuildModelConfig(BaseModel):
 
 
 def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
-    from posttrain.platform.models import TinyModelSpec, TinyVisionModelSpec, build_tiny_model, build_tiny_vision_model
+    from posttrain.platform.models import (
+        TinyModelSpec,
+        TinyVisionModelSpec,
+        build_tiny_model,
+        build_tiny_vision_model,
+    )  # torch
 
     out = ctx.settings.data_dir / "models" / config.name
     if out.exists():
@@ -140,8 +149,6 @@ def export_registered(
     identity: Identity, config: ExportModelConfig, settings: Any, *, url: str | None = None, progress: Any = None
 ) -> dict[str, Any]:
     """Export a registered model (replacing an older export of the same kind) and record it in its meta."""
-    from posttrain.platform.models.exporter import ExportError, export_model
-
     try:
         row = get_model(config.model, url=url)
     except ModelNotFound as exc:
@@ -284,10 +291,7 @@ def server_command(
         raise BadInput(f"{engine} cannot check posttrain API keys, so it listens on loopback only: deploy it on "
                        f"127.0.0.1 (the gateway serves it to the network), not {config.host}")  # fmt: skip
     if engine == "vllm":
-        import torch
-
-        from posttrain.platform.models.inspect import inspect_model_dir
-        from posttrain.platform.serving.vllm import VllmMissing, VllmProfile, find_python
+        import torch  # heavy: only to see whether CUDA is there
 
         try:  # before anything else: a host without vLLM fails at once, naming what installs it
             python = find_python(getattr(settings, "vllm_python", None))
@@ -305,9 +309,6 @@ def server_command(
         )
         return engine, profile.to_args(python)
     if engine == "llamacpp":
-        from posttrain.platform.models.inspect import inspect_model_dir
-        from posttrain.platform.serving.llamacpp import LlamaCppMissing, LlamaCppProfile, find_server
-
         try:  # before any export: a host without the binary fails at once
             binary = find_server(getattr(settings, "llama_server", None))
         except LlamaCppMissing as exc:
@@ -352,8 +353,11 @@ def _update(deployment_id: int, url: str, **values: Any) -> None:
 
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
-    from posttrain.platform.serving.launcher import LaunchError, LogLines, ServerProcess
-    from posttrain.platform.serving.vllm import server_env
+    from posttrain.platform.serving.launcher import (
+        LaunchError,
+        LogLines,
+        ServerProcess,
+    )  # httpx: off the CLI's start-up
 
     try:
         model = get_model(config.model, url=ctx.url)
@@ -465,10 +469,8 @@ register(
 
 def registered_deployments(url: str | None = None) -> list[Any]:
     """Deployments the database says are serving, as the gateway routes them."""
-    from sqlmodel import col, select
 
-    from posttrain.platform.db.models import Model
-    from posttrain.platform.serving.gateway import Deployment as Route
+    from posttrain.platform.serving.gateway import Deployment as Route  # fastapi, aiohttp: off the CLI's start-up
 
     with session(url, read_only=True) as s:
         rows = s.exec(

@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from posttrain.platform.serving.profiles import TierProfile
+from posttrain.platform.settings import get_settings
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
 BINARY = "llama-server"
@@ -198,8 +199,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "build":
         print(install(Path(sys.prefix)))
     else:
-        from posttrain.platform.settings import get_settings
-
         try:
             print(find_server(get_settings().llama_server))
         except LlamaCppMissing as exc:

@@ -32,6 +32,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from posttrain.platform.serving.llamacpp import cache_root, cpu_flags
+
 BLOCK = 32  # weights per scale, as in Q8_0
 KERNEL_ROWS = 16  # up to this many activation rows use the kernel; more (a prefill) use dequantized slices
 SLICE = 4096  # output features dequantized at once for a many-row matmul (4096 x 4096 fp32: 64 MiB)
@@ -235,8 +237,6 @@ class Q8Unavailable(RuntimeError):
 @functools.cache
 def kernel() -> ctypes.CDLL:
     """The compiled kernels (built on first use into a cache directory named by the source's hash)."""
-    from posttrain.platform.serving.llamacpp import cache_root, cpu_flags
-
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         raise Q8Unavailable("q8_0 weights need an x86-64 CPU with AVX2 and FMA; this one has neither or is "
                             f"{platform.machine()}: serve this tier with weights 'model' or the llamacpp engine")  # fmt: skip

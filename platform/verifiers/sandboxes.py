@@ -16,6 +16,7 @@ import threading
 from typing import cast
 
 from posttrain.platform.sandbox import SandboxPool, make_pool
+from posttrain.platform.settings import get_settings
 
 _lock = threading.Lock()
 _pool: SandboxPool | None = None
@@ -30,8 +31,6 @@ def shared_pool() -> SandboxPool:
     global _pool, _owned, _atexit_registered
     with _lock:
         if _pool is None:
-            from posttrain.platform.settings import get_settings
-
             settings = get_settings()
             # a RaySandboxPool has SandboxPool's interface
             _pool = cast(SandboxPool, make_pool(settings.sandbox, settings.data_dir, settings.ray_address))

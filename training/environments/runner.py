@@ -21,7 +21,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from posttrain.platform.sandbox import Sandbox
+from posttrain.platform import metric_names as names
+from posttrain.platform.sandbox import Sandbox, make_pool
+from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import EnvironmentConfig
 from posttrain.training.environments.base import Environment, Episode
@@ -129,9 +131,6 @@ class EpisodeRunner:
 
 def open_pool(size: int) -> Any:
     """A sandbox pool of ``size`` from the platform's sandbox settings (local, or on Ray when configured)."""
-    from posttrain.platform.sandbox import make_pool
-    from posttrain.platform.settings import get_settings
-
     settings = get_settings()
     return make_pool(settings.sandbox.model_copy(update={"pool_size": size}), settings.data_dir, settings.ray_address)
 
@@ -160,8 +159,6 @@ def trajectory(episode: Episode) -> Trajectory:
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Per-step figures of an environment's episodes (the names in :mod:`posttrain.platform.metric_names`)."""
-    from posttrain.platform import metric_names as names
-
     if not episodes:
         return {}
     calls = [c for e in episodes for c in e.tool_calls]

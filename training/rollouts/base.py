@@ -16,6 +16,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.verifiers import TaskSpec, VerifierService
 from posttrain.training.config import GRPOConfig, PipelinedRollout, SamplingConfig
+from posttrain.training.environments import load_environment
+from posttrain.training.environments.runner import EpisodeRunner
 from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
 from posttrain.training.modeling import PolicySource, load_policy
 from posttrain.training.rollout import RolloutGroup, collect_verification
@@ -145,8 +147,6 @@ def open_episodes(
     rollouts the engine batches itself); raises EnvironmentLoadError when the environment does not load."""
     if not config.environment.multi_turn:
         return None
-    from posttrain.training.environments import load_environment
-    from posttrain.training.environments.runner import EpisodeRunner
 
     environment = load_environment(config.environment, tokenizer, config.sampling)
     return EpisodeRunner(

@@ -6,9 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from posttrain.platform.db.models import DocumentStatus, JobStatus, Role
-from posttrain.platform.documents import list_documents
+from posttrain.platform.documents import get_document, get_pages, list_documents
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
+from posttrain.platform.models.importer import DEFAULT_MODEL
+from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
+from posttrain.platform.serving.client import ChatError, try_task
+from posttrain.platform.serving.jobs import registered_deployments
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.domains import list_domains, list_families
@@ -17,6 +21,7 @@ from posttrain.platform.tasks.jobs import import_jsonl_upload
 from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.verifiers.forgeable_tests import METADATA_KEY as FORGEABLE
 from posttrain.ui.common import can, console_pool, fields_table, guard_platform, me, show_message, yaml_block
+from posttrain.ui.page_images import page_image
 
 PAGE_SIZE = 50
 
@@ -271,9 +276,6 @@ with right:
 
 def show_source_page(provenance: dict) -> None:
     """The document page a task came from, with the task's box highlighted."""
-    from posttrain.platform.documents import get_document, get_pages
-    from posttrain.ui.page_images import page_image
-
     document_id, page_no = provenance.get("document_id"), provenance.get("page")
     if not isinstance(document_id, int) or not isinstance(page_no, int):
         return
@@ -299,9 +301,6 @@ if "document_id" in spec.provenance and "page" in spec.provenance:
 
 def running_deployments() -> list[tuple[str, str, str]]:
     """(model, tier, url) of every healthy deployment, the built-in real model first."""
-    from posttrain.platform.models.importer import DEFAULT_MODEL
-    from posttrain.platform.serving.jobs import registered_deployments
-
     serving = [(r.model, r.tier, r.base_url) for r in registered_deployments() if r.healthy]
     return sorted(serving, key=lambda r: (r[0] != DEFAULT_MODEL, r[0], r[1]))
 
@@ -320,9 +319,6 @@ def show_verdict(verdict) -> None:  # type: ignore[no-untyped-def]
 def try_as_episode(target: tuple[str, str, str], turns: int, limit: int) -> None:
     """The task as a real episode: the deployment's replies and tool calls, each call run in the console's sandbox,
     shown turn by turn as they come, then what was graded and the verdict."""
-    from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
-    from posttrain.platform.serving.client import ChatError, try_task
-
     try:
         with st.container(border=True):
             out = try_task(

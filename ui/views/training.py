@@ -18,13 +18,14 @@ from pydantic import ValidationError
 from streamlit.errors import StreamlitAPIException
 
 from posttrain.platform import metric_names, metrics
-from posttrain.platform.db.models import Job, JobStatus, Role
+from posttrain.platform.db.models import Job, JobStatus, Role, utcnow
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
-from posttrain.platform.models.registry import ModelNotFound, get_model
+from posttrain.platform.models.registry import ModelNotFound, get_model, lineage, list_models
 from posttrain.platform.settings import get_settings
+from posttrain.training.presets import get_preset
 from posttrain.ui.common import (
     can,
     fields_table,
@@ -187,8 +188,6 @@ def show_problems(problems: list[str]) -> None:
 
 
 def model_names() -> list[str]:
-    from posttrain.platform.models.registry import list_models
-
     return [m.name for m in list_models()]
 
 
@@ -304,8 +303,6 @@ def estimate_line(job: Job) -> None:
             icon=":material/timer:",
         )
     elif job.status is JobStatus.running and job.started_at is not None:
-        from posttrain.platform.db.models import utcnow
-
         st.caption(
             f"Estimated {metrics.duration(wall)} before launch (job {found.id}); running for "  # type: ignore[union-attr]
             f"{metrics.duration((utcnow() - job.started_at).total_seconds())} so far."
@@ -444,8 +441,6 @@ def model_mismatch(name: str, preset: Preset, kind: str, model: str) -> str | No
     """Why ``preset`` was not made for the registered model ``model`` (None: it was, or nothing says it was not). A
     real-model preset names its model (the model itself or one trained from it fits); a from-scratch preset is made
     for the small model it builds, so a real model (an imported one, or one a real-model preset starts from) does not."""
-    from posttrain.platform.models.registry import ModelNotFound, lineage
-
     try:
         chain = lineage(model)
     except ModelNotFound:
@@ -667,7 +662,6 @@ def preset_models(job: Job) -> list[str]:
     run = preset_run(job)
     if run is None:
         return []
-    from posttrain.training.presets import get_preset
 
     sft = run.sections()[0]
     name = run.name or f"{run.preset}-job{job.id}"

@@ -77,6 +77,7 @@ from posttrain.platform.sandbox import CallStatus, PoolClosedError, PoolExhauste
 from posttrain.platform.sandbox._server import GRADER_MODULE
 from posttrain.platform.verifiers.models import TaskSpec, Verdict
 from posttrain.platform.verifiers.registry import BaseSpec, VerifierKind, VerifyContext
+from posttrain.platform.verifiers.sandboxes import shared_pool
 
 DEFAULT_TIMEOUT_S = 15.0
 ACQUIRE_TIMEOUT_S = 60.0
@@ -679,8 +680,6 @@ def check_code(spec: CodeTestsSpec, completion: str, task: TaskSpec) -> Verdict:
     """The 'code' kind's check: the caller's pool, else the process-wide one."""
     pool = spec._pool
     if pool is None:
-        from posttrain.platform.verifiers.sandboxes import shared_pool
-
         try:
             pool = shared_pool()
         except Exception as error:  # noqa: BLE001 - no sandbox on this host: not the completion's fault
