@@ -219,7 +219,7 @@ def _layout_json(page: Any) -> dict[str, Any]:
 def _token_counter(config: PreprocessConfig, ctx: JobContext) -> tuple[str, Any]:
     if config.tokenizer_model is None:
         return "regex-words", regex_token_count
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: transformers, only when a tokenizer counts
 
     try:
         model = get_model(config.tokenizer_model, url=ctx.url)

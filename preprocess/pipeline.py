@@ -97,6 +97,7 @@ def inspect_document(path: Path | str, options: PreprocessOptions | None = None)
     options = options or PreprocessOptions()
     kind = detect_kind(path, options)
     if kind is FileKind.PDF:
+        # PyMuPDF, onnxruntime (0.8 s): off the platform's light import path
         from posttrain.preprocess.pdf import open_pdf, pdf_info
 
         doc = open_pdf(path, options)

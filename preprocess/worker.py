@@ -35,6 +35,7 @@ def worker_main(path: str, kind: str, options_json: str, tasks: Queue, results: 
             results.put((START, worker_id, index, None))
             try:
                 if file_kind is FileKind.PDF:
+                    # PyMuPDF, onnxruntime (0.8 s): off the light import path (the fork server preloads it)
                     from posttrain.preprocess.pdf import extract_page, open_pdf
 
                     if doc is None:

@@ -198,7 +198,7 @@ def load_model_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
     """Load saved weights into an already built model (full weights, or a peft adapter)."""
     model_dir = Path(model_dir)
     if _is_peft(model):
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # heavy: only for an adapter
 
         set_peft_model_state_dict(model, load_file(model_dir / "adapter_model.safetensors"))
         return

@@ -156,6 +156,7 @@ class EvalTiming(BaseModel):
 
 def load_timed(path: str, device: str) -> tuple[Any, float]:
     """The model at ``path`` loaded as an evaluation loads it, and how long that took."""
+    # torch: this job kind's module stays light for the job registry
     from posttrain.training.modeling import load_policy, resolve_device
 
     t = time.perf_counter()
@@ -165,7 +166,7 @@ def load_timed(path: str, device: str) -> tuple[Any, float]:
 
 def time_eval(config: EvalConfig, policy: Any, load_s: float) -> EvalTiming:
     """One batch of each domain (and of the general check) through the loaded ``policy``, timed per task."""
-    from posttrain.training.evaluate import all_eval_tasks, evaluate_policy, general_config
+    from posttrain.training.evaluate import all_eval_tasks, evaluate_policy, general_config  # torch: see above
 
     subset = config.model_copy(
         update={"tasks_per_domain": min(config.tasks_per_domain, config.batch_size), "general": None}
@@ -184,7 +185,7 @@ def time_eval(config: EvalConfig, policy: Any, load_s: float) -> EvalTiming:
 
 def eval_counts(config: EvalConfig) -> tuple[int, int]:
     """(tasks, general check tasks) of one evaluation."""
-    from posttrain.training.evaluate import all_eval_tasks, general_config
+    from posttrain.training.evaluate import all_eval_tasks, general_config  # torch: see above
 
     general = general_config(config)
     return len(all_eval_tasks(config)), (len(general.domains) * general.tasks_per_domain if general is not None else 0)
@@ -223,7 +224,7 @@ def calibrate(
     ctx: JobContext, kind: str, config: Any, k: int, scratch: Path
 ) -> tuple[list[StageEstimate], dict[str, int]]:
     """The stages of a ``kind`` run with ``config``, each timed in miniature under ``scratch``."""
-    from posttrain.training.loop import train_grpo
+    from posttrain.training.loop import train_grpo  # torch: see above
     from posttrain.training.sft import train_sft
 
     stages: list[StageEstimate] = []
@@ -268,7 +269,7 @@ def calibrate(
         )
         return stages, counts
 
-    from posttrain.platform.models.factory import build_tiny_model
+    from posttrain.platform.models.factory import build_tiny_model  # torch: see above
 
     sft_config, grpo_config, eval_config = config.sections()
     preset = get_preset(config.preset)

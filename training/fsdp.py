@@ -36,7 +36,17 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 import torch
+import torch.distributed as dist
 import yaml
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record as record_errors
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from posttrain.platform.settings import get_settings
 from posttrain.platform.supervise import Supervised, die_with_parent
@@ -85,8 +95,6 @@ def _optimizer_state_by_name(indexed: dict[str, Any], names: list[str]) -> dict[
 
 def shard(model: torch.nn.Module, ctx: DistContext) -> None:
     """``fully_shard`` each decoder layer (the model's ``_no_split_modules``), then the root."""
-    from torch.distributed.fsdp import fully_shard
-
     # a peft model's base model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     layer_types = set(getattr(base, "_no_split_modules", None) or [])
@@ -110,10 +118,6 @@ def aliases(model: torch.nn.Module) -> set[str]:
 @contextlib.contextmanager
 def process_group(config: TrainConfig) -> Iterator[DistContext]:
     """Join the torchrun job (nccl on a GPU, gloo on CPU) for the duration of the block."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     if config.model is None:
         raise ValueError(f"no model: set {type(config).__name__}.model to a model directory")
     if "RANK" not in os.environ:
@@ -146,8 +150,6 @@ def process_group(config: TrainConfig) -> Iterator[DistContext]:
 
 def agree_on_start(ctx: DistContext, start: int, ckpt_root: Path | None) -> None:
     """Every rank must have found the same checkpoint to resume from."""
-    import torch.distributed as dist
-
     agreed = torch.tensor([start, -start], dtype=torch.int64, device=ctx.device)  # nccl reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     if int(agreed[0]) != -int(agreed[1]):
@@ -156,8 +158,6 @@ def agree_on_start(ctx: DistContext, start: int, ckpt_root: Path | None) -> None
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, indexed: dict[str, Any]) -> None:
     """Load a one-process (index-keyed) optimizer state into a sharded model's optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     by_name = _optimizer_state_by_name(indexed, trainable)
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
@@ -165,8 +165,6 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on rank 0's CPU (a collective: every rank calls it; the others get nothing)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return cast("dict[str, torch.Tensor]", state)  # full_state_dict: plain tensors, no shards
 
@@ -174,8 +172,6 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def full_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tied: set[str]) -> dict[str, Any]:
     """``save_checkpoint``'s ``model_state`` and ``optimizer_state``, gathered from the shards (a collective:
     every rank calls it; only rank 0's are filled)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     model_state = {k: v for k, v in full_state(model).items() if k not in tied}
     optimizer_state = get_optimizer_state_dict(
         model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -338,8 +334,6 @@ def trained_model(config: SFTConfig | GRPOConfig, checkpoint: str | Path) -> tor
 
 # --- torchrun entry point -------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     parser = argparse.ArgumentParser(
         prog="torchrun ... -m posttrain.training.fsdp", description=__doc__.split("\n\n")[0]
     )
@@ -355,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     raw = yaml.safe_load(Path(args.config).read_text())
     config = (GRPOConfig if args.kind == "grpo" else SFTConfig).model_validate(raw)
-    record(_run_rank)(config, args)
+    record_errors(_run_rank)(config, args)
     return 0
 
 

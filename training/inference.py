@@ -49,6 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 import torch
+from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.models.chat_template import reply_end_ids
@@ -646,8 +647,6 @@ class VLLMServerEngine:
         return self._completions(answer)[0]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        from safetensors.torch import save_file
-
         path = self._weights_dir / "weights.safetensors"
         weights, seen = {}, set()
         for name, tensor in with_output_layer(state_dict).items():  # a tensor shared by two names is written twice
@@ -707,7 +706,7 @@ def _import_vllm() -> Any:
         "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
     )  # the engine core in this process (its batcher drives it)
     try:
-        import vllm
+        import vllm  # optional: the gpu extra
     except ImportError as exc:
         raise ImportError(
             "VLLMRolloutEngine needs vLLM in this environment (a GPU host: pip install 'posttrain[gpu]'); "
@@ -725,8 +724,6 @@ def save_weights(state_dict: Mapping[str, torch.Tensor], source: Path, weights_d
     """``state_dict`` as a model directory ``weights_dir/version-N`` (the source directory's config and
     tokenizer files, one ``model.safetensors``), written to a temporary name and renamed; older
     versions are removed."""
-    from safetensors.torch import save_file
-
     weights_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".version-", dir=weights_dir))
     for item in source.iterdir():

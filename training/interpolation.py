@@ -140,6 +140,7 @@ def pick(candidates: list[Candidate]) -> Candidate:
 
 def validation_tasks(config: InterpolateConfig, model: str) -> list[Any]:
     """The tasks every candidate answers; each is checked to be from the train split."""
+    # torch: this job kind's module stays light for the job registry
     from posttrain.training.evaluate import all_eval_tasks
 
     tasks = all_eval_tasks(config.validation(model))
@@ -149,7 +150,7 @@ def validation_tasks(config: InterpolateConfig, model: str) -> list[Any]:
 
 
 def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJobResult:
-    from posttrain.training.evaluate import evaluate_policy
+    from posttrain.training.evaluate import evaluate_policy  # torch: see above
 
     try:
         a_row, b_row = get_model(config.a, url=ctx.url), get_model(config.b, url=ctx.url)

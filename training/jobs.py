@@ -163,6 +163,7 @@ def register_final_model(
 ) -> str:
     """Save ``model`` (LoRA merged) with the source's tokenizer, in the chat template the run trained in when it gave
     one (a base model's SFT), under ``<data_dir>/models/<name>`` and register it."""
+    # torch: these job kinds' module stays light for the job registry
     from posttrain.training.modeling import load_tokenizer
 
     name = config.register_as or f"{ctx.kind}-job{ctx.job_id}"
@@ -228,7 +229,7 @@ class TrajectoryWriter:
         if self.limit <= 0:
             return
 
-        from posttrain.training.environments.runner import stored_episode
+        from posttrain.training.environments.runner import stored_episode  # torch: see above
 
         rows = []
         for group, j in pick_trajectories(groups, self.limit):
@@ -281,7 +282,7 @@ def _launch_fsdp(
     ctx: JobContext, config: SFTConfig | GRPOConfig, trajectories: tuple[str, int, int] | None = None
 ) -> Any:
     """Run ``config`` on ``nproc_per_node`` FSDP processes (torchrun children); the model comes back as the last checkpoint."""
-    from posttrain.training import fsdp
+    from posttrain.training import fsdp  # torch: see above
 
     try:
         fsdp.check_launch(config)
@@ -302,7 +303,7 @@ def _launch_fsdp(
 
 # --- kinds --------------------------------------------------------------------------
 def run_sft(ctx: JobContext, config: SFTConfig) -> TrainJobResult:
-    from posttrain.training.sft import train_sft
+    from posttrain.training.sft import train_sft  # torch: see above
 
     path, base = resolve_model(ctx, config.model)
     config = _with_output_dir(ctx, config).model_copy(update={"model": path})
@@ -323,7 +324,7 @@ def run_sft(ctx: JobContext, config: SFTConfig) -> TrainJobResult:
 
 
 def run_grpo(ctx: JobContext, config: GRPOConfig) -> TrainJobResult:
-    from posttrain.training.loop import train_grpo
+    from posttrain.training.loop import train_grpo  # torch: see above
 
     path, base = resolve_model(ctx, config.model)
     check_task_set(ctx, config)
@@ -356,7 +357,7 @@ def log_comparison(ctx: JobContext, comparison: dict[str, dict[str, dict[str, fl
 
 
 def run_evaluate(ctx: JobContext, config: EvalConfig) -> EvalJobResult:
-    from posttrain.training.evaluate import evaluate_models
+    from posttrain.training.evaluate import evaluate_models  # torch: see above
 
     names = config.model_list
     if not names:
@@ -469,7 +470,7 @@ _STAGE_SHARES = {
 def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
     """Each finished stage is recorded in ``<output_dir>/stages.json``: a retried or resumed job
     skips the stages it finished and continues SFT or GRPO from their checkpoints."""
-    from posttrain.platform.models.factory import build_tiny_model
+    from posttrain.platform.models.factory import build_tiny_model  # torch: see above
     from posttrain.training.evaluate import (
         all_eval_tasks,
         compare_reports,
@@ -477,7 +478,7 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         general_config,
         head_to_head,
     )
-    from posttrain.training.loop import train_grpo
+    from posttrain.training.loop import train_grpo  # torch: see above
     from posttrain.training.modeling import peak_rss_bytes
     from posttrain.training.sft import continue_sft, sft_tasks, train_sft
 

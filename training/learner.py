@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 
 from posttrain.platform import metric_names as names
@@ -63,8 +65,6 @@ class DistContext:
     def broadcast(self, payload: list[Any]) -> list[Any]:
         """Rank 0's ``payload`` on every rank (no communication with one process)."""
         if self.world > 1:
-            import torch.distributed as dist
-
             dist.broadcast_object_list(payload, src=0)
         return payload
 
@@ -72,7 +72,6 @@ class DistContext:
         """``value`` summed over the ranks."""
         if self.world == 1:
             return value
-        import torch.distributed as dist
 
         total = torch.tensor(value, dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
@@ -80,8 +79,6 @@ class DistContext:
 
     def barrier(self) -> None:
         if self.world > 1:
-            import torch.distributed as dist
-
             dist.barrier()
 
 
@@ -260,7 +257,6 @@ def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.devic
 def _is_sharded(model: torch.nn.Module) -> bool:
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return False
-    from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
 
@@ -336,7 +332,7 @@ class Learner:
         self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
         self._tied: set[str] = set()
         if sharded:
-            from posttrain.training import fsdp
+            from posttrain.training import fsdp  # cycle: fsdp imports this module
 
             fsdp.agree_on_start(ctx, self.start, self.ckpt_root)
             self._mirror = frozen_copy(model) if ctx.main else None
@@ -352,7 +348,7 @@ class Learner:
 
     def _restore_optimizer(self, trainer: dict[str, Any]) -> None:
         if self.ctx.world > 1:
-            from posttrain.training import fsdp
+            from posttrain.training import fsdp  # cycle: fsdp imports this module
 
             fsdp.load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
         else:
@@ -517,7 +513,7 @@ class Learner:
         ``world > 1`` it gathers the shards into rank 0's mirror)."""
         if self.ctx.world == 1:
             return self.model
-        from posttrain.training import fsdp
+        from posttrain.training import fsdp  # cycle: fsdp imports this module
 
         weights = fsdp.full_state(self.model)
         if self._mirror is not None:
@@ -532,7 +528,7 @@ class Learner:
             return None
         full: dict[str, Any] = {}
         if self.ctx.world > 1:
-            from posttrain.training import fsdp
+            from posttrain.training import fsdp  # cycle: fsdp imports this module
 
             full = fsdp.full_states(self.model, self.optimizer, self._tied)
         if not self.ctx.main:
@@ -564,8 +560,6 @@ def _reduce_over_ranks(
     totals: dict[str, float], token_count: int, device: torch.device
 ) -> tuple[dict[str, float], int]:
     """Sum the ranks' loss and token-weighted statistics, take the largest ratio (the norm and LR are already global)."""
-    import torch.distributed as dist
-
     summed = torch.tensor(
         [totals.get(k, 0.0) for k in _SUMMED] + [float(token_count)], dtype=torch.float64, device=device
     )

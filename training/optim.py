@@ -13,7 +13,7 @@ from posttrain.training.config import LoRAConfig, TrainConfig
 def apply_lora(model: torch.nn.Module, lora: LoRAConfig) -> torch.nn.Module:
     """Wrap ``model`` with LoRA adapters (needs ``pip install peft``); only adapters train."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # heavy: only for LoRA
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("LoRA needs the 'peft' package: pip install peft") from exc
     config = LoraConfig(

@@ -36,6 +36,8 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from safetensors import safe_open
+
 
 class Driver:
     """The engine's one caller: requests and weight updates queue here and run on :meth:`run`'s thread. The
@@ -82,8 +84,6 @@ class Driver:
                                           logprobs=0, seed=r.get("seed"), **self.params)  # fmt: skip
 
     def _reload(self, path: str, version: int) -> float:
-        from safetensors import safe_open
-
         started = time.monotonic()
         with safe_open(path, framework="pt") as f:
             weights = [(name, f.get_tensor(name)) for name in f.keys()]
@@ -203,7 +203,7 @@ def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one driver thread
-    import vllm
+    import vllm  # vLLM's own environment
     from vllm.sampling_params import RequestOutputKind
 
     # FINAL_ONLY: a request with n > 1 comes back once, with all n completions (by default each step returns one)

@@ -111,7 +111,7 @@ JOB_COLUMNS = ("id", "kind", "status", "priority", "attempt", "progress", "messa
 
 def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
     """Jobs as a table with a progress bar and UTC timestamps (the Jobs and Training pages)."""
-    import pandas as pd
+    import pandas as pd  # heavy: only where a table is drawn
 
     rows = [
         {
@@ -141,7 +141,7 @@ def job_table(jobs: list, columns: tuple[str, ...] = JOB_COLUMNS) -> None:
 
 def fields_table(data: dict) -> None:
     """A result, verdict or provenance as a two-column table: no raw dict on any page."""
-    import pandas as pd
+    import pandas as pd  # heavy: only where a table is drawn
 
     st.dataframe(pd.DataFrame(field_rows(data), columns=["field", "value"]), hide_index=True, width="stretch")
 
@@ -196,7 +196,7 @@ def plain_table(
     """Rows of values as a table that fits the page: every value through :func:`cell`, the table as wide as the
     page (``width="stretch"``) and scrolling sideways when its columns are wider; ``long`` sizes its long text
     columns (``{"details": "large"}``) so one long path or message does not push the others out of view."""
-    import pandas as pd
+    import pandas as pd  # heavy: only where a table is drawn
 
     frame = pd.DataFrame([{name: cell(value) for name, value in row.items()} for row in rows], columns=columns)
     config: dict[str, Any] = {
@@ -215,7 +215,7 @@ def per_domain_results(arena: dict[str, Any], key: str) -> None:
     """Two models on the same held-out tasks (a run's before and after, or the Compare tab's A and B): one row per
     domain sorted by the difference, each with its 95% interval and marked where it gained or lost beyond noise,
     then the tasks whose verdict flipped, the answers side by side: first those of the domains that lost."""
-    import pandas as pd
+    import pandas as pd  # heavy: only where a table is drawn
 
     a_name, b_name = arena["a"], arena["b"]
     rows = sorted(((d, r) for d, r in arena["domains"].items() if d != "all"), key=lambda item: -item[1]["delta"])

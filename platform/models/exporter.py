@@ -113,7 +113,7 @@ def model_config_dir(model_dir: Path) -> Path:
 
 
 def _declared_dtype(config_dir: Path) -> Any:
-    import torch
+    import torch  # heavy: this module stays light for the CLI and the job registry
 
     config = json.loads((config_dir / "config.json").read_text())
     declared = str(config.get("dtype") or config.get("torch_dtype") or "float32")
@@ -122,7 +122,7 @@ def _declared_dtype(config_dir: Path) -> Any:
 
 def load_tokenizer_for(model_dir: Path) -> Any:
     """The adapter's own tokenizer when it saved one, else the model's (or base's)."""
-    from posttrain.platform.models.loader import load_tokenizer
+    from posttrain.platform.models.loader import load_tokenizer  # torch, transformers
 
     if is_adapter_dir(model_dir) and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
         return load_tokenizer(adapter_base(model_dir))
@@ -131,7 +131,7 @@ def load_tokenizer_for(model_dir: Path) -> Any:
 
 def load_full_model(model_dir: Path, report: Progress) -> Any:
     """The model with full weights in its declared dtype: an adapter is merged into its base."""
-    from posttrain.platform.models.loader import load_model
+    from posttrain.platform.models.loader import load_model  # torch, transformers
 
     config_dir = model_config_dir(model_dir)
     if inspect_model_dir(config_dir).is_vision:
@@ -143,7 +143,7 @@ def load_full_model(model_dir: Path, report: Progress) -> Any:
     report(0.05, f"loading {config_dir.name} ({str(dtype).removeprefix('torch.')})")
     model = load_model(config_dir, dtype=dtype).model
     if config_dir != model_dir:
-        from peft import PeftModel
+        from peft import PeftModel  # heavy: only to merge an adapter
 
         report(0.2, f"merging the LoRA adapter {model_dir.name}")
         model = PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()
@@ -261,7 +261,7 @@ def add_sliding_window(writer: Any, model_dir: Path, config: Any) -> None:
 
 
 def add_hparams(writer: Any, model_dir: Path, config: Any) -> None:
-    import gguf
+    import gguf  # heavy (numpy): only for GGUF exports
 
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
@@ -305,7 +305,7 @@ def pre_tokenizer_name(model_dir: Path, backend: dict[str, Any]) -> str:
     llama.cpp's converter recognises a tokenizer by the hash of one test string's ids, which
     only works for the exact published vocabularies; the structure names the same split for
     those and for locally trained tokenizers alike."""
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT  # heavy: transformers
 
     steps = _steps(backend.get("pre_tokenizer"))
     kinds = [s.get("type") for s in steps]
@@ -394,7 +394,7 @@ def token_table(
     """Every id's token and type: control for special added tokens, user-defined for other
     added ones, byte for a byte-fallback tokenizer's ``<0xNN>``, unused ``[PADn]`` for ids the
     model has but the tokenizer does not."""
-    import gguf
+    import gguf  # gguf: only for GGUF exports
 
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
     if reverse and max(reverse) >= vocab_size:
@@ -476,7 +476,7 @@ class PlannedTensor:
 
 def tensor_qtype(name: str, shape: tuple[int, ...], outtype: GgufType) -> Any:
     """F32 for norms and biases; F16 or Q8_0 for matrices (Q8_0 rows must be whole 32-blocks)."""
-    from gguf import GGMLQuantizationType as Q
+    from gguf import GGMLQuantizationType as Q  # gguf: only for GGUF exports
 
     if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
         return Q.F32
@@ -488,7 +488,7 @@ def tensor_qtype(name: str, shape: tuple[int, ...], outtype: GgufType) -> Any:
 def plan_tensors(
     model_dir: Path, state: dict[str, Any], config: Any, arch: GgufArch, outtype: GgufType
 ) -> list[PlannedTensor]:
-    import gguf
+    import gguf  # gguf: only for GGUF exports
 
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch.name)
     names = gguf.get_tensor_name_map(arch_enum, int(config.num_hidden_layers))
@@ -518,7 +518,7 @@ def permute_for_llama(weights: Any, n_head: int) -> Any:
 
 
 def tensor_data(planned: PlannedTensor, state: dict[str, Any], config: Any, arch: GgufArch) -> Any:
-    import gguf
+    import gguf  # gguf: only for GGUF exports
 
     array = state[planned.hf_name].detach().to("cpu").float().numpy()
     if arch.norm_shift and planned.name.endswith("_norm.weight"):
@@ -534,7 +534,7 @@ def tensor_data(planned: PlannedTensor, state: dict[str, Any], config: Any, arch
 
 def declare_tensor(writer: Any, planned: PlannedTensor) -> None:
     """Tensor info ahead of the data, so tensors can be converted and written one at a time."""
-    import numpy as np
+    import numpy as np  # with gguf: only for GGUF exports
     from gguf import GGMLQuantizationType as Q
     from gguf import quant_shape_to_byte_shape
 
@@ -561,7 +561,7 @@ class GgufSource:
 
 
 def add_metadata(writer: Any, source: GgufSource, outtype: GgufType) -> None:
-    import gguf
+    import gguf  # gguf: only for GGUF exports
 
     file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16
     writer.add_type(gguf.GGUFType.MODEL)
@@ -576,7 +576,7 @@ def write_gguf(
     path: Path, source: GgufSource, planned: list[PlannedTensor], outtype: GgufType, report: Progress
 ) -> None:
     """Metadata and tensor infos first, then each tensor converted and written on its own."""
-    import gguf
+    import gguf  # gguf, torch: only for GGUF exports
     import torch
 
     writer = gguf.GGUFWriter(path, source.arch.name)

@@ -385,7 +385,7 @@ def describe_gguf(path: Path) -> dict[str, Any]:
 
     A truncated file, an architecture transformers has no GGUF mapping for, or a tensor type
     that gguf-py cannot dequantise each fail here, before any weights are converted."""
-    import gguf
+    import gguf  # heavy: gguf, transformers only where a GGUF file is read
     from gguf.quants import _type_traits
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -445,7 +445,7 @@ def _fix_pre_tokenizer(tokenizer: Any, pre: str | None) -> None:
     pre-tokenizers that split every digit on its own, restore that first step, so arithmetic
     prompts tokenise as the model was trained; others (``gpt-2``, Llama-3's ``llama-bpe``, which
     groups up to three digits) are left as transformers reads them."""
-    from tokenizers import pre_tokenizers
+    from tokenizers import pre_tokenizers  # heavy: the tokenizers' native library
 
     backend = tokenizer.backend_tokenizer
     current = backend.pre_tokenizer
@@ -459,7 +459,7 @@ def _read_gemma3_layout(path: Path, config: Any) -> None:
     local layers, then a global one), local RoPE base and query scale (1/sqrt(256)); a file that states the pattern
     and base layer by layer (posttrain's exports do) is read as it says, and queries are scaled as llama.cpp scales
     them for this file (by 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(hidden/heads))."""
-    import gguf
+    import gguf  # heavy: only where a GGUF file is read
 
     if getattr(config, "model_type", None) != "gemma3_text":
         return
@@ -477,6 +477,7 @@ def _read_gemma3_layout(path: Path, config: Any) -> None:
 
 
 def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progress: Progress) -> None:
+    # heavy: only when a model is imported
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder, name = str(path.parent), path.name
@@ -514,9 +515,9 @@ def _dequantise_gguf(path: Path, out: Path, dtype: Any, pre: str | None, progres
 def assign_template(model_dir: Path, template: str) -> None:
     """Store ``template`` as the chat template of the model directory's tokenizer (``chat_template.jinja``), and its
     end of turn among the generation config's end-of-sequence ids, where replies stop."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # heavy: only when a model is imported
 
-    from posttrain.platform.models.loader import load_tokenizer
+    from posttrain.platform.models.loader import load_tokenizer  # torch, transformers
 
     tokenizer = load_tokenizer(model_dir)
     tokenizer.chat_template = template
@@ -534,7 +535,7 @@ def _copy_hf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:
     config = json.loads((out / "config.json").read_text())
     declared = config.get("dtype") or config.get("torch_dtype")
     if declared and declared != str(dtype).removeprefix("torch."):
-        from posttrain.platform.models.loader import load_model
+        from posttrain.platform.models.loader import load_model  # torch, transformers
 
         progress(0.4, f"converting {declared} weights to {dtype}")
         loaded = load_model(out, dtype=dtype)
@@ -545,7 +546,7 @@ def _copy_hf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:
 
 def check_model(path: Path, progress: Progress) -> dict[str, Any]:
     """Load the directory through the one loader and run one greedy generation."""
-    import torch
+    import torch  # heavy: only when a model is loaded
 
     from posttrain.platform.models.loader import load_model
 
@@ -619,7 +620,7 @@ def import_model(
     ``chat_template``: a family (``chatml``, ``gemma``) or a Jinja template to give the model in place of its
     own, or to a base model, which has none (:func:`~posttrain.platform.models.chat_template.resolve_template`);
     it is stored in the model's directory, so exports carry it."""
-    import torch
+    import torch  # heavy: only when a model is loaded
 
     report: Progress = progress or (lambda fraction, message: None)
     try:  # a bad name fails first

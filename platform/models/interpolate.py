@@ -83,7 +83,7 @@ def weight_files(model_dir: Path, label: str) -> list[Path]:
 
 def _header(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """Each tensor's file, shape and dtype, read from the files' headers (no tensor is loaded)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy: this module stays light for the CLI
 
     found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for file in files:
@@ -150,7 +150,7 @@ def _blend_file(
     a_open: Callable[[Path], Any],
 ) -> None:
     """One of B's weight files blended with A's tensors of the same names, written to ``out_file``."""
-    import torch
+    import torch  # heavy: only when models are interpolated
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -182,7 +182,7 @@ def interpolate_dirs(
     """Write the model ``(1 - alpha) * A + alpha * B`` to ``out`` (which must not exist): B's files but its weights,
     A's weight files as they are at ``alpha == 0`` and B's at ``alpha == 1``. Refuses, writing nothing, what
     :func:`check_alpha` and :func:`check_compatible` refuse."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy: see _header
 
     report: Progress = progress or (lambda fraction, message: None)
     alpha = check_alpha(alpha)

@@ -19,7 +19,9 @@ import ast
 import builtins
 import ctypes
 import errno
+import gc
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -47,8 +49,6 @@ BESIDE = (WIRE, GRADER)
 
 def load_beside(filename: str, module_name: str) -> types.ModuleType:
     """Load the file ``filename`` beside this one as the module ``module_name``."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location(
         module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
     )
@@ -551,7 +551,6 @@ def main() -> None:
         import typing  # noqa: F401 - most graded programs import it: once here, not in every episode
     except ImportError:
         pass
-    import gc
 
     gc.freeze()  # every episode forks from here: collections there leave these objects (and pages) shared
     Zygote(cfg).run()

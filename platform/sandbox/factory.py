@@ -38,7 +38,7 @@ def make_pool(
     if not uses_ray(config, ray_address):
         return SandboxPool(config, data_dir)
     try:
-        from posttrain.platform.sandbox.ray_backend import RaySandboxPool
+        from posttrain.platform.sandbox.ray_backend import RaySandboxPool  # optional: ray
     except ImportError as exc:
         raise SandboxUnavailableError(
             f"sandbox pools on Ray need the 'ray' package ({exc}): pip install 'posttrain[ray]' "

@@ -323,11 +323,11 @@ class Peer:
             num, den = _list(body)
             if type(num) is not int or type(den) is not int:
                 raise ValueError("not a fraction")
-            from fractions import Fraction
+            from fractions import Fraction  # sandbox side: only for a value of that type
 
             return Fraction(num, den)
         if tag == "E":
-            from decimal import Decimal
+            from decimal import Decimal  # sandbox side: only for a value of that type
 
             return Decimal(_str(body))
         if tag == "Y":
@@ -454,7 +454,7 @@ class Peer:
                 if os.WIFSIGNALED(status):
                     return f" (killed by signal {os.WTERMSIG(status)})"
                 return f" (exit status {os.waitstatus_to_exitcode(status)})"
-            import time
+            import time  # sandbox side: only while waiting for the child
 
             time.sleep(0.001)
         return " (it closed its end of the channel)"
@@ -604,7 +604,7 @@ def _describe_error(error: BaseException) -> dict:
         text = ""
     out = {"t": kind.__name__, "m": getattr(kind, "__module__", ""), "s": text}
     try:
-        import traceback
+        import traceback  # sandbox side: inside the guard
 
         lines = traceback.format_exception(kind, error, error.__traceback__)
         trace = "".join(line for line in lines if "<solution>" in line)
@@ -633,7 +633,7 @@ def _child(sock: socket.socket, source: str, path: list[str]) -> None:
         for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         try:
-            import ctypes
+            import ctypes  # may be missing in a sandbox: inside the try
 
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # noqa: BLE001 - the parent's death also closes the socket
@@ -721,7 +721,7 @@ def start(source: str) -> tuple:
     while the host sends the tests."""
     path = list(sys.path)
     sys.path[:] = _trusted_path(path)
-    import gc
+    import gc  # sandbox side: after sys.path is trimmed
 
     gc.freeze()  # the child's collections then leave the parent's objects (and their pages) alone
     mine, theirs = socket.socketpair()

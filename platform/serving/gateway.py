@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m posttrain.platform.serving.gateway --config gateway.json --port 9000``: a gateway over a
     fixed list of deployments, checking API keys in the configured database (``--no-api-keys``, on
     loopback only: serve everyone, with no database at all)."""
-    import uvicorn
+    import uvicorn  # only for this command-line entry point
 
     parser = argparse.ArgumentParser(description="posttrain gateway (OpenAI-compatible)")
     parser.add_argument("--config", required=True, help="JSON file holding a GatewayConfig")

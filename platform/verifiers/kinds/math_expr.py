@@ -69,7 +69,7 @@ def _parse(text: str, seconds: int = 5) -> list[Any]:
 def _equivalent(gold: list[Any], predicted: list[Any], spec: MathSpec) -> bool:
     """Whether any extraction of the answer equals any of the gold's. A comparison that times out is
     not a "no": :class:`MathTimeout` when no other comparison said yes."""
-    import math_verify
+    import math_verify  # heavy (sympy): see above
     from math_verify.errors import TimeoutException
 
     timed_out = False
