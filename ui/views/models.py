@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -522,7 +523,9 @@ picked = st.multiselect(
     key="pg_targets",
 )  # fmt: skip
 c1, c2, c3, c4 = st.columns(4)
-max_tokens = c1.number_input("Max tokens", 1, 4096, 64, key="pg_max_tokens")
+max_tokens = c1.number_input(
+    "Max tokens", 1, 4096, 256, key="pg_max_tokens", help="the most tokens one reply may have: room for a tool call"
+)
 temperature = c2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="pg_temperature")
 use_tools = c3.toggle(
     "Offer sandbox tools",
@@ -562,10 +565,28 @@ def tool_exchange(
         st.error(str(exc))
         return ""
     calls = len(episode.tool_results)
-    st.caption(
-        f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, ended: {episode.stop_reason.replace('_', ' ')}"
-    )
-    return episode.answer or ""
+    st.caption(f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, {ended(episode.stop_reason)}")
+    if episode.answer is not None:
+        return episode.answer
+    replies = [m.get("content") for m in episode.messages if m["role"] == "assistant"]
+    return str(replies[-1] or "") if replies else ""
+
+
+def ended(reason: str) -> str:
+    """How a reply or exchange ended, in words: a reply cut at max tokens says so."""
+    return STOPPED_AT_MAX_TOKENS if reason == "length" else f"ended: {reason.replace('_', ' ')}"
+
+
+STOPPED_AT_MAX_TOKENS = "stopped at max tokens: raise Max tokens for the whole reply"
+
+
+def streamed(deltas: Iterable[dict], finished: list[str]) -> Iterator[str]:
+    """The reply's content pieces as they come; how it ended goes into ``finished``."""
+    for delta in deltas:
+        if delta.get("finish_reason"):
+            finished.append(delta["finish_reason"])
+        elif delta.get("content"):
+            yield delta["content"]
 
 
 def new_chat() -> None:
@@ -609,13 +630,16 @@ if prompt and picked:
                     base, model_name, deployment.tier, messages, int(tool_turns), int(max_tokens), float(temperature)
                 )
             else:
+                finished: list[str] = []
                 try:
-                    text = st.write_stream(delta["content"] for delta in chat_as(
+                    text = st.write_stream(streamed(chat_as(
                         me(), base, model_name, messages, tier=deployment.tier, max_tokens=int(max_tokens),
-                        temperature=float(temperature)) if delta.get("content"))  # fmt: skip
+                        temperature=float(temperature)), finished))  # fmt: skip
                 except (ChatError, OSError, PermissionError) as exc:
                     st.error(str(exc))
                     text = ""
+                if finished == ["length"]:
+                    st.caption(STOPPED_AT_MAX_TOKENS)
         history.append({"role": "assistant", "text": f"**{label}**: {text}" if len(picked) > 1 else str(text)})
 earlier = len(sent_along(history))
 history_note.caption(
