@@ -156,10 +156,17 @@ numbers = [p.page_no for p in pages]
 page_no = st.selectbox("Page", numbers, format_func=lambda n: f"page {n + 1}", key="viewer_page")
 page = next(p for p in pages if p.page_no == page_no)
 
-t1, t2, t3 = st.columns(3)
+t1, t2, t3, t4 = st.columns(4)
 show_blocks = t1.toggle("Text blocks", value=True, key="show_blocks")
 show_tables = t2.toggle("Tables", value=True, key="show_tables")
 show_words = t3.toggle("Words (OCR in pink)", value=False, key="show_words")
+full_width = t4.toggle(
+    "Page across the full width",
+    value=False,
+    key="viewer_full_width",
+    help="The page image at about twice the size, its Markdown below it. The image's own button (top right, on "
+    "hover) shows it full screen.",
+)
 
 layout = page.layout or {}
 counts = page.token_counts or {}
@@ -177,7 +184,7 @@ st.caption(
     + (f"; the page image as the vision encoder sizes it: {page.visual_tokens:,} tokens" if page.visual_tokens else "")
 )
 
-left, right = st.columns(2)
+left, right = (st.container(), st.container()) if full_width else st.columns(2)
 with left:
     image = page_image(page, blocks=show_blocks, tables=show_tables, words=show_words)
     drawn = [name for name, on, n in (("blocks", show_blocks, len(layout.get("blocks", []))),

@@ -608,7 +608,10 @@ for message in history:
     with st.chat_message(message["role"]):
         st.markdown(message["text"])
 
-prompt = st.chat_input("Message", key="pg_input")
+# In a container the chat box sits below the conversation; at the top level Streamlit pins it to the window's
+# bottom edge, over whatever the page shows there (the Compare tab's table).
+with st.container():
+    prompt = st.chat_input("Message", key="pg_input")
 if prompt and picked:
     content: str | list[dict] = prompt
     if image is not None:
