@@ -11,12 +11,11 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import DocumentStatus, Page, Role
 from posttrain.platform.documents import add_document, get_chunks, get_pages, list_documents
 from posttrain.preprocess.errors import PreprocessError
-from posttrain.ui.common import can, guard_platform, me, show_flash
+from posttrain.ui.common import can, follow, guard_platform, me, show_flash
 from posttrain.ui.page_images import page_image
 
 PAGE_SIZE = 20
 PENDING = (DocumentStatus.uploaded, DocumentStatus.processing)  # still being preprocessed
-FOLLOW_EVERY = "2s"  # how often the page viewer checks a document that is still being preprocessed
 
 st.title("Documents")
 st.caption("Upload PDFs and images; each is preprocessed by a job (pages, layout, tables, OCR, renders, chunks).")
@@ -115,24 +114,18 @@ def documents_state(documents: list) -> tuple:
     return tuple((d.id, d.status.value, d.page_count, stored.get(d.id, 0)) for d in documents)
 
 
-@st.fragment(run_every=FOLLOW_EVERY)
-def follow_preprocessing(shown: tuple) -> None:
-    """While a document is being preprocessed, check every few seconds whether any document's status or
-    page count moved on from what the viewer below was drawn with, and draw the page again if so: the
-    viewer follows the job live, with no reload."""
-    documents = list_documents(limit=500)
-    if documents_state(documents) != shown:
-        st.rerun(scope="app")
-    pending = [d for d in documents if d.status in PENDING]
-    if pending:
-        st.caption("Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
-                   + ". Pages show here as they are stored; this viewer follows the job live, no reload needed.")  # fmt: skip
-
-
 st.subheader("Page viewer")
 listed = list_documents(limit=500)
-if any(d.status in PENDING for d in listed):
-    follow_preprocessing(documents_state(listed))
+if pending := [d for d in listed if d.status in PENDING]:
+    follow(
+        "documents_followed",
+        lambda: documents_state(list_documents(limit=500)),
+        drawn=documents_state(listed),
+        note=lambda: st.caption(
+            "Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
+            + ". Pages show here as they are stored; this viewer follows the job live, no reload needed."
+        ),
+    )  # fmt: skip
 documents = [d for d in listed if d.page_count > 0 and d.status is not DocumentStatus.failed]
 if not documents:
     if any(d.status in PENDING for d in listed):

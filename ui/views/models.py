@@ -33,11 +33,14 @@ from posttrain.ui.common import (
     can,
     console_pool,
     flash,
+    follow,
     guard_platform,
+    job_states,
     me,
     per_domain_results,
     show_flash,
     show_message,
+    unfinished,
 )
 
 METRICS = (
@@ -60,12 +63,27 @@ def submit(kind: str, config: dict) -> None:
         job_id = queue.submit(me(), kind, config)
     except (JobConfigError, PermissionError) as exc:
         st.error(str(exc))
-    else:
-        st.success(f"Queued {kind} job {job_id}; follow it on the Jobs page.")
+    else:  # the page runs again and follows the job: its model, export or deployment shows here when it ends
+        flash(f"Queued {kind} job {job_id}; this page shows its result when it ends (the Jobs page has its log).")
+
+
+MODEL_KINDS = ("import_model", "build_model", "export_model", "deploy", "measure_tiers", "evaluate")
+
+
+def models_state() -> tuple:
+    """What this page draws from its jobs: their statuses, and each deployment's status and health."""
+    with session(read_only=True) as s:
+        deployments = s.exec(select(Deployment.id, Deployment.status, Deployment.healthy)).all()
+    return job_states(MODEL_KINDS), tuple(sorted(tuple(d) for d in deployments))
 
 
 settings = get_settings()
 gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"  # API clients' endpoint; it streams exports too
+
+# While a model job is queued or running (a deployment's job runs for its whole life), the page follows them and
+# their deployments: an import's model, an export, a healthy deployment in the playground show with no navigation.
+if unfinished(MODEL_KINDS):
+    follow("models_followed", models_state)
 
 # --- registry -------------------------------------------------------------------------------
 st.subheader("Models")
@@ -420,14 +438,7 @@ with tiers_tab:
         key="card_go",
         help="serves the model in every tier this host can run and measures each one's speed and quality",
     ):
-        try:
-            job_id = queue.submit(me(), "measure_tiers", {"model": card_model})
-        except (JobConfigError, PermissionError) as exc:
-            st.error(str(exc))
-        else:
-            st.success(
-                f"Queued measure_tiers job {job_id}; the card appears here when it ends (the Jobs page follows it)."
-            )
+        submit("measure_tiers", {"model": card_model})
     st.caption("Named speed tiers; every deployment started after a change uses the edited profile.")
     text = st.text_area(
         "Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json"

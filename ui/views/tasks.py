@@ -19,8 +19,20 @@ from posttrain.platform.tasks.episodes import is_project
 from posttrain.platform.tasks.jobs import build_level, import_jsonl_upload
 from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.verifiers.forgeable_tests import METADATA_KEY as FORGEABLE
-from posttrain.ui.common import can, console_pool, fields_table, guard_platform, me, show_message, yaml_block
+from posttrain.ui.common import (
+    can,
+    console_pool,
+    fields_table,
+    follow,
+    guard_platform,
+    job_states,
+    me,
+    show_message,
+    unfinished,
+    yaml_block,
+)
 
+BUILD_KINDS = ("build_tasks",)
 PAGE_SIZE = 50
 
 st.title("Tasks")
@@ -151,7 +163,6 @@ with imports:
         submit_build({"task_set": "humaneval", "source": {"type": "humaneval"}})
 
 
-@st.fragment(run_every="5s")
 def overview() -> None:
     sets = store.task_sets()
     if not sets:
@@ -211,6 +222,9 @@ def recent_builds() -> None:
                 st.markdown("\n".join(f"- {line}" for line in lines))
 
 
+# While a build runs, the page follows it: when it ends, its task set, summary and domains show with no navigation.
+if unfinished(BUILD_KINDS):
+    follow("tasks_followed", lambda: job_states(BUILD_KINDS))
 overview()
 
 sets = [ts.name for ts, _ in store.task_sets()]
