@@ -166,9 +166,9 @@ def test_task_count_follows_the_build_form_as_it_is_edited(platform_env: dict[st
     assert not at.exception
     family = list_families()[0]
     domains = list_domains(family)
-    held_out = [d for d in domains if d.prompt_space(1).has_held_out_split]
+    held_out = [d for d in domains if d.held_out_level() is not None]  # auto: each domain at its lowest such level
     fields = [at.multiselect(key="build_families"), at.number_input(key="build_per_domain"),
-              at.number_input(key="build_eval_per_domain"), at.slider(key="build_difficulty")]  # fmt: skip
+              at.number_input(key="build_eval_per_domain"), at.select_slider(key="build_difficulty")]  # fmt: skip
     # A browser sends a form's values only when it is submitted: anything the count depends on must be
     # outside the form, or the count keeps the values of the last submit while the screen shows others.
     assert [f.form_id for f in fields] == ["", "", "", ""]

@@ -84,9 +84,12 @@ def test_playground_says_the_history_is_sent_and_new_chat_starts_afresh(
         assert new_chat.label == "New chat" and new_chat.proto.type == "primary"
         assert note().startswith("Each question is sent with the conversation before it; **New chat** starts afresh")
         at.radio(key="pg_route").set_value("straight to the deployment")
+        assert at.number_input(key="pg_max_tokens").value == 256  # room for a tool call
         at.number_input(key="pg_max_tokens").set_value(4)
         at.chat_input(key="pg_input").set_value("What is 2 + 2?").run()
         assert not at.exception and not at.error
+        # the tiny model's greedy reply runs past 4 tokens: the page says where it was cut
+        assert any(c.value.startswith("stopped at max tokens") for c in at.caption), [c.value for c in at.caption]
         assert note().startswith(
             "2 earlier messages are sent with each question: the model reads the whole conversation"
         )

@@ -61,6 +61,10 @@ def test_upload_preprocess_view_toggles_and_task_source(platform_env: dict[str, 
     assert at.image[0].captions[0].endswith("boxes: none") and at.image[0].value[0] != with_boxes
     at.toggle(key="show_words").set_value(True).run()
     assert "words" in at.image[0].captions[0]
+    beside = len(at.columns)  # the page and its Markdown in two columns
+    at.toggle(key="viewer_full_width").set_value(True).run()
+    assert not at.exception and len(at.columns) == beside - 2 and "words" in at.image[0].captions[0]
+    assert any("LATEX News" in m.value for m in at.markdown)  # below the page now
     assert at.dataframe[-1].value["tokens"].min() > 0  # chunks with token counts
 
     # a task built from the document shows its source page with the box highlighted

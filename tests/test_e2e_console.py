@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -80,9 +81,10 @@ def launch_chromium(p):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def console(real_model_dir: ImportedRealModel) -> Iterator[dict[str, str]]:
+def console(real_model_dir: ImportedRealModel, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """``posttrain up`` on a fresh data directory with the built-in model imported (the session's converted copy,
-    under the name ``make run`` gives it), no users yet: the first test creates the admin in the browser."""
+    under the name ``make run`` gives it), no users yet: the first test creates the admin in the browser. The data
+    directory (the demo's checkpoints, exports: gigabytes) goes at the end unless a test failed."""
     require("chromium")
     data = Path(tempfile.mkdtemp(prefix="posttrain-e2e-"))
     data.chmod(0o755)
@@ -116,6 +118,10 @@ def console(real_model_dir: ImportedRealModel) -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        if request.session.testsfailed:
+            print(f"\nthe console's data directory, kept for a failed test: {data}")
+        else:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 OUTSIDE: list[str] = []  # every request the console's pages made to a host other than this machine (the last test)

@@ -26,6 +26,7 @@ from posttrain.platform.sandbox import (
     backends,
     run_agent,
 )
+from posttrain.platform.serving.client import assistant_message
 
 needs_bwrap = pytest.mark.requires("bubblewrap")  # a missing bubblewrap fails these tests (required_parts)
 
@@ -277,6 +278,29 @@ def test_agent_loop_runs_tools_until_the_model_answers(pool: SandboxPool) -> Non
     assert "unknown tool 'rm_rf'" in tool_messages[3]["content"]
     assert [r.status for r in episode.tool_results] == [CallStatus.OK, CallStatus.OK, CallStatus.OK, CallStatus.ERROR]
     assert not episode.infrastructure_failure
+
+
+def test_a_reply_cut_at_max_tokens_ends_the_episode(pool: SandboxPool) -> None:
+    """A streamed reply the server ended at max tokens keeps that end (assistant_message), and the agent loop ends
+    the episode there as training's environments do: ``length``, no answer, the half-written call not run."""
+    deltas = [
+        {"content": "Let me check.<tool_call>"},
+        {"content": '{"name": "python", "argu'},
+        {"finish_reason": "length"},
+    ]
+    cut = assistant_message(deltas)
+    assert cut == {
+        "role": "assistant",
+        "content": 'Let me check.<tool_call>{"name": "python", "argu',
+        "finish_reason": "length",
+    }
+    with pool.acquire() as sandbox:
+        episode = run_agent(_model([cut, "never asked"]), sandbox, [{"role": "user", "content": "2**100?"}])
+    assert episode.stop_reason == "length" and episode.answer is None and episode.turns == 1
+    assert episode.tool_results == [] and "finish_reason" not in episode.messages[-1]  # never sent back to a server
+    whole = assistant_message([{"content": "4"}, {"finish_reason": "stop"}])
+    with pool.acquire() as sandbox:
+        assert run_agent(_model([whole]), sandbox, []).answer == "4"
 
 
 def test_agent_loop_budgets(pool: SandboxPool) -> None:

@@ -13,7 +13,7 @@ from posttrain.platform.db.models import JobStatus
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.tasks import store
-from posttrain.platform.tasks.domains import generate, list_domains
+from posttrain.platform.tasks.domains import generate, list_domains, prompt_space
 from posttrain.platform.verifiers import verify
 
 
@@ -50,10 +50,15 @@ def test_build_tasks_job_end_to_end(platform_env: dict[str, str], tmp_path: Path
     job = queue.get_job(good)
     assert job.status is JobStatus.succeeded, job.error
     result = job.result or {}
-    # single-digit arithmetic: the domains too small to hold out an eval split are named and get none
-    small = sorted(d.name for d in list_domains("arithmetic") if not d.prompt_space(1).has_held_out_split)
-    assert small and result["domains_without_eval_split"] == small
-    assert result["tasks"] == 3 * result["domains"] - len(small) and result["domains"] >= 10
+    # the default difficulty, auto: each domain at the lowest level that holds out an eval split, so single-digit
+    # arithmetic (too few prompts to hold any out) is built at level 2 and evaluated there
+    arithmetic = list_domains("arithmetic")
+    assert not prompt_space("arith.add.int", 1).has_held_out_split and result["levels"]["arith.add.int"] == 2
+    assert result["levels"] == {d.name: d.held_out_level() or 1 for d in arithmetic}
+    # a domain that holds out no split at any level (powers: a handful of prompts) is named and gets none
+    never = sorted(d.name for d in arithmetic if d.held_out_level() is None)
+    assert never and result["domains_without_eval_split"] == never
+    assert result["tasks"] == 3 * result["domains"] - len(never) and result["domains"] >= 10
     failed = queue.get_job(bad)
     assert failed.status is JobStatus.failed and failed.error_cause == "bad_input"
     assert "line 1" in (failed.error or "")
@@ -87,13 +92,17 @@ def test_tasks_page_browse_and_try_verifier(platform_env: dict[str, str]) -> Non
     at.multiselect(key="build_families").set_value(["strings"])
     at.text_input(key="build_set_name").set_value("from-console")
     at.button(key="FormSubmitter:build_procedural-Build").click().run()
-    # the form says which domains get no eval tasks at this difficulty, and why
-    small = [d.name for d in list_domains("strings") if not d.prompt_space(1).has_held_out_split]
+    # the form says at which level each domain is built (auto), and which get no eval tasks at any, and why
+    never = [d.name for d in list_domains("strings") if d.held_out_level() is None]
     caption = next(c.value for c in at.caption if "domains selected" in c.value)
-    assert (
-        small
-        and f"{len(small)} of them have too few distinct prompts at difficulty 1" in caption
-        and small[0] in caption
-    )
+    assert "Each at the lowest level that holds out an eval split: " in caption
+    assert never and f"{len(never)} of them have too few distinct prompts at any difficulty" in caption
+    assert never[0] in caption
     job = queue.list_jobs(limit=1)[0]
     assert job.kind == "build_tasks" and job.config["source"]["families"] == ["strings"]
+    assert job.config["source"]["difficulty"] == "auto"
+    # a fixed difficulty: the domains too small to hold out a split there are named
+    at.select_slider(key="build_difficulty").set_value(1).run()
+    small = [d.name for d in list_domains("strings") if not d.prompt_space(1).has_held_out_split]
+    caption = next(c.value for c in at.caption if "domains selected" in c.value)
+    assert len(small) > len(never) and f"{len(small)} of them have too few distinct prompts at difficulty 1" in caption

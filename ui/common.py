@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import streamlit as st
@@ -14,10 +15,45 @@ from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.display import field_rows, shown
+from posttrain.platform.jobs import queue
 from posttrain.platform.sandbox import SandboxPool, make_pool, parse_tool_calls
 from posttrain.platform.settings import SettingsError, get_settings
 
 IDENTITY_KEY = "identity"
+FOLLOW_EVERY = "2s"  # how often a page that shows unfinished work checks whether it moved on
+
+
+@st.fragment(run_every=FOLLOW_EVERY)
+def _follow(key: str, state: Callable[[], Hashable], note: Callable[[], None] | None) -> None:
+    if st.session_state.get(key) != (now := state()):
+        st.session_state[key] = now
+        st.rerun(scope="app")
+    if note is not None:
+        note()
+
+
+def follow(
+    key: str, state: Callable[[], Hashable], *, drawn: Hashable = None, note: Callable[[], None] | None = None
+) -> None:
+    """Keep the page in step with the work it shows, driven by that work's state rather than a timer on the page:
+    while a page shows unfinished work (a job queued or running, a document being preprocessed), it calls this with
+    ``state``, a cheap fingerprint of what it draws (the jobs' ids and statuses, say). Every
+    :data:`FOLLOW_EVERY` a small fragment reads ``state()`` again, and when it moved on from ``drawn`` (what the page
+    was drawn with; default: ``state()`` now, so call this before the page reads what it draws) the whole page
+    runs again: a finished build's domains, a healthy deployment, a new export appear with no navigation. ``note``
+    draws a line inside the fragment, redrawn at each check."""
+    st.session_state[key] = state() if drawn is None else drawn
+    _follow(key, state, note)
+
+
+def job_states(kinds: Iterable[str], limit: int = 10) -> tuple[tuple[int, str], ...]:
+    """The ids and statuses of the latest jobs of ``kinds``: what a page following those jobs compares."""
+    return tuple((int(j.id or 0), j.status.value) for kind in kinds for j in queue.list_jobs(kind=kind, limit=limit))
+
+
+def unfinished(kinds: Iterable[str], limit: int = 10) -> bool:
+    """Whether a job of ``kinds`` (among the latest ``limit`` of each) is queued or running."""
+    return any(status in ("queued", "running") for _, status in job_states(kinds, limit))
 
 
 def status_label(status: JobStatus) -> str:

@@ -119,7 +119,7 @@ def run_agent(
     results: list[ToolResult] = []
     started = time.monotonic()
 
-    def reply() -> ParsedTurn:
+    def reply() -> ParsedTurn | Ending:
         answer = model(history, schemas)
         parsed = parse_tool_calls(answer)
         assistant: Message = {
@@ -129,6 +129,8 @@ def run_agent(
         if isinstance(answer, Mapping) and answer.get("tool_calls") and parsed.calls:
             assistant["tool_calls"] = [call.to_openai() for call in parsed.calls]  # calls in the text stay in the text
         append(assistant)
+        if isinstance(answer, Mapping) and answer.get("finish_reason") == "length":
+            return Ending("length")  # cut at max tokens: neither an answer nor calls, as training's episodes end it
         return parsed
 
     def append(message: Message) -> None:

@@ -165,11 +165,14 @@ def prometheus_values(base_url: str, names: tuple[str, ...], *, timeout_s: float
 
 
 def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """A streamed reply's deltas as one assistant message: the content pieces joined, and tool calls merged by
-    their ``index`` (a server may stream a call's arguments in pieces: the first piece carries its id and name)."""
+    """A streamed reply's deltas as one assistant message: the content pieces joined, tool calls merged by their
+    ``index`` (a server may stream a call's arguments in pieces: the first piece carries its id and name), and the
+    ``finish_reason`` the server ended it with (``length``: cut at max tokens)."""
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
     for delta in deltas:
+        finish = delta.get("finish_reason") or finish
         content.append(delta.get("content") or "")
         for piece in delta.get("tool_calls") or []:
             call = calls.setdefault(
@@ -182,6 +185,8 @@ def assistant_message(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    if finish is not None:
+        message["finish_reason"] = finish
     return message
 
 

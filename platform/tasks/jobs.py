@@ -22,7 +22,7 @@ from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
 from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
-from posttrain.platform.tasks.domains import generate, list_domains, prompt_space
+from posttrain.platform.tasks.domains import generate, held_out_level, list_domains, prompt_space
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
 from posttrain.platform.tasks.importers import TaskImportError, import_humaneval, import_jsonl
 from posttrain.platform.verifiers import TaskSpec, VerifierSpecError, validate_task
@@ -36,8 +36,24 @@ class ProceduralSource(BaseModel):
     families: list[str] = Field(default_factory=list, description="whole families, e.g. arithmetic, strings")
     per_domain: int = Field(default=32, ge=1, le=100_000, description="train tasks per domain")
     eval_per_domain: int = Field(default=8, ge=0, le=100_000)
-    difficulty: int = Field(default=1, ge=1, le=5)
+    difficulty: Annotated[int, Field(ge=1, le=5)] | Literal["auto"] = Field(
+        default="auto",
+        description="1 (easiest) to 5, or auto: each domain at the lowest level that holds out an eval split "
+        "(level 1 for a domain that holds out none, or when eval_per_domain is 0)",
+    )
     seed: int = 0
+
+    def level(self, domain: str) -> int:
+        """The difficulty ``domain``'s tasks are built at."""
+        return build_level(domain, self.difficulty, self.eval_per_domain)
+
+
+def build_level(domain: str, difficulty: int | Literal["auto"], eval_per_domain: int) -> int:
+    """The difficulty a procedural build makes ``domain``'s tasks at: the one asked for, or (auto) the lowest that
+    holds out an eval split; level 1 when no level does or no eval tasks are asked for."""
+    if difficulty != "auto":
+        return difficulty
+    return (held_out_level(domain) or 1) if eval_per_domain else 1
 
     @model_validator(mode="after")
     def _something_chosen(self) -> ProceduralSource:
@@ -103,12 +119,11 @@ def procedural_specs(src: ProceduralSource) -> list[TaskSpec]:
     specs: list[TaskSpec] = []
     for name in dict.fromkeys(names):
         try:
-            specs += generate(name, src.per_domain, seed=src.seed, difficulty=src.difficulty, split="train")
+            level = src.level(name)
+            specs += generate(name, src.per_domain, seed=src.seed, difficulty=level, split="train")
             # a domain too small to hold out an eval split gets none (``run`` names them)
-            if src.eval_per_domain and prompt_space(name, src.difficulty).has_held_out_split:
-                specs += generate(
-                    name, src.eval_per_domain, seed=src.seed + 1_000_003, difficulty=src.difficulty, split="eval"
-                )
+            if src.eval_per_domain and prompt_space(name, level).has_held_out_split:
+                specs += generate(name, src.eval_per_domain, seed=src.seed + 1_000_003, difficulty=level, split="eval")
         except UnknownDomainError as exc:
             raise BadInput(str(exc)) from None
     return specs
@@ -159,12 +174,16 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
     domains = sorted({s.domain for s in specs})
     ctx.log.info("task set %s (%d): %d tasks over %d domains", config.task_set, set_id, len(specs), len(domains))
     result: dict[str, Any] = {"task_set_id": set_id, "tasks": len(specs), "domains": len(domains)}
+    if isinstance(config.source, ProceduralSource):
+        result["levels"] = {d: config.source.level(d) for d in domains}
     if isinstance(config.source, ProceduralSource) and config.source.eval_per_domain:
         with_eval = {s.domain for s in specs if s.split == "eval"}
         if missing := [d for d in domains if d not in with_eval]:
-            ctx.log.warning("%d domain(s) have too few distinct prompts at difficulty %d to hold out an eval split and got "
-                            "no eval tasks: %s (build at a higher difficulty to evaluate them)",
-                            len(missing), config.source.difficulty, ", ".join(missing))  # fmt: skip
+            at = "any difficulty" if config.source.difficulty == "auto" else f"difficulty {config.source.difficulty}"
+            ctx.log.warning("%d domain(s) have too few distinct prompts at %s to hold out an eval split and got no eval "
+                            "tasks: %s%s", len(missing), at, ", ".join(missing),
+                            "" if config.source.difficulty == "auto" else " (build at a higher difficulty, or auto, to "
+                            "evaluate them)")  # fmt: skip
             result["domains_without_eval_split"] = missing
     if isinstance(config.source, (JsonlSource, HumanEvalSource)):  # imported code tasks, checked by the importers
         result.update(mutation_report(specs))

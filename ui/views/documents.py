@@ -11,12 +11,11 @@ from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import DocumentStatus, Page, Role
 from posttrain.platform.documents import add_document, get_chunks, get_pages, list_documents
 from posttrain.preprocess.errors import PreprocessError
-from posttrain.ui.common import can, guard_platform, me, show_flash
+from posttrain.ui.common import can, follow, guard_platform, me, show_flash
 from posttrain.ui.page_images import page_image
 
 PAGE_SIZE = 20
 PENDING = (DocumentStatus.uploaded, DocumentStatus.processing)  # still being preprocessed
-FOLLOW_EVERY = "2s"  # how often the page viewer checks a document that is still being preprocessed
 
 st.title("Documents")
 st.caption("Upload PDFs and images; each is preprocessed by a job (pages, layout, tables, OCR, renders, chunks).")
@@ -115,24 +114,18 @@ def documents_state(documents: list) -> tuple:
     return tuple((d.id, d.status.value, d.page_count, stored.get(d.id, 0)) for d in documents)
 
 
-@st.fragment(run_every=FOLLOW_EVERY)
-def follow_preprocessing(shown: tuple) -> None:
-    """While a document is being preprocessed, check every few seconds whether any document's status or
-    page count moved on from what the viewer below was drawn with, and draw the page again if so: the
-    viewer follows the job live, with no reload."""
-    documents = list_documents(limit=500)
-    if documents_state(documents) != shown:
-        st.rerun(scope="app")
-    pending = [d for d in documents if d.status in PENDING]
-    if pending:
-        st.caption("Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
-                   + ". Pages show here as they are stored; this viewer follows the job live, no reload needed.")  # fmt: skip
-
-
 st.subheader("Page viewer")
 listed = list_documents(limit=500)
-if any(d.status in PENDING for d in listed):
-    follow_preprocessing(documents_state(listed))
+if pending := [d for d in listed if d.status in PENDING]:
+    follow(
+        "documents_followed",
+        lambda: documents_state(list_documents(limit=500)),
+        drawn=documents_state(listed),
+        note=lambda: st.caption(
+            "Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
+            + ". Pages show here as they are stored; this viewer follows the job live, no reload needed."
+        ),
+    )  # fmt: skip
 documents = [d for d in listed if d.page_count > 0 and d.status is not DocumentStatus.failed]
 if not documents:
     if any(d.status in PENDING for d in listed):
@@ -156,10 +149,17 @@ numbers = [p.page_no for p in pages]
 page_no = st.selectbox("Page", numbers, format_func=lambda n: f"page {n + 1}", key="viewer_page")
 page = next(p for p in pages if p.page_no == page_no)
 
-t1, t2, t3 = st.columns(3)
+t1, t2, t3, t4 = st.columns(4)
 show_blocks = t1.toggle("Text blocks", value=True, key="show_blocks")
 show_tables = t2.toggle("Tables", value=True, key="show_tables")
 show_words = t3.toggle("Words (OCR in pink)", value=False, key="show_words")
+full_width = t4.toggle(
+    "Page across the full width",
+    value=False,
+    key="viewer_full_width",
+    help="The page image at about twice the size, its Markdown below it. The image's own button (top right, on "
+    "hover) shows it full screen.",
+)
 
 layout = page.layout or {}
 counts = page.token_counts or {}
@@ -177,7 +177,7 @@ st.caption(
     + (f"; the page image as the vision encoder sizes it: {page.visual_tokens:,} tokens" if page.visual_tokens else "")
 )
 
-left, right = st.columns(2)
+left, right = (st.container(), st.container()) if full_width else st.columns(2)
 with left:
     image = page_image(page, blocks=show_blocks, tables=show_tables, words=show_words)
     drawn = [name for name, on, n in (("blocks", show_blocks, len(layout.get("blocks", []))),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -32,11 +33,14 @@ from posttrain.ui.common import (
     can,
     console_pool,
     flash,
+    follow,
     guard_platform,
+    job_states,
     me,
     per_domain_results,
     show_flash,
     show_message,
+    unfinished,
 )
 
 METRICS = (
@@ -59,12 +63,27 @@ def submit(kind: str, config: dict) -> None:
         job_id = queue.submit(me(), kind, config)
     except (JobConfigError, PermissionError) as exc:
         st.error(str(exc))
-    else:
-        st.success(f"Queued {kind} job {job_id}; follow it on the Jobs page.")
+    else:  # the page runs again and follows the job: its model, export or deployment shows here when it ends
+        flash(f"Queued {kind} job {job_id}; this page shows its result when it ends (the Jobs page has its log).")
+
+
+MODEL_KINDS = ("import_model", "build_model", "export_model", "deploy", "measure_tiers", "evaluate")
+
+
+def models_state() -> tuple:
+    """What this page draws from its jobs: their statuses, and each deployment's status and health."""
+    with session(read_only=True) as s:
+        deployments = s.exec(select(Deployment.id, Deployment.status, Deployment.healthy)).all()
+    return job_states(MODEL_KINDS), tuple(sorted(tuple(d) for d in deployments))
 
 
 settings = get_settings()
 gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"  # API clients' endpoint; it streams exports too
+
+# While a model job is queued or running (a deployment's job runs for its whole life), the page follows them and
+# their deployments: an import's model, an export, a healthy deployment in the playground show with no navigation.
+if unfinished(MODEL_KINDS):
+    follow("models_followed", models_state)
 
 # --- registry -------------------------------------------------------------------------------
 st.subheader("Models")
@@ -419,14 +438,7 @@ with tiers_tab:
         key="card_go",
         help="serves the model in every tier this host can run and measures each one's speed and quality",
     ):
-        try:
-            job_id = queue.submit(me(), "measure_tiers", {"model": card_model})
-        except (JobConfigError, PermissionError) as exc:
-            st.error(str(exc))
-        else:
-            st.success(
-                f"Queued measure_tiers job {job_id}; the card appears here when it ends (the Jobs page follows it)."
-            )
+        submit("measure_tiers", {"model": card_model})
     st.caption("Named speed tiers; every deployment started after a change uses the edited profile.")
     text = st.text_area(
         "Tier profiles (JSON)", value=json.dumps(catalog.model_dump(), indent=2), height=300, key="tiers_json"
@@ -522,7 +534,9 @@ picked = st.multiselect(
     key="pg_targets",
 )  # fmt: skip
 c1, c2, c3, c4 = st.columns(4)
-max_tokens = c1.number_input("Max tokens", 1, 4096, 64, key="pg_max_tokens")
+max_tokens = c1.number_input(
+    "Max tokens", 1, 4096, 256, key="pg_max_tokens", help="the most tokens one reply may have: room for a tool call"
+)
 temperature = c2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, key="pg_temperature")
 use_tools = c3.toggle(
     "Offer sandbox tools",
@@ -562,10 +576,28 @@ def tool_exchange(
         st.error(str(exc))
         return ""
     calls = len(episode.tool_results)
-    st.caption(
-        f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, ended: {episode.stop_reason.replace('_', ' ')}"
-    )
-    return episode.answer or ""
+    st.caption(f"{episode.turns} replies, {calls} tool call{'s' * (calls != 1)}, {ended(episode.stop_reason)}")
+    if episode.answer is not None:
+        return episode.answer
+    replies = [m.get("content") for m in episode.messages if m["role"] == "assistant"]
+    return str(replies[-1] or "") if replies else ""
+
+
+def ended(reason: str) -> str:
+    """How a reply or exchange ended, in words: a reply cut at max tokens says so."""
+    return STOPPED_AT_MAX_TOKENS if reason == "length" else f"ended: {reason.replace('_', ' ')}"
+
+
+STOPPED_AT_MAX_TOKENS = "stopped at max tokens: raise Max tokens for the whole reply"
+
+
+def streamed(deltas: Iterable[dict], finished: list[str]) -> Iterator[str]:
+    """The reply's content pieces as they come; how it ended goes into ``finished``."""
+    for delta in deltas:
+        if delta.get("finish_reason"):
+            finished.append(delta["finish_reason"])
+        elif delta.get("content"):
+            yield delta["content"]
 
 
 def new_chat() -> None:
@@ -587,7 +619,10 @@ for message in history:
     with st.chat_message(message["role"]):
         st.markdown(message["text"])
 
-prompt = st.chat_input("Message", key="pg_input")
+# In a container the chat box sits below the conversation; at the top level Streamlit pins it to the window's
+# bottom edge, over whatever the page shows there (the Compare tab's table).
+with st.container():
+    prompt = st.chat_input("Message", key="pg_input")
 if prompt and picked:
     content: str | list[dict] = prompt
     if image is not None:
@@ -609,13 +644,16 @@ if prompt and picked:
                     base, model_name, deployment.tier, messages, int(tool_turns), int(max_tokens), float(temperature)
                 )
             else:
+                finished: list[str] = []
                 try:
-                    text = st.write_stream(delta["content"] for delta in chat_as(
+                    text = st.write_stream(streamed(chat_as(
                         me(), base, model_name, messages, tier=deployment.tier, max_tokens=int(max_tokens),
-                        temperature=float(temperature)) if delta.get("content"))  # fmt: skip
+                        temperature=float(temperature)), finished))  # fmt: skip
                 except (ChatError, OSError, PermissionError) as exc:
                     st.error(str(exc))
                     text = ""
+                if finished == ["length"]:
+                    st.caption(STOPPED_AT_MAX_TOKENS)
         history.append({"role": "assistant", "text": f"**{label}**: {text}" if len(picked) > 1 else str(text)})
 earlier = len(sent_along(history))
 history_note.caption(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Literal
+
 import pandas as pd
 import streamlit as st
 
@@ -15,14 +18,26 @@ from posttrain.platform.serving.client import ChatError, try_task
 from posttrain.platform.serving.jobs import registered_deployments
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.platform.tasks.domains import list_domains, list_families
+from posttrain.platform.tasks.domains import list_domains, list_families, prompt_space
 from posttrain.platform.tasks.episodes import is_project
-from posttrain.platform.tasks.jobs import import_jsonl_upload
+from posttrain.platform.tasks.jobs import build_level, import_jsonl_upload
 from posttrain.platform.verifiers import VerifierError
 from posttrain.platform.verifiers.forgeable_tests import METADATA_KEY as FORGEABLE
-from posttrain.ui.common import can, console_pool, fields_table, guard_platform, me, show_message, yaml_block
+from posttrain.ui.common import (
+    can,
+    console_pool,
+    fields_table,
+    follow,
+    guard_platform,
+    job_states,
+    me,
+    show_message,
+    unfinished,
+    yaml_block,
+)
 from posttrain.ui.page_images import page_image
 
+BUILD_KINDS = ("build_tasks",)
 PAGE_SIZE = 50
 
 st.title("Tasks")
@@ -81,22 +96,31 @@ with from_docs:
             )
 
 
-def procedural_count_caption(chosen: list[str], per_domain: int, eval_per_domain: int, difficulty: int) -> str:
-    """How many domains and tasks the build form's current values make, and which domains get no eval tasks."""
+def procedural_count_caption(
+    chosen: list[str], per_domain: int, eval_per_domain: int, difficulty: int | Literal["auto"]
+) -> str:
+    """How many domains and tasks the build form's current values make, the level each domain is built at (auto),
+    and which domains get no eval tasks."""
     picked_domains = [d for f in chosen for d in list_domains(f)]
+    levels = {d.name: build_level(d.name, difficulty, eval_per_domain) for d in picked_domains}
     small = (
-        [d.name for d in picked_domains if not d.prompt_space(difficulty).has_held_out_split] if eval_per_domain else []
+        [n for n, level in levels.items() if not prompt_space(n, level).has_held_out_split] if eval_per_domain else []
     )
     n_domains = len(picked_domains)
-    return (
-        f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
-        + (
-            f" {len(small)} of them have too few distinct prompts at difficulty {difficulty} to hold out an eval "
-            f"split and get no eval tasks: {', '.join(small[:8])}{' ...' if len(small) > 8 else ''}."
-            if small
-            else ""
+    text = f"{n_domains} domains selected, {n_domains * (per_domain + eval_per_domain) - len(small) * eval_per_domain} tasks."
+    if difficulty == "auto" and levels:
+        at = Counter(levels.values())
+        text += " Each at the lowest level that holds out an eval split: " + ", ".join(
+            f"{at[level]} at level {level}" for level in sorted(at)
+        ) + "."  # fmt: skip
+    if small:
+        named = f"{', '.join(small[:8])}{' ...' if len(small) > 8 else ''}"
+        where = "any difficulty" if difficulty == "auto" else f"difficulty {difficulty}"
+        text += (
+            f" {len(small)} of them have too few distinct prompts at {where} to hold out an eval split and get no "
+            f"eval tasks: {named}."
         )
-    )
+    return text
 
 
 with build:
@@ -107,8 +131,14 @@ with build:
     c1, c2, c3 = st.columns(3)
     per_domain = c1.number_input("Train tasks per domain", 1, 10_000, 32, key="build_per_domain")
     eval_per_domain = c2.number_input("Eval tasks per domain", 0, 10_000, 8, key="build_eval_per_domain")
-    difficulty = c3.slider("Difficulty", 1, 5, 1, key="build_difficulty")
-    st.caption(procedural_count_caption(chosen, int(per_domain), int(eval_per_domain), int(difficulty)))
+    difficulty = c3.select_slider(
+        "Difficulty",
+        ["auto", 1, 2, 3, 4, 5],
+        value="auto",
+        key="build_difficulty",
+        help="auto: each domain at the lowest level with enough distinct prompts to hold out an eval split",
+    )
+    st.caption(procedural_count_caption(chosen, int(per_domain), int(eval_per_domain), difficulty))
     with st.form("build_procedural"):
         c1, c2 = st.columns(2)
         name = c1.text_input("Task set name", value="procedural", key="build_set_name")
@@ -122,7 +152,7 @@ with build:
                         "families": chosen,
                         "per_domain": int(per_domain),
                         "eval_per_domain": int(eval_per_domain),
-                        "difficulty": int(difficulty),
+                        "difficulty": difficulty,
                         "seed": int(seed),
                     },
                 }  # fmt: skip
@@ -138,7 +168,6 @@ with imports:
         submit_build({"task_set": "humaneval", "source": {"type": "humaneval"}})
 
 
-@st.fragment(run_every="5s")
 def overview() -> None:
     sets = store.task_sets()
     if not sets:
@@ -198,6 +227,9 @@ def recent_builds() -> None:
                 st.markdown("\n".join(f"- {line}" for line in lines))
 
 
+# While a build runs, the page follows it: when it ends, its task set, summary and domains show with no navigation.
+if unfinished(BUILD_KINDS):
+    follow("tasks_followed", lambda: job_states(BUILD_KINDS))
 overview()
 
 sets = [ts.name for ts, _ in store.task_sets()]

@@ -349,7 +349,10 @@ if not operator:
     st.info("You are signed in as a viewer: you can watch runs, but launching and stopping them needs an operator.")
 
 st.subheader("Launch a run")
-presets = load_presets()
+# The first visit to this page in a console process checks every preset's held-out split, which draws each domain's
+# prompts at every level (seconds on a small machine; remembered for the process's life after that).
+with st.spinner("Loading the presets: the first visit checks each domain's held-out split…"):
+    presets = load_presets()
 if presets:
     with st.container(border=True):
         st.markdown(

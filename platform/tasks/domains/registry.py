@@ -76,6 +76,9 @@ class DomainInfo:
     def prompt_space(self, difficulty: int) -> PromptSpace:
         return prompt_space(self.name, difficulty)
 
+    def held_out_level(self) -> int | None:
+        return held_out_level(self.name)
+
 
 def normalize_prompt(text: str) -> str:
     return " ".join(text.casefold().split())
@@ -126,6 +129,12 @@ class PromptSpace:
 
 def prompt_space(domain: str, difficulty: int) -> PromptSpace:
     return _domain_spaces(domain)[0][difficulty]
+
+
+def held_out_level(domain: str) -> int | None:
+    """The lowest difficulty at which ``domain`` holds out an eval split (None: no level does)."""
+    spaces = _domain_spaces(domain)[0]
+    return next((d for d in sorted(spaces) if spaces[d].has_held_out_split), None)
 
 
 @functools.cache
