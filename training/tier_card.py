@@ -45,7 +45,6 @@ from posttrain.platform.tasks.heldout import task_source
 from posttrain.platform.tasks.store import load_tasks
 from posttrain.platform.verifiers import TaskSpec, default_service
 from posttrain.training.config import EvalConfig
-from posttrain.training.evaluate import all_eval_tasks
 
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
@@ -118,6 +117,8 @@ def host_variants(settings: Any) -> list[TierVariant]:
 
 def card_tasks(config: MeasureTiersConfig, *, url: str | None = None) -> list[TaskSpec]:
     """The fixed quality set: each domain's held-out eval tasks (seeded), then the task set's eval tasks."""
+    from posttrain.training.evaluate import all_eval_tasks  # torch: the job kinds load without it (a plugin)
+
     tasks = all_eval_tasks(EvalConfig(domains=list(config.domains), tasks_per_domain=config.tasks_per_domain,
                                       difficulty=config.difficulty, seed=config.seed))  # fmt: skip
     if config.task_set is not None:
