@@ -9,7 +9,7 @@ from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
 from streamlit.testing.v1 import AppTest
 
 from posttrain.platform.jobs import queue
-from posttrain.platform.models.registry import register_model
+from posttrain.platform.models.registry import register_model, tool_training
 from posttrain.platform.serving.tiers import tiers_path
 from posttrain.platform.settings import get_settings
 
@@ -69,6 +69,18 @@ def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str],
         assert at.session_state["pg_history"][0]["text"] == "hello there"
         assert at.session_state["pg_history"][1]["role"] == "assistant"
         assert len(at.session_state["pg_history"][1]["text"]) > 0
+
+        # tools offered to a model no run trained for them: the page says so, and names none trained here yet
+        at.toggle(key="pg_tools").set_value(True).run()
+        (notice,) = [i.value for i in at.info if "not trained to call tools" in i.value]
+        assert notice.startswith("tiny was not trained to call tools") and "smollm2-repair" in notice
+        # a model a repair run trained, and one fine-tuned from it: both inherit it (the lineage), and are named
+        register_model(OPERATOR, "repaired", tiny_model, meta={"tool_training": "code_repair"})
+        register_model(OPERATOR, "repaired-more", tiny_model, base="repaired")
+        assert tool_training("repaired-more") == "code_repair (model 'repaired')" and tool_training("tiny") is None
+        at.run()
+        (notice,) = [i.value for i in at.info if "not trained to call tools" in i.value]
+        assert "Trained for tools here: repaired, repaired-more." in notice
 
 
 def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]

@@ -46,7 +46,13 @@ from posttrain.platform.db.models import Trajectory
 from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
 from posttrain.platform.models.chat_template import resolve_template
 from posttrain.platform.models.general_check import GeneralCheck
-from posttrain.platform.models.registry import ModelNotFound, get_model, record_general_check, register_model
+from posttrain.platform.models.registry import (
+    TOOL_TRAINING_KEY,
+    ModelNotFound,
+    get_model,
+    record_general_check,
+    register_model,
+)
 from posttrain.platform.tasks.heldout import check_held_out
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.presets import get_preset
@@ -153,6 +159,18 @@ def resolve_model(ctx: JobContext, ref: str | None) -> tuple[str, str | None]:
     )
 
 
+def tool_environment(config: TrainConfig) -> str | None:
+    """The tool environment a run trains its model to call tools in: a GRPO run's environment unless it is
+    single-turn; an SFT run's demonstrations' environment, or ``episodes`` for stored multi-turn episodes."""
+    if isinstance(config, GRPOConfig):
+        return None if config.environment.name == "single_turn" else config.environment.name
+    if isinstance(config, SFTConfig):
+        if config.demonstrations is not None:
+            return config.demonstrations.environment.name
+        return "episodes" if config.episodes_path else None
+    return None
+
+
 def register_final_model(
     ctx: JobContext,
     config: TrainConfig,
@@ -184,6 +202,8 @@ def register_final_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if (environment := tool_environment(config)) is not None:  # the playground says which models call tools
+        meta = {TOOL_TRAINING_KEY: environment, **meta}
     register_model(
         ctx.identity,
         name,

@@ -97,6 +97,19 @@ def lineage(name: str, *, url: str | None = None) -> list[Model]:
     return chain
 
 
+TOOL_TRAINING_KEY = "tool_training"  # a trained model's meta: the tool environment its run trained it in
+
+
+def tool_training(name: str, *, url: str | None = None) -> str | None:
+    """How ``name`` or a model it was trained from learned to call tools: the environment of the run that trained
+    it (``code_repair``, ``tool_use``, a plugin's) and the model that run produced; None when no run in its lineage
+    trained on tool calls (a model as it ships, or trained on single-turn answers)."""
+    for model in lineage(name, url=url):
+        if environment := (model.meta or {}).get(TOOL_TRAINING_KEY):
+            return f"{environment} (model {model.name!r})"
+    return None
+
+
 @action("model.default_tier", Role.operator)
 def set_default_tier(identity: Identity, name: str, tier: str | None, *, url: str | None = None) -> Model:
     """The tier the gateway sends ``name``'s requests to when they name none (``None``: the policy decides);

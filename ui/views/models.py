@@ -22,7 +22,7 @@ from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
 from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
 from posttrain.platform.models.inspect import ModelDirError
-from posttrain.platform.models.registry import ModelNotFound, list_models, register_model
+from posttrain.platform.models.registry import ModelNotFound, list_models, register_model, tool_training
 from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
 from posttrain.platform.serving.client import ChatError, chat_as, chat_with_tools, prometheus_values
 from posttrain.platform.serving.tiers import save_tiers, tier_catalog
@@ -553,6 +553,21 @@ tool_turns = c4.number_input(
     help="replies the model may give in one exchange, calling tools between them",
 )
 image = st.file_uploader("Image (for vision-language models)", type=["png", "jpg", "jpeg", "webp"], key="pg_image")
+if use_tools:  # say what the model can do with tools before anyone asks it to use them
+    untrained = [choices[label][0] for label in picked if tool_training(choices[label][0]) is None]
+    if untrained:
+        trained = sorted(m.name for m in models if tool_training(m.name) is not None)
+        st.info(
+            f"{', '.join(sorted(set(untrained)))} {'was' if len(set(untrained)) == 1 else 'were'} not trained to call "
+            "tools (no run in its lineage trained on tool calls): expect it to answer in text, or to write code "
+            "without running it. "
+            + (
+                f"Trained for tools here: {', '.join(trained)}."
+                if trained
+                else "A tools or repair preset (smollm2-tools, smollm2-repair) trains one on the Training page."
+            ),
+            icon=":material/build:",
+        )
 
 
 def tool_exchange(
