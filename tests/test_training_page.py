@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import OPERATOR, REPO_ROOT, login_as
+from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
 from sqlalchemy import insert
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.errors import AppTestError
@@ -325,14 +325,20 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     at = page()
     assert at.selectbox(key="demo_preset").value == "smollm2-quick"
     assert at.button(key="demo_launch").disabled
-    assert any(f"`posttrain models import builtin:{REAL_MODEL}`" in w.value for w in at.warning), [
+    assert any(f"model {REAL_MODEL!r}, which is not imported yet" in w.value for w in at.warning), [
         w.value for w in at.warning
     ]
+    # the import is a click here, a job the page follows: no command to run elsewhere
+    at.button(key="prepare_model").click().run()
+    (imported,) = all_jobs()
+    assert imported.kind == "import_model" and imported.config["source"] == f"builtin:{REAL_MODEL}"
+    assert any(f"Importing {REAL_MODEL} (job {imported.id})" in c.value for c in at.caption)
+    queue.cancel(OPERATOR, imported.id)  # the test registers the model itself, faster than converting it
     register_builtin()
     at.run()
     assert not at.button(key="demo_launch").disabled and not at.warning
     at.button(key="demo_launch").click().run()
-    (job,) = all_jobs()
+    (job,) = queue.list_jobs(kind="train_preset")
     assert job.kind == "train_preset" and job.config["preset"] == "smollm2-quick"
     assert any(f"Launched the whole 'smollm2-quick' recipe as job {job.id}." in s.value for s in at.success)
     # the page the click drew already holds the run: a second click would start a second demo beside it, so the
@@ -351,6 +357,37 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     assert queue.finish(job.id, queue.Outcome(exit_code=1, error="bad config", cause="bad_input")) is JobStatus.failed
     at.run()
     assert not at.button(key="demo_launch").disabled  # it ended: the button is back
+
+
+def test_a_document_preset_s_task_set_is_built_from_one_click(
+    platform_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, browser_timers
+) -> None:  # type: ignore[no-untyped-def]
+    """smollm2-docqa trains on a task set built from Debian's LaTeX News issues: the page says it is missing, and one
+    click uploads the documents, follows their preprocessing and then builds the task set, with no script to run."""
+    from posttrain.platform.documents import list_documents
+    from posttrain.training import preset_recipes
+
+    issues = [f"/usr/share/doc/texlive-doc/latex/base/ltnews0{n}.pdf" for n in (7, 8)]  # two of the 36: quicker
+    monkeypatch.setitem(preset_recipes.DOCQA_DOCUMENTS, "paths", issues)
+    register_builtin()
+    at = page()
+    at.selectbox(key="demo_preset").set_value("smollm2-docqa").run()
+    assert at.button(key="demo_launch").disabled
+    assert any("task set 'smollm2-docqa' is not built yet" in w.value for w in at.warning), [
+        w.value for w in at.warning
+    ]
+    at.button(key="prepare_documents").click().run()
+    assert not at.exception and sorted(d.filename for d in list_documents()) == ["ltnews07.pdf", "ltnews08.pdf"]
+    assert browser_timers.timed  # the page follows their preprocessing
+
+    run_worker_until_idle(platform_env)
+    at = browser_timers.tick(at)  # preprocessed: the page queues the build itself, as the click asked
+    (build,) = queue.list_jobs(kind="build_tasks")
+    assert build.config["task_set"] == "smollm2-docqa" and len(build.config["source"]["document_ids"]) == 2
+    assert build.config["source"]["kinds"] == ["span_recovery"]  # the preset's own way of building it
+    run_worker_until_idle(platform_env)
+    at = browser_timers.tick(at)
+    assert not at.button(key="demo_launch").disabled and not at.warning
 
 
 ESTIMATE = {

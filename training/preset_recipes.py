@@ -316,7 +316,7 @@ def _smollm2_docqa() -> Recipe:
         description="SmolLM2-135M-Instruct as it ships, GRPO on tasks built from uploaded documents (the LaTeX News "
         "issues Debian ships): recover a masked term of a sentence from the passage around it, quoting the "
         "evidence (doc_qa verifier: exact answer, evidence found on the page); evaluated on the task set's "
-        f"eval split. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-docqa does)",
+        f"eval split. Its task set {DOCQA_TASK_SET!r} is built first from Debian's LaTeX News issues (the Training page's button does it)",
         model=REAL_MODEL,
         sft=None,
         documents=DOCQA_DOCUMENTS,
@@ -493,7 +493,7 @@ def _smollm2_broad() -> Recipe:
         f"the general domains' train split (the control that kept the most gain within the bounds of "
         f"bench/learning.py --forgetting: +20.6 points of the uncontrolled +23.0, the general check +5.5 "
         f"instead of -7.0); evaluated per domain on prompts it never trained on, with the general check beside "
-        f"it. Build the task set {DOCQA_TASK_SET!r} first (bench/learning.py --preset smollm2-broad does)",
+        f"it. Its task set {DOCQA_TASK_SET!r} is built first from Debian's LaTeX News issues (the Training page's button does it)",
         model=REAL_MODEL,
         sft=None,
         documents=DOCQA_DOCUMENTS,

@@ -3,6 +3,7 @@ downsampled charts, a trajectory browser, and stop / resume / evaluate / deploy.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import math
@@ -18,18 +19,24 @@ from pydantic import ValidationError
 from streamlit.errors import StreamlitAPIException
 
 from posttrain.platform import metric_names, metrics
-from posttrain.platform.db.models import Job, JobStatus, Role, utcnow
+from posttrain.platform.db.models import DocumentStatus, Job, JobStatus, Role, utcnow
+from posttrain.platform.documents import add_document, list_documents
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
+from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX
 from posttrain.platform.models.registry import ModelNotFound, get_model, lineage, list_models
 from posttrain.platform.settings import get_settings
+from posttrain.platform.tasks.store import task_sets
+from posttrain.preprocess.errors import PreprocessError
 from posttrain.training.presets import get_preset
 from posttrain.ui.common import (
     can,
     fields_table,
+    follow,
     guard_platform,
+    job_states,
     job_table,
     me,
     per_domain_results,
@@ -344,6 +351,103 @@ def demo_running(preset: str) -> str | None:
     return None
 
 
+# --- what a preset needs before it runs, each done with a click ------------------------------------------------
+
+
+def preset_files(name: str) -> list[Path]:
+    """The files a document preset's task set is built from (none for a preset without documents)."""
+    documents = get_preset(name).documents
+    return sorted({Path(f) for pattern in (documents.paths if documents else []) for f in glob.glob(pattern)})
+
+
+def _import_model(model: str) -> None:
+    """The import button's callback: the built-in model imported by a job the page then follows."""
+    try:
+        job_id = queue.submit(me(), "import_model", {"source": f"{BUILTIN_PREFIX}{model}"})
+    except (JobConfigError, PermissionError) as exc:
+        st.session_state["prepared"] = (False, str(exc))
+    else:
+        st.session_state["prepared"] = (True, f"Queued import_model job {job_id} of {model}: it shows here when done.")
+
+
+def _prepare_documents(name: str) -> None:
+    """The documents button's callback: the preset's files uploaded (preprocessing queued for each); the page builds
+    the task set once they are preprocessed (``prepare_build``)."""
+    try:
+        added = [add_document(me(), path) for path in preset_files(name)]
+    except (PreprocessError, PermissionError) as exc:
+        st.session_state["prepared"] = (False, str(exc))
+        return
+    st.session_state["prepare_build"] = name
+    queued = sum(a.created for a in added)
+    st.session_state["prepared"] = (
+        True,
+        f"Uploaded {len(added)} documents ({queued} queued for preprocessing); the task set is built when they are.",
+    )
+
+
+def build_preset_tasks(name: str, ready: list[int]) -> None:
+    """The preset's ``build_tasks`` job over its preprocessed documents ``ready``."""
+    documents = get_preset(name).documents
+    assert documents is not None  # a document preset
+    config = {
+        "task_set": documents.task_set,
+        "source": {"type": "documents", "document_ids": ready, **documents.source},
+    }
+    try:
+        job_id = queue.submit(me(), "build_tasks", config)
+    except (JobConfigError, PermissionError) as exc:
+        st.session_state["prepared"] = (False, str(exc))
+    else:
+        st.session_state["prepared"] = (True, f"Queued build_tasks job {job_id}: task set {documents.task_set!r}.")
+
+
+def prerequisites(name: str, start: str | None) -> str | None:
+    """Show what preset ``name`` needs before it runs (its model imported, its document task set built), each with
+    the button that does it, and follow the jobs doing it; returns why the preset cannot run yet (None: it can)."""
+    if (done := st.session_state.pop("prepared", None)) is not None:
+        (st.success if done[0] else st.error)(done[1])
+    waits: list[str] = []
+    if start is not None and start not in model_names():
+        importing = [j for j in queue.list_jobs(kind="import_model", limit=20) if not j.status.finished]
+        waits.append(f"the preset starts from the built-in model {start!r}, which is not imported yet")
+        if importing:
+            st.caption(f"Importing {start} (job {importing[0].id}); the demo can start when it is done.")
+        elif start in BUILTIN_MODELS:
+            st.button(f"Import {start}", key="prepare_model", icon=":material/download:", on_click=_import_model,
+                      args=(start,), disabled=not operator)  # fmt: skip
+    documents = get_preset(name).documents
+    if documents is not None and documents.task_set not in {ts.name for ts, n in task_sets() if n}:
+        waits.append(f"its task set {documents.task_set!r} is not built yet")
+        files = preset_files(name)
+        stored = {d.filename: d for d in list_documents(limit=1000)}
+        ours = [stored[f.name] for f in files if f.name in stored]
+        ready = [int(d.id or 0) for d in ours if d.status is DocumentStatus.ready]
+        building = [j for j in queue.list_jobs(kind="build_tasks", limit=20)
+                    if not j.status.finished and j.config.get("task_set") == documents.task_set]  # fmt: skip
+        if building:
+            st.caption(f"Building the task set {documents.task_set!r} (job {building[0].id}).")
+        elif not files:
+            st.warning(f"None of {', '.join(documents.paths)} exists on this host: `make run` installs them.")
+        elif len(ours) < len(files) or any(d.status is DocumentStatus.failed for d in ours):
+            st.button(f"Upload its {len(files)} documents and build the task set {documents.task_set!r}",
+                      key="prepare_documents", icon=":material/upload_file:", on_click=_prepare_documents,
+                      args=(name,), disabled=not operator)  # fmt: skip
+        elif len(ready) < len(files):
+            st.caption(f"Preprocessing its documents: {len(ready)} of {len(files)} done; the task set is built next.")
+        elif st.session_state.get("prepare_build") == name:  # the click asked for the whole preparation
+            st.session_state.pop("prepare_build")
+            build_preset_tasks(name, ready)
+            st.rerun()
+        else:
+            st.button(f"Build the task set {documents.task_set!r} from its {len(ready)} documents",
+                      key="prepare_tasks", icon=":material/construction:", on_click=build_preset_tasks,
+                      args=(name, ready), disabled=not operator)  # fmt: skip
+    if waits:  # the page follows the preparing jobs: the demo button comes back when they are done
+        follow("prepare_followed", lambda: (job_states(("import_model", "preprocess", "build_tasks")), model_names()))
+    return "; ".join(waits) or None
+
+
 operator = can(Role.operator)
 if not operator:
     st.info("You are signed in as a viewer: you can watch runs, but launching and stopping them needs an operator.")
@@ -368,15 +472,8 @@ if presets:
                             key="demo_preset", help=f"{DEMO_PRESET} post-trains the built-in SmolLM2-135M-Instruct; "
                                                     "cpu-quick trains a tiny model built from scratch")  # fmt: skip
         start = presets[demo].model
-        missing = start is not None and start not in model_names()
-        why = (
-            (
-                f"the preset starts from the registered model {start!r}, which is not imported yet: run `posttrain models "
-                f"import builtin:{start}` (make run does)"
-            )
-            if missing
-            else None
-        )
+        why = prerequisites(demo, start)
+        missing = why is not None
         calibrating = demo_running(demo) or demo_calibrating(demo)
         # submitted in the click's callback, before the page is drawn again: the page it draws holds the run, and the
         # button waits for it (a click from a page drawn before the estimate started never runs: Streamlit drops a
