@@ -543,10 +543,10 @@ def run_preset_job(ctx: JobContext, config: PresetRunConfig) -> PresetJobResult:
         ""
         if documents is None
         else (
-            f". Preset {config.preset!r} trains on task set {documents.task_set!r}: upload {', '.join(documents.paths)} "
-            f"(Documents page or `posttrain docs add`), then build the set from them with the documents source "
-            f"{documents.source} (Tasks page or `posttrain jobs submit build_tasks`); `bench/learning.py --preset "
-            f"{config.preset}` does all of it"
+            f". Preset {config.preset!r} trains on task set {documents.task_set!r}, built from "
+            f"{', '.join(documents.paths)}: the Training page's button next to the demo uploads them and builds it "
+            f"(or `posttrain docs add` each, then `posttrain jobs submit build_tasks` with the documents source "
+            f"{documents.source})"
         ),
     )
     if "base" not in state:
