@@ -93,9 +93,10 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     for spec in specs:
         prov = spec.provenance
         assert set(prov) >= {"document_id", "page", "bbox", "filename"} and len(prov["bbox"]) == 4
-        assert prov["document_id"] in page_count and 0 <= prov["page"] < page_count[prov["document_id"]], (
-            prov
-        )  # 0-based
+        assert prov["document_id"] in page_count and 1 <= prov["page"] <= page_count[prov["document_id"]], prov
+        assert (
+            prov["pages_from"] == 1 and f"page {prov['page']}" in spec.prompt_text
+        )  # the prompt's page, numbered alike
         if spec.domain.endswith(".vision"):
             parts = spec.prompt[0].content
             assert spec.metadata["modality"] == "vision" and isinstance(parts, list)

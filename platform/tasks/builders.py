@@ -17,7 +17,7 @@ Three kinds, each asked over the page's text (layout-aware markdown in the promp
 Table cell text is rebuilt from the page's positioned words (the words whose centre lies in the
 cell), so answers read the way the page does. Pages are cited 1-based in prompts and in the
 ``doc_qa`` specs (``page``, ``pages``), as a reader counts them; every task's provenance holds
-``{document_id, page (0-based page_no), bbox (PDF points), filename, sha256}``.
+``{document_id, page (numbered alike, from 1: pages_from), bbox (PDF points), filename, sha256}``.
 
 Example::
 
@@ -537,7 +537,8 @@ def _specs_for(q: Question, document: Document, context: str, images: _Images | 
     base_id = _base_id(q, document)
     excerpt = passage(q.page.text, q.evidence, passage_chars) if passage_chars and q.evidence else None
     provenance = {
-        "document_id": document.id, "page": q.page.page_no, "bbox": [round(v, 2) for v in q.bbox],
+        # the page as the prompt and the viewer number it, from 1 (tasks built before "pages_from" counted from 0)
+        "document_id": document.id, "page": _page_label(q.page), "pages_from": 1, "bbox": [round(v, 2) for v in q.bbox],
         "filename": document.filename, "sha256": document.sha256,
         "span": hashlib.sha256(_span_id(q, document).encode()).hexdigest()[:16],
     }  # fmt: skip

@@ -308,9 +308,10 @@ with right:
 
 def show_source_page(provenance: dict) -> None:
     """The document page a task came from, with the task's box highlighted."""
-    document_id, page_no = provenance.get("document_id"), provenance.get("page")
-    if not isinstance(document_id, int) or not isinstance(page_no, int):
+    document_id, page = provenance.get("document_id"), provenance.get("page")
+    if not isinstance(document_id, int) or not isinstance(page, int):
         return
+    page_no = page - int(provenance.get("pages_from", 0))  # numbered from 1 as the prompt says; older tasks from 0
     try:
         document = get_document(document_id)
     except LookupError:
