@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pymupdf
 import pytest
-from conftest import OPERATOR, start_worker
+from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle, start_worker
 from required_parts import require
 from sqlalchemy import delete
 from sqlmodel import col
+from streamlit.testing.v1 import AppTest
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Chunk, Document, JobStatus, Page
@@ -139,6 +140,21 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     other = build_document_tasks(guide.document.id, max_per_document=40, seed=8)  # type: ignore[arg-type]
     assert [s.task_id for s in other] != [s.task_id for s in guide_specs if s.metadata["modality"] == "text"]
 
+    # a ticked kind that makes nothing is named in the build's report, with why (LaTeX News has prose, no grid)
+    news_only = queue.submit(
+        OPERATOR,
+        "build_tasks",
+        {"task_set": "news", "source": {"type": "documents", "document_ids": [news.document.id],
+                                        "kinds": ["table_lookup", "span_recovery"], "max_per_document": 6}},
+    )  # fmt: skip
+    run_worker_until_idle(platform_env)
+    report = queue.get_job(news_only).result or {}
+    assert report["kinds"] == {"table_lookup": 0, "span_recovery": 6}, report
+    why = report["kinds_without_tasks"]["table_lookup"]
+    assert list(report["kinds_without_tasks"]) == ["table_lookup"] and "pages" in why and "table" in why, why
+    at = login_as(AppTest.from_file(str(REPO_ROOT / "ui" / "views" / "tasks.py"), default_timeout=120)).run()
+    assert any(f"made no table_lookup tasks: {why}" in w.value for w in at.warning), [w.value for w in at.warning]
+
     # the build_tasks job with the documents source, through a real worker; a deleted document fails clearly
     good = queue.submit(
         OPERATOR,
@@ -163,7 +179,7 @@ def test_tasks_from_real_pdfs_verify_their_references_and_build_job_end_to_end(
     failed = queue.get_job(gone)
     assert failed.status is JobStatus.failed and failed.error_cause == "bad_input"
     assert f"document {news.document.id} does not exist" in (failed.error or "")
-    assert store.task_sets() == []  # nothing half-written
+    assert [ts.name for ts, _ in store.task_sets()] == ["news"]  # the failed builds wrote nothing
 
     ok = queue.submit(
         OPERATOR,

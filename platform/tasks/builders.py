@@ -593,6 +593,24 @@ _GENERATORS = {
 }
 
 
+def why_no_tasks(kind: str, pages: Sequence[Page]) -> str:
+    """Why ``pages`` gave no task of ``kind``: what the builder looks for, and how much of it the pages hold."""
+    if kind == "table_lookup":
+        tables = sum(len(page_tables(p)) for p in pages)
+        if not tables:
+            return f"no table was detected on its {len(pages)} pages"
+        return (
+            f"{tables} tables were detected on its {len(pages)} pages, but none is a grid of three or more columns "
+            "with a header row and two or more rows of distinct labels"
+        )
+    if kind == "field_extraction":
+        return f"none of its {len(pages)} pages has two or more label-value pairs (label: value lines or a two-column table)"
+    return (
+        f"none of its {len(pages)} pages has a prose sentence of 8 to 45 words outside tables, found in the page's "
+        "text layer, with a term to mask"
+    )
+
+
 def questions_for_pages(pages: Sequence[Page], kinds: Sequence[str] = KINDS) -> dict[str, list[Question]]:
     """Every candidate question of ``pages``, by kind, in page order."""
     found: dict[str, list[Question]] = {k: [] for k in kinds}

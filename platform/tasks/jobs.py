@@ -8,6 +8,7 @@ transaction, so a bad input stores nothing.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,7 +22,12 @@ from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, regist
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS
-from posttrain.platform.tasks.builders import DocumentBuildError, build_document_tasks
+from posttrain.platform.tasks.builders import (
+    DocumentBuildError,
+    build_document_tasks,
+    load_ready_document,
+    why_no_tasks,
+)
 from posttrain.platform.tasks.domains import generate, held_out_level, list_domains, prompt_space
 from posttrain.platform.tasks.domains.registry import UnknownDomainError
 from posttrain.platform.tasks.importers import TaskImportError, import_humaneval, import_jsonl
@@ -185,6 +191,16 @@ def run(ctx: JobContext, config: BuildTasksConfig) -> dict[str, Any]:
                             "" if config.source.difficulty == "auto" else " (build at a higher difficulty, or auto, to "
                             "evaluate them)")  # fmt: skip
             result["domains_without_eval_split"] = missing
+    if isinstance(config.source, DocumentsSource):  # what each ticked kind made, and why a kind made nothing
+        made = Counter(str(s.metadata.get("kind")) for s in specs)
+        result["kinds"] = {kind: made[kind] for kind in config.source.kinds}
+        if empty := [kind for kind in config.source.kinds if not made[kind]]:
+            pages = [
+                p for d in dict.fromkeys(config.source.document_ids) for p in load_ready_document(d, url=ctx.url)[1]
+            ]
+            result["kinds_without_tasks"] = {kind: why_no_tasks(kind, pages) for kind in empty}
+            for kind, why in result["kinds_without_tasks"].items():
+                ctx.log.warning("no %s tasks: %s", kind, why)
     if isinstance(config.source, (JsonlSource, HumanEvalSource)):  # imported code tasks, checked by the importers
         result.update(mutation_report(specs))
     if result.get("tests_forgeable_by_mutation"):

@@ -209,6 +209,8 @@ def recent_builds() -> None:
         width="stretch",
     )
     for job in builds:
+        for kind, why in (job.result.get("kinds_without_tasks") or {}).items():
+            st.warning(f"Build job {job.id} ({job.config.get('task_set')}) made no {kind} tasks: {why}.")
         lines = job.result.get("forgeable_by_mutation") or []
         if lines:
             n, tasks = (
