@@ -219,3 +219,28 @@ def test_documents_source_is_validated_and_unready_documents_are_refused(
     queued = add_document(OPERATOR, LTNEWS07)  # no worker: still 'uploaded'
     with pytest.raises(DocumentBuildError, match="preprocess job has succeeded"):
         build_document_tasks(queued.document.id)  # type: ignore[arg-type]
+
+
+def test_span_tasks_skip_ocr_text_read_with_little_confidence() -> None:
+    """The same OCR'd sentence gives span tasks when Tesseract read it with confidence, none when it did not."""
+    from posttrain.platform.db.models import Page
+    from posttrain.platform.tasks.builders import OCR_MIN_CONFIDENCE, normalize_whitespace, span_questions
+
+    sentence = "The Release Team ships version 4 of the Manual to every reader in March each year."
+    words = sentence.split()
+
+    def scanned(confidence: float) -> Page:
+        boxes = [(10.0 + 40 * i, 10.0, 48.0 + 40 * i, 22.0) for i in range(len(words))]
+        layout = {
+            "blocks": [{"order": 0, "bbox": [0.0, 0.0, 800.0, 40.0], "text": sentence, "ocr": True}],
+            "words": [
+                {"text": w, "bbox": list(b), "ocr": True, "confidence": confidence} for w, b in zip(words, boxes)
+            ],
+            "tables": [],
+            "ocr_confidence": confidence,
+        }
+        return Page(document_id=1, page_no=0, width=800.0, height=600.0, source="ocr", text=sentence, layout=layout)
+
+    read_well, read_badly = scanned(OCR_MIN_CONFIDENCE + 5), scanned(OCR_MIN_CONFIDENCE - 30)
+    assert span_questions(read_well, [], normalize_whitespace(read_well.text))
+    assert span_questions(read_badly, [], normalize_whitespace(read_badly.text)) == []

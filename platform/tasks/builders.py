@@ -58,6 +58,9 @@ DOMAINS: dict[str, str] = {
 }
 VISION_SUFFIX = ".vision"
 MIN_EVIDENCE_CHARS = 8  # the doc_qa verifier's default
+# OCR'd text whose words Tesseract read with a mean confidence below this (0-100) gives no span task: a screenshot's
+# noise ("Handle symlinks in system dis... '____. yt syst") would become a question with a garbled answer
+OCR_MIN_CONFIDENCE = 85.0
 MAX_FIELDS_PER_TASK = 6
 MASK = "____"
 
@@ -370,6 +373,18 @@ def _terms(sentence: str) -> list[str]:
     return terms
 
 
+def ocr_confidence(page: Page, box: BBox) -> float | None:
+    """The mean confidence of the OCR words whose centre lies in ``box`` (the page's mean when none is stored there)."""
+    layout = page.layout or {}
+    found = [
+        float(w["confidence"])
+        for w in layout.get("words", [])
+        if w.get("ocr") and w.get("confidence") is not None and (b := _bbox(w.get("bbox"))) is not None
+        and box[0] <= (b[0] + b[2]) / 2 <= box[2] and box[1] <= (b[1] + b[3]) / 2 <= box[3]
+    ]  # fmt: skip
+    return sum(found) / len(found) if found else layout.get("ocr_confidence")
+
+
 def span_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) -> list[Question]:
     out: list[Question] = []
     table_boxes = [t.bbox for t in tables]
@@ -377,6 +392,8 @@ def span_questions(page: Page, tables: Sequence[CleanTable], page_norm: str) -> 
         box = _bbox(block.get("bbox"))
         if box is None or any(_overlap_share(box, t) > 0.5 for t in table_boxes):
             continue
+        if block.get("ocr") and (ocr_confidence(page, box) or 0.0) < OCR_MIN_CONFIDENCE:
+            continue  # OCR text read with too little confidence to ask about
         for n, sentence in enumerate(_sentences(str(block.get("text", "")))):
             words = sentence.split()
             if not 8 <= len(words) <= 45 or sentence[-1] not in ".!?" or re.search(r"[=\[\]{}<>|]", sentence):
@@ -607,7 +624,7 @@ def why_no_tasks(kind: str, pages: Sequence[Page]) -> str:
         return f"none of its {len(pages)} pages has two or more label-value pairs (label: value lines or a two-column table)"
     return (
         f"none of its {len(pages)} pages has a prose sentence of 8 to 45 words outside tables, found in the page's "
-        "text layer, with a term to mask"
+        f"text layer (OCR'd text read with a mean confidence of {OCR_MIN_CONFIDENCE:.0f} or more), with a term to mask"
     )
 
 
