@@ -548,8 +548,9 @@ def jobs_show(
     """Show everything recorded about one job: id, kind and status first, then the rest (its config and result as
     indented JSON, one field a line, so a pipe gets short lines too)."""
     require_schema()
-    fields = queue.get_job(job_id).model_dump()
-    ordered = {k: json_value(fields[k]) for k in ("id", "kind", "status", *[k for k in fields if k not in SHOWN_FIRST])}
+    job = queue.get_job(job_id)
+    fields = job.model_dump() | {"waiting": queue.why_waiting(job)}  # why a queued job has not started
+    ordered = {k: json_value(fields[k]) for k in (*SHOWN_FIRST, *[k for k in fields if k not in SHOWN_FIRST])}
     if as_json:
         out.print_json(json.dumps(ordered))
         return
@@ -560,7 +561,7 @@ def jobs_show(
     out.print(table)
 
 
-SHOWN_FIRST = ("id", "kind", "status")  # what `jobs show` leads with
+SHOWN_FIRST = ("id", "kind", "status", "waiting")  # what `jobs show` leads with
 
 
 @jobs_app.command("cancel")

@@ -87,6 +87,13 @@ class Settings(BaseSettings):
 
     worker_cpu_slots: int = Field(default=2, ge=1, le=1024, description="CPU jobs a worker runs at once.")
     worker_gpu_slots: int = Field(default=0, ge=0, le=64, description="GPU jobs a worker runs at once.")
+    worker_serving_slots: int = Field(
+        default=4,
+        ge=0,
+        le=256,
+        description="Deployments a worker keeps at once beside its CPU jobs: a server waits on requests between them, "
+        "so it takes a serving slot, not a CPU slot that training needs.",
+    )
     job_threads: int | None = Field(
         default=None,
         ge=1,

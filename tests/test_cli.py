@@ -76,6 +76,8 @@ def test_submit_follow_list_show_cancel(platform_env: dict[str, str], tmp_path) 
     cfg.write_text("steps: 2\nsleep_s: 0.05\n")
     submitted = cli(platform_env, "jobs", "submit", "selftest", "--config-file", str(cfg), "--priority", "3")
     assert submitted.returncode == 0 and "queued job 1" in submitted.stdout
+    waiting = json.loads(cli(platform_env, "jobs", "show", "1", "--json").stdout)["waiting"]
+    assert waiting == "no worker is running: `posttrain up` (or `posttrain worker`) starts one", waiting
     worker = cli(platform_env, "worker", "--exit-when-idle")
     assert worker.returncode == 0, worker.stderr
     followed = cli(platform_env, "jobs", "logs", "1", "--follow")

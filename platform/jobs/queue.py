@@ -24,7 +24,9 @@ from sqlmodel import col, select
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Job, JobStatus, Role, utcnow
-from posttrain.platform.jobs.registry import JobConfigError, get_kind, validate_config
+from posttrain.platform.db.models import Worker as WorkerRow
+from posttrain.platform.jobs.registry import JobConfigError, get_kind, serving_kinds, validate_config
+from posttrain.platform.settings import get_settings
 
 HOSTNAME = socket.gethostname()
 
@@ -117,8 +119,9 @@ def submit_many(
         return [r.id for r in rows if r.id is not None]
 
 
-def claim(worker_id: str, free_cpu: int, free_gpu: int, *, url: str | None = None) -> Job | None:
-    """Atomically take the best queued job that fits; it comes back marked running."""
+def claim(worker_id: str, free_cpu: int, free_gpu: int, free_serving: int = 0, *, url: str | None = None) -> Job | None:
+    """Atomically take the best queued job that fits (a serving kind's job only into a free serving slot); it comes
+    back marked running."""
     now = utcnow()
     with session(url) as s:
         stmt = (
@@ -133,6 +136,8 @@ def claim(worker_id: str, free_cpu: int, free_gpu: int, *, url: str | None = Non
             .limit(1)
             .with_for_update(skip_locked=True)
         )
+        if free_serving <= 0:
+            stmt = stmt.where(col(Job.kind).not_in(serving_kinds()))
         job = s.exec(stmt).first()
         if job is None:
             return None
@@ -452,3 +457,45 @@ def read_log(job: Job, tail_lines: int | None = 200) -> str:
     if tail_lines is None:
         return text
     return "\n".join(text.splitlines()[-tail_lines:])
+
+
+def why_waiting(job: Job, *, url: str | None = None) -> str | None:
+    """Why queued ``job`` has not started, in words: its retry backoff, no worker, every slot it could take held (by
+    which jobs), or the jobs ahead of it (None: it is not queued)."""
+    if job.status is not JobStatus.queued:
+        return None
+    settings = get_settings()
+    now = utcnow()
+    if job.not_before > now:
+        return f"waiting out its retry backoff, {took((job.not_before - now).total_seconds())} more"
+    alive_since = now - timedelta(seconds=settings.heartbeat_timeout_s)
+    with session(url, read_only=True) as s:
+        workers = s.exec(
+            select(WorkerRow).where(col(WorkerRow.stopped_at).is_(None), col(WorkerRow.heartbeat_at) >= alive_since)
+        ).all()
+        running = s.exec(select(Job).where(Job.status == JobStatus.running).order_by(col(Job.id))).all()
+        ahead = s.exec(
+            select(func.count())
+            .select_from(Job)
+            .where(
+                Job.status == JobStatus.queued,
+                col(Job.not_before) <= now,
+                (col(Job.priority) > job.priority) | ((col(Job.priority) == job.priority) & (col(Job.id) < job.id)),
+            )
+        ).one()
+    if not workers:
+        return "no worker is running: `posttrain up` (or `posttrain worker`) starts one"
+    serving = serving_kinds()
+    if job.kind in serving:
+        capacity, held = len(workers) * settings.worker_serving_slots, [j for j in running if j.kind in serving]
+        if len(held) >= capacity:
+            names = ", ".join(f"#{j.id}" for j in held)
+            return f"waiting for a serving slot: the {capacity} are held by deployment jobs {names}"
+    else:
+        capacity, held = sum(w.cpu_slots for w in workers), [j for j in running if j.cpu_slots > 0]
+        if sum(j.cpu_slots for j in held) + job.cpu_slots > capacity:
+            names = ", ".join(f"#{j.id} ({j.kind})" for j in held)
+            return f"waiting for a CPU slot: the {capacity} are held by jobs {names}"
+    if ahead:
+        return f"waiting behind {ahead} queued job{'s' * (ahead != 1)} of higher or equal priority"
+    return "next in line: a worker takes it at its next poll"

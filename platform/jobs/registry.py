@@ -108,6 +108,7 @@ class JobKind:
     retryable: bool = False
     cpu_slots: int = 1
     gpu_slots: int = 0
+    serving: bool = False  # a server for its whole life (a deployment): a serving slot, no CPU slot
     max_attempts: int = 3
     # checked when the job is submitted, after its config validates, with who submits it and the database url:
     # raises JobConfigError to refuse the job, else returns the audit entries to write beside the submission
@@ -158,6 +159,11 @@ def _load() -> None:
 def kinds() -> dict[str, JobKind]:
     _load()
     return dict(sorted(_kinds.items()))
+
+
+def serving_kinds() -> list[str]:
+    """The kinds whose jobs serve for their whole life (:attr:`JobKind.serving`)."""
+    return [name for name, kind in kinds().items() if kind.serving]
 
 
 def get_kind(name: str) -> JobKind:

@@ -41,6 +41,7 @@ from posttrain.platform.jobs.registry import (
     get_kind,
     no_room_left,
     result_json,
+    serving_kinds,
     validate_config,
 )
 from posttrain.platform.settings import Settings, get_settings
@@ -67,6 +68,7 @@ class Running:
     gpu_slots: int
     workdir: Path
     deadline: float | None = None  # monotonic wall-clock limit
+    serving: bool = False  # a deployment: it holds a serving slot
     term_sent_at: float | None = None
     reason: str | None = None  # why we stopped it: cancel, timeout, shutdown
     extra: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +88,7 @@ class Worker:
         self.url = url or self.settings.resolved_database_url
         self.cpu_slots = cpu_slots or self.settings.worker_cpu_slots
         self.gpu_slots = self.settings.worker_gpu_slots if gpu_slots is None else gpu_slots
+        self.serving_slots = self.settings.worker_serving_slots
         self.exit_when_idle = exit_when_idle
         self.id = queue.make_worker_id()
         self.running: dict[int, Running] = {}
@@ -102,6 +105,10 @@ class Worker:
     @property
     def free_gpu(self) -> int:
         return self.gpu_slots - sum(r.gpu_slots for r in self.running.values())
+
+    @property
+    def free_serving(self) -> int:
+        return self.serving_slots - sum(r.serving for r in self.running.values())
 
     # --- lifecycle --------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
@@ -196,8 +203,8 @@ class Worker:
     # --- claiming and spawning --------------------------------------------------
     def _fill_slots(self) -> int:
         claimed = 0
-        while not self._stopping and self.free_cpu > 0:
-            job = queue.claim(self.id, self.free_cpu, self.free_gpu, url=self.url)
+        while not self._stopping and (self.free_cpu > 0 or self.free_serving > 0):
+            job = queue.claim(self.id, self.free_cpu, self.free_gpu, self.free_serving, url=self.url)
             if job is None:
                 break
             self._spawn(job)
@@ -230,7 +237,8 @@ class Worker:
         except psutil.Error:
             started = None
         deadline = time.monotonic() + job.timeout_s if job.timeout_s else None
-        self.running[pid] = Running(job.id, pid, job.cpu_slots, job.gpu_slots, workdir, deadline)
+        serving = job.kind in serving_kinds()
+        self.running[pid] = Running(job.id, pid, job.cpu_slots, job.gpu_slots, workdir, deadline, serving=serving)
         queue.record_process(job.id, pid, started or 0.0, str(log_path), url=self.url)
         log.info("job %d (%s) attempt %d started as pid %d", job.id, job.kind, job.attempts, pid)
 

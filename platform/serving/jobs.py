@@ -461,6 +461,8 @@ register(
         resumable=True,
         max_attempts=5,
         admit=admit_deploy,
+        cpu_slots=0,  # a server waits on requests: a serving slot of its own, none of the CPU slots training needs
+        serving=True,
     )
 )
 

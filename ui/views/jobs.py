@@ -50,7 +50,7 @@ def live_queue() -> None:
                 "priority": j.priority,
                 "attempt": f"{j.attempts}/{j.max_attempts}",
                 "progress": j.progress or 0.0,
-                "message": j.progress_message or None,
+                "message": queue.why_waiting(j) if j.status is JobStatus.queued else j.progress_message or None,
                 "created": j.created_at,
                 "finished": j.finished_at,
                 "by": j.submitted_by,
@@ -100,6 +100,8 @@ def job_detail(job_id: int) -> None:
     st.caption(
         " · ".join(f"{what} {utc_text(when)}" for what, when in times if when is not None) + f" · by {job.submitted_by}"
     )
+    if (waits := queue.why_waiting(job)) is not None:
+        st.info(f"Queued: {waits[0].upper()}{waits[1:]}.")
     if job.progress is not None:
         st.progress(job.progress, text=job.progress_message or None)
     elif job.progress_message:
