@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,7 +18,7 @@ from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import validate_config
 from posttrain.platform.models.importer import DEFAULT_MODEL as REAL_MODEL
 from posttrain.platform.settings import get_settings
-from posttrain.training.presets import get_preset
+from posttrain.training.presets import get_preset, preset_names
 
 TRAINING_PAGE = str(REPO_ROOT / "ui" / "views" / "training.py")
 GRPO = {"model": "var/models/tiny", "domains": ["arith.add.int", "str.copy.letters"], "max_steps": 40}
@@ -357,6 +358,39 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
     assert queue.finish(job.id, queue.Outcome(exit_code=1, error="bad config", cause="bad_input")) is JobStatus.failed
     at.run()
     assert not at.button(key="demo_launch").disabled  # it ended: the button is back
+
+
+def test_each_preset_shows_its_recorded_cost_before_any_estimate(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posttrain.training.presets import preset_records
+
+    at = page()
+    at.selectbox(key="demo_preset").set_value("smollm2-arith").run()
+    record = preset_records()["smollm2-arith"]  # bench/results/learning-real.json
+    assert record.benchmark == "learning-real" and record.runs == 1 and record.minutes > 1
+    assert any(c.value.startswith("Recorded by bench learning-real on ") for c in at.caption), [
+        c.value for c in at.caption
+    ]
+    table = at.dataframe[0].value
+    assert set(table["preset"]) == set(preset_names())
+    assert table.set_index("preset").loc["smollm2-arith", "recorded minutes"] == round(record.minutes, 1)
+    at.selectbox(key="demo_preset").set_value("cpu-quick").run()  # no benchmark records it
+    assert any(c.value.startswith("No recording of it yet") for c in at.caption)
+
+    # the recordings read: a preset's own learning-* benchmark first; a run of a few steps is no preset's cost
+    def recording(name: str, minutes: float, **summary: object) -> None:
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"date": "2026-12-01T00:00:00", "summary": {"minutes": minutes, **summary}})
+        )
+
+    recording("forgetting-p", 130.0, preset="p", arms={"none": {}, "replay": {}}, peak_rss_gb=6.9)
+    recording("learning-p", 12.0, preset="p", pass_before=0.15, pass_after=0.37, peak_rss_gb=3.9)
+    recording("learning-ablation", 0.2, preset="q")
+    recording("forgetting-q", 90.0, preset="q", arms={"none": {}, "kl": {}}, peak_rss_gb=5.0)
+    found = preset_records(tmp_path)
+    assert found["p"].benchmark == "learning-p" and found["p"].describe() == (
+        "recorded by bench learning-p on 2026-12-01: 12 min, peak 3.9 GiB; held-out pass@1 15% → 37%"
+    )
+    assert found["q"].describe() == "recorded by bench forgetting-q on 2026-12-01: 90 min for 2 runs, peak 5.0 GiB"
 
 
 def test_a_document_preset_s_task_set_is_built_from_one_click(
