@@ -467,7 +467,7 @@ def test_estimate_before_launch_then_estimate_against_actual(platform_env: dict[
         "5,632 generated tokens, 256 eval tasks, measured by a 1.6 min calibration." in i.value
         for i in at.info
     ), [i.value for i in at.info]
-    stages = at.dataframe[0].value
+    stages = next(d.value for d in at.dataframe if "stage" in d.value)
     assert (
         list(stages["stage"]) == ["job", "grpo", "eval_before", "eval_after"]
         and list(stages["estimate"])[1] == "5.0 min"
