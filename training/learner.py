@@ -1,6 +1,6 @@
 """The learner: the model being trained, its optimizer, LR schedule and checkpoints, and the two updates.
 
-    ctx = local_context(config)                     # world 1; under torchrun: fsdp.process_group(config)
+    ctx = local_context(config)                     # world 1; under torchrun: sharding.process_group(config)
     learner = Learner(config, ctx)                  # resumes from the latest checkpoint in output_dir
     metrics = learner.sft_step(rows)                # one optimizer step over a step's SFT rows
     metrics = learner.grpo_update(trajectories, advantages)
@@ -32,59 +32,15 @@ from transformers import DynamicCache
 
 from posttrain.platform import metric_names as names
 from posttrain.platform.models.loader import cache_keyword
+from posttrain.training import sharding
 from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig
 from posttrain.training.data import IGNORE, PackedBatch, SFTExample, collate
 from posttrain.training.grpo import group_advantages, grpo_loss
-from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy, resolve_device
+from posttrain.training.modeling import PolicySource, autocast, frozen_copy, load_policy
 from posttrain.training.optim import apply_lora, make_lr_scheduler, make_optimizer
 from posttrain.training.rollout import RolloutGroup, Trajectory
-
-
-# --- where this learner runs --------------------------------------------------------------
-@dataclass(frozen=True)
-class DistContext:
-    """This process's place in the training job: rank ``rank`` of ``world`` on ``device``.
-
-    ``amp``: bf16 autocast inside the learner (``TrainConfig.bf16``; FSDP's own bf16 replaces it on a
-    GPU). ``mesh`` and ``mp_policy``: the FSDP device mesh and mixed-precision policy (world > 1).
-    """
-
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-    amp: bool | None = None
-    mesh: Any = None
-    mp_policy: Any = None
-
-    @property
-    def main(self) -> bool:
-        """Rank 0: the rank that draws rollouts, reports metrics and writes checkpoints."""
-        return self.rank == 0
-
-    def broadcast(self, payload: list[Any]) -> list[Any]:
-        """Rank 0's ``payload`` on every rank (no communication with one process)."""
-        if self.world > 1:
-            dist.broadcast_object_list(payload, src=0)
-        return payload
-
-    def sum(self, value: float) -> float:
-        """``value`` summed over the ranks."""
-        if self.world == 1:
-            return value
-
-        total = torch.tensor(value, dtype=torch.float64, device=self.device)
-        dist.all_reduce(total)
-        return float(total)
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def local_context(config: TrainConfig) -> DistContext:
-    """One process on the config's device."""
-    return DistContext(device=resolve_device(config.device), amp=config.bf16)
+from posttrain.training.sharding import DistContext
 
 
 # --- the losses ---------------------------------------------------------------------------
@@ -332,14 +288,12 @@ class Learner:
         self._mirror: torch.nn.Module | None = None  # rank 0 of a sharded learner: the unsharded policy rollouts use
         self._tied: set[str] = set()
         if sharded:
-            from posttrain.training import fsdp  # cycle: fsdp imports this module
-
-            fsdp.agree_on_start(ctx, self.start, self.ckpt_root)
+            sharding.agree_on_start(ctx, self.start, self.ckpt_root)
             self._mirror = frozen_copy(model) if ctx.main else None
-            fsdp.shard(model, ctx)
+            sharding.shard(model, ctx)
             if self.reference is not None:
-                fsdp.shard(self.reference, ctx)
-            self._tied = fsdp.aliases(model)
+                sharding.shard(self.reference, ctx)
+            self._tied = sharding.aliases(model)
         self.model = model
         self.optimizer = make_optimizer(model, config)
         self.lr_scheduler = make_lr_scheduler(self.optimizer, config)
@@ -348,9 +302,7 @@ class Learner:
 
     def _restore_optimizer(self, trainer: dict[str, Any]) -> None:
         if self.ctx.world > 1:
-            from posttrain.training import fsdp  # cycle: fsdp imports this module
-
-            fsdp.load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
+            sharding.load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
         else:
             self.optimizer.load_state_dict(trainer["optimizer"])
         if trainer["lr_scheduler"] is not None:
@@ -513,9 +465,8 @@ class Learner:
         ``world > 1`` it gathers the shards into rank 0's mirror)."""
         if self.ctx.world == 1:
             return self.model
-        from posttrain.training import fsdp  # cycle: fsdp imports this module
 
-        weights = fsdp.full_state(self.model)
+        weights = sharding.full_state(self.model)
         if self._mirror is not None:
             self._mirror.load_state_dict(weights)
         return self._mirror
@@ -528,9 +479,7 @@ class Learner:
             return None
         full: dict[str, Any] = {}
         if self.ctx.world > 1:
-            from posttrain.training import fsdp  # cycle: fsdp imports this module
-
-            full = fsdp.full_states(self.model, self.optimizer, self._tied)
+            full = sharding.full_states(self.model, self.optimizer, self._tied)
         if not self.ctx.main:
             return None
         return save_checkpoint(

@@ -29,12 +29,13 @@ from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
 from posttrain.training.environments.runner import episode_metrics
 from posttrain.training.inference import check_logprob_mismatch, measure_logprob_mismatch
-from posttrain.training.learner import DistContext, Learner, TrainResult, local_context, select_groups
+from posttrain.training.learner import Learner, TrainResult, select_groups
 from posttrain.training.modeling import PolicySource, peak_rss_bytes
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts
 from posttrain.training.scheduler import DomainSpec, Scheduler, resolve_domains
 from posttrain.training.sft import MetricsFn, StartFn, StopFn
+from posttrain.training.sharding import DistContext, local_context
 
 GroupsFn = Callable[[int, list[RolloutGroup]], None]
 
@@ -124,7 +125,7 @@ def train_grpo(
     on_start: StartFn | None = None,
     ctx: DistContext | None = None,
 ) -> TrainResult:
-    """GRPO in this process or, with ``ctx`` from :func:`posttrain.training.fsdp.process_group`, as one rank
+    """GRPO in this process or, with ``ctx`` from :func:`posttrain.training.sharding.process_group`, as one rank
     of an FSDP job: the same loop on every rank; rank 0 draws the rollouts and broadcasts the step's
     trajectories (``on_groups`` is called there only)."""
     ctx = ctx or local_context(config)

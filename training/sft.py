@@ -34,10 +34,11 @@ from posttrain.training.environments import load_environment
 from posttrain.training.environments.base import Episode, read_episodes, write_episodes
 from posttrain.training.environments.runner import EpisodeRunner
 from posttrain.training.inference import EmbeddedRolloutEngine
-from posttrain.training.learner import DistContext, Learner, TrainResult, local_context
+from posttrain.training.learner import Learner, TrainResult
 from posttrain.training.modeling import PolicySource
 from posttrain.training.rollout import generate_groups
 from posttrain.training.scheduler import replayed_before
+from posttrain.training.sharding import DistContext, local_context
 
 MetricsFn = Callable[[int, dict[str, float]], None]
 StopFn = Callable[[], bool]
@@ -303,7 +304,7 @@ def train_sft(
     ctx: DistContext | None = None,
 ) -> TrainResult:
     """SFT on ``config``'s data (or ``examples``), in this process or, with ``ctx`` from
-    :func:`posttrain.training.fsdp.process_group`, as one rank of an FSDP job (the same loop on every rank).
+    :func:`posttrain.training.sharding.process_group`, as one rank of an FSDP job (the same loop on every rank).
 
     ``batches``: a stream of each step's rows instead (fresh data every step; no data position to resume)."""
     learner = Learner(config, ctx or local_context(config), policy)
