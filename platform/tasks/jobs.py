@@ -53,6 +53,12 @@ class ProceduralSource(BaseModel):
         """The difficulty ``domain``'s tasks are built at."""
         return build_level(domain, self.difficulty, self.eval_per_domain)
 
+    @model_validator(mode="after")
+    def _something_chosen(self) -> ProceduralSource:
+        if not self.domains and not self.families:
+            raise ValueError("name at least one domain or family (see `posttrain tasks domains`)")
+        return self
+
 
 def build_level(domain: str, difficulty: int | Literal["auto"], eval_per_domain: int) -> int:
     """The difficulty a procedural build makes ``domain``'s tasks at: the one asked for, or (auto) the lowest that
@@ -60,12 +66,6 @@ def build_level(domain: str, difficulty: int | Literal["auto"], eval_per_domain:
     if difficulty != "auto":
         return difficulty
     return (held_out_level(domain) or 1) if eval_per_domain else 1
-
-    @model_validator(mode="after")
-    def _something_chosen(self) -> ProceduralSource:
-        if not self.domains and not self.families:
-            raise ValueError("name at least one domain or family (see `posttrain tasks domains`)")
-        return self
 
 
 class JsonlSource(BaseModel):
