@@ -657,7 +657,7 @@ def test_the_playground_runs_a_model_s_tool_call_in_a_sandbox(browser_page, cons
     page.get_by_role("button", name="New chat").click()  # the demo's chat stays in the session: start afresh
     page.get_by_text("Each question is sent with the conversation before it").wait_for()
     page.get_by_text("Offer sandbox tools").click()
-    max_tokens = page.get_by_label("Max tokens").first
+    max_tokens = page.get_by_label("Max tokens", exact=True)  # not its help button, "Help for Max tokens"
     max_tokens.fill("128")
     max_tokens.press("Enter")
     page.get_by_test_id("stChatInputTextArea").fill("six times seven?")

@@ -33,17 +33,27 @@ def _follow(key: str, state: Callable[[], Hashable], note: Callable[[], None] | 
 
 
 def follow(
-    key: str, state: Callable[[], Hashable], *, drawn: Hashable = None, note: Callable[[], None] | None = None
+    key: str,
+    state: Callable[[], Hashable],
+    *,
+    active: bool,
+    drawn: Hashable = None,
+    note: Callable[[], None] | None = None,
 ) -> None:
     """Keep the page in step with the work it shows, driven by that work's state rather than a timer on the page:
-    while a page shows unfinished work (a job queued or running, a document being preprocessed), it calls this with
-    ``state``, a cheap fingerprint of what it draws (the jobs' ids and statuses, say). Every
-    :data:`FOLLOW_EVERY` a small fragment reads ``state()`` again, and when it moved on from ``drawn`` (what the page
-    was drawn with; default: ``state()`` now, so call this before the page reads what it draws) the whole page
-    runs again: a finished build's domains, a healthy deployment, a new export appear with no navigation. ``note``
-    draws a line inside the fragment, redrawn at each check."""
+    while it shows unfinished work (``active``: a job queued or running, a document being preprocessed), every
+    :data:`FOLLOW_EVERY` a small fragment reads ``state()`` again, a cheap fingerprint of what the page draws (the
+    jobs' ids and statuses, say), and when it moved on from ``drawn`` (what the page was drawn with; default:
+    ``state()`` now, so call this before the page reads what it draws) the whole page runs again: a finished
+    build's domains, a healthy deployment, a new export appear with no navigation. ``note`` draws a line inside the
+    fragment, redrawn at each check. Call it on every run, following or not: it always holds its place on the page,
+    so the elements after it keep theirs (a browser shows an element that moved twice until the run ends)."""
+    holder = st.container()
+    if not active:
+        return
     st.session_state[key] = state() if drawn is None else drawn
-    _follow(key, state, note)
+    with holder:
+        _follow(key, state, note)
 
 
 def job_states(kinds: Iterable[str], limit: int = 10) -> tuple[tuple[int, str], ...]:
@@ -137,9 +147,11 @@ def flash(message: str) -> None:
 
 
 def show_flash() -> None:
+    """The note :func:`flash` left, in a place the page always holds (the elements after it keep theirs)."""
+    holder = st.empty()
     message = st.session_state.pop(FLASH_KEY, None)
     if message:
-        st.success(message)
+        holder.success(message)
 
 
 JOB_COLUMNS = ("id", "kind", "status", "priority", "attempt", "progress", "message", "by", "created", "error")

@@ -116,16 +116,17 @@ def documents_state(documents: list) -> tuple:
 
 st.subheader("Page viewer")
 listed = list_documents(limit=500)
-if pending := [d for d in listed if d.status in PENDING]:
-    follow(
-        "documents_followed",
-        lambda: documents_state(list_documents(limit=500)),
-        drawn=documents_state(listed),
-        note=lambda: st.caption(
-            "Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
-            + ". Pages show here as they are stored; this viewer follows the job live, no reload needed."
-        ),
-    )  # fmt: skip
+pending = [d for d in listed if d.status in PENDING]
+follow(
+    "documents_followed",
+    lambda: documents_state(list_documents(limit=500)),
+    active=bool(pending),
+    drawn=documents_state(listed),
+    note=lambda: st.caption(
+        "Being preprocessed: " + ", ".join(f"#{d.id} {d.filename} ({d.status.value})" for d in pending)
+        + ". Pages show here as they are stored; this viewer follows the job live, no reload needed."
+    ),
+)  # fmt: skip
 documents = [d for d in listed if d.page_count > 0 and d.status is not DocumentStatus.failed]
 if not documents:
     if any(d.status in PENDING for d in listed):

@@ -82,8 +82,7 @@ gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"  # API c
 
 # While a model job is queued or running (a deployment's job runs for its whole life), the page follows them and
 # their deployments: an import's model, an export, a healthy deployment in the playground show with no navigation.
-if unfinished(MODEL_KINDS):
-    follow("models_followed", models_state)
+follow("models_followed", models_state, active=unfinished(MODEL_KINDS))
 
 # --- registry -------------------------------------------------------------------------------
 st.subheader("Models")

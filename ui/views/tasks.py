@@ -230,8 +230,7 @@ def recent_builds() -> None:
 
 
 # While a build runs, the page follows it: when it ends, its task set, summary and domains show with no navigation.
-if unfinished(BUILD_KINDS):
-    follow("tasks_followed", lambda: job_states(BUILD_KINDS))
+follow("tasks_followed", lambda: job_states(BUILD_KINDS), active=unfinished(BUILD_KINDS))
 overview()
 
 sets = [ts.name for ts, _ in store.task_sets()]

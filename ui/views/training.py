@@ -486,8 +486,9 @@ def prerequisites(name: str, start: str | None) -> str | None:
             st.button(f"Build the task set {documents.task_set!r} from its {len(ready)} documents",
                       key="prepare_tasks", icon=":material/construction:", on_click=build_preset_tasks,
                       args=(name, ready), disabled=not operator)  # fmt: skip
-    if waits:  # the page follows the preparing jobs: the demo button comes back when they are done
-        follow("prepare_followed", lambda: (job_states(("import_model", "preprocess", "build_tasks")), model_names()))
+    # the page follows the preparing jobs: the demo button comes back when they are done
+    preparing = ("import_model", "preprocess", "build_tasks")
+    follow("prepare_followed", lambda: (job_states(preparing), model_names()), active=bool(waits))
     return "; ".join(waits) or None
 
 
