@@ -54,10 +54,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from posttrain.platform.serving.vllm import VllmProfile  # noqa: E402
 from posttrain.platform.verifiers import TaskSpec  # noqa: E402
 from posttrain.training.inference import (  # noqa: E402
     EmbeddedRolloutEngine,
-    VLLMEngineArgs,
     VLLMServerEngine,
     measure_logprob_mismatch,
     rollout_groups,
@@ -167,8 +167,8 @@ def main() -> None:
     vllm: VLLMServerEngine | None = None
     if args.engine == "vllm":
         started = time.perf_counter()
-        vllm = VLLMServerEngine(path, args=VLLMEngineArgs(dtype="float32", device="cpu", enforce_eager=True,
-                                                          cpu_threads=args.threads, seed=args.seed))  # fmt: skip
+        vllm = VLLMServerEngine(path, args=VllmProfile.for_rollouts(path, dtype="float32", device="cpu", enforce_eager=True,
+                                                                    cpu_threads=args.threads, seed=args.seed))  # fmt: skip
         vllm_ready_s = time.perf_counter() - started
         peers["vllm"] = lambda r: rollout_groups(vllm, tokenizer, tasks, args.group, sampling, seed=r)  # type: ignore[union-attr]
     warm = SamplingConfig(max_new_tokens=4, temperature=args.temperature)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from test_training_tiny import tiny_policy_dir
 
 from posttrain.platform.serving.generation import SHARED_PREFIX_MIN, SamplingParams, Sequence, generate_batch
+from posttrain.platform.serving.vllm import VllmProfile
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.inference import (
     EmbeddedRolloutEngine,
@@ -25,7 +26,6 @@ from posttrain.training.inference import (
     LogprobMismatchError,
     MismatchTolerance,
     VLLMBatcher,
-    VLLMEngineArgs,
     VLLMRolloutEngine,
     check_logprob_mismatch,
     logprob_mismatch,
@@ -301,7 +301,7 @@ def _vllm(tiny_dir: Path, llm_class: type, tmp_path: Path) -> VLLMRolloutEngine:
     FakeLLM.built.clear()
     return VLLMRolloutEngine(
         tiny_dir,
-        args=VLLMEngineArgs(gpu_memory_utilization=0.3, max_model_len=1024, seed=7),
+        args=VllmProfile.for_rollouts(tiny_dir, gpu_memory_utilization=0.3, max_model_len=1024, seed=7),
         weights_dir=tmp_path / "weights",
         llm_class=llm_class,
         sampling_params_class=dict,

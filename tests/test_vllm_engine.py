@@ -12,10 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from posttrain.platform.serving.vllm import find_python, server_env
+from posttrain.platform.serving.vllm import VllmProfile, find_python, server_env
 from posttrain.training.inference import (
     MismatchTolerance,
-    VLLMEngineArgs,
     VLLMServerEngine,
     check_logprob_mismatch,
     measure_logprob_mismatch,
@@ -30,8 +29,13 @@ FLOAT32 = MismatchTolerance(mean_abs_diff=1e-4, kl_k3=1e-8, max_abs_diff=1e-3)
 
 @pytest.fixture(scope="module")
 def vllm_engine(real_model_dir) -> Iterator[VLLMServerEngine]:  # type: ignore[no-untyped-def]
-    args = VLLMEngineArgs(
-        dtype="float32", device="cpu", enforce_eager=True, max_model_len=1024, cpu_threads=torch.get_num_threads()
+    args = VllmProfile.for_rollouts(
+        real_model_dir.path,
+        dtype="float32",
+        device="cpu",
+        enforce_eager=True,
+        max_model_len=1024,
+        cpu_threads=torch.get_num_threads(),
     )  # this process's share of the cores, as a run's learner
     engine = VLLMServerEngine(real_model_dir.path, args=args)
     yield engine

@@ -43,7 +43,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,7 +64,7 @@ from posttrain.platform.serving.generation import (
 from posttrain.platform.serving.generation import Sequence as DecodeSequence
 from posttrain.platform.serving.jobs import free_port
 from posttrain.platform.serving.launcher import ServerProcess
-from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, engine_dtype, find_python, server_env
+from posttrain.platform.serving.vllm import VllmProfile, find_python, server_env
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
@@ -389,44 +389,6 @@ class ContinuousBatcher:
 # ----------------------------------------------------------------------------- the vLLM engines
 
 
-@dataclass(frozen=True)
-class VLLMEngineArgs:
-    """What ``vllm.LLM`` is built with besides the model; the defaults suit one GPU shared with the learner.
-
-    ``logprobs_mode="processed_logprobs"`` makes vLLM report log-probs after temperature scaling
-    (its default, ``raw_logprobs``, ignores the temperature); with ``top_p < 1`` vLLM's processed
-    log-probs are those of the truncated distribution, unlike the embedded engine's. On a CPU
-    (``device="cpu"``) the KV cache is sized in bytes (``kv_cache_memory_bytes``; a memory share there would
-    be a share of the RAM) and ``gpu_memory_utilization`` is not passed.
-    """
-
-    dtype: str = "auto"
-    gpu_memory_utilization: float = 0.5
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    seed: int = 0
-    device: str = "cuda"
-    kv_cache_memory_bytes: int | None = None
-    cpu_threads: int | None = None  # a CPU host's vLLM process: compute threads (default: vLLM's, every core)
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def llm_kwargs(self, model: str) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "model": model, "dtype": engine_dtype(self.dtype, self.device), "enable_prefix_caching": self.enable_prefix_caching,
-            "enforce_eager": self.enforce_eager, "seed": self.seed, "logprobs_mode": "processed_logprobs",
-        }  # fmt: skip
-        if self.device == "cpu":
-            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
-        else:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-            if self.kv_cache_memory_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
-        if self.max_model_len is not None:
-            kwargs["max_model_len"] = self.max_model_len
-        return kwargs | dict(self.extra)
-
-
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 
@@ -460,7 +422,7 @@ class VLLMRolloutEngine:
         self,
         model_path: str | os.PathLike[str],
         *,
-        args: VLLMEngineArgs = VLLMEngineArgs(),
+        args: VllmProfile | None = None,
         weights_dir: str | os.PathLike[str] | None = None,
         version: int = 0,
         llm_class: Any = None,
@@ -469,12 +431,13 @@ class VLLMRolloutEngine:
         if llm_class is None or sampling_params_class is None:
             vllm = _import_vllm()
             llm_class, sampling_params_class = llm_class or vllm.LLM, sampling_params_class or vllm.SamplingParams
+        args = args or VllmProfile.for_rollouts(model_path)
         self.model_path, self.args, self.version = Path(model_path), args, version
         self.weights_dir = (
             Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))
         )
         self._llm_class, self._sampling_params_class = llm_class, sampling_params_class
-        self.llm = llm_class(**args.llm_kwargs(str(self.model_path)))
+        self.llm = llm_class(**args.llm_kwargs(self.model_path))
         self.weight_sync: str | None = None
 
     def sampling_params(
@@ -530,7 +493,7 @@ class VLLMRolloutEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self.llm = self._llm_class(**self.args.llm_kwargs(str(path)))
+        self.llm = self._llm_class(**self.args.llm_kwargs(path))
 
 
 class VLLMBatcher:
@@ -599,16 +562,16 @@ class VLLMServerEngine:
         self,
         model_path: str | os.PathLike[str],
         *,
-        args: VLLMEngineArgs = VLLMEngineArgs(),
+        args: VllmProfile | None = None,
         version: int = 0,
         python: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 600.0,
     ) -> None:
-
+        args = args or VllmProfile.for_rollouts(model_path)
         self.model_path, self.args, self.version = Path(model_path), args, version
         port = free_port("127.0.0.1")
         command = [str(find_python(python)), "-P", str(SERVER_SCRIPT), "--port", str(port),
-                   "--llm", json.dumps(args.llm_kwargs(str(self.model_path))), "--version", str(version)]  # fmt: skip
+                   "--llm", json.dumps(args.llm_kwargs(self.model_path)), "--version", str(version)]  # fmt: skip
         env = {**server_env(cpu_threads=args.cpu_threads if args.device == "cpu" else None), "PYTHONNOUSERSITE": "1"}
         self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env=env,
                                     on_log=lambda line: log.info("vllm: %s", line))  # fmt: skip

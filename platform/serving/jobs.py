@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from sqlmodel import col, select
 
 from posttrain.platform.auth import Identity, action, is_loopback
@@ -208,6 +208,24 @@ class DeployConfig(BaseModel):
         "SEs below the model it was trained from (refused otherwise); the audit log records "
         "who overrode it",
     )
+
+    @field_validator("vllm_overrides", "llamacpp_overrides")
+    @classmethod
+    def _overrides(cls, overrides: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Each engine's overrides are its profile's fields, checked when the job is submitted, not when it starts."""
+        profile, path = (
+            (VllmProfile, "model_path") if info.field_name == "vllm_overrides" else (LlamaCppProfile, "gguf_path")
+        )
+        if unknown := sorted(set(overrides) - set(profile.model_fields) | {path} & set(overrides)):
+            raise ValueError(
+                f"{info.field_name}: {', '.join(unknown)} are not {profile.__name__} fields that a deploy may set "
+                f"(the model's path is the deployment's own); the fields: {', '.join(sorted(set(profile.model_fields) - {path}))}"
+            )
+        try:
+            profile.model_validate({path: "-", **overrides})
+        except ValidationError as exc:
+            raise ValueError(f"{info.field_name}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+        return overrides
 
 
 class RegressionRefused(JobConfigError):

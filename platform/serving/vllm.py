@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -145,14 +145,17 @@ def find_python(configured: str | os.PathLike[str] | None = None) -> Path:
 
 
 class VllmProfile(BaseModel):
-    """One vLLM deployment. The defaults suit one GPU; :meth:`for_tier` with ``device="cpu"`` gives a CPU host's."""
+    """The one definition of vLLM's arguments: a deployment's server command line (:meth:`to_args`, settings from
+    :meth:`for_tier`) and the ``vllm.LLM`` keyword arguments of RL rollouts (:meth:`llm_kwargs`, settings from
+    :meth:`for_rollouts`). The defaults suit one GPU; ``device="cpu"`` sizes the KV cache in bytes (a memory share
+    there would be a share of the RAM) and passes no ``gpu_memory_utilization``."""
 
     model_path: str
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     device: Literal["cuda", "cpu"] = "cuda"
-    max_model_len: int | None = Field(None, ge=256, description="default: the model's own")
+    max_model_len: int | None = Field(None, ge=16, description="default: the model's own")
     gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0, description="share of GPU memory (a GPU host)")
     kv_cache_memory_bytes: int | None = Field(
         None,
@@ -174,7 +177,9 @@ class VllmProfile(BaseModel):
     tool_call_parser: str | None = "hermes"
     dtype: str = "auto"
     seed: int = 0
-    extra_args: list[str] = Field(default_factory=list)
+    cpu_threads: int | None = Field(None, ge=1, description="a CPU host's vLLM process: compute threads (vLLM's own)")
+    extra_args: list[str] = Field(default_factory=list, description="more server arguments")
+    llm_extra: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM keyword arguments")
 
     @model_validator(mode="after")
     def _check(self) -> VllmProfile:
@@ -217,6 +222,31 @@ class VllmProfile(BaseModel):
         if model_max_len is not None:
             fields["max_model_len"] = min(int(fields.get("max_model_len") or model_max_len), model_max_len)  # type: ignore[call-overload]
         return cls.model_validate(fields)
+
+    @classmethod
+    def for_rollouts(cls, model_path: str | os.PathLike[str], **fields: Any) -> VllmProfile:
+        """The rollout engine's vLLM: half a GPU by default (the learner needs the rest)."""
+        return cls.model_validate({"model_path": str(model_path), "gpu_memory_utilization": 0.5, **fields})
+
+    def llm_kwargs(self, model: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """``vllm.LLM``'s keyword arguments for ``model`` (default: :attr:`model_path`; a weight sync reloads from
+        another directory). ``logprobs_mode="processed_logprobs"`` makes vLLM report log-probs after temperature
+        scaling (its default, ``raw_logprobs``, ignores the temperature); with ``top_p < 1`` vLLM's processed
+        log-probs are those of the truncated distribution, unlike the embedded engine's."""
+        kwargs: dict[str, Any] = {
+            "model": str(model or self.model_path), "dtype": engine_dtype(self.dtype, self.device),
+            "enable_prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager, "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+        }  # fmt: skip
+        if self.device == "cpu":
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+        else:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+            if self.kv_cache_memory_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        return kwargs | self.llm_extra
 
     def long_context(self, max_model_len: int) -> VllmProfile:
         """Same profile for long prompts: fp8 KV cache, chunked prefill, prefix caching."""

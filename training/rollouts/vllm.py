@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from posttrain.platform.serving.vllm import VllmProfile
 from posttrain.training.config import VLLMRollout
-from posttrain.training.inference import VLLMEngineArgs, VLLMRolloutEngine, VLLMServerEngine
+from posttrain.training.inference import VLLMRolloutEngine, VLLMServerEngine
 from posttrain.training.rollouts.base import RolloutSetup
 from posttrain.training.rollouts.sync import SyncRollouts
 
@@ -45,11 +46,13 @@ class VLLMRollouts(SyncRollouts):
                 "model directory (not a model object) and no LoRA, or choose another rollout backend"
             )
         device = next(setup.model.parameters()).device.type
-        args = VLLMEngineArgs(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
-                              kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
-                              enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
-                              device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed,
-                              cpu_threads=spec.cpu_threads or torch.get_num_threads())  # fmt: skip
+        args = VllmProfile.for_rollouts(
+            setup.source, dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
+            kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
+            enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
+            device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed,
+            cpu_threads=spec.cpu_threads or torch.get_num_threads(),
+        )  # fmt: skip
         colocated = spec.engine == "colocated" or (
             spec.engine == "auto" and (llm_class is not None or importlib.util.find_spec("vllm") is not None)
         )
