@@ -402,7 +402,8 @@ def test_one_click_demo_on_the_real_model_with_its_estimate_before_and_against_a
     estimate.first.wait_for(timeout=1_200_000)
     expect(demo).to_be_enabled(timeout=60_000)  # the estimate ended: the demo can start
     page.get_by_text("How it was estimated").first.click()
-    page.get_by_test_id("stDataFrame").first.wait_for()  # the stages and how each was measured
+    how = page.get_by_test_id("stExpander").filter(has_text="How it was estimated")
+    how.get_by_test_id("stDataFrame").first.wait_for()  # the stages and how each was measured
     shot(page, "07-estimate-before-launch")
     demo.click()
     launched = page.get_by_text(re.compile(r"Launched the whole 'smollm2-quick' recipe as job \d+"))

@@ -540,9 +540,9 @@ if presets:
             st.caption(f"**Run the demo** waits: {calibrating}.")
         st.caption(presets[demo].description)
         st.caption(" ".join(cost_lines(demo)))
+        live_estimate("train_preset", {"preset": demo}, "demo")
         with st.expander("Every preset's recorded cost"):
             st.dataframe(pd.DataFrame(preset_costs(list(presets))), hide_index=True, width="stretch")
-        live_estimate("train_preset", {"preset": demo}, "demo")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
