@@ -533,7 +533,7 @@ def test_export_the_model_and_take_it_away(browser_page, console) -> None:  # ty
     page.get_by_text(re.compile(r"Queued export_model job \d+")).wait_for()
 
     def exported(p) -> bool:  # type: ignore[no-untyped-def]
-        p.get_by_role("tab", name="Export").click()
+        p.get_by_role("tab", name="Export").first.click()  # a rerun the finished job started may still be drawing
         return p.get_by_text("Take it away").count() > 0
 
     reopen_until(page, console, "Models & Serving", exported, timeout_s=600)
