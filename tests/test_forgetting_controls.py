@@ -161,9 +161,10 @@ def test_the_k3_kl_gradient_pulls_each_token_toward_the_reference() -> None:
 def test_lora_kl_scores_the_base_with_adapters_off_and_its_gradient_pulls_the_policy_back(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from posttrain.training.learner import Learner, local_context
+    from posttrain.training.learner import Learner
     from posttrain.training.modeling import load_policy
     from posttrain.training.rollout import Trajectory
+    from posttrain.training.sharding import local_context
 
     config = GRPOConfig(
         model=str(tiny_model_dir),
