@@ -112,14 +112,17 @@ class PresetRecord(BaseModel):
     pass_before: float | None = None
     pass_after: float | None = None
 
+    @property
+    def held_out(self) -> str | None:
+        """Held-out pass@1 before and after ("15% → 37%"), when the benchmark ran the preset once."""
+        if self.pass_before is None or self.pass_after is None:
+            return None
+        return f"{self.pass_before:.0%} → {self.pass_after:.0%}"
+
     def describe(self) -> str:
         took = f"{self.minutes:.0f} min" + (f" for {self.runs} runs" if self.runs > 1 else "")
         memory = f", peak {self.peak_rss_gb:.1f} GiB" if self.peak_rss_gb else ""
-        figure = (
-            f"; held-out pass@1 {self.pass_before:.0%} → {self.pass_after:.0%}"
-            if self.pass_before is not None and self.pass_after is not None
-            else ""
-        )
+        figure = f"; held-out pass@1 {self.held_out}" if self.held_out else ""
         return f"recorded by bench {self.benchmark} on {self.date[:10]}: {took}{memory}{figure}"
 
 

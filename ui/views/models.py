@@ -553,11 +553,10 @@ tool_turns = c4.number_input(
 )
 image = st.file_uploader("Image (for vision-language models)", type=["png", "jpg", "jpeg", "webp"], key="pg_image")
 if use_tools:  # say what the model can do with tools before anyone asks it to use them
-    untrained = [choices[label][0] for label in picked if tool_training(choices[label][0]) is None]
-    if untrained:
-        trained = sorted(m.name for m in models if tool_training(m.name) is not None)
+    trained = sorted(m.name for m in models if tool_training(m.name) is not None)  # each lineage read once
+    if untrained := sorted({choices[label][0] for label in picked} - set(trained)):
         st.info(
-            f"{', '.join(sorted(set(untrained)))} {'was' if len(set(untrained)) == 1 else 'were'} not trained to call "
+            f"{', '.join(untrained)} {'was' if len(untrained) == 1 else 'were'} not trained to call "
             "tools (no run in its lineage trained on tool calls): expect it to answer in text, or to write code "
             "without running it. "
             + (

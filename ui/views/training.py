@@ -30,7 +30,7 @@ from posttrain.platform.models.registry import ModelNotFound, get_model, lineage
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.store import task_sets
 from posttrain.preprocess.errors import PreprocessError
-from posttrain.training.presets import get_preset, preset_records
+from posttrain.training.presets import PresetRecord, get_preset, preset_records
 from posttrain.ui.common import (
     can,
     fields_table,
@@ -402,44 +402,49 @@ def build_preset_tasks(name: str, ready: list[int]) -> None:
         st.session_state["prepared"] = (True, f"Queued build_tasks job {job_id}: task set {documents.task_set!r}.")
 
 
-def last_run_here(name: str) -> Job | None:
-    """This installation's latest finished run of preset ``name``'s whole recipe."""
-    runs = queue.list_jobs(kind="train_preset", status=JobStatus.succeeded, limit=200)
-    return next((j for j in runs if j.config.get("preset") == name and j.started_at and j.finished_at), None)
+def last_runs_here() -> dict[str, Job]:
+    """This installation's latest finished run of each preset's whole recipe, by preset (one query)."""
+    runs: dict[str, Job] = {}
+    for job in queue.list_jobs(kind="train_preset", status=JobStatus.succeeded, limit=200):
+        if job.started_at and job.finished_at:
+            runs.setdefault(str(job.config.get("preset")), job)
+    return runs
 
 
-def cost_lines(name: str) -> list[str]:
-    """What preset ``name`` cost when a benchmark ran it, and when it last ran here, before any estimate."""
+def run_minutes(job: Job) -> float:
+    assert job.started_at is not None and job.finished_at is not None  # a finished run (last_runs_here)
+    return (job.finished_at - job.started_at).total_seconds() / 60
+
+
+def cost_lines(record: PresetRecord | None, run: Job | None) -> list[str]:
+    """What a preset cost when a benchmark ran it (``record``), and when it last ran here (``run``), before any
+    estimate."""
     lines = []
-    if (record := preset_records().get(name)) is not None:
-        lines.append(record.describe()[0].upper() + record.describe()[1:] + ".")
-    if (run := last_run_here(name)) is not None:
-        assert run.started_at is not None and run.finished_at is not None
-        minutes = (run.finished_at - run.started_at).total_seconds() / 60
+    if record is not None:
+        described = record.describe()
+        lines.append(described[0].upper() + described[1:] + ".")
+    if run is not None:
         peak = (run.result or {}).get("peak_rss_gb")
-        lines.append(f"Last run here (job {run.id}): {minutes:.1f} min" + (f", peak {peak:.1f} GiB." if peak else "."))
+        lines.append(
+            f"Last run here (job {run.id}): {run_minutes(run):.1f} min" + (f", peak {peak:.1f} GiB." if peak else ".")
+        )
     return lines or ["No recording of it yet: **Estimate** times it on this host."]
 
 
-def preset_costs(names: list[str]) -> list[dict[str, Any]]:
+def preset_costs(names: list[str], records: dict[str, PresetRecord], runs: dict[str, Job]) -> list[dict[str, Any]]:
     """One row a preset: its recorded time, runs, memory and held-out figure, and its last run here."""
-    records = preset_records()
     rows = []
     for name in names:
-        record, run = records.get(name), last_run_here(name)
+        record, run = records.get(name), runs.get(name)
         rows.append(
             {
                 "preset": name,
                 "recorded minutes": round(record.minutes, 1) if record else None,
                 "runs": record.runs if record else None,
                 "peak GiB": record.peak_rss_gb if record else None,
-                "held-out pass@1": f"{record.pass_before:.0%} → {record.pass_after:.0%}"
-                if record and record.pass_before is not None and record.pass_after is not None
-                else None,
+                "held-out pass@1": record.held_out if record else None,
                 "benchmark": f"{record.benchmark} ({record.date[:10]})" if record else None,
-                "last run here (min)": round((run.finished_at - run.started_at).total_seconds() / 60, 1)  # type: ignore[operator]
-                if run
-                else None,
+                "last run here (min)": round(run_minutes(run), 1) if run else None,
             }
         )
     return rows
@@ -539,10 +544,11 @@ if presets:
         elif calibrating is not None:
             st.caption(f"**Run the demo** waits: {calibrating}.")
         st.caption(presets[demo].description)
-        st.caption(" ".join(cost_lines(demo)))
+        records, runs = preset_records(), last_runs_here()  # read once for the line and the table
+        st.caption(" ".join(cost_lines(records.get(demo), runs.get(demo))))
         live_estimate("train_preset", {"preset": demo}, "demo")
         with st.expander("Every preset's recorded cost"):
-            st.dataframe(pd.DataFrame(preset_costs(list(presets))), hide_index=True, width="stretch")
+            st.dataframe(pd.DataFrame(preset_costs(list(presets), records, runs)), hide_index=True, width="stretch")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
