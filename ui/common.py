@@ -61,9 +61,9 @@ def job_states(kinds: Iterable[str], limit: int = 10) -> tuple[tuple[int, str], 
     return tuple((int(j.id or 0), j.status.value) for kind in kinds for j in queue.list_jobs(kind=kind, limit=limit))
 
 
-def unfinished(kinds: Iterable[str], limit: int = 10) -> bool:
-    """Whether a job of ``kinds`` (among the latest ``limit`` of each) is queued or running."""
-    return any(status in ("queued", "running") for _, status in job_states(kinds, limit))
+def unfinished(states: Iterable[tuple[int, str]]) -> bool:
+    """Whether a job of ``states`` (:func:`job_states`) is queued or running."""
+    return any(status in ("queued", "running") for _, status in states)
 
 
 def status_label(status: JobStatus) -> str:

@@ -82,7 +82,8 @@ gateway_url = f"http://{settings.gateway_host}:{settings.gateway_port}"  # API c
 
 # While a model job is queued or running (a deployment's job runs for its whole life), the page follows them and
 # their deployments: an import's model, an export, a healthy deployment in the playground show with no navigation.
-follow("models_followed", models_state, active=unfinished(MODEL_KINDS))
+drawn = models_state()  # read once: whether to follow, and what the page is drawn with
+follow("models_followed", models_state, active=unfinished(drawn[0]), drawn=drawn)
 
 # --- registry -------------------------------------------------------------------------------
 st.subheader("Models")

@@ -230,7 +230,8 @@ def recent_builds() -> None:
 
 
 # While a build runs, the page follows it: when it ends, its task set, summary and domains show with no navigation.
-follow("tasks_followed", lambda: job_states(BUILD_KINDS), active=unfinished(BUILD_KINDS))
+build_states = job_states(BUILD_KINDS)
+follow("tasks_followed", lambda: job_states(BUILD_KINDS), active=unfinished(build_states), drawn=build_states)
 overview()
 
 sets = [ts.name for ts, _ in store.task_sets()]
