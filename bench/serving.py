@@ -46,7 +46,6 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import argparse
 import hashlib
 import json
-import socket
 import statistics
 import tempfile
 import time
@@ -57,17 +56,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
-from posttrain.platform.serving import (
-    DEFAULT_TIERS,
-    Deployment,
-    EmbeddedEngine,
-    EngineConfig,
-    GatewayConfig,
-    ServerProcess,
-    create_engine_app,
-    serve_in_thread,
-)
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig, ServerProcess, free_port, load_model
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
+from posttrain.platform.serving import Deployment, EmbeddedEngine, GatewayConfig, create_engine_app, serve_in_thread
 
 # The quoting drill is the tests' (tests/drills.py), shared with this benchmark.
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
@@ -75,12 +66,6 @@ from drills import QuotingRecipe, QuotingRun, quote_cases, teach_quoting
 
 EVAL_SEED = 1_000_003  # the benchmark's documents; the training stream draws from QuotingRecipe.seed (+1)
 DOCUMENTS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews*.pdf"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def chat(
@@ -394,8 +379,8 @@ def engines_comparison(args: argparse.Namespace, work: Workload, tmp: Path) -> N
     """The embedded engine (Q8_0 weights, the q8 tier) beside its fp32 standard tier (today's figure), then llama.cpp
     (the llamacpp tier's deployment command) beside llama-server as a person would start it on the same file; each
     pair side by side, measured in interleaved rounds, on the same short chat prompts."""
+    from posttrain.platform.engines.llamacpp import LlamaCppProfile, find_server
     from posttrain.platform.models.exporter import export_model
-    from posttrain.platform.serving.llamacpp import LlamaCppProfile, find_server
 
     wanted = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(wanted) - {"embedded", "llamacpp"}

@@ -57,24 +57,19 @@ from posttrain.platform.db.engine import DatabaseUnavailable, redact
 from posttrain.platform.db.models import JobStatus, Role
 from posttrain.platform.display import shown
 from posttrain.platform.documents import add_document, list_documents
+from posttrain.platform.engines.inspect import ModelDirError
+from posttrain.platform.failures import BadInput
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.config_file import ConfigFile, read_config_file
 from posttrain.platform.jobs.queue import JobNotFound
-from posttrain.platform.jobs.registry import (
-    BadInput,
-    JobConfigError,
-    kinds,
-    parse_config_text,
-    read_result,
-    validate_config,
-)
+from posttrain.platform.jobs.registry import JobConfigError, kinds, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import Worker
 from posttrain.platform.models.downloads import open_export
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.general_check import GeneralCheck, describe
 from posttrain.platform.models.importer import Dtype, import_model
-from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.interpolate import interpolate_models
+from posttrain.platform.models.jobs import ExportModelConfig, export_registered
 from posttrain.platform.models.registry import (
     ModelNotFound,
     is_registered,
@@ -84,7 +79,7 @@ from posttrain.platform.models.registry import (
 )
 from posttrain.platform.oidc import write_streamlit_secrets
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
-from posttrain.platform.serving.jobs import ExportModelConfig, export_registered, registered_deployments
+from posttrain.platform.serving.jobs import registered_deployments
 from posttrain.platform.settings import SettingsError, get_settings
 from posttrain.platform.supervise import Supervised
 from posttrain.platform.users import disable_user, enable_user

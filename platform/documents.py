@@ -28,9 +28,10 @@ from sqlmodel import col, select
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Chunk, Document, DocumentStatus, Page, Role, utcnow
+from posttrain.platform.failures import BadInput
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JobKind, register
 from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import get_settings
 from posttrain.preprocess.chunking import chunk_document

@@ -263,9 +263,10 @@ def console_deployment(name: str, model_dir: Path, tier: str = "standard") -> It
     healthy deployment: what the console's pages find after a deploy job. Yields the running server."""
     from posttrain.platform.db.engine import session
     from posttrain.platform.db.models import Deployment
+    from posttrain.platform.engines import EngineConfig
+    from posttrain.platform.engines.profiles import DEFAULT_TIERS
     from posttrain.platform.models.registry import register_model
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+    from posttrain.platform.serving import EmbeddedEngine, create_engine_app, serve_in_thread
 
     model = register_model(OPERATOR, name, model_dir)
     engine = EmbeddedEngine(
@@ -489,6 +490,6 @@ def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealMode
 @pytest.fixture(scope="session")
 def real_model(real_model_dir: ImportedRealModel):  # type: ignore[no-untyped-def]
     """The real model loaded once (fp32, eval mode) through the platform's one loader."""
-    from posttrain.platform.models.loader import load_model
+    from posttrain.platform.engines.loader import load_model
 
     return load_model(real_model_dir.path)

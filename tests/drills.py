@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from posttrain.platform.models.loader import load_tokenizer
+from posttrain.platform.engines.loader import load_tokenizer
 from posttrain.training.data import IGNORE, SFTExample
 from posttrain.training.optim import Schedule
 

@@ -14,7 +14,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from posttrain.platform.engines.launcher import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 START_TIMEOUT_S = 120.0
@@ -61,12 +62,6 @@ class RayCluster:
     def worker(self) -> RayNode:
         """The first node after the head."""
         return self.workers[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_node(args: list[str], log: Path, env: dict[str, str]) -> RayNode:

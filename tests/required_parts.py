@@ -94,8 +94,8 @@ def _postgres() -> str | None:
 
 
 def _builtin_model() -> str | None:
+    from posttrain.platform.engines.inspect import ModelDirError
     from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL
-    from posttrain.platform.models.inspect import ModelDirError
 
     try:
         BUILTIN_MODELS[DEFAULT_MODEL].locate()
@@ -105,8 +105,8 @@ def _builtin_model() -> str | None:
 
 
 def _gemma_chunks() -> str | None:
+    from posttrain.platform.engines.inspect import ModelDirError
     from posttrain.platform.models.importer import BUILTIN_MODELS
-    from posttrain.platform.models.inspect import ModelDirError
 
     try:
         BUILTIN_MODELS["gemma3-270m"].parts()  # every wheel located (chunks and licence); nothing is read
@@ -141,7 +141,7 @@ def _cgroups() -> str | None:
 
 
 def _llama_server() -> str | None:
-    from posttrain.platform.serving.llamacpp import LlamaCppMissing, find_server
+    from posttrain.platform.engines.llamacpp import LlamaCppMissing, find_server
 
     try:
         find_server(os.environ.get("POSTTRAIN_LLAMA_SERVER"))
@@ -151,7 +151,7 @@ def _llama_server() -> str | None:
 
 
 def _vllm() -> str | None:
-    from posttrain.platform.serving.vllm import VllmMissing, find_python
+    from posttrain.platform.engines.vllm import VllmMissing, find_python
 
     try:
         find_python(os.environ.get("POSTTRAIN_VLLM_PYTHON"))

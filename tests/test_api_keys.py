@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import os
 import re
-import socket
 import stat
 import subprocess
 import sys
@@ -27,13 +26,14 @@ from posttrain.platform.api_keys import ApiKeyError, KeyRefused, check_key, crea
 from posttrain.platform.auth import Identity, PermissionDenied, audit_log
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import ApiKey, AuditLog, Deployment, Role
-from posttrain.platform.jobs.registry import BadInput
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
+from posttrain.platform.engines.launcher import ServerProcess, free_port
+from posttrain.platform.failures import BadInput
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.registry import register_model
-from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig, GatewayConfig, create_engine_app
+from posttrain.platform.serving import EmbeddedEngine, GatewayConfig, create_engine_app
 from posttrain.platform.serving.auth import OpenServerRefused
 from posttrain.platform.serving.gateway import create_gateway_app
-from posttrain.platform.serving.launcher import ServerProcess
 from posttrain.platform.serving.server import ThreadedServer, serve_in_thread
 from posttrain.platform.settings import get_settings
 
@@ -48,12 +48,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("keys") / "tiny",
         TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

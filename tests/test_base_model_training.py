@@ -19,8 +19,8 @@ from required_parts import require
 from test_base_models import SMALL, base_model_dir
 
 from posttrain.platform.db import migrate
+from posttrain.platform.engines.chat_template import COMPLETION_STOP, COMPLETION_TEMPLATE, completion_cut
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
-from posttrain.platform.models.chat_template import COMPLETION_STOP, COMPLETION_TEMPLATE, completion_cut
 from posttrain.platform.tasks.domains import generate
 from posttrain.training.config import GRPOConfig, SamplingConfig, SFTConfig
 from posttrain.training.data import IGNORE, chat_example, reference_messages

@@ -13,15 +13,14 @@ from conftest import OPERATOR
 from drills import ChatExample, memorize
 
 from posttrain.platform.db import migrate
-from posttrain.platform.models import ModelDirError, TinyModelSpec, build_tiny_model, inspect_model_dir, load_model
-from posttrain.platform.models.chat_template import CHAT_TEMPLATE, GEMMA_TEMPLATE
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig, ModelDirError, inspect_model_dir, load_model
+from posttrain.platform.engines.chat_template import CHAT_TEMPLATE, GEMMA_TEMPLATE
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.exporter import export_model
 from posttrain.platform.models.importer import CHECK_PROMPT, assign_template, import_model
 from posttrain.platform.serving import (
-    DEFAULT_TIERS,
     Deployment,
     EmbeddedEngine,
-    EngineConfig,
     GatewayConfig,
     create_engine_app,
     create_gateway_app,
@@ -122,7 +121,7 @@ def test_a_base_model_is_evaluated_in_the_plain_completion_format(tmp_path: Path
     import jinja2
     import torch
 
-    from posttrain.platform.models.chat_template import COMPLETION_TEMPLATE, completion_answer
+    from posttrain.platform.engines.chat_template import COMPLETION_TEMPLATE, completion_answer
     from posttrain.training.config import EvalConfig
     from posttrain.training.evaluate import evaluate_policy
     from posttrain.training.modeling import load_policy

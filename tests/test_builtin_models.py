@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
+from posttrain.platform.engines.inspect import ModelDirError
 from posttrain.platform.models.importer import (
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
@@ -25,7 +26,6 @@ from posttrain.platform.models.importer import (
     resolve_source,
     sha256_file,
 )
-from posttrain.platform.models.inspect import ModelDirError
 
 GEMMA = BUILTIN_MODELS["gemma3-270m"]
 CHUNKS = pytest.mark.requires("gemma chunks")

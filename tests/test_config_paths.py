@@ -19,10 +19,11 @@ from conftest import OPERATOR
 from test_cli import cli, one_error_line
 from test_jobs import job_count
 
+from posttrain.platform.engines.tiers import tier_catalog
+from posttrain.platform.failures import BadInput
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.config_file import MAX_CONFIG_FILE_BYTES, read_config_file
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, parse_config_text, validate_config
-from posttrain.platform.serving.tiers import tier_catalog
+from posttrain.platform.jobs.registry import JobConfigError, parse_config_text, validate_config
 from posttrain.platform.settings import get_settings
 from posttrain.training.checkpoint import CheckpointError, load_latest_checkpoint, read_trainer_state
 

@@ -22,7 +22,8 @@ sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # te
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
+    from posttrain.platform.engines import load_model
+    from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp(request.param) / "m",
                             TinyModelSpec(architecture=request.param, hidden_size=64, num_layers=2))  # fmt: skip
@@ -30,7 +31,7 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _prefilled(model, prompts: list[list[int]]):  # type: ignore[no-untyped-def]
-    from posttrain.platform.serving.generation import DecodeBatch
+    from posttrain.platform.engines.generation import DecodeBatch
 
     batch = DecodeBatch(model)
     cache, mask, _ = batch._prefill(prompts)
@@ -39,7 +40,7 @@ def _prefilled(model, prompts: list[list[int]]):  # type: ignore[no-untyped-def]
 
 def test_lean_decode_step_computes_what_forward_computes(tiny) -> None:  # type: ignore[no-untyped-def]
     """Rows of different lengths (left padding) and three tokens a step (speculation): the same logits and cache."""
-    from posttrain.platform.serving.generation import LeanDecoder, _forward
+    from posttrain.platform.engines.generation import LeanDecoder, _forward
 
     model = tiny.model
     assert LeanDecoder.supports(model)
@@ -61,8 +62,8 @@ def test_lean_decode_step_computes_what_forward_computes(tiny) -> None:  # type:
 def test_fused_q8_layers_compute_what_the_q8_modules_compute(tiny) -> None:  # type: ignore[no-untyped-def]
     """A quantized model's decode step with each layer in two kernel calls equals the same step through its
     Q8Linear modules; left padding (a mask) included, and Qwen2's q/k/v biases."""
-    from posttrain.platform.serving.generation import LeanDecoder
-    from posttrain.platform.serving.q8 import quantize_q8
+    from posttrain.platform.engines.generation import LeanDecoder
+    from posttrain.platform.engines.q8 import quantize_q8
 
     assert LeanDecoder(tiny.model).fused is None  # fp32 weights: the tensor operations
     model = copy.deepcopy(tiny.model)
@@ -88,7 +89,7 @@ def test_fused_q8_layers_compute_what_the_q8_modules_compute(tiny) -> None:  # t
 
 
 def test_q8_linear_is_close_to_fp32_in_both_paths() -> None:
-    from posttrain.platform.serving.q8 import KERNEL_ROWS, Q8Linear, quantize_q8
+    from posttrain.platform.engines.q8 import KERNEL_ROWS, Q8Linear, quantize_q8
 
     torch.manual_seed(0)
     linear = nn.Linear(256, 96)
@@ -117,9 +118,10 @@ def test_q8_tier_decodes_faster_than_the_standard_tier_on_the_real_model(real_mo
     of the bytes, and how much of that becomes speed depends on the CPU: 4.55x alone on an AMD EPYC host (the
     fused layers in two kernel calls each; the modules' own step was 2.77x), 2.8x alone and 2.3-2.6x beside the
     suite's other worker on a Sapphire Rapids VM, whose one core streams fp32 weights at 10 GB/s."""
-    from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig
-    from posttrain.platform.serving.generation import DecodeBatch, LeanDecoder, SamplingParams, Sequence
-    from posttrain.platform.serving.q8 import Q8Linear
+    from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
+    from posttrain.platform.engines.generation import DecodeBatch, LeanDecoder, SamplingParams, Sequence
+    from posttrain.platform.engines.q8 import Q8Linear
+    from posttrain.platform.serving import EmbeddedEngine
 
     q8 = EmbeddedEngine(EngineConfig(model_path=str(real_model.info.path), tier=DEFAULT_TIERS["q8"]), loaded=real_model)
     assert isinstance(q8.loaded.model.lm_head, Q8Linear) and isinstance(real_model.model.lm_head, nn.Linear)
@@ -172,10 +174,10 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
     gateway (plain and streamed, the same greedy text); cancelling stops the server."""
     from openai import OpenAI
 
+    from posttrain.platform.engines.llamacpp import find_server
     from posttrain.platform.models.registry import register_model
     from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
     from posttrain.platform.serving.jobs import registered_deployments
-    from posttrain.platform.serving.llamacpp import find_server
     from posttrain.platform.serving.server import serve_in_thread
 
     binary = find_server()  # make test builds it (make llamacpp)
@@ -232,7 +234,7 @@ def test_llamacpp_deployment_serves_through_the_gateway(platform_env: dict[str, 
 
 def test_a_tiers_weights_follow_the_engine_that_serves_it() -> None:
     """Unset weights mean q8_0 on llama.cpp and the model's own elsewhere, whichever engine the tier names."""
-    from posttrain.platform.serving import DEFAULT_TIERS
+    from posttrain.platform.engines import DEFAULT_TIERS
 
     assert DEFAULT_TIERS["standard"].weights_for("llamacpp") == "q8_0"
     assert DEFAULT_TIERS["llamacpp"].weights_for("embedded") == "model"

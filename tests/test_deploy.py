@@ -11,9 +11,9 @@ from conftest import OPERATOR, start_worker, stop_deployment, stop_worker, wait_
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus
+from posttrain.platform.engines.inspect import ModelDirError
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import get_model, lineage, list_models, register_model
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def test_a_models_default_tier_marks_its_deployment_for_the_gateway(platform_env
 def test_a_deployment_s_log_keeps_its_lines_but_the_polls_it_answered() -> None:
     """Every engine's health and metrics polls, as each logs them, are counted instead of written; a failed poll and
     every other request stay."""
-    from posttrain.platform.serving.launcher import LogLines
+    from posttrain.platform.engines.launcher import LogLines
 
     kept: list[str] = []
     lines = LogLines(kept.append)

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from required_parts import require
 from test_models_page import tiny_model, tool_caller  # noqa: F401 - the tiny model taught to call the python tool
 
 from posttrain.platform.db.models import JobStatus
+from posttrain.platform.engines.launcher import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -48,12 +48,6 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "e2e"
 PASSWORD = "e2e-admin-password"
 LTNEWS = sorted(Path("/usr/share/doc/texlive-doc/latex/base").glob("ltnews[0-9]*.pdf"))  # single issues, 1-4 pages
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_console(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:  # type: ignore[type-arg]

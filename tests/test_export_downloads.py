@@ -16,9 +16,9 @@ from sqlmodel import col, select
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog
 from posttrain.platform.models.downloads import Download, _members, export_link, open_export
+from posttrain.platform.models.jobs import ExportModelConfig, export_registered
 from posttrain.platform.models.registry import register_model
 from posttrain.platform.serving import GatewayConfig, create_gateway_app, serve_in_thread
-from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
 from posttrain.platform.settings import get_settings
 
 

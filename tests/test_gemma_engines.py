@@ -21,12 +21,13 @@ import torch
 from conftest import OPERATOR
 
 from posttrain.platform.db import migrate
-from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
-from posttrain.platform.models.chat_template import GEMMA_TEMPLATE, reply_end_ids
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig, load_model
+from posttrain.platform.engines.chat_template import GEMMA_TEMPLATE, reply_end_ids
+from posttrain.platform.engines.launcher import ServerProcess
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.exporter import export_model
 from posttrain.platform.models.importer import BUILTIN_MODELS, import_model
-from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
-from posttrain.platform.serving.launcher import ServerProcess
+from posttrain.platform.serving import EmbeddedEngine, create_engine_app, serve_in_thread
 
 NEAR_TIE = 0.05  # top-two logit margin under which a quantised tier may pick the other token
 PROMPTS = ["the cat sat on the mat and the cat sat on", "one two three four five six seven eight nine ten one two"]
@@ -34,8 +35,8 @@ PROMPTS = ["the cat sat on the mat and the cat sat on", "one two three four five
 
 def llama_server(gguf: Path) -> ServerProcess:
     """llama-server on ``gguf`` as the llamacpp engine's profile starts it, one slot, one thread."""
-    from posttrain.platform.serving.jobs import free_port
-    from posttrain.platform.serving.llamacpp import LlamaCppProfile, find_server
+    from posttrain.platform.engines.launcher import free_port
+    from posttrain.platform.engines.llamacpp import LlamaCppProfile, find_server
 
     profile = LlamaCppProfile(gguf_path=str(gguf), port=free_port("127.0.0.1"), parallel=1, ctx_per_slot=512, threads=1)
     return ServerProcess(profile.to_args(find_server()), profile.base_url).start(timeout_s=180)
@@ -83,8 +84,8 @@ def test_every_embedded_tier_serves_gemma3_as_transformers_generates(
     and fast (speculating: a rejected draft is cropped from the sliding-window layers too, which keep their past
     until the crop) tiers give exactly transformers' ``generate`` tokens; the q8 tier the same up to the first
     position where the reference's top two logits are within a near tie. The lean decode step says why it is off."""
-    from posttrain.platform.serving.generation import LeanDecoder
-    from posttrain.platform.serving.q8 import Q8Linear
+    from posttrain.platform.engines.generation import LeanDecoder
+    from posttrain.platform.engines.q8 import Q8Linear
 
     loaded = load_model(gemma3_dir)
     assert (
@@ -102,7 +103,7 @@ def test_every_embedded_tier_serves_gemma3_as_transformers_generates(
             margins.append([float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores])
     for tier in ("standard", "fast", "q8"):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="posttrain.platform.serving.generation"):
+        with caplog.at_level(logging.INFO, logger="posttrain.platform.engines.generation"):
             engine = EmbeddedEngine(EngineConfig(model_path=str(gemma3_dir), served_model_name="g3", tier=DEFAULT_TIERS[tier],
                                                  max_model_len=256)).start()  # fmt: skip
             server = serve_in_thread(create_engine_app(engine))
@@ -170,7 +171,7 @@ def test_vllm_runs_gemma3_as_transformers_does(gemma3_dir: Path) -> None:
     greedy tokens equal transformers' up to the first near tie."""
     import torch
 
-    from posttrain.platform.serving.vllm import find_python, server_env
+    from posttrain.platform.engines.vllm import find_python, server_env
 
     source = load_model(gemma3_dir)
     prompts = [source.tokenizer(p)["input_ids"] for p in PROMPTS]

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 from test_training_tiny import tiny_policy_dir
 
-from posttrain.platform.serving.generation import SHARED_PREFIX_MIN, SamplingParams, Sequence, generate_batch
-from posttrain.platform.serving.vllm import VllmProfile
+from posttrain.platform.engines.generation import SHARED_PREFIX_MIN, SamplingParams, Sequence, generate_batch
+from posttrain.platform.engines.vllm import VllmProfile
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.inference import (
     EmbeddedRolloutEngine,
@@ -557,7 +557,7 @@ def test_a_turn_from_a_cached_prefix_keeps_one_copy_of_its_kv(engine: EmbeddedRo
     held twice (in the batch and in the sequence) while the turn decodes."""
     import weakref
 
-    from posttrain.platform.serving.generation import DecodeBatch
+    from posttrain.platform.engines.generation import DecodeBatch
 
     first = Sequence([1, 20, 30, 31, 32, 33], SamplingParams(max_new_tokens=4), frozenset(), keep_kv=True)
     generate_batch(engine.model, [first], pad_token_id=engine.pad_token_id)
@@ -572,7 +572,7 @@ def test_a_turn_from_a_cached_prefix_keeps_one_copy_of_its_kv(engine: EmbeddedRo
 
 
 def test_the_prefix_store_keeps_its_budget_and_forgets_stale_weights() -> None:
-    from posttrain.platform.serving.generation import KVPrefix
+    from posttrain.platform.engines.generation import KVPrefix
     from posttrain.training.inference import PrefixStore
 
     def prefix(ids: tuple[int, ...]) -> KVPrefix:

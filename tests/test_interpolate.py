@@ -15,9 +15,10 @@ from test_cli import cli, one_error_line
 
 from posttrain.platform.auth import Identity, PermissionDenied, audit_log
 from posttrain.platform.db.models import JobStatus, Role
+from posttrain.platform.engines import load_model
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, validate_config
-from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.interpolate import InterpolationError, interpolate_dirs, interpolate_models
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.tasks.domains import generate, prompt_split

@@ -10,15 +10,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from posttrain.platform.models import (
-    ModelDirError,
-    TinyModelSpec,
-    TinyVisionModelSpec,
-    build_tiny_model,
-    build_tiny_vision_model,
-    inspect_model_dir,
-    load_model,
-)
+from posttrain.platform.engines import ModelDirError, inspect_model_dir, load_model
+from posttrain.platform.models import TinyModelSpec, TinyVisionModelSpec, build_tiny_model, build_tiny_vision_model
 
 SMALL = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -137,7 +130,7 @@ def test_gemma_template_renders_gemma_turns_and_the_tool_format(text_dir: Path) 
     """The platform's Gemma template writes Gemma 3's turns exactly (the peer: Gemma's own template) and, with
     tools, the same Hermes tool format as ChatML inside them, which the platform's parser reads back; a Gemma
     template without tools gets that format from ``with_tool_support``, a tool-less chat still renders as before."""
-    from posttrain.platform.models.chat_template import (
+    from posttrain.platform.engines.chat_template import (
         GEMMA_TEMPLATE,
         model_family,
         template_family,

@@ -17,9 +17,9 @@ import torch
 from conftest import OPERATOR
 from required_parts import require
 
+from posttrain.platform.engines.loader import LoadedModel, load_model
 from posttrain.platform.models.exporter import ExportError, export_model
 from posttrain.platform.models.importer import import_model
-from posttrain.platform.models.loader import LoadedModel, load_model
 
 PROMPTS = [
     "What is the capital of France?",

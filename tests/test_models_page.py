@@ -8,9 +8,9 @@ import pytest
 from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
 from streamlit.testing.v1 import AppTest
 
+from posttrain.platform.engines.tiers import tiers_path
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.registry import register_model, tool_training
-from posttrain.platform.serving.tiers import tiers_path
 from posttrain.platform.settings import get_settings
 
 PAGE = str(REPO_ROOT / "ui" / "views" / "models.py")
@@ -86,9 +86,9 @@ def test_playground_streams_from_a_live_deployment(platform_env: dict[str, str],
 def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[str, str], tiny_model) -> None:  # type: ignore[no-untyped-def]
     """From the Export tab: the commands that serve an export elsewhere and its download, a link to the gateway that
     streams it (a directory as a .tar); signing the link is an operator's action, for the model's recorded exports only."""
+    from posttrain.platform.engines.inspect import ModelDirError
     from posttrain.platform.models.downloads import export_link
-    from posttrain.platform.models.inspect import ModelDirError
-    from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
+    from posttrain.platform.models.jobs import ExportModelConfig, export_registered
 
     register_model(OPERATOR, "mine", tiny_model)
     entry = export_registered(OPERATOR, ExportModelConfig(model="mine", format="hf"), get_settings())
@@ -114,10 +114,11 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
 
     from drills import TokenExample, memorize
 
+    from posttrain.platform.engines import EngineConfig
+    from posttrain.platform.engines.profiles import DEFAULT_TIERS
     from posttrain.platform.sandbox import tool_schemas
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig
+    from posttrain.platform.serving import EmbeddedEngine
     from posttrain.platform.serving.client import PLAYGROUND_TOOLS
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
     from posttrain.platform.serving.protocol import ChatCompletionRequest
 
     engine = EmbeddedEngine(

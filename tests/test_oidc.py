@@ -24,11 +24,12 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from required_parts import require
 from sqlmodel import select
-from test_e2e_console import ARTIFACTS, free_port, launch_chromium, wait_for_console
+from test_e2e_console import ARTIFACTS, launch_chromium, wait_for_console
 
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
+from posttrain.platform.engines.launcher import free_port
 from posttrain.platform.oidc import PROVIDER, oidc_login, write_streamlit_secrets
 from posttrain.platform.settings import OIDCConfig, Settings, SettingsError, load_settings
 

@@ -12,13 +12,12 @@ import httpx
 import openai
 import pytest
 
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
+from posttrain.platform.engines.loader import load_model, load_tokenizer
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
-from posttrain.platform.models.loader import load_model, load_tokenizer
 from posttrain.platform.serving import (
-    DEFAULT_TIERS,
     Deployment,
     EmbeddedEngine,
-    EngineConfig,
     GatewayConfig,
     ThreadedServer,
     create_engine_app,

@@ -23,16 +23,15 @@ from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment as Deployment_
 from posttrain.platform.db.models import JobStatus
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
+from posttrain.platform.engines.inspect import ModelDirError
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
 from posttrain.platform.models.importer import BUILTIN_MODELS, DEFAULT_MODEL, import_model
-from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import get_model, list_models, register_model
 from posttrain.platform.serving import (
-    DEFAULT_TIERS,
     Deployment,
     EmbeddedEngine,
-    EngineConfig,
     GatewayConfig,
     create_engine_app,
     create_gateway_app,

@@ -16,8 +16,9 @@ import psutil
 import pytest
 from PIL import Image
 
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
-from posttrain.platform.serving import DEFAULT_TIERS, EmbeddedEngine, EngineConfig, create_engine_app, serve_in_thread
+from posttrain.platform.serving import EmbeddedEngine, create_engine_app, serve_in_thread
 from posttrain.platform.serving.app import TEXT_REQUEST_BYTES, default_max_request_bytes
 from posttrain.platform.serving.errors import APIError
 from posttrain.platform.serving.images import decode_image_url

@@ -20,16 +20,16 @@ from posttrain.platform.auth import ACTIONS, Identity, PermissionDenied, audit_l
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import ApiKey, Document, Job, Model, Role, Task, User
 from posttrain.platform.documents import add_document
+from posttrain.platform.engines.profiles import TierCatalog
+from posttrain.platform.engines.tiers import save_tiers, tiers_path
 from posttrain.platform.jobs import queue
 from posttrain.platform.models.downloads import export_link
 from posttrain.platform.models.importer import import_model
 from posttrain.platform.models.interpolate import interpolate_models
+from posttrain.platform.models.jobs import ExportModelConfig, export_registered
 from posttrain.platform.models.registry import register_model, set_default_tier
 from posttrain.platform.sandbox.snippet import run_snippet
 from posttrain.platform.serving.client import chat_as, chat_with_tools, try_task
-from posttrain.platform.serving.jobs import ExportModelConfig, export_registered
-from posttrain.platform.serving.profiles import TierCatalog
-from posttrain.platform.serving.tiers import save_tiers, tiers_path
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.jobs import import_jsonl_upload

@@ -13,15 +13,9 @@ import openai
 import pytest
 from PIL import Image
 
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
 from posttrain.platform.models import TinyModelSpec, TinyVisionModelSpec, build_tiny_model, build_tiny_vision_model
-from posttrain.platform.serving import (
-    DEFAULT_TIERS,
-    EmbeddedEngine,
-    EngineConfig,
-    ThreadedServer,
-    create_engine_app,
-    serve_in_thread,
-)
+from posttrain.platform.serving import EmbeddedEngine, ThreadedServer, create_engine_app, serve_in_thread
 from posttrain.platform.serving.app import TEXT_REQUEST_BYTES, default_max_request_bytes
 
 SMALL = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,12 +16,12 @@ import pytest
 from conftest import wait_for
 from drills import ChatExample, memorize
 
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
+from posttrain.platform.engines.launcher import free_port
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.serving import (
-    DEFAULT_TIERS,
     Deployment,
     EmbeddedEngine,
-    EngineConfig,
     GatewayConfig,
     ThreadedServer,
     create_engine_app,
@@ -43,12 +42,6 @@ TOOLS = [
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = "It is 21 C and sunny in Paris."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         ).start()
         engines.append(engine)
         servers.append(serve_in_thread(create_engine_app(engine)))
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens here
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     config = GatewayConfig(
         deployments=[
             Deployment(model="tool", tier="fast", base_url=dead),
@@ -319,7 +312,7 @@ DYING_SERVER = textwrap.dedent("""
 
 
 def test_deployment_dying_mid_stream(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "dying.py"
     script.write_text(DYING_SERVER)
     proc = subprocess.Popen([sys.executable, str(script), str(port)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.platform.models import LoadedModel, TinyModelSpec, build_tiny_model, load_model
-from posttrain.platform.serving.generation import (
+from posttrain.platform.engines import LoadedModel, load_model
+from posttrain.platform.engines.generation import (
     DecodeBatch,
     SamplingParams,
     Sequence,
@@ -14,6 +14,7 @@ from posttrain.platform.serving.generation import (
     generate_batch,
     prompt_lookup_draft,
 )
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_a_common_prefix_is_prefilled_once_and_gives_what_whole_prompts_give(
 ) -> None:
     """Prompts that start alike (the chat template, the same document): that start runs once for one row, and
     every row's logits and cache of real tokens equal those of prefilling its whole prompt."""
-    from posttrain.platform.serving import generation
+    from posttrain.platform.engines import generation
 
     prompts = _prompts(tiny)
     shared = generation._common_prefix(prompts)

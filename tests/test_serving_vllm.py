@@ -5,7 +5,6 @@ environment (``make vllm``, on the CPU here), started by a deploy job and reache
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -13,8 +12,9 @@ import httpx
 import psutil
 import pytest
 
+from posttrain.platform.engines import DEFAULT_TIERS, LaunchError, ServerProcess, TierCatalog, VllmProfile
+from posttrain.platform.engines.launcher import free_port
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
-from posttrain.platform.serving import DEFAULT_TIERS, LaunchError, ServerProcess, TierCatalog, VllmProfile
 
 
 def _arg(args: list[str], flag: str) -> str:
@@ -88,18 +88,12 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_launcher_runs_the_embedded_engine_as_a_subprocess(tmp_path: Path) -> None:
     model = build_tiny_model(
         tmp_path / "tiny",
         TinyModelSpec(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=128),
     )
-    port = _free_port()
+    port = free_port()
     lines: list[str] = []
     command = [
         sys.executable,
@@ -138,7 +132,7 @@ def test_launcher_reports_a_server_that_dies(tmp_path: Path) -> None:
         "--model",
         str(tmp_path / "missing"),
         "--port",
-        str(_free_port()),
+        str(free_port()),
     ]
     with pytest.raises(LaunchError, match="(?s)exited with code 1.*error: model directory .* does not exist"):
         ServerProcess(command, "http://127.0.0.1:1").start(timeout_s=60)
@@ -157,13 +151,13 @@ def test_vllm_deployment_serves_through_the_gateway(platform_env: dict[str, str]
     from openai import OpenAI
 
     from posttrain.platform.db.models import JobStatus
+    from posttrain.platform.engines.vllm import find_python
     from posttrain.platform.jobs import queue
     from posttrain.platform.models.registry import register_model
     from posttrain.platform.serving.client import prometheus_values
     from posttrain.platform.serving.gateway import GatewayConfig, create_gateway_app
     from posttrain.platform.serving.jobs import registered_deployments
     from posttrain.platform.serving.server import serve_in_thread
-    from posttrain.platform.serving.vllm import find_python
 
     python = find_python()  # make test installs it (make vllm)
     register_model(OPERATOR, "smol", real_model_dir.path, meta=real_model_dir.meta)

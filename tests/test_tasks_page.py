@@ -50,10 +50,11 @@ def repairer(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # t
     output (captured by running the same exchange, scripted, through the agent loop in a real sandbox)."""
     from drills import TokenExample, memorize
 
+    from posttrain.platform.engines import EngineConfig
+    from posttrain.platform.engines.profiles import DEFAULT_TIERS
     from posttrain.platform.sandbox import SandboxConfig, SandboxPool, tool_schemas
     from posttrain.platform.sandbox.agent import run_agent
-    from posttrain.platform.serving import EmbeddedEngine, EngineConfig
-    from posttrain.platform.serving.profiles import DEFAULT_TIERS
+    from posttrain.platform.serving import EmbeddedEngine
     from posttrain.platform.serving.protocol import ChatCompletionRequest
     from posttrain.platform.tasks.episodes import PROJECT_TOOLS, episode_messages, lay_out, task_messages
 

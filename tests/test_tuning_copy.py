@@ -24,7 +24,8 @@ from drills import (
     teach_quoting,
 )
 
-from posttrain.platform.models import TinyModelSpec, build_tiny_model, load_model
+from posttrain.platform.engines import load_model
+from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.training.data import collate
 from posttrain.training.learner import sft_loss_sum
 from posttrain.training.optim import lr_at

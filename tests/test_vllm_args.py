@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import OPERATOR
 
+from posttrain.platform.engines.vllm import CPU_KV_CACHE_BYTES, VllmProfile
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError
-from posttrain.platform.serving.vllm import CPU_KV_CACHE_BYTES, VllmProfile
 
 
 def test_the_server_and_the_rollout_engine_read_the_same_fields() -> None:

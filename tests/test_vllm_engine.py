@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from posttrain.platform.serving.vllm import VllmProfile, find_python, server_env
+from posttrain.platform.engines.vllm import VllmProfile, find_python, server_env
 from posttrain.training.inference import (
     MismatchTolerance,
     VLLMServerEngine,

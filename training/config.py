@@ -20,8 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from posttrain.platform.engines.chat_template import resolve_template
 from posttrain.platform.jobs.registry import JOB_PATH
-from posttrain.platform.models.chat_template import resolve_template
 from posttrain.platform.sandbox.tools import TOOL_SCHEMAS
 from posttrain.platform.tasks.domains import get_domain, prompt_space
 from posttrain.platform.tasks.prompt_format import PromptFormat

@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from posttrain.platform.models.chat_template import completion_end, is_completion_format
+from posttrain.platform.engines.chat_template import completion_end, is_completion_format
 from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.verifiers.models import TaskSpec
 

@@ -34,8 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from posttrain.platform import metric_names as names
 from posttrain.platform.db.models import utcnow
+from posttrain.platform.failures import BadInput
 from posttrain.platform.jobs import queue
-from posttrain.platform.jobs.registry import BadInput, JobConfigError, JobKind, register, validate_config
+from posttrain.platform.jobs.registry import JobConfigError, JobKind, register, validate_config
 from posttrain.platform.metrics import duration
 from posttrain.training.jobs import check_task_set, resolve_model
 from posttrain.training.presets import get_preset

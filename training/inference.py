@@ -15,7 +15,7 @@ shapes what is drawn). :func:`rollout_groups` turns any engine's output into the
 makes, tagged with the engine's policy version.
 
 - :class:`EmbeddedRolloutEngine` runs the embedded serving engine's continuous-batching loop
-  (:func:`~posttrain.platform.serving.generation.decode_groups`): each prompt is prefilled once and
+  (:func:`~posttrain.platform.engines.generation.decode_groups`): each prompt is prefilled once and
   its KV cache repeated for its group, and finished rows leave the batch as they finish, where
   ``generate`` keeps them until the longest completion ends.
 - :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in the learner's process (an environment with vLLM, a GPU
@@ -52,19 +52,18 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.platform.models.chat_template import reply_end_ids
-from posttrain.platform.models.loader import load_model
-from posttrain.platform.serving.generation import (
+from posttrain.platform.engines.chat_template import reply_end_ids
+from posttrain.platform.engines.generation import (
     DecodeBatch,
     KVPrefix,
     SamplingParams,
     SpeculationConfig,
     decode_groups,
 )
-from posttrain.platform.serving.generation import Sequence as DecodeSequence
-from posttrain.platform.serving.jobs import free_port
-from posttrain.platform.serving.launcher import ServerProcess
-from posttrain.platform.serving.vllm import VllmProfile, find_python, server_env
+from posttrain.platform.engines.generation import Sequence as DecodeSequence
+from posttrain.platform.engines.launcher import ServerProcess, free_port
+from posttrain.platform.engines.loader import load_model
+from posttrain.platform.engines.vllm import VllmProfile, find_python, server_env
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import MismatchTolerance
 from posttrain.training.learner import completion_batch, completion_logprobs
@@ -160,7 +159,7 @@ class EmbeddedRolloutEngine:
     """Rollouts on the embedded serving engine's decode loop, on CPU or one torch device.
 
     Stops at ``stop_token_ids`` (default: where the model's replies end, its end-of-sequence and end-of-turn tokens,
-    :func:`~posttrain.platform.models.chat_template.reply_end_ids`).
+    :func:`~posttrain.platform.engines.chat_template.reply_end_ids`).
     ``max_num_seqs`` caps the rows decoded together (None: every group of a call at once); waiting
     groups join as rows leave. With ``seed`` a call draws from one generator of its own, so the same
     prompts, weights and seed give the same completions. ``prefix_cache_bytes``: the KV its batchers keep for
@@ -545,7 +544,7 @@ SERVER_SCRIPT = Path(__file__).resolve().parent / "vllm_server.py"
 
 class VLLMServerEngine:
     """Rollouts through vLLM in a process of its own, run by another environment's Python (``.venv-vllm`` on a
-    CPU host, :func:`~posttrain.platform.serving.vllm.find_python`): :mod:`~posttrain.training.vllm_server`
+    CPU host, :func:`~posttrain.platform.engines.vllm.find_python`): :mod:`~posttrain.training.vllm_server`
     on loopback, the learner keeping the platform's environment. The same contract as :class:`VLLMRolloutEngine`:
 
     - :meth:`generate` sends every prompt in one request; the server's engine loop batches them;

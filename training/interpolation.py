@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
-from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.engines.inspect import ModelDirError
+from posttrain.platform.failures import BadInput
+from posttrain.platform.jobs.registry import JobKind, register
 from posttrain.platform.models.interpolate import interpolate_dirs, interpolate_models
 from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.tasks.domains import UnknownDomainError, get_domain

@@ -43,8 +43,9 @@ from sqlmodel import col
 from posttrain.platform import metric_names
 from posttrain.platform.db.engine import retry_transient, session
 from posttrain.platform.db.models import Trajectory
-from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
-from posttrain.platform.models.chat_template import resolve_template
+from posttrain.platform.engines.chat_template import resolve_template
+from posttrain.platform.failures import BadInput
+from posttrain.platform.jobs.registry import JOB_PATH, JobKind, register
 from posttrain.platform.models.general_check import GeneralCheck
 from posttrain.platform.models.registry import (
     TOOL_TRAINING_KEY,

@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 
 from posttrain.platform import metric_names as names
-from posttrain.platform.models.loader import cache_keyword
+from posttrain.platform.engines.loader import cache_keyword
 from posttrain.training import sharding
 from posttrain.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from posttrain.training.config import GRPOConfig, SFTConfig, TrainConfig

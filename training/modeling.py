@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.platform.models.chat_template import COMPLETION, reply_end_ids, resolve_template
-from posttrain.platform.models.loader import load_tokenizer  # the tokenizer loader serving uses too
+from posttrain.platform.engines.chat_template import COMPLETION, reply_end_ids, resolve_template
+from posttrain.platform.engines.loader import load_tokenizer  # the tokenizer loader serving uses too
 
 Policy = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 PolicySource = str | Path | tuple[Any, Any]
@@ -36,7 +36,7 @@ def load_policy(
     rendering prompts and answers the way training and evaluation put them to the model: in ``chat_template`` (a
     family, ``completion`` for the plain completion format, or a Jinja template; :func:`resolve_template`) instead
     of its own; else in its own chat template; a base model (none) in the plain completion format
-    (:data:`~posttrain.platform.models.chat_template.COMPLETION_TEMPLATE`), as TRL trains non-conversational data."""
+    (:data:`~posttrain.platform.engines.chat_template.COMPLETION_TEMPLATE`), as TRL trains non-conversational data."""
     if isinstance(source, tuple):
         model, tokenizer = source
     else:

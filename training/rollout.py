@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from posttrain.platform.models.chat_template import completion_cut, is_completion_format
-from posttrain.platform.models.loader import cache_keyword
+from posttrain.platform.engines.chat_template import completion_cut, is_completion_format
+from posttrain.platform.engines.loader import cache_keyword
 from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.verifiers import TaskSpec, Verdict, VerifierService
 from posttrain.training.config import SamplingConfig
@@ -74,7 +74,7 @@ def make_trajectory(
     tokenizer: PreTrainedTokenizerBase, prompt: list[int], token_ids: list[int], logprobs: list[float], finished: bool
 ) -> Trajectory:
     """One sampled completion of ``prompt``. In the plain completion format the continuation is kept through the
-    token where it goes on to a question of its own (:func:`~posttrain.platform.models.chat_template.completion_cut`):
+    token where it goes on to a question of its own (:func:`~posttrain.platform.engines.chat_template.completion_cut`):
     those tokens are what the learner scores, the answer before that question is what the verifier reads (as in
     evaluation), and the completion counts as finished."""
     if is_completion_format(tokenizer):

@@ -32,13 +32,14 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.platform.auth import Identity
-from posttrain.platform.jobs.registry import BadInput, JobKind, register
+from posttrain.platform.engines.launcher import ServerProcess, free_port
+from posttrain.platform.engines.llamacpp import LlamaCppMissing, find_server
+from posttrain.platform.engines.profiles import Engine
+from posttrain.platform.engines.vllm import VllmMissing, find_python, server_env
+from posttrain.platform.failures import BadInput
+from posttrain.platform.jobs.registry import JobKind, register
 from posttrain.platform.models.registry import ModelNotFound, get_model
-from posttrain.platform.serving.jobs import DeployConfig, free_port, server_command
-from posttrain.platform.serving.launcher import ServerProcess
-from posttrain.platform.serving.llamacpp import LlamaCppMissing, find_server
-from posttrain.platform.serving.profiles import Engine
-from posttrain.platform.serving.vllm import VllmMissing, find_python, server_env
+from posttrain.platform.serving.jobs import DeployConfig, server_command
 from posttrain.platform.stats import fell_beyond, paired_difference
 from posttrain.platform.tasks.episodes import task_messages
 from posttrain.platform.tasks.heldout import task_source

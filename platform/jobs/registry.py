@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from posttrain.platform.failures import BadInput
 from posttrain.platform.settings import get_settings
 
 if TYPE_CHECKING:
@@ -35,20 +36,13 @@ KIND_MODULES: tuple[str, ...] = (
     "posttrain.platform.jobs.selftest",
     "posttrain.platform.documents",
     "posttrain.platform.tasks.jobs",
+    "posttrain.platform.models.jobs",
     "posttrain.platform.serving.jobs",
     "posttrain.training.jobs",
     "posttrain.training.estimate",
     "posttrain.training.interpolation",
     "posttrain.training.tier_card",
 )
-
-
-class BadInput(ValueError):
-    """A job failed because of its input (a kind raises it; never retried)."""
-
-
-class TransientError(RuntimeError):
-    """A failure worth retrying (a flaky network, a busy resource): retried with backoff."""
 
 
 def no_room_left(path: str | Path, margin_bytes: int = 1 << 20) -> bool:

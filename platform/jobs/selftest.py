@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.platform.failures import TransientError
 from posttrain.platform.jobs.context import JobContext
-from posttrain.platform.jobs.registry import JobKind, TransientError, register
+from posttrain.platform.jobs.registry import JobKind, register
 
 
 class SelftestConfig(BaseModel):

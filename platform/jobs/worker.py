@@ -32,12 +32,11 @@ from pydantic import ValidationError
 from posttrain.platform.db.engine import is_transient, reset_engines, retry_transient, session
 from posttrain.platform.db.models import Job, utcnow
 from posttrain.platform.db.models import Worker as WorkerRow
+from posttrain.platform.failures import BadInput, TransientError
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext, JobStopped
 from posttrain.platform.jobs.registry import (
-    BadInput,
     JobConfigError,
-    TransientError,
     get_kind,
     no_room_left,
     result_json,

@@ -1,11 +1,11 @@
-"""Model directories in Hugging Face layout: build tiny ones locally, load any, register them.
+"""Models as the platform keeps them: the registry, import, export, interpolation, the general check's gate, the
+model jobs (``build_model``, ``import_model``, ``export_model``), and tiny models built locally for tests.
 
-    from posttrain.platform.models import build_tiny_model, TinyModelSpec, load_model
+    from posttrain.platform.models import build_tiny_model, TinyModelSpec
     path = build_tiny_model("var/models/tiny", TinyModelSpec())
-    loaded = load_model(path)
 
-Names are imported on first use, so importing the registry or ``inspect_model_dir``
-does not pull in torch (the job worker stays light).
+Reading and running a model directory (``load_model``, ``inspect_model_dir``) is the engine floor's,
+:mod:`posttrain.platform.engines`. Names are imported on first use (the job worker stays light).
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ _EXPORTS = {
     "TinyVisionModelSpec": "specs",
     "build_tiny_model": "factory",
     "build_tiny_vision_model": "factory",
-    "LoadedModel": "loader",
-    "load_model": "loader",
-    "ModelDirError": "inspect",
-    "ModelInfo": "inspect",
-    "inspect_model_dir": "inspect",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -32,7 +32,7 @@ from pathlib import Path
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role
-from posttrain.platform.models.inspect import ModelDirError
+from posttrain.platform.engines.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.settings import Settings, get_settings
 

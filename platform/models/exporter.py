@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.engines.inspect import ModelDirError, inspect_model_dir
 
 ExportFormat = Literal["hf", "gguf"]
 GgufType = Literal["f16", "q8_0"]
@@ -122,7 +122,7 @@ def _declared_dtype(config_dir: Path) -> Any:
 
 def load_tokenizer_for(model_dir: Path) -> Any:
     """The adapter's own tokenizer when it saved one, else the model's (or base's)."""
-    from posttrain.platform.models.loader import load_tokenizer  # torch, transformers
+    from posttrain.platform.engines.loader import load_tokenizer  # torch, transformers
 
     if is_adapter_dir(model_dir) and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
         return load_tokenizer(adapter_base(model_dir))
@@ -131,7 +131,7 @@ def load_tokenizer_for(model_dir: Path) -> Any:
 
 def load_full_model(model_dir: Path, report: Progress) -> Any:
     """The model with full weights in its declared dtype: an adapter is merged into its base."""
-    from posttrain.platform.models.loader import load_model  # torch, transformers
+    from posttrain.platform.engines.loader import load_model  # torch, transformers
 
     config_dir = model_config_dir(model_dir)
     if inspect_model_dir(config_dir).is_vision:

@@ -2,7 +2,7 @@
 
 A text model is a Qwen2- or Llama-architecture causal LM; a vision model is a
 Qwen2-VL model with its processor. Both are saved with ``save_pretrained`` and
-load through :func:`posttrain.platform.models.loader.load_model`, the same code
+load through :func:`posttrain.platform.engines.loader.load_model`, the same code
 that loads real checkpoints.
 """
 
@@ -30,7 +30,7 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
-from posttrain.platform.models.chat_template import CHAT_TEMPLATE
+from posttrain.platform.engines.chat_template import CHAT_TEMPLATE
 from posttrain.platform.models.specs import TinyModelSpec, TinyVisionModelSpec
 from posttrain.platform.models.tokenizer_factory import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 

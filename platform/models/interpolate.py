@@ -35,7 +35,7 @@ from typing import Any
 
 from posttrain.platform.auth import Identity, action, audit
 from posttrain.platform.db.models import Model, Role
-from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.engines.inspect import ModelDirError, inspect_model_dir
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.settings import get_settings
 

@@ -10,9 +10,9 @@ from sqlmodel import col, select
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Model, Role
+from posttrain.platform.engines.inspect import ModelDirError, inspect_model_dir
+from posttrain.platform.engines.tiers import tier_catalog
 from posttrain.platform.models.general_check import META_KEY, GeneralCheck
-from posttrain.platform.models.inspect import ModelDirError, inspect_model_dir
-from posttrain.platform.serving.tiers import tier_catalog
 from posttrain.platform.settings import get_settings
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from posttrain.platform.models.chat_template import CHAT_TEMPLATE
+from posttrain.platform.engines.chat_template import CHAT_TEMPLATE
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"

@@ -18,13 +18,13 @@ Typical use (a code verifier)::
 
 from posttrain.platform.sandbox.agent import EpisodeResult, ModelFn, run_agent
 from posttrain.platform.sandbox.backends import ProcessBackendWarning, SandboxUnavailableError
-from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.factory import make_pool, uses_ray
 from posttrain.platform.sandbox.parser import ParsedTurn, ToolCall, parse_tool_calls
 from posttrain.platform.sandbox.pool import PoolClosedError, PoolExhaustedError, SandboxPool
 from posttrain.platform.sandbox.result import CallError, CallRecord, CallStatus, PoolStatus, ToolResult
 from posttrain.platform.sandbox.sandbox import Sandbox, SandboxStartError
 from posttrain.platform.sandbox.tools import TOOL_SCHEMAS, execute_tool_call, tool_schemas
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 __all__ = [
     "TOOL_SCHEMAS",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.platform.sandbox._server import BESIDE
-from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 SERVER_IN_SANDBOX = "/opt/posttrain/server.py"
 WORK_IN_SANDBOX = "/work"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posttrain.platform.sandbox.backends import SandboxUnavailableError
-from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.pool import SandboxPool
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 if TYPE_CHECKING:
     from posttrain.platform.sandbox.ray_backend import RaySandboxPool

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.platform.sandbox import cgroups, seccomp, workdir
-from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
 WEAKER = "weaker: "

@@ -36,10 +36,10 @@ from posttrain.platform.sandbox.backends import (
     run_as,
     warn_if_weak,
 )
-from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.limits import confinement
 from posttrain.platform.sandbox.result import CallRecord, CallStatus, PoolStatus, ToolResult
 from posttrain.platform.sandbox.sandbox import Sandbox, SandboxStartError
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 MAX_RESTART_DELAY_S = 30.0
 POOL_PREFIXES = ("pool-", "posttrain-sandboxes-")  # <prefix><pid>-<random>: under a root, under the temp dir

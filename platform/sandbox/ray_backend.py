@@ -48,11 +48,11 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.limits import WEAKER
 from posttrain.platform.sandbox.pool import PoolClosedError, PoolExhaustedError, SandboxPool, percentile
 from posttrain.platform.sandbox.result import PoolStatus, ToolMethods, ToolResult, infra_failure
 from posttrain.platform.sandbox.sandbox import RESET_TIMEOUT_S, Sandbox, SandboxStartError
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 RPC_TIMEOUT_S = 30.0  # status, release, info: anything that should answer at once
 CHECKOUT_RPC_S = 3.0  # what a lease request may take beyond its own wait before that node is skipped

@@ -23,7 +23,6 @@ from posttrain.platform.sandbox import _wire as wire
 from posttrain.platform.sandbox import seccomp, workdir
 from posttrain.platform.sandbox.backends import launch_spec, run_as
 from posttrain.platform.sandbox.cgroups import SandboxCgroup
-from posttrain.platform.sandbox.config import SandboxConfig
 from posttrain.platform.sandbox.limits import confinement
 from posttrain.platform.sandbox.result import (
     CallError,
@@ -32,6 +31,7 @@ from posttrain.platform.sandbox.result import (
     ToolResult,
     infra_failure,
 )
+from posttrain.platform.settings.sandbox import SandboxConfig
 from posttrain.platform.supervise import Supervised
 
 RESET_TIMEOUT_S = 15.0

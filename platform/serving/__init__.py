@@ -1,4 +1,6 @@
-"""Serving: the embedded CPU engine, vLLM launch profiles, speed tiers and the gateway.
+"""Serving, the HTTP side: the embedded engine's request scheduler and its OpenAI-compatible app, the gateway in
+front of every deployment, the client, and the ``deploy`` job. What runs the model (decoding, llama.cpp, vLLM, the
+tier profiles, the launcher) is :mod:`posttrain.platform.engines`.
 
 engine = EmbeddedEngine(EngineConfig(model_path="var/models/tiny", tier=DEFAULT_TIERS["fast"])).start()
 server = serve_in_thread(create_engine_app(engine), port=0)   # server.base_url + "/v1"
@@ -18,15 +20,8 @@ _EXPORTS = {
     "GatewayConfig": "gateway",
     "RoutingPolicy": "gateway",
     "create_gateway_app": "gateway",
-    "LaunchError": "launcher",
-    "ServerProcess": "launcher",
-    "DEFAULT_TIERS": "profiles",
-    "EngineConfig": "profiles",
-    "TierCatalog": "profiles",
-    "TierProfile": "profiles",
     "ThreadedServer": "server",
     "serve_in_thread": "server",
-    "VllmProfile": "vllm",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,7 +2,7 @@
 
 Requests are validated and tokenised on the caller's side (errors come back as
 :class:`APIError` before anything is queued). The scheduler thread runs one
-:class:`~posttrain.platform.serving.generation.DecodeBatch` (continuous batching):
+:class:`~posttrain.platform.engines.generation.DecodeBatch` (continuous batching):
 between decode steps, waiting requests join it up to the tier's ``max_num_seqs``,
 and finished ones leave, so a new request waits for one step, not for the whole
 running batch. Tokens flow back to each request's asyncio queue as they are
@@ -45,20 +45,20 @@ from typing import Any, cast
 import torch
 from PIL import Image
 
-from posttrain.platform.models.loader import LoadedModel, load_model
-from posttrain.platform.serving.errors import APIError, bad_request, base_model_cannot_chat
-from posttrain.platform.serving.generation import (
+from posttrain.platform.engines.generation import (
     DecodeBatch,
     SamplingParams,
     Sequence,
     SpeculationConfig,
     accept_tokens,
 )
+from posttrain.platform.engines.loader import LoadedModel, load_model
+from posttrain.platform.engines.profiles import EngineConfig
+from posttrain.platform.engines.q8 import Q8Unavailable, quantize_q8
+from posttrain.platform.serving.errors import APIError, bad_request, base_model_cannot_chat
 from posttrain.platform.serving.images import decode_image_url
 from posttrain.platform.serving.metrics import EngineMetrics
-from posttrain.platform.serving.profiles import EngineConfig
 from posttrain.platform.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from posttrain.platform.serving.q8 import Q8Unavailable, quantize_q8
 from posttrain.platform.serving.tool_parser import TOOL_CALL_OPEN
 
 _ids = itertools.count()
@@ -209,7 +209,7 @@ def _template_messages(
 
 
 def _quantized(loaded: LoadedModel, copy: bool) -> LoadedModel:
-    """``loaded`` with Q8_0 weights (:mod:`~posttrain.platform.serving.q8`); a copy when the caller keeps the original."""
+    """``loaded`` with Q8_0 weights (:mod:`~posttrain.platform.engines.q8`); a copy when the caller keeps the original."""
     if loaded.info.is_vision:
         raise ValueError("q8_0 weights serve text models only; serve a vision model with weights 'model'")
     model = _copy.deepcopy(loaded.model) if copy else loaded.model

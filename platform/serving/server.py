@@ -22,11 +22,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from posttrain.platform.auth import is_loopback
-from posttrain.platform.models.loader import ModelDirError
+from posttrain.platform.engines.loader import ModelDirError
+from posttrain.platform.engines.profiles import DEFAULT_TIERS, EngineConfig, TierCatalog
 from posttrain.platform.serving.app import create_engine_app
 from posttrain.platform.serving.auth import ApiAuth, OpenServerRefused, refuse_open_server
 from posttrain.platform.serving.engine import EmbeddedEngine
-from posttrain.platform.serving.profiles import DEFAULT_TIERS, EngineConfig, TierCatalog
 
 
 class ThreadedServer:

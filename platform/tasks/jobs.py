@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from posttrain.platform.auth import Identity, action
 from posttrain.platform.db.models import Role
+from posttrain.platform.failures import BadInput
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.context import JobContext
-from posttrain.platform.jobs.registry import JOB_PATH, BadInput, JobKind, register
+from posttrain.platform.jobs.registry import JOB_PATH, JobKind, register
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks import store
 from posttrain.platform.tasks.builders import KINDS as DOCUMENT_KINDS

@@ -19,7 +19,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from sqlmodel import select
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Document, Job, JobStatus, Metric, Trajectory
+from posttrain.platform.engines.launcher import free_port
 from posttrain.platform.jobs import queue
 
 pytestmark = pytest.mark.slow
@@ -699,12 +699,6 @@ def test_serving_engine_killed_under_traffic_is_noticed_and_restarted(
 
 
 # --- the console, killed under a running job -----------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _console_up(base: str) -> bool:

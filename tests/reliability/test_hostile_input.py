@@ -779,14 +779,9 @@ def test_job_config_loader_fuzz(
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A tiny model behind the embedded engine on a real uvicorn port, and a gateway in front of it."""
+    from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
-    from posttrain.platform.serving import (
-        DEFAULT_TIERS,
-        EmbeddedEngine,
-        EngineConfig,
-        create_engine_app,
-        serve_in_thread,
-    )
+    from posttrain.platform.serving import EmbeddedEngine, create_engine_app, serve_in_thread
     from posttrain.platform.serving.gateway import Deployment, GatewayConfig, create_gateway_app
 
     path = build_tiny_model(

@@ -187,17 +187,16 @@ def test_a_thousand_queued_jobs_across_kinds_each_run_exactly_once(
 @pytest.fixture(scope="module")
 def chat_stack(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A tiny model served by the embedded engine in both tiers, behind the real gateway."""
+    from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig  # fmt: skip
     from posttrain.platform.models import TinyModelSpec, build_tiny_model
     from posttrain.platform.serving import (
-        DEFAULT_TIERS,
         Deployment,
         EmbeddedEngine,
-        EngineConfig,
         GatewayConfig,
         create_engine_app,
         create_gateway_app,
         serve_in_thread,
-    )  # fmt: skip
+    )
 
     path = build_tiny_model(tmp_path_factory.mktemp("load-model") / "tiny", TinyModelSpec(
         hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128))  # fmt: skip

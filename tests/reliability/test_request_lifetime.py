@@ -33,12 +33,11 @@ import httpx
 import pytest
 from conftest import Reliability, wait_for
 
+from posttrain.platform.engines import DEFAULT_TIERS, EngineConfig
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.serving import (
-    DEFAULT_TIERS,
     Deployment,
     EmbeddedEngine,
-    EngineConfig,
     GatewayConfig,
     ThreadedServer,
     create_engine_app,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from posttrain.platform.serving.vllm import VllmProfile
+from posttrain.platform.engines.vllm import VllmProfile
 from posttrain.training.config import VLLMRollout
 from posttrain.training.inference import VLLMRolloutEngine, VLLMServerEngine
 from posttrain.training.rollouts.base import RolloutSetup

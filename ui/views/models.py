@@ -15,17 +15,17 @@ from sqlmodel import col, select
 
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import Deployment, JobStatus, Model, Role
+from posttrain.platform.engines.inspect import ModelDirError
+from posttrain.platform.engines.tiers import save_tiers, tier_catalog
 from posttrain.platform.jobs import queue
 from posttrain.platform.jobs.registry import JobConfigError, read_result
 from posttrain.platform.models.downloads import export_link
 from posttrain.platform.models.exporter import serve_elsewhere
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
 from posttrain.platform.models.importer import BUILTIN_MODELS, BUILTIN_PREFIX, DEFAULT_MODEL
-from posttrain.platform.models.inspect import ModelDirError
 from posttrain.platform.models.registry import ModelNotFound, list_models, register_model, tool_training
 from posttrain.platform.sandbox import SandboxStartError, SandboxUnavailableError
 from posttrain.platform.serving.client import ChatError, chat_as, chat_with_tools, prometheus_values
-from posttrain.platform.serving.tiers import save_tiers, tier_catalog
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.domains import list_domains
 from posttrain.platform.tasks.store import task_sets

@@ -27,7 +27,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from posttrain.platform.sandbox.config import SandboxConfig
+from posttrain.platform.settings.sandbox import SandboxConfig
 
 ENV_PREFIX = "POSTTRAIN_"
 

@@ -23,8 +23,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from posttrain.platform.models.chat_template import reply_end_ids
-from posttrain.platform.models.inspect import ModelDirError, ModelInfo, inspect_model_dir
+from posttrain.platform.engines.chat_template import reply_end_ids
+from posttrain.platform.engines.inspect import ModelDirError, ModelInfo, inspect_model_dir
 
 
 @functools.cache
@@ -111,7 +111,7 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        """Where a reply ends (:func:`~posttrain.platform.models.chat_template.reply_end_ids`)."""
+        """Where a reply ends (:func:`~posttrain.platform.engines.chat_template.reply_end_ids`)."""
         return reply_end_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
 

@@ -7,7 +7,7 @@ behind the gateway like the embedded engine and vLLM (same lifecycle: :class:`Se
 ``/health``, streams the log into the deploy job's, stops the process group on cancel).
 
 The binary is built from the ``llama-cpp-python`` source distribution on PyPI, which vendors llama.cpp
-(no model hub or GitHub needed): ``make llamacpp`` runs ``python -m posttrain.platform.serving.llamacpp
+(no model hub or GitHub needed): ``make llamacpp`` runs ``python -m posttrain.platform.engines.llamacpp
 build``, which compiles the ``llama-server`` target with cmake (minutes on two cores) into a cache under
 ``~/.cache/posttrain`` keyed by the version, this CPU's instruction set and the build's options, and links
 it into the virtual environment's ``bin``; later builds find the cache. Rollouts for training never use this
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from posttrain.platform.serving.profiles import TierProfile
+from posttrain.platform.engines.profiles import TierProfile
 from posttrain.platform.settings import get_settings
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built
@@ -191,7 +191,7 @@ def install(prefix: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m posttrain.platform.serving.llamacpp")
+    parser = argparse.ArgumentParser(prog="python -m posttrain.platform.engines.llamacpp")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help=f"build {BINARY} (cached) and link it into this environment's bin")
     sub.add_parser("where", help=f"print the {BINARY} a deployment would run")

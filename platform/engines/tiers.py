@@ -9,8 +9,8 @@ from typing import Any
 
 from posttrain.platform.auth import Identity, action, audit
 from posttrain.platform.db.models import Role
-from posttrain.platform.jobs.registry import BadInput
-from posttrain.platform.serving.profiles import TierCatalog
+from posttrain.platform.engines.profiles import TierCatalog
+from posttrain.platform.failures import BadInput
 
 
 def tiers_path(settings: Any) -> Path:

@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from posttrain.platform.serving.llamacpp import cache_root, cpu_flags
+from posttrain.platform.engines.llamacpp import cache_root, cpu_flags
 
 BLOCK = 32  # weights per scale, as in Q8_0
 KERNEL_ROWS = 16  # up to this many activation rows use the kernel; more (a prefill) use dequantized slices

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from posttrain.platform.jobs.registry import BadInput
+from posttrain.platform.failures import BadInput
 
 Engine = Literal["embedded", "llamacpp", "vllm"]
 Weights = Literal["model", "q8_0"]

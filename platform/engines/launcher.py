@@ -1,7 +1,7 @@
 """Run an OpenAI-compatible server as a subprocess: start, wait for /health, stream its log, stop.
 
 The command is any argv: ``VllmProfile.to_args()`` (vLLM from its own environment), or the
-embedded engine's ``python -m posttrain.platform.serving.server ...``.
+embedded engine's ``python -m posttrain.platform.serving.server ...``, on a port :func:`free_port` picks.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,6 +24,13 @@ POLL = re.compile(r"\bGET /(?:health|metrics)\b[^\n]*\b200\b")
 """A line an engine's server logs for a health or metrics poll it answered (uvicorn's access log, as the embedded
 engine and vLLM write it, and llama-server's request log): the deploy job's own checks and the gateway's, every few
 seconds for the deployment's whole life."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` nothing listens on now (the kernel's pick), for a server about to start there."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 class LogLines:

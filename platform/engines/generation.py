@@ -26,8 +26,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from posttrain.platform.models.loader import cache_keyword, forward_parameters
-from posttrain.platform.serving.q8 import FusedLayers
+from posttrain.platform.engines.loader import cache_keyword, forward_parameters
+from posttrain.platform.engines.q8 import FusedLayers
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class LeanDecoder:
 
     Calling transformers' ``forward`` costs a small model more than its arithmetic on a CPU: module hooks, mask
     building, output classes and dtype round trips came to about 20 ms of a 46 ms step for SmolLM2-135M here.
-    This computes what it computes (same modules, so LoRA layers and :class:`~posttrain.platform.serving.q8.Q8Linear`
+    This computes what it computes (same modules, so LoRA layers and :class:`~posttrain.platform.engines.q8.Q8Linear`
     work; RMSNorm in fp32; rotary embeddings from the model's own ``rotary_emb``; the model's KV cache updated
     through ``cache.update``) for any batch of rows, left padding and several tokens per row (speculation) included.
     Prefill stays on ``forward``.

@@ -1,8 +1,8 @@
-"""Configuration of the sandbox subsystem: one pydantic model with defaults.
+"""Configuration of the sandbox subsystem (:mod:`posttrain.platform.sandbox`): one pydantic model with defaults.
 
 The global settings object nests it as ``settings.sandbox`` (environment
-variables ``POSTTRAIN_SANDBOX__POOL_SIZE`` and so on); this module imports no
-settings itself, and every part of the sandbox takes the config explicitly.
+variables ``POSTTRAIN_SANDBOX__POOL_SIZE`` and so on); it lives with the settings, below every floor that reads
+them, and every part of the sandbox takes the config explicitly.
 """
 
 from __future__ import annotations
