@@ -56,13 +56,10 @@ import torch  # noqa: E402
 
 from posttrain.platform.engines.vllm import VllmProfile  # noqa: E402
 from posttrain.platform.verifiers import TaskSpec  # noqa: E402
-from posttrain.training.inference import (  # noqa: E402
-    EmbeddedRolloutEngine,
-    VLLMServerEngine,
-    measure_logprob_mismatch,
-    rollout_groups,
-)
+from posttrain.training.inference import EmbeddedRolloutEngine, rollout_groups  # noqa: E402
+from posttrain.training.logprob_check import measure_logprob_mismatch  # noqa: E402
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, generate_groups  # noqa: E402
+from posttrain.training.vllm_engines import VLLMServerEngine  # noqa: E402
 
 # one task each: short answers (month names, yes/no, unit conversions) next to code and chatty arithmetic
 DOMAINS = ("dates.month_name", "dates.leap_year", "units.km_to_m", "compare.larger.int", "dates.add_days",

@@ -36,7 +36,8 @@ from posttrain.training.config import GRPOConfig, SamplingConfig
 from posttrain.training.environments import EnvironmentLoadError, load_environment
 from posttrain.training.environments.runner import EpisodeRunner, episode_metrics
 from posttrain.training.environments.tool_use import ToolUse
-from posttrain.training.inference import Completion, ContinuousBatcher, EmbeddedRolloutEngine, measure_logprob_mismatch
+from posttrain.training.inference import Completion, ContinuousBatcher, EmbeddedRolloutEngine
+from posttrain.training.logprob_check import measure_logprob_mismatch
 from posttrain.training.rollouts import has_signal
 
 PY = '<tool_call>{{"name": "python", "arguments": {{"code": {code}}}}}</tool_call>'

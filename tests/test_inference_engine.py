@@ -20,21 +20,18 @@ from test_training_tiny import tiny_policy_dir
 from posttrain.platform.engines.generation import SHARED_PREFIX_MIN, SamplingParams, Sequence, generate_batch
 from posttrain.platform.engines.vllm import VllmProfile
 from posttrain.platform.verifiers import TaskSpec
-from posttrain.training.inference import (
-    EmbeddedRolloutEngine,
-    InferenceEngine,
+from posttrain.training.config import MismatchTolerance
+from posttrain.training.inference import EmbeddedRolloutEngine, InferenceEngine, rollout_groups
+from posttrain.training.learner import completion_batch, completion_logprobs
+from posttrain.training.logprob_check import (
     LogprobMismatchError,
-    MismatchTolerance,
-    VLLMBatcher,
-    VLLMRolloutEngine,
     check_logprob_mismatch,
     logprob_mismatch,
     measure_logprob_mismatch,
-    rollout_groups,
 )
-from posttrain.training.learner import completion_batch, completion_logprobs
 from posttrain.training.modeling import load_policy, snapshot_state
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, prompt_ids
+from posttrain.training.vllm_engines import VLLMBatcher, VLLMRolloutEngine
 
 TASKS = [TaskSpec(domain="lower", prompt=f"Write lowercase {i}", verifier={"kind": "exact"}, reference="x", task_id=f"l{i}")
          for i in range(4)]  # fmt: skip

@@ -22,8 +22,9 @@ from posttrain.platform.settings import get_settings
 from posttrain.platform.verifiers import BaseSpec, TaskSpec, Verdict, VerifierKind, VerifierService, register_verifier
 from posttrain.platform.verifiers.pool import PoolConfig
 from posttrain.training.config import GRPOConfig
-from posttrain.training.inference import Completion, LogprobMismatchError
+from posttrain.training.inference import Completion
 from posttrain.training.learner import completion_batch, completion_logprobs, prompt_passes, shared_prompt_logprobs
+from posttrain.training.logprob_check import LogprobMismatchError
 from posttrain.training.loop import train_grpo
 from posttrain.training.modeling import load_policy
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, generate_groups

@@ -13,13 +13,10 @@ import pytest
 import torch
 
 from posttrain.platform.engines.vllm import VllmProfile, find_python, server_env
-from posttrain.training.inference import (
-    MismatchTolerance,
-    VLLMServerEngine,
-    check_logprob_mismatch,
-    measure_logprob_mismatch,
-)
+from posttrain.training.config import MismatchTolerance
+from posttrain.training.logprob_check import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.rollout import SamplingConfig, Trajectory
+from posttrain.training.vllm_engines import VLLMServerEngine
 
 pytestmark = pytest.mark.requires("vllm")
 

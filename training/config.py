@@ -596,7 +596,7 @@ LEGACY_ROLLOUT_KEYS = (
 
 class MismatchTolerance(BaseModel):
     """How far behaviour log-probs (recorded by the inference engine) may drift from the learner's before
-    training stops (:func:`posttrain.training.inference.check_logprob_mismatch`).
+    training stops (:func:`posttrain.training.logprob_check.check_logprob_mismatch`).
 
     The defaults let a bf16 engine through (about 0.01 mean absolute difference is usual) and stop
     one sampling from other weights (a missed weight push, another temperature); an fp32 engine on

@@ -1,4 +1,4 @@
-"""The inference engine protocol rollouts sample through, its two engines, and the log-prob agreement check.
+"""The inference engine protocol rollouts sample through, and the embedded engine.
 
     engine = EmbeddedRolloutEngine.from_dir("var/models/tiny")           # CPU: serving's decode loop
     groups = rollout_groups(engine, engine.tokenizer, tasks, group_size=8, sampling=SamplingConfig())
@@ -14,42 +14,31 @@ shapes what is drawn). :func:`rollout_groups` turns any engine's output into the
 :class:`~posttrain.training.rollout.RolloutGroup` s that :func:`~posttrain.training.rollout.generate_groups`
 makes, tagged with the engine's policy version.
 
-- :class:`EmbeddedRolloutEngine` runs the embedded serving engine's continuous-batching loop
+- :class:`EmbeddedRolloutEngine` (here) runs the embedded serving engine's continuous-batching loop
   (:func:`~posttrain.platform.engines.generation.decode_groups`): each prompt is prefilled once and
   its KV cache repeated for its group, and finished rows leave the batch as they finish, where
   ``generate`` keeps them until the longest completion ends.
-- :class:`VLLMRolloutEngine` drives ``vllm.LLM`` in the learner's process (an environment with vLLM, a GPU
-  host's), :class:`VLLMServerEngine` drives it in a process of its own from vLLM's own environment (``.venv-vllm``
-  on a CPU host); both push the learner's weights into it after every update.
+- The vLLM engines are :mod:`posttrain.training.vllm_engines`'; how the learner's weights reach an engine in
+  another process, :mod:`posttrain.training.weight_sync`; the check that an engine samples from the learner's
+  weights, :mod:`posttrain.training.logprob_check`.
 
 Each engine's :meth:`~InferenceEngine.batcher` serves a multi-turn environment's episodes, one completion
 at a time per episode thread, batched underneath: :class:`ContinuousBatcher` on the embedded engine's
-decode loop, :class:`VLLMBatcher` and :class:`VLLMServerBatcher` on vLLM's engine loop.
-
-Behaviour and learner log-probs of the same tokens should agree up to numerics (fp32 CPU: about
-1e-6; bf16 engines: about 1e-2 mean absolute difference); :func:`measure_logprob_mismatch` and
-:func:`check_logprob_mismatch` catch an engine that samples from weights other than the learner's.
+decode loop, the vLLM batchers on vLLM's engine loop.
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import httpx
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.platform.engines.chat_template import reply_end_ids
@@ -61,15 +50,10 @@ from posttrain.platform.engines.generation import (
     decode_groups,
 )
 from posttrain.platform.engines.generation import Sequence as DecodeSequence
-from posttrain.platform.engines.launcher import ServerProcess, free_port
 from posttrain.platform.engines.loader import load_model
-from posttrain.platform.engines.vllm import VllmProfile, find_python, server_env
 from posttrain.platform.verifiers import TaskSpec
-from posttrain.training.config import MismatchTolerance
-from posttrain.training.learner import completion_batch, completion_logprobs
-from posttrain.training.modeling import autocast, eval_mode
+from posttrain.training.modeling import eval_mode
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, make_trajectory, prompt_ids
-from posttrain.training.vllm_server import Driver, completion
 
 log = logging.getLogger(__name__)
 
@@ -383,428 +367,3 @@ class ContinuousBatcher:
             future = out.pop(id(seq), None)
             if future is not None:
                 future.set_result(Completion(seq.generated, seq.logprobs, seq.finish_reason == "stop"))
-
-
-# ----------------------------------------------------------------------------- the vLLM engines
-
-
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
-
-
-def with_output_layer(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The learner's weights as vLLM must get them: ``lm_head.weight`` named even when the model ties it to the
-    embeddings (vLLM's CPU backend keeps a packed copy of the output layer, which an update without it leaves
-    stale: log-probs then drift by about 0.6)."""
-    weights = dict(state_dict)
-    if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    return weights
-
-
-class VLLMRolloutEngine:
-    """Rollouts through vLLM in the learner's process (``vllm.LLM``): a host whose environment has vLLM (a GPU
-    host's ``gpu`` extra), the engine colocated with the learner.
-
-    Sampling: one ``SamplingParams(n=..., temperature, top_p, max_tokens, logprobs=0, seed)`` per
-    call, prompts given as token ids; ``logprobs=0`` returns the sampled token's log-prob only.
-
-    Weights (:meth:`load_weights`, after every update) go through the workers' supported in-place reload,
-    ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` with ``lm_head`` named
-    (:func:`with_output_layer`), never through the model object's private attributes (on vLLM's CPU backend,
-    which repacks linear weights, the model's own ``load_weights`` fails). A vLLM without that reload gets the
-    state saved as a model directory under ``weights_dir`` and a new ``LLM`` built on it. Either is followed
-    by ``llm.reset_prefix_cache()`` (cached prefixes hold the old weights' keys and values); ``weight_sync``
-    says which way the last update went.
-    """
-
-    def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        args: VllmProfile | None = None,
-        weights_dir: str | os.PathLike[str] | None = None,
-        version: int = 0,
-        llm_class: Any = None,
-        sampling_params_class: Any = None,
-    ) -> None:
-        if llm_class is None or sampling_params_class is None:
-            vllm = _import_vllm()
-            llm_class, sampling_params_class = llm_class or vllm.LLM, sampling_params_class or vllm.SamplingParams
-        args = args or VllmProfile.for_rollouts(model_path)
-        self.model_path, self.args, self.version = Path(model_path), args, version
-        self.weights_dir = (
-            Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))
-        )
-        self._llm_class, self._sampling_params_class = llm_class, sampling_params_class
-        self.llm = llm_class(**args.llm_kwargs(self.model_path))
-        self.weight_sync: str | None = None
-
-    def sampling_params(
-        self, n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
-    ) -> Any:
-        return self._sampling_params_class(
-            n=n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=max_new_tokens or sampling.max_new_tokens,
-            logprobs=0,
-            seed=seed,
-        )
-
-    def generate(
-        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
-    ) -> list[list[Completion]]:
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts],
-            sampling_params=self.sampling_params(n, sampling, seed),
-            use_tqdm=False,
-        )
-        return [[_vllm_completion(o) for o in out.outputs] for out in outputs]
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        weights = with_output_layer(state_dict)
-        if not self._reload_through_rpc(list(weights.items())):
-            self._rebuild_from(save_weights(weights, self.model_path, self.weights_dir, version))
-            self.weight_sync = "reload_from_dir"
-        self.llm.reset_prefix_cache()
-        self.version = version
-
-    def batcher(self, *, seed: int = 0) -> VLLMBatcher:
-        return VLLMBatcher(self, seed=seed)
-
-    def close(self) -> None:
-        self.llm = None
-        shutil.rmtree(self.weights_dir, ignore_errors=True)
-
-    def _reload_through_rpc(self, weights: list[tuple[str, torch.Tensor]]) -> bool:
-        if not hasattr(self.llm, "collective_rpc"):
-            return False
-        try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        except Exception as exc:  # older workers have no in-place reload: save and rebuild instead
-            log.warning("vLLM collective_rpc('reload_weights') failed (%s); reloading from a saved directory", exc)
-            return False
-        self.weight_sync = "collective_rpc"
-        return True
-
-    def _rebuild_from(self, path: Path) -> None:
-        self.llm = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        self.llm = self._llm_class(**self.args.llm_kwargs(path))
-
-
-class VLLMBatcher:
-    """:class:`ContinuousBatcher`'s contract on a colocated :class:`VLLMRolloutEngine`, for multi-turn episodes:
-    callers' requests go into vLLM's own engine loop through the rollout server's
-    :class:`~posttrain.training.vllm_server.Driver` (``add_request`` between ``step`` s, one driver thread making
-    every engine call), which batches them continuously and shares cached prefixes (a group's first turns, an
-    episode's earlier turns). Request j draws with seed ``seed + j``, so the same requests in the same order sample
-    the same completions."""
-
-    def __init__(self, engine: VLLMRolloutEngine, *, seed: int = 0) -> None:
-        self.engine, self._seed, self._asked = engine, seed, 0
-        self._lock = threading.Lock()
-        self._driver = Driver(engine.llm, engine._sampling_params_class)
-        self._thread = threading.Thread(target=self._driver.run, name="posttrain-vllm-batcher", daemon=True)
-        self._thread.start()
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def complete(
-        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
-    ) -> Completion:
-        """One completion of ``prompt_ids`` (at most ``max_new_tokens``, else the sampling config's)."""
-        with self._lock:
-            j, self._asked = self._asked, self._asked + 1
-        answer = self._driver.generate(vllm_request(prompt_ids, 1, sampling, self._seed + j, max_new_tokens)).result()
-        return Completion(**answer["completions"][0])
-
-    def forget_prefixes(self) -> None:  # vLLM's prefix cache is its own, within its KV budget
-        pass
-
-    def close(self) -> None:
-        self._driver.close()
-        self._thread.join(timeout=30)
-
-
-def vllm_request(
-    prompt: Sequence[int], n: int, sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
-) -> dict[str, Any]:
-    """One request as the rollout server's :class:`~posttrain.training.vllm_server.Driver` takes it."""
-    return {"prompt": list(prompt), "n": n, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "max_tokens": max_new_tokens or sampling.max_new_tokens, "seed": seed}  # fmt: skip
-
-
-SERVER_SCRIPT = Path(__file__).resolve().parent / "vllm_server.py"
-
-
-class VLLMServerEngine:
-    """Rollouts through vLLM in a process of its own, run by another environment's Python (``.venv-vllm`` on a
-    CPU host, :func:`~posttrain.platform.engines.vllm.find_python`): :mod:`~posttrain.training.vllm_server`
-    on loopback, the learner keeping the platform's environment. The same contract as :class:`VLLMRolloutEngine`:
-
-    - :meth:`generate` sends every prompt in one request; the server's engine loop batches them;
-    - :meth:`load_weights` writes the learner's state (``lm_head`` named: :func:`with_output_layer`) to one
-      safetensors file in shared memory and the server reloads it through the workers' ``reload_weights``;
-      ``sync_seconds`` keeps each update's time;
-    - every answer names the policy version its weights were when the request went in, and a completion sampled
-      from any other version than the engine's raises (a rollout always knows what sampled it);
-    - :meth:`batcher` serves multi-turn episodes: each episode thread's request goes to the server, whose engine
-      loop batches the concurrent ones.
-    """
-
-    def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        args: VllmProfile | None = None,
-        version: int = 0,
-        python: str | os.PathLike[str] | None = None,
-        start_timeout_s: float = 600.0,
-    ) -> None:
-        args = args or VllmProfile.for_rollouts(model_path)
-        self.model_path, self.args, self.version = Path(model_path), args, version
-        port = free_port("127.0.0.1")
-        command = [str(find_python(python)), "-P", str(SERVER_SCRIPT), "--port", str(port),
-                   "--llm", json.dumps(args.llm_kwargs(self.model_path)), "--version", str(version)]  # fmt: skip
-        env = {**server_env(cpu_threads=args.cpu_threads if args.device == "cpu" else None), "PYTHONNOUSERSITE": "1"}
-        self.server = ServerProcess(command, f"http://127.0.0.1:{port}", env=env,
-                                    on_log=lambda line: log.info("vllm: %s", line))  # fmt: skip
-        self.server.start(timeout_s=start_timeout_s)
-        self.client = httpx.Client(base_url=self.server.base_url, timeout=httpx.Timeout(None, connect=10.0))
-        shm = Path("/dev/shm")
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="posttrain-vllm-weights-", dir=shm if shm.is_dir() else None))
-        self.weight_sync = "reload_weights"
-        self.sync_seconds: list[float] = []
-
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        resp = self.client.post(path, json=body)
-        if resp.status_code != 200:
-            raise RuntimeError(f"the vLLM rollout server at {self.server.base_url} answered {path} with "
-                               f"{resp.status_code}: {resp.text[:500]}")  # fmt: skip
-        return resp.json()
-
-    def _completions(self, answer: dict[str, Any]) -> list[Completion]:
-        if answer["version"] != self.version:
-            raise RuntimeError(f"the vLLM rollout server sampled with policy version {answer['version']}, "
-                               f"not {self.version}: a weight update and a rollout overlapped")  # fmt: skip
-        return [Completion(**c) for c in answer["completions"]]
-
-    def generate(
-        self, prompts: Sequence[list[int]], n: int, sampling: SamplingConfig, *, seed: int | None = None
-    ) -> list[list[Completion]]:
-        answers = self._post("/generate", {"requests": [vllm_request(p, n, sampling, seed) for p in prompts]})
-        return [self._completions(a) for a in answers["outputs"]]
-
-    def complete(
-        self, prompt_ids: Sequence[int], sampling: SamplingConfig, seed: int | None, max_new_tokens: int | None = None
-    ) -> Completion:
-        (answer,) = self._post(
-            "/generate", {"requests": [vllm_request(prompt_ids, 1, sampling, seed, max_new_tokens)]}
-        )["outputs"]
-        return self._completions(answer)[0]
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        path = self._weights_dir / "weights.safetensors"
-        weights, seen = {}, set()
-        for name, tensor in with_output_layer(state_dict).items():  # a tensor shared by two names is written twice
-            tensor = tensor.detach().to("cpu").contiguous()
-            weights[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
-            seen.add(tensor.data_ptr())
-        save_file(weights, str(path), metadata={"format": "pt"})
-        try:
-            answer = self._post("/weights", {"path": str(path), "version": version})
-        finally:
-            path.unlink(missing_ok=True)
-        self.sync_seconds.append(float(answer["seconds"]))
-        self.version = version
-
-    def batcher(self, *, seed: int = 0) -> VLLMServerBatcher:
-        return VLLMServerBatcher(self, seed=seed)
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop()
-        shutil.rmtree(self._weights_dir, ignore_errors=True)
-
-
-class VLLMServerBatcher:
-    """:class:`ContinuousBatcher`'s contract on a :class:`VLLMServerEngine`: each caller's request goes to the
-    server as it comes, and the server's engine loop batches the concurrent ones. Request j draws with seed
-    ``seed + j``."""
-
-    def __init__(self, engine: VLLMServerEngine, *, seed: int = 0) -> None:
-        self.engine, self._seed, self._asked = engine, seed, 0
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def complete(
-        self, prompt_ids: Sequence[int], sampling: SamplingConfig, *, max_new_tokens: int | None = None
-    ) -> Completion:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the batcher is closed")
-            j, self._asked = self._asked, self._asked + 1
-        return self.engine.complete(prompt_ids, sampling, self._seed + j, max_new_tokens)
-
-    def forget_prefixes(self) -> None:  # the server's prefix cache is its own, within its KV budget
-        pass
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-
-
-def _import_vllm() -> Any:
-    os.environ.setdefault(
-        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
-    )  # the engine core in this process (its batcher drives it)
-    try:
-        import vllm  # optional: the gpu extra
-    except ImportError as exc:
-        raise ImportError(
-            "VLLMRolloutEngine needs vLLM in this environment (a GPU host: pip install 'posttrain[gpu]'); "
-            "elsewhere VLLMServerEngine runs it from its own environment (make vllm)"
-        ) from exc
-    return vllm
-
-
-def _vllm_completion(output: Any) -> Completion:
-    """A vLLM ``CompletionOutput`` (token ids, per-token ``{token_id: Logprob}``, finish reason) as a Completion."""
-    return Completion(**completion(output))
-
-
-def save_weights(state_dict: Mapping[str, torch.Tensor], source: Path, weights_dir: Path, version: int) -> Path:
-    """``state_dict`` as a model directory ``weights_dir/version-N`` (the source directory's config and
-    tokenizer files, one ``model.safetensors``), written to a temporary name and renamed; older
-    versions are removed."""
-    weights_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".version-", dir=weights_dir))
-    for item in source.iterdir():
-        if item.is_file() and not item.name.endswith(WEIGHT_FILES):
-            shutil.copy2(item, staging / item.name)
-    save_file(
-        {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()},
-        str(staging / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    final = weights_dir / f"version-{version}"
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
-    for old in weights_dir.glob("version-*"):
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-# ----------------------------------------------------------------------------- behaviour vs learner log-probs
-
-
-@dataclass(frozen=True)
-class LogprobMismatch:
-    """How far the behaviour log-probs recorded at sampling are from the learner's for the same tokens.
-
-    With ``d = learner - behaviour`` per completion token: ``mean_abs_diff`` and ``max_abs_diff`` of
-    ``|d|`` (slime's ``train_rollout_logprob_abs_diff``), ``kl_k1 = mean(-d)`` and
-    ``kl_k3 = mean(exp(d) - d - 1)``, estimates of KL(behaviour || learner) from the sampled tokens
-    (verl's ``rollout_corr/kl`` and ``k3_kl``; k3 is never negative), the importance ratio
-    ``exp(d)``'s mean, min and max (TRL's ``importance_sampling_ratio``) and the mean absolute
-    difference of the probabilities (verl's ``rollout_probs_diff_mean``).
-    """
-
-    tokens: int
-    mean_abs_diff: float
-    max_abs_diff: float
-    kl_k1: float
-    kl_k3: float
-    ratio_mean: float
-    ratio_min: float
-    ratio_max: float
-    prob_abs_diff_mean: float
-
-    def metrics(self, prefix: str = "rollout/logprob_") -> dict[str, float]:
-        return {f"{prefix}{name}": float(getattr(self, name)) for name in self.__dataclass_fields__}
-
-
-_EXP_BOUND = 20.0  # |d| beyond this is clamped before exp (verl's SAFETY_BOUND)
-
-
-def logprob_mismatch(behaviour: torch.Tensor, learner: torch.Tensor, mask: torch.Tensor) -> LogprobMismatch:
-    """The mismatch over the tokens where ``mask`` is 1 (all three tensors: completions x tokens)."""
-    keep = mask.bool()
-    if not keep.any():
-        raise ValueError("logprob_mismatch: the mask selects no tokens")
-    b, lp = behaviour.detach().double()[keep], learner.detach().double()[keep]
-    d = lp - b
-    ratio = torch.exp(d.clamp(-_EXP_BOUND, _EXP_BOUND))
-    return LogprobMismatch(
-        tokens=int(keep.sum()),
-        mean_abs_diff=float(d.abs().mean()),
-        max_abs_diff=float(d.abs().max()),
-        kl_k1=float((-d).mean()),
-        kl_k3=float((ratio - d - 1).mean()),
-        ratio_mean=float(ratio.mean()),
-        ratio_min=float(ratio.min()),
-        ratio_max=float(ratio.max()),
-        prob_abs_diff_mean=float((lp.exp() - b.exp()).abs().mean()),
-    )
-
-
-def measure_logprob_mismatch(
-    model: torch.nn.Module,
-    trajectories: Sequence[Trajectory],
-    *,
-    pad_id: int,
-    temperature: float,
-    bf16: bool | None = False,
-) -> LogprobMismatch:
-    """Recompute the trajectories' completion log-probs with the learner's ``model`` (its own batch
-    layout, :func:`~posttrain.training.learner.completion_logprobs`) and compare them with the
-    behaviour log-probs recorded at sampling."""
-    device = next(model.parameters()).device
-    batch = completion_batch(trajectories, [0.0] * len(trajectories), pad_id)
-    with eval_mode(model), torch.no_grad(), autocast(device, bf16):
-        learner = completion_logprobs(model, batch, device, temperature).float().cpu()
-    return logprob_mismatch(batch.old_logprobs, learner, batch.mask)
-
-
-class LogprobMismatchError(RuntimeError):
-    """Behaviour and learner log-probs disagree beyond the tolerance; ``mismatch`` holds the figures."""
-
-    def __init__(self, message: str, mismatch: LogprobMismatch) -> None:
-        super().__init__(message)
-        self.mismatch = mismatch
-
-
-def check_logprob_mismatch(mismatch: LogprobMismatch, tolerance: MismatchTolerance | None = None) -> None:
-    """Raise :class:`LogprobMismatchError` naming each figure past its tolerance (the defaults when none is given)."""
-    tolerance = tolerance or MismatchTolerance()
-    limits = {
-        "mean_abs_diff": tolerance.mean_abs_diff,
-        "kl_k3": tolerance.kl_k3,
-        "max_abs_diff": tolerance.max_abs_diff,
-    }
-    over = [
-        f"{name} {getattr(mismatch, name):.4g} > {limit:g}"
-        for name, limit in limits.items()
-        if limit is not None and getattr(mismatch, name) > limit
-    ]
-    if not over:
-        return
-    raise LogprobMismatchError(
-        f"behaviour log-probs (recorded at sampling) and the learner's disagree over {mismatch.tokens} tokens: "
-        f"{'; '.join(over)} (mean |d| {mismatch.mean_abs_diff:.4g}, max |d| {mismatch.max_abs_diff:.4g}, "
-        f"k3 KL {mismatch.kl_k3:.4g}). The rollout engine is not sampling from the learner's weights as the "
-        "learner scores them: check that load_weights ran after the last update, that both use the same "
-        "temperature and no top_p truncation in the engine's log-probs; if a low-precision engine is expected "
-        "to drift this far, raise MismatchTolerance.",
-        mismatch,
-    )

@@ -28,8 +28,8 @@ from posttrain.platform.verifiers import VerifierService
 from posttrain.training.checkpoint import checkpoint_due
 from posttrain.training.config import GRPOConfig
 from posttrain.training.environments.runner import episode_metrics
-from posttrain.training.inference import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.learner import Learner, TrainResult, select_groups
+from posttrain.training.logprob_check import check_logprob_mismatch, measure_logprob_mismatch
 from posttrain.training.modeling import PolicySource, peak_rss_bytes
 from posttrain.training.rollout import RolloutGroup, Trajectory
 from posttrain.training.rollouts import RolloutBackend, RolloutBatch, has_signal, open_rollouts

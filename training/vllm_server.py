@@ -5,7 +5,7 @@
 The learner keeps the platform's environment; this script, run by vLLM's Python, holds ``vllm.LLM`` in a process
 of its own and answers on loopback, the way TRL's ``vllm-serve`` and verl's server mode reach theirs. It imports
 vLLM, torch, safetensors and the standard library only (the platform is not installed there). The client is
-:class:`posttrain.training.inference.VLLMServerEngine`.
+:class:`posttrain.training.vllm_engines.VLLMServerEngine`.
 
     GET  /health    -> {"version": V}
     POST /generate  {"requests": [{"prompt": [ids], "n": N, "temperature": T, "top_p": P, "max_tokens": M,
@@ -41,7 +41,7 @@ from safetensors import safe_open
 
 class Driver:
     """The engine's one caller: requests and weight updates queue here and run on :meth:`run`'s thread. The
-    server's, and the colocated engine's batcher's (:class:`posttrain.training.inference.VLLMBatcher`). ``params``
+    server's, and the colocated engine's batcher's (:class:`posttrain.training.vllm_engines.VLLMBatcher`). ``params``
     go into every request's ``SamplingParams``."""
 
     def __init__(self, llm: Any, sampling_params_class: Any, version: int = 0, **params: Any) -> None:

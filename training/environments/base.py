@@ -33,7 +33,7 @@ from posttrain.training.rollout import prompt_ids
 
 class PolicyClient(Protocol):
     """Token-in, token-out sampling from the policy (an engine's batcher: :class:`~posttrain.training.inference.ContinuousBatcher`
-    on the embedded engine, :class:`~posttrain.training.inference.VLLMBatcher` on vLLM)."""
+    on the embedded engine, :class:`~posttrain.training.vllm_engines.VLLMBatcher` on vLLM)."""
 
     @property
     def version(self) -> int: ...

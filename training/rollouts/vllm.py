@@ -7,9 +7,9 @@ from its model directory, samples every group with ``n = group_size`` (prefix ca
 after every update the learner's weights go in through the workers' ``reload_weights`` and are tagged with the
 new policy version. Where vLLM runs (``rollout.engine``):
 
-- ``colocated``: :class:`~posttrain.training.inference.VLLMRolloutEngine`, ``vllm.LLM`` in the learner's process
+- ``colocated``: :class:`~posttrain.training.vllm_engines.VLLMRolloutEngine`, ``vllm.LLM`` in the learner's process
   (an environment with vLLM: a GPU host's ``gpu`` extra);
-- ``server``: :class:`~posttrain.training.inference.VLLMServerEngine`, vLLM in a process of its own run by
+- ``server``: :class:`~posttrain.training.vllm_engines.VLLMServerEngine`, vLLM in a process of its own run by
   vLLM's environment (``.venv-vllm``, ``make vllm``; the CPU host's way, and a GPU host's that keeps vLLM apart);
 - ``auto``: colocated when this environment has vLLM, else the server.
 
@@ -27,9 +27,9 @@ import torch
 
 from posttrain.platform.engines.vllm import VllmProfile
 from posttrain.training.config import VLLMRollout
-from posttrain.training.inference import VLLMRolloutEngine, VLLMServerEngine
 from posttrain.training.rollouts.base import RolloutSetup
 from posttrain.training.rollouts.sync import SyncRollouts
+from posttrain.training.vllm_engines import VLLMRolloutEngine, VLLMServerEngine
 
 
 class VLLMRollouts(SyncRollouts):
