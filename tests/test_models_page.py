@@ -47,11 +47,11 @@ def test_registry_forms_and_tiers(platform_env: dict[str, str], tiny_model) -> N
     assert job.kind == "deploy" and job.config["model"] == "mine"
 
     catalog = json.loads(at.text_area(key="tiers_json").value)
-    catalog["tiers"]["fast"]["prompt_lookup_num_tokens"] = 4
+    catalog["tiers"]["fast"]["embedded"]["prompt_lookup_num_tokens"] = 4
     at.text_area(key="tiers_json").set_value(json.dumps(catalog))
     at.button(key="tiers_save").click().run()
     saved = json.loads(tiers_path(get_settings()).read_text())
-    assert saved["tiers"]["fast"]["prompt_lookup_num_tokens"] == 4
+    assert saved["tiers"]["fast"]["embedded"]["prompt_lookup_num_tokens"] == 4
     at.text_area(key="tiers_json").set_value('{"tiers": {"x": {"max_num_seqs": 0}}}')
     at.button(key="tiers_save").click().run()
     assert any("Not saved" in e.value for e in at.error)

@@ -24,7 +24,8 @@ SMALL = TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
 @pytest.fixture(scope="module")
 def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedServer, EmbeddedEngine]]:
     path = build_tiny_model(tmp_path_factory.mktemp("e") / "tiny", SMALL)
-    tier = DEFAULT_TIERS["standard"].model_copy(update={"batch_wait_ms": 100.0})
+    standard = DEFAULT_TIERS["standard"]
+    tier = standard.model_copy(update={"embedded": standard.embedded.model_copy(update={"batch_wait_ms": 100.0})})
     engine = EmbeddedEngine(
         EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier, max_model_len=256)
     ).start()

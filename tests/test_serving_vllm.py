@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from posttrain.platform.engines import DEFAULT_TIERS, LaunchError, ServerProcess, TierCatalog, VllmProfile
+from posttrain.platform.engines import DEFAULT_TIERS, LaunchError, ServerProcess, TierCatalog, TierProfile, VllmProfile
 from posttrain.platform.engines.launcher import free_port
 from posttrain.platform.models import TinyModelSpec, build_tiny_model
 
@@ -72,12 +72,28 @@ def test_standard_tier_has_no_speculation_and_validation_names_fields() -> None:
 
 def test_tier_catalog_is_editable_on_disk(tmp_path: Path) -> None:
     catalog = TierCatalog()
-    catalog.tiers["fast"].prompt_lookup_num_tokens = 6
+    catalog.tiers["fast"].embedded.prompt_lookup_num_tokens = 6
     catalog.save(tmp_path / "tiers.json")
     loaded = TierCatalog.load(tmp_path / "tiers.json")
-    assert loaded.get("fast").prompt_lookup_num_tokens == 6
+    assert loaded.get("fast").embedded.prompt_lookup_num_tokens == 6
     with pytest.raises(KeyError, match="known tiers: fast, llamacpp, q8, standard"):
         loaded.get("turbo")
+
+
+def test_each_engine_has_its_own_tier_section_and_a_flat_tiers_file_reads_the_same(tmp_path: Path) -> None:
+    """A tier's embedded and vLLM settings are typed sections of their own (a vLLM field in the embedded section is
+    refused, naming it); a tiers file saved before the split (the fields side by side, vLLM's prefixed) loads as the
+    same tiers."""
+    flat = {"name": "fast", "description": "low latency", "prompt_lookup_num_tokens": 10, "max_num_seqs": 4,
+            "batch_wait_ms": 0.0, "vllm_speculative_ngram_tokens": 5, "vllm_max_num_seqs": 64,
+            "vllm_max_num_batched_tokens": 8192}  # fmt: skip
+    (tmp_path / "tiers.json").write_text(json.dumps({"tiers": {"fast": flat}}))
+    assert TierCatalog.load(tmp_path / "tiers.json").get("fast") == DEFAULT_TIERS["fast"].model_copy(
+        update={"description": "low latency"}
+    )
+    assert VllmProfile.for_tier("/m", DEFAULT_TIERS["fast"]).max_num_seqs == 64  # vLLM's section, not the embedded 4
+    with pytest.raises(ValueError, match="embedded.speculative_ngram_tokens"):
+        TierProfile.model_validate({"name": "x", "embedded": {"speculative_ngram_tokens": 5}})
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

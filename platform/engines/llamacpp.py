@@ -57,7 +57,7 @@ class LlamaCppProfile(BaseModel):
     @classmethod
     def for_tier(cls, gguf_path: str | os.PathLike[str], tier: TierProfile, **overrides: object) -> LlamaCppProfile:
         """The deployment of a speed tier: its batch size as llama-server's parallel slots."""
-        return cls.model_validate({"gguf_path": str(gguf_path), "parallel": tier.max_num_seqs, **overrides})
+        return cls.model_validate({"gguf_path": str(gguf_path), "parallel": tier.embedded.max_num_seqs, **overrides})
 
     def to_args(self, executable: str | os.PathLike[str]) -> list[str]:
         args = [str(executable), "--model", self.gguf_path, "--host", self.host, "--port", str(self.port),

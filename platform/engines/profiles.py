@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posttrain.platform.failures import BadInput
 
@@ -21,8 +21,35 @@ Engine = Literal["embedded", "llamacpp", "vllm"]
 Weights = Literal["model", "q8_0"]
 
 
+class EmbeddedTier(BaseModel):
+    """The embedded engine's settings of a tier (llama.cpp takes ``max_num_seqs`` as its parallel slots)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_lookup_num_tokens: int = Field(0, ge=0, le=64, description="n-gram draft tokens per step; 0 disables")
+    prompt_lookup_max_ngram: int = Field(4, ge=1, le=8)
+    prompt_lookup_min_ngram: int = Field(
+        3,
+        ge=1,
+        le=8,
+        description="draft only after a match this long: on a CPU, verifying drafts costs a real "
+        "model about twice a plain step, so a one-token match's guesses lose time",
+    )
+    max_num_seqs: int = Field(8, ge=1, description="largest batch decoded together")
+    batch_wait_ms: float = Field(2.0, ge=0, description="how long the scheduler waits to fill a batch")
+
+
+class VllmTier(BaseModel):
+    """vLLM's settings of a tier (:class:`~posttrain.platform.engines.vllm.VllmProfile` takes them as its
+    defaults; a deployment's ``vllm_overrides`` override them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    speculative_ngram_tokens: int = Field(0, ge=0, description="vLLM n-gram speculative tokens; 0 disables")
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+
+
 class TierProfile(BaseModel):
-    """How a deployment trades latency for throughput. Used by both engines."""
+    """How a deployment trades latency for throughput: the engine and weights, and each engine's own settings."""
 
     name: str
     description: str = ""
@@ -38,33 +65,34 @@ class TierProfile(BaseModel):
         "q8_0: 8-bit blocks, about a quarter of fp32's bytes, several times faster decode "
         "on a CPU, output close to the model's own. Default: model, for llamacpp q8_0",
     )
-    # embedded engine
-    prompt_lookup_num_tokens: int = Field(0, ge=0, le=64, description="n-gram draft tokens per step; 0 disables")
-    prompt_lookup_max_ngram: int = Field(4, ge=1, le=8)
-    prompt_lookup_min_ngram: int = Field(
-        3,
-        ge=1,
-        le=8,
-        description="draft only after a match this long: on a CPU, verifying drafts costs a real "
-        "model about twice a plain step, so a one-token match's guesses lose time",
-    )
-    max_num_seqs: int = Field(8, ge=1, description="largest batch decoded together")
-    batch_wait_ms: float = Field(2.0, ge=0, description="how long the scheduler waits to fill a batch")
-    # vLLM
-    vllm_speculative_ngram_tokens: int = Field(0, ge=0, description="vLLM n-gram speculative tokens; 0 disables")
-    vllm_max_num_seqs: int | None = None
-    vllm_max_num_batched_tokens: int | None = None
+    embedded: EmbeddedTier = Field(default_factory=EmbeddedTier)
+    vllm: VllmTier = Field(default_factory=VllmTier)
 
     def weights_for(self, engine: Engine) -> Weights:
         """The weights ``engine`` serves this tier with: the tier's, else q8_0 on llamacpp and the model's own elsewhere
         (a deployment may run a tier on another engine than the tier names)."""
         return self.weights or ("q8_0" if engine == "llamacpp" else "model")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_fields(cls, data: Any) -> Any:
+        """A tier written before each engine had its own section (its fields side by side, vLLM's prefixed
+        ``vllm_``) reads as the same tier: an operator's saved ``tiers.json`` keeps working."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in [k for k in data if k in EmbeddedTier.model_fields]:
+            data["embedded"] = {**dict(data.get("embedded") or {}), key: data.pop(key)}
+        for key in [k for k in data if k.startswith("vllm_") and k[5:] in VllmTier.model_fields]:
+            data["vllm"] = {**dict(data.get("vllm") or {}), key[5:]: data.pop(key)}
+        return data
+
     @model_validator(mode="after")
     def _ngram_range(self) -> TierProfile:
-        if self.prompt_lookup_min_ngram > self.prompt_lookup_max_ngram:
-            raise ValueError(f"tier {self.name!r}: prompt_lookup_min_ngram={self.prompt_lookup_min_ngram} is above "
-                             f"prompt_lookup_max_ngram={self.prompt_lookup_max_ngram}")  # fmt: skip
+        lookup = self.embedded
+        if lookup.prompt_lookup_min_ngram > lookup.prompt_lookup_max_ngram:
+            raise ValueError(f"tier {self.name!r}: prompt_lookup_min_ngram={lookup.prompt_lookup_min_ngram} is above "
+                             f"prompt_lookup_max_ngram={lookup.prompt_lookup_max_ngram}")  # fmt: skip
         return self
 
 
@@ -72,36 +100,28 @@ DEFAULT_TIERS: dict[str, TierProfile] = {
     "fast": TierProfile(
         name="fast",
         description="low latency per request: prompt-lookup speculation, small batches",
-        prompt_lookup_num_tokens=10,
-        max_num_seqs=4,
-        batch_wait_ms=0.0,
-        vllm_speculative_ngram_tokens=5,
-        vllm_max_num_seqs=64,
-        vllm_max_num_batched_tokens=8192,
+        embedded=EmbeddedTier(prompt_lookup_num_tokens=10, max_num_seqs=4, batch_wait_ms=0.0),
+        vllm=VllmTier(speculative_ngram_tokens=5, max_num_seqs=64, max_num_batched_tokens=8192),
     ),
     "standard": TierProfile(
         name="standard",
         description="throughput: plain decoding, larger batches",
-        prompt_lookup_num_tokens=0,
-        max_num_seqs=16,
-        batch_wait_ms=5.0,
-        vllm_max_num_seqs=256,
-        vllm_max_num_batched_tokens=16384,
+        embedded=EmbeddedTier(prompt_lookup_num_tokens=0, max_num_seqs=16, batch_wait_ms=5.0),
+        vllm=VllmTier(max_num_seqs=256, max_num_batched_tokens=16384),
     ),
     "q8": TierProfile(
         name="q8",
         description="CPU decoding with 8-bit weights (Q8_0) in the embedded engine: several times the standard tier's "
         "tokens/s for one stream; greedy output close to, not identical with, the model's own",
         weights="q8_0",
-        max_num_seqs=4,
-        batch_wait_ms=0.0,
+        embedded=EmbeddedTier(max_num_seqs=4, batch_wait_ms=0.0),
     ),
     "llamacpp": TierProfile(
         name="llamacpp",
         description="llama.cpp's llama-server on the model's Q8_0 GGUF: the fastest CPU serving (build it once with "
         "`make llamacpp`); greedy output close to, not identical with, the model's own",
         engine="llamacpp",
-        max_num_seqs=4,
+        embedded=EmbeddedTier(max_num_seqs=4),
     ),
 }
 
@@ -116,7 +136,9 @@ class TiersFileError(BadInput):
 class TierCatalog(BaseModel):
     """The named tiers, editable as a JSON file."""
 
-    tiers: dict[str, TierProfile] = Field(default_factory=lambda: {k: v.model_copy() for k, v in DEFAULT_TIERS.items()})
+    tiers: dict[str, TierProfile] = Field(
+        default_factory=lambda: {k: v.model_copy(deep=True) for k, v in DEFAULT_TIERS.items()}
+    )
 
     def get(self, name: str) -> TierProfile:
         if name not in self.tiers:
@@ -150,7 +172,7 @@ class EngineConfig(BaseModel):
 
     model_path: str
     served_model_name: str | None = None
-    tier: TierProfile = Field(default_factory=lambda: DEFAULT_TIERS["standard"].model_copy())
+    tier: TierProfile = Field(default_factory=lambda: DEFAULT_TIERS["standard"].model_copy(deep=True))
     max_model_len: int | None = Field(None, ge=16, description="prompt + completion tokens; default: the model's")
     max_images_per_prompt: int = Field(4, ge=0)
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
@@ -176,6 +198,11 @@ class EngineConfig(BaseModel):
 def _tiers_problem(error: Any) -> str:
     """Where a tiers file is wrong, as the schema names it (a tier's own name, from the file, reads ``<tier>``),
     and pydantic's kind of problem; its message is left out, since a check may quote the file."""
-    names = set(TierCatalog.model_fields) | set(TierProfile.model_fields)
+    names = (
+        set(TierCatalog.model_fields)
+        | set(TierProfile.model_fields)
+        | set(EmbeddedTier.model_fields)
+        | set(VllmTier.model_fields)
+    )
     where = ".".join(str(p) if isinstance(p, int) or p in names else "<tier>" for p in error["loc"])
     return f"{where or '(file)'}: {error['type']}"

@@ -212,9 +212,9 @@ class VllmProfile(BaseModel):
         fields: dict[str, object] = {
             "model_path": model_path,
             "device": device,
-            "speculative_ngram_tokens": tier.vllm_speculative_ngram_tokens,
-            "max_num_seqs": tier.vllm_max_num_seqs,
-            "max_num_batched_tokens": tier.vllm_max_num_batched_tokens,
+            "speculative_ngram_tokens": tier.vllm.speculative_ngram_tokens,
+            "max_num_seqs": tier.vllm.max_num_seqs,
+            "max_num_batched_tokens": tier.vllm.max_num_batched_tokens,
         }
         if device == "cpu":
             fields |= {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True}

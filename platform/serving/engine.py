@@ -236,9 +236,9 @@ class EmbeddedEngine:
         self.stop_ids = frozenset(self.loaded.eos_token_ids)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.spec = SpeculationConfig(
-            num_speculative_tokens=config.tier.prompt_lookup_num_tokens,
-            max_ngram=config.tier.prompt_lookup_max_ngram,
-            min_ngram=config.tier.prompt_lookup_min_ngram,
+            num_speculative_tokens=config.tier.embedded.prompt_lookup_num_tokens,
+            max_ngram=config.tier.embedded.prompt_lookup_max_ngram,
+            min_ngram=config.tier.embedded.prompt_lookup_min_ngram,
         )
         gen = self.loaded.model.generation_config
         self.default_temperature = float(gen.temperature or 1.0) if gen.do_sample else 0.0
@@ -248,7 +248,9 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self.largest_batch = 0  # most samples decoded together so far
         self.decode_steps = 0  # decode steps taken so far
-        self.rows_per_request = max(1, config.tier.max_num_seqs // 2)  # one request's budget (the fairness bound)
+        self.rows_per_request = max(
+            1, config.tier.embedded.max_num_seqs // 2
+        )  # one request's budget (the fairness bound)
         self._waiting: list[list[RequestHandle]] = []  # the scheduler's: each request's samples yet to join
 
     # lifecycle -----------------------------------------------------------
@@ -463,7 +465,7 @@ class EmbeddedEngine:
             self._waiting.append(self._queue.get(timeout=0.05) if wait else self._queue.get_nowait())
         except queue.Empty:
             return
-        deadline = time.perf_counter() + (self.config.tier.batch_wait_ms / 1000 if wait else 0.0)
+        deadline = time.perf_counter() + (self.config.tier.embedded.batch_wait_ms / 1000 if wait else 0.0)
         while not wait or sum(map(len, self._waiting)) < room:
             remaining = deadline - time.perf_counter()
             try:
@@ -534,7 +536,7 @@ class EmbeddedEngine:
     def _join(self, batch: DecodeBatch, running: dict[int, RequestHandle]) -> None:
         """Between decode steps: drop aborted waiting samples, then add the admitted ones to ``batch`` and
         ``running`` (one aborted meanwhile, which the batch leaves out, is finished at once)."""
-        room = self.config.tier.max_num_seqs - len(batch)
+        room = self.config.tier.embedded.max_num_seqs - len(batch)
         self._collect(room, wait=not running and not self._waiting)
         self._drop_aborted()
         groups = self._admissions(room, Counter(h.request for h in running.values()))
@@ -550,9 +552,9 @@ class EmbeddedEngine:
     def _run_static(self) -> None:
         """Vision models: decode whole batches with ``generate`` (images make rows hard to splice)."""
         while not self._stopping.is_set():
-            self._collect(self.config.tier.max_num_seqs, wait=not self._waiting)
+            self._collect(self.config.tier.embedded.max_num_seqs, wait=not self._waiting)
             self._drop_aborted()
-            batch = [h for g in self._admissions(self.config.tier.max_num_seqs, Counter()) for h in g]
+            batch = [h for g in self._admissions(self.config.tier.embedded.max_num_seqs, Counter()) for h in g]
             if not batch:
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))

@@ -788,7 +788,8 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         tmp_path_factory.mktemp("hostile") / "tiny",
         TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
     )
-    tier = DEFAULT_TIERS["standard"].model_copy(update={"batch_wait_ms": 1.0})
+    standard = DEFAULT_TIERS["standard"]
+    tier = standard.model_copy(update={"embedded": standard.embedded.model_copy(update={"batch_wait_ms": 1.0})})
     engine = EmbeddedEngine(
         EngineConfig(model_path=str(path), served_model_name="tiny", tier=tier, max_model_len=128)
     ).start()

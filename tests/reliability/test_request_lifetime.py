@@ -221,7 +221,9 @@ def _round(stack: Stack, base_url: str, stream: bool) -> Round:
         try:
             wait_for(lambda: engine.metrics.running >= engine.rows_per_request and engine.decode_steps > steps + 3,
                      timeout=HANG_CAP_S, interval=0.005, message="the long request decoding")  # fmt: skip
-            assert engine.metrics.running == engine.rows_per_request < engine.config.tier.max_num_seqs  # its budget
+            assert (
+                engine.metrics.running == engine.rows_per_request < engine.config.tier.embedded.max_num_seqs
+            )  # its budget
             beside = _short_latency(base_url, engine)
             assert _counts(stack.server) == (engine.rows_per_request, LONG_N - engine.rows_per_request), (
                 "the long request changed before its client left"
