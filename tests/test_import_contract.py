@@ -24,3 +24,14 @@ def test_an_upward_import_is_named(tmp_path: Path) -> None:
     assert "posttrain.platform.db.upward -> posttrain.training.config (l.1)" in done.stdout, done.stdout
     assert "posttrain.preprocess.upward -> posttrain.platform.db" in done.stdout, done.stdout
     assert "2 broken" in done.stdout, done.stdout
+
+
+def test_a_page_importing_training_is_named(tmp_path: Path) -> None:
+    """A console page reaches training only through the platform (job kinds, the presets training registers): a
+    page importing a training module breaks that contract alone, naming it."""
+    dest = mirror(tmp_path)
+    (dest / "posttrain" / "ui" / "views" / "reaching.py").write_text("from posttrain.training import presets\n")
+    done = lint(dest)
+    assert done.returncode != 0
+    assert "posttrain.ui.views.reaching -> posttrain.training.presets" in done.stdout, done.stdout
+    assert "1 broken" in done.stdout, done.stdout

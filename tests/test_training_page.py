@@ -361,7 +361,7 @@ def test_the_demo_starts_from_the_real_model_once_it_is_imported(platform_env: d
 
 
 def test_each_preset_shows_its_recorded_cost_before_any_estimate(platform_env: dict[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from posttrain.training.presets import preset_records
+    from posttrain.platform.jobs.presets import preset_records
 
     at = page()
     at.selectbox(key="demo_preset").set_value("smollm2-arith").run()

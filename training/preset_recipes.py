@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from posttrain.platform.models.specs import TinyModelSpec
 from posttrain.platform.tasks.builders import span_recovery_example
 from posttrain.platform.tasks.domains import generate
@@ -20,16 +18,6 @@ from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, Worke
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
 Recipe = dict[str, Any]  # RunPreset's fields; each section the fields a job config naming the preset would set
-
-
-class PresetDocuments(BaseModel):
-    """The documents a preset's task set is built from, and how: uploaded, preprocessed, then one ``build_tasks``
-    job over them (``source``: the documents source's fields, less the document ids)."""
-
-    model_config = ConfigDict(extra="forbid")
-    task_set: str
-    paths: list[str] = Field(min_length=1, description="files or glob patterns")
-    source: dict[str, Any] = Field(default_factory=dict)
 
 
 # Held out by construction: at difficulty 3 each domain has about 900-2,800 distinct prompts, a fifth

@@ -53,14 +53,14 @@ The recipes themselves are in :mod:`posttrain.training.preset_recipes`, below th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from posttrain.platform.jobs.presets import Preset, PresetDocuments, register_presets
 from posttrain.platform.models.specs import TinyModelSpec
 from posttrain.training.config import EvalConfig, GRPOConfig, SFTConfig
-from posttrain.training.preset_recipes import PresetDocuments, preset_names, recipe, recipe_section
+from posttrain.training.preset_recipes import preset_names, recipe, recipe_section
 
 __all__ = ["SECTION_OF_KIND", "RunPreset", "get_preset", "preset_names", "preset_section"]
 
@@ -95,62 +95,22 @@ def preset_section(name: str, section: str) -> dict[str, Any]:
     return config.model_dump(exclude_unset=True, exclude_defaults=False)
 
 
-# --- what each preset cost when a benchmark ran it -----------------------------------------------------------------
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"  # a source checkout's recordings
-
-
-class PresetRecord(BaseModel):
-    """A benchmark's recording of a preset (``bench/results/<benchmark>.json``): when, what the whole benchmark took
-    (``runs``: the arms or stages it ran, each a run of the preset's recipe or a variant of it) and its peak memory,
-    and the held-out pass@1 before and after when it ran the preset once."""
-
-    benchmark: str
-    date: str
-    minutes: float
-    runs: int
-    peak_rss_gb: float | None = None
-    pass_before: float | None = None
-    pass_after: float | None = None
-
-    @property
-    def held_out(self) -> str | None:
-        """Held-out pass@1 before and after ("15% → 37%"), when the benchmark ran the preset once."""
-        if self.pass_before is None or self.pass_after is None:
-            return None
-        return f"{self.pass_before:.0%} → {self.pass_after:.0%}"
-
-    def describe(self) -> str:
-        took = f"{self.minutes:.0f} min" + (f" for {self.runs} runs" if self.runs > 1 else "")
-        memory = f", peak {self.peak_rss_gb:.1f} GiB" if self.peak_rss_gb else ""
-        figure = f"; held-out pass@1 {self.held_out}" if self.held_out else ""
-        return f"recorded by bench {self.benchmark} on {self.date[:10]}: {took}{memory}{figure}"
-
-
-def preset_records(results: Path = RESULTS_DIR) -> dict[str, PresetRecord]:
-    """Each preset's recording in ``results`` (none where the checkout ships none, an installed wheel): the preset's
-    own ``learning-*`` benchmark first, another that ran it (a forgetting run) otherwise."""
-    found: dict[str, PresetRecord] = {}
-    paths = sorted(results.glob("*.json"), key=lambda p: (not p.stem.startswith("learning-"), p.stem))
-    for path in paths:
-        try:
-            recording = json.loads(path.read_text())
-            summary = recording["summary"]
-            preset, minutes = summary.get("preset"), float(summary.get("minutes") or recording.get("minutes") or 0)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # not a recording of this shape
-        if not isinstance(preset, str) or preset in found or minutes < 1:
-            continue  # an ablation of a few steps is no preset's cost
-        runs = len(summary.get("arms") or summary.get("stages") or {}) or 1
-        single = (
-            runs == 1 and isinstance(summary.get("pass_before"), float) and isinstance(summary.get("pass_after"), float)
-        )
-        found[preset] = PresetRecord(
-            benchmark=path.stem,
-            date=str(recording.get("date", "")),
-            minutes=minutes,
-            runs=runs,
-            peak_rss_gb=summary.get("peak_rss_gb"),
-            pass_before=summary["pass_before"] if single else None,
-            pass_after=summary["pass_after"] if single else None,
-        )
+# --- the catalogue the console reads through the platform ---------------------------------------------------------
+def catalogue() -> list[Preset]:
+    """Every preset as :mod:`posttrain.platform.jobs.presets` offers it: each job kind's section (the fields a job
+    config naming the preset takes), the registered model it starts from, its documents."""
+    found = []
+    for name in preset_names():
+        run = get_preset(name)
+        sections = {
+            kind: json.loads(json.dumps(preset_section(name, section), default=str))
+            for kind, section in SECTION_OF_KIND.items()
+            if getattr(run, section) is not None  # a real-model preset has no SFT section
+        }
+        model = run.model if isinstance(run.model, str) else None
+        found.append(Preset(name=name, description=run.description, sections=sections, model=model,
+                            documents=run.documents))  # fmt: skip
     return found
+
+
+register_presets(catalogue)

@@ -4,10 +4,8 @@ downsampled charts, a trajectory browser, and stop / resume / evaluate / deploy.
 from __future__ import annotations
 
 import glob
-import importlib
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -22,6 +20,8 @@ from posttrain.platform import metric_names, metrics
 from posttrain.platform.db.models import DocumentStatus, Job, JobStatus, Role, utcnow
 from posttrain.platform.documents import add_document, list_documents
 from posttrain.platform.jobs import queue
+from posttrain.platform.jobs.presets import Preset, PresetDocuments, PresetRecord
+from posttrain.platform.jobs.presets import presets as preset_catalogue
 from posttrain.platform.jobs.registry import JobConfigError, get_kind, parse_config_text, read_result, validate_config
 from posttrain.platform.jobs.worker import job_dir
 from posttrain.platform.models.general_check import NOT_MEASURED, GeneralCheck
@@ -30,7 +30,6 @@ from posttrain.platform.models.registry import ModelNotFound, get_model, lineage
 from posttrain.platform.settings import get_settings
 from posttrain.platform.tasks.store import task_sets
 from posttrain.preprocess.errors import PreprocessError
-from posttrain.training.presets import PresetRecord, get_preset, preset_records
 from posttrain.ui.common import (
     can,
     fields_table,
@@ -102,36 +101,6 @@ if not guard_platform():
 
 
 # --- configs: presets and YAML -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named run recipe from ``posttrain.training.presets``: one config section per job kind."""
-
-    name: str
-    description: str
-    sections: dict[str, dict[str, Any]]  # job kind -> the fields the preset sets
-    model: str | None = None  # the registered model a real-model preset starts from (None: it builds its own)
-
-
-def load_presets() -> dict[str, Preset]:
-    """The presets of ``posttrain.training.presets``; none (not an error) when it is not installed."""
-    try:
-        presets = importlib.import_module("posttrain.training.presets")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("posttrain.training"):
-            return {}
-        raise
-    found: dict[str, Preset] = {}
-    for name in presets.preset_names():
-        run = presets.get_preset(name)
-        sections = {
-            kind: json.loads(json.dumps(presets.preset_section(name, section), default=str))
-            for kind, section in presets.SECTION_OF_KIND.items()
-            if kind in RUN_KINDS and getattr(run, section) is not None  # a real-model preset has no SFT section
-        }
-        found[name] = Preset(name, run.description, sections, run.model if isinstance(run.model, str) else None)
-    return found
 
 
 def preset_config(preset: str, model: str | None) -> dict[str, Any]:
@@ -354,9 +323,8 @@ def demo_running(preset: str) -> str | None:
 # --- what a preset needs before it runs, each done with a click ------------------------------------------------
 
 
-def preset_files(name: str) -> list[Path]:
+def preset_files(documents: PresetDocuments | None) -> list[Path]:
     """The files a document preset's task set is built from (none for a preset without documents)."""
-    documents = get_preset(name).documents
     return sorted({Path(f) for pattern in (documents.paths if documents else []) for f in glob.glob(pattern)})
 
 
@@ -370,15 +338,15 @@ def _import_model(model: str) -> None:
         st.session_state["prepared"] = (True, f"Queued import_model job {job_id} of {model}: it shows here when done.")
 
 
-def _prepare_documents(name: str) -> None:
+def _prepare_documents(documents: PresetDocuments) -> None:
     """The documents button's callback: the preset's files uploaded (preprocessing queued for each); the page builds
     the task set once they are preprocessed (``prepare_build``)."""
     try:
-        added = [add_document(me(), path) for path in preset_files(name)]
+        added = [add_document(me(), path) for path in preset_files(documents)]
     except (PreprocessError, PermissionError) as exc:
         st.session_state["prepared"] = (False, str(exc))
         return
-    st.session_state["prepare_build"] = name
+    st.session_state["prepare_build"] = documents.task_set
     queued = sum(a.created for a in added)
     st.session_state["prepared"] = (
         True,
@@ -386,10 +354,8 @@ def _prepare_documents(name: str) -> None:
     )
 
 
-def build_preset_tasks(name: str, ready: list[int]) -> None:
+def build_preset_tasks(documents: PresetDocuments, ready: list[int]) -> None:
     """The preset's ``build_tasks`` job over its preprocessed documents ``ready``."""
-    documents = get_preset(name).documents
-    assert documents is not None  # a document preset
     config = {
         "task_set": documents.task_set,
         "source": {"type": "documents", "document_ids": ready, **documents.source},
@@ -431,14 +397,14 @@ def cost_lines(record: PresetRecord | None, run: Job | None) -> list[str]:
     return lines or ["No recording of it yet: **Estimate** times it on this host."]
 
 
-def preset_costs(names: list[str], records: dict[str, PresetRecord], runs: dict[str, Job]) -> list[dict[str, Any]]:
+def preset_costs(catalogue: list[Preset], runs: dict[str, Job]) -> list[dict[str, Any]]:
     """One row a preset: its recorded time, runs, memory and held-out figure, and its last run here."""
     rows = []
-    for name in names:
-        record, run = records.get(name), runs.get(name)
+    for preset in catalogue:
+        record, run = preset.record, runs.get(preset.name)
         rows.append(
             {
-                "preset": name,
+                "preset": preset.name,
                 "recorded minutes": round(record.minutes, 1) if record else None,
                 "runs": record.runs if record else None,
                 "peak GiB": record.peak_rss_gb if record else None,
@@ -450,12 +416,13 @@ def preset_costs(names: list[str], records: dict[str, PresetRecord], runs: dict[
     return rows
 
 
-def prerequisites(name: str, start: str | None) -> str | None:
-    """Show what preset ``name`` needs before it runs (its model imported, its document task set built), each with
+def prerequisites(preset: Preset) -> str | None:
+    """Show what ``preset`` needs before it runs (its model imported, its document task set built), each with
     the button that does it, and follow the jobs doing it; returns why the preset cannot run yet (None: it can)."""
     if (done := st.session_state.pop("prepared", None)) is not None:
         (st.success if done[0] else st.error)(done[1])
     waits: list[str] = []
+    start, documents = preset.model, preset.documents
     if start is not None and start not in model_names():
         importing = [j for j in queue.list_jobs(kind="import_model", limit=20) if not j.status.finished]
         waits.append(f"the preset starts from the built-in model {start!r}, which is not imported yet")
@@ -464,10 +431,9 @@ def prerequisites(name: str, start: str | None) -> str | None:
         elif start in BUILTIN_MODELS:
             st.button(f"Import {start}", key="prepare_model", icon=":material/download:", on_click=_import_model,
                       args=(start,), disabled=not operator)  # fmt: skip
-    documents = get_preset(name).documents
     if documents is not None and documents.task_set not in {ts.name for ts, n in task_sets() if n}:
         waits.append(f"its task set {documents.task_set!r} is not built yet")
-        files = preset_files(name)
+        files = preset_files(documents)
         stored = {d.filename: d for d in list_documents(limit=1000)}
         ours = [stored[f.name] for f in files if f.name in stored]
         ready = [int(d.id or 0) for d in ours if d.status is DocumentStatus.ready]
@@ -480,17 +446,17 @@ def prerequisites(name: str, start: str | None) -> str | None:
         elif len(ours) < len(files) or any(d.status is DocumentStatus.failed for d in ours):
             st.button(f"Upload its {len(files)} documents and build the task set {documents.task_set!r}",
                       key="prepare_documents", icon=":material/upload_file:", on_click=_prepare_documents,
-                      args=(name,), disabled=not operator)  # fmt: skip
+                      args=(documents,), disabled=not operator)  # fmt: skip
         elif len(ready) < len(files):
             st.caption(f"Preprocessing its documents: {len(ready)} of {len(files)} done; the task set is built next.")
-        elif st.session_state.get("prepare_build") == name:  # the click asked for the whole preparation
+        elif st.session_state.get("prepare_build") == documents.task_set:  # the click asked for the whole preparation
             st.session_state.pop("prepare_build")
-            build_preset_tasks(name, ready)
+            build_preset_tasks(documents, ready)
             st.rerun()
         else:
             st.button(f"Build the task set {documents.task_set!r} from its {len(ready)} documents",
                       key="prepare_tasks", icon=":material/construction:", on_click=build_preset_tasks,
-                      args=(name, ready), disabled=not operator)  # fmt: skip
+                      args=(documents, ready), disabled=not operator)  # fmt: skip
     # the page follows the preparing jobs: the demo button comes back when they are done
     preparing = ("import_model", "preprocess", "build_tasks")
     follow("prepare_followed", lambda: (job_states(preparing), model_names()), active=bool(waits))
@@ -505,7 +471,7 @@ st.subheader("Launch a run")
 # The first visit to this page in a console process checks every preset's held-out split, which draws each domain's
 # prompts at every level (seconds on a small machine; remembered for the process's life after that).
 with st.spinner("Loading the presets: the first visit checks each domain's held-out split…"):
-    presets = load_presets()
+    presets = preset_catalogue()
 if presets:
     with st.container(border=True):
         st.markdown(
@@ -520,8 +486,7 @@ if presets:
         demo = c1.selectbox("Demo preset", names, index=names.index(DEMO_PRESET) if DEMO_PRESET in names else 0,
                             key="demo_preset", help=f"{DEMO_PRESET} post-trains the built-in SmolLM2-135M-Instruct; "
                                                     "cpu-quick trains a tiny model built from scratch")  # fmt: skip
-        start = presets[demo].model
-        why = prerequisites(demo, start)
+        why = prerequisites(presets[demo])
         missing = why is not None
         calibrating = demo_running(demo) or demo_calibrating(demo)
         # submitted in the click's callback, before the page is drawn again: the page it draws holds the run, and the
@@ -544,11 +509,11 @@ if presets:
         elif calibrating is not None:
             st.caption(f"**Run the demo** waits: {calibrating}.")
         st.caption(presets[demo].description)
-        records, runs = preset_records(), last_runs_here()  # read once for the line and the table
-        st.caption(" ".join(cost_lines(records.get(demo), runs.get(demo))))
+        runs = last_runs_here()  # read once for the line and the table
+        st.caption(" ".join(cost_lines(presets[demo].record, runs.get(demo))))
         live_estimate("train_preset", {"preset": demo}, "demo")
         with st.expander("Every preset's recorded cost"):
-            st.dataframe(pd.DataFrame(preset_costs(list(presets), records, runs)), hide_index=True, width="stretch")
+            st.dataframe(pd.DataFrame(preset_costs(list(presets.values()), runs)), hide_index=True, width="stretch")
 tab_preset, tab_yaml = st.tabs(["From a preset", "Edit YAML"])
 
 
@@ -622,7 +587,7 @@ def model_mismatch(name: str, preset: Preset, kind: str, model: str) -> str | No
 
 with tab_preset:
     if not presets:
-        st.info("No presets are installed (`posttrain.training.presets`). Write a config in the **Edit YAML** tab.")
+        st.info("No presets are installed (training registers them). Write a config in the **Edit YAML** tab.")
     else:
         c1, c2, c3 = st.columns(3)
         preset_names = list(presets)  # opens on the demo's preset, a real-model one, with its own model
@@ -818,7 +783,7 @@ def preset_models(job: Job) -> list[str]:
 
     sft = run.sections()[0]
     name = run.name or f"{run.preset}-job{job.id}"
-    start = run.model or get_preset(run.preset).model
+    start = run.model or preset_catalogue()[run.preset].model
     base = Path(start).name if isinstance(start, str) else f"{name}-base"  # a registered name, or a directory's
     before = f"{name}-sft" if sft is not None else base
     return [
