@@ -34,8 +34,8 @@ from the same warm-up for as many extra steps as GRPO took, evaluated on the sam
 Prints the per-step reward curve as JSON lines, then one JSON object: ``pass_before``,
 ``pass_after``, ``gain_points``, ``control_after``, ``gain_over_control_points``,
 ``eval_unseen_fraction`` (the share of eval tasks that no SFT or GRPO step trained on),
-``minutes`` and per-domain figures. The same functions the ``train_sft`` / ``train_grpo`` /
-``evaluate`` jobs call, in-process.
+``minutes`` and per-domain figures. It runs as a ``train_preset`` job too, the one function that runs a preset's
+stages (the console's one-click demo), through a real worker in a fresh data directory.
 """
 
 from __future__ import annotations
@@ -388,8 +388,49 @@ def build_documents(jobs: Jobs, preset: str) -> None:
     )
 
 
-def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads: int) -> None:
-    """A real-model preset as a ``train_preset`` job through a real worker, in a fresh data directory."""
+def print_tiny_run(preset: str, result: dict, minutes: float, sft_steps: int | None, workdir: Path) -> None:
+    """The figure of a tiny-model preset's run: held-out pass@1 before GRPO (the SFT warm-up) and after, beside the
+    SFT control continued from the same warm-up for as many steps."""
+    from posttrain.training.presets import get_preset
+
+    run = get_preset(preset)
+    assert run.sft is not None and result.get("control_after") is not None  # a tiny preset warms up and has a control
+    per_domain = result.get("comparison", {}).get("pass@1", {})
+    print(
+        json.dumps(
+            {
+                "figure": "learning",
+                "preset": preset,
+                "pass_before": round(result["pass_before"], 4),
+                "pass_after": round(result["pass_after"], 4),
+                "gain_points": result["gain_points"],
+                "control_after": round(result["control_after"], 4),
+                "gain_over_control_points": result["gain_over_control_points"],
+                "eval_unseen_fraction": round(result["eval_unseen_fraction"], 4),
+                "eval_tasks": result["eval_tasks"],
+                "minutes": round(minutes, 2),
+                "sft_steps": sft_steps or run.sft.max_steps,
+                "grpo_steps": result["steps"],
+                "domains": result["domains"],
+                "difficulty": result["difficulty"],
+                "per_domain": per_domain,
+                "peer": {
+                    "name": "SFT control",
+                    "setting": f"SFT continued from the same warm-up checkpoint (model, optimizer, data position) for "
+                    f"{result['steps']} extra steps, the same eval tasks",
+                },
+                "peak_rss_gb": result.get("peak_rss_gb"),
+                "job_id": result["job_id"],
+                "workdir": str(workdir),
+            }
+        ),
+        flush=True,
+    )
+
+
+def run_as_job(preset: str, workdir: Path, sft: dict, grpo: dict, evaluation: dict, threads: int) -> None:
+    """A preset's whole recipe as a ``train_preset`` job through a real worker, in a fresh data directory (the
+    console's one-click demo, the one function that runs a preset's stages)."""
     import time
 
     from posttrain.platform.models.importer import import_model
@@ -398,12 +439,15 @@ def run_as_job(preset: str, workdir: Path, grpo: dict, evaluation: dict, threads
 
     run = get_preset(preset)
     jobs = Jobs(workdir, threads)
+    config = {"preset": preset, "name": f"{preset}-bench", "sft": sft, "grpo": grpo, "eval": evaluation}
+    if not isinstance(run.model, str):  # a tiny model the job builds, warmed up by SFT, beside its SFT control
+        started = time.perf_counter()
+        result = jobs.run("train_preset", config, "grpo")
+        return print_tiny_run(preset, result, (time.perf_counter() - started) / 60, sft.get("max_steps"), workdir)
     row = import_model(jobs.identity, f"builtin:{run.model}", dest_root=jobs.data / "models")
     build_documents(jobs, preset)
     started = time.perf_counter()
-    result = jobs.run(
-        "train_preset", {"preset": preset, "name": f"{preset}-bench", "grpo": grpo, "eval": evaluation}, "grpo"
-    )
+    result = jobs.run("train_preset", config, "grpo")
     minutes = (time.perf_counter() - started) / 60
     steps = result["curve"]
     used = sum(p.get("rollout/groups_used", 0.0) for p in steps)
@@ -1517,7 +1561,6 @@ def combine_forgetting(preset: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from posttrain.training.demo import run_preset
     from posttrain.training.presets import get_preset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1635,59 +1678,14 @@ def main() -> None:
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="posttrain-learning-"))
         workdir.chmod(0o755)  # the tools preset's sandboxes live under it: the sandbox uid must be able to enter it
-    if isinstance(get_preset(args.preset).model, str):
-        evaluation = {"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {}
-        if args.rollout:
-            grpo["rollout"] = {"backend": args.rollout}
-        if args.device:
-            grpo["device"] = evaluation["device"] = args.device
-        return run_as_job(args.preset, workdir, grpo, evaluation, args.threads)
-    if args.rollout or args.device:
+    evaluation = {"tasks_per_domain": args.eval_tasks} if args.eval_tasks else {}
+    if not isinstance(get_preset(args.preset).model, str) and (args.rollout or args.device):
         raise SystemExit(f"--rollout and --device are for the real-model presets (smollm2-*), not {args.preset}")
-
-    def on_step(step: int, point: dict[str, float]) -> None:
-        print(json.dumps({"curve": "grpo", **point}), flush=True)
-
-    out = run_preset(args.preset, workdir, sft=sft, grpo=grpo, on_step=on_step)
-    assert out.held_out is not None and out.control_after is not None
-    domains = sorted({k.split("/")[1] for k in out.before if k.count("/") == 2})
-    preset = get_preset(args.preset)
-    print(
-        json.dumps(
-            {
-                "figure": "learning",
-                "preset": args.preset,
-                "pass_before": round(out.pass_before, 4),
-                "pass_after": round(out.pass_after, 4),
-                "gain_points": round(out.gain_points, 2),
-                "control_after": round(out.control_after, 4),
-                "gain_over_control_points": round(out.gain_over_control_points or 0.0, 2),
-                "eval_unseen_fraction": round(out.held_out.unseen_fraction, 4),
-                "eval_tasks": out.held_out.eval_tasks,
-                "minutes": round(out.minutes, 2),
-                "sft_steps": len(out.curve) and (args.sft_steps or preset.sft.max_steps),
-                "grpo_steps": len(out.curve),
-                "domains": domains,
-                "difficulty": preset.eval.difficulty,
-                "per_domain": {
-                    d: {
-                        "before": out.before[f"eval/{d}/pass@1"],
-                        "after": out.after[f"eval/{d}/pass@1"],
-                        "control": out.control[f"eval/{d}/pass@1"],
-                    }
-                    for d in domains
-                },
-                "peer": {
-                    "name": "SFT control",
-                    "setting": f"SFT continued from the same warm-up checkpoint (model, optimizer, data "
-                    f"position) for {len(out.curve)} extra steps, the same eval tasks",
-                },
-                "timings_s": {k: round(v, 1) for k, v in out.timings.items()},
-                "workdir": str(workdir),
-            }
-        ),
-        flush=True,
-    )
+    if args.rollout:
+        grpo["rollout"] = {"backend": args.rollout}
+    if args.device:
+        grpo["device"] = evaluation["device"] = args.device
+    run_as_job(args.preset, workdir, sft, grpo, evaluation, args.threads)
     sys.stdout.flush()
 
 
