@@ -24,10 +24,12 @@ import functools
 import getpass
 import ipaddress
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from argon2 import PasswordHasher
@@ -36,7 +38,7 @@ from sqlalchemy import text
 from sqlmodel import col, func, select
 
 from posttrain.platform.db.engine import session
-from posttrain.platform.db.models import AuditLog, Role, User, utcnow
+from posttrain.platform.db.models import AuditLog, ConsoleSession, Role, User, utcnow
 from posttrain.platform.settings import get_settings
 
 MIN_PASSWORD_LENGTH = 10
@@ -242,7 +244,9 @@ def set_password(identity: Identity, username: str, password: str, *, url: str |
         user.failed_logins = 0
         user.locked_until = None
         s.add(user)
-        s.add(AuditLog(username=identity.username, action="user.password", target=username))
+        ended = revoke_sessions(s, username)  # a changed password logs the account out everywhere
+        s.add(AuditLog(username=identity.username, action="user.password", target=username,
+                       details={"sessions_ended": ended}))  # fmt: skip
 
 
 @action("user.role", Role.admin)
@@ -255,6 +259,41 @@ def set_role(identity: Identity, username: str, role: Role, *, url: str | None =
         user.role = role
         s.add(user)
         s.add(AuditLog(username=identity.username, action="user.role", target=username, details={"role": role.value}))
+
+
+def revoke_sessions(s: Any, username: str) -> int:
+    """End every live console session of ``username`` in the open transaction ``s`` (a password change, a disabled
+    account); returns how many there were. Their cookies are refused from then on."""
+    live = s.exec(
+        select(ConsoleSession).where(ConsoleSession.username == username, col(ConsoleSession.revoked_at).is_(None))
+    ).all()
+    for row in live:
+        row.revoked_at = utcnow()
+        row.handoff_sha256 = None
+        s.add(row)
+    return len(live)
+
+
+def kept_secret(folder: str | os.PathLike[str], name: str) -> str:
+    """A random secret generated once into ``folder/name`` (mode 0600, the folder 0700) and read back after: the
+    console's session-signing key, single sign-on's cookie secret. Two processes starting at once keep one."""
+    home = Path(folder)
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
+    kept = home / name
+    if not kept.is_file():
+        try:
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
+    for _ in range(50):  # the other process's write lands within moments
+        if value := kept.read_text().strip():
+            return value
+        time.sleep(0.02)
+    raise AuthError(f"{kept} is empty: delete it and start again (a new secret is made)")
 
 
 def list_users(*, url: str | None = None) -> list[User]:

@@ -285,7 +285,7 @@ def refuse_open_console(host: str) -> None:
 def console_command(host: str, port: int) -> list[str]:
     """``streamlit run`` of the console; with single sign-on configured, first writes the ``[auth]``
     secrets Streamlit reads (posttrain.platform.oidc) and points Streamlit at that file alone."""
-    app_path = Path(posttrain.__file__).resolve().parent / "ui" / "app.py"
+    app_path = Path(posttrain.__file__).resolve().parent / "ui" / "server.py"  # the pages and the session routes
     settings = get_settings()
     secrets: list[str] = []
     if settings.oidc is not None:

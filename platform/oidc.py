@@ -21,13 +21,12 @@ user is refused; every login is in the audit log with ``via: oidc``.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 from sqlmodel import select
 
-from posttrain.platform.auth import AuthError, Identity, _plausible_username, _shown, audit
+from posttrain.platform.auth import AuthError, Identity, _plausible_username, _shown, audit, kept_secret
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import AuditLog, Role, User, utcnow
 from posttrain.platform.settings import OIDCConfig
@@ -42,17 +41,13 @@ def _toml_string(value: str) -> str:
 def write_streamlit_secrets(config: OIDCConfig, data_dir: Path, console_port: int) -> Path:
     """The ``[auth]`` secrets file Streamlit reads (mode 0600 in a 0700 folder); returns its path."""
     folder = Path(data_dir) / "console"
+    cookie = (
+        config.cookie_secret.get_secret_value()
+        if config.cookie_secret is not None
+        else kept_secret(folder, "cookie_secret")
+    )
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
-    if config.cookie_secret is not None:
-        cookie = config.cookie_secret.get_secret_value()
-    else:
-        kept = folder / "cookie_secret"
-        if not kept.is_file():
-            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_urlsafe(32))
-        cookie = kept.read_text().strip()
     redirect = config.redirect_uri or f"http://localhost:{console_port}/oauth2callback"
     lines = [
         "[auth]",

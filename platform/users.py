@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlmodel import col, func, select
 
-from posttrain.platform.auth import AuthError, Identity, action
+from posttrain.platform.auth import AuthError, Identity, action, revoke_sessions
 from posttrain.platform.db.engine import session
 from posttrain.platform.db.models import ApiKey, AuditLog, Role, User
 
@@ -58,7 +58,9 @@ def _set_disabled(identity: Identity, username: str, disabled: bool, url: str | 
         user.disabled = disabled
         s.add(user)
         keys = _keys_created_by(s, username)
-        s.add(AuditLog(username=identity.username, action=f"user.{verb}", target=username, details={"keys": keys}))
+        ended = revoke_sessions(s, username) if disabled else 0  # logged out everywhere at once
+        s.add(AuditLog(username=identity.username, action=f"user.{verb}", target=username,
+                       details={"keys": keys, "sessions_ended": ended}))  # fmt: skip
     return AccountChange(username, disabled, keys)
 
 

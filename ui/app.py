@@ -6,19 +6,64 @@ Multipage through ``st.navigation``; every page reads and writes through
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
 from PIL import Image, ImageDraw
+from sqlalchemy.exc import SQLAlchemyError
 
-from posttrain.platform import auth
+from posttrain.platform import auth, sessions
 from posttrain.platform.db.engine import DatabaseUnavailable
 from posttrain.platform.db.models import Role
 from posttrain.platform.oidc import PROVIDER, oidc_login
-from posttrain.platform.settings import get_settings
-from posttrain.ui.common import IDENTITY_KEY, refreshed_identity
+from posttrain.platform.settings import SettingsError, get_settings
+from posttrain.ui.common import IDENTITY_KEY, SESSION_KEY, refreshed_identity
 
 VIEWS = Path(__file__).resolve().parent / "views"
+HANDOFF_KEY = "session_handoff"  # a login's one-time code, handed to the session route on the next page run
+CLEAR_COOKIE_KEY = "session_cleared"  # logged out: the login page asks the route to drop the cookie
+
+
+def logged_in(identity: auth.Identity) -> None:
+    """A password login (or the first admin's): the identity kept for this tab, and a console session started
+    whose cookie the next page run fetches (:func:`hand_off`): a reload and other tabs stay logged in."""
+    sid, code = sessions.start(identity)
+    st.session_state[IDENTITY_KEY], st.session_state[SESSION_KEY] = identity, sid
+    st.session_state[HANDOFF_KEY] = code
+    st.rerun()
+
+
+def hand_off() -> None:
+    """After a login: the page hands the session's one-time code to the console's session route
+    (``POST /_posttrain/session``, posttrain.ui.server), whose answer sets the HttpOnly cookie. The code is spent on
+    use and lapses in a minute; page scripts never see the cookie itself."""
+    if (code := st.session_state.pop(HANDOFF_KEY, None)) is not None:
+        st.html(f"<script>fetch({json.dumps(sessions.HANDOFF_ROUTE)}, {{method: 'POST', body: {json.dumps(code)}, "
+                "credentials: 'same-origin', headers: {'Content-Type': 'text/plain'}});</script>",
+                unsafe_allow_javascript=True)  # fmt: skip
+
+
+def drop_cookie() -> None:
+    """After a logout (its session already revoked): the route drops the cookie from the browser as well."""
+    if st.session_state.pop(CLEAR_COOKIE_KEY, False):
+        st.html(f"<script>fetch({json.dumps(sessions.LOGOUT_ROUTE)}, {{method: 'POST', "
+                "credentials: 'same-origin'});</script>", unsafe_allow_javascript=True)  # fmt: skip
+
+
+def cookie_identity() -> auth.Identity | None:
+    """A reload or another tab: the identity of the session the browser's cookie names, when it is live."""
+    cookie = st.context.cookies.get(sessions.COOKIE)
+    if not cookie:
+        return None
+    try:
+        resumed = sessions.resume(cookie)
+    except (DatabaseUnavailable, SettingsError, SQLAlchemyError):
+        return None  # the page says what is wrong with the database
+    if resumed is None:
+        return None
+    st.session_state[IDENTITY_KEY], st.session_state[SESSION_KEY] = resumed
+    return resumed[0]
 
 
 def favicon() -> Image.Image:
@@ -64,21 +109,20 @@ def first_admin_form() -> bool:
                 st.error("The two passwords differ: type the same password twice.")
             else:
                 try:
-                    st.session_state[IDENTITY_KEY] = auth.setup_first_admin(
-                        name, password, client_ip=client, bind_host=bind_host()
-                    )
+                    admin = auth.setup_first_admin(name, password, client_ip=client, bind_host=bind_host())
                 except auth.AuthError as exc:
                     if auth.ADMIN_EXISTS not in str(exc):
                         st.error(str(exc))
                         return True
                     st.warning("An admin was created meanwhile (another browser, or the command line): log in below.")
                     return False
-                st.rerun()
+                logged_in(admin)
     return True
 
 
 def login() -> None:
     st.title("posttrain")
+    drop_cookie()
     try:
         anyone = bool(auth.list_users())
     except DatabaseUnavailable as exc:
@@ -96,11 +140,11 @@ def login() -> None:
         password = st.text_input("Password", type="password", key="login_password")
         if st.form_submit_button("Log in", type="primary"):
             try:
-                st.session_state[IDENTITY_KEY] = auth.authenticate(name, password)
+                identity = auth.authenticate(name, password)
             except auth.AuthError as exc:
                 st.error(str(exc))
             else:
-                st.rerun()
+                logged_in(identity)
 
 
 def sso_identity() -> auth.Identity | None:
@@ -120,15 +164,20 @@ def sso_identity() -> auth.Identity | None:
     return identity
 
 
-identity = refreshed_identity() or sso_identity()
+identity = refreshed_identity() or cookie_identity() or sso_identity()
 if identity is None:
     login()
     st.stop()
+hand_off()
 
 with st.sidebar:
     st.caption(f"Signed in as **{identity.username}** ({identity.role.value})")
     if st.button("Log out", key="logout"):
-        auth.audit(identity.username, "logout")
+        if (sid := st.session_state.pop(SESSION_KEY, None)) is not None:
+            sessions.end(sid, identity.username)  # every tab of this session, and the cookie, logged out
+            st.session_state[CLEAR_COOKIE_KEY] = True
+        else:
+            auth.audit(identity.username, "logout")
         del st.session_state[IDENTITY_KEY]
         if st.user.get("is_logged_in"):
             st.logout()  # drops the single sign-on cookie too, and reruns

@@ -10,6 +10,7 @@ import streamlit as st
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
+from posttrain.platform import sessions
 from posttrain.platform.auth import Identity, refresh_identity
 from posttrain.platform.db import migrate
 from posttrain.platform.db.engine import DatabaseUnavailable
@@ -20,6 +21,7 @@ from posttrain.platform.sandbox import SandboxPool, make_pool, parse_tool_calls
 from posttrain.platform.settings import SettingsError, get_settings
 
 IDENTITY_KEY = "identity"
+SESSION_KEY = "console_session"  # the id of the session the browser's cookie names (posttrain.platform.sessions)
 FOLLOW_EVERY = "2s"  # how often a page that shows unfinished work checks whether it moved on
 
 
@@ -85,7 +87,8 @@ def current_identity() -> Identity | None:
 
 def refreshed_identity() -> Identity | None:
     """The session's identity checked against the database once per run: a user disabled since the
-    login is logged out, a changed role applies at once."""
+    login is logged out, a changed role applies at once, and a console session ended elsewhere (logout in
+    another tab, a password change) ends here too."""
     identity = current_identity()
     if identity is None:
         st.session_state.pop(IDENTITY_KEY, None)
@@ -93,10 +96,14 @@ def refreshed_identity() -> Identity | None:
 
     try:
         fresh = refresh_identity(identity)
+        sid = st.session_state.get(SESSION_KEY)
+        if fresh is not None and sid is not None and not sessions.live(sid):  # logged out in another tab, or ended
+            fresh = None
     except (DatabaseUnavailable, SettingsError, SQLAlchemyError):
         return identity  # no database or no schema yet: the page explains that itself
     if fresh is None:
         st.session_state.pop(IDENTITY_KEY, None)
+        st.session_state.pop(SESSION_KEY, None)
     elif fresh != identity:
         st.session_state[IDENTITY_KEY] = fresh
     return fresh

@@ -83,6 +83,20 @@ class ApiKey(SQLModel, table=True):
     revoked_by: str | None = Field(default=None, max_length=128)
 
 
+class ConsoleSession(SQLModel, table=True):
+    """A console login kept across reloads and tabs (:mod:`posttrain.platform.sessions`): the browser holds a signed,
+    expiring HttpOnly cookie naming it; the one-time code that turns a login into that cookie is kept only hashed."""
+
+    __tablename__ = "console_session"
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(index=True, max_length=128)
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime
+    revoked_at: datetime | None = Field(default=None, index=True)
+    handoff_sha256: str | None = Field(default=None, max_length=64, index=True)
+    handoff_expires_at: datetime | None = None
+
+
 # --- documents ----------------------------------------------------------------------
 
 

@@ -124,6 +124,13 @@ class Settings(BaseSettings):
 
     console_host: str = Field(default="127.0.0.1")
     console_port: int = Field(default=8501, ge=1, le=65535)
+    console_session_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 30,
+        description="how long a console login lasts across reloads and tabs (a signed HttpOnly cookie); logout, a "
+        "password change or a disabled account ends it sooner",
+    )
 
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig,
