@@ -23,6 +23,8 @@ CLIP_FRAC_HIGH = "train/clip_frac_high"
 # --- GRPO's rollouts, verification and pipeline
 REWARD_MEAN = "rollout/reward_mean"
 PASS_RATE = "rollout/pass_rate"
+REWARD_SE = "rollout/reward_se"  # the SE of the step's mean reward over its prompts (each prompt's samples one cluster)
+SAMPLED_NLL = "rollout/sampled_nll"  # mean -log p of the sampled tokens: the policy's entropy as sampled, estimated
 COMPLETION_LEN_MEAN = "rollout/completion_len_mean"
 TRUNCATED_FRAC = "rollout/truncated_frac"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"

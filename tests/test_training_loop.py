@@ -25,7 +25,7 @@ from posttrain.training.config import GRPOConfig
 from posttrain.training.inference import Completion
 from posttrain.training.learner import completion_batch, completion_logprobs, prompt_passes, shared_prompt_logprobs
 from posttrain.training.logprob_check import LogprobMismatchError
-from posttrain.training.loop import train_grpo
+from posttrain.training.loop import reward_se, sampled_nll, train_grpo
 from posttrain.training.modeling import load_policy
 from posttrain.training.rollout import RolloutGroup, SamplingConfig, Trajectory, generate_groups
 from posttrain.training.rollouts.base import Generated, PolicySampler, RolloutBatch, assemble_batch
@@ -464,3 +464,24 @@ def test_the_vllm_backend_runs_a_multi_turn_environments_episodes_through_vllms_
     assert all(m["rollout/logprob_tokens"] > 0 and m["rollout/logprob_mean_abs_diff"] < 1e-4 for m in seen.values()), (
         seen
     )
+
+
+def test_a_steps_reward_se_is_over_its_prompts_and_the_sampled_nll_over_the_policys_own_tokens() -> None:
+    """``rollout/reward_se``: the spread of the groups' mean rewards over the root of their number (a prompt's
+    samples share its difficulty: one cluster); ``rollout/sampled_nll``: the mean -log p of the sampled tokens,
+    environment tokens of an episode left out. Checked against a hand computation."""
+    task = TaskSpec(domain="sums", prompt="1+1?", verifier={"kind": "exact_match"}, reference="2")
+
+    def group(rewards: list[float]) -> RolloutGroup:
+        return RolloutGroup(task, [Trajectory([1], [2], [-0.5], "", True, reward=r) for r in rewards], 0)
+
+    groups = [group([1.0, 1.0, 0.0, 0.0]), group([1.0, 1.0, 1.0, 1.0]), group([0.0, 0.0, 0.0, 0.0])]
+    means = [0.5, 1.0, 0.0]  # sample variance 0.25, over 3 groups: SE = sqrt(0.25 / 3)
+    assert sum((m - 0.5) ** 2 for m in means) / 2 == pytest.approx(0.25)
+    assert reward_se(groups) == pytest.approx((0.25 / 3) ** 0.5)
+    assert reward_se(groups[:1]) == 0.0  # one prompt: no spread over prompts to measure
+    # two prompts with the same mean: no spread over prompts, whatever the spread within each
+    assert reward_se([group([1.0, 0.0]), group([1.0, 0.0])]) == 0.0
+    episode = Trajectory([1], [5, 6, 7, 8], [-1.0, -9.0, -9.0, -3.0], "", True, loss_mask=[1, 0, 0, 1])
+    plain = Trajectory([1], [5, 6], [-0.5, -1.5], "", True)
+    assert sampled_nll([episode, plain]) == pytest.approx((1.0 + 3.0 + 0.5 + 1.5) / 4)

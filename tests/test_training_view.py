@@ -270,13 +270,43 @@ def test_the_reward_chart_smooths_the_noisy_steps_beside_the_held_out_climb(plat
     assert list(held_out["step"]) == [0, 8] and list(held_out["value"]) == pytest.approx([0.3, 0.53])  # before, after
     spec = json.loads(reward.proto.spec)
     assert [layer["mark"]["type"] for layer in spec["layer"]] == [
+        "rule",
         "point",
         "line",
         "line",
-    ]  # the raw points, the average
+    ]  # the spread where logged, the raw points, the average, the held-out line
+    assert frame["lo"].isna().all()  # a run that logged no SE draws no bars, and says nothing of them
+    assert not any("Bars:" in c.value or "What moves the reward" in c.value for c in at.caption)
     assert any(
         "exponential moving average (each step weighs 0.3, the average before it 0.7)" in c.value for c in at.caption
     )
+
+
+def test_the_reward_chart_shows_each_steps_spread_and_says_what_moves_it(platform_env: dict[str, str]) -> None:
+    """The demo's puzzle: the sampled reward falls over the run while the held-out pass@1 rises. The chart draws each
+    step's ± 2 SE (its few prompts' spread) and says, from the run's own figures, that the steps moved within that
+    noise and that the policy samples more varied tokens (at temperature 1 that costs sampled reward)."""
+    falling = [0.45, 0.41, 0.5, 0.35, 0.33, 0.3, 0.36, 0.27]
+    se = [0.12, 0.1, 0.14, 0.11, 0.12, 0.1, 0.13, 0.11]
+    nll = [0.3, 0.32, 0.31, 0.36, 0.42, 0.45, 0.44, 0.5]
+    job = preset_run()
+    insert_metrics(job, [(0, "eval/pass@1", 0.3)]
+                   + [(i + 1, name, v) for name, values in (("rollout/reward_mean", falling), ("rollout/reward_se", se),
+                                                            ("rollout/sampled_nll", nll)) for i, v in enumerate(values)])  # fmt: skip
+    finish_preset(job)
+    insert_metrics(job, [(1, "eval/pass@1", 0.53)])
+    at = page()
+    (reward,) = [c for c in at.get("vega_lite_chart") if "rollout/reward_mean" in set(chart_frame(c)["metric"])]
+    frame = chart_frame(reward)
+    raw = frame[(frame["metric"] == "rollout/reward_mean") & (frame["shown"] == "per step")]
+    assert list(raw["lo"]) == pytest.approx([r - 2 * e for r, e in zip(falling, se)])
+    assert list(raw["hi"]) == pytest.approx([r + 2 * e for r, e in zip(falling, se)])
+    (why,) = [c.value for c in at.caption if c.value.startswith("What moves the reward")]
+    assert "within ± 2 SE of its draw (prompts and samples) 7 of 7 times" in why, why
+    assert "moves it more than training does" in why and "within the noise" in why, why
+    assert "0.32 → 0.45 (more varied: sampling at the run's temperature" in why, why
+    assert "Held out, greedy, on prompts no step drew: 30% → 53%." in why, why
+    assert any("Bars: ± 2 SE of a step's mean over its prompts." in c.value for c in at.caption)
 
 
 # --- 7. trajectories as each step stores them ---------------------------------------------------------------

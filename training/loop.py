@@ -19,6 +19,7 @@ flight at the stop are not kept (they are regenerated).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,28 @@ from posttrain.training.sharding import DistContext, local_context
 GroupsFn = Callable[[int, list[RolloutGroup]], None]
 
 
+def reward_se(groups: Sequence[RolloutGroup]) -> float:
+    """The standard error of a step's mean reward over its prompts: the spread of the groups' mean rewards over the
+    root of their number (a prompt's samples are one cluster: they share its difficulty). 0 with one group."""
+    means = [sum(g.rewards) / len(g.rewards) for g in groups if g.trajectories]
+    if len(means) < 2:
+        return 0.0
+    centre = sum(means) / len(means)
+    return math.sqrt(sum((m - centre) ** 2 for m in means) / (len(means) - 1) / len(means))
+
+
+def sampled_nll(trajectories: Sequence[Trajectory]) -> float:
+    """The mean -log p of the tokens the policy sampled (its own tokens: a multi-turn episode's environment tokens
+    are masked out): a Monte Carlo estimate of its per-token entropy at the sampling temperature."""
+    total, count = 0.0, 0
+    for t in trajectories:
+        mask = t.loss_mask or [1] * len(t.behaviour_logprobs)
+        for logprob, own in zip(t.behaviour_logprobs, mask):
+            if own:
+                total, count = total - logprob, count + 1
+    return total / max(1, count)
+
+
 def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup]) -> dict[str, float]:
     trajectories = [t for g in batch.groups for t in g.trajectories]
     rewards = [t.reward for t in trajectories if t.reward is not None]
@@ -48,6 +71,8 @@ def batch_metrics(batch: RolloutBatch, version: int, used: Sequence[RolloutGroup
     return (
         {
             names.REWARD_MEAN: sum(rewards) / max(1, len(rewards)),
+            names.REWARD_SE: reward_se(batch.groups),
+            names.SAMPLED_NLL: sampled_nll(trajectories),
             names.PASS_RATE: sum(bool(t.passed) for t in trajectories) / max(1, len(trajectories)),
             names.COMPLETION_LEN_MEAN: sum(len(t.completion_ids) for t in trajectories) / max(1, len(trajectories)),
             names.TRUNCATED_FRAC: sum(not t.finished for t in trajectories) / max(1, len(trajectories)),

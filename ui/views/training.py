@@ -910,6 +910,11 @@ def chart_spec(smoothed: bool = False) -> dict[str, Any]:
         "height": 220,
         "encoding": encoding,
         "layer": [
+            {  # the step's spread: ± 2 SE of its mean over its prompts, where the run logs it
+                "transform": [*shown("per step"), {"filter": "isValid(datum.lo)"}],
+                "mark": {"type": "rule", "opacity": 0.3},
+                "encoding": {"y": {"field": "lo", "type": "quantitative"}, "y2": {"field": "hi"}},
+            },
             {
                 "transform": shown("per step"),
                 "mark": {"type": "point", "filled": True, "opacity": 0.45, "tooltip": True},
@@ -937,21 +942,26 @@ def chart(
     points: dict[str, list[metrics.Point]],
     smoothed: bool = False,
     held_out: list[metrics.Point] | None = None,
+    spread: dict[str, list[metrics.Point]] | None = None,
 ) -> None:
     """One chart of a run's series; ``smoothed``: each series' points with their moving average, and ``held_out``
-    (the held-out pass@1 before and after training, at the steps it was measured between) beside them."""
-    rows = [(name, step, value, "per step") for name, series in points.items() for step, value in series]
+    (the held-out pass@1 before and after training, at the steps it was measured between) beside them; ``spread``:
+    a series' SE at each step, drawn as a ± 2 SE bar through its point."""
+    ses = {name: dict(series) for name, series in (spread or {}).items()}
+    rows = [(name, step, value, "per step", *bar(value, ses.get(name, {}).get(step)))
+            for name, series in points.items() for step, value in series]  # fmt: skip
     if smoothed:
-        rows += [(name, step, value, "smoothed") for name, series in points.items()
+        rows += [(name, step, value, "smoothed", None, None) for name, series in points.items()
                  for (step, _), value in zip(series, ema([v for _, v in series]))]  # fmt: skip
-        rows += [(HELD_OUT, step, value, "held-out") for step, value in held_out or []]
-    frame = pd.DataFrame(rows, columns=["metric", "step", "value", "shown"])
+        rows += [(HELD_OUT, step, value, "held-out", None, None) for step, value in held_out or []]
+    frame = pd.DataFrame(rows, columns=["metric", "step", "value", "shown", "lo", "hi"])
     st.markdown(f"**{title}**")
     st.vega_lite_chart(frame, chart_spec(smoothed), width="stretch")
     if smoothed:
         st.caption(
             f"Dots: each step's mean over its rollouts (a few prompts a step, so it is noisy); line: their "
             f"exponential moving average (each step weighs {EMA_ALPHA:g}, the average before it {1 - EMA_ALPHA:g})."
+            + (" Bars: ± 2 SE of a step's mean over its prompts." if ses else "")
             + (
                 f" Dashed: {HELD_OUT} before and after training, on prompts no step drew: the figure that shows "
                 "whether the model learned."
@@ -959,6 +969,58 @@ def chart(
                 else ""
             )
         )
+
+
+def bar(value: float, se: float | None) -> tuple[float | None, float | None]:
+    """The ± 2 SE bar of a point (none without an SE)."""
+    return (None, None) if se is None else (value - 2 * se, value + 2 * se)
+
+
+def reward_moves(
+    reward: list[metrics.Point], se: list[metrics.Point], nll: list[metrics.Point], held_out: list[metrics.Point]
+) -> str | None:
+    """What moves the sampled training reward, from the run's own figures: how often a step's change stayed within
+    the noise of its prompt draw, whether its first and second halves differ beyond it, and what the policy's
+    sampled-token entropy did, beside the held-out pass@1 (greedy, on prompts no step drew). None below 4 steps."""
+    if len(reward) < 4 or len(se) < len(reward):
+        return None
+    values, errors = [v for _, v in reward], dict(se)
+    steps = [s for s, _ in reward]
+    within = sum(
+        abs(b - a) <= 2 * math.hypot(errors.get(sa, 0.0), errors.get(sb, 0.0))
+        for (sa, a), (sb, b) in zip(reward, reward[1:])
+    )
+    half = len(values) // 2
+    first, second = values[:half], values[half:]
+    difference = sum(second) / len(second) - sum(first) / len(first)
+    spread = math.sqrt(sum(errors.get(s, 0.0) ** 2 for s in steps[:half]) / half**2
+                       + sum(errors.get(s, 0.0) ** 2 for s in steps[half:]) / len(second) ** 2)  # fmt: skip
+    noise = abs(difference) <= 2 * spread
+    draw = (
+        "which prompts a step drew moves it more than training does"
+        if within >= 0.7 * (len(values) - 1)
+        else "its changes often go beyond what the prompt draw explains"
+    )
+    lines = [
+        f"What moves the reward: between steps it changed within ± 2 SE of its draw (prompts and samples) {within} of "
+        f"{len(values) - 1} times: {draw}. Its second half averaged {difference:+.2f} against its first "
+        f"(± {2 * spread:.2f}: {'within the noise' if noise else 'beyond the noise'})."
+    ]
+    if len(nll) >= 4:
+        entropy = [v for _, v in nll]
+        cut = len(entropy) // 2
+        start, end = sum(entropy[:cut]) / cut, sum(entropy[cut:]) / len(entropy[cut:])
+        how = "more varied" if end > start * 1.1 else "sharper" if end < start / 1.1 else "about as varied"
+        because = (
+            ": sampling at the run's temperature then draws more wrong answers, which lowers the sampled reward "
+            "while the greedy answer can still improve"
+            if how == "more varied" and difference < 0
+            else ""
+        )
+        lines.append(f"Its sampled tokens' mean −log p went {start:.2f} → {end:.2f} ({how}{because}).")
+    if len(held_out) == 2:
+        lines.append(f"Held out, greedy, on prompts no step drew: {held_out[0].value:.0%} → {held_out[1].value:.0%}.")
+    return " ".join(lines)
 
 
 def domain_heatmap(job_id: int, domains: list[str]) -> None:
@@ -1259,8 +1321,15 @@ def run_view(job: Job) -> None:
                 series = {name.removeprefix("sched/").removesuffix("/pass_rate") if name in domain_names else name:
                           data.get(name, []) for name in group}  # fmt: skip
                 if title in SMOOTHED_CHARTS:
-                    reward_steps = [p.step for p in data.get(metric_names.REWARD_MEAN, [])]
-                    chart(title, series, smoothed=True, held_out=held_out_points(job, max(reward_steps, default=1)))
+                    reward = data.get(metric_names.REWARD_MEAN, [])
+                    held = held_out_points(job, max((p.step for p in reward), default=1))
+                    spread = metrics.series(job_id, [metric_names.REWARD_SE, metric_names.SAMPLED_NLL],
+                                            max_points=MAX_POINTS)  # fmt: skip
+                    se = spread.get(metric_names.REWARD_SE, [])
+                    chart(title, series, smoothed=True, held_out=held,
+                          spread={metric_names.REWARD_MEAN: se} if se else None)  # fmt: skip
+                    if why := reward_moves(reward, se, spread.get(metric_names.SAMPLED_NLL, []), held):
+                        st.caption(why)
                 else:
                     chart(title, series)
         if evals:
