@@ -1,4 +1,4 @@
-"""Tables with PyMuPDF's find_tables, run only on pages that show table cues.
+"""Tables with PyMuPDF's find_tables, run only on pages that show table cues, and rule-only tables beside them.
 
 find_tables' default ("lines") strategy builds cells from vector strokes and
 rectangles, so a page without at least one rectangle or two horizontal and two
@@ -9,6 +9,14 @@ PyMuPDF 2 gates find_tables by its ONNX layout model when pymupdf_layout is
 installed (over a second per page on a CPU); we call the line-based detector
 directly (``use_layout=False``), which is deterministic and what our table
 recall is measured against.
+
+A table typeset with horizontal rules only (LaTeX's booktabs, or one rule under its header, as GLPK's manual sets
+its Type / Bounds / Comment tables) has no vertical edge, so the line strategy cannot see it. :func:`rule_tables`
+reads those from the rules and the words: a horizontal rule at least ``MIN_RULE_PT`` wide, the text lines around it
+that lie within its width (the header above, the rows below, up to a line that runs outside it or a gap), columns
+where every line leaves the same horizontal gap, and rows from the lines (a line with nothing in the first column
+continues the row above). It needs two columns and two rows besides the header, so a rule under a heading or above
+footnotes is no table.
 """
 
 from __future__ import annotations
@@ -186,10 +194,207 @@ def to_table(found: pymupdf.table.Table) -> Table:
     )
 
 
+MIN_RULE_PT = 60.0  # a rule narrower than this underlines a word, not a table
+RULE_THICKNESS_PT = 1.5  # a filled rectangle at most this tall is a rule
+COLUMN_GAP_PT = 7.0  # a horizontal gap every line of the table leaves, at least this wide, separates two columns
+LINE_JOIN_PT = 2.5  # words whose bottoms lie within this of each other are one line (math shifts a baseline)
+MAX_LINE_GAP = 2.2  # a gap between lines this many times the table's usual line pitch ends it
+RULE_SLACK_PT = 6.0  # a table's words may overhang its rules by this much
+RUNNING_HEAD_SHARE = 0.08  # a rule this high on the page under its first line separates the running head
+
+
+def _horizontal_rules(page: pymupdf.Page) -> list[tuple[float, float, float]]:
+    """(x0, x1, y) of the page's horizontal rules at least ``MIN_RULE_PT`` wide, merged where one rule is drawn in
+    pieces, top to bottom."""
+    rules: list[tuple[float, float, float]] = []
+    for path in page.get_cdrawings():
+        for item in path.get("items", ()):
+            if item[0] == "l":
+                (x0, y0), (x1, y1) = item[1], item[2]
+                if abs(y0 - y1) <= 0.5 and abs(x1 - x0) >= MIN_RULE_PT:
+                    rules.append((min(x0, x1), max(x0, x1), (y0 + y1) / 2))
+            elif item[0] == "re":
+                x0, y0, x1, y1 = item[1]
+                if abs(y1 - y0) <= RULE_THICKNESS_PT and abs(x1 - x0) >= MIN_RULE_PT:
+                    rules.append((min(x0, x1), max(x0, x1), (y0 + y1) / 2))
+    rules.sort(key=lambda r: (round(r[2]), r[0]))
+    merged: list[tuple[float, float, float]] = []
+    for x0, x1, y in rules:
+        if merged and abs(merged[-1][2] - y) <= 0.5 and x0 <= merged[-1][1] + SNAP:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], x1), merged[-1][2])
+        else:
+            merged.append((x0, x1, y))
+    return sorted(merged, key=lambda r: r[2])
+
+
+def _lines(words: list[tuple]) -> list[list[tuple]]:
+    """Words grouped into text lines (by their bottoms, within ``LINE_JOIN_PT``), top to bottom, each left to
+    right."""
+    lines: list[list[tuple]] = []
+    for w in sorted(words, key=lambda w: w[3]):
+        if lines and w[3] - lines[-1][-1][3] <= LINE_JOIN_PT:
+            lines[-1].append(w)
+        else:
+            lines.append([w])
+    return [sorted(line, key=lambda w: w[0]) for line in lines]
+
+
+def _columns(lines: list[list[tuple]], x0: float, x1: float) -> list[tuple[float, float]]:
+    """The columns the lines share: x ranges separated by gaps at least ``COLUMN_GAP_PT`` wide that no line's words
+    cross."""
+    covered: list[tuple[float, float]] = sorted((w[0], w[2]) for line in lines for w in line)
+    spans: list[list[float]] = []
+    for a, b in covered:
+        if spans and a - spans[-1][1] < COLUMN_GAP_PT:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    return [(a, b) for a, b in spans if b > x0 - RULE_SLACK_PT and a < x1 + RULE_SLACK_PT]
+
+
+def _rule_table(
+    lines: list[list[tuple]], group: list[tuple[float, float, float]], page_height: float
+) -> tuple[tuple[float, float, float, float], list[list[tuple[str, tuple[float, float, float, float] | None]]]] | None:
+    """The table a group of rules of one width holds (its box, and its rows of cells: text and box), or None. Its
+    first row is its header."""
+    x0, x1 = min(r[0] for r in group) - RULE_SLACK_PT, max(r[1] for r in group) + RULE_SLACK_PT
+    top, bottom = group[0][2], group[-1][2]
+
+    def inside(line: list[tuple]) -> bool:
+        return all(w[0] >= x0 and w[2] <= x1 for w in line)
+
+    above = [i for i, line in enumerate(lines) if line[0][3] <= top + 1]
+    below = [i for i, line in enumerate(lines) if line[0][1] >= top - 1]
+    if not below:
+        return None
+    # the header: the line just above the first rule (booktabs: the lines between its first two rules)
+    if len(group) >= 2:
+        header_ids = [i for i in below if lines[i][0][3] <= group[1][2] + 1]
+        body_start = group[1][2]
+    else:
+        running_head = above and above[-1] == 0 and top < RUNNING_HEAD_SHARE * page_height
+        header_ids = (
+            [above[-1]]
+            if above and not running_head and inside(lines[above[-1]]) and top - lines[above[-1]][-1][3] < 12
+            else []
+        )  # the page's first line over a rule in the top margin is its running head, not a header
+        body_start = top
+    body_ids: list[int] = []
+    pitch: float | None = None
+    last_bottom = body_start
+    for i in below:
+        line = lines[i]
+        if i in header_ids or line[0][1] < body_start - 1:
+            continue
+        if len(group) >= 2 and line[0][3] > bottom + 1:
+            break  # a booktabs table ends at its last rule
+        if not inside(line):
+            break
+        gap = line[0][3] - last_bottom
+        if pitch is not None and gap > MAX_LINE_GAP * pitch:
+            break
+        if body_ids:
+            pitch = gap if pitch is None else min(pitch, gap)
+        body_ids.append(i)
+        last_bottom = max(w[3] for w in line)
+    if not header_ids or len(body_ids) < 2:
+        return None
+    table_lines = [lines[i] for i in header_ids + body_ids]
+    columns = _columns(table_lines, x0, x1)
+    if len(columns) < 2:
+        return None
+
+    Box = tuple[float, float, float, float]
+
+    def cells(line: list[tuple]) -> list[tuple[str, Box | None]]:
+        placed: list[list[tuple]] = [[] for _ in columns]
+        for w in line:
+            centre = (w[0] + w[2]) / 2
+            k = min(range(len(columns)), key=lambda c: 0 if columns[c][0] <= centre <= columns[c][1] else
+                    min(abs(centre - columns[c][0]), abs(centre - columns[c][1])))  # fmt: skip
+            placed[k].append(w)
+        return [(" ".join(w[4] for w in ws), _box(ws)) for ws in placed]
+
+    rows: list[list[tuple[str, Box | None]]] = []
+    for k, line in enumerate(table_lines):
+        row = cells(line)
+        if rows and k >= len(header_ids) + 1 and not row[0][0]:  # nothing in the first column: the row goes on
+            rows[-1] = [(" ".join(filter(None, (a[0], b[0]))), _union(a[1], b[1])) for a, b in zip(rows[-1], row)]
+        else:
+            rows.append(row)
+    filled = [sum(bool(text) for text, _ in row) for row in rows]
+    if filled[0] < 2 or sum(f >= 2 for f in filled[len(header_ids) :]) < 2:
+        return None  # a table has a header over two columns and two rows that fill them
+    words = [w for line in table_lines for w in line]
+    box = (
+        min(min(w[0] for w in words), group[0][0]),
+        min(min(w[1] for w in words), top),
+        max(max(w[2] for w in words), max(r[1] for r in group)),
+        max(max(w[3] for w in words), bottom),
+    )
+    return box, rows
+
+
+def _box(words: list[tuple]) -> tuple[float, float, float, float] | None:
+    if not words:
+        return None
+    return min(w[0] for w in words), min(w[1] for w in words), max(w[2] for w in words), max(w[3] for w in words)
+
+
+def _union(a: tuple[float, ...] | None, b: tuple[float, ...] | None) -> tuple[float, float, float, float] | None:
+    if a is None or b is None:
+        return a or b  # type: ignore[return-value]
+    return min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
+
+
+def rule_tables(page: pymupdf.Page, taken: list[tuple[float, float, float, float]] = ()) -> list[Table]:  # type: ignore[assignment]
+    """The page's tables typeset with horizontal rules only (no vertical edge for find_tables' line strategy), none
+    overlapping a box in ``taken`` (the tables found already)."""
+    rules = [r for r in _horizontal_rules(page) if not any(_overlaps((r[0], r[2], r[1], r[2]), t) for t in taken)]
+    if not rules:
+        return []
+    groups: list[list[tuple[float, float, float]]] = []
+    for rule in rules:  # rules of one table: the same width, stacked
+        for group in groups:
+            if abs(group[0][0] - rule[0]) <= SNAP * 2 and abs(group[0][1] - rule[1]) <= SNAP * 2:
+                group.append(rule)
+                break
+        else:
+            groups.append([rule])
+    lines = _lines(page.get_text("words"))
+    found: list[Table] = []
+    for group in groups:
+        made = _rule_table(lines, group, page.rect.height)
+        if made is None or any(_overlaps(made[0], t.bbox) for t in found):
+            continue
+        box, rows = made
+        texts = [[_clean(text) for text, _ in row] for row in rows]
+        cells = [TableCell(row=r, col=c, bbox=cell_box, text=texts[r][c]) for r, row in enumerate(rows)
+                 for c, (_, cell_box) in enumerate(row)]  # fmt: skip
+        found.append(Table(bbox=box, rows=len(rows), cols=len(texts[0]), header=texts[0], cells=cells,
+                           markdown=_markdown(texts[0], texts[1:])))  # fmt: skip
+    return found
+
+
+def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return not (a[2] < b[0] or b[2] < a[0] or a[3] < b[1] - 1 or b[3] < a[1] - 1)
+
+
 def find_page_tables(page: pymupdf.Page, mode: str = "auto") -> list[Table]:
-    """Tables on ``page``. mode: auto (only with cues), always, never."""
+    """Tables on ``page``: find_tables' ruled grids, then the tables set with horizontal rules only beside them.
+    mode: auto (find_tables only with cues), always, never."""
     if mode == "never":
         return []
+    grids = _grid_tables(page, mode)
+    try:
+        return grids + rule_tables(page, [t.bbox for t in grids])
+    except Exception as exc:  # an enrichment: never sinks the page
+        log.warning("rule-only tables failed on page %d: %s", page.number + 1, exc)
+        return grids
+
+
+def _grid_tables(page: pymupdf.Page, mode: str) -> list[Table]:
+    """find_tables' line strategy: tables whose cells are drawn (only on pages whose graphics could form cells)."""
     clip = None
     if mode == "auto":
         regions = table_regions(page)

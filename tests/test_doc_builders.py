@@ -11,7 +11,7 @@ import pytest
 from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle, start_worker
 from required_parts import require
 from sqlalchemy import delete
-from sqlmodel import col
+from sqlmodel import col, select
 from streamlit.testing.v1 import AppTest
 
 from posttrain.platform.db.engine import session
@@ -40,6 +40,37 @@ def guide_excerpt(tmp_path: Path) -> Path:
     path = tmp_path / "reportlab-userguide-excerpt.pdf"
     out.save(path)
     return path
+
+
+GLPK = Path("/usr/share/doc/glpk-doc/glpk.pdf")
+
+
+def test_a_rule_only_table_gives_table_lookup_tasks(platform_env: dict[str, str], tmp_path: Path) -> None:
+    """GLPK's manual sets its tables with one rule under the header and no vertical edge (page 21: Type / Bounds /
+    Comment), which find_tables' line strategy cannot see. Through the real preprocess job the page keeps the table,
+    cell by cell, and the builder asks about its cells; the references verify, wrong answers do not."""
+    require("document samples")
+    page = pymupdf.open()
+    page.insert_pdf(pymupdf.open(GLPK), from_page=20, to_page=20)
+    path = tmp_path / "glpk-page-21.pdf"
+    page.save(path)
+    added = add_document(OPERATOR, path)
+    run_worker_until_idle(platform_env)
+    assert queue.get_job(added.job_id).status is JobStatus.succeeded  # type: ignore[arg-type]
+    with session() as s:
+        (stored,) = s.exec(select(Page).where(Page.document_id == added.document.id)).all()
+    (table,) = stored.layout["tables"]
+    assert (table["rows"], table["cols"]) == (6, 3) and table["header"] == ["Type", "Bounds", "Comment"]
+    cell = {(c["row"], c["col"]): c["text"] for c in table["cells"]}
+    assert cell[(2, 0)] == "GLP_LO" and cell[(2, 2)] == "Variable with lower bound" and cell[(5, 2)] == "Fixed variable"
+    specs = build_document_tasks(added.document.id, kinds=["table_lookup"], max_per_document=50, seed=1)  # type: ignore[arg-type]
+    asked = {(s.metadata["row"], s.metadata["column"]): s.verifier.spec["answers"][0] for s in specs}
+    assert asked[("GLP_UP", "Comment")] == "Variable with upper bound", asked
+    assert asked[("GLP_DB", "Comment")] == "Double-bounded variable", asked
+    right = verify_batch(specs, [s.reference or "" for s in specs])
+    assert all(v.passed for v in right)
+    wrong = verify_batch(specs, [wrong_answer(s) for s in specs])
+    assert not any(v.passed for v in wrong)
 
 
 def wrong_answer(spec) -> str:  # type: ignore[no-untyped-def]
