@@ -5,7 +5,7 @@
 Corpus: PDFs that Debian documentation packages ship (texlive-latex-base-doc,
 python-reportlab-doc, glpk-doc). Prints one JSON object per figure; the last
 line holds pages, pages_per_s, peer_pages_per_s, speedup, their one-process
-figures, f1, table_recall and ``peer`` (the peer's setting).
+figures, f1 and ``peer`` (the peer's setting).
 
 - pages_per_s: full extraction (spans with boxes, reading order, tables where
   cued, embedded images, encodings (a) markdown and (b) LayoutLM words) in
@@ -24,8 +24,7 @@ figures, f1, table_recall and ``peer`` (the peer's setting).
   (ours: one worker; the peer: one to_markdown call per document).
 - Warm-up, both sides alike: one page of the first document in every process, untimed.
 - f1: word-level F1 of our page words against pdftotext (poppler-utils).
-- table_recall: of the tables find_tables(use_layout=False) finds on every
-  page, the share our pipeline (which runs it only on cued pages) finds.
+Table detection is measured against hand labels by bench/tables.py.
 """
 
 from __future__ import annotations
@@ -99,13 +98,6 @@ def pdftotext_pages(path: Path, n: int) -> list[str]:
     ).stdout.decode("utf-8", "replace")
     pages = out.split("\f")
     return (pages + [""] * n)[:n]
-
-
-def iou(a, b) -> float:
-    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 # The peer runs in its own spawned processes: after pymupdf4llm.use_layout(False) (its classic mode),
@@ -319,28 +311,6 @@ def main(argv: list[str] | None = None) -> int:
         {"figure": "f1_vs_pdftotext", "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)}
     )
 
-    # 4. table recall: find_tables on every page versus our cued pipeline
-    reference = found = 0
-    t = time.perf_counter()
-    for path, n in files:
-        with pymupdf.open(path) as doc:
-            for i in range(n):
-                ref_tables = [tuple(tb.bbox) for tb in doc[i].find_tables(use_layout=False).tables]
-                mine = ours[(str(path), i + 1)][1]
-                reference += len(ref_tables)
-                found += sum(1 for r in ref_tables if any(iou(r, m) >= 0.5 for m in mine))
-    table_s = time.perf_counter() - t
-    table_recall = found / reference if reference else 1.0
-    emit(
-        {
-            "figure": "table_recall",
-            "reference_tables": reference,
-            "found": found,
-            "recall": round(table_recall, 4),
-            "reference_find_tables_pages_per_s": round(n_pages / table_s, 2),
-        }
-    )
-
     emit(
         {
             "figure": "preprocess",
@@ -352,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
             "peer_pages_per_s_1_process": round(peer_pages_per_s_1, 2),
             "speedup_1_process": round(pages_per_s_1 / peer_pages_per_s_1, 2),
             "f1": round(f1, 4),
-            "table_recall": round(table_recall, 4),
             "render_pages_per_s": round(rendered / render_s, 2) if rendered else None,
             "ocr_pages_per_s": round(ocred / ocr_s, 3) if ocred else None,
             "workers": args.workers,

@@ -200,6 +200,7 @@ COLUMN_GAP_PT = 7.0  # a horizontal gap every line of the table leaves, at least
 LINE_JOIN_PT = 2.5  # words whose bottoms lie within this of each other are one line (math shifts a baseline)
 MAX_LINE_GAP = 2.2  # a gap between lines this many times the table's usual line pitch ends it
 RULE_SLACK_PT = 6.0  # a table's words may overhang its rules by this much
+GUTTER_PT = 14.0  # text beside a table stands at least this far from its rules' width
 RUNNING_HEAD_SHARE = 0.08  # a rule this high on the page under its first line separates the running head
 
 
@@ -260,8 +261,14 @@ def _rule_table(
     x0, x1 = min(r[0] for r in group) - RULE_SLACK_PT, max(r[1] for r in group) + RULE_SLACK_PT
     top, bottom = group[0][2], group[-1][2]
 
-    def inside(line: list[tuple]) -> bool:
-        return all(w[0] >= x0 and w[2] <= x1 for w in line)
+    def within(line: list[tuple]) -> list[tuple] | None:
+        """The line's words inside the rules' width, when any word outside stands clear of it by a gutter (a table
+        beside this one); None when a word crosses its edge or runs up to it (text across the page)."""
+        kept = [w for w in line if w[0] >= x0 and w[2] <= x1]
+        outside = [w for w in line if not (w[0] >= x0 and w[2] <= x1)]
+        if any(w[2] > x0 - GUTTER_PT and w[0] < x1 + GUTTER_PT for w in outside):
+            return None
+        return kept
 
     above = [i for i, line in enumerate(lines) if line[0][3] <= top + 1]
     below = [i for i, line in enumerate(lines) if line[0][1] >= top - 1]
@@ -275,31 +282,35 @@ def _rule_table(
         running_head = above and above[-1] == 0 and top < RUNNING_HEAD_SHARE * page_height
         header_ids = (
             [above[-1]]
-            if above and not running_head and inside(lines[above[-1]]) and top - lines[above[-1]][-1][3] < 12
+            if above and not running_head and within(lines[above[-1]]) and top - lines[above[-1]][-1][3] < 12
             else []
         )  # the page's first line over a rule in the top margin is its running head, not a header
         body_start = top
-    body_ids: list[int] = []
+    body: list[list[tuple]] = []
     pitch: float | None = None
     last_bottom = body_start
     for i in below:
-        line = lines[i]
-        if i in header_ids or line[0][1] < body_start - 1:
+        if i in header_ids or lines[i][0][1] < body_start - 1:
             continue
-        if len(group) >= 2 and line[0][3] > bottom + 1:
+        if len(group) >= 2 and lines[i][0][3] > bottom + 1:
             break  # a booktabs table ends at its last rule
-        if not inside(line):
+        line = within(lines[i])
+        if line is None:
             break
+        if not line:
+            continue  # a line of the table beside this one
         gap = line[0][3] - last_bottom
         if pitch is not None and gap > MAX_LINE_GAP * pitch:
             break
-        if body_ids:
+        if body:
             pitch = gap if pitch is None else min(pitch, gap)
-        body_ids.append(i)
+        body.append(line)
         last_bottom = max(w[3] for w in line)
-    if not header_ids or len(body_ids) < 2:
+    head = [kept for i in header_ids if (kept := within(lines[i]))]
+    if not head or len(head) < len(header_ids) or len(body) < 2:
         return None
-    table_lines = [lines[i] for i in header_ids + body_ids]
+    header_ids = list(range(len(head)))  # counted in table_lines from here on
+    table_lines = head + body
     columns = _columns(table_lines, x0, x1)
     if len(columns) < 2:
         return None
@@ -417,4 +428,13 @@ def _grid_tables(page: pymupdf.Page, mode: str) -> list[Table]:
     except Exception as exc:  # table detection must not sink the page: it is an enrichment
         log.warning("find_tables failed on page %d: %s", page.number + 1, exc)
         return []
-    return [to_table(t) for t in found.tables]
+    return [table for table in map(to_table, found.tables) if _has_text(table)]
+
+
+MIN_FILLED_SHARE = 0.25  # a ruled grid with text in fewer of its cells is a drawing (axes, a chart's frame), not a table
+
+
+def _has_text(table: Table) -> bool:
+    """Whether a ruled grid reads as a table: text in two cells at least, and in a quarter of them."""
+    filled = sum(bool(c.text) for c in table.cells)
+    return filled >= 2 and filled >= MIN_FILLED_SHARE * max(1, len(table.cells))

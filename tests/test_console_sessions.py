@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import OPERATOR
 from required_parts import require
-from test_e2e_console import ARTIFACTS, launch_chromium, wait_for_console
+from test_e2e_console import ARTIFACTS, launch_chromium, serving_console
 
 from posttrain.platform import auth, sessions, users
 from posttrain.platform.db.engine import session
@@ -113,10 +112,10 @@ def test_logout_a_password_change_and_a_disabled_account_end_sessions(dana: auth
 
 
 @pytest.fixture
-def console_with_user() -> Iterator[dict[str, str]]:
+def console_with_user(tmp_path: Path) -> Iterator[dict[str, str]]:
     """``posttrain console`` on a fresh SQLite database with one operator."""
     require("chromium")
-    data = Path(tempfile.mkdtemp(prefix="posttrain-sessions-"))
+    data = tmp_path
     port = free_port()
     env = {
         **os.environ,
@@ -127,19 +126,8 @@ def console_with_user() -> Iterator[dict[str, str]]:
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
     subprocess.run([*cli, "users", "bootstrap-admin", "root", "--password-stdin"], env=env, input=f"{PASSWORD}\n",
                    text=True, check=True, capture_output=True)  # fmt: skip
-    log = open(data / "console.log", "w")
-    proc = subprocess.Popen([*cli, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_console(base, proc, data / "console.log")
+    with serving_console(env, data, port) as base:
         yield {"base": base, "data": str(data)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.mark.slow

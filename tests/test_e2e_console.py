@@ -15,6 +15,7 @@ missing, not only when a page errors.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -63,6 +64,25 @@ def wait_for_console(base: str, proc: subprocess.Popen, log: Path, timeout_s: fl
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"the console at {base} did not come up: {log.read_text()[-3000:]}")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def serving_console(env: dict[str, str], data: Path, port: int, host: str = "127.0.0.1") -> Iterator[str]:
+    """``posttrain console`` on ``port`` with ``env``, its log in ``data/console.log``; yields its base URL once it
+    answers, and stops it at the end."""
+    cli = [sys.executable, "-m", "posttrain.platform.cli"]
+    with open(data / "console.log", "w") as log:
+        proc = subprocess.Popen([*cli, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://{host}:{port}"
+        try:
+            wait_for_console(base, proc, data / "console.log")
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def launch_chromium(p):  # type: ignore[no-untyped-def]

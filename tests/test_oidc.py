@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import tomllib
@@ -24,7 +23,7 @@ from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from required_parts import require
 from sqlmodel import select
-from test_e2e_console import ARTIFACTS, launch_chromium, wait_for_console
+from test_e2e_console import ARTIFACTS, launch_chromium, serving_console
 
 from posttrain.platform import auth
 from posttrain.platform.db.engine import session
@@ -192,7 +191,7 @@ class Provider:
 def sso_console(tmp_path: Path) -> Iterator[dict[str, object]]:
     require("chromium")
     idp_port, port = free_port(), free_port()
-    data = Path(tempfile.mkdtemp(prefix="posttrain-sso-"))
+    data = tmp_path
     env = {
         **os.environ,
         "POSTTRAIN_DATA_DIR": str(data),
@@ -207,19 +206,8 @@ def sso_console(tmp_path: Path) -> Iterator[dict[str, object]]:
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
     user = {"sub": "u-42", "email": "dana@example.com", "email_verified": True, "name": "Dana"}
     with Provider(idp_port, user) as provider:
-        log = open(data / "console.log", "w")
-        proc = subprocess.Popen([*cli, "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://localhost:{port}"
-        try:
-            wait_for_console(base, proc, data / "console.log")
+        with serving_console(env, data, port, host="localhost") as base:
             yield {"base": base, "data": data, "env": env, "provider": provider}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
 
 
 @pytest.mark.slow

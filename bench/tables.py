@@ -1,0 +1,174 @@
+"""Table detection against hand labels, beside PyMuPDF's strongest detector, on real Debian manuals.
+
+    .venv/bin/python bench/tables.py
+
+The arbiter is ``bench/tables/labels.json``: every table on every examined page of GLPK's manual (pages 1-60), its
+graphs guide and the ReportLab user guide, found by eye on rendered pages (no detector), each with its box, rows,
+columns, cells and how it is ruled (grid, booktabs: horizontal rules only, none). Lists of return codes with no
+header (``borderline``) and one-row pieces of a table split across pages (``fragment``) are counted apart.
+
+- recall: of the labelled tables, the share the pipeline's detector (``preprocess.tables.find_page_tables``, as a
+  document's preprocess job runs it: find_tables' line strategy on cued pages, rule-only tables beside them) finds,
+  a found box matching a label at IoU >= 0.5; by ruling too.
+- peer: ``page.find_tables()`` with its defaults (PyMuPDF's layout strategy, its ONNX layout model, the strongest
+  reference available here) on the same pages, in the same run, and its recall.
+- cells: of the labelled cells of the tables both found, the share whose text the detector's table holds.
+- false positives: tables found on the examined pages that match no label (a borderline list included).
+- held out: GLPK's modelling-language manual (gmpl.pdf, not labelled), every page: the tables each detector finds,
+  and the share of the peer's the pipeline finds.
+
+Prints one JSON object per figure, the summary last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import collections  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pymupdf  # noqa: E402
+
+from posttrain.preprocess.tables import find_page_tables  # noqa: E402
+
+LABELS = Path(__file__).resolve().parent / "tables" / "labels.json"
+HELD_OUT = Path("/usr/share/doc/glpk-doc/gmpl.pdf")
+MATCH_IOU = 0.5
+
+
+def iou(a: tuple[float, ...] | list[float], b: tuple[float, ...] | list[float]) -> float:
+    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def plain(text: str | None) -> str:
+    return " ".join((text or "").split()).lower()
+
+
+def ours(page: pymupdf.Page) -> list[tuple[tuple[float, ...], set[str]]]:
+    return [(t.bbox, {plain(c.text) for c in t.cells if c.text}) for t in find_page_tables(page)]
+
+
+def peer(page: pymupdf.Page) -> list[tuple[tuple[float, ...], set[str]]]:
+    found = page.find_tables()
+    return [(tuple(t.bbox), {plain(c) for row in t.extract() for c in row if c}) for t in found.tables]
+
+
+def kind_of(label: dict) -> str:
+    if label.get("note", "").startswith("borderline"):
+        return "borderline"
+    return "fragment" if label["rows"] < 2 else "clear"
+
+
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def main() -> int:
+    labels = json.loads(LABELS.read_text())
+    pages = [(f, n) for f, numbers in labels["examined_pages"].items() for n in numbers]
+    detected: dict[str, dict[tuple[str, int], list]] = {"ours": {}, "peer": {}}
+    seconds = collections.Counter()
+    docs = {f: pymupdf.open(f) for f in labels["examined_pages"]}
+    for name, detect in (("ours", ours), ("peer", peer)):
+        start = time.perf_counter()
+        for f, n in pages:
+            detected[name][(f, n)] = detect(docs[f][n - 1])
+        seconds[name] = time.perf_counter() - start
+    by_page = collections.defaultdict(list)
+    for label in labels["tables"]:
+        by_page[(label["file"], label["page"])].append(label)
+
+    figures: dict[str, dict] = {}
+    for name in ("ours", "peer"):
+        found, total = collections.Counter(), collections.Counter()
+        ruled_found, ruled_total = collections.Counter(), collections.Counter()
+        cells_held = cells_all = 0
+        missed = []
+        for label in labels["tables"]:
+            kind = kind_of(label)
+            match = max(detected[name][(label["file"], label["page"])], key=lambda d: iou(d[0], label["bbox"]),
+                        default=None)  # fmt: skip
+            hit = match is not None and iou(match[0], label["bbox"]) >= MATCH_IOU
+            total[kind] += 1
+            found[kind] += hit
+            if kind == "clear":
+                ruled_total[label["rules"]] += 1
+                ruled_found[label["rules"]] += hit
+                if not hit:
+                    missed.append(f"{Path(label['file']).name} p{label['page']} ({label['rules']})")
+            if hit and kind == "clear":
+                wanted = [plain(c) for row in label["cells"] for c in row if plain(c)]
+                cells_all += len(wanted)
+                cells_held += sum(c in match[1] for c in wanted)
+        extra = sum(
+            1
+            for key, found_tables in detected[name].items()
+            for box, _ in found_tables
+            if not any(iou(box, label["bbox"]) >= MATCH_IOU for label in by_page.get(key, []))
+        )
+        figures[name] = {
+            "recall": round(found["clear"] / total["clear"], 4),
+            "found": found["clear"],
+            "labelled": total["clear"],
+            "by_ruling": {k: f"{ruled_found[k]}/{ruled_total[k]}" for k in sorted(ruled_total)},
+            "borderline_found": f"{found['borderline']}/{total['borderline']}",
+            "fragments_found": f"{found['fragment']}/{total['fragment']}",
+            "cells_held": round(cells_held / cells_all, 4) if cells_all else None,
+            "false_positives": extra,
+            "pages_per_s": round(len(pages) / seconds[name], 2),
+            "missed": missed,
+        }
+        emit({"figure": f"tables_{name}", **figures[name]})
+
+    held: dict[str, list] = {"ours": [], "peer": []}
+    with pymupdf.open(HELD_OUT) as doc:
+        for i, page in enumerate(doc):
+            held["ours"] += [(i, box) for box, _ in ours(page)]
+            held["peer"] += [(i, box) for box, _ in peer(page)]
+    matched = sum(any(p == q and iou(a, b) >= MATCH_IOU for q, b in held["ours"]) for p, a in held["peer"])
+    held_out = {
+        "document": str(HELD_OUT),
+        "pages": len(doc),
+        "ours": len(held["ours"]),
+        "peer": len(held["peer"]),
+        "peer_tables_ours_finds": matched,
+        "share": round(matched / len(held["peer"]), 4) if held["peer"] else None,
+    }
+    emit({"figure": "tables_held_out", **held_out})
+    emit(
+        {
+            "figure": "tables",
+            "labelled_tables": figures["ours"]["labelled"],
+            "examined_pages": len(pages),
+            "recall": figures["ours"]["recall"],
+            "peer_recall": figures["peer"]["recall"],
+            "by_ruling": figures["ours"]["by_ruling"],
+            "peer_by_ruling": figures["peer"]["by_ruling"],
+            "cells_held": figures["ours"]["cells_held"],
+            "false_positives": figures["ours"]["false_positives"],
+            "peer_false_positives": figures["peer"]["false_positives"],
+            "pages_per_s": figures["ours"]["pages_per_s"],
+            "peer_pages_per_s": figures["peer"]["pages_per_s"],
+            "missed": figures["ours"]["missed"],
+            "held_out": held_out,
+            "peer": {
+                "name": "page.find_tables() with its defaults",
+                "version": pymupdf.VersionBind,
+                "setting": "PyMuPDF's layout strategy (its ONNX layout model), the same pages, the same run",
+            },
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
