@@ -431,7 +431,9 @@ def _grid_tables(page: pymupdf.Page, mode: str) -> list[Table]:
     return [table for table in map(to_table, found.tables) if _has_text(table)]
 
 
-MIN_FILLED_SHARE = 0.25  # a ruled grid with text in fewer of its cells is a drawing (axes, a chart's frame), not a table
+MIN_FILLED_SHARE = (
+    0.25  # a ruled grid with text in fewer of its cells is a drawing (axes, a chart's frame), not a table
+)
 
 
 def _has_text(table: Table) -> bool:
