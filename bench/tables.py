@@ -131,13 +131,14 @@ def main() -> int:
 
     held: dict[str, list] = {"ours": [], "peer": []}
     with pymupdf.open(HELD_OUT) as doc:
+        held_pages = doc.page_count
         for i, page in enumerate(doc):
             held["ours"] += [(i, box) for box, _ in ours(page)]
             held["peer"] += [(i, box) for box, _ in peer(page)]
     matched = sum(any(p == q and iou(a, b) >= MATCH_IOU for q, b in held["ours"]) for p, a in held["peer"])
     held_out = {
         "document": str(HELD_OUT),
-        "pages": len(doc),
+        "pages": held_pages,
         "ours": len(held["ours"]),
         "peer": len(held["peer"]),
         "peer_tables_ours_finds": matched,
