@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from import_contract import lint, mirror
+from import_contract import cycles, lint, mirror, undeclared
 
 
 def test_the_floors_hold(tmp_path: Path) -> None:
@@ -35,3 +35,13 @@ def test_a_page_importing_training_is_named(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "posttrain.ui.views.reaching -> posttrain.training.presets" in done.stdout, done.stdout
     assert "1 broken" in done.stdout, done.stdout
+
+
+def test_the_only_cycle_is_the_declared_plugin_registry(tmp_path: Path) -> None:
+    """No import cycle but the verifier kinds' registry; a new one (two training modules importing each other) is
+    named."""
+    dest = mirror(tmp_path)
+    assert undeclared(cycles(dest)) == []
+    (dest / "posttrain" / "training" / "one.py").write_text("import posttrain.training.two\n")
+    (dest / "posttrain" / "training" / "two.py").write_text("import posttrain.training.one\n")
+    assert undeclared(cycles(dest)) == [{"posttrain.training.one", "posttrain.training.two"}]

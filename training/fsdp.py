@@ -36,13 +36,13 @@ from posttrain.platform.settings import get_settings
 from posttrain.platform.supervise import Supervised, die_with_parent
 from posttrain.training.checkpoint import load_model_weights
 from posttrain.training.config import GRPOConfig, SFTConfig
-from posttrain.training.jobs import TrajectoryWriter
 from posttrain.training.learner import TrainResult
 from posttrain.training.loop import train_grpo
 from posttrain.training.modeling import load_policy, resolve_device
 from posttrain.training.optim import apply_lora
 from posttrain.training.sft import train_sft
 from posttrain.training.sharding import process_group
+from posttrain.training.trajectories import TrajectoryWriter
 
 log = logging.getLogger(__name__)
 
