@@ -183,3 +183,48 @@ def test_the_presets_show_what_they_cost_before_any_estimate(page, live: dict[st
     page.get_by_role("option", name="smollm2-arith", exact=True).click()
     page.get_by_text(re.compile(r"Recorded by bench learning-real on \d{4}-\d\d-\d\d: \d+ min")).wait_for()
     assert not query(live, "select 1 from job where kind = 'estimate'")  # no estimate was needed for it
+
+
+def test_a_rule_only_table_in_an_uploaded_manual_gives_table_lookup_tasks(page, live: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """GLPK's manual sets its tables with one rule under the header (page 21: Type / Bounds / Comment): uploaded in the
+    browser and built into tasks there, it gives table-lookup questions about that table's cells."""
+    import re
+
+    import pymupdf
+
+    require("document samples")
+    excerpt = Path(live["data"]) / "glpk-page-21.pdf"
+    doc = pymupdf.open()
+    doc.insert_pdf(pymupdf.open("/usr/share/doc/glpk-doc/glpk.pdf"), from_page=20, to_page=20)
+    doc.save(excerpt)
+    open_page(page, "Documents")
+    page.locator('input[type="file"]').set_input_files(str(excerpt))
+    page.get_by_role("button", name="Upload and preprocess").click()
+    page.get_by_test_id("stImage").first.wait_for(timeout=240_000)  # preprocessed: the viewer draws the page
+    open_page(page, "Tasks")
+    page.get_by_role("tab", name="Build from documents").click()
+    page.get_by_role("button", name="Build from documents").click()
+    page.get_by_text("Queued build job").wait_for()
+    domain = page.get_by_test_id("stSelectbox").filter(has=page.get_by_text("Domain", exact=True))
+
+    def listed() -> bool:  # the page, followed with no navigation, lists the document's domains once built
+        domain.click()
+        page.keyboard.type("doc.table")  # the list draws only the options in view: search it
+        option = page.get_by_role("option", name="doc.table_lookup", exact=True)
+        if option.count():
+            option.click()
+            return True
+        page.keyboard.press("Escape")
+        return False
+
+    delay(
+        lambda: len(query(live, "select 1 from job where kind = 'build_tasks' and status = 'succeeded'")) >= 2,
+        listed,
+        "the document's table-lookup tasks",
+    )
+    try:
+        page.get_by_text(re.compile(r'row "GLP_(FR|LO|UP|DB|FX)", column "(Bounds|Comment)"')).first.wait_for()
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "live-table-lookup-failed.png"), full_page=True)
+        raise
+    page.screenshot(path=str(ARTIFACTS / "live-table-lookup.png"), full_page=True)
