@@ -58,9 +58,9 @@ def _set_disabled(identity: Identity, username: str, disabled: bool, url: str | 
         user.disabled = disabled
         s.add(user)
         keys = _keys_created_by(s, username)
-        ended = revoke_sessions(s, username) if disabled else 0  # logged out everywhere at once
+        ended = {"sessions_ended": revoke_sessions(s, username)} if disabled else {}  # logged out everywhere at once
         s.add(AuditLog(username=identity.username, action=f"user.{verb}", target=username,
-                       details={"keys": keys, "sessions_ended": ended}))  # fmt: skip
+                       details={"keys": keys, **ended}))  # fmt: skip
     return AccountChange(username, disabled, keys)
 
 

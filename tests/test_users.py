@@ -70,7 +70,10 @@ def test_cli_disable_refuses_the_users_session_and_key_at_once_and_enable_brings
     again = login_as(AppTest.from_file(ADMIN_PAGE, default_timeout=60), "admin", "alice").run()
     assert not again.warning and "alice" in list(again.dataframe[0].value["user"])
     changes = [(e.action, e.target, e.details) for e in audit_log() if e.action in ("user.disable", "user.enable")]
-    assert changes == [("user.enable", "alice", {"keys": 1}), ("user.disable", "alice", {"keys": 1})]
+    assert changes == [
+        ("user.enable", "alice", {"keys": 1}),
+        ("user.disable", "alice", {"keys": 1, "sessions_ended": 0}),
+    ]
     assert all(e.username.startswith("cli:") for e in audit_log() if e.action in ("user.disable", "user.enable"))
 
 
