@@ -4,6 +4,7 @@ bubblewrap sandboxes, with the real model's tokenizer; and SFT on the episodes i
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import ImportedRealModel
@@ -161,10 +162,10 @@ def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer
     from posttrain.training.config import DemonstrationsConfig, SFTConfig
     from posttrain.training.sft import build_examples
 
-    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the sandbox uid must be able to enter it
+    data, out = reachable_dir(), reachable_dir()  # the sandbox uid must be able to enter them; removed at the end
+    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(data))
     get_settings.cache_clear()
     try:
-        out = reachable_dir()
         demos = {
             "domains": [
                 {"name": "repair.off_by_one", "difficulty": 2},
@@ -193,6 +194,8 @@ def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer
         )  # new settings: made anew
     finally:
         get_settings.cache_clear()
+        for made in (data, out):  # checkpoints: gigabytes
+            shutil.rmtree(made, ignore_errors=True)
     with pytest.raises(ValueError, match="not repair"):
         DemonstrationsConfig(domains=[{"name": "arith.add.int"}])
     with pytest.raises(ValueError, match="code_repair environment"):
@@ -232,10 +235,10 @@ def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passe
     from posttrain.training.demonstrations import demonstration_tasks
     from posttrain.training.sft import build_examples, train_sft
 
-    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(reachable_dir()))  # the sandbox uid must be able to enter it
+    data, out = reachable_dir(), reachable_dir()  # the sandbox uid must be able to enter them; removed at the end
+    monkeypatch.setenv("POSTTRAIN_DATA_DIR", str(data))
     get_settings.cache_clear()
     try:
-        out = reachable_dir()
         demos = {
             "domains": [{"name": "repair.off_by_one", "difficulty": 2}],
             "tasks_per_domain": 1,
@@ -260,5 +263,7 @@ def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passe
         assert len(build_examples(config, tokenizer)) == len(expert) + len(own)
     finally:
         get_settings.cache_clear()
+        for made in (data, out):  # checkpoints: gigabytes
+            shutil.rmtree(made, ignore_errors=True)
     with pytest.raises(ValueError, match="name them in domains or demonstrations"):
         SFTConfig(output_dir="o", self_generated={})
