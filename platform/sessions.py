@@ -128,22 +128,20 @@ def live(sid: int, *, url: str | None = None) -> bool:
 
 def end(sid: int, username: str, *, url: str | None = None) -> None:
     """Log session ``sid`` out (its cookie is refused from now on, in every tab)."""
-    with session(url) as s:
-        row = s.get(ConsoleSession, sid)
-        if row is not None and row.revoked_at is None:
-            row.revoked_at = utcnow()
-            row.handoff_sha256 = None
-            s.add(row)
+    _revoke(sid, url)
     audit(username, "logout", target=f"session {sid}")
 
 
 def end_cookie(cookie: str, *, url: str | None = None) -> None:
     """Log out the session a browser's cookie names, when the cookie is ours (the logout route)."""
-    named = _verified(cookie)
-    if named is None:
-        return
+    if (named := _verified(cookie)) is not None:
+        _revoke(named[0], url)
+
+
+def _revoke(sid: int, url: str | None) -> None:
     with session(url) as s:
-        row = s.get(ConsoleSession, named[0])
+        row = s.get(ConsoleSession, sid)
         if row is not None and row.revoked_at is None:
             row.revoked_at = utcnow()
+            row.handoff_sha256 = None
             s.add(row)

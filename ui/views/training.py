@@ -783,7 +783,7 @@ def preset_models(job: Job) -> list[str]:
 
     sft = run.sections()[0]
     name = run.name or f"{run.preset}-job{job.id}"
-    start = run.model or preset_catalogue()[run.preset].model
+    start = run.model or presets[run.preset].model  # the catalogue this page run read
     base = Path(start).name if isinstance(start, str) else f"{name}-base"  # a registered name, or a directory's
     before = f"{name}-sft" if sft is not None else base
     return [
