@@ -1240,22 +1240,34 @@ def forgetting_start(jobs: Jobs, preset: str, args: argparse.Namespace) -> dict:
     return made
 
 
-def interpolation_domains(preset: str) -> list[str]:
-    """The validation domains alpha is picked on: the preset's procedural domains that have difficulty 2, and the
-    general check's (train split: the eval split the arms are measured on is never used to pick)."""
+def interpolation_validation(preset: str) -> dict:
+    """What the interpolate arm picks alpha on (the ``interpolate_model`` job's fields): train-split tasks of the
+    domains the preset trains and evaluates (procedural, with difficulty 2), put as the preset evaluates them (a
+    multi-turn preset's as episodes of its environment, at its answer length: the pick sees the repair gain it
+    would trade away), and beside them the general check's domains, one completion each (what training cost
+    elsewhere). The eval split the arms are measured on is never used to pick."""
     from posttrain.platform.tasks.domains import get_domain
     from posttrain.training.config import GENERAL_DOMAINS
     from posttrain.training.presets import get_preset
 
     run = get_preset(preset)
+    trained = {d.name for d in (run.grpo.domains if run.grpo is not None else [])}  # type: ignore[union-attr]
     domains = [
         d
         for d in run.eval.domains
-        if d not in run.eval.task_sets
-        and not d.startswith("repair.")
-        and get_domain(d).max_difficulty >= INTERPOLATION["difficulty"]
+        if d in trained and d not in run.eval.task_sets and get_domain(d).max_difficulty >= INTERPOLATION["difficulty"]
     ]
-    return domains + [d for d in GENERAL_DOMAINS if d not in domains]
+    environment = run.eval.environment
+    return {
+        **INTERPOLATION,
+        "domains": domains,
+        "general_domains": [d for d in GENERAL_DOMAINS if d not in domains],
+        **(
+            {"environment": environment.model_dump(), "max_new_tokens": run.eval.max_new_tokens}
+            if environment is not None and environment.multi_turn
+            else {}
+        ),
+    }
 
 
 def untouched_domains(preset: str) -> list[str]:
@@ -1351,9 +1363,8 @@ def run_forgetting_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
                 "a": start["model"],
                 "b": json.loads(none_path.read_text())["model"],
                 "name": name,
-                "domains": interpolation_domains(preset),
                 "device": "cpu",
-                **INTERPOLATION,
+                **interpolation_validation(preset),
             },
             "interpolate",
         )
@@ -1530,8 +1541,7 @@ def combine_forgetting(preset: str, args: argparse.Namespace) -> None:
         "lora": LORA,
         "lora_lr_factor": LORA_LR_FACTOR,
         "self_generated": SELF_GENERATED,
-        "interpolation": INTERPOLATION,
-        "interpolation_domains": len(interpolation_domains(preset)),
+        "interpolation": {k: v for k, v in interpolation_validation(preset).items() if k != "environment"},
     }
     start_name, trainer = FORGETTING[preset]
     print(

@@ -22,7 +22,10 @@ from posttrain.platform.models import TinyModelSpec, build_tiny_model
 from posttrain.platform.models.interpolate import InterpolationError, interpolate_dirs, interpolate_models
 from posttrain.platform.models.registry import ModelNotFound, get_model, register_model
 from posttrain.platform.tasks.domains import generate, prompt_split
-from posttrain.training.interpolation import Candidate, pick
+from posttrain.training.config import GENERAL_DOMAINS
+from posttrain.training.evaluate import general_config
+from posttrain.training.interpolation import Candidate, InterpolateConfig, pick, validation_tasks
+from posttrain.training.preset_recipes import REPAIR_ENV
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 VALIDATION_DOMAINS = ["arith.add.signed", "compare.smaller.int"]  # both hold out prompts at difficulty 1
@@ -176,7 +179,11 @@ def test_the_job_config_needs_alpha_or_alphas_with_domains() -> None:
     for bad, expected in [({}, "give either alpha"), ({"alpha": 0.3, "alphas": [0.5]}, "give either alpha"),
                           ({"alphas": [0, 1]}, "alphas needs domains"), ({"alpha": 1.2}, "alpha"),
                           ({"alphas": [0, 2], "domains": VALIDATION_DOMAINS}, "outside [0, 1]"),
-                          ({"alphas": [0.5], "domains": ["no.such.domain"]}, "no.such.domain")]:  # fmt: skip
+                          ({"alphas": [0.5], "domains": ["no.such.domain"]}, "no.such.domain"),
+                          ({"alphas": [0.5], "general_domains": VALIDATION_DOMAINS}, "alphas needs domains"),
+                          ({"alphas": [0.5], "domains": VALIDATION_DOMAINS, "general_domains": VALIDATION_DOMAINS[:1]},
+                           "list each domain once"),
+                          ({"alpha": 0.5, "general_domains": VALIDATION_DOMAINS}, "with one alpha leave them out")]:  # fmt: skip
         with pytest.raises(JobConfigError, match=expected.replace("[", "\\[").replace("]", "\\]")):
             validate_config("interpolate_model", {**ok, **bad})
 
@@ -194,14 +201,18 @@ def test_the_job_picks_alpha_on_train_split_tasks_only_and_registers_it(
     register_model(OPERATOR, "start", pair["a"])
     register_model(OPERATOR, "trained", pair["b"], base="start")
     picking = queue.submit(OPERATOR, "interpolate_model", {
-        "a": "start", "b": "trained", "alphas": [1.0, 0.0, 0.5], "domains": VALIDATION_DOMAINS, "tasks_per_domain": 5,
-        "max_new_tokens": 4, "device": "cpu", "name": "picked"})  # fmt: skip
+        "a": "start", "b": "trained", "alphas": [1.0, 0.0, 0.5], "domains": VALIDATION_DOMAINS[:1],
+        "general_domains": VALIDATION_DOMAINS[1:], "tasks_per_domain": 5, "max_new_tokens": 4, "device": "cpu",
+        "name": "picked"})  # fmt: skip
     given = queue.submit(OPERATOR, "interpolate_model", {"a": "start", "b": "trained", "alpha": 0.0})
     run_worker_until_idle(platform_env, timeout=400)
     job = queue.get_job(picking)
     assert job.status == JobStatus.succeeded, job.error
     result = job.result or {}
     assert [c["alpha"] for c in result["candidates"]] == [0.0, 0.5, 1.0]
+    for c in result["candidates"]:  # the pick is over every validation task, the general check's among them
+        own, general = c["domains"][VALIDATION_DOMAINS[0]], c["domains"][f"general/{VALIDATION_DOMAINS[1]}"]
+        assert c["pass@1"] == pytest.approx((own + general) / 2)
     best = max(c["pass@1"] for c in result["candidates"])
     assert result["alpha"] == min(c["alpha"] for c in result["candidates"] if c["pass@1"] == best)
     assert result["split"] == "train" and result["validation_tasks"] == 10
@@ -225,3 +236,23 @@ def test_the_job_picks_alpha_on_train_split_tasks_only_and_registers_it(
     assert plain.status == JobStatus.succeeded, plain.error
     assert (plain.result or {})["candidates"] == [] and (plain.result or {})["model"] == "trained-alpha0"
     assert_bit_equal(weights(Path(get_model("trained-alpha0").path)), weights(pair["a"]))
+
+
+def test_a_multi_turn_runs_validation_is_its_episodes_with_the_general_check_beside_both_in_the_train_split() -> None:
+    """A repair run's alpha is picked on repair episodes of train-split modules (in the run's environment) and on the
+    general check's domains as completions: the pick sees the gain it trades away and what training cost elsewhere,
+    and none of it is a task the arms are measured on."""
+    config = InterpolateConfig(a="start", b="trained", alphas=[0.5, 1.0], domains=["repair.off_by_one"],
+                               environment=REPAIR_ENV, general_domains=GENERAL_DOMAINS[:2], difficulty=2,
+                               tasks_per_domain=3)  # fmt: skip
+    validation = config.validation("trained")
+    assert validation.split == "train" and validation.environment is not None
+    assert validation.environment.name == "code_repair" and validation.environment.multi_turn
+    general = general_config(validation)
+    assert general is not None and general.environment is None and general.split == "train"
+    assert general.domains == GENERAL_DOMAINS[:2] and general.seed == validation.seed
+    tasks = validation_tasks(config, "trained")
+    assert [t.domain for t in tasks] == ["repair.off_by_one"] * 3 + [d for d in GENERAL_DOMAINS[:2] for _ in range(3)]
+    assert all(t.split == "train" for t in tasks)
+    repairs = {t.prompt_text for t in generate("repair.off_by_one", 200, seed=0, difficulty=2, split="eval")}
+    assert repairs and not repairs & {t.prompt_text for t in tasks}

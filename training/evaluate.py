@@ -163,7 +163,8 @@ def all_eval_tasks(config: EvalConfig) -> list[TaskSpec]:
 
 def general_config(config: EvalConfig) -> EvalConfig | None:
     """The fixed general check beside ``config`` (:class:`GeneralCheck`): its domains less those ``config``
-    evaluates, put as generated, greedy; None when off or nothing is left."""
+    evaluates, put as generated, greedy, in ``config``'s split (an evaluation's: eval; an interpolation's validation:
+    train); None when off or nothing is left."""
     check = config.general
     domains = [d for d in check.domains if d not in config.domains] if check is not None else []
     if check is None or not domains:
@@ -173,6 +174,7 @@ def general_config(config: EvalConfig) -> EvalConfig | None:
         difficulty=check.difficulty,
         tasks_per_domain=check.tasks_per_domain,
         max_new_tokens=check.max_new_tokens,
+        split=config.split,
         seed=config.seed,
         batch_size=config.batch_size,
         device=config.device,

@@ -6,12 +6,17 @@
     alphas: [0, 0.25, 0.5, 0.75, 1]
     domains: [arith.add.int, format.to_hex]
     tasks_per_domain: 32
+    # or a multi-turn run's own domains as episodes, with the general check's domains beside them:
+    # domains: [repair.off_by_one], environment: {name: code_repair, ...}, general_domains: [logic.compare, ...]
 
 With ``alpha`` the job writes and registers that interpolation
 (:func:`~posttrain.platform.models.interpolate.interpolate_models`). With ``alphas`` it writes each candidate in
 turn into the job's directory, evaluates its greedy pass@1 on **validation tasks**, keeps the best (a tie goes to
 the smaller alpha, the one closer to the start) and registers that one; the result lists every candidate's
-figures and the pick.
+figures and the pick. A candidate's validation pass@1 is over every validation task: those of ``domains`` (run as
+whole episodes of ``environment`` when one is given: a repair run's validation is repair episodes, so the pick sees
+the gain it would trade away) and those of ``general_domains`` (one completion each, as the general check puts
+them: the pick sees what training cost elsewhere).
 
 The validation tasks are generated in the ``train`` split of the procedural domains (``split="train"``), with a
 seed (:func:`validation_seed`) that training's scheduler never draws its chunks with (those are below 2**31): the
@@ -36,7 +41,7 @@ from posttrain.platform.jobs.registry import JobKind, register
 from posttrain.platform.models.interpolate import interpolate_dirs, interpolate_models
 from posttrain.platform.models.registry import ModelNotFound, get_model
 from posttrain.platform.tasks.domains import UnknownDomainError, get_domain
-from posttrain.training.config import EvalConfig
+from posttrain.training.config import EnvironmentConfig, EvalConfig, GeneralCheck
 
 if TYPE_CHECKING:
     from posttrain.platform.jobs.context import JobContext
@@ -69,6 +74,16 @@ class InterpolateConfig(BaseModel):
         description="register the result under this name (default: <b>-alpha<alpha>)",
     )
     domains: list[str] = Field(default_factory=list, description="procedural domains of the validation tasks (alphas)")
+    environment: EnvironmentConfig | None = Field(
+        default=None,
+        description="the environment domains' validation tasks run in as episodes (a multi-turn run's own: "
+        "code_repair); None: one completion per task",
+    )
+    general_domains: list[str] = Field(
+        default_factory=list,
+        description="procedural domains validated beside domains, one completion per task, never in the "
+        "environment (the general check's domains: what training cost elsewhere)",
+    )
     tasks_per_domain: int = Field(default=32, ge=1, le=1000)
     difficulty: int = Field(default=1, ge=1)
     seed: int = Field(default=0, ge=0, description="validation tasks are generated with seed 2**31 + seed")
@@ -86,11 +101,13 @@ class InterpolateConfig(BaseModel):
             raise ValueError("alphas lists a value twice")
         if self.alphas and not self.domains:
             raise ValueError("alphas needs domains: the procedural domains whose train-split tasks pick alpha")
-        if self.alpha is not None and self.domains:
+        if self.alpha is not None and (self.domains or self.general_domains):
             raise ValueError("domains are for picking among alphas; with one alpha leave them out")
+        if both := sorted(set(self.domains) & set(self.general_domains)):
+            raise ValueError(f"{both} are in domains and general_domains: list each domain once")
         return self
 
-    @field_validator("domains")
+    @field_validator("domains", "general_domains")
     @classmethod
     def _known(cls, domains: list[str]) -> list[str]:
         for domain in domains:
@@ -101,10 +118,19 @@ class InterpolateConfig(BaseModel):
         return domains
 
     def validation(self, model: str) -> EvalConfig:
-        """How a candidate is evaluated: greedy pass@1 on the train split's tasks, generated with the validation seed."""
+        """How a candidate is evaluated: greedy pass@1 on the train split's tasks, generated with the validation seed
+        (``domains`` in ``environment``, ``general_domains`` beside them as the general check, in the same split)."""
+        general = (
+            GeneralCheck(
+                domains=self.general_domains, difficulty=self.difficulty, tasks_per_domain=self.tasks_per_domain
+            )  # fmt: skip
+            if self.general_domains
+            else None
+        )
         return EvalConfig(model=model, domains=self.domains, tasks_per_domain=self.tasks_per_domain,
                           difficulty=self.difficulty, split="train", seed=validation_seed(self.seed),
-                          max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, device=self.device)  # fmt: skip
+                          max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, device=self.device,
+                          environment=self.environment, general=general)  # fmt: skip
 
 
 class Candidate(BaseModel):
@@ -142,9 +168,11 @@ def pick(candidates: list[Candidate]) -> Candidate:
 def validation_tasks(config: InterpolateConfig, model: str) -> list[Any]:
     """The tasks every candidate answers; each is checked to be from the train split."""
     # torch: this job kind's module stays light for the job registry
-    from posttrain.training.evaluate import all_eval_tasks
+    from posttrain.training.evaluate import all_eval_tasks, general_config
 
-    tasks = all_eval_tasks(config.validation(model))
+    validation = config.validation(model)
+    general = general_config(validation)
+    tasks = all_eval_tasks(validation) + (all_eval_tasks(general) if general is not None else [])
     if stray := [t.task_id for t in tasks if t.split != "train"]:  # the eval split never picks alpha
         raise RuntimeError(f"validation tasks outside the train split: {stray[:3]}")
     return tasks
@@ -184,8 +212,9 @@ def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJo
                 shutil.rmtree(where, ignore_errors=True)  # one candidate on disk at a time
             if [r["task_id"] for r in records] != [t.task_id for t in tasks]:  # what it answered is what the file lists
                 raise RuntimeError(f"alpha {x:g} was evaluated on other tasks than the validation tasks")
-            found = Candidate(alpha=x, pass_at_1=report["eval/pass@1"],
-                              domains={d: report[f"eval/{d}/pass@1"] for d in config.domains})  # fmt: skip
+            found = Candidate(alpha=x, pass_at_1=sum(r["passed"] for r in records) / len(records),
+                              domains={d: report[f"eval/{d}/pass@1"] for d in config.domains}
+                              | {f"general/{d}": report[f"general/{d}/pass@1"] for d in config.general_domains})  # fmt: skip
             candidates.append(found)
             ctx.log_metrics(i, {"validation/pass@1": found.pass_at_1, "validation/alpha": x,
                                 **{f"validation/{d}/pass@1": v for d, v in found.domains.items()}})  # fmt: skip
@@ -195,7 +224,7 @@ def run_interpolate(ctx: JobContext, config: InterpolateConfig) -> InterpolateJo
         extra = {"split": "train", "validation_seed": validation_seed(config.seed), "validation_tasks": len(tasks),
                  "validation_file": str(file)}  # fmt: skip
     ctx.progress(len(candidates) / (len(candidates) + 1), f"writing and registering alpha {alpha:g}", force=True)
-    picked = {"picked_on": {"split": "train", "domains": config.domains, "candidates": [c.model_dump(by_alias=True)
+    picked = {"picked_on": {"split": "train", "domains": config.domains + config.general_domains, "candidates": [c.model_dump(by_alias=True)
                                                                                         for c in candidates]}} if candidates else {}  # fmt: skip
     try:
         row = interpolate_models(ctx.identity, config.a, config.b, alpha, name=config.name, url=ctx.url,
