@@ -17,11 +17,23 @@ that lie within its width (the header above, the rows below, up to a line that r
 where every line leaves the same horizontal gap, and rows from the lines (a line with nothing in the first column
 continues the row above). It needs two columns and two rows besides the header, so a rule under a heading or above
 footnotes is no table.
+
+A table with no rule at all (a two-column list of terms and what they mean, as GMPL's manual sets its functions and
+operators: ``abs(x)`` | "absolute value of x") is only whitespace: :func:`aligned_tables` reads consecutive lines
+that each split at a wide gap (``ALIGN_GAP_PT``, wider than a justified line's spaces) into a term starting at one
+left edge and text starting at one column edge, a line starting at that column continuing the row above (a
+hanging indent). It keeps two-column runs of at least ``MIN_ALIGNED_ROWS`` rows: with more columns nothing tells a
+header row from a body row, and a row of keywords set in columns is a list, not a table. None of these is one: a
+table of contents (dot leaders), a bulleted or numbered list (a bullet or a list number is its first column), or
+code (both columns set in a monospaced font: a statement and its comment, a solver's log), or two blocks of text
+set side by side (an example beside its source: the text extraction keeps each in a block of its own, where a
+table's row keeps its two cells in one block).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pymupdf
 
@@ -387,21 +399,130 @@ def rule_tables(page: pymupdf.Page, taken: list[tuple[float, float, float, float
     return found
 
 
+ALIGN_GAP_PT = 12.0  # a gap this wide splits a line into cells (a justified line's widest spaces stay under it)
+ALIGN_TOLERANCE_PT = 3.0  # cells of one column start within this of each other
+MIN_ALIGNED_ROWS = 3  # an aligned two-column run of fewer rows is a sentence's layout, not a table
+DOT_LEADERS = 5  # a line with this many lone dots in a row is a table of contents' entry (an ellipsis has three)
+LIST_MARK = re.compile(r"^([•◦▪‣·∗*–—-]|\(?[0-9a-zA-Z]{1,3}[.)])$")  # a bullet or a list number: a list's item
+MONOSPACED = re.compile(r"mono|courier|cmtt|typewriter|consol", re.IGNORECASE)
+MONOSPACED_FLAG = 8  # PyMuPDF's span flag for a fixed-pitch font
+CODE_SHARE = 0.8  # a column with this share of its characters in a monospaced font is code
+
+
+def _cells(line: list[tuple]) -> list[list[tuple]]:
+    """A line's words split where the gap between two words is at least ``ALIGN_GAP_PT``."""
+    cells = [[line[0]]]
+    for w in line[1:]:
+        if w[0] - cells[-1][-1][2] >= ALIGN_GAP_PT:
+            cells.append([w])
+        else:
+            cells[-1].append(w)
+    return cells
+
+
+def _aligned_runs(lines: list[list[tuple]]) -> list[list[list[tuple]]]:
+    """Runs of consecutive lines set as two aligned columns: each line either splits into two cells, the first
+    starting at the run's left edge or ending at its right edge (a column of formulas set flush right) and the
+    second starting at its column edge, or (a hanging indent) is one cell starting at the column
+    edge; the lines stand no further apart than ``MAX_LINE_GAP`` times the run's pitch."""
+    runs: list[list[list[tuple]]] = []
+    run: list[list[tuple]] = []
+    left = right = column = pitch = 0.0
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= ALIGN_TOLERANCE_PT
+
+    for line in lines:
+        cells = _cells(line)
+        dots = [0]
+        for w in line:
+            dots.append(dots[-1] + 1 if w[4] == "." else 0)
+        leaders = max(dots) >= DOT_LEADERS
+        if run:
+            gap = line[0][3] - run[-1][0][3]
+            close = gap <= MAX_LINE_GAP * pitch if pitch else gap <= 3 * (line[0][3] - line[0][1])
+            row = (
+                len(cells) == 2
+                and (near(cells[0][0][0], left) or near(cells[0][-1][2], right))  # a term set flush left or right
+                and near(cells[1][0][0], column)
+            )
+            hanging = len(cells) == 1 and near(cells[0][0][0], column)
+            if close and not leaders and (row or hanging):
+                pitch = gap if not pitch else min(pitch, gap)
+                run.append(line)
+                continue
+            runs.append(run)
+            run = []
+        if len(cells) == 2 and not leaders:
+            run, left, right, column, pitch = [line], cells[0][0][0], cells[0][-1][2], cells[1][0][0], 0.0
+    if run:
+        runs.append(run)
+    return [r for r in runs if sum(len(_cells(line)) == 2 for line in r) >= MIN_ALIGNED_ROWS]
+
+
+def _monospaced_share(page: pymupdf.Page, words: list[tuple]) -> float:
+    """The share of the words' characters set in a monospaced font (by the spans they lie in)."""
+    box = _box(words)
+    if box is None:
+        return 0.0
+    spans = [span for block in page.get_text("dict", clip=pymupdf.Rect(box))["blocks"] for line in block.get("lines", ())
+             for span in line["spans"] if span["text"].strip()]  # fmt: skip
+    mono = total = 0
+    for w in words:
+        centre = ((w[0] + w[2]) / 2, (w[1] + w[3]) / 2)
+        span = next((s for s in spans if pymupdf.Rect(s["bbox"]).contains(centre)), None)
+        total += len(w[4])
+        if span is not None and (span["flags"] & MONOSPACED_FLAG or MONOSPACED.search(span["font"])):
+            mono += len(w[4])
+    return mono / total if total else 0.0
+
+
+def aligned_tables(page: pymupdf.Page, taken: list[tuple[float, float, float, float]] = ()) -> list[Table]:  # type: ignore[assignment]
+    """The page's two-column tables set with no rule (:func:`_aligned_runs`), none overlapping a box in ``taken``,
+    none a list or code; a row is a term and its text (a hanging line joins the row above). They have no header
+    row."""
+    found: list[Table] = []
+    for run in _aligned_runs(_lines(page.get_text("words"))):
+        box = _box([w for line in run for w in line])
+        if box is None or any(_overlaps(box, t) for t in taken):
+            continue
+        rows: list[list[list[tuple]]] = []
+        for line in run:
+            cells = _cells(line)
+            if len(cells) == 2:
+                rows.append(cells)
+            else:
+                rows[-1][1] = rows[-1][1] + cells[0]
+        if any(LIST_MARK.match(" ".join(w[4] for w in row[0])) for row in rows):
+            continue  # a list: its first column is bullets or item numbers
+        if 2 * sum(bool({w[5] for w in row[0]} & {w[5] for w in row[1]}) for row in rows) < len(rows):
+            continue  # two blocks side by side: most rows' cells lie in blocks of their own
+        if all(_monospaced_share(page, [w for row in rows for w in row[c]]) >= CODE_SHARE for c in (0, 1)):
+            continue  # code: a statement and its comment, a log's lines
+        texts = [[_clean(" ".join(w[4] for w in ws)) for ws in row] for row in rows]
+        table_cells = [TableCell(row=r, col=c, bbox=_box(ws), text=texts[r][c])
+                       for r, row in enumerate(rows) for c, ws in enumerate(row)]  # fmt: skip
+        found.append(Table(bbox=box, rows=len(rows), cols=2, header=[], cells=table_cells,
+                           markdown=_markdown([], texts)))  # fmt: skip
+    return found
+
+
 def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return not (a[2] < b[0] or b[2] < a[0] or a[3] < b[1] - 1 or b[3] < a[1] - 1)
 
 
 def find_page_tables(page: pymupdf.Page, mode: str = "auto") -> list[Table]:
-    """Tables on ``page``: find_tables' ruled grids, then the tables set with horizontal rules only beside them.
-    mode: auto (find_tables only with cues), always, never."""
+    """Tables on ``page``: find_tables' ruled grids, then the tables set with horizontal rules only beside them,
+    then two-column tables set with no rule beside both. mode: auto (find_tables only with cues), always, never."""
     if mode == "never":
         return []
-    grids = _grid_tables(page, mode)
-    try:
-        return grids + rule_tables(page, [t.bbox for t in grids])
-    except Exception as exc:  # an enrichment: never sinks the page
-        log.warning("rule-only tables failed on page %d: %s", page.number + 1, exc)
-        return grids
+    found = _grid_tables(page, mode)
+    for more in (rule_tables, aligned_tables):
+        try:
+            found = found + more(page, [t.bbox for t in found])
+        except Exception as exc:  # an enrichment: never sinks the page
+            log.warning("%s failed on page %d: %s", more.__name__, page.number + 1, exc)
+    return found
 
 
 def _grid_tables(page: pymupdf.Page, mode: str) -> list[Table]:

@@ -73,6 +73,63 @@ def test_a_rule_only_table_gives_table_lookup_tasks(platform_env: dict[str, str]
     assert not any(v.passed for v in wrong)
 
 
+GMPL = Path("/usr/share/doc/glpk-doc/gmpl.pdf")
+
+
+def test_an_unruled_two_column_table_keeps_its_hanging_lines_and_gives_field_tasks(
+    platform_env: dict[str, str], tmp_path: Path
+) -> None:
+    """GMPL's manual sets its built-in functions as two columns with no rule at all (page 14: ``abs(x)`` | "|x|,
+    absolute value of x"), a long meaning running on under its own column. Through the real preprocess job the page
+    keeps one two-column table of all 27 functions, each wrapped meaning joined to its row, and field extraction asks
+    for the meanings; the references verify, wrong answers do not."""
+    require("document samples")
+    page = pymupdf.open()
+    page.insert_pdf(pymupdf.open(GMPL), from_page=13, to_page=13)
+    path = tmp_path / "gmpl-page-14.pdf"
+    page.save(path)
+    added = add_document(OPERATOR, path)
+    run_worker_until_idle(platform_env)
+    assert queue.get_job(added.job_id).status is JobStatus.succeeded  # type: ignore[arg-type]
+    with session() as s:
+        (stored,) = s.exec(select(Page).where(Page.document_id == added.document.id)).all()
+    (table,) = stored.layout["tables"]
+    assert (table["rows"], table["cols"], table["header"]) == (27, 2, [])
+    cell = {(c["row"], c["col"]): c["text"] for c in table["cells"]}
+    meaning = {cell[(r, 0)]: cell[(r, 1)] for r in range(table["rows"])}
+    assert meaning["abs(x)"] == "|x|, absolute value of x"
+    assert meaning["atan(y, x)"].endswith("are used to determine the quadrant of the resultant value")
+    assert meaning["gmtime()"].endswith("Universal Time (for details see Section B.1, page 56)")
+    assert meaning["max(x1, x2, . . . , xn)"] == "the largest of values x1, x2, . . . , xn"  # an ellipsis, no leaders
+    specs = build_document_tasks(added.document.id, kinds=["field_extraction"], max_per_document=50, seed=1)  # type: ignore[arg-type]
+    asked = {k: v for spec in specs for k, v in spec.verifier.spec["expected"].items()}
+    assert (
+        asked.get("abs(x)") == "|x|, absolute value of x" and asked.get("round(x)") == "rounding x to nearest integer"
+    )
+    right = verify_batch(specs, [s.reference or "" for s in specs])
+    assert all(v.passed for v in right)
+    wrong = verify_batch(specs, [wrong_answer(s) for s in specs])
+    assert not any(v.passed for v in wrong)
+
+
+@pytest.mark.parametrize(
+    ("document", "number", "what"),
+    [
+        (GMPL, 3, "a table of contents: numbers, titles and page numbers behind dot leaders"),
+        (USERGUIDE, 6, "bulleted lists"),
+        (Path("/usr/share/doc/glpk-doc/graphs.pdf"), 60, "code: statements and their comments in a typewriter font"),
+        (USERGUIDE, 73, "an example paragraph beside the style that set it: two blocks side by side"),
+        (GLPK, 54, "a solver's printed log"),
+    ],
+)
+def test_text_set_in_columns_that_is_no_table_gives_none(document: Path, number: int, what: str) -> None:
+    from posttrain.preprocess.tables import aligned_tables
+
+    require("document samples")
+    with pymupdf.open(document) as doc:
+        assert aligned_tables(doc[number - 1]) == [], what
+
+
 def wrong_answer(spec) -> str:  # type: ignore[no-untyped-def]
     if spec.verifier.kind == "json_schema":
         expected = dict(spec.verifier.spec["expected"])
