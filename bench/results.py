@@ -108,17 +108,23 @@ def preprocess_rows(s: Summary) -> list[Row]:
     )]  # fmt: skip
 
 
+def _held(found: Summary) -> str:
+    return (f"tables {found['found']}, two-column lists {found['borderline_found']}, "
+            f"{found['matching_no_label']} of {found['detections']} found matching no label")  # fmt: skip
+
+
 def tables_rows(s: Summary) -> list[Row]:
     held = s["held_out"]
     return [Row(
         f"table detection ({s['labelled_tables']} hand-labelled tables of real manuals, {s['examined_pages']} pages)",
         f"recall {s['recall']:.3f} (by ruling: " + ", ".join(f"{k} {v}" for k, v in s["by_ruling"].items())
         + f"); labelled cells held {s['cells_held']:.3f}; {s['false_positives']} tables where none was labelled; "
-        f"{_n(s['pages_per_s'])} pages/s; held out ({Path(held['document']).name}, {held['pages']} pages): "
-        f"{held['ours']} tables, {held['peer_tables_ours_finds']} of the peer's {held['peer']}",
+        f"{_n(s['pages_per_s'])} pages/s; held out ({Path(held['document']).name}, {held['pages']} pages, labelled "
+        f"after): {_held(held['ours'])}",
         f"{s['peer']['name']} (PyMuPDF {s['peer']['version']}, its layout model), the same pages: recall "
         f"{s['peer_recall']:.3f} (" + ", ".join(f"{k} {v}" for k, v in s["peer_by_ruling"].items())
-        + f"), {s['peer_false_positives']} unlabelled, {_n(s['peer_pages_per_s'])} pages/s",
+        + f"), {s['peer_false_positives']} unlabelled, {_n(s['peer_pages_per_s'])} pages/s; held out: "
+        f"{_held(held['peer'])}",
     )]  # fmt: skip
 
 

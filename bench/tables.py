@@ -37,18 +37,11 @@ from pathlib import Path  # noqa: E402
 
 import pymupdf  # noqa: E402
 
-from posttrain.preprocess.tables import find_page_tables  # noqa: E402
+from posttrain.preprocess.tables import find_page_tables, iou  # noqa: E402
 
 LABELS = Path(__file__).resolve().parent / "tables" / "labels.json"
 HELD_OUT = Path(__file__).resolve().parent / "tables" / "held_out.json"  # gmpl.pdf, labelled after the detectors
 MATCH_IOU = 0.5
-
-
-def iou(a: tuple[float, ...] | list[float], b: tuple[float, ...] | list[float]) -> float:
-    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def plain(text: str | None) -> str:

@@ -507,6 +507,14 @@ def aligned_tables(page: pymupdf.Page, taken: list[tuple[float, float, float, fl
     return found
 
 
+def iou(a: tuple[float, ...] | list[float], b: tuple[float, ...] | list[float]) -> float:
+    """Two boxes' intersection over their union (a found table against a labelled one)."""
+    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
 def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return not (a[2] < b[0] or b[2] < a[0] or a[3] < b[1] - 1 or b[3] < a[1] - 1)
 

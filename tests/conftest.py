@@ -21,6 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import contextlib
 import fcntl
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -204,6 +205,22 @@ def run_worker_until_idle(env: dict[str, str], timeout: float = 600) -> None:
         assert worker.wait(timeout=timeout) == 0
     finally:
         stop_worker(worker)
+
+
+def reachable_dir() -> Path:
+    """A directory the unprivileged sandbox uid can enter (pytest's tmp_path is private to root); the caller removes
+    it (``sandbox_dir`` does)."""
+    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sandbox_dir() -> Iterator[Path]:
+    """A :func:`reachable_dir` for a module's sandboxes, removed after it."""
+    path = reachable_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, message: str = "condition"):  # type: ignore[no-untyped-def]

@@ -9,15 +9,13 @@ import gc
 import json
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import reachable_dir, wait_for
 
 from posttrain.platform.sandbox import SandboxConfig, SandboxPool, run_agent
 from posttrain.platform.settings import get_settings
@@ -39,13 +37,6 @@ from posttrain.platform.verifiers.sandboxes import close_shared_pool, set_shared
 pytestmark = pytest.mark.requires("bubblewrap")
 
 POOL_SIZE = 4
-
-
-def reachable_dir() -> Path:
-    """A directory the unprivileged sandbox uid can enter (pytest's tmp_path is private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="posttrain-test-verifier-"))
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import ImportedRealModel
+from conftest import ImportedRealModel, reachable_dir
 from test_code_verifier import pool, service  # noqa: F401 - its module-scoped pool and verifier service, one of each here
 from transformers import AutoTokenizer
 
@@ -156,7 +156,6 @@ def test_an_sft_run_reads_episodes_filtered_by_reward(
 def test_an_sft_run_makes_its_demonstrations_once_under_its_output_dir(tokenizer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``SFTConfig.demonstrations``: the run makes its expert episodes in the platform's own sandboxes, writes them
     beside its checkpoints, and reads them back (not made again) when it resumes with the same settings."""
-    from test_code_verifier import reachable_dir
 
     from posttrain.platform.settings import get_settings
     from posttrain.training.config import DemonstrationsConfig, SFTConfig
@@ -228,7 +227,6 @@ def test_an_sft_run_plays_its_demonstrated_tasks_itself_and_trains_on_what_passe
     """``self_generated`` with ``demonstrations``: the starting model plays whole episodes of each demonstrated task in
     real sandboxes; only the episodes the rubric passed are written (a model that passes none leaves the expert's
     episodes to train on, not a failed run), and the run trains on both."""
-    from test_code_verifier import reachable_dir
 
     from posttrain.platform.settings import get_settings
     from posttrain.training.config import SFTConfig

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import OPERATOR, REPO_ROOT, login_as, run_worker_until_idle
+from conftest import OPERATOR, REPO_ROOT, login_as, reachable_dir, run_worker_until_idle
 from required_parts import require
 from sqlmodel import select
 from streamlit.testing.v1 import AppTest
-from test_sandbox_pool import reachable_dir
 from test_training_tiny import tiny_policy_dir
 from transformers import AutoTokenizer
 

@@ -238,7 +238,7 @@ HONEST = "def f(xs):\n    return [sorted(x) for x in xs] if xs and type(xs[0]) i
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[SandboxPool]:
-    from test_code_verifier import reachable_dir
+    from conftest import reachable_dir
 
     data_dir = reachable_dir()
     with SandboxPool(SandboxConfig(pool_size=1, kill_grace_s=0.5), data_dir=data_dir) as pool:

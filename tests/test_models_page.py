@@ -163,7 +163,7 @@ def test_the_playground_runs_the_model_s_tool_calls_in_a_sandbox(
     tool_caller,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from test_code_verifier import reachable_dir
+    from conftest import reachable_dir
 
     from posttrain.platform.auth import audit_log
 

@@ -22,6 +22,7 @@ from posttrain.preprocess.models import PageResult
 from posttrain.preprocess.options import PreprocessOptions
 from posttrain.preprocess.pdf import extract_page
 from posttrain.preprocess.pipeline import inspect_document, process_document, process_to_list
+from posttrain.preprocess.tables import iou
 
 # Debian packages: texlive-latex-base-doc (LaTeX News is set in two columns), python-reportlab-doc
 LTNEWS = Path("/usr/share/doc/texlive-doc/latex/base/ltnews30.pdf")
@@ -92,17 +93,11 @@ def test_tables_found_as_cells_and_markdown() -> None:
     pages = {p.page_number: p for p in process_document(REPORTLAB, FAST, pages=wanted)}
     for label in labelled:
         page = pages[label["page"]]
-        (table,) = [t for t in page.tables if box_iou(t.bbox, label["bbox"]) >= 0.5]
+        (table,) = [t for t in page.tables if iou(t.bbox, label["bbox"]) >= 0.5]
         assert table.rows * table.cols >= 2 and len(table.cells) == table.rows * table.cols
         assert table.markdown.startswith("|") and "---|" in table.markdown
         assert "|" in (page.markdown or "")
     assert pages[11].tables == []
-
-
-def box_iou(a: tuple[float, ...], b: list[float]) -> float:
-    x0, y0, x1, y1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, x1 - x0) * max(0.0, y1 - y0)
-    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
 def test_table_cues() -> None:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -144,16 +142,8 @@ def secret_env() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def pool(secret_env: None, data_dir: Path) -> Iterator[SandboxPool]:
-    with SandboxPool(CONFIG, data_dir=data_dir) as pool:
+def pool(secret_env: None, sandbox_dir: Path) -> Iterator[SandboxPool]:
+    with SandboxPool(CONFIG, data_dir=sandbox_dir) as pool:
         yield pool
 
 
@@ -223,11 +213,11 @@ def test_writes_outside_the_work_directory_stay_inside(pool: SandboxPool) -> Non
 
 
 @pytest.mark.slow
-def test_two_hundred_episodes_with_bad_inputs_mixed_in(secret_env: None, data_dir: Path) -> None:
+def test_two_hundred_episodes_with_bad_inputs_mixed_in(secret_env: None, sandbox_dir: Path) -> None:
     rng = random.Random(4)
     schedule = [None] * (200 - len(BAD_INPUTS)) + list(BAD_INPUTS)
     rng.shuffle(schedule)
-    root = data_dir / "soak"
+    root = sandbox_dir / "soak"
     tracked: set[psutil.Process] = set()
     counts: dict[str, int] = {}
     with SandboxPool(CONFIG.model_copy(update={"root_dir": root}), data_dir=None) as pool:

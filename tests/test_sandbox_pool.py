@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import reachable_dir
 from required_parts import require
 
 from posttrain.platform.sandbox import (
@@ -29,13 +29,6 @@ from posttrain.platform.sandbox import (
 from posttrain.platform.serving.client import assistant_message
 
 needs_bwrap = pytest.mark.requires("bubblewrap")  # a missing bubblewrap fails these tests (required_parts)
-
-
-def reachable_dir() -> Path:
-    """A directory the unprivileged sandbox uid can enter (pytest's tmp_path is private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture

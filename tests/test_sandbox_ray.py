@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -47,21 +45,13 @@ def cluster() -> Iterator[RayCluster]:
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def pool(cluster: RayCluster, data_dir: Path) -> Iterator[RaySandboxPool]:
-    made = make_pool(RAY_CONFIG, data_dir, ray_address=cluster.address)
+def pool(cluster: RayCluster, sandbox_dir: Path) -> Iterator[RaySandboxPool]:
+    made = make_pool(RAY_CONFIG, sandbox_dir, ray_address=cluster.address)
     assert isinstance(made, RaySandboxPool)
     with made:
         yield made
     # A pool's directory outlives it only when its node or actor died (the node's next pool sweeps it).
-    left = [p.name for p in data_dir.joinpath("sandboxes").iterdir() if psutil.pid_exists(int(p.name.split("-")[1]))]
+    left = [p.name for p in sandbox_dir.joinpath("sandboxes").iterdir() if psutil.pid_exists(int(p.name.split("-")[1]))]
     assert left == [], f"the pools left files behind: {left}"
 
 
@@ -84,10 +74,10 @@ def assert_pool_healthy(pool: RaySandboxPool) -> None:
 
 
 # ------------------------------------------------------------------------ tests
-def test_make_pool_picks_the_backend(pool: RaySandboxPool, data_dir: Path) -> None:
+def test_make_pool_picks_the_backend(pool: RaySandboxPool, sandbox_dir: Path) -> None:
     assert pool.config.backend == "bwrap"  # what each node runs
     assert len(pool.nodes()) == 2 and pool.size == 2 * RAY_CONFIG.pool_size
-    local = make_pool(CONFIG.model_copy(update={"pool_size": 1}), data_dir, ray_address=None)
+    local = make_pool(CONFIG.model_copy(update={"pool_size": 1}), sandbox_dir, ray_address=None)
     with local:
         assert type(local) is SandboxPool
         with local.acquire() as sandbox:
@@ -180,7 +170,9 @@ def test_status_sums_the_nodes(pool: RaySandboxPool) -> None:
     assert after.latency_ms["call_p50"] >= after.latency_ms["node_call_p50"]  # Ray adds to the node's time
 
 
-def test_round_trip_latency_ray_vs_local(pool: RaySandboxPool, data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_round_trip_latency_ray_vs_local(
+    pool: RaySandboxPool, sandbox_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     """The figure for the report: one small call, through Ray and locally, in the same run."""
 
     def measure(sandbox: Sandbox | RaySandbox, n: int = 60) -> list[float]:
@@ -191,7 +183,7 @@ def test_round_trip_latency_ray_vs_local(pool: RaySandboxPool, data_dir: Path, c
             times.append((time.perf_counter() - started) * 1000)
         return sorted(times)
 
-    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1}), data_dir=data_dir) as local:
+    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1}), data_dir=sandbox_dir) as local:
         with local.acquire() as sandbox:
             local_ms = measure(sandbox)
     with pool.acquire() as sandbox:

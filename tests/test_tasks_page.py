@@ -8,9 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, console_deployment, login_as
+from conftest import REPO_ROOT, console_deployment, login_as, reachable_dir
 from streamlit.testing.v1 import AppTest
-from test_code_verifier import reachable_dir
 from test_models_page import tiny_model  # noqa: F401 - its module-scoped tiny model
 
 from posttrain.platform.settings import get_settings

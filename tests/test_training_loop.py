@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import reachable_dir
 from required_parts import require
-from test_sandbox_pool import reachable_dir
 from test_training_tiny import tiny_policy_dir
 
 from posttrain.platform.settings import get_settings

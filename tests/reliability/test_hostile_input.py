@@ -23,7 +23,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import unicodedata
@@ -36,7 +35,17 @@ from typing import Any, Literal
 import httpx
 import pymupdf
 import pytest
-from conftest import ADMIN, OPERATOR, REPO_ROOT, Reliability, login_as, start_worker, stop_worker, wait_for
+from conftest import (
+    ADMIN,
+    OPERATOR,
+    REPO_ROOT,
+    Reliability,
+    login_as,
+    reachable_dir,
+    start_worker,
+    stop_worker,
+    wait_for,
+)
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -985,8 +994,7 @@ def test_sandbox_escape_list_on_ray(reliability: Reliability, tmp_path: Path, mo
 
     from posttrain.platform.sandbox.factory import make_pool
 
-    data_dir = Path(tempfile.mkdtemp(prefix="posttrain-test-sandbox-"))  # readable by the sandboxes, unlike tmp_path
-    data_dir.chmod(0o755)
+    data_dir = reachable_dir()  # readable by the sandboxes, unlike tmp_path
     # A private HOME for this process and the nodes: a ~/.ray/auth_token another program left on a
     # shared machine would otherwise make the driver's connection to this cluster fail.
     monkeypatch.setenv("HOME", str(tmp_path))

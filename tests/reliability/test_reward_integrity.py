@@ -26,8 +26,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Reliability, wait_for
-from test_code_verifier import reachable_dir
+from conftest import Reliability, reachable_dir, wait_for
 
 from posttrain.platform.sandbox import SandboxConfig, SandboxPool
 from posttrain.platform.verifiers import (
