@@ -43,27 +43,34 @@ def guide_excerpt(tmp_path: Path) -> Path:
 
 
 GLPK = Path("/usr/share/doc/glpk-doc/glpk.pdf")
+GMPL = Path("/usr/share/doc/glpk-doc/gmpl.pdf")
+
+
+def preprocessed_page(document: Path, number: int, tmp_path: Path, env: dict[str, str]) -> tuple[int, dict]:
+    """One page of a real manual, uploaded alone and preprocessed by the real job: its document's id and layout."""
+    require("document samples")
+    page = pymupdf.open()
+    page.insert_pdf(pymupdf.open(document), from_page=number - 1, to_page=number - 1)
+    path = tmp_path / f"{document.stem}-page-{number}.pdf"
+    page.save(path)
+    added = add_document(OPERATOR, path)
+    run_worker_until_idle(env)
+    assert queue.get_job(added.job_id).status is JobStatus.succeeded  # type: ignore[arg-type]
+    with session() as s:
+        (stored,) = s.exec(select(Page).where(Page.document_id == added.document.id)).all()
+    return added.document.id, stored.layout  # type: ignore[return-value]
 
 
 def test_a_rule_only_table_gives_table_lookup_tasks(platform_env: dict[str, str], tmp_path: Path) -> None:
     """GLPK's manual sets its tables with one rule under the header and no vertical edge (page 21: Type / Bounds /
     Comment), which find_tables' line strategy cannot see. Through the real preprocess job the page keeps the table,
     cell by cell, and the builder asks about its cells; the references verify, wrong answers do not."""
-    require("document samples")
-    page = pymupdf.open()
-    page.insert_pdf(pymupdf.open(GLPK), from_page=20, to_page=20)
-    path = tmp_path / "glpk-page-21.pdf"
-    page.save(path)
-    added = add_document(OPERATOR, path)
-    run_worker_until_idle(platform_env)
-    assert queue.get_job(added.job_id).status is JobStatus.succeeded  # type: ignore[arg-type]
-    with session() as s:
-        (stored,) = s.exec(select(Page).where(Page.document_id == added.document.id)).all()
-    (table,) = stored.layout["tables"]
+    document, layout = preprocessed_page(GLPK, 21, tmp_path, platform_env)
+    (table,) = layout["tables"]
     assert (table["rows"], table["cols"]) == (6, 3) and table["header"] == ["Type", "Bounds", "Comment"]
     cell = {(c["row"], c["col"]): c["text"] for c in table["cells"]}
     assert cell[(2, 0)] == "GLP_LO" and cell[(2, 2)] == "Variable with lower bound" and cell[(5, 2)] == "Fixed variable"
-    specs = build_document_tasks(added.document.id, kinds=["table_lookup"], max_per_document=50, seed=1)  # type: ignore[arg-type]
+    specs = build_document_tasks(document, kinds=["table_lookup"], max_per_document=50, seed=1)
     asked = {(s.metadata["row"], s.metadata["column"]): s.verifier.spec["answers"][0] for s in specs}
     assert asked[("GLP_UP", "Comment")] == "Variable with upper bound", asked
     assert asked[("GLP_DB", "Comment")] == "Double-bounded variable", asked
@@ -73,9 +80,6 @@ def test_a_rule_only_table_gives_table_lookup_tasks(platform_env: dict[str, str]
     assert not any(v.passed for v in wrong)
 
 
-GMPL = Path("/usr/share/doc/glpk-doc/gmpl.pdf")
-
-
 def test_an_unruled_two_column_table_keeps_its_hanging_lines_and_gives_field_tasks(
     platform_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -83,17 +87,8 @@ def test_an_unruled_two_column_table_keeps_its_hanging_lines_and_gives_field_tas
     absolute value of x"), a long meaning running on under its own column. Through the real preprocess job the page
     keeps one two-column table of all 27 functions, each wrapped meaning joined to its row, and field extraction asks
     for the meanings; the references verify, wrong answers do not."""
-    require("document samples")
-    page = pymupdf.open()
-    page.insert_pdf(pymupdf.open(GMPL), from_page=13, to_page=13)
-    path = tmp_path / "gmpl-page-14.pdf"
-    page.save(path)
-    added = add_document(OPERATOR, path)
-    run_worker_until_idle(platform_env)
-    assert queue.get_job(added.job_id).status is JobStatus.succeeded  # type: ignore[arg-type]
-    with session() as s:
-        (stored,) = s.exec(select(Page).where(Page.document_id == added.document.id)).all()
-    (table,) = stored.layout["tables"]
+    document, layout = preprocessed_page(GMPL, 14, tmp_path, platform_env)
+    (table,) = layout["tables"]
     assert (table["rows"], table["cols"], table["header"]) == (27, 2, [])
     cell = {(c["row"], c["col"]): c["text"] for c in table["cells"]}
     meaning = {cell[(r, 0)]: cell[(r, 1)] for r in range(table["rows"])}
@@ -101,7 +96,7 @@ def test_an_unruled_two_column_table_keeps_its_hanging_lines_and_gives_field_tas
     assert meaning["atan(y, x)"].endswith("are used to determine the quadrant of the resultant value")
     assert meaning["gmtime()"].endswith("Universal Time (for details see Section B.1, page 56)")
     assert meaning["max(x1, x2, . . . , xn)"] == "the largest of values x1, x2, . . . , xn"  # an ellipsis, no leaders
-    specs = build_document_tasks(added.document.id, kinds=["field_extraction"], max_per_document=50, seed=1)  # type: ignore[arg-type]
+    specs = build_document_tasks(document, kinds=["field_extraction"], max_per_document=50, seed=1)
     asked = {k: v for spec in specs for k, v in spec.verifier.spec["expected"].items()}
     assert (
         asked.get("abs(x)") == "|x|, absolute value of x" and asked.get("round(x)") == "rounding x to nearest integer"

@@ -228,6 +228,24 @@ def test_pool_refills_a_sandbox_killed_from_outside(pool: SandboxPool) -> None:
             assert sandbox.run_python("2 + 2").value == "4"
 
 
+def test_a_call_in_a_sandbox_whose_process_has_exited_is_never_run(
+    pool: SandboxPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed from outside, a sandbox's own process goes first and what runs inside it dies a moment later: a call in
+    that moment must not run, or it passes for the model's (on a loaded machine it did, and an episode meant to be
+    redone went on). Here the process reads as exited while its interpreter still answers, the moment held open."""
+    pool.wait_ready(10)
+    with pool.acquire() as sandbox:
+        assert sandbox._child is not None
+        monkeypatch.setattr(sandbox._child, "poll", lambda: -signal.SIGKILL)
+        result = sandbox.run_python("open('/tmp/ran', 'w').write('1')")
+        assert result.status is CallStatus.INFRA and "has exited" in result.detail
+        monkeypatch.undo()
+    assert pool.wait_ready(30)
+    with pool.acquire() as sandbox:
+        assert sandbox.run_python("2 + 2").value == "4"
+
+
 def _model(script: list[Any]) -> Any:
     """A deterministic stand-in for the policy: replies with the scripted turns in order."""
     turns = iter(script)

@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -173,33 +173,40 @@ def test_status_sums_the_nodes(pool: RaySandboxPool) -> None:
 def test_round_trip_latency_ray_vs_local(
     pool: RaySandboxPool, sandbox_dir: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The figure for the report: one small call, through Ray and locally, in the same run."""
+    """The figure for the report: one small call, through Ray and locally, in the same run, beside its peer: a bare
+    Ray round trip to the same node's actor, taken in turn with the calls so both meet the same load."""
 
-    def measure(sandbox: Sandbox | RaySandbox, n: int = 60) -> list[float]:
-        times = []
-        for i in range(n):
-            started = time.perf_counter()
-            assert sandbox.run_python(f"{i} + 1").value == str(i + 1)
-            times.append((time.perf_counter() - started) * 1000)
-        return sorted(times)
+    import ray
+
+    def timed(call: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        call()
+        return (time.perf_counter() - started) * 1000
 
     with SandboxPool(CONFIG.model_copy(update={"pool_size": 1}), data_dir=sandbox_dir) as local:
         with local.acquire() as sandbox:
-            local_ms = measure(sandbox)
+            local_ms = sorted(timed(lambda: sandbox.run_python("1 + 1")) for _ in range(60))
+    ray_ms, hop_ms = [], []
     with pool.acquire() as sandbox:
-        ray_ms = measure(sandbox)
+        for i in range(60):
+            ray_ms.append(timed(lambda: sandbox.run_python(f"{i} + 1")))
+            hop_ms.append(timed(lambda: ray.get(sandbox._member.actor.info.remote())))
+    ray_ms.sort()
+    hop_ms.sort()
     figure = {
         "figure": "sandbox_call_round_trip_ms",
         "ray_p50": round(ray_ms[len(ray_ms) // 2], 2),
         "ray_p90": round(ray_ms[int(len(ray_ms) * 0.9)], 2),
         "local_p50": round(local_ms[len(local_ms) // 2], 2),
         "local_p90": round(local_ms[int(len(local_ms) * 0.9)], 2),
+        "ray_hop_p50": round(hop_ms[len(hop_ms) // 2], 2),
     }
     with capsys.disabled():
         print("\n" + json.dumps(figure))
-    # Against the local call in the same run: Ray adds a hop (measured 8x quiet, 11x with every core
-    # busy: p50 2.1 ms against 0.25 ms, 3.2 against 0.28), never an order of magnitude beyond that.
-    assert figure["local_p50"] < figure["ray_p50"] < 40 * figure["local_p50"], figure
+    # Ray adds its hop to the local call and nothing more. Against the local call alone the ratio grew with the
+    # machine's load (8x quiet, 46x with the suite and a benchmark on 2 cores): the hop is scheduled across processes,
+    # the local call is one socket exchange. Against the hop measured in turn with it, the bound holds under load.
+    assert figure["local_p50"] < figure["ray_p50"] < 4 * (figure["ray_hop_p50"] + figure["local_p50"]), figure
 
 
 @pytest.mark.parametrize("item", BAD_INPUTS, ids=[b.name for b in BAD_INPUTS])

@@ -275,6 +275,10 @@ class Sandbox(ToolMethods):
     def _exchange(self, op: str, args: dict[str, Any], timeout: float, started: float) -> ToolResult:
         if not self.alive or self._data is None or self._ctrl is None:
             return infra_failure(op, f"sandbox {self.slot} is not running", started)
+        if self._child is not None and self._child.poll() is not None:
+            # Its process is gone (killed from outside): what still answers inside is dying with it, and a call it
+            # ran now would pass for the model's. On a loaded machine that answer came first.
+            return self._after_death(op, started, "the sandbox process has exited")
         self._next_id += 1
         request_id = self._next_id
         try:
