@@ -420,14 +420,15 @@ def _cells(line: list[tuple]) -> list[list[tuple]]:
     return cells
 
 
-def _aligned_runs(lines: list[list[tuple]]) -> list[list[list[tuple]]]:
+def _aligned_runs(lines: list[list[tuple]]) -> list[list[list[list[tuple]]]]:
     """Runs of consecutive lines set as two aligned columns: each line either splits into two cells, the first
     starting at the run's left edge or ending at its right edge (a column of formulas set flush right) and the
     second starting at its column edge, or (a hanging indent) is one cell starting at the column
-    edge; the lines stand no further apart than ``MAX_LINE_GAP`` times the run's pitch."""
-    runs: list[list[list[tuple]]] = []
-    run: list[list[tuple]] = []
-    left = right = column = pitch = 0.0
+    edge; the lines stand no further apart than ``MAX_LINE_GAP`` times the run's pitch. Each run comes as its rows,
+    a row as its two cells' words (a hanging line's words joined to the text of the row above)."""
+    runs: list[list[list[list[tuple]]]] = []
+    run: list[list[list[tuple]]] = []
+    left = right = column = pitch = bottom = 0.0
 
     def near(a: float, b: float) -> bool:
         return abs(a - b) <= ALIGN_TOLERANCE_PT
@@ -439,7 +440,7 @@ def _aligned_runs(lines: list[list[tuple]]) -> list[list[list[tuple]]]:
             dots.append(dots[-1] + 1 if w[4] == "." else 0)
         leaders = max(dots) >= DOT_LEADERS
         if run:
-            gap = line[0][3] - run[-1][0][3]
+            gap = line[0][3] - bottom
             close = gap <= MAX_LINE_GAP * pitch if pitch else gap <= 3 * (line[0][3] - line[0][1])
             row = (
                 len(cells) == 2
@@ -448,16 +449,20 @@ def _aligned_runs(lines: list[list[tuple]]) -> list[list[list[tuple]]]:
             )
             hanging = len(cells) == 1 and near(cells[0][0][0], column)
             if close and not leaders and (row or hanging):
-                pitch = gap if not pitch else min(pitch, gap)
-                run.append(line)
+                pitch, bottom = gap if not pitch else min(pitch, gap), line[0][3]
+                if row:
+                    run.append(cells)
+                else:
+                    run[-1][1] = run[-1][1] + cells[0]
                 continue
             runs.append(run)
             run = []
         if len(cells) == 2 and not leaders:
-            run, left, right, column, pitch = [line], cells[0][0][0], cells[0][-1][2], cells[1][0][0], 0.0
+            run, left, right, column, pitch = [cells], cells[0][0][0], cells[0][-1][2], cells[1][0][0], 0.0
+            bottom = line[0][3]
     if run:
         runs.append(run)
-    return [r for r in runs if sum(len(_cells(line)) == 2 for line in r) >= MIN_ALIGNED_ROWS]
+    return [rows for rows in runs if len(rows) >= MIN_ALIGNED_ROWS]
 
 
 def _monospaced_share(page: pymupdf.Page, words: list[tuple]) -> float:
@@ -482,17 +487,10 @@ def aligned_tables(page: pymupdf.Page, taken: list[tuple[float, float, float, fl
     none a list or code; a row is a term and its text (a hanging line joins the row above). They have no header
     row."""
     found: list[Table] = []
-    for run in _aligned_runs(_lines(page.get_text("words"))):
-        box = _box([w for line in run for w in line])
+    for rows in _aligned_runs(_lines(page.get_text("words"))):
+        box = _box([w for row in rows for cell in row for w in cell])
         if box is None or any(_overlaps(box, t) for t in taken):
             continue
-        rows: list[list[list[tuple]]] = []
-        for line in run:
-            cells = _cells(line)
-            if len(cells) == 2:
-                rows.append(cells)
-            else:
-                rows[-1][1] = rows[-1][1] + cells[0]
         if any(LIST_MARK.match(" ".join(w[4] for w in row[0])) for row in rows):
             continue  # a list: its first column is bullets or item numbers
         if 2 * sum(bool({w[5] for w in row[0]} & {w[5] for w in row[1]}) for row in rows) < len(rows):
