@@ -34,6 +34,7 @@ GROUPS_SIGNAL = (
     "rollout/groups_signal"  # the step's groups whose rewards differed, all of them (the learning signal drawn)
 )
 GROUPS_STALE_DROPPED = "rollout/groups_stale_dropped"
+TASKS_SKIPPED_QUIET = "rollout/tasks_skipped_quiet"  # draws so far of a task whose last groups had no signal, skipped
 LOGPROB_PREFIX = "rollout/logprob_"  # + the figures of the train/inference log-prob check
 VERIFIER_LATENCY_S = "verifier/latency_s"
 VERIFIER_INFRA_ERRORS = "verifier/infra_errors"

@@ -305,3 +305,46 @@ def test_revisits_draw_a_domain_at_the_floor_again_and_a_record_sends_it_back() 
     assert sched.probabilities()["arith.add.int"] == pytest.approx(0.3935 / 1.3935, abs=1e-3)
     sched.record("arith.add.int", [True, False, True, True])  # a group with signal: the revisit time is back to 5
     assert sched.stats()["arith.add.int"].quiet == 0
+
+
+def test_a_task_whose_last_groups_had_no_signal_is_skipped_before_rollout_then_tried_again() -> None:
+    """A stored task all wrong (or all right) twice in a row is skipped once at its next draws, twice after a third
+    quiet group, and drawn as ever once a group of it disagrees; the skips survive a checkpoint, and a list all of
+    whose tasks went quiet is still drawn."""
+    tasks = [
+        TaskSpec(domain="mine", prompt=f"q{i}", verifier={"kind": "exact", "spec": {"answer": str(i)}}, task_id=f"t{i}")
+        for i in range(3)
+    ]
+    sched = Scheduler(SchedulerConfig(batch_size=3))
+    sched.set_domains([DomainSpec(name="mine", tasks=tasks)])
+
+    def draw(n: int) -> list[str | None]:
+        return [t.task_id for _ in range(n) for t in sched.next_batch(1)]
+
+    assert draw(3) == ["t0", "t1", "t2"]
+    for _ in range(2):
+        sched.record("mine", [False, False], task_id="t0")
+    assert draw(3) == ["t1", "t2", "t0"] and sched.skipped == 1  # t0 skipped at its next draw only
+    sched.record("mine", [False, False], task_id="t0")  # a third quiet group: skipped at its next two draws
+    assert draw(7) == ["t1", "t2", "t1", "t2", "t1", "t2", "t0"] and sched.skipped == 3
+    sched.record("mine", [False, False], task_id="t0")
+    state = json.loads(json.dumps(sched.state_dict()))
+    sched.record("mine", [True, False], task_id="t0")  # a signal: drawn as ever
+    assert draw(3) == ["t1", "t2", "t0"] and sched.skipped == 3
+
+    resumed = Scheduler(SchedulerConfig(batch_size=3))
+    resumed.set_domains([DomainSpec(name="mine", tasks=tasks)])
+    resumed.load_state_dict(state)
+    # four quiet groups when saved: t0 is skipped at its next four draws
+    assert [t.task_id for t in resumed.next_batch(6)] == ["t1", "t2"] * 3
+    assert resumed.skipped == 5
+
+    for task_id in ("t0", "t1", "t2"):  # all quiet: the list is still drawn, in order
+        for _ in range(3):
+            resumed.record("mine", [True, True], task_id=task_id)
+    assert len(resumed.next_batch(4)) == 4
+    never = Scheduler(SchedulerConfig(batch_size=3, skip_quiet_prompts=None))
+    never.set_domains([DomainSpec(name="mine", tasks=tasks)])
+    for _ in range(5):
+        never.record("mine", [False, False], task_id="t0")
+    assert [t.task_id for t in never.next_batch(3)] == ["t0", "t1", "t2"] and never.skipped == 0

@@ -194,6 +194,8 @@ def train_grpo(
                 payload[2] |= check_logprobs(learner, batch, step, config)
             trajectories, advantages, metrics = ctx.broadcast(payload)
             metrics[names.PEAK_RSS_ROLLOUT_GB] = peak_rss_bytes() / 2**30
+            if ctx.main and scheduler is not None:
+                metrics[names.TASKS_SKIPPED_QUIET] = float(scheduler.skipped)
             if ctx.main and scheduler is not None and len(domains) > 1:  # per domain: draw share, pass and signal rates
                 metrics |= scheduler.metrics()
             t_learn = time.perf_counter()

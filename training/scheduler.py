@@ -115,6 +115,13 @@ class SchedulerConfig(BaseModel):
         "domain's, so one held at the floor is drawn again (None: they keep); doubled "
         "for each further group in a row without a learning signal",
     )
+    skip_quiet_prompts: int | None = Field(
+        default=2,
+        ge=1,
+        description="skip a task before rollout once its last this-many groups in a row had no learning signal "
+        "(all passed or all failed): skipped once, then twice as often for each further quiet group, so a task the "
+        "policy may since have learned or unlearned is tried again (None: never skip)",
+    )
 
     @model_validator(mode="after")
     def _thresholds(self) -> SchedulerConfig:
@@ -237,6 +244,8 @@ class Scheduler:
         self._replay: dict[str, DomainSpec] = {}  # general domains rehearsed in a share of each batch (train split)
         self._replay_share = 0.0
         self._batch = 0  # batches drawn: the clock estimates age by
+        self._quiet_tasks: dict[str, list[int]] = {}  # task id -> [its groups in a row with no signal, skips since]
+        self.skipped = 0  # draws of a quiet task skipped before rollout
         self._lock = threading.Lock()
 
     # --- domains --------------------------------------------------------------
@@ -327,8 +336,29 @@ class Scheduler:
         return tasks
 
     def _take(self, name: str) -> TaskSpec:
+        """The next task of ``name`` whose last groups gave a signal (:meth:`_quiet`); after a chunk's worth of quiet
+        ones in a row, the next task whatever it gave, so a domain whose tasks all go quiet is still drawn."""
+        for _ in range(CHUNK):
+            task = self._next(name)
+            if not self._quiet(task):
+                break
+        else:
+            task = self._next(name)
+        self._stats[name].drawn += 1
+        return task
+
+    def _quiet(self, task: TaskSpec) -> bool:
+        """Whether to skip ``task`` now: its last ``skip_quiet_prompts`` groups had no signal, and it has been
+        skipped fewer than 2**(quiet groups beyond that) times since (each skip counted)."""
+        limit, entry = self.config.skip_quiet_prompts, self._quiet_tasks.get(task.task_id or "")
+        if limit is None or entry is None or entry[0] < limit or entry[1] >= 2 ** (entry[0] - limit):
+            return False
+        entry[1] += 1
+        self.skipped += 1
+        return True
+
+    def _next(self, name: str) -> TaskSpec:
         spec, stats = self._specs.get(name) or self._replay[name], self._stats[name]
-        stats.drawn += 1
         if spec.tasks is not None:
             task = spec.tasks[stats.offset % len(spec.tasks)]
             stats.offset += 1
@@ -360,10 +390,16 @@ class Scheduler:
         return (self._specs.get(name) or self._replay[name]).difficulty
 
     # --- feedback -------------------------------------------------------------
-    def record(self, domain: str, passed: Sequence[bool | float], rewards: Sequence[float] | None = None) -> None:
+    def record(
+        self,
+        domain: str,
+        passed: Sequence[bool | float],
+        rewards: Sequence[float] | None = None,
+        task_id: str | None = None,
+    ) -> None:
         """Fold one group of results of ``domain`` (pass flags or scores in [0, 1]) into its pass rate, and
-        whether the group's ``rewards`` (default: ``passed``) differ into its signal rate; then step its
-        difficulty where ``adapt_difficulty`` says."""
+        whether the group's ``rewards`` (default: ``passed``) differ into its signal rate and into task
+        ``task_id``'s run of quiet groups; then step its difficulty where ``adapt_difficulty`` says."""
         if not passed:
             return
         cfg, a = self.config, self.config.ema_alpha
@@ -382,6 +418,11 @@ class Scheduler:
                 stats.signal_rate = signal if stats.signal_rate is None else (1 - a) * stats.signal_rate + a * signal
                 stats.groups += 1
                 stats.quiet = 0 if signal else stats.quiet + 1
+                if task_id is not None and signal:
+                    self._quiet_tasks.pop(task_id, None)
+                elif task_id is not None:
+                    entry = self._quiet_tasks.setdefault(task_id, [0, 0])
+                    entry[0], entry[1] = entry[0] + 1, 0
             spec = self._specs.get(domain)
             if (
                 cfg.adapt_difficulty
@@ -445,6 +486,8 @@ class Scheduler:
                 "rng": [version, list(internal), gauss],
                 "stats": {k: v.model_dump() for k, v in self._stats.items()},
                 "batch": self._batch,
+                "quiet_tasks": self._quiet_tasks,
+                "skipped": self.skipped,
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -453,4 +496,6 @@ class Scheduler:
             self._rng.setstate((version, tuple(internal), gauss))
             self._stats = {k: DomainStats.model_validate(v) for k, v in state["stats"].items()}
             self._batch = int(state.get("batch", 0))  # checkpoints before revisit_after kept no clock
+            self._quiet_tasks = {k: list(v) for k, v in state.get("quiet_tasks", {}).items()}
+            self.skipped = int(state.get("skipped", 0))
             self._buffers = {}  # regenerated from (seed, chunk) on next use; offsets are kept

@@ -71,7 +71,12 @@ def usable(group: RolloutGroup) -> bool:
 def record(scheduler: Scheduler, group: RolloutGroup) -> None:
     """Fold a verified group's results into the scheduler's pass and signal rates (not when verification failed)."""
     if usable(group):
-        scheduler.record(group.task.domain, [bool(t.passed) for t in group.trajectories], rewards=group.rewards)
+        scheduler.record(
+            group.task.domain,
+            [bool(t.passed) for t in group.trajectories],
+            rewards=group.rewards,
+            task_id=group.task.task_id,
+        )
 
 
 def has_signal(group: RolloutGroup) -> bool:
