@@ -199,9 +199,9 @@ def many_domain_run(url: str | None = None, steps: int = 1000, count: int | None
 def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_small_runs_time(
     platform_env: dict[str, str],
 ) -> None:
-    """A run over every procedural domain (253), 1,000 steps of each domain's pass rate, draw share and signal rate
-    (759,000 points), finished with a per-domain before/after comparison: the page draws a domains x steps heatmap of
-    step buckets averaged in the database (not 248 lines) and the per-domain table sorted by the difference, and
+    """A run over every procedural domain (254), 1,000 steps of each domain's pass rate, draw share and signal rate
+    (762,000 points), finished with a per-domain before/after comparison: the page draws a domains x steps heatmap of
+    step buckets averaged in the database (not 254 lines) and the per-domain table sorted by the difference, and
     renders in about the time of a 1,000-point run's page plus the heatmap's query (the peers, measured here)."""
     job, domains = many_domain_run()
     small = queue.submit(OPERATOR, "train_grpo", GRPO)
@@ -229,7 +229,7 @@ def test_a_run_over_every_domain_draws_a_heatmap_and_a_per_domain_table_in_a_sma
         and len(heatmap) == len(domains) * 63
     )
     assert heatmap["value"].between(0, 1).all()
-    assert not any(m.value == "**Pass rate by domain**" for m in at.markdown)  # no 253 lines
+    assert not any(m.value == "**Pass rate by domain**" for m in at.markdown)  # no 254 lines
     tables = [df.value for df in at.dataframe]
     table = next(t for t in tables if "wins/ties/losses" in t.columns)
     assert len(table) == len(domains) + 1 and table["domain"].iloc[-1] == "all"

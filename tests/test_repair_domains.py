@@ -10,14 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.platform.tasks.domains.families.code_tasks import TASKS
-from posttrain.platform.tasks.domains.families.repair_tasks import DEFECTS, KINDS, MODULE, VISIBLE, humaneval_problems
+from posttrain.platform.tasks.domains.families.repair_tasks import (
+    CALLS,
+    DEFECTS,
+    KINDS,
+    LIBRARY,
+    MODULE,
+    VISIBLE,
+    humaneval_problems,
+)
 from posttrain.platform.tasks.domains.registry import generate, list_domains
 from posttrain.platform.verifiers.kinds.code import CodeTestsSpec, assemble_program
 
 
 def test_every_defect_edits_its_function_and_every_kind_has_defects() -> None:
-    solutions = {t.name: t.solution for t in TASKS}
+    solutions = {name: t.solution for name, t in LIBRARY.items()}
+    assert len(LIBRARY) >= 60 and set(DEFECTS) <= set(LIBRARY)
     for name, defects in DEFECTS.items():
         for defect in defects:
             assert defect.kind in KINDS, (name, defect)
@@ -72,10 +80,12 @@ def test_the_held_out_split_of_the_repair_domains_is_by_function() -> None:
     from posttrain.platform.tasks.domains.families.repair_tasks import held_out_function
     from posttrain.platform.tasks.domains.registry import prompt_space
 
-    held = {t.name for t in TASKS if held_out_function(t.name)}
+    held = {name for name in LIBRARY if held_out_function(name)}
     defective = {name for name in DEFECTS if name in held}
-    assert 0 < len(held) < len(TASKS) / 2 and {d.kind for n in defective for d in DEFECTS[n]} == set(
-        KINDS
+    assert (
+        len(held) >= 12
+        and len(held) < len(LIBRARY) / 3
+        and {d.kind for n in defective for d in DEFECTS[n]} == set(KINDS)
     )  # every kind
 
     def functions(task) -> set[str]:  # type: ignore[no-untyped-def]
@@ -117,3 +127,56 @@ def test_humaneval_holds_out_whole_problems_an_out_of_distribution_set() -> None
     assert len({t.prompt_text for t in held_out}) == 24
     assert sum(t.metadata.get("held_out_by") == "problem" for t in held_out) > 12
     assert all(problem(t) in held for t in held_out if t.metadata.get("held_out_by") == "problem")
+
+
+def test_the_ladders_top_rung_hides_a_defect_behind_a_caller_whose_own_code_is_right(tmp_path: Path) -> None:
+    """At the top difficulty the visible tests' first failure is a caller's assert: the caller's source in the module
+    is its reference, the function it calls carries a defect, and that callee has no visible test of its own."""
+    import re
+
+    from posttrain.platform.tasks.domains.families.repair_tasks import CALLERS, MISLEADING_FROM
+
+    for kind in KINDS:
+        for task in generate(f"repair.{kind}", 4, seed=5, difficulty=MISLEADING_FROM):
+            files = task.metadata["files"]
+            module, visible = files[MODULE], files[VISIBLE]
+            defined = set(re.findall(r"^def (\w+)", module, re.MULTILINE))
+            first = re.search(r"^assert (\w+)\(", visible, re.MULTILINE)
+            assert first is not None and first.group(1) in CALLS, (kind, visible)
+            caller = first.group(1)
+            (callee,) = CALLS[caller]
+            assert caller in CALLERS[callee] and callee in defined
+            assert f"def {caller}" in module and LIBRARY[caller].solution.strip() in module  # the caller is right
+            assert LIBRARY[callee].solution.strip() not in module  # its callee is not
+            assert not re.search(rf"^assert {callee}\(", visible, re.MULTILINE)
+            (tmp_path / MODULE).write_text(module)
+            (tmp_path / VISIBLE).write_text(visible)
+            run = subprocess.run([sys.executable, VISIBLE], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+            assert run.returncode != 0 and f"assert {caller}(" in run.stderr, run.stderr[-400:]
+
+
+def test_the_held_out_functions_give_enough_unseen_tasks_and_no_demonstration_shows_one() -> None:
+    """Twelve or more functions are never trained on, with 160 or more distinct unseen-function tasks across the
+    planted domains at the difficulties the repair preset evaluates; demonstrations come from train modules only."""
+    import re
+
+    from posttrain.platform.tasks.domains.families.repair_tasks import held_out_function
+    from posttrain.training.config import DemonstrationsConfig
+    from posttrain.training.demonstrations import demonstration_tasks
+
+    held = {name for name in LIBRARY if held_out_function(name)}
+    assert len(held) >= 12
+    unseen = {
+        t.prompt_text
+        for kind in KINDS
+        for difficulty in (2, 3)
+        for t in generate(f"repair.{kind}", 24, seed=0, difficulty=difficulty, split="eval")
+        if t.metadata.get("held_out_by") == "function"
+    }
+    assert len(unseen) >= 160
+    config = DemonstrationsConfig(
+        domains=[{"name": f"repair.{kind}", "difficulty": d} for kind in KINDS for d in (1, 3, 5)], tasks_per_domain=12
+    )
+    for task in demonstration_tasks(config):
+        functions = set(re.findall(r"^def (\w+)", task.metadata["files"][MODULE], re.MULTILINE))
+        assert not functions & held and task.split == "train", task.task_id

@@ -6,11 +6,15 @@ model reads them, runs the visible tests, edits ``solution.py`` and runs them ag
 ``code`` verifier scores the final ``solution.py`` against the hidden tests (the fraction that pass)
 in a fresh sandbox of its own.
 
-* ``repair.off_by_one``, ``repair.wrong_operator``, ``repair.missing_case``, ``repair.wrong_return``:
-  a module of the ``code.*`` functions (their reference solutions) with defects of that kind planted;
-  difficulty sets how many functions the module has (1, 2, 3, 3, 4) and how many carry a defect (1, 1,
-  1, 2, 2). Test cases come from the functions' input generators and the reference; a task is kept
-  only when a visible and a hidden test fail on the planted module, so every task needs a repair.
+* ``repair.off_by_one``, ``repair.wrong_operator``, ``repair.missing_case``, ``repair.wrong_return``,
+  ``repair.swapped_arguments``: a module of library functions (the ``code.*`` functions and the repair-only
+  ones of :mod:`repair_library`, their reference solutions) with defects planted, one of the domain's kind,
+  the others of any. The difficulty ladder: how many functions the module has (1, 2, 3, 3, 4, and the functions
+  a caller among them calls), how many carry a defect (1, 1, 1, 2, 2), and at 5 a misleading first error: one
+  defect sits in a function that another one in the module calls, whose visible tests alone run, first. Test
+  cases come from the functions' input generators and the reference; a task is kept only when a visible and a
+  hidden test fail on the planted module for every defect, so every task needs every repair. About a fifth of
+  the functions (by name) are held out whole: a module holding one is an ``eval`` task.
 * ``repair.humaneval``: HumanEval's problems as "make these tests pass": ``solution.py`` holds the
   signature and docstring with an unimplemented body, ``test_visible.py`` the first asserts of its
   ``check``; the hidden tests are all of them. Difficulty ``d`` draws from the shortest ``d`` fifths of the
@@ -27,74 +31,25 @@ import gzip
 import hashlib
 import json
 import random
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, files
 from typing import Any
 
 from posttrain.platform.tasks.domains.base import Domain, Problem
-from posttrain.platform.tasks.domains.families.code_tasks import TASKS, CodeTask, _reference
+from posttrain.platform.tasks.domains.families.code_tasks import TASKS, CodeTask
+from posttrain.platform.tasks.domains.families.repair_library import CALLS, DEFECTS, FUNCTIONS, KINDS
 from posttrain.platform.verifiers.kinds.code import prompt_helpers
 from posttrain.platform.verifiers.models import VerifierRef
 
 MODULE = "solution.py"
 VISIBLE = "test_visible.py"
-KINDS = ("off_by_one", "wrong_operator", "missing_case", "wrong_return")
 
-
-@dataclass(frozen=True)
-class Defect:
-    kind: str
-    old: str  # replaced once in the function's reference solution
-    new: str
-
-
-DEFECTS: dict[str, tuple[Defect, ...]] = {
-    "add": (Defect("wrong_operator", "a + b", "a - b"), Defect("off_by_one", "a + b", "a + b + 1")),
-    "reverse_string": (Defect("wrong_return", "s[::-1]", "s"), Defect("off_by_one", "s[::-1]", "s[-2::-1]")),
-    "is_palindrome": (Defect("wrong_operator", "s == s[::-1]", "s != s[::-1]"),),
-    "count_vowels": (
-        Defect("missing_case", "'aeiou'", "'aeio'"),
-        Defect("wrong_operator", "c in 'aeiou'", "c not in 'aeiou'"),
-    ),
-    "factorial": (
-        Defect("off_by_one", "range(2, n + 1)", "range(2, n)"),
-        Defect("wrong_operator", "result *= k", "result += k"),
-    ),
-    "fibonacci": (Defect("off_by_one", "range(n)", "range(n - 1)"), Defect("wrong_return", "return a\n", "return b\n")),
-    "sum_list": (Defect("off_by_one", "sum(xs)", "sum(xs[1:])"),),
-    "max_of": (
-        Defect("wrong_return", "max(xs)", "min(xs)"),
-        Defect("off_by_one", "max(xs)", "max(xs[1:] or xs[:1]) if len(xs) > 2 else max(xs)"),
-    ),
-    "evens": (Defect("wrong_operator", "x % 2 == 0", "x % 2 == 1"),),
-    "gcd": (Defect("wrong_return", "return a\n", "return b\n"), Defect("off_by_one", "return a\n", "return a - 1\n")),
-    "is_prime": (
-        Defect("off_by_one", "k * k <= n", "k * k < n"),
-        Defect("missing_case", "    if n < 2:\n        return False\n", ""),
-    ),
-    "word_count": (Defect("off_by_one", "len(s.split())", "len(s.split()) - 1"),),
-    "capitalize_words": (Defect("wrong_return", "w[:1].upper()", "w[:1].lower()"),),
-    "flatten": (Defect("wrong_return", "[x for xs in xss for x in xs]", "[xs[0] for xs in xss if xs]"),),
-    "second_largest": (Defect("off_by_one", "[-2]", "[-1]"),),
-    "running_sum": (
-        Defect(
-            "off_by_one",
-            "        total += x\n        out.append(total)\n",
-            "        out.append(total)\n        total += x\n",
-        ),
-    ),
-    "char_count": (Defect("off_by_one", "counts.get(c, 0) + 1", "counts.get(c, 1)"),),
-    "dedupe": (Defect("wrong_operator", "if x not in seen", "if x in seen or not seen"),),
-    "fizzbuzz": (
-        Defect("missing_case", "    if n % 15 == 0:\n        return 'FizzBuzz'\n", ""),
-        Defect("wrong_operator", "n % 5 == 0", "n % 5 == 1"),
-    ),
-    "clamp": (
-        Defect("missing_case", "max(lo, min(hi, x))", "min(hi, x)"),
-        Defect("wrong_return", "max(lo, min(hi, x))", "max(lo, x)"),
-    ),
+LIBRARY: dict[str, CodeTask] = {t.name: t for t in (*TASKS, *FUNCTIONS)}
+CALLERS: dict[str, tuple[str, ...]] = {
+    callee: tuple(sorted(caller for caller, callees in CALLS.items() if callee in callees))
+    for callee in sorted({c for callees in CALLS.values() for c in callees})
 }
 SIZES = {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (3, 2), 5: (4, 2)}  # difficulty -> (functions, defective ones)
+MISLEADING_FROM = 5  # from this difficulty one defect hides behind a caller (it needs two defects: SIZES)
 HELD_OUT_FUNCTION_FRACTION = 0.2
 
 
@@ -102,7 +57,7 @@ def held_out_function(name: str, what: str = "function") -> bool:
     """Whether a function (or a HumanEval problem, ``what="problem"``, by its task id) is held out of training
     whole, by its name's hash alone (about a fifth of them): a module that holds one is an ``eval`` task whatever
     its prompt, so no train task shows it and the eval split has repairs of functions never seen in training
-    (today: capitalize_words, dedupe, evens, flatten, is_anagram, is_prime)."""
+    (16 of the 63 library functions today, 10 of them repair-only: ``tests/test_repair_domains.py`` keeps 12 or more)."""
     return (
         int(hashlib.sha256(f"repair-{what}|{name}".encode()).hexdigest()[:12], 16) < HELD_OUT_FUNCTION_FRACTION * 16**12
     )
@@ -116,10 +71,11 @@ TOOLS_HINT = (
 )
 
 
-def _function(name: str, source: str) -> Any:
+def _namespace(sources: list[str]) -> dict[str, Any]:
+    """The module's functions: its sources run together, as ``solution.py`` runs (a caller finds its callee)."""
     namespace: dict[str, Any] = {}
-    exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102 - our own sources and defects
-    return namespace[name]
+    exec(compile("\n\n".join(sources), "<solution>", "exec"), namespace)  # noqa: S102 - our own sources and defects
+    return namespace
 
 
 def _cases(task: CodeTask, rng: random.Random, difficulty: int, n: int) -> list[tuple[Any, ...]]:
@@ -147,48 +103,70 @@ def _fails(planted: Any, reference: Any, cases: list[tuple[Any, ...]]) -> bool:
     return False
 
 
+def _with_callees(names: list[str]) -> list[str]:
+    """``names`` with the functions each calls put before it (once each): the module a caller runs in."""
+    out: list[str] = []
+    for name in names:
+        out += [n for n in (*CALLS.get(name, ()), name) if n not in out]
+    return out
+
+
 def _make_planted(kind: str, rng: random.Random, difficulty: int) -> Problem:
+    """A module of ``SIZES[difficulty]`` library functions (and the functions its callers call), one with a defect
+    of ``kind``, the rest of the defective ones of any kind. From ``MISLEADING_FROM`` on, one defect is planted in a
+    function another one in the module calls, and the visible tests try only the caller, first: the first error
+    names a function whose own code is right."""
     n_functions, n_defects = SIZES[min(difficulty, max(SIZES))]
-    by_name = {t.name: t for t in TASKS}
+    misleading = difficulty >= MISLEADING_FROM
     for _ in range(200):
-        defective = rng.sample([n for n, ds in DEFECTS.items() if any(d.kind == kind for d in ds)], 1)
-        others = [n for n in by_name if n not in defective]
-        extra_defective = rng.sample([n for n in others if DEFECTS.get(n)], n_defects - 1)
-        names = (
-            defective
-            + extra_defective
-            + rng.sample([n for n in others if n not in extra_defective], n_functions - n_defects)
-        )
+        defective = rng.sample(sorted(n for n, ds in DEFECTS.items() if any(d.kind == kind for d in ds)), 1)
+        extra = n_defects - 1 - misleading
+        defective += rng.sample(sorted(n for n in DEFECTS if n not in defective), extra)
+        hidden_behind = {}
+        if misleading:  # the last defect in a callee, and one of its callers with no defect of its own beside it
+            callee = rng.choice(sorted(n for n in CALLERS if n in DEFECTS and n not in defective))
+            if not (callers := [c for c in CALLERS[callee] if c not in defective]):
+                continue
+            defective.append(callee)
+            hidden_behind = {callee: rng.choice(callers)}
+        chosen = defective + [c for c in hidden_behind.values() if c not in defective]
+        others = sorted(n for n in LIBRARY if n not in chosen)
+        names = chosen + rng.sample(others, max(0, n_functions - len(chosen)))
         rng.shuffle(names)
-        sources, planted_sources, visible, hidden, broken = [], [], [], [], True
+        names = _with_callees(names)
+        planted_sources = {}
         for name in names:
-            task = by_name[name]
-            reference = _reference(task)
-            source = planted = task.solution
-            if name in defective + extra_defective:
-                choices = [d for d in DEFECTS[name] if d.kind == kind] if name in defective else list(DEFECTS[name])
+            source = LIBRARY[name].solution
+            if name in defective:
+                choices = [d for d in DEFECTS[name] if d.kind == kind] if name == defective[0] else list(DEFECTS[name])
                 defect = rng.choice(choices)
-                planted = source.replace(defect.old, defect.new, 1)
-            cases = _cases(task, rng, max(difficulty, 2), VISIBLE_CASES + HIDDEN_CASES)
-            shown, kept = cases[:VISIBLE_CASES], cases[VISIBLE_CASES:]
-            if planted != source:
-                fn = _function(name, planted)
-                broken = broken and _fails(fn, reference, shown) and _fails(fn, reference, kept)
-            sources.append(source)
-            planted_sources.append(planted)
-            visible += _asserts(name, reference, shown)
-            hidden += _asserts(name, reference, kept)
-        if broken:
+                source = source.replace(defect.old, defect.new, 1)
+            planted_sources[name] = source
+        reference = _namespace([LIBRARY[n].solution for n in names])
+        planted = _namespace(list(planted_sources.values()))
+        shown, kept = {}, {}
+        for name in names:
+            cases = _cases(LIBRARY[name], rng, max(difficulty, 2), VISIBLE_CASES + HIDDEN_CASES)
+            shown[name], kept[name] = ([] if name in hidden_behind else cases[:VISIBLE_CASES]), cases[VISIBLE_CASES:]
+
+        def caught(tests: dict[str, list[tuple[Any, ...]]], defect_in: str) -> bool:
+            tried = [defect_in, *(n for n in names if defect_in in CALLS.get(n, ()))]
+            return any(_fails(planted[n], reference[n], tests[n]) for n in tried)
+
+        if all(caught(shown, d) and caught(kept, d) for d in defective):
             break
     else:  # pragma: no cover - every defect is checked to be catchable by tests/test_repair_domains.py
         raise RuntimeError(f"repair.{kind}: no planted module that a visible and a hidden test catch in 200 draws")
-    module = "\n\n".join(planted_sources)
+    first = [n for n in names if n in hidden_behind.values()]  # the misleading caller's tests come first
+    visible = [a for n in first + [n for n in names if n not in first] for a in _asserts(n, reference[n], shown[n])]
+    hidden = [a for n in names for a in _asserts(n, reference[n], kept[n])]
+    module = "\n\n".join(planted_sources.values())
     visible_file = "from solution import *\n\n" + "\n".join(visible) + "\nprint('all visible tests pass')\n"
     prompt = f"{TOOLS_HINT}\n\n{MODULE}:\n```python\n{module}```"
     spec = {"language": "python", "tests": "\n".join(hidden) + "\n", "entry_point": defective[0]}
     return Problem(
         prompt,
-        "\n\n".join(sources),
+        "\n\n".join(LIBRARY[n].solution for n in names),
         VerifierRef(kind="code", spec=spec),
         files={MODULE: module, VISIBLE: visible_file},
         held_out_by="function" if any(map(held_out_function, names)) else None,
