@@ -477,6 +477,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
+def shared_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Any) -> dict[str, Any]:
+    """What ``make(directory)`` returns (JSON), made once for the whole session: the first xdist worker to ask makes it
+    in a directory of the session's, under a lock; the others, and later asks, read what it wrote."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's directory above each worker's
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = shared / f"{name}.json"
+        if not made.is_file():
+            made.write_text(json.dumps(make(shared / name)))
+    return json.loads(made.read_text())
+
+
 @pytest.fixture(scope="session")
 def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealModel:
     """The built-in model imported from its wheel's GGUF through the importer (about 25 s), into a
@@ -486,21 +500,18 @@ def real_model_dir(tmp_path_factory: pytest.TempPathFactory) -> ImportedRealMode
     from posttrain.platform.models.importer import DEFAULT_MODEL, import_model
     from posttrain.platform.models.registry import register_model
 
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the session's directory above each worker's
     root = tmp_path_factory.mktemp("real-model")
     url = f"sqlite:///{root / 'models.db'}"
     migrate.upgrade(url)
-    with open(shared / "real-model.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        imported = shared / "real-model.json"
-        if imported.is_file():
-            found = json.loads(imported.read_text())
-            row = register_model(OPERATOR, found["name"], found["path"], meta=found["meta"], url=url)
-        else:
-            row = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=url, dest_root=shared / "real-model")
-            imported.write_text(json.dumps({"name": row.name, "path": row.path, "meta": row.meta}))
+
+    def convert(directory: Path) -> dict[str, Any]:  # registered in a database of its own; each worker's below
+        own = f"sqlite:///{directory.parent / 'real-model-import.db'}"
+        migrate.upgrade(own)
+        row = import_model(OPERATOR, f"builtin:{DEFAULT_MODEL}", url=own, dest_root=directory)
+        return {"name": row.name, "path": row.path, "meta": row.meta}
+
+    found = shared_once(tmp_path_factory, "real-model", convert)
+    row = register_model(OPERATOR, found["name"], found["path"], meta=found["meta"], url=url)
     return ImportedRealModel(name=row.name, path=Path(row.path), meta=dict(row.meta or {}), url=url)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import random
 import statistics
@@ -153,19 +154,31 @@ def _intra_op_threads(n: int | None) -> Iterator[None]:
 
 def memorize(
     model_dir: str | os.PathLike[str],
-    examples: list[ChatExample],
+    examples: list[Example],
     *,
     steps: int = 60,
     lr: float = 3e-3,
     seed: int = 0,
+    until_said: bool = True,
 ) -> list[float]:
     """Fine-tune the text model in ``model_dir`` on ``examples`` (all of them every step) and save it back.
 
-    Constant learning rate, no clipping: a few dozen steps make a tiny model say exactly these completions.
-    Returns the loss per step.
+    Constant learning rate, no clipping: a few dozen steps make a tiny model say exactly these completions. With
+    ``until_said`` it stops once it says them: when a step's summed loss over every completion token is under half
+    of ln 2, each of those tokens had a probability over 0.7, so greedy decoding gives each completion whole (at
+    most ``steps`` steps; False: all of them). Returns the loss per step.
     """
+    tok = load_tokenizer(model_dir)
+    tokens = sum(sum(label != IGNORE for label in sft_example(tok, ex).labels[1:]) for ex in examples)
     return teach(
-        model_dir, itertools.repeat(examples), steps=steps, lr=lr, schedule="constant", max_grad_norm=None, seed=seed
+        model_dir,
+        itertools.repeat(examples),
+        steps=steps,
+        lr=lr,
+        schedule="constant",
+        max_grad_norm=None,
+        seed=seed,
+        stop_when=(lambda losses: losses[-1] * tokens < math.log(2) / 2) if until_said else None,
     )
 
 

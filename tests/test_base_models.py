@@ -37,7 +37,9 @@ def base_model_dir(root: Path, *, answers_in: tuple[str, ...] = ()) -> Path:
     path = build_tiny_model(root / "base", TinyModelSpec(**SMALL))
     for template in answers_in:
         assign_template(path, template)
-        memorize(path, [ChatExample([{"role": "user", "content": CHECK_PROMPT}], "Paris")], steps=40)
+        # every step of the 40: the check asks in the plain completion format too, which only the drill's steps
+        # beyond saying it in the template teach
+        memorize(path, [ChatExample([{"role": "user", "content": CHECK_PROMPT}], "Paris")], steps=40, until_said=False)
     (path / "chat_template.jinja").unlink(missing_ok=True)
     config_file = path / "tokenizer_config.json"
     config = json.loads(config_file.read_text())

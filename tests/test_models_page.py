@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import OPERATOR, REPO_ROOT, console_deployment, login_as
@@ -109,7 +110,18 @@ def test_an_export_is_taken_away_with_its_serving_commands(platform_env: dict[st
 def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The tiny model trained here, on the engine's own renderings of one exchange with the playground's tools,
     until greedy decoding says it: it asks for ``print(6 * 7)`` with the python tool, then answers with what the
-    tool printed. (No model of this size calls tools unprompted; this one is real weights, taught one thing.)"""
+    tool printed. (No model of this size calls tools unprompted; this one is real weights, taught one thing.) Made
+    once a session (``shared_once``): the console tests use it too."""
+    from conftest import shared_once
+
+    def make(directory: Path) -> dict[str, str]:
+        return {"path": str(teach_tool_call(tiny_model, directory / "caller"))}
+
+    return Path(shared_once(tmp_path_factory, "tool-caller", make)["path"])
+
+
+def teach_tool_call(tiny_model: Path, path: Path) -> Path:
+    """A copy of ``tiny_model`` at ``path`` taught the exchange :func:`tool_caller` describes."""
     import shutil
 
     from drills import TokenExample, memorize
@@ -151,7 +163,6 @@ def tool_caller(tiny_model, tmp_path_factory: pytest.TempPathFactory):  # type: 
                 prompt, tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             )
         )
-    path = tmp_path_factory.mktemp("caller") / "caller"
     shutil.copytree(tiny_model, path)
     losses = memorize(path, rows, steps=300)  # type: ignore[arg-type]
     assert losses[-1] < 0.05, losses[-5:]

@@ -26,7 +26,7 @@ def repair_task() -> TaskSpec:
     """A one-function module with a wrong operator: one short edit repairs it."""
     return next(
         t
-        for t in generate("repair.wrong_operator", 8, seed=0, difficulty=1)
+        for t in generate("repair.wrong_operator", 64, seed=0, difficulty=1)
         if "a - b" in t.metadata["files"]["solution.py"]
     )
 
