@@ -98,10 +98,24 @@ def reimport(path: Path, suffix: str, real_model_dir: Any, tmp_path: Path) -> Lo
 
 
 def test_gguf_f16_round_trip_generates_identically(exports: dict[str, Path], real_model: LoadedModel, real_model_dir: Any,
-                                                   reference: list[list[int]], tmp_path: Path) -> None:  # fmt: skip
+                                                   reference: list[list[int]], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """F16 export -> import_model -> greedy tokens identical to the original on every prompt;
-    the tokenizer gives the same ids on digits, unicode, code and special tokens; same template."""
+    the tokenizer gives the same ids on digits, unicode, code and special tokens; same template. The import parses
+    the file's metadata once, for its description and each of transformers' loads (config, tokenizer, weights)."""
+    import gguf
+
+    parsed: list[str] = []
+    parse = gguf.gguf_reader.GGUFReader.__init__
+
+    def counted(self: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        parsed.append(str(path))
+        parse(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.gguf_reader.GGUFReader, "__init__", counted)
     back = reimport(exports["f16"], "f16", real_model_dir, tmp_path)
+    assert [Path(p).resolve() for p in parsed] == [exports["f16"].resolve()], parsed
+    monkeypatch.undo()
     generated = [greedy(back, p) for p in PROMPTS]
     same = sum(g == r for g, r in zip(generated, reference))
     assert same == len(PROMPTS), f"{same}/{len(PROMPTS)} prompts identical: {generated} vs {reference}"

@@ -30,6 +30,8 @@ so a fresh model is built from the same config, given the dequantised state dict
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -38,7 +40,8 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -380,6 +383,40 @@ def source_digest(source: Source) -> str:
     return digest.hexdigest()
 
 
+_SHARED_READERS: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("gguf_readers", default=None)
+_INSTALL = threading.Lock()
+
+
+@contextlib.contextmanager
+def read_once(path: Path) -> Iterator[None]:
+    """Within the block, every reader of the GGUF file ``path`` in this thread (:func:`describe_gguf`, the Gemma
+    layout and each of transformers' loads of its config, tokenizer and weights: six in all) shares one parsed
+    ``GGUFReader``: a reader parses every metadata field element by element, about 8 s for Gemma's vocabulary, and
+    nothing it holds changes as it is read. Other files, other threads and code outside the block parse their own."""
+    import gguf  # heavy: gguf only where a GGUF file is read
+
+    with _INSTALL:  # once a process: gguf.GGUFReader answers from the thread's shared readers, else parses
+        if not getattr(gguf.GGUFReader, "shares_readers", False):
+            original = gguf.GGUFReader
+
+            def reader(file: Any, *args: Any, **kwargs: Any) -> Any:
+                shared = _SHARED_READERS.get()
+                key = Path(file).resolve()
+                if shared is None or key not in shared or args or kwargs:
+                    return original(file, *args, **kwargs)
+                if shared[key] is None:
+                    shared[key] = original(str(key))
+                return shared[key]
+
+            reader.shares_readers = True  # type: ignore[attr-defined]
+            gguf.GGUFReader = reader  # type: ignore[misc, assignment]  # transformers asks gguf for it at each load
+    token = _SHARED_READERS.set({path.resolve(): None})
+    try:
+        yield
+    finally:
+        _SHARED_READERS.reset(token)
+
+
 def describe_gguf(path: Path) -> dict[str, Any]:
     """Architecture, quantisation and size of a GGUF file, refusing what transformers cannot load.
 
@@ -635,38 +672,40 @@ def import_model(
     if existing is not None:
         report(1.0, f"{name} is imported already")
         return existing
-    described = describe_gguf(resolved.path) if resolved.kind == "gguf" else {}
-    torch_dtype = getattr(torch, dtype)
-    root = dest_root or models_dir()
-    final = root / name
-    if final.exists():
-        raise ModelDirError(f"{final} exists already and is not this import; choose another --name or remove it")
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".import-{name}-", dir=root))
-    try:
-        if resolved.kind == "gguf":
-            _dequantise_gguf(resolved.path, work, torch_dtype, described.get("pre_tokenizer"), report)
-        else:
-            _copy_hf(resolved.path, work, torch_dtype, report)
-        if template is not None:
-            assign_template(work, template)
-        checked = check_model(work, report)
-        work.chmod(0o755)
-        for file in work.rglob("*"):
-            file.chmod(0o755 if file.is_dir() else 0o644)
-        os.replace(work, final)
-    except Exception:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    meta = {
-        "source": resolved.label, "source_format": resolved.kind, "sha256": digest, "dtype": dtype,
-        **({"gguf": described} if described else {}), **(resolved.builtin.meta if resolved.builtin else {}), **checked,
-        **({"chat_template_assigned": assigned_name(chat_template)} if chat_template is not None else {}),
-    }  # fmt: skip
-    try:
-        row = register_model(identity, name, final, meta=meta, url=url, produced_by_job_id=produced_by_job_id)
-    except Exception:
-        shutil.rmtree(final, ignore_errors=True)
-        raise
-    report(1.0, f"imported {name}: {checked['parameters'] / 1e6:.1f}M parameters")
-    return row
+    # a GGUF's metadata (Gemma's: 262,144 tokens, read element by element) is parsed once for the whole import
+    with read_once(resolved.path) if resolved.kind == "gguf" else contextlib.nullcontext():
+        described = describe_gguf(resolved.path) if resolved.kind == "gguf" else {}
+        torch_dtype = getattr(torch, dtype)
+        root = dest_root or models_dir()
+        final = root / name
+        if final.exists():
+            raise ModelDirError(f"{final} exists already and is not this import; choose another --name or remove it")
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".import-{name}-", dir=root))
+        try:
+            if resolved.kind == "gguf":
+                _dequantise_gguf(resolved.path, work, torch_dtype, described.get("pre_tokenizer"), report)
+            else:
+                _copy_hf(resolved.path, work, torch_dtype, report)
+            if template is not None:
+                assign_template(work, template)
+            checked = check_model(work, report)
+            work.chmod(0o755)
+            for file in work.rglob("*"):
+                file.chmod(0o755 if file.is_dir() else 0o644)
+            os.replace(work, final)
+        except Exception:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        meta = {
+            "source": resolved.label, "source_format": resolved.kind, "sha256": digest, "dtype": dtype,
+            **({"gguf": described} if described else {}), **(resolved.builtin.meta if resolved.builtin else {}), **checked,
+            **({"chat_template_assigned": assigned_name(chat_template)} if chat_template is not None else {}),
+        }  # fmt: skip
+        try:
+            row = register_model(identity, name, final, meta=meta, url=url, produced_by_job_id=produced_by_job_id)
+        except Exception:
+            shutil.rmtree(final, ignore_errors=True)
+            raise
+        report(1.0, f"imported {name}: {checked['parameters'] / 1e6:.1f}M parameters")
+        return row
