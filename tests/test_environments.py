@@ -478,3 +478,25 @@ def test_an_evaluation_reports_each_held_out_group_of_the_repair_domains(real_mo
         EvalConfig(domains=["repair.off_by_one"], difficulty=2, difficulties={"repair.humaneval": 3})
     with pytest.raises(ValueError, match="too few to hold out"):
         EvalConfig(domains=["repair.humaneval"], difficulty=3, difficulties={"repair.humaneval": 2})
+
+
+def test_the_repair_preset_samples_its_episodes_through_vllm_where_its_environment_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """smollm2-repair's GRPO takes vLLM's server engine where vLLM's environment is found (faster on episodes:
+    bench/turns.py --engine vllm), and the embedded engine where it is not, naming neither by hand."""
+    from posttrain.platform.engines import vllm
+    from posttrain.training.presets import get_preset
+
+    monkeypatch.setattr(vllm, "environment_dir", lambda: tmp_path / "none")
+    monkeypatch.setattr(vllm, "LINK", "no-such-venv")
+    monkeypatch.setattr(vllm.importlib.util, "find_spec", lambda name: None)
+    assert get_preset("smollm2-repair").grpo.rollout.backend == "sync"
+    monkeypatch.undo()
+    fake = tmp_path / "venv"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").write_text("")
+    (fake / vllm.COMPLETE).write_text("")
+    monkeypatch.setattr(vllm, "environment_dir", lambda: fake)
+    monkeypatch.setattr(vllm, "LINK", "no-such-venv")
+    assert get_preset("smollm2-repair").grpo.rollout.backend == "vllm"
