@@ -16,7 +16,9 @@ setting only:
 With ``--engine vllm`` a third peer runs the same episodes through vLLM's server engine (``VLLMServerEngine``
 from ``.venv-vllm``, prefix caching on, ``--threads`` CPU threads: the engine multi-turn rollouts take where that
 environment exists), its requests batched by vLLM's engine loop; it starts before the others are timed and is
-stopped before the summary. The summary then adds ``vllm_episodes_per_s``, ``vllm_over_reuse`` and the share of
+stopped before the summary. Before each of its rounds the same weights are pushed into it, as after a training
+step, which empties its prefix cache: no round finds the last one's prompts cached (the embedded peers' batchers
+are new each round too). The summary then adds ``vllm_episodes_per_s``, ``vllm_over_reuse`` and the share of
 episodes whose greedy tokens match the embedded engine's (vLLM's CPU kernels sum in another order, so a near tie
 between two tokens may go the other way and the episode goes on differently from there).
 
@@ -143,6 +145,8 @@ def measure(args: argparse.Namespace, name: str, base: EmbeddedRolloutEngine, en
     replies: dict[str, list] = {p: [] for p in peers}
     for r in range(args.rounds):
         for peer, engine in engines.items():
+            if isinstance(engine, VLLMServerEngine):  # as after a training step: the weights pushed, its cache emptied
+                engine.load_weights(base.model.state_dict(), version=r + 1)
             elapsed, out, prompt_tokens, reused = run_round(engine, starts, between, args.turns, sampling, seed=r)
             seconds[peer] += elapsed
             prefilled[peer] += prompt_tokens - reused

@@ -353,11 +353,14 @@ REPAIR_ENV = dict(
     tool_timeout_s=10.0,
     concurrency=16,
 )
+
+
 def episode_rollout() -> dict[str, Any]:
     """The rollout backend multi-turn episodes run fastest on here: vLLM's server engine (its engine loop batches the
     episodes' turns, its prefix cache keeps their shared prompts) where vLLM's environment is, else the embedded
     engine, whose batcher reuses each episode's last turn. On 2 cores vLLM ran 8 repair episodes of 5 turns at
-    1.6x the embedded engine (``bench/turns.py --engine vllm``, the same episodes in turn)."""
+    1.9x the embedded engine, with the same greedy tokens (``bench/turns.py --engine vllm``, the same episodes in
+    turn)."""
     try:
         find_python()
     except VllmMissing:
@@ -375,7 +378,7 @@ def _smollm2_repair() -> Recipe:
         description="SmolLM2-135M-Instruct taught terminal programming: SFT on expert demonstrations (a scripted agent "
         "repairs train-split modules in real sandboxes: list, run the tests, read, edit_file, run the tests "
         "again, reply), then GRPO on code_repair episodes (up to 8 turns; reward: the share of hidden tests "
-        "the final module passes), sampled through vLLM where its environment is (1.6x the embedded engine on "
+        "the final module passes), sampled through vLLM where its environment is (1.9x the embedded engine on "
         "episodes here), else the embedded engine. Evaluated greedily as episodes on repairs of functions no training task "
         "shows, on unseen modules of seen functions, and on HumanEval problems held out whole",
         model=REAL_MODEL,
