@@ -348,3 +348,9 @@ def test_a_task_whose_last_groups_had_no_signal_is_skipped_before_rollout_then_t
     for _ in range(5):
         never.record("mine", [False, False], task_id="t0")
     assert [t.task_id for t in never.next_batch(3)] == ["t0", "t1", "t2"] and never.skipped == 0
+    generated = Scheduler(SchedulerConfig(batch_size=2))  # a generated task is never drawn again: no record kept
+    generated.set_domains(["arith.add.int"])
+    for task in generated.next_batch():
+        for _ in range(3):
+            generated.record("arith.add.int", [False, False], task_id=task.task_id)
+    assert generated.state_dict()["quiet_tasks"] == {}

@@ -244,7 +244,7 @@ class Scheduler:
         self._replay: dict[str, DomainSpec] = {}  # general domains rehearsed in a share of each batch (train split)
         self._replay_share = 0.0
         self._batch = 0  # batches drawn: the clock estimates age by
-        self._quiet_tasks: dict[str, list[int]] = {}  # task id -> [its groups in a row with no signal, skips since]
+        self._quiet_tasks: dict[str, list[int]] = {}  # a listed task's id -> [its quiet groups in a row, skips since]
         self.skipped = 0  # draws of a quiet task skipped before rollout
         self._lock = threading.Lock()
 
@@ -413,17 +413,19 @@ class Scheduler:
             stats.results += len(passed)
             stats.at_difficulty += len(passed)
             scores = [float(r) for r in (passed if rewards is None else rewards)]
+            spec = self._specs.get(domain)
             if len(scores) > 1:  # one result on its own is no group
                 signal = float(max(scores) - min(scores) > 1e-6)
                 stats.signal_rate = signal if stats.signal_rate is None else (1 - a) * stats.signal_rate + a * signal
                 stats.groups += 1
                 stats.quiet = 0 if signal else stats.quiet + 1
-                if task_id is not None and signal:
-                    self._quiet_tasks.pop(task_id, None)
-                elif task_id is not None:
-                    entry = self._quiet_tasks.setdefault(task_id, [0, 0])
-                    entry[0], entry[1] = entry[0] + 1, 0
-            spec = self._specs.get(domain)
+                # only a listed task is drawn again: a generated one's id names its chunk, which is never redrawn
+                if task_id is not None and spec is not None and spec.tasks is not None:
+                    if signal:
+                        self._quiet_tasks.pop(task_id, None)
+                    else:
+                        entry = self._quiet_tasks.setdefault(task_id, [0, 0])
+                        entry[0], entry[1] = entry[0] + 1, 0
             if (
                 cfg.adapt_difficulty
                 and spec is not None
