@@ -169,10 +169,12 @@ def memorize(
     most ``steps`` steps; False: all of them). Returns the loss per step.
     """
     tok = load_tokenizer(model_dir)
-    tokens = sum(sum(label != IGNORE for label in sft_example(tok, ex).labels[1:]) for ex in examples)
+    rows = [sft_example(tok, ex) for ex in examples]  # tokenised once, not again every step
+    fixed = [TokenExample(r.input_ids, [label != IGNORE for label in r.labels]) for r in rows]
+    tokens = sum(sum(label != IGNORE for label in r.labels[1:]) for r in rows)
     return teach(
         model_dir,
-        itertools.repeat(examples),
+        itertools.repeat(fixed),
         steps=steps,
         lr=lr,
         schedule="constant",
