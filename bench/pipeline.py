@@ -84,7 +84,6 @@ FIGURES = {
     "code_repair": "pipeline-repair",
     "tool_use": "pipeline-tool-use",
 }  # names in bench/results.py
-REPAIR_DOMAINS = ["repair.off_by_one", "repair.wrong_operator", "repair.missing_case", "repair.wrong_return"]
 
 
 def measure(
@@ -103,6 +102,7 @@ def measure(
     import torch
 
     from posttrain.training.loop import train_grpo
+    from posttrain.training.preset_recipes import REPAIR_DOMAINS
     from posttrain.training.presets import get_preset
     from posttrain.training.scheduler import SchedulerConfig
 
@@ -138,7 +138,7 @@ def measure(
     elif env:  # episodes of an environment: every episode of a step at once, each with its own sandbox
         update |= {
             "environment": {"name": env, "max_turns": 3, "concurrency": min(64, batch * group)},
-            **({"domains": REPAIR_DOMAINS} if env == "code_repair" else {}),
+            **({"domains": [d.name for d in REPAIR_DOMAINS]} if env == "code_repair" else {}),
         }
     config = base.updated(**update)
     threads = variant.get("threads", (os.cpu_count() or 1,))

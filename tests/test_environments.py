@@ -483,8 +483,8 @@ def test_an_evaluation_reports_each_held_out_group_of_the_repair_domains(real_mo
 def test_the_repair_preset_samples_its_episodes_through_vllm_where_its_environment_is(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """smollm2-repair's GRPO takes vLLM's server engine where vLLM's environment is found (faster on episodes:
-    bench/turns.py --engine vllm), and the embedded engine where it is not, naming neither by hand."""
+    """smollm2-repair's GRPO and evaluation take vLLM's server engine where vLLM's environment is found (faster on
+    episodes: bench/turns.py --engine vllm), and the embedded engine where it is not, naming neither by hand."""
     from posttrain.platform.engines import vllm
     from posttrain.training.presets import get_preset
 
@@ -492,6 +492,7 @@ def test_the_repair_preset_samples_its_episodes_through_vllm_where_its_environme
     monkeypatch.setattr(vllm, "LINK", "no-such-venv")
     monkeypatch.setattr(vllm.importlib.util, "find_spec", lambda name: None)
     assert get_preset("smollm2-repair").grpo.rollout.backend == "sync"
+    assert get_preset("smollm2-repair").eval.vllm is None  # its evaluation's episodes too
     monkeypatch.undo()
     fake = tmp_path / "venv"
     (fake / "bin").mkdir(parents=True)
@@ -500,3 +501,4 @@ def test_the_repair_preset_samples_its_episodes_through_vllm_where_its_environme
     monkeypatch.setattr(vllm, "environment_dir", lambda: fake)
     monkeypatch.setattr(vllm, "LINK", "no-such-venv")
     assert get_preset("smollm2-repair").grpo.rollout.backend == "vllm"
+    assert get_preset("smollm2-repair").eval.vllm is not None

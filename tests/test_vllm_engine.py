@@ -129,3 +129,52 @@ print("RESULT", json.dumps({{"prompt": list(out.prompt_token_ids), "text": out.o
     with torch.no_grad():  # and vLLM's greedy reply is the learner's
         greedy = real_model.model.generate(torch.tensor([expected]), max_new_tokens=8, do_sample=False)
     assert result["text"] == tokenizer.decode(greedy[0, len(expected) :], skip_special_tokens=True), result
+
+
+def test_an_evaluation_runs_its_episodes_through_vllm_as_through_the_embedded_engine(
+    real_model_dir, sandbox_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The repair preset's evaluation with ``vllm`` set runs its greedy episodes through vLLM's server engine: the
+    same replies and verdicts, task by task, as through the embedded engine, and the server is gone when it returns."""
+    from posttrain.platform.settings import get_settings
+    from posttrain.training.config import VLLMRollout
+    from posttrain.training.evaluate import evaluate_policy
+    from posttrain.training.presets import get_preset
+    from posttrain.training.rollouts import vllm as vllm_rollouts
+
+    monkeypatch.setenv("POSTTRAIN_SANDBOX__ROOT_DIR", str(sandbox_dir))
+    get_settings.cache_clear()
+    preset = get_preset("smollm2-repair").eval
+    config = preset.model_copy(
+        update={
+            "domains": ["repair.off_by_one", "repair.swapped_arguments"],
+            "difficulties": {},
+            "tasks_per_domain": 2,
+            "max_new_tokens": 48,
+            "batch_size": 4,
+            "general": None,
+            "environment": preset.environment.model_copy(update={"max_turns": 3, "concurrency": 4}),  # type: ignore[union-attr]
+        }
+    )
+    opened: list = []  # type: ignore[type-arg]
+
+    def opening(*args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(open_vllm(*args, **kwargs))
+        return opened[-1]
+
+    open_vllm = vllm_rollouts.open_vllm_engine
+    monkeypatch.setattr(vllm_rollouts, "open_vllm_engine", opening)
+    embedded: list[dict] = []  # type: ignore[type-arg]
+    served: list[dict] = []  # type: ignore[type-arg]
+    try:
+        evaluate_policy(config.model_copy(update={"vllm": None}), str(real_model_dir.path), records=embedded)
+        assert not opened
+        report = evaluate_policy(
+            config.model_copy(update={"vllm": VLLMRollout()}), str(real_model_dir.path), records=served
+        )
+    finally:
+        get_settings.cache_clear()
+    assert len(opened) == 1 and not opened[0].server.running  # closed with the evaluation
+    keep = ("task_id", "completion", "passed", "score")
+    assert [{k: r[k] for k in keep} for r in served] == [{k: r[k] for k in keep} for r in embedded]
+    assert len(served) == 4 and report["eval/episodes/turns"] >= 1.0

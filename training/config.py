@@ -795,6 +795,11 @@ class EvalConfig(Difficulties):
         "environment (the training run's: tool_use, ...), greedy; None: one "
         "completion per task",
     )
+    vllm: VLLMRollout | None = Field(
+        default=None,
+        description="run the environment's episodes through vLLM loaded from the model's directory (vLLM's "
+        "environment: .venv-vllm or the gpu extra), as GRPO's vllm rollouts do; None: the embedded engine",
+    )
     seed: int = 0
     split: Literal["train", "eval"] = "eval"
     samples: int = Field(default=1, ge=1, description="completions per task (1: greedy)")

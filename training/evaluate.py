@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,14 +67,34 @@ def eval_sampling(config: EvalConfig) -> SamplingConfig:
 
 
 def open_eval_episodes(
-    config: EvalConfig, engine: EmbeddedRolloutEngine, service: VerifierService
+    config: EvalConfig, engine: EmbeddedRolloutEngine, service: VerifierService, source: PolicySource
 ) -> EpisodeRunner | None:
-    """The episode runner of ``config.environment`` (None: one completion per task)."""
+    """The episode runner of ``config.environment`` (None: one completion per task), its episodes through
+    ``engine``, or through vLLM loaded from ``source``'s directory with ``config.vllm`` (closed with the runner)."""
     if config.environment is None or not config.environment.multi_turn:
         return None
-
     environment = load_environment(config.environment, engine.tokenizer, eval_sampling(config))
-    return EpisodeRunner(environment, engine, config.environment, service, group_size=config.samples, seed=config.seed)
+    if config.vllm is None:
+        return EpisodeRunner(
+            environment, engine, config.environment, service, group_size=config.samples, seed=config.seed
+        )
+    if not isinstance(source, (str, Path)):
+        raise ValueError(
+            "an evaluation through vLLM (vllm: ...) loads the model from its directory: give a model directory, "
+            "or leave vllm unset for the embedded engine"
+        )
+    from posttrain.training.rollouts.vllm import open_vllm_engine
+
+    served = open_vllm_engine(source, config.vllm, device=engine.model.device.type, seed=config.seed)
+    try:
+        runner = EpisodeRunner(
+            environment, served, config.environment, service, group_size=config.samples, seed=config.seed
+        )
+    except BaseException:
+        served.close()
+        raise
+    runner.on_close.append(served.close)
+    return runner
 
 
 def episode_figures(episode: Episode) -> dict[str, float]:
@@ -208,7 +229,7 @@ def evaluate_policy(
     )  # a base model in the completion format
     engine = EmbeddedRolloutEngine(model, tokenizer)
     service = service or default_service()
-    episodes = open_eval_episodes(config, engine, service)
+    episodes = open_eval_episodes(config, engine, service, source)
     try:
         report = _domains_report(engine, episodes, service, config, eval_domains(config), records)
     finally:

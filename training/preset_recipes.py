@@ -15,6 +15,7 @@ from posttrain.platform.engines.vllm import VllmMissing, find_python
 from posttrain.platform.models.specs import TinyModelSpec
 from posttrain.platform.tasks.builders import span_recovery_example
 from posttrain.platform.tasks.domains import generate
+from posttrain.platform.tasks.domains.families.repair_library import KINDS
 from posttrain.platform.tasks.prompt_format import PromptFormat, ToolStep, WorkedExample
 from posttrain.training.scheduler import DomainSpec, SchedulerConfig
 
@@ -339,10 +340,11 @@ def _smollm2_docqa() -> Recipe:
 
 
 # --- the real model repairing code in a sandbox, turn by turn ----------------------------------------------
-REPAIR_DOMAINS = [
-    DomainSpec(name=f"repair.{kind}", difficulty=2)  # two functions, one with a planted defect
-    for kind in ("off_by_one", "wrong_operator", "missing_case", "wrong_return")
-]
+# the demonstrations' rung of the ladder (two functions, one with a planted defect), one domain a defect kind
+REPAIR_DOMAINS = [DomainSpec(name=f"repair.{kind}", difficulty=2) for kind in KINDS]
+# GRPO and the evaluation one rung up (three functions, one defective): GRPO's domains step along the ladder by their
+# pass rate from there, drawn by their share of groups whose rewards differ
+REPAIR_RL_DIFFICULTY = 3
 # the policy's tools; the tool schemas and the task are about 720 tokens of the prompt, a demonstration about 1,300 in all
 REPAIR_ENV = dict(
     name="code_repair",
@@ -355,19 +357,28 @@ REPAIR_ENV = dict(
 )
 
 
-def episode_rollout() -> dict[str, Any]:
-    """The rollout backend multi-turn episodes run fastest on here: vLLM's server engine (its engine loop batches the
-    episodes' turns, its prefix cache keeps their shared prompts) where vLLM's environment is, else the embedded
-    engine, whose batcher reuses each episode's last turn. On 2 cores vLLM ran 8 repair episodes of 5 turns at
-    1.9x the embedded engine, with the same greedy tokens (``bench/turns.py --engine vllm``, the same episodes in
-    turn)."""
+def vllm_here() -> bool:
+    """Whether multi-turn episodes run through vLLM here: its server engine (its engine loop batches the episodes'
+    turns, its prefix cache keeps their shared prompts) where vLLM's environment is, else the embedded engine,
+    whose batcher reuses each episode's last turn. On 2 cores vLLM ran 8 repair episodes of 5 turns at 1.9x the
+    embedded engine, with the same greedy tokens (``bench/turns.py --engine vllm``, the same episodes in turn)."""
     try:
         find_python()
     except VllmMissing:
-        return {"backend": "sync"}
-    return {"backend": "vllm"}
+        return False
+    return True
 
 
+def episode_rollout() -> dict[str, Any]:
+    """GRPO's rollout backend for multi-turn episodes: the fastest here (:func:`vllm_here`)."""
+    return {"backend": "vllm"} if vllm_here() else {"backend": "sync"}
+
+
+# GRPO at the frontier: a domain's difficulty steps up at a pass rate of 0.75 and down at 0.25 (16 results at a rung
+# first: four groups), and domains are drawn by the share of their groups whose rewards differ
+REPAIR_FRONTIER = SchedulerConfig(
+    batch_size=3, seed=0, weigh_by="signal", ema_alpha=0.3, adapt_difficulty=True, step_up_at=0.75, step_down_at=0.25
+)
 OOD_DIFFICULTY = 3  # repair.humaneval's shortest three fifths: 28 problems held out whole (difficulty 2 holds out 13)
 
 
@@ -396,30 +407,31 @@ def _smollm2_repair() -> Recipe:
             activation_checkpointing=True,
         ),
         grpo=dict(
-            domains=domains,
+            domains=[d.model_copy(update={"difficulty": REPAIR_RL_DIFFICULTY}) for d in domains],
             environment=REPAIR_ENV,
             rollout=episode_rollout(),
-            scheduler=SchedulerConfig(batch_size=3, seed=0),
+            scheduler=REPAIR_FRONTIER,
             group_size=4,
             max_new_tokens=256,
             temperature=0.8,
             lr=1e-5,
-            max_steps=8,
+            max_steps=24,
             micro_batch_size=2,
             activation_checkpointing=True,
             max_rollout_batches_per_step=2,
-            checkpoint_every=4,
+            checkpoint_every=8,
             device="cpu",
             seed=0,
             verifier_workers=1,
-            logprob_check={"every": 4, "trajectories": 4},
+            logprob_check={"every": 8, "trajectories": 4},
         ),
         eval=dict(
             domains=[d.name for d in domains] + ["repair.humaneval"],
-            difficulty=2,
+            difficulty=REPAIR_RL_DIFFICULTY,
             difficulties={"repair.humaneval": OOD_DIFFICULTY},
             environment=REPAIR_ENV,
-            tasks_per_domain=12,
+            vllm={} if vllm_here() else None,
+            tasks_per_domain=36,
             max_new_tokens=256,
             batch_size=16,
             device="cpu",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,6 +50,7 @@ class EpisodeRunner:
         self._threads = ThreadPoolExecutor(
             max_workers=self.env_config.concurrency, thread_name_prefix="posttrain-episode"
         )
+        self.on_close: list[Callable[[], None]] = []  # what the runner's owner closes with it (an engine of its own)
 
     def groups(self, tasks: Sequence[TaskSpec]) -> list[RolloutGroup]:
         n = self.group_size
@@ -127,6 +128,8 @@ class EpisodeRunner:
         self.client.close()
         if self._own_pool and self.pool is not None:
             self.pool.close()
+        for close in self.on_close:
+            close()
 
 
 def open_pool(size: int) -> Any:

@@ -32,6 +32,34 @@ from posttrain.training.rollouts.sync import SyncRollouts
 from posttrain.training.vllm_engines import VLLMRolloutEngine, VLLMServerEngine
 
 
+def open_vllm_engine(
+    source: str | Path,
+    spec: VLLMRollout,
+    *,
+    device: str,
+    seed: int,
+    version: int = 0,
+    llm_class: Any = None,
+    sampling_params_class: Any = None,
+) -> VLLMRolloutEngine | VLLMServerEngine:
+    """vLLM loaded from model directory ``source`` as ``spec`` says, for a learner (or an evaluation) on ``device``
+    (``cpu``: float32 unless set, eager, this process's torch threads)."""
+    args = VllmProfile.for_rollouts(
+        source, dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
+        kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
+        enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
+        device="cpu" if device == "cpu" else "cuda", seed=seed,
+        cpu_threads=spec.cpu_threads or torch.get_num_threads(),
+    )  # fmt: skip
+    colocated = spec.engine == "colocated" or (
+        spec.engine == "auto" and (llm_class is not None or importlib.util.find_spec("vllm") is not None)
+    )
+    if colocated:
+        return VLLMRolloutEngine(source, args=args, version=version, llm_class=llm_class,
+                                 sampling_params_class=sampling_params_class)  # fmt: skip
+    return VLLMServerEngine(source, args=args, version=version)
+
+
 class VLLMRollouts(SyncRollouts):
     """Sync rollouts through a vLLM engine; see the module docstring. ``llm_class`` and ``sampling_params_class``
     replace vLLM's in a colocated engine (tests)."""
@@ -45,23 +73,10 @@ class VLLMRollouts(SyncRollouts):
                 "the vllm rollout backend loads the policy from its model directory: give the run a "
                 "model directory (not a model object) and no LoRA, or choose another rollout backend"
             )
-        device = next(setup.model.parameters()).device.type
-        args = VllmProfile.for_rollouts(
-            setup.source, dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization,
-            kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
-            enforce_eager=device == "cpu" if spec.enforce_eager is None else spec.enforce_eager,
-            device="cpu" if device == "cpu" else "cuda", seed=setup.config.seed,
-            cpu_threads=spec.cpu_threads or torch.get_num_threads(),
+        engine = open_vllm_engine(
+            setup.source, spec, device=next(setup.model.parameters()).device.type, seed=setup.config.seed,
+            version=setup.version, llm_class=llm_class, sampling_params_class=sampling_params_class,
         )  # fmt: skip
-        colocated = spec.engine == "colocated" or (
-            spec.engine == "auto" and (llm_class is not None or importlib.util.find_spec("vllm") is not None)
-        )
-        engine: VLLMRolloutEngine | VLLMServerEngine
-        if colocated:
-            engine = VLLMRolloutEngine(setup.source, args=args, version=setup.version, llm_class=llm_class,
-                                       sampling_params_class=sampling_params_class)  # fmt: skip
-        else:
-            engine = VLLMServerEngine(setup.source, args=args, version=setup.version)
         try:
             super().__init__(setup, engine)
             self.vllm = engine
