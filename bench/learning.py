@@ -583,6 +583,11 @@ def arm_figures(
         "tasks": {g: groups[g]["tasks"] for g in GROUPS},
         "episodes": {f: round(report.get(f"eval/episodes/{f}", float("nan")), 3) for f in EPISODE_FIGURES},
         "general": report.get("general/pass@1"),
+        "pass_by_kind": {  # each defect kind's domain (and HumanEval), every held-out group together
+            key.split("/")[1]: round(value, 4)
+            for key, value in sorted(report.items())
+            if key.startswith("eval/repair.") and key.count("/") == 2 and key.endswith("/pass@1")
+        },
     }
 
 
@@ -753,6 +758,16 @@ def run_arm(preset: str, arm: str, args: argparse.Namespace) -> dict:
         ),  # from nothing
         "stages_made_here": [s for s, was in made.items() if not was and (s == "base" or start_from == "sft")],
         "reward_curve": [round(p["rollout/reward_mean"], 4) for p in curve if "rollout/reward_mean" in p],
+        # where the scheduler held each domain on the difficulty ladder, step by step, and its groups' signal rate then
+        "ladder": {
+            key.split("/")[1]: {
+                "difficulty": [int(p[key]) for p in curve if key in p],
+                "signal_rate": [
+                    round(p.get(key.replace("/difficulty", "/signal_rate"), float("nan")), 3) for p in curve if key in p
+                ],
+            }
+            for key in sorted({k for p in curve for k in p if k.startswith("sched/") and k.endswith("/difficulty")})
+        },
         "groups_used_mean": round(used / len(curve), 2) if curve else None,
         # the share of the drawn groups whose rewards differed (the rest teach nothing), and what a useful one cost
         "signal_rate": round(signal / max(1.0, sum(p.get("rollout/groups", 0.0) for p in curve)), 4) if curve else None,

@@ -95,21 +95,33 @@ def test_rollouts_record_the_exact_tokens_and_behaviour_logprobs(tiny_dir: Path,
         learner = completion_logprobs(model, batch, torch.device("cpu"), temperature)
     torch.testing.assert_close(learner * batch.mask, batch.old_logprobs, atol=1e-4, rtol=1e-4)
     assert (batch.old_logprobs < 0).sum() == batch.mask.sum()  # real log-probs on every completion token
-    # the update's path, each group's prompt run once and its cache repeated: the same log-probs and gradients
+    # the update's path, each group's prompt run once and its cache repeated: the same log-probs and gradients, and
+    # under activation checkpointing too (the prompt's row run as is, the completions' layers checkpointed reading
+    # the cache): without the cache kept there, the completions would be scored with no prompt at all
+    cpu = torch.device("cpu")
     for group in groups:
         rows = completion_batch(group.trajectories, [1.0] * 3, tokenizer.pad_token_id)
         grads = []
-        for score in (
-            lambda: completion_logprobs(model, rows, torch.device("cpu"), temperature),
-            lambda: shared_prompt_logprobs(model, group.trajectories, torch.device("cpu"), temperature),
+        for score, checkpointing in (
+            (lambda: completion_logprobs(model, rows, cpu, temperature), False),
+            (lambda: shared_prompt_logprobs(model, group.trajectories, cpu, temperature), False),
+            (lambda: shared_prompt_logprobs(model, group.trajectories, cpu, temperature), True),
         ):
+            if checkpointing:
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            model.train()
             model.zero_grad()
-            values = score() * rows.mask
-            values.sum().backward()
+            try:
+                values = score() * rows.mask
+                values.sum().backward()
+            finally:
+                model.activation_checkpointing_disable()
+                model.eval()
             torch.testing.assert_close(values.detach(), rows.old_logprobs, atol=1e-4, rtol=1e-4)
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert grads[0].norm() > 0
         torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-3)
+        torch.testing.assert_close(grads[2], grads[0], atol=1e-5, rtol=1e-3)
     assert [len(p) for p in prompt_passes(range(6), flat, 2)] == [2, 1, 2, 1]  # by prompt, then micro-batch
 
 

@@ -131,6 +131,47 @@ def completion_logprobs(
     return torch.gather(scored, 1, index) * mask
 
 
+@contextlib.contextmanager
+def checkpointed_layers(model: torch.nn.Module, **flags: bool) -> Iterator[bool]:
+    """``flags`` set on every layer of ``model`` that activation checkpointing runs (``gradient_checkpointing=False``:
+    run as is; ``_can_checkpoint_with_cache=True``: keep the KV cache it is given), put back after; yields whether
+    there are any."""
+    layers = [
+        m
+        for m in model.modules()
+        if getattr(m, "gradient_checkpointing", False) and hasattr(type(m), "_can_checkpoint_with_cache")
+    ]
+    saved = [{k: m.__dict__[k] for k in flags if k in m.__dict__} for m in layers]
+    for layer in layers:
+        for key, value in flags.items():
+            setattr(layer, key, value)
+    try:
+        yield bool(layers)
+    finally:
+        for layer, kept in zip(layers, saved):
+            for key in flags:
+                layer.__dict__.pop(key, None)  # the class's value again, or the instance's own
+            layer.__dict__.update(kept)
+
+
+def read_only(cache: DynamicCache) -> DynamicCache:
+    """``cache`` answering every update with the states it would hold (the prefix's and the new ones) while keeping
+    only the prefix: a layer that reads it may be checkpointed, the backward's recompute seeing what the forward saw."""
+    update = cache.update
+
+    def answer(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        layer = cache.layers[layer_idx]
+        kept = dict(vars(layer))
+        try:
+            return update(key_states, value_states, layer_idx, *args, **kwargs)
+        finally:
+            vars(layer).clear()
+            vars(layer).update(kept)
+
+    cache.update = answer  # type: ignore[method-assign]
+    return cache
+
+
 def shared_prompt_logprobs(
     model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device, temperature: float
 ) -> torch.Tensor:
@@ -138,7 +179,10 @@ def shared_prompt_logprobs(
     cache (all but its last token) is computed for one row and repeated for every completion, with its
     graph, so the gradient still flows through it. Column ``j`` scores completion token ``j``; shape
     ``(len(trajectories), longest completion)``. A group's prompt is most of its tokens in GRPO, so the
-    update costs about what its completions do (and the output head runs on the policy's tokens only)."""
+    update costs about what its completions do (and the output head runs on the policy's tokens only).
+
+    Under activation checkpointing the prompt's one row runs as is (its activations kept: one row, not a group's)
+    and the completions' layers are checkpointed reading the repeated cache, which no layer writes to."""
     prompt = trajectories[0].prompt_ids
     assert all(t.prompt_ids == prompt for t in trajectories), "shared_prompt_logprobs takes completions of one prompt"
     rows, lmax, start = len(trajectories), max(len(t.completion_ids) for t in trajectories), len(prompt) - 1
@@ -154,28 +198,32 @@ def shared_prompt_logprobs(
         device=device,
     )
     extra: dict[str, Any] = {}
+    checkpointed: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if start > 0:
         key = cache_keyword(model)
         cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
-        model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, **{key: cache})
+        with checkpointed_layers(model, gradient_checkpointing=False):
+            model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, **{key: cache})
         cache.batch_repeat_interleave(rows)
-        extra = {key: cache}
+        extra = {key: read_only(cache)}
+        checkpointed = checkpointed_layers(model, _can_checkpoint_with_cache=True)
     attention = torch.cat([torch.ones(rows, start, dtype=valid.dtype, device=device), valid], dim=1)
     positions = torch.arange(start, start + lmax, device=device).expand(rows, lmax)
     targets = torch.tensor(
         [t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device
     )
-    return scored_logprobs(
-        model,
-        ids,
-        targets,
-        scored,
-        temperature=temperature,
-        attention_mask=attention,
-        position_ids=positions,
-        use_cache=bool(extra),
-        **extra,
-    )
+    with checkpointed:
+        return scored_logprobs(
+            model,
+            ids,
+            targets,
+            scored,
+            temperature=temperature,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=bool(extra),
+            **extra,
+        )
 
 
 def prompt_passes(indices: Sequence[int], trajectories: Sequence[Trajectory], micro_batch_size: int) -> list[list[int]]:
@@ -370,9 +418,7 @@ class Learner:
             tokens = sum(len(trajectories[i].completion_ids) for i in mini)
             normalizer = float(tokens) if algo.aggregation == "token" else float(len(mini))
             mine = mini[rank::world]
-            shared = (
-                world == 1 and algo.shared_prompt and not self.config.activation_checkpointing
-            )  # needs its KV cache
+            shared = world == 1 and algo.shared_prompt  # needs its KV cache whole
             if shared:  # a group's completions in one pass, its prompt run once
                 groups = prompt_passes(mini, trajectories, algo.micro_batch_size)
             else:  # every rank runs the same number of passes, whatever its rows' prompts

@@ -416,7 +416,7 @@ def _smollm2_repair() -> Recipe:
             temperature=0.8,
             lr=1e-5,
             max_steps=24,
-            micro_batch_size=2,
+            micro_batch_size=4,  # a group's four episodes in one pass, its prompt run once
             activation_checkpointing=True,
             max_rollout_batches_per_step=2,
             checkpoint_every=8,
