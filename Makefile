@@ -107,6 +107,8 @@ BENCH_learning-ablation := bench/learning.py --preset smollm2-arith --ablation -
 BENCH_forgetting-smollm2-broad := bench/learning.py --forgetting --preset smollm2-broad --threads 1
 BENCH_rollout := bench/rollout.py --engine vllm
 BENCH_turns := bench/turns.py --engine vllm
+BENCH_peers-trl := bench/peers.py --trainer trl
+BENCH_peers-trl-sft := bench/peers.py --trainer trl --work sft
 # Gemma in seven servers at once exhausts 24 GiB (each vLLM worker holds 4 GiB): its card runs five of them
 BENCH_tiers-gemma := bench/tiers.py --model gemma3-270m --chat-template gemma --tasks-per-domain 24 --doc-tasks 16 --variants standard,fast,q8,llamacpp,vllm
 BENCH_pipeline-repair := bench/pipeline.py --env code_repair --steps 8 --batch 8 --group 4

@@ -590,6 +590,40 @@ def turns_rows(s: Summary) -> list[Row]:
     )] if "vllm_episodes_per_s" in s else [])  # fmt: skip
 
 
+def peers_rows(s: Summary) -> list[Row]:
+    mine, peer = s["sides"]["posttrain"], s["sides"][s["peer"]]
+    held = ""
+    if "held_out_change" in mine and "held_out_against_peer" in s:
+        change, against = mine["held_out_change"], s["held_out_against_peer"]
+        held = (
+            f"; held-out pass@1 {_pct(change['pass_after'])} ({change['points']:+.1f} ± {change['se_points']:.1f} "
+            f"points on the model as it ships, paired, {change['tasks']} tasks), "
+            f"{against['points']:+.1f} ± {against['se_points']:.1f} against TRL's"
+        )
+    return [Row(
+        f"GRPO step against TRL's GRPOTrainer ({s['preset']}, {s['steps']} steps, {_of(s['rounds'], 'round')}, "
+        f"{_of(s['threads'], 'torch thread')})",
+        f"{_n(mine['trajectories_per_s'])} trajectories/s ({_n(mine['step_s'])} s a step: generation "
+        f"{_n(mine['generation_s'])}, update {_n(mine['update_s'])}), peak RSS {_n(mine['peak_rss_gb'])} GiB{held}",
+        f"TRL {peer['setting']['trl']} {s['peer']} (gradient checkpointing "
+        f"{'on' if peer['setting']['gradient_checkpointing'] else 'off'}), the same prompts, rewards and settings, in "
+        f"turn: {_n(peer['trajectories_per_s'])} trajectories/s ({_x(s['speedup'])}), peak RSS "
+        f"{_n(peer['peak_rss_gb'])} GiB",
+    )]  # fmt: skip
+
+
+def peers_sft_rows(s: Summary) -> list[Row]:
+    mine, peer = s["sides"]["posttrain"], s["sides"]["trl"]
+    return [Row(
+        f"SFT step against TRL's SFTTrainer ({s['preset']}'s demonstrations, {s['steps']} steps, "
+        f"{_of(s['threads'], 'torch thread')})",
+        f"{_n(mine['tokens_per_s'])} tokens/s, last loss {mine['final_loss']:.3f}, peak RSS {_n(mine['peak_rss_gb'])} GiB",
+        f"TRL {peer['setting']['trl']}, the same rows in the same order, loss on the policy's tokens on both: "
+        f"{_n(peer['tokens_per_s'])} tokens/s ({_x(s['speedup'])}), last loss {peer['final_loss']:.3f} "
+        f"(ratio {s['final_loss_ratio']:.3f}), peak RSS {_n(peer['peak_rss_gb'])} GiB",
+    )]  # fmt: skip
+
+
 def queue_rows(s: Summary) -> list[Row]:
     sq, pg, sq1, pg1 = (
         s[k]
@@ -657,7 +691,7 @@ ROWS: dict[str, Callable[[Summary], list[Row]]] = {
     "learning-docqa": learning_rows, "learning-broad": learning_broad_rows, "scheduler": scheduler_rows, "learning-ablation": ablation_rows, "pipeline": pipeline_rows, "pipeline-repair": pipeline_rows, "pipeline-repair-real": pipeline_rows, "rollout": rollout_rows, "turns": turns_rows, "queue": queue_rows,
     "reliability": reliability_rows, "tiers": tiers_rows, "tiers-gemma": tiers_rows,
     "learning-base-to-instruct": base_to_instruct_rows, "learning-repair": learning_repair_rows,
-    "forgetting-smollm2-broad": forgetting_rows,
+    "forgetting-smollm2-broad": forgetting_rows, "peers-trl": peers_rows, "peers-trl-sft": peers_sft_rows,
 }  # fmt: skip
 
 
