@@ -32,8 +32,9 @@ side.
 ``--work sft``: ``train_sft`` against TRL's ``SFTTrainer`` on the preset's SFT data (smollm2-repair: the scripted
 agent's repair demonstrations, made once in the run), tokenised once by posttrain, so both sides see the same
 tokens with the loss on the policy's tokens only (TRL gets ``input_ids`` and ``labels``), the same rows in the same
-order (posttrain's draw for each step; TRL's sampler sequential), micro-batch and accumulation, learning rate
-(constant), gradient clipping, activation checkpointing, steps and threads. Figures: trained tokens/s (every token
+order (posttrain's draw for each step; TRL's sampler sequential), rows a step (TRL one a pass, so no padding;
+posttrain the preset's micro-batch, whose rows' shared prefix it runs once), learning rate (constant), gradient
+clipping, activation checkpointing, steps and threads. Figures: trained tokens/s (every token
 of a step's rows over the step's seconds), the loss curve and its last value, peak RSS; the summary gives
 posttrain's tokens/s over TRL's and its last loss against TRL's.
 """
@@ -64,7 +65,7 @@ def emit(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def prompts_digest(steps: list[list[str]]) -> str:
+def prompts_digest(steps: list[list[Any]]) -> str:
     """What a side trained on: each step's prompts, in order (the TRL sides must show posttrain's)."""
     import hashlib
 
@@ -153,7 +154,7 @@ def run_trl(args: argparse.Namespace, out: Path, fast: bool) -> dict[str, Any]:
     model, tokenizer = load_policy(args.model_dir)
     service = default_service()
 
-    rewarded: list[list[str]] = []  # each generation batch's prompts, in order
+    rewarded: list[list[Any]] = []  # each generation batch's prompts, in order
 
     def reward(completions: list[Any], task_index: list[int], **_: Any) -> list[float | None]:
         rewarded.append([tasks[i].prompt[-1].content for i in dict.fromkeys(task_index)])
@@ -300,8 +301,23 @@ def run_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         step_s = [b - a for a, b in zip(marks, marks[1:])]
         losses = [m["train/loss"] for m in result.metrics]
+        from posttrain.training.learner import MIN_SHARED_PREFIX, shared_prefix
+
+        passes = [
+            step[k : k + config.micro_batch_size]
+            for step in batches
+            for k in range(0, len(step), config.micro_batch_size)
+        ]
+        saved = sum(
+            (len(rows) - 1) * common
+            for rows in passes
+            if len(rows) > 1
+            and all(len(r) == 1 for r in rows)
+            and (common := shared_prefix([r[0] for r in rows])) >= MIN_SHARED_PREFIX
+        )
         setting = {
             "trainer": "posttrain train_sft",
+            "prefix_run_once_tokens": saved,  # tokens a pass's rows share, run once instead of once a row
             "activation_checkpointing": config.activation_checkpointing,
             "micro_batch_size": config.micro_batch_size,
             "grad_accum_steps": config.grad_accum_steps,
@@ -319,8 +335,8 @@ def run_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         trl_args = SFTConfig(
             output_dir=str(out / "trl"),
             max_steps=len(steps),
-            per_device_train_batch_size=config.micro_batch_size,
-            gradient_accumulation_steps=config.grad_accum_steps,
+            per_device_train_batch_size=1,  # one row a pass: no padding (TRL runs every row whole either way)
+            gradient_accumulation_steps=config.micro_batch_size * config.grad_accum_steps,
             learning_rate=config.optim.lr,
             lr_scheduler_type="constant",
             max_grad_norm=config.optim.max_grad_norm,

@@ -156,3 +156,42 @@ def test_lora_trains_only_the_adapters(tiny_dir: Path) -> None:
     merged = model.merge_and_unload()  # type: ignore[operator]
     changed = [k for k, v in merged.state_dict().items() if k in before and not torch.equal(v, before[k])]
     assert changed and all(("proj" in k) for k in changed)  # only linear layers with adapters moved
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_rows_sharing_a_prefix_run_it_once_with_the_same_loss_and_gradients(
+    tiny_dir: Path, checkpointing: bool
+) -> None:
+    """A pass's demonstrations that begin alike (a multi-turn episode's system prompt and tools) run the shared
+    prefix once: the same summed loss and gradients as every row whole, with activation checkpointing or without;
+    the prefix ends at the first token any row is trained on, and rows with nothing in common run whole."""
+    from posttrain.training.data import SFTExample
+    from posttrain.training.learner import MIN_SHARED_PREFIX, sft_loss_sum, sft_pass_loss, shared_prefix
+
+    model, tokenizer = load_policy(tiny_dir)
+    common = [int(t) for t in torch.randint(5, len(tokenizer), (24,), generator=torch.Generator().manual_seed(1))]
+
+    def example(tail: list[int], trained_from: int) -> SFTExample:
+        ids = common + tail
+        return SFTExample(ids, [IGNORE if i < trained_from else t for i, t in enumerate(ids)])
+
+    rows = [[example([7, 8, 9, 10], 26)], [example([11, 12], 25)], [example([13, 14, 15], 27)]]
+    assert shared_prefix([r[0] for r in rows]) == 24 >= MIN_SHARED_PREFIX
+    assert shared_prefix([example([7, 8], 20), example([9, 10], 26)]) == 20  # never past a trained token
+    assert shared_prefix([example([7], 30), SFTExample([3] + common[1:] + [4], [IGNORE] * 25)]) == 0
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    model.train()
+    cpu, found = torch.device("cpu"), []
+    for loss_of in (
+        lambda: sft_loss_sum(model, collate(rows, tokenizer.pad_token_id), cpu),
+        lambda: sft_pass_loss(model, rows, tokenizer.pad_token_id, cpu),
+    ):
+        model.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        found.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    (whole, whole_grad), (shared, shared_grad) = found
+    assert whole > 0 and whole_grad.norm() > 0
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared_grad, whole_grad, atol=1e-6, rtol=1e-4)

@@ -175,48 +175,62 @@ def read_only(cache: DynamicCache) -> DynamicCache:
 def shared_prompt_logprobs(
     model: torch.nn.Module, trajectories: Sequence[Trajectory], device: torch.device, temperature: float
 ) -> torch.Tensor:
-    """:func:`completion_logprobs` of completions that share one prompt, with the prompt run once: its KV
-    cache (all but its last token) is computed for one row and repeated for every completion, with its
-    graph, so the gradient still flows through it. Column ``j`` scores completion token ``j``; shape
-    ``(len(trajectories), longest completion)``. A group's prompt is most of its tokens in GRPO, so the
-    update costs about what its completions do (and the output head runs on the policy's tokens only).
-
-    Under activation checkpointing the prompt's one row runs as is (its activations kept: one row, not a group's)
-    and the completions' layers are checkpointed reading the repeated cache, which no layer writes to."""
+    """:func:`completion_logprobs` of completions that share one prompt, with the prompt run once
+    (:func:`prefix_shared_logprobs`). Column ``j`` scores completion token ``j``; shape ``(len(trajectories), longest
+    completion)``. A group's prompt is most of its tokens in GRPO, so the update costs about what its completions do
+    (and the output head runs on the policy's tokens only)."""
     prompt = trajectories[0].prompt_ids
     assert all(t.prompt_ids == prompt for t in trajectories), "shared_prompt_logprobs takes completions of one prompt"
-    rows, lmax, start = len(trajectories), max(len(t.completion_ids) for t in trajectories), len(prompt) - 1
     # the last prompt token and every completion token but the last are the inputs whose outputs score the completion
-    suffix = [[prompt[-1], *t.completion_ids[:-1]] for t in trajectories]
-    ids = torch.tensor([s + [prompt[-1]] * (lmax - len(s)) for s in suffix], device=device)
-    valid = torch.tensor([[1] * len(s) + [0] * (lmax - len(s)) for s in suffix], device=device)
-    scored = torch.tensor(
-        [
-            [bool(m) for m in (t.loss_mask or [1] * len(t.completion_ids))] + [False] * (lmax - len(t.completion_ids))
-            for t in trajectories
-        ],
-        device=device,
+    return prefix_shared_logprobs(
+        model,
+        prompt,
+        [[prompt[-1], *t.completion_ids[:-1]] for t in trajectories],
+        [t.completion_ids for t in trajectories],
+        [[bool(m) for m in (t.loss_mask or [1] * len(t.completion_ids))] for t in trajectories],
+        device,
+        temperature,
     )
+
+
+def prefix_shared_logprobs(
+    model: torch.nn.Module,
+    prefix: Sequence[int],
+    inputs: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    keep: Sequence[Sequence[bool]],
+    device: torch.device,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """:func:`scored_logprobs` of rows that all begin with ``prefix``, the prefix run once: ``inputs[i]`` is row
+    ``i`` from the prefix's last token on, ``targets[i][j]`` what its output at ``inputs[i][j]`` is scored against
+    where ``keep[i][j]``. The prefix's KV cache (all but its last token) is computed for one row and repeated for
+    every row, with its graph, so the gradient still flows through it. Shape ``(len(inputs), longest input)``.
+
+    Under activation checkpointing the prefix's one row runs as is (its activations kept: one row, not every row's)
+    and the rows' layers are checkpointed reading the repeated cache, which no layer writes to."""
+    rows, lmax, start = len(inputs), max(len(r) for r in inputs), len(prefix) - 1
+    ids = torch.tensor([[*r] + [prefix[-1]] * (lmax - len(r)) for r in inputs], device=device)
+    valid = torch.tensor([[1] * len(r) + [0] * (lmax - len(r)) for r in inputs], device=device)
+    scored = torch.tensor([[*k] + [False] * (lmax - len(k)) for k in keep], device=device)
     extra: dict[str, Any] = {}
     checkpointed: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if start > 0:
         key = cache_keyword(model)
         cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
         with checkpointed_layers(model, gradient_checkpointing=False):
-            model(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True, **{key: cache})
+            model(input_ids=torch.tensor([list(prefix[:-1])], device=device), use_cache=True, **{key: cache})
         cache.batch_repeat_interleave(rows)
         extra = {key: read_only(cache)}
         checkpointed = checkpointed_layers(model, _can_checkpoint_with_cache=True)
     attention = torch.cat([torch.ones(rows, start, dtype=valid.dtype, device=device), valid], dim=1)
     positions = torch.arange(start, start + lmax, device=device).expand(rows, lmax)
-    targets = torch.tensor(
-        [t.completion_ids + [0] * (lmax - len(t.completion_ids)) for t in trajectories], device=device
-    )
+    wanted = torch.tensor([[*t] + [0] * (lmax - len(t)) for t in targets], device=device)
     with checkpointed:
         return scored_logprobs(
             model,
             ids,
-            targets,
+            wanted,
             scored,
             temperature=temperature,
             attention_mask=attention,
@@ -256,6 +270,40 @@ def sft_loss_sum(model: torch.nn.Module, batch: PackedBatch, device: torch.devic
     targets = torch.cat([batch.labels[:, 1:], torch.full_like(batch.labels[:, -1:], IGNORE)], dim=1).to(device)
     keep = targets != IGNORE
     return -scored_logprobs(model, ids, targets.clamp(min=0), keep, position_ids=positions, use_cache=False).sum()
+
+
+MIN_SHARED_PREFIX = 16  # tokens: below this a pass runs its rows whole
+
+
+def shared_prefix(examples: Sequence[SFTExample]) -> int:
+    """How many leading tokens every example shares, up to the first token any of them is trained on (the shared
+    part is never scored) and short of the shortest (each keeps a token of its own)."""
+    first = examples[0].input_ids
+    length = min(len(e.input_ids) for e in examples) - 1
+    for e in examples[1:]:
+        length = next((i for i, (a, b) in enumerate(zip(first[:length], e.input_ids)) if a != b), length)
+    trained = min(next((i for i, label in enumerate(e.labels) if label != IGNORE), len(e.labels)) for e in examples)
+    return max(0, min(length, trained))
+
+
+def sft_pass_loss(
+    model: torch.nn.Module, rows: Sequence[list[SFTExample]], pad: int, device: torch.device
+) -> torch.Tensor:
+    """:func:`sft_loss_sum` of one pass's rows; rows of one example each that share a prefix of
+    ``MIN_SHARED_PREFIX`` tokens or more (a multi-turn demonstration's system prompt and tools) run it once
+    (:func:`prefix_shared_logprobs`): the same loss and gradients, the prefix's compute paid once."""
+    examples = [row[0] for row in rows if len(row) == 1]
+    common = shared_prefix(examples) if len(examples) == len(rows) > 1 else 0
+    if common < MIN_SHARED_PREFIX:
+        return sft_loss_sum(model, collate(list(rows), pad), device)
+    return -prefix_shared_logprobs(
+        model,
+        examples[0].input_ids[:common],
+        [e.input_ids[common - 1 : -1] for e in examples],
+        [e.labels[common:] for e in examples],
+        [[label != IGNORE for label in e.labels[common:]] for e in examples],
+        device,
+    ).sum()
 
 
 def _is_sharded(model: torch.nn.Module) -> bool:
@@ -390,10 +438,11 @@ class Learner:
         for k in range(passes):
             part = mine[k * micro : (k + 1) * micro]
             weight = 1.0 if part else 0.0  # a pass with no rows of its own: the collectives still run
-            batch = collate(part or list(rows[:1]), pad)
             self._sync_gradients(k == passes - 1)
             with autocast(self.device, self.ctx.amp):
-                loss = sft_loss_sum(self.model, batch, self.device) * (weight / max(1, total_tokens))
+                loss = sft_pass_loss(self.model, part or list(rows[:1]), pad, self.device) * (
+                    weight / max(1, total_tokens)
+                )
             (loss * world).backward()  # FSDP averages the ranks' gradients; the loss is their sum
             loss_value += float(loss.detach())
         loss_value = self.ctx.sum(loss_value)

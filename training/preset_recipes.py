@@ -397,8 +397,8 @@ def _smollm2_repair() -> Recipe:
             demonstrations={"domains": domains, "tasks_per_domain": 24, "seed": 0, "environment": REPAIR_ENV},
             max_seq_len=2048,
             packing=False,
-            micro_batch_size=1,
-            grad_accum_steps=4,
+            micro_batch_size=4,  # a step's four demonstrations in one pass, their shared system prompt and tools run once
+            grad_accum_steps=1,
             lr=5e-5,
             max_steps=32,
             checkpoint_every=16,
