@@ -407,7 +407,11 @@ def sft_summary(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]])
                            "rounds": args.rounds, "threads": args.threads, "sides": sides}  # fmt: skip
     if peer is not None:
         out |= {
-            "peer": "trl",
+            "peer": {
+                "name": f"TRL {peer['setting']['trl']} SFTTrainer, the same rows in the same order",
+                "side": "trl",
+                "setting": peer["setting"],
+            },
             "speedup": round(mine["tokens_per_s"] / peer["tokens_per_s"], 3),
             "final_loss_ratio": round(mine["final_loss"] / peer["final_loss"], 4),
             "peak_rss_ratio": round(mine["peak_rss_gb"] / peer["peak_rss_gb"], 3),
@@ -511,7 +515,7 @@ def main() -> None:
 def compare(args: argparse.Namespace, sides: list[str], work: Path) -> None:
     """Every side, round by round, in ``work``; then the summary."""
     sft = args.work == "sft"
-    model_dir = args.model_dir or import_model(args.preset, work)
+    model_dir = args.model_dir = args.model_dir or import_model(args.preset, work)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
 
     def run(side: str, r: int, *extra: str) -> dict[str, Any]:
@@ -597,7 +601,12 @@ def summary(
         fastest = max(peers, key=lambda s: sides[s]["trajectories_per_s"])
         peer = sides[fastest]
         out |= {
-            "peer": fastest,
+            "peer": {
+                "name": f"TRL {peer['setting']['trl']} GRPOTrainer ({fastest}: the faster of its sides), the same "
+                "prompts, rewards and settings, in turn",
+                "side": fastest,
+                "setting": peer["setting"],
+            },
             "speedup": round(mine["trajectories_per_s"] / peer["trajectories_per_s"], 3),
             "peak_rss_ratio": round(mine["peak_rss_gb"] / peer["peak_rss_gb"], 3),
         }

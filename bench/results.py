@@ -591,7 +591,7 @@ def turns_rows(s: Summary) -> list[Row]:
 
 
 def peers_rows(s: Summary) -> list[Row]:
-    mine, peer = s["sides"]["posttrain"], s["sides"][s["peer"]]
+    mine, peer = s["sides"]["posttrain"], s["sides"][s["peer"]["side"]]
     held = ""
     if "held_out_change" in mine and "held_out_against_peer" in s:
         change, against = mine["held_out_change"], s["held_out_against_peer"]
@@ -605,7 +605,7 @@ def peers_rows(s: Summary) -> list[Row]:
         f"{_of(s['threads'], 'torch thread')})",
         f"{_n(mine['trajectories_per_s'])} trajectories/s ({_n(mine['step_s'])} s a step: generation "
         f"{_n(mine['generation_s'])}, update {_n(mine['update_s'])}), peak RSS {_n(mine['peak_rss_gb'])} GiB{held}",
-        f"TRL {peer['setting']['trl']} {s['peer']} (gradient checkpointing "
+        f"TRL {peer['setting']['trl']} {s['peer']['side']} (gradient checkpointing "
         f"{'on' if peer['setting']['gradient_checkpointing'] else 'off'}), the same prompts, rewards and settings, in "
         f"turn: {_n(peer['trajectories_per_s'])} trajectories/s ({_x(s['speedup'])}), peak RSS "
         f"{_n(peer['peak_rss_gb'])} GiB",
@@ -884,7 +884,15 @@ def reliability_table(results: Path = RESULTS) -> str:
 
 
 # README's headline rows: what post-training gained and kept, what serving gives, what survived
-HEADLINE = ("learning-base-to-instruct", "learning-broad", "learning-repair", "learning-real", "tiers", "reliability")
+HEADLINE = (
+    "learning-base-to-instruct",
+    "learning-broad",
+    "learning-repair",
+    "learning-real",
+    "peers-trl",
+    "tiers",
+    "reliability",
+)
 
 
 def headline(results: Path = RESULTS) -> str:

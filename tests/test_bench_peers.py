@@ -26,7 +26,10 @@ def test_grpo_against_trl_on_the_same_prompts(tmp_path: Path) -> None:
     assert [line["side"] for line in lines[:-1]] == ["base", "posttrain", "trl-default", "trl-fast"]
     summary = lines[-1]
     sides = summary["sides"]
-    assert set(sides) == {"posttrain", "trl-default", "trl-fast"} and summary["peer"] in ("trl-default", "trl-fast")
+    assert set(sides) == {"posttrain", "trl-default", "trl-fast"} and summary["peer"]["side"] in (
+        "trl-default",
+        "trl-fast",
+    )
     # every side trained on the prompts posttrain drew, step by step (the bench refuses otherwise)
     assert len({json.dumps(s["prompts"]) for s in sides.values()}) == 1
     for name, side in sides.items():
@@ -36,7 +39,7 @@ def test_grpo_against_trl_on_the_same_prompts(tmp_path: Path) -> None:
     assert sides["trl-default"]["setting"]["gradient_checkpointing"] is True
     assert sides["trl-fast"]["setting"]["gradient_checkpointing"] is False
     assert sides["posttrain"]["setting"]["prompt_shared"] is True
-    peer = sides[summary["peer"]]
+    peer = sides[summary["peer"]["side"]]
     assert summary["speedup"] == pytest.approx(
         sides["posttrain"]["trajectories_per_s"] / peer["trajectories_per_s"], rel=0.01
     )
