@@ -94,7 +94,7 @@ test: venv system-deps llamacpp vllm lint
 # is rewritten from those files (bench/results.py). A failing benchmark does not stop
 # the others; make fails at the end and names it. A benchmark runs bench/<name>.py
 # unless BENCH_<name> gives its command.
-BENCHMARKS ?= sandbox verify preprocess tables serving serving-real serving-engines queue pipeline pipeline-repair pipeline-repair-real rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation forgetting-smollm2-broad scheduler
+BENCHMARKS ?= sandbox verify preprocess tables serving serving-real serving-engines queue pipeline pipeline-repair pipeline-repair-real rollout tiers tiers-gemma turns reliability learning learning-real learning-tools learning-docqa learning-broad learning-repair learning-base-to-instruct learning-ablation forgetting-smollm2-broad scheduler peers-trl peers-trl-sft
 BENCH_serving-real := bench/serving.py --model smollm2-135m-instruct
 BENCH_serving-engines := bench/serving.py --model smollm2-135m-instruct --engines embedded,llamacpp
 BENCH_learning-real := bench/learning.py --preset smollm2-arith
