@@ -58,11 +58,33 @@ from typing import Any  # noqa: E402
 
 SIDES = ("posttrain", "trl-default", "trl-fast")
 SFT_SIDES = ("posttrain", "trl")
+# how both TRL trainers run here: on the CPU in fp32, every step logged, nothing saved or reported elsewhere
+TRL_RUN: dict[str, Any] = dict(use_cpu=True, bf16=False, logging_steps=1, save_strategy="no", report_to=[],
+                               dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 
 
 def emit(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
+
+
+def step_seconds(trainer: Any, at_begin: Any = None) -> list[float]:
+    """A TRL trainer's optimizer steps' seconds, filled in as it trains (``at_begin()`` called as each begins)."""
+    from transformers import TrainerCallback
+
+    seconds: list[float] = []
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            seconds.append(time.perf_counter())
+            if at_begin is not None:
+                at_begin()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            seconds[-1] = time.perf_counter() - seconds[-1]
+
+    trainer.add_callback(Steps())
+    return seconds
 
 
 def prompts_digest(steps: list[list[Any]]) -> str:
@@ -134,7 +156,6 @@ def run_trl(args: argparse.Namespace, out: Path, fast: bool) -> dict[str, Any]:
     """A TRL side: ``GRPOTrainer`` on the prompts posttrain drew this round, step by step, in order."""
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from posttrain.platform.verifiers import TaskSpec, default_service
@@ -180,14 +201,8 @@ def run_trl(args: argparse.Namespace, out: Path, fast: bool) -> dict[str, Any]:
         epsilon_high=CLIP_HIGH,
         gradient_checkpointing=not fast,
         shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
         seed=config.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+        **TRL_RUN,
     )
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=trl_args, train_dataset=dataset, processing_class=tokenizer
@@ -203,18 +218,8 @@ def run_trl(args: argparse.Namespace, out: Path, fast: bool) -> dict[str, Any]:
             generation.append(time.perf_counter() - started)
 
     trainer._generate = timed  # type: ignore[method-assign]
-    steps: list[float] = []
     gen_at: list[int] = []
-
-    class Steps(TrainerCallback):
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            steps.append(time.perf_counter())
-            gen_at.append(len(generation))
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            steps[-1] = time.perf_counter() - steps[-1]
-
-    trainer.add_callback(Steps())
+    steps = step_seconds(trainer, lambda: gen_at.append(len(generation)))
     torch.manual_seed(config.seed)
     started = time.perf_counter()
     trainer.train()
@@ -325,7 +330,6 @@ def run_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         }
     else:
         from datasets import Dataset
-        from transformers import TrainerCallback
         from trl import SFTConfig, SFTTrainer
 
         if config.packing:
@@ -345,26 +349,11 @@ def run_sft(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             max_length=config.max_seq_len,
             packing=False,
             train_sampling_strategy="sequential",
-            use_cpu=True,
-            bf16=False,
             seed=config.seed,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            dataloader_num_workers=0,
-            disable_tqdm=True,
+            **TRL_RUN,
         )
         trainer = SFTTrainer(model=model, args=trl_args, train_dataset=dataset, processing_class=tokenizer)
-        times: list[float] = []
-
-        class Steps(TrainerCallback):
-            def on_step_begin(self, *_: Any, **__: Any) -> None:
-                times.append(time.perf_counter())
-
-            def on_step_end(self, *_: Any, **__: Any) -> None:
-                times[-1] = time.perf_counter() - times[-1]
-
-        trainer.add_callback(Steps())
+        times = step_seconds(trainer)
         torch.manual_seed(config.seed)
         started = time.perf_counter()
         trainer.train()
