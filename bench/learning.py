@@ -209,7 +209,7 @@ def paired_points(after: dict, before: dict, keep: Callable[[dict], bool]) -> di
     """``after`` - ``before`` in points over the tasks ``keep`` picks, from the two parts' per-task records (the
     ``records`` file their evaluation kept): the mean per-task difference and its SE, clustered by each task's source
     (a repair task's function, a document). None when a part has no records (a part file from before they were kept)."""
-    from posttrain.platform.stats import paired_difference
+    from posttrain.training.evaluate import paired_records
 
     def rows(part: dict) -> list[dict] | None:
         path = part.get("records")
@@ -223,14 +223,12 @@ def paired_points(after: dict, before: dict, keep: Callable[[dict], bool]) -> di
             f"the evaluations in {before['records']} and {after['records']} did not answer the same tasks "
             f"({len(a)} and {len(b)} of them): evaluate both with the same --eval-tasks to compare them"
         )
-    d = paired_difference(
-        [r["passed"] for r in a], [r["passed"] for r in b], [r.get("source") or r["task_id"] for r in a]
-    )
+    d = paired_records(a, b)
     return {
-        "points": round(100 * d.delta, 2),
-        "se_points": round(100 * d.se, 2),
-        "tasks": d.tasks,
-        "clusters": d.clusters,
+        "points": round(100 * d["delta"], 2),
+        "se_points": round(100 * d["se"], 2),
+        "tasks": d["tasks"],
+        "clusters": d["clusters"],
         "se": "paired, clustered by source",
     }
 

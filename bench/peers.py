@@ -447,18 +447,16 @@ def side_main(args: argparse.Namespace) -> None:
 
 def paired(after: str, before: str) -> dict[str, Any]:
     """``after`` - ``before`` in points over the same tasks: the paired difference and its SE."""
-    from posttrain.platform.stats import paired_difference
+    from posttrain.training.evaluate import paired_records
 
     a, b = json.loads(Path(before).read_text()), json.loads(Path(after).read_text())
     assert [r["task_id"] for r in a] == [r["task_id"] for r in b], "the evaluations answered different tasks"
-    d = paired_difference(
-        [r["passed"] for r in a], [r["passed"] for r in b], [r.get("source") or r["task_id"] for r in a]
-    )
+    d = paired_records(a, b)
     return {
-        "points": round(100 * d.delta, 2),
-        "se_points": round(100 * d.se, 2),
-        "tasks": d.tasks,
-        "pass_after": round(sum(r["passed"] for r in b) / len(b), 4),
+        "points": round(100 * d["delta"], 2),
+        "se_points": round(100 * d["se"], 2),
+        "tasks": d["tasks"],
+        "pass_after": round(d["b"], 4),
     }
 
 

@@ -20,7 +20,7 @@ from posttrain.platform.tasks.domains import generate
 from posttrain.platform.tasks.store import save_tasks
 from posttrain.platform.verifiers import TaskSpec
 from posttrain.training.config import EvalConfig
-from posttrain.training.evaluate import _paired, evaluate_models, head_to_head
+from posttrain.training.evaluate import evaluate_models, head_to_head, paired_records
 from posttrain.ui.common import beyond_noise
 
 pytestmark = pytest.mark.requires("real model")
@@ -65,7 +65,7 @@ def _records(passed: list[bool], domains: list[str], sources: list[str] | None =
 
 
 def test_paired_figures() -> None:
-    row = _paired(
+    row = paired_records(
         _records([True, True, False, False, True], ["d"] * 5), _records([True, False, True, True, True], ["d"] * 5)
     )
     assert (row["wins"], row["ties"], row["losses"]) == (2, 2, 1)
@@ -73,7 +73,7 @@ def test_paired_figures() -> None:
     # differences 0 -1 1 1 0: the paired SE by hand, sqrt(sum((d - 0.2)^2) / 4 / 5)
     assert row["se"] == pytest.approx((2 * 0.04 + 1.44 + 2 * 0.64) ** 0.5 / 2 / 5**0.5)
     assert row["ci_low"] < 0.2 < row["ci_high"] and row["paired"]
-    same = _paired(_records([True, False], ["d"] * 2), _records([True, False], ["d"] * 2))
+    same = paired_records(_records([True, False], ["d"] * 2), _records([True, False], ["d"] * 2))
     assert same["delta"] == same["ci_low"] == same["ci_high"] == 0.0
 
 

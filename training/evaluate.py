@@ -324,7 +324,7 @@ def compare_reports(
 MAX_DISAGREEMENTS = 200  # kept in a stored comparison, newest job results stay small
 
 
-def _paired(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def paired_records(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """pass@1 of A and B on the same tasks and ``delta`` = B - A with its paired SE, clustered by each task's source
     (:func:`~posttrain.platform.tasks.heldout.task_source`; a record stored before sources were kept is its own), the
     95% interval, and B's wins, ties and losses (:class:`~posttrain.platform.stats.Difference`)."""
@@ -336,7 +336,7 @@ def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]])
     """Two models' per-task records on the same tasks (:func:`evaluate_policy`'s ``records``): per
     domain (the general check's too), over the evaluation's own tasks (``all``) and over the general check's
     (``general``, beside ``domains``: what training cost elsewhere; absent without a general check) the paired
-    figures of :func:`_paired`, and the tasks where their verdicts differ (up to ``MAX_DISAGREEMENTS``, those of
+    figures of :func:`paired_records`, and the tasks where their verdicts differ (up to ``MAX_DISAGREEMENTS``, those of
     the domains where B lost beyond noise first)."""
     if [r["task_id"] for r in a] != [r["task_id"] for r in b]:
         raise ValueError("head_to_head needs both models' records on the same tasks in the same order")
@@ -344,7 +344,7 @@ def head_to_head(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]])
 
     def paired(keep: Any) -> dict[str, Any]:
         chosen = [(x, y) for x, y in pairs if keep(x["domain"])]
-        return _paired([x for x, _ in chosen], [y for _, y in chosen])
+        return paired_records([x for x, _ in chosen], [y for _, y in chosen])
 
     domains = list(dict.fromkeys(r["domain"] for r in a))
     table = {d: paired(d.__eq__) for d in domains}
