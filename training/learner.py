@@ -132,10 +132,9 @@ def completion_logprobs(
 
 
 @contextlib.contextmanager
-def checkpointed_layers(model: torch.nn.Module, **flags: bool) -> Iterator[bool]:
+def checkpointed_layers(model: torch.nn.Module, **flags: bool) -> Iterator[None]:
     """``flags`` set on every layer of ``model`` that activation checkpointing runs (``gradient_checkpointing=False``:
-    run as is; ``_can_checkpoint_with_cache=True``: keep the KV cache it is given), put back after; yields whether
-    there are any."""
+    run as is; ``_can_checkpoint_with_cache=True``: keep the KV cache it is given), put back after."""
     layers = [
         m
         for m in model.modules()
@@ -146,7 +145,7 @@ def checkpointed_layers(model: torch.nn.Module, **flags: bool) -> Iterator[bool]
         for key, value in flags.items():
             setattr(layer, key, value)
     try:
-        yield bool(layers)
+        yield
     finally:
         for layer, kept in zip(layers, saved):
             for key in flags:
